@@ -1,0 +1,66 @@
+# gptmini — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The torch wheel: on a CPU-only machine the local CPU build; elsewhere PyPI's (CUDA on Linux x86-64).
+TORCH ?= torch==2.13.0
+ARGS ?=
+CKPT ?= last
+PROMPT ?= ROMEO:
+TEXT ?= ROMEO: But soft, what light through yonder window breaks?
+STAMP := $(VENV)/.installed
+
+.PHONY: help install data train sample attention tensorboard test test-full bench lint format clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
+		/^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install gptmini with its dev extras
+	@echo "installed into $(VENV)"
+
+data: $(STAMP) ## Prepare the embedded Shakespeare corpus (GPT-2 BPE) under data/
+	$(PY) scripts/prepare_data.py --source shakespeare --tokenizer gpt2
+
+train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides via ARGS="key=value ..."
+	$(PY) -m gptmini.train $(ARGS)
+
+sample: $(STAMP) ## Generate from a checkpoint: CKPT=path|last PROMPT="..." ARGS="--max-new-tokens 200"
+	$(PY) scripts/sample.py --ckpt "$(CKPT)" --prompt "$(PROMPT)" $(ARGS)
+
+attention: $(STAMP) ## Export attention maps of a checkpoint as PNG: CKPT=path|last TEXT="..."
+	$(PY) scripts/export_attention.py --ckpt "$(CKPT)" --text "$(TEXT)" $(ARGS)
+
+tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/
+	$(VENV)/bin/tensorboard --logdir outputs --port 6006
+
+test: $(STAMP) ## Fast test suite (what CI runs)
+	$(PY) -m pytest -m "not slow" -q
+
+test-full: $(STAMP) ## Every test, the slow ones too
+	$(PY) -m pytest -q
+
+bench: $(STAMP) ## Benchmarks: attention, training, generation, data (tables in results/)
+	$(PY) scripts/bench.py $(ARGS)
+
+lint: $(STAMP) ## Ruff lint and format check
+	$(VENV)/bin/ruff check gptmini scripts tests
+	$(VENV)/bin/ruff format --check gptmini scripts tests
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix gptmini scripts tests
+	$(VENV)/bin/ruff format gptmini scripts tests
+
+clean: ## Remove outputs, prepared data, results and caches (keeps .venv)
+	rm -rf outputs results .pytest_cache .ruff_cache
+	find data -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +

@@ -1,0 +1,95 @@
+"""The LightningModule: a thin wrapper that trains the plain ``GPT`` from ``gptmini.model``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torchmetrics.aggregation import MeanMetric
+
+from gptmini.model import GPT, GPTConfig
+
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
+
+
+class GPTLightningModule(L.LightningModule):
+    def __init__(
+        self,
+        model_config: dict[str, Any],
+        optimizer: OptimizerFactory | None = None,
+        scheduler: SchedulerFactory | None = None,
+        compile: bool = False,
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        # Plain data only (the optimizer/scheduler factories are code, kept out), so a checkpoint's
+        # hyper-parameters load with torch.load(weights_only=True).
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.config = GPTConfig.from_dict(dict(model_config))
+        self.model = GPT(self.config)
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.compile_model = compile
+        self.val_loss = MeanMetric()
+        self.flops_per_batch = 0  # read by ThroughputMonitor
+
+    def configure_model(self) -> None:
+        if self.compile_model and not getattr(self, "_compiled", False):
+            # In place, so state_dict keys stay free of the "_orig_mod." prefix.
+            self.model.compile()
+            self._compiled = True
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.model(idx, targets)
+
+    def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch  # (B, T), (B, T)
+        _, loss = self.model(x, y)
+        return loss
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        b, t = batch[0].shape
+        self.flops_per_batch = int(self.model.flops_per_token(t) * b * t)
+        loss = self._shared_step(batch)
+        # A tensor, not .item(): Lightning reads it only when it logs, so there is no device sync per step.
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss = self._shared_step(batch)
+        self.val_loss.update(loss, weight=batch[0].numel())  # token-weighted mean, reduced across ranks
+
+    def on_validation_epoch_end(self) -> None:
+        val_loss = self.val_loss.compute()
+        self.val_loss.reset()
+        self.log("val/loss", val_loss, prog_bar=True)
+        self.log("val/ppl", torch.exp(val_loss))
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Pre-clipping global gradient norm, only on logging steps.
+        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps) != 0:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_factory is None:
+            raise ValueError("no optimizer configured: pass optimizer=partial(torch.optim.AdamW, lr=...)")
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        # Weight decay on matrices (and embeddings) only; biases and LayerNorm gains are left alone.
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        kwargs = {}
+        if self.device.type == "cuda" and "fused" in inspect.signature(self.optimizer_factory).parameters:
+            kwargs["fused"] = True
+        optimizer = self.optimizer_factory(groups, **kwargs)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

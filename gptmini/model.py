@@ -1,0 +1,325 @@
+"""The GPT itself: a plain ``nn.Module`` usable without Lightning or Hydra.
+
+Pre-LayerNorm transformer blocks (GPT-2 layout) whose causal self-attention comes from the registry in
+``gptmini.attention``, selected by ``GPTConfig.attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptmini.attention import KVCache, available_attention, build_attention
+
+
+class ConfigError(ValueError):
+    """An invalid model configuration; the message names the field, the value and the fix."""
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257
+    block_size: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    attention: str = "sdpa"
+    tie_weights: bool = True
+    # Embedding/LM-head rows are padded up to a multiple of this: matmuls with a width divisible by 64 run
+    # faster on GPUs. Padded logits are set to -inf, so they are never sampled and add nothing to the loss.
+    pad_vocab_multiple: int = 64
+    head_size: int = field(init=False)
+    padded_vocab_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model.{name}={value!r} is invalid: it must be a positive integer")
+        if self.n_embd % self.n_head != 0:
+            raise ConfigError(
+                f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}: choose n_head among "
+                f"the divisors of n_embd ({', '.join(str(d) for d in _divisors(self.n_embd))}) or change n_embd"
+            )
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout!r} is invalid: it must be in [0, 1)")
+        if self.attention not in available_attention():
+            raise ConfigError(
+                f"model.attention={self.attention!r} is not a causal attention implementation; "
+                f"valid names: {', '.join(available_attention())}"
+            )
+        self.head_size = self.n_embd // self.n_head
+        m = self.pad_vocab_multiple
+        self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> GPTConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+        return replace(PRESETS[name], **overrides)
+
+    def to_dict(self) -> dict:
+        # Only the constructor fields: derived ones are recomputed on load.
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GPTConfig:
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config key(s) {unknown}; valid keys: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # GPT-2 small: 124,439,808 parameters with tied weights and no vocab padding.
+    "gpt2": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": GPTConfig(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
+    # nanoGPT's shakespeare_char "baby GPT" (GPU) and its CPU quick-start model.
+    "baby": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
+    "cpu": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
+    # Small enough for unit tests.
+    "tiny": GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0),
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        # tanh-approximated GELU is what GPT-2 was trained with ("gelu_new").
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = build_attention(
+            config.attention, config.n_embd, config.n_head, config.block_size, config.dropout, config.bias
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        if kv_cache is None:
+            a = self.attn(self.ln_1(x))
+        else:
+            a = self.attn(self.ln_1(x), kv_cache=kv_cache)
+        x = x + self.resid_dropout(a)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        if config.tie_weights:
+            # One tensor for both: the input embedding and the output projection learn together.
+            self.lm_head.weight = self.wte.weight
+        self.reset_parameters()
+
+    # --- initialisation -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, zero biases, LayerNorm at identity,
+        and residual output projections scaled by 1/sqrt(2 * n_layer) so the residual stream's variance does
+        not grow with depth."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.startswith("ln_") or ".ln_" in name:
+                continue  # LayerNorm keeps weight=1, bias=0
+            if p.dim() >= 2:
+                std = residual_std if name.endswith(("out_proj.weight", "mlp.c_proj.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    # --- forward ----------------------------------------------------------------------------------------
+
+    def _check_length(self, t: int, offset: int = 0) -> None:
+        if offset + t > self.config.block_size:
+            raise ValueError(
+                f"sequence of length {offset + t} is longer than the model's block_size={self.config.block_size}: "
+                "crop the input to the last block_size tokens"
+            )
+
+    def hidden_states(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        b, t = idx.shape  # (B, T)
+        offset = kv_caches[0].pos if kv_caches is not None else 0
+        self._check_length(t, offset)
+        pos = torch.arange(offset, offset + t, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_caches is None else kv_caches[i])
+        return self.ln_f(x)  # (B, T, C)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(h)  # (B, T, Vp)
+        if self.config.padded_vocab_size != self.config.vocab_size:
+            # In place: F.linear's backward does not need its output, and the -inf columns get zero gradient.
+            logits[..., self.config.vocab_size :] = float("-inf")
+        return logits
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.logits(self.hidden_states(idx))  # (B, T, Vp)
+        loss = None
+        if targets is not None:
+            # Cross entropy over the padded width: -inf logits contribute exp(-inf) = 0 to the normaliser.
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        # A view: padded columns are never shown to callers.
+        return logits[..., : self.config.vocab_size], loss
+
+    # --- attention maps (explicit path, for visualisation) ------------------------------------------------
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> torch.Tensor:
+        """Attention probabilities of every layer and head: (n_layer, B, n_head, T, T).
+
+        Uses each attention module's explicit ``attention_probs`` path; the fused training kernels never
+        materialise these matrices, so ordinary steps pay nothing for this."""
+        b, t = idx.shape
+        self._check_length(t)
+        pos = torch.arange(t, dtype=torch.long, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        maps = []
+        for block in self.blocks:
+            maps.append(block.attn.attention_probs(block.ln_1(x)))  # (B, nh, T, T)
+            x = block(x)
+        return torch.stack(maps)
+
+    # --- generation -------------------------------------------------------------------------------------
+
+    @property
+    def supports_kv_cache(self) -> bool:
+        return all(getattr(block.attn, "supports_kv_cache", False) for block in self.blocks)
+
+    def new_kv_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
+        p = next(self.parameters())
+        c = self.config
+        return [
+            KVCache(batch_size, c.n_head, max_len or c.block_size, c.head_size, device=p.device, dtype=p.dtype)
+            for _ in range(c.n_layer)
+        ]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue ``idx`` (B, T) by up to ``max_new_tokens`` tokens; ``temperature=0`` is greedy decoding.
+
+        With the key/value cache each step feeds only the newest token. When the sequence outgrows
+        ``block_size`` the cache is rebuilt from the last half block (the uncached path crops to the last
+        ``block_size`` tokens instead), so the two agree exactly only within ``block_size``."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+        if top_k is not None and top_k <= 0:
+            raise ValueError(f"top_k={top_k} must be a positive integer or None")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p} must be in (0, 1] or None")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}")
+        block_size = self.config.block_size
+        cached = use_cache and self.supports_kv_cache
+        caches = self.new_kv_caches(idx.size(0)) if cached else None
+        finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+        fresh = idx[:, -block_size:]  # tokens not yet in the cache
+        for _ in range(max_new_tokens):
+            if cached:
+                if caches[0].pos + fresh.size(1) > block_size:
+                    for c in caches:
+                        c.reset()
+                    fresh = idx[:, -(block_size // 2) :]
+                h = self.hidden_states(fresh, caches)
+            else:
+                h = self.hidden_states(idx[:, -block_size:])
+            logits = self.logits(h[:, -1, :]).float()  # (B, Vp)
+            next_id = self._sample(logits, temperature, top_k, top_p, generator)  # (B, 1)
+            if eos_token is not None:
+                next_id = torch.where(finished[:, None], torch.full_like(next_id, eos_token), next_id)
+                finished |= next_id[:, 0] == eos_token
+            idx = torch.cat((idx, next_id), dim=1)
+            fresh = next_id
+            if eos_token is not None and bool(finished.all()):
+                break
+        return idx
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p is not None and top_p < 1.0:
+            sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+            cumprobs = sorted_logits.softmax(-1).cumsum(-1)
+            # Drop a token when the tokens ranked above it already hold top_p of the mass (keeps at least one).
+            drop_sorted = (cumprobs - sorted_logits.softmax(-1)) >= top_p
+            drop = drop_sorted.scatter(1, sorted_idx, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=generator)
+
+    # --- accounting -------------------------------------------------------------------------------------
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # parameters() counts a tied tensor once
+        if exclude_embeddings:
+            n -= self.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.wte.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token, PaLM appendix B / nanoGPT: 6N + 12·L·H·Q·T."""
+        c = self.config
+        t = seq_len or c.block_size
+        return 6 * self.num_parameters(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_size * t
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)

@@ -1,0 +1,56 @@
+"""Learning-rate schedules as plain ``LRScheduler`` subclasses (their state is a dict of numbers)."""
+
+from __future__ import annotations
+
+import math
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+
+class WarmupCosineLR(LRScheduler):
+    """Linear warmup from 0 to the base LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` of
+    it at ``max_steps``, flat after. Stepped once per optimizer step."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        max_steps: int,
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+        last_epoch: int = -1,
+    ) -> None:
+        if max_steps <= 0:
+            raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
+        if warmup_steps < 0:
+            raise ValueError(f"scheduler.warmup_steps={warmup_steps} must be >= 0")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
+        self.max_steps = max_steps
+        self.warmup_steps = min(warmup_steps, max_steps)
+        self.min_lr_ratio = min_lr_ratio
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        if step >= self.max_steps:
+            return self.min_lr_ratio
+        progress = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def get_lr(self) -> list[float]:
+        f = self.factor(self.last_epoch)
+        return [base_lr * f for base_lr in self.base_lrs]
+
+
+class ConstantLR(LRScheduler):
+    """Linear warmup, then the base LR unchanged (for fine-tuning and debugging)."""
+
+    def __init__(self, optimizer: Optimizer, max_steps: int = 0, warmup_steps: int = 0, last_epoch: int = -1) -> None:
+        self.warmup_steps = warmup_steps
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        f = min(1.0, (self.last_epoch + 1) / (self.warmup_steps + 1)) if self.warmup_steps else 1.0
+        return [base_lr * f for base_lr in self.base_lrs]

