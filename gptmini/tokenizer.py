@@ -107,7 +107,7 @@ def _data_gym_to_mergeable_bpe_ranks(vocab_bpe: bytes, encoder_json: bytes) -> d
     return ranks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpt2_encoding() -> tiktoken.Encoding:
     """The tiktoken ``gpt2`` Encoding built from local files: no network, built once per process."""
     data_dir = gpt2_data_dir()
@@ -127,18 +127,16 @@ def _tiktoken_encoding(name: str) -> tiktoken.Encoding:
     if name == "gpt2":
         return gpt2_encoding()
     if name not in tiktoken.list_encoding_names():
-        raise TokenizerError(
-            f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}"
-        )
+        raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # requests/urllib errors, missing 'requests', hash mismatch: all mean "no file"
         cache = _tiktoken_cache_dir()
         raise TokenizerError(
-            f"tiktoken encoding {name!r} is not available offline: its BPE file must be downloaded once "
-            f"and was not found in the cache {cache!r} ({type(e).__name__}: {e}). Fix: use tokenizer 'gpt2' "
-            "(works offline), or download it on a connected machine with TIKTOKEN_CACHE_DIR set and copy "
-            "that directory here."
+            f"tiktoken encoding {name!r} is not available offline: its BPE file is downloaded on first use "
+            f"and was not found in the cache {cache!r} ({type(e).__name__}: {e}). Fix: use tokenizer 'gpt2', "
+            "which works offline, or run tiktoken.get_encoding once on a connected machine with "
+            "TIKTOKEN_CACHE_DIR set, copy that folder here and point TIKTOKEN_CACHE_DIR at it."
         ) from e
 
 
@@ -187,7 +185,9 @@ class CharTokenizer:
     def __init__(self, chars: Sequence[str]) -> None:
         chars = list(chars)
         if not chars:
-            raise TokenizerError("a char vocabulary needs at least one character; build it from non-empty text")
+            raise TokenizerError(
+                "a char vocabulary needs at least one character; build it from non-empty text"
+            )
         if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
             raise TokenizerError("a char vocabulary must be distinct single characters")
         self.chars = sorted(chars)
@@ -247,6 +247,7 @@ class CharTokenizer:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(payload, f, ensure_ascii=True, indent=0)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a vocabulary is not a secret
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -258,9 +259,13 @@ class CharTokenizer:
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as e:
-            raise TokenizerError(f"char vocabulary {path} not found; run prepare with --tokenizer char") from e
+            raise TokenizerError(
+                f"char vocabulary {path} not found; run prepare with --tokenizer char"
+            ) from e
         except (OSError, ValueError) as e:
-            raise TokenizerError(f"char vocabulary {path} is unreadable ({e}); re-run prepare with --force") from e
+            raise TokenizerError(
+                f"char vocabulary {path} is unreadable ({e}); re-run prepare with --force"
+            ) from e
         if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
             raise TokenizerError(f"{path} is not a char vocabulary file; re-run prepare with --force")
         if payload.get("format_version") != CHAR_VOCAB_FORMAT:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -116,11 +117,27 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 # --- the run ------------------------------------------------------------------------------------------------
 
 
+def _quiet_lightning() -> None:
+    # Lightning adds its own console handler when imported before logging is configured; Hydra's handlers
+    # (console + the run's train.log) already get everything, so route Lightning through them only.
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    # With an OnExceptionCheckpoint, Lightning maps fit(ckpt_path=None) to "last" inside the fresh run folder
+    # (always empty, so nothing is loaded) and warns about it; resuming is explicit here (ckpt_path=...).
+    warnings.filterwarnings("ignore", message=r".*ckpt_path=None\)` was called without a model")
+    warnings.filterwarnings("ignore", message=r".*is set, but there is no last checkpoint available")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
 
+    _quiet_lightning()
+
     from gptmini.checkpoint import check_resume_compatible
-    from gptmini.data import check_vocab
+    from gptmini.data import check_vocab, load_meta
     from gptmini.lit import GPTLightningModule
 
     gpt_config = validate_config(cfg)
@@ -143,7 +160,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     init_from = model_dict.pop("init_from", None)
     if model_dict["vocab_size"] is None:
         model_dict["vocab_size"] = tokenizer_vocab
-    check_vocab(model_dict["vocab_size"], tokenizer_vocab)
+    check_vocab(model_dict["vocab_size"], load_meta(datamodule.data_dir))
     gpt_config = GPTConfig.from_dict(model_dict)
     if ckpt_path is not None:
         check_resume_compatible(ckpt_path, gpt_config.to_dict())

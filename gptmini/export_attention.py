@@ -1,0 +1,67 @@
+"""Attention maps of a checkpoint for a given text, as PNG files (one grid of heads and one mean map per layer).
+
+``python -m gptmini.export_attention --ckpt last --text "ROMEO: But soft" --out attention_png/``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from gptmini.checkpoint import CheckpointError
+from gptmini.sample import load_for_inference
+from gptmini.viz import attention_entropy, attention_figures, token_labels
+
+log = logging.getLogger("gptmini.export_attention")
+
+
+def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_tokens: int = 48) -> list[Path]:
+    ids = tokenizer.encode(text)[: min(max_tokens, model.config.block_size)]
+    if not ids:
+        raise ValueError("--text encodes to no tokens: give at least one character")
+    device = next(model.parameters()).device
+    maps = model.eval().attention_maps(torch.tensor([ids], device=device))[:, 0]  # (n_layer, n_head, T, T)
+    grids, means = attention_figures(maps, token_labels(tokenizer, ids))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for layer, (grid, mean) in enumerate(zip(grids, means, strict=True)):
+        for fig, name in ((grid, f"layer{layer}_heads.png"), (mean, f"layer{layer}_mean.png")):
+            tmp = out / f".{name}.tmp"
+            fig.savefig(tmp, format="png", dpi=110)  # written whole, then renamed
+            os.replace(tmp, out / name)
+            written.append(out / name)
+    entropy = attention_entropy(maps).tolist()
+    (out / "entropy.json").write_text(json.dumps({"tokens": token_labels(tokenizer, ids), "entropy": entropy}, indent=1))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gptmini-attention", description=__doc__)
+    parser.add_argument("--ckpt", default="last")
+    parser.add_argument("--text", required=True)
+    parser.add_argument("--out", default="attention_png")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        model, tokenizer = load_for_inference(args.ckpt, args.device, args.data_dir)
+        files = export_attention(model, tokenizer, args.text, args.out, args.max_tokens)
+    except (CheckpointError, ValueError) as err:
+        log.error("error: %s", err)
+        return 2
+    log.info("wrote %d PNG files to %s", len(files), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

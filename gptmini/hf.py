@@ -1,0 +1,534 @@
+"""GPT-2 weights in and out, in the Hugging Face format (``config.json`` + ``model.safetensors``).
+
+* ``load_hf_gpt2(dir)`` builds a gptmini ``GPT`` from a local Hugging Face GPT-2 folder.
+* ``load_hf_weights(model, dir)`` fills an existing ``GPT`` (``model.init_from=dir`` in training).
+* ``save_hf_gpt2(model, dir)`` writes a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
+
+Hugging Face GPT-2 stores its projections as ``Conv1D`` weights of shape (in, out): the transpose of
+``nn.Linear``'s (out, in). Keys may carry a ``transformer.`` prefix (what ``GPT2LMHeadModel.save_pretrained``
+writes) or not (the original ``openai-community/gpt2`` files); both are accepted. Nothing here downloads:
+fetch a model first, e.g. ``hf download openai-community/gpt2 --local-dir gpt2``.
+
+CLI::
+
+    python -m gptmini.hf export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
+    python -m gptmini.hf import --hf gpt2 --out gpt2.ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gptmini.attention import CausalSelfAttention, MultiHeadAttentionAdapter, TorchMultiheadAttention
+from gptmini.model import GPT, GPTConfig
+
+__all__ = ["HFWeightsError", "load_hf_gpt2", "load_hf_weights", "save_hf_gpt2", "main"]
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+PYTORCH_FILE = "pytorch_model.bin"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, PYTORCH_FILE, PYTORCH_INDEX)
+
+# attention implementations whose weights are exactly GPT-2's fused q/k/v + output projection
+SUPPORTED_ATTENTION = ("sdpa", "mha", "torch")
+_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
+_LN_EPS = 1e-5  # GPT-2's layer_norm_epsilon and nn.LayerNorm's default
+GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE
+# per-layer buffers of old checkpoints (causal mask, masked-score constant): not weights, ignored
+_IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+
+
+class HFWeightsError(ValueError):
+    """A Hugging Face GPT-2 folder or a model cannot be converted; the message names the file/field and why."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _safetensors_torch():
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        raise ImportError(
+            "reading/writing model.safetensors needs the 'safetensors' package: "
+            "pip install 'gptmini[hf]' (or: pip install safetensors)"
+        ) from None
+    return st
+
+
+def _check_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise HFWeightsError(
+            f"{path} is not a directory: pass a local Hugging Face GPT-2 folder holding {CONFIG_FILE} and "
+            f"{SAFETENSORS_FILE} (or {PYTORCH_FILE}), e.g. from "
+            f"`hf download openai-community/gpt2 --local-dir {path}`"
+        )
+
+
+def _read_hf_config(path: Path) -> dict[str, Any]:
+    _check_dir(path)
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise HFWeightsError(
+            f"{path} has no {CONFIG_FILE}: a Hugging Face GPT-2 folder holds {CONFIG_FILE} and "
+            f"{SAFETENSORS_FILE} (or {PYTORCH_FILE})"
+        )
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise HFWeightsError(f"{cfg_file} is not readable JSON: {err}") from None
+    if not isinstance(cfg, dict):
+        raise HFWeightsError(f"{cfg_file} does not hold a JSON object")
+    _validate_hf_config(cfg, cfg_file)
+    return cfg
+
+
+def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
+    def bad(msg: str) -> HFWeightsError:
+        return HFWeightsError(f"{where}: {msg}; gptmini only loads the original GPT-2 architecture")
+
+    model_type = cfg.get("model_type", "gpt2")
+    if model_type != "gpt2":
+        raise bad(f"model_type={model_type!r} is not 'gpt2'")
+    for key in ("n_embd", "n_layer", "n_head", "vocab_size"):
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] <= 0:
+            raise bad(f"{key}={cfg.get(key)!r} is missing or not a positive integer")
+    if not isinstance(cfg.get("n_positions", cfg.get("n_ctx")), int):
+        raise bad("n_positions is missing or not an integer")
+    act = cfg.get("activation_function", "gelu_new")
+    if act not in _GELU_TANH:
+        raise bad(f"activation_function={act!r} is unsupported (gptmini's MLP uses tanh GELU: {', '.join(_GELU_TANH)})")
+    n_inner = cfg.get("n_inner")
+    if n_inner is not None and n_inner != 4 * cfg["n_embd"]:
+        raise bad(f"n_inner={n_inner} is unsupported (gptmini's MLP is 4 * n_embd = {4 * cfg['n_embd']} wide)")
+    eps = cfg.get("layer_norm_epsilon", _LN_EPS)
+    if not math.isclose(float(eps), _LN_EPS, rel_tol=1e-6):
+        raise bad(f"layer_norm_epsilon={eps} is unsupported (gptmini's LayerNorm uses {_LN_EPS})")
+    if cfg.get("scale_attn_by_inverse_layer_idx", False):
+        raise bad("scale_attn_by_inverse_layer_idx=true is unsupported (attention scores scaled by 1/layer)")
+    if not cfg.get("scale_attn_weights", True):
+        raise bad("scale_attn_weights=false is unsupported (gptmini always scales scores by 1/sqrt(head_size))")
+    if cfg.get("add_cross_attention", False):
+        raise bad("add_cross_attention=true is unsupported (an encoder-decoder variant)")
+    if not cfg.get("tie_word_embeddings", True):
+        raise bad("tie_word_embeddings=false is unsupported (gptmini ties lm_head to wte for GPT-2 weights)")
+    # reorder_and_upcast_attn only changes the float precision of the score computation, not the function.
+    if cfg["n_embd"] % cfg["n_head"] != 0:
+        raise bad(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
+
+
+def _block_size(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("n_positions", cfg.get("n_ctx")))
+
+
+def _weight_files(path: Path) -> list[Path]:
+    for index in (SAFETENSORS_INDEX, PYTORCH_INDEX):
+        if (path / index).is_file():  # a sharded checkpoint: the index maps each tensor to its shard
+            try:
+                weight_map = json.loads((path / index).read_text())["weight_map"]
+            except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+                raise HFWeightsError(f"{path / index} is not a valid shard index: {err}") from None
+            shards = [path / name for name in sorted(set(weight_map.values()))]
+            missing = [str(s) for s in shards if not s.is_file()]
+            if missing:
+                raise HFWeightsError(f"{path / index} names shard(s) that do not exist: {missing}")
+            return shards
+    for name in (SAFETENSORS_FILE, PYTORCH_FILE):
+        if (path / name).is_file():
+            return [path / name]
+    raise HFWeightsError(
+        f"{path} has no weights: expected {SAFETENSORS_FILE} or {PYTORCH_FILE} (or a sharded "
+        f"{SAFETENSORS_INDEX} / {PYTORCH_INDEX}) next to {CONFIG_FILE}"
+    )
+
+
+def _read_tensors(file: Path) -> dict[str, Tensor]:
+    if file.name.endswith(".safetensors"):
+        st = _safetensors_torch()
+        try:
+            return st.load_file(str(file), device="cpu")
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise HFWeightsError(f"{file} is not a readable safetensors file: {err}") from None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise HFWeightsError(
+            f"refusing to load {file}: it contains pickled Python objects beyond tensors (loaded with "
+            f"weights_only=True so a file from elsewhere cannot run code). Detail: {str(err).splitlines()[0]}"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise HFWeightsError(f"{file} is not a readable PyTorch weights file: {err}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise HFWeightsError(f"{file} is not a state dict of tensors")
+    return state
+
+
+def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    d, vocab, n_pos = cfg["n_embd"], cfg["vocab_size"], _block_size(cfg)
+    shapes: dict[str, tuple[int, ...]] = {
+        "wte.weight": (vocab, d),
+        "wpe.weight": (n_pos, d),
+        "ln_f.weight": (d,),
+        "ln_f.bias": (d,),
+    }
+    for i in range(cfg["n_layer"]):
+        h = f"h.{i}."
+        shapes |= {
+            h + "ln_1.weight": (d,),
+            h + "ln_1.bias": (d,),
+            h + "attn.c_attn.weight": (d, 3 * d),  # Conv1D: (in, out)
+            h + "attn.c_attn.bias": (3 * d,),
+            h + "attn.c_proj.weight": (d, d),
+            h + "attn.c_proj.bias": (d,),
+            h + "ln_2.weight": (d,),
+            h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (d, 4 * d),
+            h + "mlp.c_fc.bias": (4 * d,),
+            h + "mlp.c_proj.weight": (4 * d, d),
+            h + "mlp.c_proj.bias": (d,),
+        }
+    return shapes
+
+
+def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The validated config and state dict (keys without ``transformer.``, buffers dropped) of a folder."""
+    path = Path(path)
+    cfg = _read_hf_config(path)
+    raw: dict[str, Tensor] = {}
+    for file in _weight_files(path):
+        raw.update(_read_tensors(file))
+    state: dict[str, Tensor] = {}
+    for key, value in raw.items():
+        state[key.removeprefix("transformer.")] = value
+    lm_head = state.pop("lm_head.weight", None)
+    for key in [k for k in state if _IGNORED.match(k)]:
+        del state[key]
+
+    expected = _expected_shapes(cfg)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise HFWeightsError(
+            f"{path} does not hold the GPT-2 weights its {CONFIG_FILE} describes "
+            f"(n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']}): missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    wrong = [f"{k}: {tuple(state[k].shape)} (expected {s})" for k, s in expected.items() if tuple(state[k].shape) != s]
+    if wrong:
+        raise HFWeightsError(f"{path}: tensor shapes do not match {CONFIG_FILE}: " + "; ".join(wrong[:8]))
+    if lm_head is not None and not (lm_head.shape == state["wte.weight"].shape and torch.equal(lm_head, state["wte.weight"])):
+        raise HFWeightsError(
+            f"{path}: lm_head.weight differs from wte.weight (untied output head); gptmini ties them for GPT-2"
+        )
+    return cfg, state
+
+
+# ---------------------------------------------------------------------------------------------------------
+# mapping between the two layouts
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_model(model: GPT, what: str) -> None:
+    c = model.config
+    if c.attention not in SUPPORTED_ATTENTION:
+        raise HFWeightsError(
+            f"cannot {what} GPT-2 weights with model.attention={c.attention!r}: only "
+            f"{', '.join(SUPPORTED_ATTENTION)} hold GPT-2's q/k/v projections (use model.attention=sdpa)"
+        )
+
+
+@torch.no_grad()
+def _set_attention(attn: torch.nn.Module, w_qkv: Tensor, b_qkv: Tensor, w_o: Tensor, b_o: Tensor) -> None:
+    """Copy nn.Linear-layout weights (3d, d), (3d,), (d, d), (d,) into one of the supported attentions."""
+    if isinstance(attn, CausalSelfAttention):
+        attn.qkv.weight.copy_(w_qkv)
+        attn.qkv.bias.copy_(b_qkv)
+    elif isinstance(attn, MultiHeadAttentionAdapter):
+        for lin, w, b in zip((attn.W_query, attn.W_key, attn.W_value), w_qkv.chunk(3), b_qkv.chunk(3)):
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+    elif isinstance(attn, TorchMultiheadAttention):
+        attn.mha.in_proj_weight.copy_(w_qkv)
+        attn.mha.in_proj_bias.copy_(b_qkv)
+    else:  # guarded by _check_model
+        raise HFWeightsError(f"unsupported attention module {type(attn).__name__}")
+    attn.out_proj.weight.copy_(w_o)
+    attn.out_proj.bias.copy_(b_o)
+
+
+def _get_attention(attn: torch.nn.Module) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    if isinstance(attn, CausalSelfAttention):
+        w, b = attn.qkv.weight, attn.qkv.bias
+    elif isinstance(attn, MultiHeadAttentionAdapter):
+        lins = (attn.W_query, attn.W_key, attn.W_value)
+        w = torch.cat([lin.weight for lin in lins])
+        b = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
+    elif isinstance(attn, TorchMultiheadAttention):
+        w, b = attn.mha.in_proj_weight, attn.mha.in_proj_bias
+    else:
+        raise HFWeightsError(f"unsupported attention module {type(attn).__name__}")
+    return w, b, attn.out_proj.weight, attn.out_proj.bias
+
+
+@torch.no_grad()
+def _copy_into(model: GPT, cfg: dict[str, Any], state: dict[str, Tensor]) -> None:
+    c = model.config
+    vocab, d = cfg["vocab_size"], cfg["n_embd"]
+    wte = state["wte.weight"].to(torch.float32)
+    # Rows for real tokens the checkpoint lacks (model vocab larger) start at the mean embedding, so their
+    # logits are ordinary rather than 0 (far above GPT-2's typical logits); padded rows (always -inf) are zeros.
+    emb = torch.zeros(c.padded_vocab_size, d)
+    emb[:vocab] = wte
+    emb[vocab : c.vocab_size] = wte.mean(dim=0)
+    model.wte.weight.copy_(emb)
+    if not c.tie_weights:
+        model.lm_head.weight.copy_(emb)
+    model.wpe.weight.copy_(state["wpe.weight"][: c.block_size])  # a shorter context keeps the first positions
+    model.ln_f.weight.copy_(state["ln_f.weight"])
+    model.ln_f.bias.copy_(state["ln_f.bias"])
+    for i, block in enumerate(model.blocks):
+        h = f"h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            getattr(block, ln).weight.copy_(state[h + ln + ".weight"])
+            getattr(block, ln).bias.copy_(state[h + ln + ".bias"])
+        _set_attention(
+            block.attn,
+            state[h + "attn.c_attn.weight"].t(),  # Conv1D (in, out) -> Linear (out, in)
+            state[h + "attn.c_attn.bias"],
+            state[h + "attn.c_proj.weight"].t(),
+            state[h + "attn.c_proj.bias"],
+        )
+        block.mlp.c_fc.weight.copy_(state[h + "mlp.c_fc.weight"].t())
+        block.mlp.c_fc.bias.copy_(state[h + "mlp.c_fc.bias"])
+        block.mlp.c_proj.weight.copy_(state[h + "mlp.c_proj.weight"].t())
+        block.mlp.c_proj.bias.copy_(state[h + "mlp.c_proj.bias"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------------------
+
+
+def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 0.0) -> GPT:
+    """A gptmini ``GPT`` (in eval mode) holding the GPT-2 weights of a local Hugging Face folder.
+
+    ``attention`` may be any of ``SUPPORTED_ATTENTION``; ``dropout`` is gptmini's (HF's *_pdrop values are
+    training settings and are not copied)."""
+    cfg, state = _read_hf(path)
+    config = GPTConfig(
+        vocab_size=cfg["vocab_size"],
+        block_size=_block_size(cfg),
+        n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"],
+        n_embd=cfg["n_embd"],
+        dropout=dropout,
+        bias=True,
+        attention=attention,
+        tie_weights=True,
+    )
+    model = GPT(config)
+    _check_model(model, "load")
+    _copy_into(model, cfg, state)
+    return model.eval()
+
+
+def load_hf_weights(model: GPT, path: str | Path) -> None:
+    """Load the GPT-2 weights of a local Hugging Face folder into an existing ``GPT`` (``model.init_from``).
+
+    The model must have the checkpoint's n_layer, n_head and n_embd, biases, and attention sdpa, mha or
+    torch; its block_size may be smaller than n_positions (the first positions are kept) and its vocab_size
+    larger (extra tokens start at the mean embedding)."""
+    path = Path(path)
+    _check_model(model, "load")
+    c = model.config
+    cfg = _read_hf_config(path)  # validate the shape before reading possibly large weights
+    problems = [
+        f"model.{ours}={getattr(c, ours)} but {theirs}={cfg[theirs]}"
+        for ours, theirs in (("n_layer", "n_layer"), ("n_head", "n_head"), ("n_embd", "n_embd"))
+        if getattr(c, ours) != cfg[theirs]
+    ]
+    if c.block_size > _block_size(cfg):
+        problems.append(f"model.block_size={c.block_size} exceeds n_positions={_block_size(cfg)}")
+    if c.vocab_size < cfg["vocab_size"]:
+        problems.append(f"model.vocab_size={c.vocab_size} is smaller than vocab_size={cfg['vocab_size']}")
+    if not c.bias:
+        problems.append("model.bias=false but GPT-2 has biases in every Linear and LayerNorm")
+    if problems:
+        raise HFWeightsError(
+            f"the model does not match the GPT-2 weights in {path} ({path / CONFIG_FILE}): "
+            + "; ".join(problems)
+            + " — use the matching model preset (e.g. model=gpt2 for GPT-2 small) or load with load_hf_gpt2"
+        )
+    cfg, state = _read_hf(path)
+    _copy_into(model, cfg, state)
+
+
+def _hf_config_dict(model: GPT) -> dict[str, Any]:
+    c = model.config
+    eot = GPT2_EOT if c.vocab_size > GPT2_EOT else None
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout,
+        "attn_pdrop": c.dropout,
+        "layer_norm_epsilon": model.ln_f.eps,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "torch_dtype": "float32",
+    }
+
+
+@torch.no_grad()
+def _hf_state(model: GPT) -> dict[str, Tensor]:
+    c = model.config
+    d = c.n_embd
+
+    def t(x: Tensor | None, shape: tuple[int, ...]) -> Tensor:
+        # fresh contiguous float32 CPU copies: safetensors refuses shared or strided storage
+        return torch.zeros(shape) if x is None else x.detach().to("cpu", torch.float32).clone().contiguous()
+
+    state = {
+        "wte.weight": t(model.wte.weight[: c.vocab_size], (c.vocab_size, d)),
+        "wpe.weight": t(model.wpe.weight, (c.block_size, d)),
+        "ln_f.weight": t(model.ln_f.weight, (d,)),
+        "ln_f.bias": t(model.ln_f.bias, (d,)),
+    }
+    for i, block in enumerate(model.blocks):
+        h = f"h.{i}."
+        w_qkv, b_qkv, w_o, b_o = _get_attention(block.attn)
+        state |= {
+            h + "ln_1.weight": t(block.ln_1.weight, (d,)),
+            h + "ln_1.bias": t(block.ln_1.bias, (d,)),
+            h + "attn.c_attn.weight": t(w_qkv.t(), (d, 3 * d)),
+            h + "attn.c_attn.bias": t(b_qkv, (3 * d,)),
+            h + "attn.c_proj.weight": t(w_o.t(), (d, d)),
+            h + "attn.c_proj.bias": t(b_o, (d,)),
+            h + "ln_2.weight": t(block.ln_2.weight, (d,)),
+            h + "ln_2.bias": t(block.ln_2.bias, (d,)),
+            h + "mlp.c_fc.weight": t(block.mlp.c_fc.weight.t(), (d, 4 * d)),
+            h + "mlp.c_fc.bias": t(block.mlp.c_fc.bias, (4 * d,)),
+            h + "mlp.c_proj.weight": t(block.mlp.c_proj.weight.t(), (4 * d, d)),
+            h + "mlp.c_proj.bias": t(block.mlp.c_proj.bias, (d,)),
+        }
+    # the prefix GPT2LMHeadModel.save_pretrained writes; lm_head.weight is tied to wte and left out, as there
+    return {"transformer." + k: v for k, v in state.items()}
+
+
+def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> None:
+    """Export ``model`` as a Hugging Face GPT-2 folder: ``config.json`` + ``model.safetensors`` (float32).
+
+    Loadable by ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and by ``load_hf_gpt2``. The folder is
+    written under a temporary name and renamed into place, so a failed export never leaves a half-written
+    folder; an existing non-empty folder is replaced (all its contents) only with ``overwrite=True``.
+    A model without biases is exported with zero biases (the same function). Tokenizer files are not written."""
+    _check_model(model, "export")
+    if not model.config.tie_weights:
+        raise HFWeightsError(
+            "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
+        )
+    st = _safetensors_torch()
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise HFWeightsError(f"export target {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise HFWeightsError(f"export target {path} exists and is not empty: pass overwrite=True (CLI: --force)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        st.save_file(_hf_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(_hf_config_dict(model), indent=2) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / "export")
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old / "export", path)  # put the previous export back
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gptmini.hf", description="GPT-2 weights in Hugging Face format")
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face GPT-2 folder")
+    exp.add_argument("--ckpt", required=True, help="a .ckpt written by gptmini training")
+    exp.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
+    exp.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    imp = sub.add_parser("import", help="convert a Hugging Face GPT-2 folder into a gptmini checkpoint file")
+    imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
+    imp.add_argument("--out", required=True, help="checkpoint file to write (usable with scripts/sample.py --ckpt)")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "export":
+            from gptmini.checkpoint import CheckpointError, model_from_checkpoint
+
+            try:
+                model, _ = model_from_checkpoint(args.ckpt)
+            except CheckpointError as err:
+                raise HFWeightsError(str(err)) from None
+            save_hf_gpt2(model, args.out, overwrite=args.force)
+            print(f"exported {args.ckpt} -> {args.out} ({model.num_parameters():,} parameters)")
+        else:
+            model = load_hf_gpt2(args.hf)
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            ckpt = {
+                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": {}},
+            }
+            tmp = out.with_name(f".{out.name}.tmp")
+            torch.save(ckpt, tmp)
+            os.replace(tmp, out)
+            print(f"imported {args.hf} -> {out} ({model.num_parameters():,} parameters)")
+    except (HFWeightsError, ImportError) as err:
+        parser.exit(2, f"error: {err}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,8 @@
+"""Thin wrapper: see gptmini/export_attention.py."""
+
+import sys
+
+from gptmini.export_attention import main
+
+if __name__ == "__main__":
+    sys.exit(main())

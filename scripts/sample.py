@@ -1,0 +1,8 @@
+"""Thin wrapper: see gptmini/sample.py."""
+
+import sys
+
+from gptmini.sample import main
+
+if __name__ == "__main__":
+    sys.exit(main())

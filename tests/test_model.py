@@ -1,0 +1,266 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptmini.attention import available_attention
+from gptmini.model import GPT, PRESETS, ConfigError, GPTConfig
+
+
+def tiny(**kw) -> GPTConfig:
+    base = dict(vocab_size=100, block_size=32, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# --- config -------------------------------------------------------------------------------------------------
+
+
+def test_config_derives_head_size_and_padded_vocab():
+    c = tiny()
+    assert c.head_size == 8
+    assert c.padded_vocab_size == 128
+    assert GPTConfig(vocab_size=50257).padded_vocab_size == 50304
+    assert tiny(pad_vocab_multiple=1).padded_vocab_size == 100
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(n_embd=30, n_head=4), r"n_embd=30 is not divisible by model.n_head=4"),
+        (dict(n_layer=0), r"model.n_layer=0 is invalid"),
+        (dict(block_size=-3), r"model.block_size=-3 is invalid"),
+        (dict(dropout=1.0), r"model.dropout=1.0 is invalid: it must be in \[0, 1\)"),
+        (dict(dropout=-0.1), r"model.dropout=-0.1"),
+        (dict(attention="flash9"), r"model.attention='flash9'.*valid names: .*sdpa"),
+        (dict(vocab_size=2.5), r"model.vocab_size=2.5"),
+    ],
+)
+def test_config_rejects_invalid_values_with_a_message(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny(**kw)
+
+
+def test_config_round_trips_through_dict_and_rejects_unknown_keys():
+    c = tiny(attention="mha", bias=False)
+    assert GPTConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ConfigError, match="n_embdd"):
+        GPTConfig.from_dict({**c.to_dict(), "n_embdd": 3})
+    with pytest.raises(ConfigError, match="unknown model preset 'nope'"):
+        GPTConfig.from_preset("nope")
+
+
+# --- structure ----------------------------------------------------------------------------------------------
+
+
+def test_gpt2_small_has_124m_parameters():
+    # GPT-2 small with tied weights, learned 1024 positions and no vocab padding: 124,439,808.
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_preset("gpt2", pad_vocab_multiple=1))
+    assert model.num_parameters() == 124_439_808
+    assert model.num_parameters(exclude_embeddings=True) == 124_439_808 - 1024 * 768
+
+
+def test_tied_weights_are_the_same_tensor():
+    model = GPT(tiny())
+    assert model.lm_head.weight is model.wte.weight
+    untied = GPT(tiny(tie_weights=False))
+    assert untied.lm_head.weight is not untied.wte.weight
+    assert untied.num_parameters() == model.num_parameters() + untied.lm_head.weight.numel()
+
+
+def test_gpt2_initialisation_scales_residual_projections():
+    model = GPT(tiny(n_layer=8, n_embd=128, n_head=4))
+    resid = torch.cat([torch.cat([b.attn.out_proj.weight.flatten(), b.mlp.c_proj.weight.flatten()]) for b in model.blocks])
+    other = torch.cat([b.mlp.c_fc.weight.flatten() for b in model.blocks])
+    assert resid.std().item() == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.05)
+    assert other.std().item() == pytest.approx(0.02, rel=0.05)
+    assert all(b.attn.out_proj.bias.abs().max() == 0 for b in model.blocks)
+    assert torch.equal(model.ln_f.weight, torch.ones_like(model.ln_f.weight))
+
+
+def test_flops_per_token_follows_the_6n_plus_attention_formula():
+    c = tiny()
+    model = GPT(c)
+    n = model.num_parameters(exclude_embeddings=True)
+    assert model.flops_per_token(16) == 6 * n + 12 * c.n_layer * c.n_head * c.head_size * 16
+
+
+# --- forward ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", available_attention())
+def test_future_tokens_never_change_past_logits(attention):
+    model = GPT(tiny(attention=attention)).eval()
+    idx = torch.randint(0, 100, (2, 20))
+    changed = idx.clone()
+    changed[:, 12:] = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        a, _ = model(idx)
+        b, _ = model(changed)
+    torch.testing.assert_close(a[:, :12], b[:, :12])
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+def test_loss_at_init_is_close_to_ln_vocab():
+    model = GPT(tiny(vocab_size=1000, n_embd=64)).eval()
+    x = torch.randint(0, 1000, (8, 32))
+    y = torch.randint(0, 1000, (8, 32))
+    _, loss = model(x, y)
+    assert loss.item() == pytest.approx(math.log(1000), abs=0.15)
+
+
+def test_padded_logits_are_hidden_and_not_counted_in_the_loss():
+    model = GPT(tiny())  # vocab 100 padded to 128
+    x = torch.randint(0, 100, (2, 16))
+    y = torch.randint(0, 100, (2, 16))
+    logits, loss = model(x, y)
+    assert logits.shape == (2, 16, 100)
+    # Oracle: cross entropy over the 100 real columns only, computed from the raw LM head.
+    raw = model.lm_head(model.hidden_states(x))[..., :100]
+    expected = F.cross_entropy(raw.reshape(-1, 100), y.reshape(-1))
+    torch.testing.assert_close(loss, expected)
+    loss.backward()  # the in-place -inf fill must not break autograd
+    assert torch.isfinite(model.wte.weight.grad).all()
+    assert model.wte.weight.grad[100:].abs().sum() == 0
+
+
+def test_input_longer_than_block_size_fails_clearly():
+    model = GPT(tiny())
+    with pytest.raises(ValueError, match="longer than the model's block_size=32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_tiny_model_overfits_a_short_text():
+    text = "To be, or not to be, that is the question."
+    ids = torch.tensor([[ord(c) for c in text]])
+    x, y = ids[:, :-1], ids[:, 1:]
+    model = GPT(tiny(vocab_size=128, block_size=64, n_embd=64))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    # Greedy continuation of the first character reproduces the memorised text.
+    model.eval()
+    out = model.generate(ids[:, :1], len(text) - 1, temperature=0)
+    assert "".join(chr(i) for i in out[0].tolist()) == text
+
+
+# --- attention maps -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", available_attention())
+def test_attention_maps_are_causal_distributions(attention):
+    model = GPT(tiny(attention=attention)).eval()
+    idx = torch.randint(0, 100, (2, 10))
+    maps = model.attention_maps(idx)
+    assert maps.shape == (2, 2, 4, 10, 10)  # (n_layer, B, n_head, T, T)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 4, 10))
+    assert maps.triu(diagonal=1).abs().max() == 0
+
+
+def test_attention_maps_match_a_manual_softmax_of_the_first_layer():
+    model = GPT(tiny()).eval()
+    idx = torch.randint(0, 100, (1, 8))
+    maps = model.attention_maps(idx)
+    with torch.no_grad():
+        x = model.wte(idx) + model.wpe(torch.arange(8))
+        h = model.blocks[0].ln_1(x)
+        q, k, _ = model.blocks[0].attn.qkv(h).split(32, dim=-1)
+        q = q.view(1, 8, 4, 8).transpose(1, 2)
+        k = k.view(1, 8, 4, 8).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+        scores = scores.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(maps[0], scores.softmax(-1))
+
+
+# --- generation ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "mha"])
+def test_cached_generation_equals_uncached_under_greedy_decoding(attention):
+    model = GPT(tiny(attention=attention)).eval()
+    assert model.supports_kv_cache
+    prompt = torch.randint(0, 100, (3, 5))
+    cached = model.generate(prompt, 25, temperature=0, use_cache=True)
+    uncached = model.generate(prompt, 25, temperature=0, use_cache=False)
+    assert cached.shape == (3, 30)
+    assert torch.equal(cached, uncached)
+
+
+def test_cached_sampling_matches_uncached_with_the_same_generator():
+    model = GPT(tiny()).eval()
+    prompt = torch.randint(0, 100, (2, 4))
+    a = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1))
+    b = model.generate(prompt, 20, temperature=1.0, top_k=10, use_cache=False, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+
+
+def test_generation_past_block_size_keeps_going():
+    model = GPT(tiny()).eval()
+    out = model.generate(torch.zeros(1, 30, dtype=torch.long), 40, temperature=0)
+    assert out.shape == (1, 70)
+    assert out.max() < 100  # padded ids are never produced
+
+
+def test_padded_ids_are_never_sampled():
+    model = GPT(tiny()).eval()
+    with torch.no_grad():
+        model.lm_head.weight[100:] = 5.0  # would dominate if the padding were not masked
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 30, temperature=2.0, generator=torch.Generator().manual_seed(0))
+    assert out.max() < 100
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    model = GPT(tiny()).eval()
+    prompt = torch.randint(0, 100, (2, 3))
+    greedy = model.generate(prompt, 10, temperature=0)
+    assert torch.equal(model.generate(prompt, 10, temperature=1.0, top_k=1), greedy)
+    assert torch.equal(model.generate(prompt, 10, temperature=1.0, top_p=1e-6), greedy)
+
+
+def test_top_k_restricts_samples_to_the_k_most_likely():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 50).repeat(2000, 1)
+    allowed = set(torch.topk(logits[0], 5).indices.tolist())
+    samples = GPT._sample(logits, 1.0, 5, None, torch.Generator().manual_seed(0))
+    assert set(samples.flatten().tolist()) <= allowed
+    assert len(set(samples.flatten().tolist())) == 5
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(3000, 1)
+    samples = GPT._sample(logits, 1.0, None, 0.75, torch.Generator().manual_seed(0))
+    assert set(samples.flatten().tolist()) == {0, 1}
+
+
+def test_eos_stops_generation_and_pads_finished_rows():
+    model = GPT(tiny()).eval()
+    prompt = torch.randint(0, 100, (1, 3))
+    first = model.generate(prompt, 1, temperature=0)[0, -1].item()
+    out = model.generate(prompt, 20, temperature=0, eos_token=first)
+    assert out.shape == (1, 4)  # stopped right after producing the eos token
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [(dict(temperature=-1), "temperature"), (dict(top_k=0), "top_k"), (dict(top_p=1.5), "top_p")],
+)
+def test_generate_rejects_bad_sampling_settings(kw, match):
+    model = GPT(tiny()).eval()
+    with pytest.raises(ValueError, match=match):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 3, **kw)
+
+
+def test_presets_build():
+    for name in ("tiny", "cpu"):
+        assert GPT(PRESETS[name]).num_parameters() > 0
