@@ -113,17 +113,23 @@ def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
         raise bad("n_positions is missing or not an integer")
     act = cfg.get("activation_function", "gelu_new")
     if act not in _GELU_TANH:
-        raise bad(f"activation_function={act!r} is unsupported (gptmini's MLP uses tanh GELU: {', '.join(_GELU_TANH)})")
+        raise bad(
+            f"activation_function={act!r} is unsupported (gptmini's MLP uses tanh GELU: {', '.join(_GELU_TANH)})"
+        )
     n_inner = cfg.get("n_inner")
     if n_inner is not None and n_inner != 4 * cfg["n_embd"]:
-        raise bad(f"n_inner={n_inner} is unsupported (gptmini's MLP is 4 * n_embd = {4 * cfg['n_embd']} wide)")
+        raise bad(
+            f"n_inner={n_inner} is unsupported (gptmini's MLP is 4 * n_embd = {4 * cfg['n_embd']} wide)"
+        )
     eps = cfg.get("layer_norm_epsilon", _LN_EPS)
     if not math.isclose(float(eps), _LN_EPS, rel_tol=1e-6):
         raise bad(f"layer_norm_epsilon={eps} is unsupported (gptmini's LayerNorm uses {_LN_EPS})")
     if cfg.get("scale_attn_by_inverse_layer_idx", False):
         raise bad("scale_attn_by_inverse_layer_idx=true is unsupported (attention scores scaled by 1/layer)")
     if not cfg.get("scale_attn_weights", True):
-        raise bad("scale_attn_weights=false is unsupported (gptmini always scales scores by 1/sqrt(head_size))")
+        raise bad(
+            "scale_attn_weights=false is unsupported (gptmini always scales scores by 1/sqrt(head_size))"
+        )
     if cfg.get("add_cross_attention", False):
         raise bad("add_cross_attention=true is unsupported (an encoder-decoder variant)")
     if not cfg.get("tie_word_embeddings", True):
@@ -229,10 +235,16 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
             f"(n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']}): missing {missing[:8]}"
             f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
         )
-    wrong = [f"{k}: {tuple(state[k].shape)} (expected {s})" for k, s in expected.items() if tuple(state[k].shape) != s]
+    wrong = [
+        f"{k}: {tuple(state[k].shape)} (expected {s})"
+        for k, s in expected.items()
+        if tuple(state[k].shape) != s
+    ]
     if wrong:
         raise HFWeightsError(f"{path}: tensor shapes do not match {CONFIG_FILE}: " + "; ".join(wrong[:8]))
-    if lm_head is not None and not (lm_head.shape == state["wte.weight"].shape and torch.equal(lm_head, state["wte.weight"])):
+    if lm_head is not None and not (
+        lm_head.shape == state["wte.weight"].shape and torch.equal(lm_head, state["wte.weight"])
+    ):
         raise HFWeightsError(
             f"{path}: lm_head.weight differs from wte.weight (untied output head); gptmini ties them for GPT-2"
         )
@@ -260,7 +272,9 @@ def _set_attention(attn: torch.nn.Module, w_qkv: Tensor, b_qkv: Tensor, w_o: Ten
         attn.qkv.weight.copy_(w_qkv)
         attn.qkv.bias.copy_(b_qkv)
     elif isinstance(attn, MultiHeadAttentionAdapter):
-        for lin, w, b in zip((attn.W_query, attn.W_key, attn.W_value), w_qkv.chunk(3), b_qkv.chunk(3)):
+        for lin, w, b in zip(
+            (attn.W_query, attn.W_key, attn.W_value), w_qkv.chunk(3), b_qkv.chunk(3), strict=True
+        ):
             lin.weight.copy_(w)
             lin.bias.copy_(b)
     elif isinstance(attn, TorchMultiheadAttention):
@@ -462,7 +476,9 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> No
     if path.exists() and not path.is_dir():
         raise HFWeightsError(f"export target {path} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise HFWeightsError(f"export target {path} exists and is not empty: pass overwrite=True (CLI: --force)")
+        raise HFWeightsError(
+            f"export target {path} exists and is not empty: pass overwrite=True (CLI: --force)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
@@ -492,7 +508,9 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gptmini.hf", description="GPT-2 weights in Hugging Face format")
+    parser = argparse.ArgumentParser(
+        prog="python -m gptmini.hf", description="GPT-2 weights in Hugging Face format"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face GPT-2 folder")
     exp.add_argument("--ckpt", required=True, help="a .ckpt written by gptmini training")
@@ -500,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     imp = sub.add_parser("import", help="convert a Hugging Face GPT-2 folder into a gptmini checkpoint file")
     imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
-    imp.add_argument("--out", required=True, help="checkpoint file to write (usable with scripts/sample.py --ckpt)")
+    imp.add_argument(
+        "--out", required=True, help="checkpoint file to write (usable with scripts/sample.py --ckpt)"
+    )
     args = parser.parse_args(argv)
 
     try:

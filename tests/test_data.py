@@ -344,16 +344,20 @@ def test_datamodule_batches_and_resume_position(corpus, tmp_path):
 
 
 def test_datamodule_with_workers(corpus, tmp_path):
-    dm = TokenDataModule(str(corpus), "char", tmp_path / "dm", block_size=8, batch_size=2, num_workers=2)
+    kwargs = dict(block_size=8, batch_size=2, train_samples=12)
+    dm = TokenDataModule(str(corpus), "char", tmp_path / "dm", num_workers=2, **kwargs)
     dm.prepare_data()
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert loader.persistent_workers and loader.pin_memory == torch.cuda.is_available()
-    single = TokenDataModule(str(corpus), "char", tmp_path / "dm", block_size=8, batch_size=2)
+    single = TokenDataModule(str(corpus), "char", tmp_path / "dm", **kwargs)
     single.setup("fit")
-    for (a, _), (b, _) in zip(loader, single.train_dataloader(), strict=False):
-        assert torch.equal(a, b)
-        break
+    # Read every batch: abandoning a persistent-worker iterator mid-epoch makes its shutdown slow.
+    got, want = list(loader), list(single.train_dataloader())
+    assert len(got) == len(want) == 6
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=True))
+    # Stop the persistent workers here: left to a later GC pass, their shutdown can stall for seconds.
+    loader._iterator._shutdown_workers()
 
 
 # ----------------------------------------------------------------------------------------------- CLI

@@ -28,8 +28,19 @@ def _offline(monkeypatch):
 
 def _hf_model(seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    kwargs = dict(n_embd=D, n_layer=L, n_head=H, n_positions=P, vocab_size=V, resid_pdrop=0.0, embd_pdrop=0.0,
-                  attn_pdrop=0.0) | overrides
+    kwargs = (
+        dict(
+            n_embd=D,
+            n_layer=L,
+            n_head=H,
+            n_positions=P,
+            vocab_size=V,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        | overrides
+    )
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**kwargs))
     with torch.no_grad():  # non-trivial LayerNorms and biases, so a mapping mistake there shows in the logits
         for name, p in model.named_parameters():
@@ -146,7 +157,9 @@ def test_missing_files_are_named(tmp_path, hf_dir):
     with pytest.raises(HFWeightsError, match=r"has no config\.json.*model\.safetensors.*pytorch_model\.bin"):
         load_hf_gpt2(tmp_path)
     (tmp_path / "config.json").write_text((hf_dir[1] / "config.json").read_text())
-    with pytest.raises(HFWeightsError, match=rf"{tmp_path} has no weights: expected model\.safetensors or pytorch_model\.bin"):
+    with pytest.raises(
+        HFWeightsError, match=rf"{tmp_path} has no weights: expected model\.safetensors or pytorch_model\.bin"
+    ):
         load_hf_gpt2(tmp_path)
 
 
@@ -176,7 +189,9 @@ def test_tensor_shape_mismatch_is_named(tmp_path, hf_dir):
     state["transformer.h.1.mlp.c_fc.weight"] = state["transformer.h.1.mlp.c_fc.weight"].t().contiguous()
     del state["lm_head.weight"]
     safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(HFWeightsError, match=r"h\.1\.mlp\.c_fc\.weight: \(256, 64\) \(expected \(64, 256\)\)"):
+    with pytest.raises(
+        HFWeightsError, match=r"h\.1\.mlp\.c_fc\.weight: \(256, 64\) \(expected \(64, 256\)\)"
+    ):
         load_hf_gpt2(tmp_path)
     del state["transformer.h.1.mlp.c_fc.weight"]
     safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
@@ -206,8 +221,10 @@ def test_export_roundtrip_is_exact(exported):
     ours, theirs = model.state_dict(), reloaded.state_dict()
     assert ours.keys() == theirs.keys()
     for k in ours:
-        assert torch.equal(ours[k][:V] if k in ("wte.weight", "lm_head.weight") else ours[k],
-                           theirs[k][:V] if k in ("wte.weight", "lm_head.weight") else theirs[k]), k
+        assert torch.equal(
+            ours[k][:V] if k in ("wte.weight", "lm_head.weight") else ours[k],
+            theirs[k][:V] if k in ("wte.weight", "lm_head.weight") else theirs[k],
+        ), k
     idx = _tokens()
     assert torch.equal(_our_logits(model, idx), _our_logits(reloaded, idx))
 
@@ -220,10 +237,14 @@ def test_export_loads_in_transformers(exported):
 
 
 def test_export_from_mha_model_matches(tmp_path):
-    model = _randomise(GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D, attention="mha")))
+    model = _randomise(
+        GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D, attention="mha"))
+    )
     save_hf_gpt2(model, tmp_path / "mha")
     idx = _tokens()
-    assert_close(_our_logits(load_hf_gpt2(tmp_path / "mha"), idx), _our_logits(model, idx), atol=1e-6, rtol=1e-6)
+    assert_close(
+        _our_logits(load_hf_gpt2(tmp_path / "mha"), idx), _our_logits(model, idx), atol=1e-6, rtol=1e-6
+    )
 
 
 def test_export_is_atomic(tmp_path, monkeypatch, exported):
