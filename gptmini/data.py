@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,7 +278,7 @@ def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _is_current(out: Path, sha: str, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
+def _current_meta(out: Path, sha: str, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
     """The existing meta when ``out`` already holds intact data for exactly these inputs."""
     try:
         meta = load_meta(out)
@@ -324,7 +324,7 @@ def prepare(
     text = read_source(source, download_dir=out / "raw")
     sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
-    if not force and (meta := _is_current(out, sha, tokenizer, val_fraction)) is not None:
+    if not force and (meta := _current_meta(out, sha, tokenizer, val_fraction)) is not None:
         return PreparedData(out, meta, skipped=True, seconds=time.perf_counter() - t0)
 
     tok: Tokenizer = CharTokenizer.from_text(text) if tokenizer == "char" else build_tokenizer(tokenizer)
@@ -488,7 +488,7 @@ class RandomWindowDataset(_WindowDataset):
 
     Starts are drawn in blocks of ``CHUNK`` from ``np.random.default_rng([seed, i // CHUNK])``, so any
     index can be computed directly (no state to save), by any worker, in any order. Indices past
-    ``num_samples`` are valid too: the sampler uses ``epoch * num_samples + i`` for fresh windows per epoch.
+    ``num_samples`` are valid too: the train sampler walks one endless stream of indices across epochs.
     """
 
     CHUNK = 4096
@@ -546,16 +546,17 @@ class StridedWindowDataset(_WindowDataset):
         return self.window(int(self.starts[index]))
 
 
-class ResumableSampler(Sampler[int]):
-    """Yields ``epoch * num_samples + i`` for ``i`` in ``[skip, num_samples)``; ``skip`` applies once.
+class StreamSampler(Sampler[int]):
+    """Consecutive global sample indices, ``num_samples`` per pass, starting where training stands.
 
-    ``len`` stays ``num_samples`` so Lightning's epoch length is unchanged when resuming mid-epoch.
+    ``start()`` gives the first index of a pass (the DataModule passes "batches trained so far x batch
+    size"); without it, or when it returns None, a pass starts at ``epoch * num_samples``.
     """
 
-    def __init__(self, num_samples: int, epoch: int = 0, skip: int = 0) -> None:
+    def __init__(self, num_samples: int, start: Callable[[], int | None] | None = None) -> None:
         self.num_samples = num_samples
-        self.epoch = epoch
-        self.skip = skip
+        self.epoch = 0
+        self._start = start
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -564,9 +565,10 @@ class ResumableSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        base = self.epoch * self.num_samples
-        skip, self.skip = self.skip, 0
-        return iter(range(base + skip, base + self.num_samples))
+        first = self._start() if self._start is not None else None
+        if first is None:
+            first = self.epoch * self.num_samples
+        return iter(range(first, first + self.num_samples))
 
 
 # ------------------------------------------------------------------------------------------ datamodule
@@ -575,9 +577,11 @@ class ResumableSampler(Sampler[int]):
 class TokenDataModule(L.LightningDataModule):
     """prepare_data: tokenize once. setup: memmap splits. Train = random windows, val = strided windows.
 
-    Exact resume: train window ``i`` is a pure function of (seed, i) and the sampler walks indices in
-    order, so the only state is "which epoch, how many batches done", recorded in ``state_dict`` (which
-    Lightning stores in checkpoints) and turned into a one-shot skip by the next ``train_dataloader``.
+    Exact resume needs no state of its own: train sample ``i`` is a pure function of (seed, i), and each
+    pass of the train loader starts at sample ``batches_trained * batch_size``, read from the trainer's
+    loop progress, which Lightning restores from the checkpoint before it creates the loader iterator.
+    So a resumed run continues the sample stream at the batch after the checkpoint, whatever epoch
+    bookkeeping Lightning does (also if ``train_samples`` changed because ``max_steps`` did).
     """
 
     def __init__(
@@ -596,6 +600,8 @@ class TokenDataModule(L.LightningDataModule):
         force_prepare: bool = False,
     ) -> None:
         super().__init__()
+        # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
+        data_dir = str(data_dir) if data_dir is not None else None
         self.save_hyperparameters()
         self.source = source
         self.tokenizer_name = tokenizer
@@ -612,8 +618,6 @@ class TokenDataModule(L.LightningDataModule):
         self.meta: dict[str, Any] | None = None
         self.train_dataset: RandomWindowDataset | None = None
         self.val_dataset: StridedWindowDataset | None = None
-        self._train_sampler: ResumableSampler | None = None
-        self._resume: tuple[int, int] = (0, 0)  # (epoch, samples to skip) for the next train_dataloader
 
     @property
     def vocab_size(self) -> int:
@@ -656,14 +660,20 @@ class TokenDataModule(L.LightningDataModule):
             **kwargs,
         )
 
+    def _first_train_sample(self) -> int | None:
+        trainer = self.trainer
+        if trainer is None:  # plain DataLoader use: StreamSampler falls back to its epoch
+            return None
+        # Batches whose training step ran, over all epochs: restored from checkpoints, and counted before
+        # the step's on_train_batch_end (so a checkpoint saved there includes its own batch).
+        return trainer.fit_loop.epoch_loop.batch_progress.total.processed * self.batch_size
+
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
         assert self.train_dataset is not None
-        epoch, skip = self._resume
-        self._resume = (0, 0)
-        self._train_sampler = ResumableSampler(len(self.train_dataset), epoch=epoch, skip=skip)
-        return self._loader(self.train_dataset, sampler=self._train_sampler, drop_last=True)
+        sampler = StreamSampler(len(self.train_dataset), start=self._first_train_sample)
+        return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.train_dataset is None:
@@ -671,38 +681,6 @@ class TokenDataModule(L.LightningDataModule):
         if self.val_dataset is None:
             return []
         return self._loader(self.val_dataset, shuffle=False, drop_last=False)
-
-    def state_dict(self) -> dict[str, Any]:
-        trainer = self.trainer
-        if trainer is not None and self._train_sampler is not None:
-            epoch = trainer.current_epoch
-            # ``processed`` counts batches whose step finished; unlike ``completed`` it already includes
-            # the batch whose on_train_batch_end is saving this checkpoint.
-            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-            if done >= trainer.num_training_batches:
-                epoch, done = epoch + 1, 0
-            samples = done * self.batch_size
-        else:
-            epoch, samples = self._resume
-        return {
-            "epoch": epoch,
-            "samples_done": samples,
-            "seed": self.seed,
-            "block_size": self.block_size,
-            "train_samples": len(self.train_dataset)
-            if self.train_dataset is not None
-            else self.train_samples,
-            "source_sha256": self.meta.get("source_sha256") if self.meta else None,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume = (int(state_dict.get("epoch", 0)), int(state_dict.get("samples_done", 0)))
-        mine = {"seed": self.seed, "block_size": self.block_size, "train_samples": self.train_samples}
-        if self.train_dataset is not None:
-            mine["train_samples"] = len(self.train_dataset)
-        changed = {k: (state_dict.get(k), v) for k, v in mine.items() if state_dict.get(k) != v}
-        if changed:
-            log.warning("resuming with changed data settings %s (saved, now): batches will differ", changed)
 
 
 # ------------------------------------------------------------------------------------------------ CLI

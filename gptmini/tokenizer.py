@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import numpy as np
 import tiktoken
@@ -211,7 +211,7 @@ class CharTokenizer:
             self._unknown(text, pos)
         return idx.astype(np.int64)
 
-    def _unknown(self, text: str, pos: int) -> None:
+    def _unknown(self, text: str, pos: int) -> NoReturn:
         raise TokenizerError(
             f"character {text[pos]!r} (U+{ord(text[pos]):04X}) at position {pos} is not in the char "
             f"vocabulary ({self.vocab_size} chars); rebuild the vocabulary from text that contains it "
@@ -224,7 +224,6 @@ class CharTokenizer:
         except KeyError:
             pos = next(i for i, c in enumerate(text) if c not in self._stoi)
             self._unknown(text, pos)
-            raise  # unreachable: _unknown raises
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
         return [self.encode(t) for t in texts]

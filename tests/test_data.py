@@ -2,6 +2,7 @@ import json
 import logging
 import pickle
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from gptmini import data
 from gptmini.data import (
     DataError,
     RandomWindowDataset,
-    ResumableSampler,
+    StreamSampler,
     StridedWindowDataset,
     TokenDataModule,
     check_vocab,
@@ -306,12 +307,13 @@ def test_strided_windows_cover_the_split(token_file):
     assert StridedWindowDataset(tokens, 100).starts.tolist() == [*range(0, 900, 100), 899]
 
 
-def test_resumable_sampler():
-    sampler = ResumableSampler(10, epoch=0, skip=4)
-    assert list(sampler) == [4, 5, 6, 7, 8, 9]
+def test_stream_sampler():
+    sampler = StreamSampler(10)
     assert list(sampler) == list(range(10)) and len(sampler) == 10
     sampler.set_epoch(2)
     assert list(sampler) == list(range(20, 30))
+    assert list(StreamSampler(4, start=lambda: 13)) == [13, 14, 15, 16]
+    assert list(StreamSampler(4, start=lambda: None)) == [0, 1, 2, 3]
 
 
 # ------------------------------------------------------------------------------------------- datamodule
@@ -333,11 +335,14 @@ def test_datamodule_batches_and_resume_position(corpus, tmp_path):
     val2 = [torch.cat(b) for b in dm.val_dataloader()]
     assert len(val1) > 0 and all(torch.equal(a, b) for a, b in zip(val1, val2, strict=False))
 
-    # A fresh module told "epoch 0, 3 batches done" continues with batch 4.
+    # A module whose trainer has trained 3 batches continues with batch 4 (this is what a resume sees).
     resumed = TokenDataModule(**kwargs)
-    resumed.prepare_data()
     resumed.setup("fit")
-    resumed.load_state_dict({**dm.state_dict(), "epoch": 0, "samples_done": 3 * 4})
+    resumed.trainer = SimpleNamespace(
+        fit_loop=SimpleNamespace(
+            epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(processed=3)))
+        )
+    )
     first = next(iter(resumed.train_dataloader()))
     assert torch.equal(first[0], batches[3][0]) and torch.equal(first[1], batches[3][1])
     assert len(resumed.train_dataloader()) == len(dm.train_dataloader())
@@ -372,3 +377,58 @@ def test_cli(corpus, tmp_path, caplog):
     assert lines[-2].startswith("prepared ") and lines[-1].startswith("skipped (up to date) ")
     assert "train" in lines[-1] and "val" in lines[-1]
     assert data.main(["--source", str(tmp_path / "missing.txt"), "--out", str(out)]) == 2
+
+
+class _TinyLM:
+    """A minimal LightningModule factory (built lazily so collecting this file stays cheap)."""
+
+    @staticmethod
+    def make(vocab_size: int):
+        import lightning as L
+
+        class Tiny(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(vocab_size, 8)
+                self.seen: list[tuple[int, list[int]]] = []
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                self.seen.append((self.global_step, x[:, 0].tolist()))
+                logits = self.emb(x) @ self.emb.weight.T
+                return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        return Tiny()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore:.*LeafSpec")
+def test_trainer_resume_continues_the_exact_batch_stream(corpus, tmp_path):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(max_steps, ckpt_dir, ckpt_path=None):
+        # 12 samples / batch 4 = 3 batches per epoch, so the runs cross epoch boundaries.
+        dm = TokenDataModule(
+            str(corpus), "char", tmp_path / "dm", block_size=8, batch_size=4, train_samples=12
+        )
+        dm.prepare_data()
+        dm.setup("fit")
+        model = _TinyLM.make(dm.vocab_size)
+        trainer = L.Trainer(
+            max_steps=max_steps,
+            callbacks=[ModelCheckpoint(str(ckpt_dir), "{step}", every_n_train_steps=1, save_top_k=-1)],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        )
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return model.seen
+
+    straight = fit(7, tmp_path / "a")
+    for step in (4, 6):  # mid-epoch and end-of-epoch checkpoints
+        resumed = fit(7, tmp_path / f"r{step}", tmp_path / "a" / f"step={step}.ckpt")
+        assert resumed == straight[step:]

@@ -215,3 +215,19 @@ def test_export_attention_writes_png_files(smoke_run, tmp_path):
     files = sorted(p.name for p in out.glob("*.png"))
     assert files == ["layer0_heads.png", "layer0_mean.png", "layer1_heads.png", "layer1_mean.png"]
     assert (out / "layer0_heads.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, tmp_path):
+    _, run_dir, _ = smoke_run
+    out = tmp_path / "eval.json"
+    # The smoke run validated 2 batches of 4 strided windows with the weights saved in last.ckpt.
+    proc = _run(["-m", "gptmini.evaluate", "--ckpt", str(run_dir / "checkpoints" / "last.ckpt"),
+                 "--batch-size", "4", "--max-batches", "2", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    result = json.loads(out.read_text())
+    logged = _events(run_dir / "tb").Scalars("val/loss")[-1].value
+    assert result["loss"] == pytest.approx(logged, abs=1e-4)
+    assert result["ppl"] == pytest.approx(torch.exp(torch.tensor(result["loss"])).item(), rel=1e-6)
+    assert result["tokens"] == 2 * 4 * 32

@@ -1,0 +1,1249 @@
+"""Benchmarks behind ``make bench`` (``scripts/bench.py``): attention, training, generation and data.
+
+Each benchmark returns rows (dicts); ``write_table`` prints them as Markdown and saves ``<name>.md`` and
+``<name>.csv`` atomically under the output folder; ``write_summary`` checks the key ratios against the
+targets of the issue and records the machine. Nothing here asserts a time: the numbers are reported.
+
+Timing method everywhere: ``time.perf_counter`` around the work (with ``torch.cuda.synchronize`` on a GPU),
+after warmup, and the median of the repeats. The machine may be shared, so the load average is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime as _dt
+import io
+import logging
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptmini.attention import MultiHeadAttention, available_attention, build_attention
+from gptmini.model import GPT, GPTConfig
+
+log = logging.getLogger("gptmini.bench")
+
+SECTIONS = ("attention", "train", "generate", "data")
+
+# Published A100 numbers of the reference material (book chapter 3 bonus: B=8, T=1024, 12 heads, 768 wide).
+A100_REFERENCE_MS = {
+    "sdpa (flash)": {"fwd": 1.15, "fwd_bwd": 3.85},
+    "ch3 MultiHeadAttention": {"fwd": 3.15, "fwd_bwd": 9.0},
+}
+
+TARGETS = {
+    "attn_sdpa_vs_ch3": 2.5,  # sdpa at least 2.5x faster than chapter-3 MHA, fwd+bwd at T=1024
+    "attn_sdpa_vs_bare": 1.05,  # sdpa within 5% of bare SDPA
+    "train_tokens_per_s": 14_000.0,
+    "train_lightning_overhead": 1.05,  # Lightning step time within 5% of the bare loop
+    "gen_cache_speedup": 5.0,
+    "data_prepare_s": 3.0,
+    "data_reprepare_s": 0.5,
+    "data_wait_share": 0.02,
+}
+
+
+@dataclass
+class BenchOptions:
+    device: str = "cpu"
+    quick: bool = False
+    compile: bool = True
+    out: Path = Path("results")
+    seed: int = 1337
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, device: str) -> tuple[float, list[float]]:
+    """Median wall time of ``repeats`` calls of ``fn`` (already warmed up), in seconds."""
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def _loadavg() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+@contextmanager
+def _num_threads(n: int | None):
+    old = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        if value == 0:
+            return "0"
+        a = abs(value)
+        if a >= 1000:
+            return f"{value:,.0f}"
+        if a >= 100:
+            return f"{value:.1f}"
+        if a >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c)).replace("|", "\\|") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_table(
+    out_dir: Path,
+    name: str,
+    title: str,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    notes: Iterable[str] = (),
+) -> str:
+    """Write ``<name>.md`` and ``<name>.csv`` (atomically); return the Markdown."""
+    md = f"## {title}\n\n{markdown_table(rows, columns)}\n"
+    notes = list(notes)
+    if notes:
+        md += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in columns})
+    atomic_write_text(out_dir / f"{name}.md", md)
+    atomic_write_text(out_dir / f"{name}.csv", buf.getvalue())
+    return md
+
+
+def machine_info(device: str) -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import lightning
+
+    info = {
+        "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "torch threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else "none",
+    }
+    return info
+
+
+# -------------------------------------------------------------------------------------- 1. attention
+
+
+class BareSDPA(nn.Module):
+    """The oracle: fused QKV Linear, ``F.scaled_dot_product_attention(is_causal=True)``, out Linear."""
+
+    def __init__(self, d_model: int, n_head: int, bias: bool = False) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+BARE = "bare_sdpa"
+CH3 = "ch3_mha"
+
+
+def attention_impls() -> list[str]:
+    return [BARE, CH3, *available_attention()]
+
+
+def make_attention(name: str, d_model: int, n_head: int, context_length: int, bias: bool) -> nn.Module:
+    if name == BARE:
+        return BareSDPA(d_model, n_head, bias)
+    if name == CH3:
+        # the book's class itself, as its bonus benchmark builds it
+        return MultiHeadAttention(d_model, d_model, context_length, 0.0, n_head, qkv_bias=bias)
+    return build_attention(name, d_model, n_head, context_length, 0.0, bias)
+
+
+def _cpu_peak_bytes(fn: Callable[[], Any]) -> float:
+    """Peak of (bytes allocated - bytes freed) by tensors during ``fn``, from the profiler's allocation events.
+
+    Counts what ``fn`` allocates on top of what already exists (parameters and the input are not counted;
+    activations, gradients and temporaries are). NaN when the profiler's event tree is unavailable."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        from torch._C._profiler import _EventType
+    except ImportError:  # private API: report "n/a" rather than a wrong number
+        return float("nan")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    allocs: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            allocs.append((node.start_time_ns, int(node.extra_fields.alloc_size)))
+        stack.extend(node.children)
+    allocs.sort()
+    cur = peak = 0
+    for _, size in allocs:
+        cur += size
+        peak = max(peak, cur)
+    return float(peak) if allocs else float("nan")
+
+
+def _peak_bytes(fn: Callable[[], Any], device: str) -> float:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return float(torch.cuda.max_memory_allocated() - base)
+    return _cpu_peak_bytes(fn)
+
+
+@dataclass
+class AttentionSetup:
+    batch: int
+    d_model: int
+    n_head: int
+    seq_lens: tuple[int, ...]
+    dtype: torch.dtype
+    repeats: int
+    slow_cell_s: float  # a cell whose warmup fwd+bwd takes longer than this gets a single repeat
+    additive_limit_bytes: float  # skip 'additive' where its (B, nh, T, T, hs) hidden tensors exceed this
+    compile_impls: tuple[str, ...]  # compiled variants to run...
+    compile_seq_lens: tuple[int, ...]  # ...at these lengths
+    bias: bool = False
+
+
+def attention_setup(opts: BenchOptions) -> AttentionSetup:
+    if opts.quick:
+        return AttentionSetup(
+            batch=2,
+            d_model=64,
+            n_head=4,
+            seq_lens=(16, 32),
+            dtype=torch.float32,
+            repeats=2,
+            slow_cell_s=1e9,
+            additive_limit_bytes=float("inf"),
+            compile_impls=(),
+            compile_seq_lens=(),
+        )
+    if opts.on_gpu:
+        seq = (128, 256, 512, 1024, 2048, 4096)
+        total = torch.cuda.get_device_properties(0).total_memory
+        return AttentionSetup(
+            batch=8,
+            d_model=768,
+            n_head=12,
+            seq_lens=seq,
+            dtype=torch.bfloat16,
+            repeats=20,
+            slow_cell_s=5.0,
+            additive_limit_bytes=0.05 * total,
+            compile_impls=(BARE, CH3, "sdpa", "mha") if opts.compile else (),
+            compile_seq_lens=seq,
+        )
+    seq = (128, 256, 512, 1024)
+    return AttentionSetup(
+        batch=8,
+        d_model=768,
+        n_head=12,
+        seq_lens=seq,
+        dtype=torch.float32,
+        repeats=3,
+        slow_cell_s=8.0,
+        # one (8, 12, 256, 256, 64) fp32 tensor is 1.5 GiB; T=512 would need ~6 GiB per copy
+        additive_limit_bytes=2 * 2**30,
+        # inductor's C++ compile takes ~15-30 s per module and shape on 2 cores: the two in the key ratio only
+        compile_impls=("sdpa", CH3) if opts.compile else (),
+        compile_seq_lens=seq[-1:],
+    )
+
+
+def bench_attention(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
+    s = attention_setup(opts)
+    dev = opts.device
+    notes = [
+        f"shape: batch {s.batch}, {s.n_head} heads, {s.d_model} wide, dropout 0, qkv_bias={s.bias} (as the "
+        f"reference benchmark), {str(s.dtype).replace('torch.', '')} on {dev}; input does not require grad",
+        "time: median of `repeats` runs after one warmup run; fwd = forward with autograd recording (as the "
+        "reference), fwd_bwd = forward + out.sum().backward()",
+        (
+            "peak_mem_mib: torch.cuda.max_memory_allocated during one fwd+bwd minus what was allocated before"
+            if opts.on_gpu
+            else "peak_mem_mib: peak of bytes allocated minus freed by tensors during one fwd+bwd, summed from "
+            "torch.profiler(profile_memory=True) allocation events (the warmup run); parameters and the input "
+            "are not counted, activations, gradients and temporaries are"
+        ),
+        f"{BARE}: fused QKV Linear + F.scaled_dot_product_attention(is_causal=True) + out Linear, written in the "
+        f"benchmark as the oracle; {CH3}: chapter 3's MultiHeadAttention class itself; the others are the "
+        "registry names (model.attention=...)",
+    ]
+    rows: list[dict[str, Any]] = []
+    torch.manual_seed(opts.seed)
+    for T in s.seq_lens:
+        x = torch.randn(s.batch, T, s.d_model, device=dev, dtype=s.dtype)
+        for name in attention_impls():
+            variants = [False] + ([True] if name in s.compile_impls and T in s.compile_seq_lens else [])
+            for compiled in variants:
+                row = _attention_cell(name, T, compiled, x, s, dev)
+                rows.append(row)
+                log.info(
+                    "attention %-9s T=%-5d %-8s fwd %s ms, fwd+bwd %s ms, peak %s MiB %s",
+                    name,
+                    T,
+                    "compiled" if compiled else "eager",
+                    _fmt(row["fwd_ms"]),
+                    _fmt(row["fwd_bwd_ms"]),
+                    _fmt(row["peak_mem_mib"]),
+                    row["note"],
+                )
+        del x
+    if s.compile_impls:
+        notes.append(
+            "compiled rows: torch.compile(module) (inductor, default mode); compile_s = compile + first "
+            f"fwd+bwd; run for {', '.join(s.compile_impls)} at T={', '.join(map(str, s.compile_seq_lens))} only"
+            + ("" if opts.on_gpu else " (CPU compile takes ~15-30 s per module and shape)")
+        )
+    else:
+        notes.append("no compiled rows (--no-compile or --quick)")
+    if any(r["note"].startswith("skipped") for r in rows):
+        notes.append(
+            "additive attention builds a (B, nh, T, T, hs) hidden tensor (and keeps it and tanh's output for "
+            f"backward): skipped where one such tensor exceeds {s.additive_limit_bytes / 2**30:.1f} GiB"
+        )
+    if not opts.quick:
+        ref = "; ".join(
+            f"{k}: {v['fwd']} ms fwd / {v['fwd_bwd']} ms fwd+bwd" for k, v in A100_REFERENCE_MS.items()
+        )
+        notes.append(f"reference (published, A100, T=1024, same shape): {ref}")
+    return rows, notes
+
+
+def _attention_cell(
+    name: str, T: int, compiled: bool, x: torch.Tensor, s: AttentionSetup, dev: str
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "impl": name,
+        "seq_len": T,
+        "compiled": compiled,
+        "fwd_ms": None,
+        "fwd_bwd_ms": None,
+        "peak_mem_mib": None,
+        "repeats": 0,
+        "compile_s": None,
+        "note": "",
+    }
+    if name == "additive":
+        hidden = s.batch * s.n_head * T * T * (s.d_model // s.n_head) * x.element_size()
+        if hidden > s.additive_limit_bytes:
+            row["note"] = f"skipped: (B,nh,T,T,hs) hidden tensor {hidden / 2**30:.1f} GiB"
+            return row
+    module = make_attention(name, s.d_model, s.n_head, T, s.bias).to(device=dev, dtype=s.dtype).train()
+    fn = torch.compile(module) if compiled else module
+
+    def fwd() -> None:
+        fn(x)
+
+    def fwd_bwd() -> None:
+        module.zero_grad(set_to_none=True)
+        fn(x).sum().backward()
+
+    try:
+        t0 = time.perf_counter()
+        if compiled:
+            fwd_bwd()  # compile outside the profiler
+            _sync(dev)
+            row["compile_s"] = time.perf_counter() - t0
+        # warmup run = memory run (the profiler's own overhead is then never timed)
+        t0 = time.perf_counter()
+        row["peak_mem_mib"] = _peak_bytes(fwd_bwd, dev) / 2**20
+        warm = time.perf_counter() - t0
+        repeats = 1 if warm > s.slow_cell_s else s.repeats
+        row["fwd_bwd_ms"] = _median_time(fwd_bwd, repeats, dev)[0] * 1e3
+        fwd()  # warm the forward-only path too (a compiled module may specialise on grad mode)
+        row["fwd_ms"] = _median_time(fwd, repeats, dev)[0] * 1e3
+        row["repeats"] = repeats
+        if repeats == 1 and s.repeats > 1:
+            row["note"] = f"1 repeat (warmup took {warm:.1f} s)"
+    except (RuntimeError, MemoryError) as e:  # e.g. out of memory at a long T
+        msg = str(e).splitlines()[0][:80]
+        log.warning("attention %s T=%d failed: %s", name, T, msg)
+        row.update(fwd_ms=None, fwd_bwd_ms=None, peak_mem_mib=None, note=f"failed: {msg}")
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+    finally:
+        module.zero_grad(set_to_none=True)
+        if compiled:
+            torch._dynamo.reset()
+    return row
+
+
+def plot_attention(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharex=True)
+    keys = sorted(
+        {(r["impl"], bool(r["compiled"])) for r in rows}, key=lambda k: (attention_order(k[0]), k[1])
+    )
+    for ax, col, title in zip(axes, ("fwd_ms", "fwd_bwd_ms"), ("forward", "forward + backward"), strict=True):
+        for impl, compiled in keys:
+            pts = sorted(
+                (r["seq_len"], r[col])
+                for r in rows
+                if r["impl"] == impl and bool(r["compiled"]) == compiled and r.get(col) is not None
+            )
+            if not pts:
+                continue
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(
+                xs,
+                ys,
+                marker="s" if compiled else "o",
+                linestyle="--" if compiled else "-",
+                label=f"{impl}{' (compiled)' if compiled else ''}",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel("time (ms, median)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=8, loc="upper left")
+    fig.suptitle("causal self-attention, batch 8 x 12 heads x 768 wide" if len(keys) else "attention")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def attention_order(name: str) -> int:
+    impls = attention_impls()
+    return impls.index(name) if name in impls else len(impls)
+
+
+# ---------------------------------------------------------------------------------------- 2. training
+
+
+@dataclass
+class TrainSetup:
+    model: GPTConfig
+    batch: int
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    warmup_steps: int = 10
+    steps: int = 50
+    rounds: int = 2  # bare and Lightning alternate, so a busy neighbour slows both alike
+
+
+def train_setup(opts: BenchOptions) -> TrainSetup:
+    if opts.quick:
+        cfg = GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)
+        return TrainSetup(model=cfg, batch=2, warmup_steps=2, steps=4, rounds=1)
+    # the shakespeare_char_cpu experiment: model preset "cpu", char vocab, batch 12, AdamW 1e-3 (0.9, 0.99)
+    cfg = GPTConfig.from_preset("cpu", vocab_size=65)
+    return TrainSetup(model=cfg, batch=12)
+
+
+def _param_groups(model: nn.Module) -> list[dict[str, Any]]:
+    # exactly GPTLightningModule.configure_optimizers' groups
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _batches(s: TrainSetup, n: int, device: str, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    T, V = s.model.block_size, s.model.vocab_size
+    out = []
+    for _ in range(n):
+        # random ids stand in for random windows of the char corpus: the step's cost does not depend on them
+        ids = torch.randint(0, V, (s.batch, T + 1), generator=g)
+        out.append((ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)))
+    return out
+
+
+def _autocast(device: str):
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def run_bare_loop(
+    model: GPT,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    s: TrainSetup,
+    device: str,
+    optimizer_kwargs: dict[str, Any] | None = None,
+) -> list[float]:
+    """forward, backward, clip_grad_norm_, AdamW step, zero_grad; returns the end time of every step."""
+    opt = torch.optim.AdamW(
+        _param_groups(model), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, **(optimizer_kwargs or {})
+    )
+    model.train()
+    ends = []
+    _sync(device)
+    for x, y in batches:
+        with _autocast(device):
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+        ends.append(time.perf_counter())
+    return ends
+
+
+def run_lightning(
+    model_config: GPTConfig,
+    state: dict[str, torch.Tensor],
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    s: TrainSetup,
+    device: str,
+    compile: bool = False,
+) -> list[float]:
+    """The same steps through GPTLightningModule + lightning.Trainer; returns the end time of every step."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from gptmini.lit import GPTLightningModule
+
+    class StepTimer(L.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            _sync(device)
+            self.ends.append(time.perf_counter())
+
+    module = GPTLightningModule(
+        model_config=model_config.to_dict(),
+        optimizer=partial(torch.optim.AdamW, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay),
+        scheduler=None,
+        compile=compile,
+    )
+    module.model.load_state_dict(state)
+    timer = StepTimer()
+    cpu_batches = [(x.cpu(), y.cpu()) for x, y in batches]  # Lightning moves each batch to the device
+    loader = DataLoader(cpu_batches, batch_size=None, shuffle=False, num_workers=0)
+    trainer = L.Trainer(
+        accelerator="gpu" if device.startswith("cuda") else "cpu",
+        devices=1,
+        precision="bf16-mixed" if device.startswith("cuda") else "32-true",
+        max_steps=len(batches),
+        max_epochs=-1,
+        logger=False,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=s.grad_clip,
+        log_every_n_steps=10,  # conf/trainer/cpu.yaml: grad-norm logging runs on these steps
+        default_root_dir=tempfile.gettempdir(),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, train_dataloaders=loader)
+    return timer.ends
+
+
+def _step_stats(ends: list[float], warmup: int) -> list[float]:
+    """Per-step wall times (end-to-end, so fetching the batch and the loop's bookkeeping count) after warmup."""
+    return [b - a for a, b in zip(ends[warmup - 1 : -1], ends[warmup:], strict=True)] if warmup >= 1 else []
+
+
+def bench_train(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
+    s = train_setup(opts)
+    dev = opts.device
+    torch.manual_seed(opts.seed)
+    base = GPT(s.model).to(dev)
+    state = copy.deepcopy(base.state_dict())
+    n = s.warmup_steps + s.steps
+    batches = _batches(s, n, dev, opts.seed)
+    tokens = s.batch * s.model.block_size
+    flops_per_step = base.flops_per_token(s.model.block_size) * tokens
+    peak_flops = None
+    if opts.on_gpu:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        peak_flops = get_available_flops(torch.device(dev), torch.bfloat16)
+    default_threads = torch.get_num_threads()
+    precision = "bf16-mixed" if opts.on_gpu else "fp32"
+
+    def fresh_model(compiled: bool = False) -> GPT:
+        m = GPT(s.model).to(dev)
+        m.load_state_dict(state)
+        if compiled:
+            m.compile()
+        return m
+
+    def row(path: str, step_times: list[float], first: float | None = None, **kw: Any) -> dict[str, Any]:
+        med = statistics.median(step_times)
+        r = {
+            "path": path,
+            "compiled": False,
+            "threads": torch.get_num_threads(),
+            "optimizer": "AdamW (for-loop)" if not opts.on_gpu else "AdamW (fused)",
+            "precision": precision,
+            "tokens_per_s": tokens / med,
+            "step_ms": med * 1e3,
+            "steps": len(step_times),
+            "compile_s": None,
+            "mfu": flops_per_step / med / peak_flops if peak_flops else None,
+            "vs_bare": None,
+        }
+        r.update(kw)
+        if first is not None and r["compiled"]:
+            r["compile_s"] = first
+        log.info(
+            "train %-10s compiled=%-5s threads=%s %-20s %8.0f tok/s  %.2f ms/step",
+            path,
+            r["compiled"],
+            r["threads"],
+            r["optimizer"],
+            r["tokens_per_s"],
+            r["step_ms"],
+        )
+        return r
+
+    def bare_times(
+        compiled: bool = False, optimizer_kwargs: dict[str, Any] | None = None
+    ) -> tuple[list, float]:
+        m = fresh_model(compiled)
+        t0 = time.perf_counter()
+        ends = run_bare_loop(m, batches, s, dev, {"fused": True} if opts.on_gpu else optimizer_kwargs)
+        return _step_stats(ends, s.warmup_steps), ends[0] - t0
+
+    def lightning_times(compiled: bool = False) -> tuple[list, float]:
+        t0 = time.perf_counter()
+        ends = run_lightning(s.model, state, batches, s, dev, compile=compiled)
+        return _step_stats(ends, s.warmup_steps), ends[0] - t0
+
+    rows: list[dict[str, Any]] = []
+    # 1. Lightning vs the bare loop at the experiment's settings, alternating to share any background load
+    bare_all: list[float] = []
+    lit_all: list[float] = []
+    for _ in range(s.rounds):
+        bare_all += bare_times()[0]
+        lit_all += lightning_times()[0]
+    bare_row = row("bare", bare_all)
+    lit_row = row("lightning", lit_all, vs_bare=statistics.median(lit_all) / statistics.median(bare_all))
+    rows += [bare_row, lit_row]
+
+    # 2. CPU settings that might make the step faster (bare loop, so only the setting changes)
+    if not opts.on_gpu and not opts.quick:
+        variants: list[tuple[str, dict[str, Any], int | None]] = [
+            ("AdamW (foreach)", {"foreach": True}, None),
+            ("AdamW (fused)", {"fused": True}, None),
+        ]
+        if default_threads > 1:
+            variants.append(("AdamW (for-loop)", {}, 1))
+        for label, kw, threads in variants:
+            with _num_threads(threads):
+                times = bare_times(optimizer_kwargs=kw)[0]
+                rows.append(
+                    row(
+                        "bare",
+                        times,
+                        optimizer=label,
+                        vs_bare=statistics.median(times) / bare_row["step_ms"] * 1e3,
+                    )
+                )
+
+    # 3. torch.compile of the model (compile time measured apart: it is the first step)
+    if opts.compile and not opts.quick:
+        times, first = bare_times(compiled=True)
+        rows.append(
+            row(
+                "bare",
+                times,
+                first,
+                compiled=True,
+                vs_bare=statistics.median(times) / bare_row["step_ms"] * 1e3,
+            )
+        )
+        times, first = lightning_times(compiled=True)
+        rows.append(
+            row(
+                "lightning",
+                times,
+                first,
+                compiled=True,
+                vs_bare=statistics.median(times) / bare_row["step_ms"] * 1e3,
+            )
+        )
+
+    c = s.model
+    notes = [
+        f"model: {c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, block {c.block_size}, vocab {c.vocab_size} "
+        f"(padded {c.padded_vocab_size}), {base.num_parameters():,} parameters; batch {s.batch} "
+        f"({tokens} tokens/step); AdamW lr {s.lr}, betas {s.betas}, weight decay {s.weight_decay} on matrices, "
+        f"grad clip {s.grad_clip}; no LR scheduler in either path",
+        f"step time: median over {s.steps} steps x {s.rounds} round(s) after {s.warmup_steps} warmup steps, "
+        "measured end-of-step to end-of-step (so fetching the batch and the loop's bookkeeping count); batches "
+        "are precomputed random ids, fed to Lightning through a DataLoader(batch_size=None) over the same list",
+        "bare: forward, backward, clip_grad_norm_, AdamW step, zero_grad(set_to_none). lightning: "
+        "GPTLightningModule + Trainer(logger=False, no callbacks but the timer, no progress bar, no checkpointing, "
+        "gradient_clip_val, log_every_n_steps=10)",
+        "vs_bare: step time / the first bare row's step time (lightning overhead for the lightning rows)",
+    ]
+    if any(r["compiled"] for r in rows):
+        notes.append(
+            "compiled: model.compile() (inductor); compile_s = time of the first step, compile included"
+        )
+    if peak_flops:
+        notes.append(
+            f"mfu: flops_per_token (6N + 12LHQT) x tokens/s / {peak_flops / 1e12:.0f} TFLOP/s (bf16 peak)"
+        )
+    return rows, notes
+
+
+# -------------------------------------------------------------------------------------- 3. generation
+
+
+def bench_generate(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
+    dev = opts.device
+    if opts.quick:
+        configs = {"char": GPTConfig(vocab_size=65, block_size=64, n_layer=1, n_head=2, n_embd=16)}
+        prompt_len, new_tokens, repeats = 8, 16, 1
+    else:
+        shape = dict(block_size=1024, n_layer=4, n_head=4, n_embd=128)
+        configs = {"char": GPTConfig(vocab_size=65, **shape), "gpt2": GPTConfig(vocab_size=50257, **shape)}
+        prompt_len, new_tokens, repeats = 64, 512, 1 if not opts.on_gpu else 3
+    rows = []
+    for vocab_name, cfg in configs.items():
+        torch.manual_seed(opts.seed)
+        model = GPT(cfg).to(dev).eval()
+        prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), device=dev)
+        outs = {}
+        results = {}
+        for use_cache in (True, False):
+            model.generate(prompt, 8, temperature=0.0, use_cache=use_cache)  # warmup
+
+            def gen(m: GPT = model, p: torch.Tensor = prompt, uc: bool = use_cache, o: dict = outs) -> None:
+                o[uc] = m.generate(p, new_tokens, temperature=0.0, use_cache=uc)
+
+            results[use_cache] = _median_time(gen, repeats, dev)[0]
+        same = bool(torch.equal(outs[True], outs[False]))
+        for use_cache in (True, False):
+            med = results[use_cache]
+            rows.append(
+                {
+                    "vocab": f"{vocab_name} ({cfg.vocab_size})",
+                    "kv_cache": use_cache,
+                    "new_tokens": new_tokens,
+                    "seconds": med,
+                    "tokens_per_s": new_tokens / med,
+                    "ms_per_token": med / new_tokens * 1e3,
+                    "speedup": results[False] / med,
+                    "same_tokens": same,
+                }
+            )
+            log.info("generate %-12s cache=%-5s %7.1f tok/s", vocab_name, use_cache, new_tokens / med)
+    c = next(iter(configs.values()))
+    notes = [
+        f"model: {c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, block {c.block_size}, random weights, "
+        f"{'fp32' if dev == 'cpu' else 'fp32'} on {dev}; batch 1, prompt {prompt_len} random tokens, "
+        f"{new_tokens} new tokens, greedy (temperature 0); time: median of {repeats} run(s) after an 8-token warmup",
+        "kv_cache=no recomputes the whole sequence every step (logits of the last position only); "
+        "same_tokens: the cached and uncached continuations are identical",
+    ]
+    return rows, notes
+
+
+# -------------------------------------------------------------------------------------------- 4. data
+
+
+def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    from gptmini.data import TokenDataModule, prepare
+
+    dev = opts.device
+    if opts.quick:
+        corpus = work_dir / "corpus.txt"
+        corpus.write_text(
+            "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 400, encoding="utf-8"
+        )
+        source, steps, warmup = str(corpus), 5, 1
+    else:
+        source, steps, warmup = "shakespeare", 50, 5
+    rows = []
+    first = prepare(source, "gpt2", out_dir=work_dir / "gpt2", force=True)
+    again = prepare(source, "gpt2", out_dir=work_dir / "gpt2")
+    rows.append(
+        {
+            "measure": "prepare (gpt2 BPE, force)",
+            "value": first.seconds,
+            "unit": "s",
+            "target": f"< {TARGETS['data_prepare_s']} s",
+            "detail": f"{first.train_tokens + first.val_tokens:,} tokens",
+        }
+    )
+    rows.append(
+        {
+            "measure": "prepare again (nothing changed)",
+            "value": again.seconds,
+            "unit": "s",
+            "target": f"< {TARGETS['data_reprepare_s']} s",
+            "detail": "skipped" if again.skipped else "NOT skipped",
+        }
+    )
+    log.info("data prepare %.2f s, again %.2f s (skipped=%s)", first.seconds, again.seconds, again.skipped)
+
+    # the shakespeare_char_cpu setup through the real TokenDataModule train loader
+    s = train_setup(opts)
+    dm = TokenDataModule(
+        source=source,
+        tokenizer="char",
+        data_dir=work_dir / "char",
+        block_size=s.model.block_size,
+        batch_size=s.batch,
+        num_workers=0,
+        seed=opts.seed,
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    cfg = GPTConfig.from_dict({**s.model.to_dict(), "vocab_size": dm.vocab_size})
+    torch.manual_seed(opts.seed)
+    model = GPT(cfg).to(dev).train()
+    opt = torch.optim.AdamW(_param_groups(model), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+    it = iter(dm.train_dataloader())
+    waits, totals = [], []
+    for i in range(warmup + steps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        x, y = next(it)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        t1 = time.perf_counter()
+        with _autocast(dev):
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(dev)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            waits.append(t1 - t0)
+            totals.append(t2 - t0)
+    share = sum(waits) / sum(totals)
+    rows.append(
+        {
+            "measure": "data wait share of a train step",
+            "value": share * 100,
+            "unit": "%",
+            "target": f"< {TARGETS['data_wait_share'] * 100:g} %",
+            "detail": f"{sum(waits) / len(waits) * 1e3:.3f} ms wait of {sum(totals) / len(totals) * 1e3:.1f} ms/step "
+            f"over {steps} steps (char vocab {dm.vocab_size}, batch {s.batch}, block {s.model.block_size})",
+        }
+    )
+    log.info("data wait %.3f%% of the step", share * 100)
+    notes = [
+        f"prepare: gptmini.data.prepare({source!r}, 'gpt2', out_dir=<temp dir>, force=True) (reads, "
+        "tokenizes and writes train/val .bin); again: the same call without force (nothing changed)",
+        "data wait: time in next(iter(train_dataloader())) (+ .to(device)) over the whole step (fetch, forward, "
+        f"backward, clip, AdamW), TokenDataModule(num_workers=0), after {warmup} warmup steps",
+    ]
+    return rows, notes
+
+
+# ------------------------------------------------------------------------------------------- summary
+
+
+def _pick(rows: Sequence[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def key_results(results: dict[str, list[dict[str, Any]]], judge: bool = True) -> list[dict[str, Any]]:
+    """The ratios of the issue with their targets: measure, value, target, status (PASS/FAIL/n/a).
+
+    ``judge=False`` (quick mode: tiny shapes the targets were not set for) reports the values only."""
+    out = []
+
+    def add(measure: str, value: float | None, target: str, ok: bool | None, detail: str = "") -> None:
+        status = "n/a" if ok is None or value is None or not judge else ("PASS" if ok else "FAIL")
+        out.append({"measure": measure, "value": value, "target": target, "status": status, "detail": detail})
+
+    attn = [r for r in results.get("attention", []) if not r["compiled"] and r.get("fwd_bwd_ms")]
+    if attn:
+        sdpa = {r["seq_len"]: r for r in attn if r["impl"] == "sdpa"}
+        ch3 = {r["seq_len"]: r for r in attn if r["impl"] == CH3}
+        bare = {r["seq_len"]: r for r in attn if r["impl"] == BARE}
+        both = sorted(set(sdpa) & set(ch3))
+        if both:
+            T = 1024 if 1024 in both else both[-1]
+            ratio = ch3[T]["fwd_bwd_ms"] / sdpa[T]["fwd_bwd_ms"]
+            t = TARGETS["attn_sdpa_vs_ch3"]
+            add(
+                f"attention: ch3 MHA / sdpa, fwd+bwd, T={T}",
+                ratio,
+                f">= {t}x",
+                ratio >= t,
+                f"{ch3[T]['fwd_bwd_ms']:.1f} ms vs {sdpa[T]['fwd_bwd_ms']:.1f} ms",
+            )
+            fr = ch3[T]["fwd_ms"] / sdpa[T]["fwd_ms"]
+            add(
+                f"attention: ch3 MHA / sdpa, fwd, T={T}",
+                fr,
+                "(info)",
+                None,
+                f"{ch3[T]['fwd_ms']:.1f} ms vs {sdpa[T]['fwd_ms']:.1f} ms",
+            )
+        both = sorted(set(sdpa) & set(bare))
+        if both:
+            T = 1024 if 1024 in both else both[-1]
+            ratio = sdpa[T]["fwd_bwd_ms"] / bare[T]["fwd_bwd_ms"]
+            t = TARGETS["attn_sdpa_vs_bare"]
+            add(
+                f"attention: sdpa / bare SDPA, fwd+bwd, T={T}",
+                ratio,
+                f"<= {t}x",
+                ratio <= t,
+                f"{sdpa[T]['fwd_bwd_ms']:.1f} ms vs {bare[T]['fwd_bwd_ms']:.1f} ms",
+            )
+    train = results.get("train", [])
+    bare, lit = _pick(train, path="bare", compiled=False), _pick(train, path="lightning", compiled=False)
+    if lit:
+        t = TARGETS["train_tokens_per_s"]
+        add(
+            "train: tokens/s through Lightning (eager)",
+            lit["tokens_per_s"],
+            f">= {t:,.0f}",
+            lit["tokens_per_s"] >= t,
+            f"bare loop {bare['tokens_per_s']:,.0f} tok/s" if bare else "",
+        )
+        t = TARGETS["train_lightning_overhead"]
+        add(
+            "train: Lightning / bare step time",
+            lit["vs_bare"],
+            f"<= {t}x",
+            lit["vs_bare"] <= t,
+            f"{lit['step_ms']:.2f} vs {bare['step_ms']:.2f} ms/step" if bare else "",
+        )
+    clit = _pick(train, path="lightning", compiled=True)
+    if clit:
+        add(
+            "train: tokens/s through Lightning (compiled)",
+            clit["tokens_per_s"],
+            f">= {TARGETS['train_tokens_per_s']:,.0f}",
+            clit["tokens_per_s"] >= TARGETS["train_tokens_per_s"],
+            f"compile {clit['compile_s']:.1f} s",
+        )
+    gen = results.get("generate", [])
+    for r in gen:
+        if r["kv_cache"]:
+            t = TARGETS["gen_cache_speedup"]
+            add(
+                f"generate: cached / uncached speed, {r['vocab']}",
+                r["speedup"],
+                f">= {t}x",
+                r["speedup"] >= t,
+                f"{r['tokens_per_s']:.0f} tok/s cached, same tokens: {'yes' if r['same_tokens'] else 'no'}",
+            )
+    data = results.get("data", [])
+    for r, key, scale in (
+        (data[0] if len(data) > 0 else None, "data_prepare_s", 1),
+        (data[1] if len(data) > 1 else None, "data_reprepare_s", 1),
+        (data[2] if len(data) > 2 else None, "data_wait_share", 100),
+    ):
+        if r is not None:
+            t = TARGETS[key] * scale
+            add(f"data: {r['measure']}", r["value"], f"< {t:g} {r['unit']}", r["value"] < t, r["detail"])
+    return out
+
+
+def recommendations(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    recs = []
+    train = results.get("train", [])
+    bare = _pick(train, path="bare", compiled=False)
+    if not bare:
+        return recs
+    for r in train[2:]:
+        if r["compiled"] or r["vs_bare"] is None:
+            continue
+        gain = 1 / r["vs_bare"]
+        what = f"{r['optimizer']}, {r['threads']} thread(s)"
+        verdict = "worth it" if gain > 1.03 else "no gain, keep the default"
+        recs.append(f"training: {what}: {gain:.2f}x the default bare loop's speed ({verdict})")
+    for path in ("bare", "lightning"):
+        c = _pick(train, path=path, compiled=True)
+        ref = _pick(train, path=path, compiled=False)
+        if c and ref:
+            gain = ref["step_ms"] / c["step_ms"]
+            saved = (ref["step_ms"] - c["step_ms"]) / 1e3
+            if saved > 0:
+                breakeven = c["compile_s"] / saved
+                recs.append(
+                    f"training ({path}): torch.compile gives {gain:.2f}x ({ref['tokens_per_s']:,.0f} -> "
+                    f"{c['tokens_per_s']:,.0f} tok/s) for {c['compile_s']:.0f} s of compile: it pays for itself "
+                    f"after ~{breakeven:.0f} steps"
+                    + (
+                        " (a 2000-step run: turn it on, compile=true)"
+                        if breakeven < 2000 and gain > 1.05
+                        else ""
+                    )
+                )
+            else:
+                recs.append(
+                    f"training ({path}): torch.compile is not faster here ({gain:.2f}x): keep compile=false"
+                )
+    return recs
+
+
+def write_summary(
+    out_dir: Path, results: dict[str, list[dict[str, Any]]], info: dict[str, str], extra: dict[str, str]
+) -> str:
+    keys = key_results(results, judge=extra.get("mode") != "quick")
+    lines = ["# gptmini benchmark summary", ""]
+    lines += [f"- {k}: {v}" for k, v in {**info, **extra}.items()]
+    lines += [
+        "",
+        "## Key ratios vs targets",
+        "",
+        markdown_table(keys, ["measure", "value", "target", "status", "detail"]),
+    ]
+    recs = recommendations(results)
+    if recs:
+        lines += ["", "## Settings", ""] + [f"- {r}" for r in recs]
+    lines += [
+        "",
+        "Targets are those of the benchmark issue, set for the 2-core CPU machine (not judged in quick mode).",
+        "",
+    ]
+    md = "\n".join(lines)
+    atomic_write_text(out_dir / "summary.md", md)
+    buf = io.StringIO()
+    w = csv.DictWriter(
+        buf, fieldnames=["measure", "value", "target", "status", "detail"], lineterminator="\n"
+    )
+    w.writeheader()
+    w.writerows(keys)
+    atomic_write_text(out_dir / "summary.csv", buf.getvalue())
+    return md
+
+
+# ---------------------------------------------------------------------------------------------- runner
+
+ATTENTION_COLUMNS = [
+    "impl",
+    "seq_len",
+    "compiled",
+    "fwd_ms",
+    "fwd_bwd_ms",
+    "peak_mem_mib",
+    "repeats",
+    "compile_s",
+    "note",
+]
+TRAIN_COLUMNS = [
+    "path",
+    "compiled",
+    "threads",
+    "optimizer",
+    "precision",
+    "tokens_per_s",
+    "step_ms",
+    "steps",
+    "compile_s",
+    "mfu",
+    "vs_bare",
+]
+GENERATE_COLUMNS = [
+    "vocab",
+    "kv_cache",
+    "new_tokens",
+    "seconds",
+    "tokens_per_s",
+    "ms_per_token",
+    "speedup",
+    "same_tokens",
+]
+DATA_COLUMNS = ["measure", "value", "unit", "target", "detail"]
+
+
+def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[dict[str, Any]]]:
+    """Run the chosen sections, writing every table as soon as it is done; returns the rows."""
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown section(s) {unknown}; valid: {', '.join(SECTIONS)}")
+    if opts.on_gpu and not torch.cuda.is_available():
+        raise ValueError("--device cuda but no CUDA GPU is available: use --device cpu")
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine_info(opts.device)
+    extra = {
+        "mode": "quick" if opts.quick else "full",
+        "compile": "on" if opts.compile else "off",
+        "load average at start (1/5/15 min)": _loadavg(),
+    }
+    results: dict[str, list[dict[str, Any]]] = {}
+    seconds: dict[str, float] = {}
+    t_all = time.perf_counter()
+    for section in SECTIONS:
+        if section not in only:
+            continue
+        t0 = time.perf_counter()
+        log.info("--- %s (load average %s)", section, _loadavg())
+        if section == "attention":
+            rows, notes = bench_attention(opts)
+            md = write_table(out, "attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
+            plot_attention(rows, out / "attention.png")
+        elif section == "train":
+            rows, notes = bench_train(opts)
+            md = write_table(out, "train", "Training throughput", rows, TRAIN_COLUMNS, notes)
+        elif section == "generate":
+            rows, notes = bench_generate(opts)
+            md = write_table(out, "generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
+        else:
+            with tempfile.TemporaryDirectory(prefix="gptmini-bench-data-") as tmp:
+                rows, notes = bench_data(opts, Path(tmp))
+            md = write_table(out, "data", "Data preparation and loading", rows, DATA_COLUMNS, notes)
+        results[section] = rows
+        seconds[section] = time.perf_counter() - t0
+        print(md, flush=True)
+    extra["load average at end (1/5/15 min)"] = _loadavg()
+    extra["wall time"] = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + (
+        f"; total {time.perf_counter() - t_all:.0f} s"
+    )
+    print(write_summary(out, results, info, extra), flush=True)
+    return results
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[str]]:
+    p = argparse.ArgumentParser(
+        prog="bench",
+        description="gptmini benchmarks: attention, training, generation, data (tables in results/)",
+    )
+    p.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
+    )
+    p.add_argument("--quick", action="store_true", help="tiny shapes and 1-2 repeats (smoke test)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure torch.compile variants (on CPU: sdpa and ch3 MHA at the largest T, and the training "
+        "model); --no-compile skips them",
+    )
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    only = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad = sorted(set(only) - set(SECTIONS))
+    if bad:
+        p.error(f"--only: unknown section(s) {', '.join(bad)}; valid: {', '.join(SECTIONS)}")
+    logging.basicConfig(
+        level=logging.DEBUG if a.verbose else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    return BenchOptions(
+        device=device, quick=a.quick, compile=a.compile and not a.quick, out=a.out, seed=a.seed
+    ), only
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts, only = parse_args(argv)
+    import lightning.pytorch  # noqa: F401  (its loggers exist once imported)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    run(opts, only)
+    log.info("bench done in %.0f s; results in %s", time.perf_counter() - t0, opts.out)
+    return 0

@@ -1,0 +1,119 @@
+"""Smoke test of the benchmarks in --quick mode: files written, CSVs well-formed, numbers sane.
+
+No timing thresholds: the numbers depend on the machine and its load.
+"""
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from gptmini import bench
+from gptmini.attention import available_attention
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _positive(value: str) -> bool:
+    x = float(value)
+    return math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    opts = bench.BenchOptions(device="cpu", quick=True, compile=False, out=out)
+    results = bench.run(opts)
+    return out, results
+
+
+def test_quick_run_writes_every_file(quick_results):
+    out, results = quick_results
+    assert set(results) == set(bench.SECTIONS)
+    for name in bench.SECTIONS:
+        assert (out / f"{name}.md").is_file()
+        assert (out / f"{name}.csv").is_file()
+        assert (out / f"{name}.md").read_text().startswith("## ")
+    png = (out / "attention.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (out / "summary.md").read_text()
+    assert "torch" in summary and "Key ratios" in summary
+    assert not list(out.glob(".*.tmp")), "a temp file was left behind"
+
+
+def test_attention_csv_one_row_per_impl_and_length(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "attention.csv")
+    assert columns == bench.ATTENTION_COLUMNS
+    impls = {bench.BARE, bench.CH3, *available_attention()}
+    seq_lens = bench.attention_setup(bench.BenchOptions(quick=True)).seq_lens
+    assert len(rows) == len(impls) * len(seq_lens)
+    for T in seq_lens:
+        assert sorted(r["impl"] for r in rows if int(r["seq_len"]) == T) == sorted(impls)
+    for r in rows:
+        assert r["compiled"] == "False"
+        assert _positive(r["fwd_ms"]) and _positive(r["fwd_bwd_ms"]), r
+        assert _positive(r["peak_mem_mib"]), r
+        assert int(r["repeats"]) >= 1
+
+
+def test_train_csv(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "train.csv")
+    assert columns == bench.TRAIN_COLUMNS
+    assert [r["path"] for r in rows] == ["bare", "lightning"]
+    for r in rows:
+        assert _positive(r["tokens_per_s"]) and _positive(r["step_ms"])
+        assert int(r["steps"]) == bench.train_setup(bench.BenchOptions(quick=True)).steps
+    assert _positive(rows[1]["vs_bare"])
+
+
+def test_generate_csv(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "generate.csv")
+    assert columns == bench.GENERATE_COLUMNS
+    assert sorted(r["kv_cache"] for r in rows) == ["False", "True"]
+    for r in rows:
+        assert _positive(r["seconds"]) and _positive(r["tokens_per_s"]) and _positive(r["speedup"])
+        assert r["same_tokens"] == "True"  # greedy: the cache must not change the continuation
+
+
+def test_data_csv(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "data.csv")
+    assert columns == bench.DATA_COLUMNS
+    assert len(rows) == 3
+    assert _positive(rows[0]["value"]) and _positive(rows[1]["value"])
+    share = float(rows[2]["value"])
+    assert math.isfinite(share) and 0 < share < 100
+    assert rows[1]["detail"] == "skipped"
+
+
+def test_summary_lists_key_ratios_unjudged_in_quick_mode(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "summary.csv")
+    assert columns == ["measure", "value", "target", "status", "detail"]
+    assert {r["status"] for r in rows} == {"n/a"}
+    assert any(r["measure"].startswith("attention: ch3 MHA / sdpa") for r in rows)
+    for r in rows:
+        assert math.isfinite(float(r["value"])) and float(r["value"]) > 0
+
+
+def test_markdown_table_and_atomic_write(tmp_path):
+    md = bench.write_table(
+        tmp_path, "t", "T", [{"a": 1.5, "b": None}, {"a": float("nan"), "b": "x|y"}], ["a", "b"], ["note"]
+    )
+    assert "| 1.50 | — |" in md and "x\\|y" in md and "- note" in md
+    _, rows = _read_csv(tmp_path / "t.csv")
+    assert rows == [{"a": "1.5", "b": ""}, {"a": "nan", "b": "x|y"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.md"]
+
+
+def test_cli_rejects_unknown_section():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--only", "attention,bogus"])
