@@ -41,6 +41,8 @@ def _quiet_lightning() -> None:
     # (always empty, so nothing is loaded) and warns about it; resuming is explicit here (ckpt_path=...).
     warnings.filterwarnings("ignore", message=r".*ckpt_path=None\)` was called without a model")
     warnings.filterwarnings("ignore", message=r".*is set, but there is no last checkpoint available")
+    # Mid-epoch resume is exact here without a stateful loader (see TokenDataModule), so this warning misleads.
+    warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
@@ -101,9 +103,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if ckpt_path:
         log.info("resuming from %s", ckpt_path)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)
+    ckpt_dir = output_dir / "checkpoints"
+    if trainer.state.finished and not trainer.interrupted:
+        # The periodic "last" save runs every checkpoint_every_n_steps; make last.ckpt the final state.
+        trainer.save_checkpoint(ckpt_dir / "last.ckpt")
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    ckpt_dir = output_dir / "checkpoints"
     result = {
         "output_dir": str(output_dir),
         "checkpoint": str(ckpt_dir / "last.ckpt"),
