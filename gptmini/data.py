@@ -549,26 +549,52 @@ class StridedWindowDataset(_WindowDataset):
 class StreamSampler(Sampler[int]):
     """Consecutive global sample indices, ``num_samples`` per pass, starting where training stands.
 
-    ``start()`` gives the first index of a pass (the DataModule passes "batches trained so far x batch
-    size"); without it, or when it returns None, a pass starts at ``epoch * num_samples``.
+    ``start()`` gives the first index of a pass (the DataModule passes "samples trained so far"); without
+    it, or when it returns None, a pass starts at ``epoch * num_samples``. Under data parallelism rank ``r``
+    of ``world_size`` takes indices ``first + r, first + r + world_size, ...``: the ranks together walk the
+    same stream a single process would, so a run's batches do not depend on how it is distributed.
     """
 
-    def __init__(self, num_samples: int, start: Callable[[], int | None] | None = None) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        start: Callable[[], int | None] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.num_samples = num_samples
         self.epoch = 0
         self._start = start
+        self.rank = rank
+        self.world_size = world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.num_samples // self.world_size
 
     def __iter__(self) -> Iterator[int]:
         first = self._start() if self._start is not None else None
         if first is None:
             first = self.epoch * self.num_samples
-        return iter(range(first, first + self.num_samples))
+        return iter(range(first + self.rank, first + len(self) * self.world_size, self.world_size))
+
+
+class ShardSampler(Sampler[int]):
+    """Rank ``r`` of ``world_size`` takes indices r, r + world_size, ... of ``n`` (uneven, no padding), so a
+    token-weighted mean reduced across ranks equals the single-process mean exactly."""
+
+    def __init__(self, n: int, rank: int = 0, world_size: int = 1) -> None:
+        self.n, self.rank, self.world_size = n, rank, world_size
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.n, self.world_size))
 
 
 # ------------------------------------------------------------------------------------------ datamodule
@@ -666,13 +692,21 @@ class TokenDataModule(L.LightningDataModule):
             return None
         # Batches whose training step ran, over all epochs: restored from checkpoints, and counted before
         # the step's on_train_batch_end (so a checkpoint saved there includes its own batch).
-        return trainer.fit_loop.epoch_loop.batch_progress.total.processed * self.batch_size
+        # Under DDP every rank takes its share of one global stream, which so advanced world_size batches a step.
+        done = trainer.fit_loop.epoch_loop.batch_progress.total.processed
+        return done * self.batch_size * trainer.world_size
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
         assert self.train_dataset is not None
-        sampler = StreamSampler(len(self.train_dataset), start=self._first_train_sample)
+        rank, world = self._rank()
+        # Our samplers shard across ranks themselves (the trainer configs set use_distributed_sampler: false).
+        sampler = StreamSampler(len(self.train_dataset), start=self._first_train_sample, rank=rank, world_size=world)
         return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
@@ -680,7 +714,8 @@ class TokenDataModule(L.LightningDataModule):
             self.setup("validate")
         if self.val_dataset is None:
             return []
-        return self._loader(self.val_dataset, shuffle=False, drop_last=False)
+        rank, world = self._rank()
+        return self._loader(self.val_dataset, sampler=ShardSampler(len(self.val_dataset), rank, world), drop_last=False)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
