@@ -339,9 +339,11 @@ def test_datamodule_batches_and_resume_position(corpus, tmp_path):
     resumed = TokenDataModule(**kwargs)
     resumed.setup("fit")
     resumed.trainer = SimpleNamespace(
+        global_rank=0,
+        world_size=1,
         fit_loop=SimpleNamespace(
             epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(processed=3)))
-        )
+        ),
     )
     first = next(iter(resumed.train_dataloader()))
     assert torch.equal(first[0], batches[3][0]) and torch.equal(first[1], batches[3][1])
@@ -432,3 +434,15 @@ def test_trainer_resume_continues_the_exact_batch_stream(corpus, tmp_path):
     for step in (4, 6):  # mid-epoch and end-of-epoch checkpoints
         resumed = fit(7, tmp_path / f"r{step}", tmp_path / "a" / f"step={step}.ckpt")
         assert resumed == straight[step:]
+
+
+def test_stream_and_shard_samplers_split_one_stream_across_ranks():
+    from gptmini.data import ShardSampler, StreamSampler
+
+    single = list(StreamSampler(12, start=lambda: 24))
+    ranks = [list(StreamSampler(12, start=lambda: 24, rank=r, world_size=2)) for r in range(2)]
+    assert single == list(range(24, 36))
+    assert sorted(ranks[0] + ranks[1]) == single and ranks[0][:2] == [24, 26]
+    assert len(StreamSampler(13, rank=1, world_size=2)) == 6
+    shards = [list(ShardSampler(7, r, 3)) for r in range(3)]
+    assert sorted(sum(shards, [])) == list(range(7))  # every validation window exactly once, no padding
