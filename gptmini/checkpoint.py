@@ -1,26 +1,40 @@
-"""Loading checkpoints safely: ``torch.load(weights_only=True)`` only, so a file from elsewhere cannot run code."""
+"""Checkpoints: loaded with ``torch.load(weights_only=True)`` only, so a file from elsewhere cannot run code, and
+written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
+previous checkpoint intact."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import pickle
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from gptmini.model import GPT, GPTConfig
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used; the message names the file and the reason."""
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False
+) -> dict[str, Any]:
+    """The checkpoint's dict, loaded with ``weights_only=True``: a file carrying pickled code is refused before
+    any of it runs. ``mmap=True`` maps tensors instead of reading them (cheap when only metadata is needed)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by training")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"refusing to load {path}: it contains pickled Python objects beyond tensors and plain data, which "
@@ -58,15 +72,99 @@ def model_from_checkpoint(
     return model, dict(ckpt["hyper_parameters"].get("run_config") or {})
 
 
-def check_resume_compatible(path: str | Path, model_config: dict[str, Any]) -> None:
-    """Refuses to resume a run whose model differs from the checkpoint's, naming the differing fields."""
-    saved = _model_config(load_checkpoint(path), path)
+def check_resume_compatible(path: str | Path, model_config: dict[str, Any], ignore: Iterable[str] = ()) -> None:
+    """Refuses to resume a run whose model differs from the checkpoint's, naming the differing fields, and a
+    checkpoint that does not load with ``weights_only=True``. ``ignore``: fields not known yet (vocab_size before
+    the data is prepared)."""
+    saved = _model_config(load_checkpoint(path, mmap=True), path)
     keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "attention", "tie_weights",
             "pad_vocab_multiple")
-    diff = {k: (saved.get(k), model_config.get(k)) for k in keys if saved.get(k) != model_config.get(k)}
+    diff = {
+        k: (saved.get(k), model_config.get(k))
+        for k in keys
+        if k not in ignore and saved.get(k) != model_config.get(k)
+    }
     if diff:
         desc = ", ".join(f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(
             f"checkpoint {path} was trained with a different model shape ({desc}): resume with the same model "
             "settings (e.g. the same experiment), or start a new run without ckpt_path"
         )
+
+
+# --- atomic saving ---------------------------------------------------------------------------------------------
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Makes the rename itself durable; not every platform/filesystem can open a directory.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but not ours
+        return True
+    return True
+
+
+def remove_stale_temp_files(folder: str | Path) -> list[Path]:
+    """Deletes the ``.<name>.<pid>.<id>.tmp`` files that a process killed while saving left in ``folder``
+    (only those whose process is gone: a save in progress is never touched). Returns the deleted paths."""
+    removed = []
+    for tmp in Path(folder).glob(".*.ckpt.*.tmp"):
+        parts = tmp.name.split(".")
+        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
+        if pid is None or pid == os.getpid() or _pid_alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint I/O that never leaves a half-written checkpoint under its final name.
+
+    The checkpoint goes to a temp file in the destination folder, is flushed and fsync'ed, then renamed over
+    the old file (``os.replace``, atomic on POSIX and Windows) and the folder fsync'ed. Killed at any point,
+    the destination holds either the previous complete checkpoint or the new complete one. (Lightning's own
+    ``_atomic_save`` writes the temp file to the system temp dir: when that is another filesystem, the final
+    "rename" is a copy into place, which a kill can leave truncated; and nothing is fsync'ed.)
+    Remote paths (``s3://``...) fall back to Lightning's implementation."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(path.parent)
+        tmp = _temp_name(path)
+        try:
+            # O_EXCL: never follow/overwrite anything; 0o666 & ~umask like an ordinary file.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "wb") as f:
+                self.write(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        _fsync_dir(path.parent)
+
+    def write(self, checkpoint: dict[str, Any], f: IO[bytes]) -> None:
+        """Serialises ``checkpoint`` into the open temp file (the step a kill can interrupt)."""
+        torch.save(checkpoint, f)

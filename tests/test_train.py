@@ -231,3 +231,18 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, tmp_path)
     assert result["loss"] == pytest.approx(logged, abs=1e-4)
     assert result["ppl"] == pytest.approx(torch.exp(torch.tensor(result["loss"])).item(), rel=1e-6)
     assert result["tokens"] == 2 * 4 * 32
+
+
+@pytest.mark.slow
+def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path):
+    proc = _run(["-m", "gptmini.train", "-m", "debug=smoke", "tokenizer=char", "model.attention=sdpa,mha",
+                 "trainer.max_steps=3", f"paths.output_root={tmp_path}/outputs", f"paths.data_root={tmp_path}/data"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (tmp_path / "outputs" / "smoke").glob("multirun_*")
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == [f"debug=smoke,model.attention={a},tokenizer=char,trainer.max_steps=3" for a in ("mha", "sdpa")]
+    for job in jobs:
+        assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+        assert "val/loss" in _events(sweep / job / "tb").Tags()["scalars"]
+        ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)
+        assert ckpt["hyper_parameters"]["model_config"]["attention"] == job.split("model.attention=")[1].split(",")[0]
