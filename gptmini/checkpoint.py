@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from gptmini.model import GPT, GPTConfig
 
@@ -134,37 +133,56 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     return removed
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint I/O that never leaves a half-written checkpoint under its final name.
+def atomic_save(checkpoint: dict[str, Any], path: str | Path, write: Any = torch.save) -> None:
+    """Writes ``checkpoint`` to ``path`` so that, killed at any point, ``path`` holds either its previous
+    complete content or the new complete one: temp file in the same folder, flush + fsync, ``os.replace``
+    (atomic on POSIX and Windows), fsync of the folder. ``write(checkpoint, file)`` serialises."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(path.parent)
+    tmp = _temp_name(path)
+    try:
+        # O_EXCL: never follows or overwrites anything; 0o666 & ~umask like an ordinary file.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            write(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
 
-    The checkpoint goes to a temp file in the destination folder, is flushed and fsync'ed, then renamed over
-    the old file (``os.replace``, atomic on POSIX and Windows) and the folder fsync'ed. Killed at any point,
-    the destination holds either the previous complete checkpoint or the new complete one. (Lightning's own
-    ``_atomic_save`` writes the temp file to the system temp dir: when that is another filesystem, the final
-    "rename" is a copy into place, which a kill can leave truncated; and nothing is fsync'ed.)
-    Remote paths (``s3://``...) fall back to Lightning's implementation."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None or "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temp_files(path.parent)
-        tmp = _temp_name(path)
-        try:
-            # O_EXCL: never follow/overwrite anything; 0o666 & ~umask like an ordinary file.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            with os.fdopen(fd, "wb") as f:
-                self.write(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        _fsync_dir(path.parent)
+def _make_atomic_checkpoint_io() -> type:
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-    def write(self, checkpoint: dict[str, Any], f: IO[bytes]) -> None:
-        """Serialises ``checkpoint`` into the open temp file (the step a kill can interrupt)."""
-        torch.save(checkpoint, f)
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        """Lightning checkpoint I/O through :func:`atomic_save`: never a half-written checkpoint under its
+        final name. (Lightning's own ``_atomic_save`` puts its temp file in the system temp dir: when that is
+        another filesystem the final "rename" is a copy into place, which a kill can leave truncated; and
+        nothing is fsync'ed.) Remote paths (``s3://``...) fall back to Lightning's implementation."""
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+            if storage_options is not None or "://" in str(path):
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            atomic_save(checkpoint, path, write=self.write)
+
+        def write(self, checkpoint: dict[str, Any], f: IO[bytes]) -> None:
+            """Serialises ``checkpoint`` into the open temp file (the step a kill can interrupt)."""
+            torch.save(checkpoint, f)
+
+    AtomicCheckpointIO.__module__ = __name__
+    return AtomicCheckpointIO
+
+
+def __getattr__(name: str) -> Any:
+    # ``AtomicCheckpointIO`` subclasses Lightning's TorchCheckpointIO; it is built on first use so that importing
+    # this module (sampling, config checks) does not import Lightning (seconds).
+    if name == "AtomicCheckpointIO":
+        cls = _make_atomic_checkpoint_io()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
