@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from gptmini.config import register_configs
 from gptmini.model import GPTConfig
@@ -28,12 +28,16 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def compose_cfg(overrides: list[str], tmp_path: Path):
+def compose_cfg(overrides: list[str], tmp_path: Path, keep_hydra: bool = False):
+    """The config as the app's task function receives it (no ``hydra`` node unless asked for)."""
     register_configs()
     base = [f"paths.output_dir={tmp_path}/run", f"paths.data_root={tmp_path}/data"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=base + overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
+    if not keep_hydra:
+        with open_dict(cfg):
+            del cfg["hydra"]
     return cfg
 
 
@@ -101,7 +105,7 @@ def test_experiments_carry_the_promised_settings(tmp_path):
     assert (baby.model.n_layer, baby.model.n_head, baby.model.n_embd, baby.model.block_size) == (6, 6, 384, 256)
     gpt2 = compose_cfg(["experiment=gpt2_124m"], tmp_path)
     assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.vocab_size, gpt2.model.block_size) == (12, 768, 50257, 1024)
-    sweep = compose_cfg(["experiment=attention_sweep"], tmp_path, )
+    sweep = compose_cfg(["experiment=attention_sweep"], tmp_path, keep_hydra=True)
     swept = sweep.hydra.sweeper.params["model.attention"].split(",")
     from gptmini.attention import available_attention
 
