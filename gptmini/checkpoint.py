@@ -31,7 +31,9 @@ def load_checkpoint(
     any of it runs. ``mmap=True`` maps tensors instead of reading them (cheap when only metadata is needed)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by training")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist: pass the path of a .ckpt file written by training"
+        )
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -41,7 +43,9 @@ def load_checkpoint(
             f"accepted. Detail: {str(err).splitlines()[0]}"
         ) from None
     except (RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({err}); it may be truncated or not a .ckpt") from None
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({err}); it may be truncated or not a .ckpt"
+        ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a gptmini/Lightning checkpoint (no 'state_dict' entry)")
     return ckpt
@@ -50,7 +54,9 @@ def load_checkpoint(
 def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
     hp = ckpt.get("hyper_parameters") or {}
     if "model_config" not in hp:
-        raise CheckpointError(f"{path} has no model_config in its hyper-parameters: it was not written by gptmini")
+        raise CheckpointError(
+            f"{path} has no model_config in its hyper-parameters: it was not written by gptmini"
+        )
     return dict(hp["model_config"])
 
 
@@ -66,18 +72,31 @@ def model_from_checkpoint(
     # lm_head.weight is the tied embedding: absent from nothing, but tolerate either spelling.
     missing = [k for k in missing if not (config.tie_weights and k == "lm_head.weight")]
     if missing or unexpected:
-        raise CheckpointError(f"{path} does not match its own model config: missing {missing}, unexpected {unexpected}")
+        raise CheckpointError(
+            f"{path} does not match its own model config: missing {missing}, unexpected {unexpected}"
+        )
     model.eval()
     return model, dict(ckpt["hyper_parameters"].get("run_config") or {})
 
 
-def check_resume_compatible(path: str | Path, model_config: dict[str, Any], ignore: Iterable[str] = ()) -> None:
+def check_resume_compatible(
+    path: str | Path, model_config: dict[str, Any], ignore: Iterable[str] = ()
+) -> None:
     """Refuses to resume a run whose model differs from the checkpoint's, naming the differing fields, and a
     checkpoint that does not load with ``weights_only=True``. ``ignore``: fields not known yet (vocab_size before
     the data is prepared)."""
     saved = _model_config(load_checkpoint(path, mmap=True), path)
-    keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "attention", "tie_weights",
-            "pad_vocab_multiple")
+    keys = (
+        "vocab_size",
+        "block_size",
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "bias",
+        "attention",
+        "tie_weights",
+        "pad_vocab_multiple",
+    )
     diff = {
         k: (saved.get(k), model_config.get(k))
         for k in keys
@@ -165,7 +184,9 @@ def _make_atomic_checkpoint_io() -> type:
         another filesystem the final "rename" is a copy into place, which a kill can leave truncated; and
         nothing is fsync'ed.) Remote paths (``s3://``...) fall back to Lightning's implementation."""
 
-        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        def save_checkpoint(
+            self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+        ) -> None:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
             atomic_save(checkpoint, path, write=self.write)

@@ -23,8 +23,19 @@ class RunError(ValueError):
 
 # Lightning's accepted precision inputs (lightning.fabric.connector._PRECISION_INPUT), plus our "auto".
 PRECISIONS = (
-    "auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true",
-    "transformer-engine", "transformer-engine-float16", "32", "16", "bf16", "64",
+    "auto",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "32",
+    "16",
+    "bf16",
+    "64",
 )
 EMBEDDED_SOURCES = ("shakespeare",)
 
@@ -67,12 +78,16 @@ def _check_data_source(data: DictConfig) -> None:
     """A local corpus path that does not exist fails here, before Lightning is even imported."""
     source = data.get("source")
     if not isinstance(source, str) or not source:
-        raise RunError(f"data.source={source!r} is invalid: expected 'shakespeare', a file, a folder, a glob or a URL")
+        raise RunError(
+            f"data.source={source!r} is invalid: expected 'shakespeare', a file, a folder, a glob or a URL"
+        )
     if source in EMBEDDED_SOURCES or source.startswith(("http://", "https://")):
         return
     if glob.has_magic(source):
         if not any(Path(p).is_file() for p in glob.iglob(source, recursive=True)):
-            raise RunError(f"data.source={source!r} matches no files: check the pattern (quote it in the shell)")
+            raise RunError(
+                f"data.source={source!r} matches no files: check the pattern (quote it in the shell)"
+            )
         return
     path = Path(source)
     if not path.exists():
@@ -90,29 +105,30 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         hint = " (e.g. model.init_from=/path/to/hf/gpt2)" if "model.init_from" in missing else ""
-        raise RunError(f"{', '.join(missing)} must be set (the config has '???'): pass {missing[0]}=...{hint}")
+        raise RunError(
+            f"{', '.join(missing)} must be set (the config has '???'): pass {missing[0]}=...{hint}"
+        )
 
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    init_from = model.pop("init_from", None)
+    model.pop("init_from", None)
     vocab_known = model["vocab_size"] is not None
     if not vocab_known:
         model["vocab_size"] = 50257  # placeholder until the tokenizer is known; checked again later
     gpt_config = GPTConfig.from_dict(model)
-    if init_from is not None and not (Path(init_from) / "config.json").is_file():
-        raise RunError(
-            f"model.init_from={init_from} is not a Hugging Face GPT-2 folder (no config.json there): pass a "
-            "local folder holding config.json and model.safetensors"
-        )
 
     tokenizer = str(cfg.tokenizer.name)
     from gptmini.tokenizer import available_tokenizers
 
     if tokenizer not in available_tokenizers():
-        raise RunError(f"tokenizer.name={tokenizer!r} is unknown: valid names are {', '.join(available_tokenizers())}")
+        raise RunError(
+            f"tokenizer.name={tokenizer!r} is unknown: valid names are {', '.join(available_tokenizers())}"
+        )
 
     opt = cfg.optimizer
     if "lr" in opt and not float(opt.lr) > 0:
-        raise RunError(f"optimizer.lr={opt.lr} is invalid: the learning rate must be > 0 (e.g. optimizer.lr=1e-3)")
+        raise RunError(
+            f"optimizer.lr={opt.lr} is invalid: the learning rate must be > 0 (e.g. optimizer.lr=1e-3)"
+        )
     if "weight_decay" in opt and float(opt.weight_decay) < 0:
         raise RunError(f"optimizer.weight_decay={opt.weight_decay} is invalid: it must be >= 0")
     sched = cfg.get("scheduler")
@@ -125,7 +141,9 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     tr = cfg.trainer
     max_steps = tr.get("max_steps", -1)
     if not _positive_int(max_steps):
-        raise RunError(f"trainer.max_steps={max_steps} is invalid: it must be a positive number of optimizer steps")
+        raise RunError(
+            f"trainer.max_steps={max_steps} is invalid: it must be a positive number of optimizer steps"
+        )
     accum = tr.get("accumulate_grad_batches", 1)
     if not _positive_int(accum):
         raise RunError(f"trainer.accumulate_grad_batches={accum} is invalid: it must be an integer >= 1")
@@ -140,18 +158,22 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(f"trainer.val_check_interval={val_every} is invalid: a fraction must be in (0, 1]")
     clip = tr.get("gradient_clip_val")
     if clip is not None and float(clip) < 0:
-        raise RunError(f"trainer.gradient_clip_val={clip} is invalid: it must be >= 0 (0 or null: no clipping)")
+        raise RunError(
+            f"trainer.gradient_clip_val={clip} is invalid: it must be >= 0 (0 or null: no clipping)"
+        )
 
     data = cfg.data
     if not _positive_int(data.get("batch_size", 1)):
         raise RunError(f"data.batch_size={data.get('batch_size')} is invalid: it must be an integer >= 1")
     if int(data.get("num_workers", 0)) < 0:
-        raise RunError(f"data.num_workers={data.num_workers} is invalid: it must be >= 0 (0: load in the main process)")
+        raise RunError(
+            f"data.num_workers={data.num_workers} is invalid: it must be >= 0 (0: load in the main process)"
+        )
     val_fraction = float(data.get("val_fraction", 0.1))
     if not 0.0 <= val_fraction < 1.0:
-        raise RunError(f"data.val_fraction={data.val_fraction} is invalid: it must be in [0, 1) (0.1 is a good default)")
-    if "source" in data:
-        _check_data_source(data)
+        raise RunError(
+            f"data.val_fraction={data.val_fraction} is invalid: it must be in [0, 1) (0.1 is a good default)"
+        )
     seed = cfg.get("seed")
     if not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
@@ -162,7 +184,9 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         )
     resolve_precision(OmegaConf.to_container(tr, resolve=True))
     if not _positive_int(cfg.checkpoint_every_n_steps):
-        raise RunError(f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1")
+        raise RunError(
+            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
+        )
 
     if cfg.get("ckpt_path") is not None:
         # Refuse an unsafe or incompatible resume checkpoint now, not after preparing data and building a model.
@@ -172,6 +196,20 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
             resolve_ckpt_path(cfg), gpt_config.to_dict(), ignore=() if vocab_known else ("vocab_size",)
         )
     return gpt_config
+
+
+def check_input_files(cfg: DictConfig) -> None:
+    """The files a run reads, checked before anything else runs (the command line calls this before
+    ``validate_config``; kept apart so that configs can be validated without the files existing)."""
+    # '???' values are reported by validate_config.
+    init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
+    if init_from is not None and not (Path(init_from) / "config.json").is_file():
+        raise RunError(
+            f"model.init_from={init_from} is not a Hugging Face GPT-2 folder (no config.json there): pass a "
+            "local folder holding config.json and model.safetensors"
+        )
+    if "source" in cfg.data and not OmegaConf.is_missing(cfg.data, "source"):
+        _check_data_source(cfg.data)
 
 
 # --- resuming ---------------------------------------------------------------------------------------------
@@ -185,7 +223,11 @@ def find_last_checkpoint(output_root: str | Path, run_name: str, exclude: str | 
     root = Path(output_root) / run_name
     candidates = [
         p
-        for pattern in ("*/checkpoints/last.ckpt", "*/checkpoints/on_exception.ckpt", "*/*/checkpoints/last.ckpt")
+        for pattern in (
+            "*/checkpoints/last.ckpt",
+            "*/checkpoints/on_exception.ckpt",
+            "*/*/checkpoints/last.ckpt",
+        )
         for p in root.glob(pattern)
         if exclude is None or Path(exclude).resolve() not in p.resolve().parents
     ]
@@ -204,7 +246,9 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
         return str(find_last_checkpoint(cfg.paths.output_root, cfg.run_name, exclude=cfg.paths.output_dir))
     path = Path(cfg.ckpt_path)
     if not path.is_file():
-        raise RunError(f"ckpt_path={cfg.ckpt_path} does not exist: pass an existing .ckpt file or ckpt_path=last")
+        raise RunError(
+            f"ckpt_path={cfg.ckpt_path} does not exist: pass an existing .ckpt file or ckpt_path=last"
+        )
     if not os.access(path, os.R_OK):
         raise RunError(f"ckpt_path={cfg.ckpt_path} is not readable (permissions)")
     return str(path)

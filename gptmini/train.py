@@ -20,7 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from gptmini.config import register_configs
 from gptmini.model import ConfigError, GPTConfig
-from gptmini.runconfig import RunError, resolve_ckpt_path, resolve_precision, validate_config
+from gptmini.runconfig import (
+    RunError,
+    check_input_files,
+    resolve_ckpt_path,
+    resolve_precision,
+    validate_config,
+)
 
 log = logging.getLogger("gptmini.train")
 
@@ -47,15 +53,17 @@ def _quiet_lightning() -> None:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
+    # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
+    gpt_config = validate_config(cfg)
+
     import lightning as L
 
     _quiet_lightning()
 
-    from gptmini.checkpoint import check_resume_compatible
+    from gptmini.checkpoint import AtomicCheckpointIO, check_resume_compatible
     from gptmini.data import check_vocab, load_meta
     from gptmini.lit import GPTLightningModule
 
-    gpt_config = validate_config(cfg)
     ckpt_path = resolve_ckpt_path(cfg)
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
@@ -64,7 +72,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer_cfg["precision"] = resolve_precision(trainer_cfg)
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None and "_target_" in c]
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None and "_target_" in c]
-    trainer: L.Trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False)
+    trainer: L.Trainer = instantiate(
+        # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
+        trainer_cfg, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+    )
 
     # Prepare the data (cheap when already prepared) so the tokenizer's vocabulary sizes the model.
     global_batches = cfg.trainer.max_steps * trainer.accumulate_grad_batches
@@ -128,12 +139,28 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from gptmini.checkpoint import CheckpointError
-    from gptmini.data import DataError
-    from gptmini.tokenizer import TokenizerError
+    """Exceptions that mean "the input is wrong", reported as one line. Classes are taken from modules already
+    imported (an instance of a class implies its module was imported), so a bad config that fails in
+    validate_config does not pay for importing Lightning here."""
+    errors: list[type[BaseException]] = [ConfigError, RunError, InstantiationException]
+    for module, name in (
+        ("gptmini.data", "DataError"),
+        ("gptmini.tokenizer", "TokenizerError"),
+        ("gptmini.checkpoint", "CheckpointError"),
+        ("gptmini.hf", "HFWeightsError"),
+        ("lightning.fabric.utilities.exceptions", "MisconfigurationException"),
+    ):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            errors.append(cls)
+    return tuple(errors)
 
-    return (ConfigError, RunError, DataError, TokenizerError, CheckpointError, InstantiationException)
 
+# Exit statuses (documented in the README, "Resuming and failures").
+EXIT_USER_ERROR = 2  # invalid config or input; nothing was trained
+EXIT_NONFINITE = 3  # the loss became NaN/inf; the last good checkpoint is kept
+EXIT_SIGINT = 130  # 128 + SIGINT: Ctrl-C, on_exception.ckpt saved at a step boundary
+EXIT_SIGTERM = 143  # 128 + SIGTERM: preemption, on_exception.ckpt saved at a step boundary
 
 
 register_configs()
@@ -141,16 +168,52 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
+        check_input_files(cfg)  # corpus / init_from paths: before anything else
         result = train(cfg)
     except _user_errors() as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if full_error:
             raise
         msg = str(err)
         if isinstance(err, InstantiationException) and err.__cause__ is not None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
         log.error("error: %s", msg)
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:  # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
+        if full_error:
+            raise
+        log.error("interrupted (Ctrl-C) outside training: nothing to save")
+        sys.exit(EXIT_SIGINT)
+    except SystemExit as exc:
+        if full_error:
+            raise
+        import signal
+
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            # Lightning's handler of a raw KeyboardInterrupt (a second Ctrl-C) calls sys.exit(1).
+            log.error("interrupted (Ctrl-C twice): stopped at once; resume from the last periodic checkpoint "
+                      "with ckpt_path=last run_name=%s", cfg.run_name)
+            sys.exit(EXIT_SIGINT)
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if not isinstance(exc, SIGTERMException):
+            raise
+        signum = getattr(exc, "signum", signal.SIGTERM)
+        ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "on_exception.ckpt"
+        saved = f"saved {ckpt}" if ckpt.is_file() else "no checkpoint saved (no step was done)"
+        log.error(
+            "interrupted by %s: %s; resume with ckpt_path=last run_name=%s paths.output_root=%s",
+            signal.Signals(signum).name, saved, cfg.run_name, cfg.paths.output_root,
+        )
+        sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
+    except Exception as err:
+        from gptmini.callbacks import NonFiniteLossError
+
+        if full_error or not isinstance(err, NonFiniteLossError):
+            raise
+        log.error("error: %s", err)
+        sys.exit(EXIT_NONFINITE)
     return result["metrics"].get("val/loss")  # for sweepers that optimise a value
 
 

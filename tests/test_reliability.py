@@ -1,0 +1,771 @@
+"""Reliability through the real command line: bad input fails early with one clear line, failed runs damage
+nothing, checkpoints survive kills (even during a save), signals save and exit cleanly, a resumed run ends
+bit-identical to an uninterrupted one, a NaN loss stops the run without overwriting good checkpoints, and
+untrusted checkpoints never run code.
+
+Faults are injected with ``FaultInjector`` below, added to a real ``python -m gptmini.train`` through a Hydra
+override (``+callbacks.fault=...``; this folder is put on the subprocess's PYTHONPATH). Nothing in gptmini itself
+knows about fault injection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+# A tiny run on the char tokenizer: dropout > 0 so the RNG state matters for exact resume; 20 steps with a
+# periodic checkpoint every 5 and validation every 10. About 5-10 s per run on 2 cores.
+RUN = [
+    "model=tiny",
+    "tokenizer=char",
+    "trainer=cpu",
+    "model.dropout=0.1",
+    "data.batch_size=4",
+    "trainer.max_steps=20",
+    "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "checkpoint_every_n_steps=5",
+    "trainer.enable_model_summary=false",
+    "~callbacks.attention_maps",
+    "~callbacks.text_samples",
+    "~callbacks.progress_bar",
+    "+trainer.enable_progress_bar=false",
+]
+STEPS, EVERY = 20, 5
+
+
+# --- fault injection (runs inside the training subprocess) ------------------------------------------------
+
+
+class FaultInjector(L.Callback):
+    """Test-only callback: at optimizer step ``step`` (counted as ``trainer.global_step``) and hook ``where``
+    (batch_start, before_optimizer_step, batch_end, save), does ``action``:
+
+    - ``kill``: SIGKILL its own process (no cleanup, no handlers: like the OOM killer or a power cut);
+    - ``kill_mid_write`` (with where=save): the checkpoint being saved writes half its bytes to the temp file,
+      fsyncs, then the process SIGKILLs itself before the rename;
+    - ``sigterm`` / ``sigint``: sends itself that signal (a real signal, through the real handlers).
+    """
+
+    def __init__(self, action: str, step: int, where: str = "batch_end") -> None:
+        self.action, self.step, self.where = action, int(step), where
+
+    def _fire(self, trainer: L.Trainer, where: str) -> None:
+        if where != self.where or trainer.global_step != self.step:
+            return
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.action in ("sigterm", "sigint"):
+            os.kill(os.getpid(), signal.SIGTERM if self.action == "sigterm" else signal.SIGINT)
+            self.step = -1  # once
+        elif self.action == "kill_mid_write":
+            ckpt_io = trainer.strategy.checkpoint_io
+            assert type(ckpt_io).__name__ == "AtomicCheckpointIO", (
+                f"checkpoints not saved atomically: {ckpt_io}"
+            )
+
+            def write_half_then_die(checkpoint: dict[str, Any], f: Any) -> None:
+                buf = io.BytesIO()
+                torch.save(checkpoint, buf)
+                data = buf.getvalue()
+                f.write(data[: len(data) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            ckpt_io.write = write_half_then_die
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
+        self._fire(trainer, "batch_start")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # noqa: ANN001
+        self._fire(trainer, "before_optimizer_step")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001
+        self._fire(trainer, "batch_end")
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # noqa: ANN001
+        self._fire(trainer, "save")
+
+
+def fault(action: str, step: int, where: str = "batch_end") -> str:
+    return f"+callbacks.fault={{_target_:test_reliability.FaultInjector,action:{action},step:{step},where:{where}}}"
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("HYDRA_FULL_ERROR", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"  # several runs share 2 cores
+    return env
+
+
+def cli(
+    args: list[str], module: str = "gptmini.train", timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def run_dirs(out: Path, run_name: str) -> list[Path]:
+    return sorted((out / run_name).glob("*/"), key=lambda p: p.name)
+
+
+def load(path: Path) -> dict[str, Any]:
+    from gptmini.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+def last_val_loss(run_dir: Path) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("val/loss")
+    return events[-1].value
+
+
+def snapshot(*folders: Path) -> dict[str, tuple[int, int, str]]:
+    files = {}
+    for folder in folders:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                st = p.stat()
+                files[str(p)] = (st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+    return files
+
+
+class Evil:
+    """Unpickling this runs ``touch <marker>``: a stand-in for any code a malicious checkpoint could carry."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.marker}",))
+
+
+def write_evil_checkpoint(path: Path, marker: Path, template: dict[str, Any]) -> None:
+    ckpt = dict(template)
+    ckpt["extra"] = Evil(marker)
+    torch.save(ckpt, path)
+
+
+@dataclass
+class Workspace:
+    root: Path
+    data_root: Path
+    out: Path
+    ref_dir: Path  # an uninterrupted run of RUN
+    corpora: dict[str, Path]
+    evil: Path
+    evil_marker: Path
+    pool: ThreadPoolExecutor
+    # Runs of the fast tests, started together with the reference run so that they overlap each other and the
+    # bad-input table: most of each run is Python/torch/Lightning start-up on one core.
+    jobs: dict[str, Future] = field(default_factory=dict)
+
+    def args(self, run_name: str, *extra: str) -> list[str]:
+        return [
+            *RUN,
+            f"run_name={run_name}",
+            f"paths.output_root={self.out}",
+            f"paths.data_root={self.data_root}",
+            *extra,
+        ]
+
+
+@pytest.fixture(scope="session")
+def pool() -> Any:
+    with ThreadPoolExecutor(max_workers=3) as executor:
+        yield executor
+
+
+@pytest.fixture(scope="session")
+def ws(tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor) -> Workspace:
+    from gptmini.data import prepare
+
+    root = tmp_path_factory.mktemp("reliability")
+    data_root, out = root / "data", root / "outputs"
+    prepare("shakespeare", "char", data_root / "shakespeare_char")
+    corpora = {
+        "missing": root / "corpora" / "missing.txt",
+        "empty": root / "corpora" / "empty.txt",
+        "blank": root / "corpora" / "blank.txt",
+        "latin1": root / "corpora" / "latin1.txt",
+        "small": root / "corpora" / "small.txt",
+    }
+    corpora["empty"].parent.mkdir()
+    corpora["empty"].write_bytes(b"")
+    corpora["blank"].write_text(" \n\n\t\n")
+    corpora["latin1"].write_bytes("ROMEO: caf\u00e9 cr\u00e8me\n".encode("latin-1") * 50)
+    corpora["small"].write_text("To be, or not to be, that is the question.\n" * 48)  # ~2k chars: val ~200
+    evil, marker = root / "evil.ckpt", root / "PAYLOAD_RAN"
+    ws = Workspace(root, data_root, out, out / "ref", corpora, evil, marker, pool)
+    ref = pool.submit(cli, ws.args("ref"))
+    ws.jobs["kill_save"] = pool.submit(
+        kill_then_resume_runs, ws, "kill_save", [fault("kill_mid_write", 10, "save")]
+    )
+    ws.jobs["nan"] = pool.submit(cli, ws.args("nan", "optimizer.lr=1e6", "checkpoint_every_n_steps=1"))
+    ws.jobs["signals"] = pool.submit(signal_runs, ws)
+    ref = ref.result()
+    assert ref.returncode == 0, output(ref)[-3000:]
+    (ws.ref_dir,) = run_dirs(out, "ref")
+    write_evil_checkpoint(evil, marker, load(ws.ref_dir / "checkpoints" / "last.ckpt"))
+    ws.jobs["evil_sample"] = pool.submit(
+        cli, ["--ckpt", str(evil), "--max-new-tokens", "5"], "gptmini.sample"
+    )
+    png = str(root / "png")
+    ws.jobs["evil_export"] = pool.submit(
+        cli, ["--ckpt", str(evil), "--text", "ROMEO:", "--out", png], "gptmini.export_attention"
+    )
+    return ws
+
+
+def assert_same_as_reference(ws: Workspace, run_dir: Path) -> None:
+    """The run in ``run_dir`` ended exactly where the uninterrupted reference run did."""
+    ref = load(ws.ref_dir / "checkpoints" / "last.ckpt")
+    got = load(run_dir / "checkpoints" / "last.ckpt")
+    assert got["global_step"] == ref["global_step"] == STEPS
+    assert got["state_dict"].keys() == ref["state_dict"].keys()
+    for k in ref["state_dict"]:
+        torch.testing.assert_close(got["state_dict"][k], ref["state_dict"][k], rtol=0, atol=0, msg=k)
+    for a, b in zip(
+        got["optimizer_states"][0]["state"].values(),
+        ref["optimizer_states"][0]["state"].values(),
+        strict=True,
+    ):
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    assert got["lr_schedulers"] == ref["lr_schedulers"]
+    assert last_val_loss(run_dir) == last_val_loss(ws.ref_dir)
+
+
+# --- bad input: a table through the real command line -------------------------------------------------------
+
+# (id, overrides, message regex, exit status). {name} fields are filled from the workspace. Exit 2: our own
+# checks ("error: ..."); exit 1: Hydra's composition errors (unknown group option or key).
+BAD_INPUT = [
+    (
+        "heads_not_dividing_width",
+        ["model.n_head=3"],
+        r"error: model\.n_embd=32 is not divisible by model\.n_head=3: choose n_head among the divisors of n_embd \(1, 2, 4, 8, 16, 32\)",
+        2,
+    ),
+    (
+        "zero_layers",
+        ["model.n_layer=0"],
+        r"error: model\.n_layer=0 is invalid: it must be a positive integer",
+        2,
+    ),
+    (
+        "zero_lr",
+        ["optimizer.lr=0"],
+        r"error: optimizer\.lr=0(\.0)? is invalid: the learning rate must be > 0",
+        2,
+    ),
+    (
+        "dropout_one",
+        ["model.dropout=1.0"],
+        r"error: model\.dropout=1\.0 is invalid: it must be in \[0, 1\)",
+        2,
+    ),
+    (
+        "unknown_attention",
+        ["model.attention=flash"],
+        r"error: model\.attention='flash' is not a causal attention implementation; valid names: .*sdpa",
+        2,
+    ),
+    (
+        "unknown_tokenizer_name",
+        ["tokenizer.name=bpe9"],
+        r"error: tokenizer\.name='bpe9' is unknown: valid names are gpt2, char",
+        2,
+    ),
+    ("unknown_experiment", ["experiment=nope"], r"Could not find 'experiment/nope'", 1),
+    ("unknown_key", ["model.n_embdd=64"], r"Key 'n_embdd' not in 'ModelSchema'", 1),
+    (
+        "block_size_exceeds_split",
+        ["data=text", "data.source={small}", "model.block_size=256"],
+        r"error: split 'val' has \d+ tokens but block_size=256 needs at least 257; use a smaller block_size",
+        2,
+    ),
+    (
+        "vocab_smaller_than_tokenizer",
+        ["model.vocab_size=10"],
+        r"error: model vocab_size 10 is smaller than tokenizer 'char' vocab_size \d+; set the model's vocab_size >= \d+",
+        2,
+    ),
+    (
+        "missing_corpus",
+        ["data=text", "data.source={missing}"],
+        r"error: data\.source=\S*missing\.txt does not exist: expected 'shakespeare'",
+        2,
+    ),
+    (
+        "empty_corpus",
+        ["data=text", "data.source={empty}"],
+        r"error: data\.source=\S*empty\.txt is an empty file",
+        2,
+    ),
+    (
+        "undecodable_corpus",
+        ["data=text", "data.source={latin1}"],
+        r"error: \S*latin1\.txt is not valid UTF-8: byte offset \d+ .*iconv",
+        2,
+    ),
+    (
+        "checkpoint_of_other_shape",
+        ["ckpt_path={ref_ckpt}", "model.n_embd=64"],
+        r"error: checkpoint \S*last\.ckpt was trained with a different model shape \(model\.n_embd: checkpoint 32 vs config 64\)",
+        2,
+    ),
+    (
+        "pickled_code_checkpoint",
+        ["ckpt_path={evil}"],
+        r"error: refusing to load \S*evil\.ckpt: it contains pickled Python objects",
+        2,
+    ),
+    (
+        "gpu_without_gpu",
+        ["trainer=gpu"],
+        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu",
+        2,
+    ),
+]
+# More of the same, in the slow suite (each case costs a Python + torch start-up, ~3 s of CPU).
+BAD_INPUT_MORE = [
+    (
+        "negative_width",
+        ["model.n_embd=-32"],
+        r"error: model\.n_embd=-32 is invalid: it must be a positive integer",
+        2,
+    ),
+    (
+        "zero_batch",
+        ["data.batch_size=0"],
+        r"error: data\.batch_size=0 is invalid: it must be an integer >= 1",
+        2,
+    ),
+    (
+        "zero_steps",
+        ["trainer.max_steps=0"],
+        r"error: trainer\.max_steps=0 is invalid: it must be a positive",
+        2,
+    ),
+    ("unknown_tokenizer_group", ["tokenizer=bpe9"], r"Could not find 'tokenizer/bpe9'", 1),
+    (
+        "blank_corpus",
+        ["data=text", "data.source={blank}"],
+        r"error: corpus '\S*blank\.txt' is empty \(no non-whitespace",
+        2,
+    ),
+    (
+        "resume_without_checkpoint",
+        ["ckpt_path=last", "run_name=never_trained"],
+        r"error: ckpt_path=last but no checkpoint of run_name='never_trained' was found",
+        2,
+    ),
+    (
+        "unknown_precision",
+        ["trainer.precision=17"],
+        r"error: trainer\.precision=17 is invalid: valid values are auto, 32-true, 16-mixed, bf16-mixed",
+        2,
+    ),
+    (
+        "fp16_on_cpu",
+        ["trainer.precision=16-mixed"],
+        r"error: trainer\.precision=16-mixed \(float16 AMP\) needs a CUDA GPU",
+        2,
+    ),
+]
+
+
+def _fill(arg: str, ws: Workspace) -> str:
+    names = {k: str(v) for k, v in ws.corpora.items()}
+    names.update(ref_ckpt=str(ws.ref_dir / "checkpoints" / "last.ckpt"), evil=str(ws.evil))
+    return arg.format(**names)
+
+
+def _run_cases(ws: Workspace, cases: list[tuple]) -> dict[str, subprocess.CompletedProcess]:
+    def one(case: tuple) -> subprocess.CompletedProcess:
+        name, overrides, _, _ = case
+        # run_name=ref: the failed runs sit beside the good one, as a user's retries would.
+        return cli(ws.args("ref", *[_fill(a, ws) for a in overrides]))
+
+    return dict(zip([c[0] for c in cases], ws.pool.map(one, cases), strict=True))
+
+
+@pytest.fixture(scope="session")
+def bad_runs(ws: Workspace) -> dict[str, Any]:
+    """Runs every bad-input case after snapshotting what the reference run and the prepared data hold; the
+    snapshot is compared by test_failed_runs_damage_nothing."""
+    before = snapshot(ws.ref_dir, ws.data_root / "shakespeare_char")
+    return {"before": before, "results": _run_cases(ws, BAD_INPUT)}
+
+
+def check_bad_input(case: tuple, proc: subprocess.CompletedProcess) -> None:
+    name, _, pattern, status = case
+    text = output(proc)
+    assert proc.returncode == status, text[-3000:]
+    assert re.search(pattern, text), text[-3000:]
+    assert "Traceback" not in text
+    if status == 2:  # one line, nothing trained
+        assert len(re.findall(r"\berror: ", text)) == 1, text
+        assert "Epoch" not in text and "done:" not in text
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_fails_with_one_clear_message(case, bad_runs) -> None:
+    check_bad_input(case, bad_runs["results"][case[0]])
+
+
+@pytest.mark.slow
+def test_more_bad_input_fails_with_one_clear_message(ws: Workspace) -> None:
+    results = _run_cases(ws, BAD_INPUT_MORE)
+    for case in BAD_INPUT_MORE:
+        check_bad_input(case, results[case[0]])
+
+
+def test_bad_input_table_is_large_enough() -> None:
+    assert len(BAD_INPUT) >= 15 and len(BAD_INPUT) + len(BAD_INPUT_MORE) >= 24
+
+
+def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
+    from gptmini.runconfig import find_last_checkpoint
+
+    assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
+    # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.
+    assert find_last_checkpoint(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
+    failed = [d for d in run_dirs(ws.out, "ref") if d != ws.ref_dir]
+    assert failed and not [p for d in failed for p in d.rglob("*.ckpt")]
+
+
+@pytest.mark.slow
+def test_full_error_shows_the_traceback_on_request(ws: Workspace) -> None:
+    proc = cli(ws.args("ref", "model.n_head=3"), env={"HYDRA_FULL_ERROR": "1"})
+    assert proc.returncode != 0
+    assert "Traceback" in output(proc) and "ConfigError: model.n_embd=32 is not divisible" in output(proc)
+
+
+def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, tmp_path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from gptmini.config import register_configs
+    from gptmini.runconfig import RunError, resolve_precision, validate_config
+    from gptmini.train import CONF_DIR
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-16GB")
+    with pytest.raises(
+        RunError, match=r"trainer\.precision=bf16-mixed is not supported by this GPU \(Tesla V100.*16-mixed"
+    ):
+        resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"})
+    assert resolve_precision({"accelerator": "gpu", "precision": "auto"}) == "32-true"
+    assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}) == "16-mixed"
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=[
+                "trainer=gpu",
+                "trainer.precision=bf16-true",
+                f"paths.output_dir={tmp_path}",
+                f"paths.data_root={tmp_path}",
+            ],
+        )
+    with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
+        validate_config(cfg)
+
+
+# --- crashes and resume ---------------------------------------------------------------------------------
+
+
+def kill_then_resume_runs(ws: Workspace, name: str, fault_args: list[str]) -> tuple[Any, Any]:
+    """A run killed by ``fault_args``, then the same command with ``ckpt_path=last``."""
+    killed = cli(ws.args(name, *fault_args))
+    if killed.returncode != -signal.SIGKILL:
+        return killed, None
+    return killed, cli(ws.args(name, "ckpt_path=last"))
+
+
+def check_kill_then_resume(ws: Workspace, name: str, runs: tuple[Any, Any], resume_step: int) -> Path:
+    killed, resumed = runs
+    assert killed.returncode == -signal.SIGKILL, output(killed)[-3000:]
+    killed_dir, resumed_dir = run_dirs(ws.out, name)
+    # A hard kill loses at most the steps since the last periodic checkpoint.
+    assert load(killed_dir / "checkpoints" / "last.ckpt")["global_step"] == resume_step
+    assert resumed.returncode == 0, output(resumed)[-3000:]
+    assert f"resuming from {killed_dir / 'checkpoints' / 'last.ckpt'}" in output(resumed)
+    assert_same_as_reference(ws, resumed_dir)
+    return killed_dir
+
+
+def test_kill_during_checkpoint_save_keeps_previous_and_resume_is_exact(ws: Workspace) -> None:
+    """SIGKILL halfway through writing the step-10 checkpoint: last.ckpt still holds step 5, complete; the
+    half-written temp file is never mistaken for a checkpoint; resuming from step 5 ends exactly like the
+    uninterrupted run (weights, optimizer, scheduler, val loss)."""
+    killed_dir = check_kill_then_resume(ws, "kill_save", ws.jobs["kill_save"].result(), resume_step=5)
+    temps = list((killed_dir / "checkpoints").glob(".last.ckpt.*.tmp"))
+    assert len(temps) == 1 and 0 < temps[0].stat().st_size
+    assert temps[0].stat().st_size < (killed_dir / "checkpoints" / "last.ckpt").stat().st_size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "where, step, resume_step",
+    [
+        ("before_optimizer_step", 7, 5),  # mid-step: gradients computed, weights not yet updated
+        ("batch_end", 10, 5),  # right after step 10, before its checkpoint callback runs
+        ("batch_end", 13, 10),  # after the validation at 10 and its best.ckpt
+        ("batch_start", 19, 15),  # just before the last step
+    ],
+    ids=["mid_step7", "end_of_step10_before_save", "step13", "start_of_step20"],
+)
+def test_sigkill_then_resume_is_exact(ws: Workspace, where: str, step: int, resume_step: int) -> None:
+    name = f"kill_{where}_{step}"
+    check_kill_then_resume(
+        ws, name, kill_then_resume_runs(ws, name, [fault("kill", step, where)]), resume_step
+    )
+
+
+@pytest.mark.slow
+def test_external_sigkill_at_an_arbitrary_moment_then_resume_is_exact(ws: Workspace) -> None:
+    """Killed from outside as soon as the first periodic checkpoint exists, wherever the run is then."""
+    name = "kill_external"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptmini.train", *ws.args(name)],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list((ws.out / name).glob("*/checkpoints/last.ckpt")) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = cli(ws.args(name, "ckpt_path=last"))
+    assert resumed.returncode == 0, output(resumed)[-3000:]
+    assert_same_as_reference(ws, run_dirs(ws.out, name)[-1])
+
+
+# --- signals ----------------------------------------------------------------------------------------------
+
+
+def signal_runs(ws: Workspace) -> dict[signal.Signals, tuple[int, str]]:
+    """Two real training processes (500 steps each, side by side), each sent SIGTERM or SIGINT from outside once
+    it has checkpointed step 5. Returns the exit status and output of each."""
+    procs = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        procs[sig] = subprocess.Popen(
+            [sys.executable, "-m", "gptmini.train", *ws.args(f"signal_{sig.name}", "trainer.max_steps=500")],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        pending, deadline = dict(procs), time.monotonic() + 240
+        while pending and time.monotonic() < deadline:
+            for sig, proc in list(pending.items()):
+                if (
+                    list((ws.out / f"signal_{sig.name}").glob("*/checkpoints/last.ckpt"))
+                    or proc.poll() is not None
+                ):
+                    proc.send_signal(sig)
+                    del pending[sig]
+            time.sleep(0.05)
+        texts = {sig: proc.communicate(timeout=240)[0] for sig, proc in procs.items()}
+        return {sig: (proc.returncode, texts[sig]) for sig, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_sigterm_and_sigint_save_a_checkpoint_and_exit_cleanly(ws: Workspace) -> None:
+    """Each saves on_exception.ckpt at a step boundary and exits with 128 + the signal number, no traceback."""
+    results = ws.jobs["signals"].result()
+    for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        name, (returncode, text) = f"signal_{sig.name}", results[sig]
+        assert returncode == status, text[-3000:]
+        assert "Traceback" not in text
+        assert re.search(
+            rf"interrupted by {sig.name}: saved \S*on_exception\.ckpt; resume with ckpt_path=last run_name={name}",
+            text,
+        ), text[-3000:]
+        (run_dir,) = run_dirs(ws.out, name)
+        ckpt = load(run_dir / "checkpoints" / "on_exception.ckpt")  # weights_only=True
+        assert 5 <= ckpt["global_step"] < 500
+        assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["sigterm", "sigint"])
+def test_signal_then_resume_is_exact(ws: Workspace, action: str) -> None:
+    """The checkpoint a signal saves is a consistent end-of-step state: resuming from it is exact too."""
+    name = f"resume_after_{action}"
+    first = cli(ws.args(name, fault(action, 12, "batch_start")))
+    assert first.returncode == (143 if action == "sigterm" else 130), output(first)[-3000:]
+    (first_dir,) = run_dirs(ws.out, name)
+    assert load(first_dir / "checkpoints" / "on_exception.ckpt")["global_step"] == 13  # finishes step 13
+    resumed = cli(ws.args(name, "ckpt_path=last"))
+    assert resumed.returncode == 0, output(resumed)[-3000:]
+    assert "on_exception.ckpt" in output(resumed)
+    assert_same_as_reference(ws, run_dirs(ws.out, name)[-1])
+
+
+# --- non-finite loss ----------------------------------------------------------------------------------------
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(ws: Workspace) -> None:
+    name, proc = "nan", ws.jobs["nan"].result()  # optimizer.lr=1e6 checkpoint_every_n_steps=1
+    text = output(proc)
+    assert proc.returncode == 3, text[-3000:]
+    assert "Traceback" not in text
+    # Which comes first depends on the model and seed: a NaN loss (this config: at step 3), or weights that
+    # became NaN/inf in an optimizer step, caught when the next checkpoint would have saved them.
+    loss_nan = re.search(
+        r"error: training loss became (nan|inf|-inf) at step (\d+); the run stopped without saving these "
+        r"weights and the last good checkpoint is \S+last\.ckpt \(step (\d+)\)\. Lower optimizer\.lr",
+        text,
+    )
+    weights_nan = re.search(
+        r"error: the weights became non-finite \(NaN/inf\) at step (\d+); refusing to save them, so the last "
+        r"good checkpoint \(\S+last\.ckpt\) was kept",
+        text,
+    )
+    assert loss_nan or weights_nan, text[-3000:]
+    step = int(loss_nan.group(2)) if loss_nan else int(weights_nan.group(1))
+    assert step >= 2
+    if loss_nan:
+        assert int(loss_nan.group(3)) == step - 1
+    (run_dir,) = run_dirs(ws.out, name)
+    assert not (run_dir / "checkpoints" / "on_exception.ckpt").exists()
+    for ckpt_file in (run_dir / "checkpoints").glob("*.ckpt"):
+        ckpt = load(ckpt_file)
+        assert ckpt["global_step"] < step
+        assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values()), ckpt_file
+
+
+# --- untrusted files ----------------------------------------------------------------------------------------
+
+
+def test_checkpoint_with_pickled_code_is_refused_and_never_runs(ws: Workspace) -> None:
+    # python -m gptmini.sample / python -m gptmini.export_attention --ckpt evil.ckpt (started by the ws fixture)
+    for job in ("evil_sample", "evil_export"):
+        proc = ws.jobs[job].result()
+        text = output(proc)
+        assert proc.returncode == 2, text[-3000:]
+        assert re.search(
+            r"error: refusing to load \S*evil\.ckpt: it contains pickled Python objects", text
+        ), text
+        assert "Traceback" not in text
+    # (resuming training from it is refused in the bad-input table: pickled_code_checkpoint)
+    assert not ws.evil_marker.exists(), "the checkpoint's payload ran"
+    # Control: the payload is real, and runs as soon as something unpickles the file without weights_only.
+    control, marker = ws.root / "control.ckpt", ws.root / "CONTROL_RAN"
+    write_evil_checkpoint(control, marker, load(ws.ref_dir / "checkpoints" / "last.ckpt"))
+    torch.load(control, weights_only=False)
+    assert marker.exists()
+
+
+def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, tmp_path) -> None:
+    import json
+
+    from gptmini.data import DataError, load_meta, load_split
+
+    good = ws.data_root / "shakespeare_char"
+    truncated = tmp_path / "truncated"
+    shutil.copytree(good, truncated)
+    with open(truncated / "train.bin", "r+b") as f:
+        f.truncate((truncated / "train.bin").stat().st_size - 3)
+    with pytest.raises(DataError, match=r"train\.bin has \d+ bytes but meta\.json says \d+ uint16 tokens"):
+        load_split(truncated, "train")
+
+    wrong_dtype = tmp_path / "wrong_dtype"
+    shutil.copytree(good, wrong_dtype)
+    meta = json.loads((wrong_dtype / "meta.json").read_text())
+    meta["dtype"] = "float32"
+    (wrong_dtype / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"names dtype 'float32'; expected one of \['uint16', 'uint32'\]"):
+        load_meta(wrong_dtype)
+    # Through a command line: sampling with that folder as the tokenizer's data is refused.
+    proc = cli(
+        [
+            "--ckpt",
+            str(ws.ref_dir / "checkpoints" / "last.ckpt"),
+            "--data-dir",
+            str(wrong_dtype),
+            "--max-new-tokens",
+            "5",
+        ],
+        module="gptmini.sample",
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "names dtype 'float32'" in output(proc), output(proc)
+    assert "Traceback" not in output(proc)
+
+
+@pytest.mark.slow
+def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
+    """The training command re-tokenizes a prepared folder whose .bin disagrees with meta.json instead of
+    reading it (prepared data is a cache of the corpus)."""
+    data_root = tmp_path / "data"
+    shutil.copytree(ws.data_root / "shakespeare_char", data_root / "shakespeare_char")
+    bin_file = data_root / "shakespeare_char" / "train.bin"
+    good_size = bin_file.stat().st_size
+    with open(bin_file, "r+b") as f:
+        f.truncate(good_size // 2)
+    proc = cli(
+        [
+            *RUN,
+            "run_name=rebuilt",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.data_root={data_root}",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=1",
+        ]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    assert bin_file.stat().st_size == good_size
