@@ -56,6 +56,8 @@ class TrainSchema:
     compile: bool = False
     # Steps between periodic "last.ckpt" saves (a hard kill loses at most this many steps).
     checkpoint_every_n_steps: int = 100
+    # Keys an experiment needs the user to set (a "???" cannot override a schema default when configs merge).
+    required: list[str] = field(default_factory=list)
 
 
 def register_configs() -> None:

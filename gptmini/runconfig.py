@@ -103,10 +103,11 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
     checkpoint that is unsafe or of another model shape) naming the key."""
     missing = sorted(OmegaConf.missing_keys(cfg))
+    missing += [k for k in cfg.get("required", []) if OmegaConf.select(cfg, k) is None and k not in missing]
     if missing:
         hint = " (e.g. model.init_from=/path/to/hf/gpt2)" if "model.init_from" in missing else ""
         raise RunError(
-            f"{', '.join(missing)} must be set (the config has '???'): pass {missing[0]}=...{hint}"
+            f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}"
         )
 
     model = OmegaConf.to_container(cfg.model, resolve=True)

@@ -250,3 +250,30 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path):
         assert "val/loss" in _events(sweep / job / "tb").Tags()["scalars"]
         ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)
         assert ckpt["hyper_parameters"]["model_config"]["attention"] == job.split("model.attention=")[1].split(",")[0]
+
+
+def test_finetune_experiment_requires_init_from(tmp_path):
+    with pytest.raises(RunError, match=r"model.init_from must be set for this run"):
+        validate_config(compose_cfg(["experiment=finetune_shakespeare"], tmp_path))
+
+
+@pytest.mark.slow
+def test_training_starts_from_hugging_face_gpt2_weights(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from gptmini.checkpoint import model_from_checkpoint
+    from gptmini.hf import load_hf_gpt2
+
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=50257))
+    hf.save_pretrained(tmp_path / "gpt2-tiny")
+    proc = _run(["-m", "gptmini.train", "debug=smoke", f"model.init_from={tmp_path / 'gpt2-tiny'}",
+                 "trainer.max_steps=1", "trainer.val_check_interval=1", "optimizer.lr=1e-9", "scheduler=constant",
+                 f"paths.output_root={tmp_path}/outputs", f"paths.data_root={tmp_path}/data"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "initialised weights from" in proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
+    trained, _ = model_from_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    start = load_hf_gpt2(tmp_path / "gpt2-tiny")
+    idx = torch.randint(0, 50257, (1, 16))
+    # One step at lr 1e-9 barely moves the weights: the run started from the Hugging Face ones.
+    torch.testing.assert_close(trained(idx)[0], start(idx)[0], atol=1e-4, rtol=1e-4)
