@@ -43,7 +43,11 @@ class AttentionMapLogger(L.Callback):
     every layer, a grid of head heatmaps, the head-averaged map and each head's entropy. Nothing runs during
     ordinary training steps."""
 
-    def __init__(self, probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?", max_tokens: int = 24) -> None:
+    def __init__(
+        self,
+        probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?",
+        max_tokens: int = 24,
+    ) -> None:
         self.probe_text = probe_text
         self.max_tokens = max_tokens
 
@@ -69,7 +73,9 @@ class AttentionMapLogger(L.Callback):
         entropy = attention_entropy(maps)  # (n_layer, n_head)
         for layer in range(entropy.size(0)):
             for head in range(entropy.size(1)):
-                writer.add_scalar(f"attention/entropy/layer{layer}_head{head}", entropy[layer, head].item(), step)
+                writer.add_scalar(
+                    f"attention/entropy/layer{layer}_head{head}", entropy[layer, head].item(), step
+                )
 
 
 class TextSampleLogger(L.Callback):
@@ -179,11 +185,15 @@ class NonFiniteLossGuard(L.Callback):
 
     def __init__(self, check_every_n_steps: int = 1) -> None:
         if check_every_n_steps < 1:
-            raise ValueError(f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps} must be >= 1")
+            raise ValueError(
+                f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps} must be >= 1"
+            )
         self.check_every_n_steps = check_every_n_steps
         self.last_saved_step: int | None = None
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step % self.check_every_n_steps != 0:
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -205,7 +215,9 @@ class NonFiniteLossGuard(L.Callback):
             "ckpt_path=last or start over"
         )
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
             raise NonFiniteLossError(
                 f"the weights became non-finite (NaN/inf) at step {trainer.global_step}; refusing to save them, "
@@ -250,7 +262,9 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
             self.interrupted_by = signal.SIGINT
             log.warning(
                 "Ctrl-C: finishing step %d, then saving %s and exiting (press Ctrl-C again to stop at once "
-                "without saving)", trainer.global_step + 1, self.ckpt_path,
+                "without saving)",
+                trainer.global_step + 1,
+                self.ckpt_path,
             )
             trainer._signal_connector.received_sigterm = True  # what Lightning's SIGTERM handler sets
 
@@ -265,18 +279,23 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore_sigint()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         self._restore_sigint()
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if isinstance(exception, SIGTERMException):
-            exception.signum = self.interrupted_by or signal.SIGTERM  # read by _hydra_main for the exit status
+            exception.signum = (
+                self.interrupted_by or signal.SIGTERM
+            )  # read by _hydra_main for the exit status
         if isinstance(exception, NonFiniteLossError):
             return
         if isinstance(exception, KeyboardInterrupt):
             log.warning(
                 "stopped at once (second Ctrl-C) without saving: the state may be mid-step. The last periodic "
-                "checkpoint is %s", _last_checkpoint(trainer) or "none (no step was checkpointed yet)",
+                "checkpoint is %s",
+                _last_checkpoint(trainer) or "none (no step was checkpointed yet)",
             )
             return
         if trainer.global_step == 0:
@@ -286,7 +305,8 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
         log.warning(
             "run %s at step %d: saving %s",
             f"interrupted by {name}" if name else f"failed ({type(exception).__name__})",
-            trainer.global_step, self.ckpt_path,
+            trainer.global_step,
+            self.ckpt_path,
         )
         try:
             super().on_exception(trainer, pl_module, exception)
@@ -316,7 +336,9 @@ class RNGStateCallback(L.Callback):
         self.seed = int(seed)
         self.reseed_every_step = reseed_every_step
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not self.reseed_every_step:
             return
         seed = _derived_seed(self.seed, trainer.global_step, batch_idx, trainer.global_rank)
@@ -330,10 +352,16 @@ class RNGStateCallback(L.Callback):
         state: dict[str, Any] = {
             "seed": self.seed,
             "torch": torch.get_rng_state(),
-            "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+            "python": {
+                "version": version,
+                "state": torch.tensor(internal, dtype=torch.int64),
+                "gauss": gauss,
+            },
             "numpy": {
                 "keys": torch.from_numpy(keys.astype(np.int64)),
-                "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
             },
         }
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -348,19 +376,30 @@ class RNGStateCallback(L.Callback):
             random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
         npy = state_dict.get("numpy")
         if npy is not None:
-            np.random.set_state((
-                "MT19937", npy["keys"].numpy().astype(np.uint32), int(npy["pos"]), int(npy["has_gauss"]),
-                float(npy["cached_gaussian"]),
-            ))
+            np.random.set_state(
+                (
+                    "MT19937",
+                    npy["keys"].numpy().astype(np.uint32),
+                    int(npy["pos"]),
+                    int(npy["has_gauss"]),
+                    float(npy["cached_gaussian"]),
+                )
+            )
         cuda = state_dict.get("cuda")
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
         if int(state_dict.get("seed", self.seed)) != self.seed:
             log.warning(
                 "resuming with seed=%d but the checkpoint was trained with seed=%s: dropout masks from here on "
-                "differ from the original run", self.seed, state_dict.get("seed"),
+                "differ from the original run",
+                self.seed,
+                state_dict.get("seed"),
             )
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if self.state_key not in (checkpoint.get("callbacks") or {}):
-            log.warning("the checkpoint holds no RNG state (older gptmini?): the resumed run is not bit-exact")
+            log.warning(
+                "the checkpoint holds no RNG state (older gptmini?): the resumed run is not bit-exact"
+            )

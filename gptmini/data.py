@@ -706,7 +706,9 @@ class TokenDataModule(L.LightningDataModule):
         assert self.train_dataset is not None
         rank, world = self._rank()
         # Our samplers shard across ranks themselves (the trainer configs set use_distributed_sampler: false).
-        sampler = StreamSampler(len(self.train_dataset), start=self._first_train_sample, rank=rank, world_size=world)
+        sampler = StreamSampler(
+            len(self.train_dataset), start=self._first_train_sample, rank=rank, world_size=world
+        )
         return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
@@ -715,7 +717,9 @@ class TokenDataModule(L.LightningDataModule):
         if self.val_dataset is None:
             return []
         rank, world = self._rank()
-        return self._loader(self.val_dataset, sampler=ShardSampler(len(self.val_dataset), rank, world), drop_last=False)
+        return self._loader(
+            self.val_dataset, sampler=ShardSampler(len(self.val_dataset), rank, world), drop_last=False
+        )
 
 
 # ------------------------------------------------------------------------------------------------ CLI

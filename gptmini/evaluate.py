@@ -53,15 +53,24 @@ def evaluate(
         count += y.numel()
     mean = total / count
     return {
-        "data_dir": str(data_dir), "split": split, "tokens": count, "block_size": block,
-        "loss": mean, "ppl": math.exp(mean), "seconds": round(time.perf_counter() - t0, 3),
+        "data_dir": str(data_dir),
+        "split": split,
+        "tokens": count,
+        "block_size": block,
+        "loss": mean,
+        "ppl": math.exp(mean),
+        "seconds": round(time.perf_counter() - t0, 3),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-eval", description=__doc__)
-    parser.add_argument("--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/")
-    parser.add_argument("--data-dir", default=None, help="prepared data folder (default: the one it trained on)")
+    parser.add_argument(
+        "--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/"
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="prepared data folder (default: the one it trained on)"
+    )
     parser.add_argument("--split", default="val", choices=["train", "val"])
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-batches", type=int, default=None, help="evaluate only the first N batches")
@@ -82,12 +91,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{data_dir} was tokenized with {meta.get('tokenizer')!r} but the checkpoint was trained with "
                 f"{trained_with!r}: prepare the corpus with --tokenizer {trained_with}"
             )
-        result = evaluate(model.to(args.device), data_dir, args.split, args.batch_size, max_batches=args.max_batches)
+        result = evaluate(
+            model.to(args.device), data_dir, args.split, args.batch_size, max_batches=args.max_batches
+        )
     except (CheckpointError, DataError, ValueError) as err:
         log.error("error: %s", err)
         return 2
     result["checkpoint"] = str(path)
-    log.info("%s loss %.4f, perplexity %.2f over %d tokens", args.split, result["loss"], result["ppl"], result["tokens"])
+    log.info(
+        "%s loss %.4f, perplexity %.2f over %d tokens",
+        args.split,
+        result["loss"],
+        result["ppl"],
+        result["tokens"],
+    )
     text = json.dumps(result, indent=2)
     if args.out:
         tmp = Path(args.out).with_suffix(".json.tmp")

@@ -39,7 +39,9 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
             os.replace(tmp, out / name)
             written.append(out / name)
     entropy = attention_entropy(maps).tolist()
-    (out / "entropy.json").write_text(json.dumps({"tokens": token_labels(tokenizer, ids), "entropy": entropy}, indent=1))
+    (out / "entropy.json").write_text(
+        json.dumps({"tokens": token_labels(tokenizer, ids), "entropy": entropy}, indent=1)
+    )
     return written
 
 

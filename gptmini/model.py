@@ -73,7 +73,9 @@ class GPTConfig:
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(f"unknown model config key(s) {unknown}; valid keys: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"unknown model config key(s) {unknown}; valid keys: {', '.join(sorted(known))}"
+            )
         return cls(**d)
 
 
@@ -193,7 +195,9 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             # Cross entropy over the padded width: -inf logits contribute exp(-inf) = 0 to the normaliser.
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
         # A view: padded columns are never shown to callers.
         return logits[..., : self.config.vocab_size], loss
 
@@ -225,7 +229,9 @@ class GPT(nn.Module):
         p = next(self.parameters())
         c = self.config
         return [
-            KVCache(batch_size, c.n_head, max_len or c.block_size, c.head_size, device=p.device, dtype=p.dtype)
+            KVCache(
+                batch_size, c.n_head, max_len or c.block_size, c.head_size, device=p.device, dtype=p.dtype
+            )
             for _ in range(c.n_layer)
         ]
 
@@ -255,7 +261,9 @@ class GPT(nn.Module):
         if top_p is not None and not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p={top_p} must be in (0, 1] or None")
         if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}")
+            raise ValueError(
+                f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
+            )
         block_size = self.config.block_size
         cached = use_cache and self.supports_kv_cache
         caches = self.new_kv_caches(idx.size(0)) if cached else None

@@ -47,7 +47,9 @@ class WarmupCosineLR(LRScheduler):
 class ConstantLR(LRScheduler):
     """Linear warmup, then the base LR unchanged (for fine-tuning and debugging)."""
 
-    def __init__(self, optimizer: Optimizer, max_steps: int = 0, warmup_steps: int = 0, last_epoch: int = -1) -> None:
+    def __init__(
+        self, optimizer: Optimizer, max_steps: int = 0, warmup_steps: int = 0, last_epoch: int = -1
+    ) -> None:
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, last_epoch)
 

@@ -106,9 +106,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     missing += [k for k in cfg.get("required", []) if OmegaConf.select(cfg, k) is None and k not in missing]
     if missing:
         hint = " (e.g. model.init_from=/path/to/hf/gpt2)" if "model.init_from" in missing else ""
-        raise RunError(
-            f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}"
-        )
+        raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
 
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("init_from", None)

@@ -21,9 +21,13 @@ def find_checkpoint(spec: str, output_root: str | Path = "outputs") -> Path:
     """``spec`` is a path, or "last": the newest last/on_exception checkpoint of any run under output_root."""
     if spec != "last":
         return Path(spec)
-    candidates = [p for pattern in ("**/last.ckpt", "**/on_exception.ckpt") for p in Path(output_root).glob(pattern)]
+    candidates = [
+        p for pattern in ("**/last.ckpt", "**/on_exception.ckpt") for p in Path(output_root).glob(pattern)
+    ]
     if not candidates:
-        raise CheckpointError(f"no checkpoint found under {output_root}/: train first (make train) or pass --ckpt PATH")
+        raise CheckpointError(
+            f"no checkpoint found under {output_root}/: train first (make train) or pass --ckpt PATH"
+        )
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
@@ -53,7 +57,9 @@ def load_for_inference(ckpt: str, device: str, data_dir: str | None = None) -> t
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-sample", description=__doc__)
-    parser.add_argument("--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/")
+    parser.add_argument(
+        "--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/"
+    )
     parser.add_argument("--prompt", default="\n", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -74,8 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
         gen = torch.Generator(device=args.device).manual_seed(args.seed)
         out = model.generate(
-            idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-            eos_token=getattr(tokenizer, "eot_id", None), use_cache=not args.no_cache, generator=gen,
+            idx,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.top_p,
+            eos_token=getattr(tokenizer, "eot_id", None),
+            use_cache=not args.no_cache,
+            generator=gen,
         )
     except (CheckpointError, ValueError) as err:
         log.error("error: %s", err)

@@ -74,12 +74,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None and "_target_" in c]
     trainer: L.Trainer = instantiate(
         # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
-        trainer_cfg, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+        trainer_cfg,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO()],
     )
 
     # Prepare the data (cheap when already prepared) so the tokenizer's vocabulary sizes the model.
     global_batches = cfg.trainer.max_steps * trainer.accumulate_grad_batches
-    datamodule = instantiate(cfg.data, train_samples=global_batches * cfg.data.batch_size * trainer.world_size)
+    datamodule = instantiate(
+        cfg.data, train_samples=global_batches * cfg.data.batch_size * trainer.world_size
+    )
     datamodule.prepare_data()
     tokenizer_vocab = datamodule.vocab_size
     model_dict = OmegaConf.to_container(cfg.model, resolve=True)
@@ -107,8 +112,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     n_params = module.model.num_parameters()
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, attention=%s), tokenizer %s (vocab %d)",
-        f"{n_params:,}", gpt_config.n_layer, gpt_config.n_head, gpt_config.n_embd, gpt_config.attention,
-        cfg.tokenizer.name, tokenizer_vocab,
+        f"{n_params:,}",
+        gpt_config.n_layer,
+        gpt_config.n_head,
+        gpt_config.n_embd,
+        gpt_config.attention,
+        cfg.tokenizer.name,
+        tokenizer_vocab,
     )
 
     if ckpt_path:
@@ -132,7 +142,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info(
             "done: %d steps, val/loss %s. Checkpoints: %s. TensorBoard logs: %s (open with `make tensorboard`, "
             "then http://localhost:6006). Sample: make sample CKPT=%s",
-            trainer.global_step, f"{val:.4f}" if val is not None else "n/a", ckpt_dir, output_dir / "tb",
+            trainer.global_step,
+            f"{val:.4f}" if val is not None else "n/a",
+            ckpt_dir,
+            output_dir / "tb",
             ckpt_dir / "last.ckpt",
         )
     return result
@@ -180,7 +193,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
         log.error("error: %s", msg)
         sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:  # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
         if full_error:
             raise
         log.error("interrupted (Ctrl-C) outside training: nothing to save")
@@ -192,8 +207,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
         if isinstance(exc.__context__, KeyboardInterrupt):
             # Lightning's handler of a raw KeyboardInterrupt (a second Ctrl-C) calls sys.exit(1).
-            log.error("interrupted (Ctrl-C twice): stopped at once; resume from the last periodic checkpoint "
-                      "with ckpt_path=last run_name=%s", cfg.run_name)
+            log.error(
+                "interrupted (Ctrl-C twice): stopped at once; resume from the last periodic checkpoint "
+                "with ckpt_path=last run_name=%s",
+                cfg.run_name,
+            )
             sys.exit(EXIT_SIGINT)
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -204,7 +222,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         saved = f"saved {ckpt}" if ckpt.is_file() else "no checkpoint saved (no step was done)"
         log.error(
             "interrupted by %s: %s; resume with ckpt_path=last run_name=%s paths.output_root=%s",
-            signal.Signals(signum).name, saved, cfg.run_name, cfg.paths.output_root,
+            signal.Signals(signum).name,
+            saved,
+            cfg.run_name,
+            cfg.paths.output_root,
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:

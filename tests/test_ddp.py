@@ -14,11 +14,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _train(tmp: Path, data: Path, name: str, *overrides: str) -> Path:
-    cmd = [sys.executable, "-m", "gptmini.train", "debug=smoke", "tokenizer=char", f"run_name={name}",
-           f"paths.output_root={tmp}", f"paths.data_root={data}", "trainer.max_steps=4", "trainer.val_check_interval=4",
-           "trainer.limit_val_batches=2", "callbacks.text_samples.max_new_tokens=4", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "gptmini.train",
+        "debug=smoke",
+        "tokenizer=char",
+        f"run_name={name}",
+        f"paths.output_root={tmp}",
+        f"paths.data_root={data}",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=4",
+        "trainer.limit_val_batches=2",
+        "callbacks.text_samples.max_new_tokens=4",
+        *overrides,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     (run_dir,) = (tmp / name).iterdir()
     return run_dir
@@ -28,8 +46,15 @@ def _train(tmp: Path, data: Path, name: str, *overrides: str) -> Path:
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
     data = tmp_path / "data"
     single = _train(tmp_path, data, "single", "data.batch_size=8")
-    ddp = _train(tmp_path, data, "ddp", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                 "data.batch_size=4")
+    ddp = _train(
+        tmp_path,
+        data,
+        "ddp",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "data.batch_size=4",
+    )
     a = torch.load(single / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(ddp / "checkpoints" / "last.ckpt", weights_only=True)
     assert a["global_step"] == b["global_step"] == 4

@@ -77,7 +77,9 @@ def test_tied_weights_are_the_same_tensor():
 
 def test_gpt2_initialisation_scales_residual_projections():
     model = GPT(tiny(n_layer=8, n_embd=128, n_head=4))
-    resid = torch.cat([torch.cat([b.attn.out_proj.weight.flatten(), b.mlp.c_proj.weight.flatten()]) for b in model.blocks])
+    resid = torch.cat(
+        [torch.cat([b.attn.out_proj.weight.flatten(), b.mlp.c_proj.weight.flatten()]) for b in model.blocks]
+    )
     other = torch.cat([b.mlp.c_fc.weight.flatten() for b in model.blocks])
     assert resid.std().item() == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.05)
     assert other.std().item() == pytest.approx(0.02, rel=0.05)
@@ -201,7 +203,9 @@ def test_cached_sampling_matches_uncached_with_the_same_generator():
     model = GPT(tiny()).eval()
     prompt = torch.randint(0, 100, (2, 4))
     a = model.generate(prompt, 20, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(1))
-    b = model.generate(prompt, 20, temperature=1.0, top_k=10, use_cache=False, generator=torch.Generator().manual_seed(1))
+    b = model.generate(
+        prompt, 20, temperature=1.0, top_k=10, use_cache=False, generator=torch.Generator().manual_seed(1)
+    )
     assert torch.equal(a, b)
 
 
@@ -216,7 +220,9 @@ def test_padded_ids_are_never_sampled():
     model = GPT(tiny()).eval()
     with torch.no_grad():
         model.lm_head.weight[100:] = 5.0  # would dominate if the padding were not masked
-    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 30, temperature=2.0, generator=torch.Generator().manual_seed(0))
+    out = model.generate(
+        torch.zeros(4, 1, dtype=torch.long), 30, temperature=2.0, generator=torch.Generator().manual_seed(0)
+    )
     assert out.max() < 100
 
 

@@ -76,9 +76,7 @@ def instantiate_all(cfg) -> None:
 GROUPS = ["model", "tokenizer", "data", "optimizer", "scheduler", "trainer", "callbacks", "logger", "debug"]
 
 
-@pytest.mark.parametrize(
-    "group, option", [(g, o) for g in GROUPS for o in _options(g)], ids=lambda v: str(v)
-)
+@pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in _options(g)], ids=lambda v: str(v))
 def test_every_config_option_composes_and_instantiates(group, option, tmp_path):
     overrides = [f"{group}={option}"]
     if group == "data" and option == "text":
@@ -102,9 +100,19 @@ def test_experiments_carry_the_promised_settings(tmp_path):
     assert (cpu.data.batch_size, cpu.trainer.max_steps, cpu.model.dropout) == (12, 2000, 0.0)
     assert cpu.tokenizer.name == "char"
     baby = compose_cfg(["experiment=shakespeare_char"], tmp_path)
-    assert (baby.model.n_layer, baby.model.n_head, baby.model.n_embd, baby.model.block_size) == (6, 6, 384, 256)
+    assert (baby.model.n_layer, baby.model.n_head, baby.model.n_embd, baby.model.block_size) == (
+        6,
+        6,
+        384,
+        256,
+    )
     gpt2 = compose_cfg(["experiment=gpt2_124m"], tmp_path)
-    assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.vocab_size, gpt2.model.block_size) == (12, 768, 50257, 1024)
+    assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.vocab_size, gpt2.model.block_size) == (
+        12,
+        768,
+        50257,
+        1024,
+    )
     sweep = compose_cfg(["experiment=attention_sweep"], tmp_path, keep_hydra=True)
     swept = sweep.hydra.sweeper.params["model.attention"].split(",")
     from gptmini.attention import available_attention
@@ -136,7 +144,11 @@ def _events(tb_dir: Path):
 
 def _run(args: list[str], cwd: Path = ROOT, timeout: int = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"},
     )
 
@@ -145,8 +157,15 @@ def _run(args: list[str], cwd: Path = ROOT, timeout: int = 240) -> subprocess.Co
 def smoke_run(tmp_path_factory):
     """One tiny run through the real entry point, with the default (GPT-2 BPE) tokenizer."""
     root = tmp_path_factory.mktemp("smoke")
-    proc = _run(["-m", "gptmini.train", "debug=smoke", f"paths.output_root={root}/outputs",
-                 f"paths.data_root={root}/data"])
+    proc = _run(
+        [
+            "-m",
+            "gptmini.train",
+            "debug=smoke",
+            f"paths.output_root={root}/outputs",
+            f"paths.data_root={root}/data",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (root / "outputs" / "smoke").iterdir()
     return root, run_dir, proc
@@ -190,8 +209,17 @@ def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run)
 
 def test_resume_with_ckpt_path_last_continues_from_its_step(smoke_run):
     root, first_run, _ = smoke_run
-    proc = _run(["-m", "gptmini.train", "debug=smoke", "ckpt_path=last", "trainer.max_steps=9",
-                 f"paths.output_root={root}/outputs", f"paths.data_root={root}/data"])
+    proc = _run(
+        [
+            "-m",
+            "gptmini.train",
+            "debug=smoke",
+            "ckpt_path=last",
+            "trainer.max_steps=9",
+            f"paths.output_root={root}/outputs",
+            f"paths.data_root={root}/data",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming from {first_run / 'checkpoints' / 'last.ckpt'}" in proc.stdout + proc.stderr
     (resumed,) = [d for d in (root / "outputs" / "smoke").iterdir() if d != first_run]
@@ -203,8 +231,21 @@ def test_resume_with_ckpt_path_last_continues_from_its_step(smoke_run):
 
 def test_sample_command_generates_text_from_a_checkpoint(smoke_run):
     _, run_dir, _ = smoke_run
-    proc = _run(["scripts/sample.py", "--ckpt", str(run_dir / "checkpoints" / "last.ckpt"), "--prompt", "ROMEO:",
-                 "--max-new-tokens", "12", "--num-samples", "2", "--temperature", "0.9"])
+    proc = _run(
+        [
+            "scripts/sample.py",
+            "--ckpt",
+            str(run_dir / "checkpoints" / "last.ckpt"),
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "12",
+            "--num-samples",
+            "2",
+            "--temperature",
+            "0.9",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ROMEO:") == 2
     assert len(proc.stdout) > 2 * len("ROMEO:") + 10
@@ -213,8 +254,17 @@ def test_sample_command_generates_text_from_a_checkpoint(smoke_run):
 def test_export_attention_writes_png_files(smoke_run, tmp_path):
     _, run_dir, _ = smoke_run
     out = tmp_path / "png"
-    proc = _run(["scripts/export_attention.py", "--ckpt", str(run_dir / "checkpoints" / "last.ckpt"),
-                 "--text", "To be, or not to be", "--out", str(out)])
+    proc = _run(
+        [
+            "scripts/export_attention.py",
+            "--ckpt",
+            str(run_dir / "checkpoints" / "last.ckpt"),
+            "--text",
+            "To be, or not to be",
+            "--out",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     files = sorted(p.name for p in out.glob("*.png"))
     assert files == ["layer0_heads.png", "layer0_mean.png", "layer1_heads.png", "layer1_mean.png"]
@@ -225,8 +275,20 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, tmp_path)
     _, run_dir, _ = smoke_run
     out = tmp_path / "eval.json"
     # The smoke run validated 2 batches of 4 strided windows with the weights saved in last.ckpt.
-    proc = _run(["-m", "gptmini.evaluate", "--ckpt", str(run_dir / "checkpoints" / "last.ckpt"),
-                 "--batch-size", "4", "--max-batches", "2", "--out", str(out)])
+    proc = _run(
+        [
+            "-m",
+            "gptmini.evaluate",
+            "--ckpt",
+            str(run_dir / "checkpoints" / "last.ckpt"),
+            "--batch-size",
+            "4",
+            "--max-batches",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     import json
 
@@ -239,17 +301,33 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, tmp_path)
 
 @pytest.mark.slow
 def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path):
-    proc = _run(["-m", "gptmini.train", "-m", "debug=smoke", "tokenizer=char", "model.attention=sdpa,mha",
-                 "trainer.max_steps=3", f"paths.output_root={tmp_path}/outputs", f"paths.data_root={tmp_path}/data"])
+    proc = _run(
+        [
+            "-m",
+            "gptmini.train",
+            "-m",
+            "debug=smoke",
+            "tokenizer=char",
+            "model.attention=sdpa,mha",
+            "trainer.max_steps=3",
+            f"paths.output_root={tmp_path}/outputs",
+            f"paths.data_root={tmp_path}/data",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep,) = (tmp_path / "outputs" / "smoke").glob("multirun_*")
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert jobs == [f"debug=smoke,model.attention={a},tokenizer=char,trainer.max_steps=3" for a in ("mha", "sdpa")]
+    assert jobs == [
+        f"debug=smoke,model.attention={a},tokenizer=char,trainer.max_steps=3" for a in ("mha", "sdpa")
+    ]
     for job in jobs:
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
         assert "val/loss" in _events(sweep / job / "tb").Tags()["scalars"]
         ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)
-        assert ckpt["hyper_parameters"]["model_config"]["attention"] == job.split("model.attention=")[1].split(",")[0]
+        assert (
+            ckpt["hyper_parameters"]["model_config"]["attention"]
+            == job.split("model.attention=")[1].split(",")[0]
+        )
 
 
 def test_finetune_experiment_requires_init_from(tmp_path):
@@ -263,12 +341,24 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path):
     from gptmini.checkpoint import model_from_checkpoint
     from gptmini.hf import load_hf_gpt2
 
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=50257))
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=50257)
+    )
     hf.save_pretrained(tmp_path / "gpt2-tiny")
-    proc = _run(["-m", "gptmini.train", "debug=smoke", f"model.init_from={tmp_path / 'gpt2-tiny'}",
-                 "trainer.max_steps=1", "trainer.val_check_interval=1", "optimizer.lr=1e-9", "scheduler=constant",
-                 f"paths.output_root={tmp_path}/outputs", f"paths.data_root={tmp_path}/data"])
+    proc = _run(
+        [
+            "-m",
+            "gptmini.train",
+            "debug=smoke",
+            f"model.init_from={tmp_path / 'gpt2-tiny'}",
+            "trainer.max_steps=1",
+            "trainer.val_check_interval=1",
+            "optimizer.lr=1e-9",
+            "scheduler=constant",
+            f"paths.output_root={tmp_path}/outputs",
+            f"paths.data_root={tmp_path}/data",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "initialised weights from" in proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
