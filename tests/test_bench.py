@@ -34,8 +34,8 @@ def quick_results(tmp_path_factory):
 
 def test_quick_run_writes_every_file(quick_results):
     out, results = quick_results
-    assert set(results) == set(bench.SECTIONS)
-    for name in bench.SECTIONS:
+    assert set(results) == {*bench.SECTIONS, "attention_key"}
+    for name in (*bench.SECTIONS, "attention_key"):
         assert (out / f"{name}.md").is_file()
         assert (out / f"{name}.csv").is_file()
         assert (out / f"{name}.md").read_text().startswith("## ")
@@ -60,6 +60,19 @@ def test_attention_csv_one_row_per_impl_and_length(quick_results):
         assert _positive(r["fwd_ms"]) and _positive(r["fwd_bwd_ms"]), r
         assert _positive(r["peak_mem_mib"]), r
         assert int(r["repeats"]) >= 1
+
+
+def test_attention_key_csv(quick_results):
+    out, results = quick_results
+    columns, rows = _read_csv(out / "attention_key.csv")
+    assert columns == bench.ATTENTION_KEY_COLUMNS
+    assert [r["impl"] for r in rows] == list(bench.KEY_IMPLS)
+    for r in rows:
+        assert _positive(r["fwd_bwd_ms"]) and _positive(r["fwd_bwd_min_ms"]) and _positive(r["vs_sdpa"])
+        assert _positive(r["vs_sdpa_min"])
+        assert float(r["fwd_bwd_min_ms"]) <= float(r["fwd_bwd_ms"])
+    assert float(next(r for r in rows if r["impl"] == "sdpa")["vs_sdpa"]) == 1.0
+    assert "attention_key" in results
 
 
 def test_train_csv(quick_results):
@@ -99,7 +112,10 @@ def test_summary_lists_key_ratios_unjudged_in_quick_mode(quick_results):
     columns, rows = _read_csv(out / "summary.csv")
     assert columns == ["measure", "value", "target", "status", "detail"]
     assert {r["status"] for r in rows} == {"n/a"}
-    assert any(r["measure"].startswith("attention: ch3 MHA / sdpa") for r in rows)
+    assert any(
+        r["measure"].startswith("attention: ch3 MHA / sdpa, fwd+bwd") and "interleaved" in r["measure"]
+        for r in rows
+    )
     for r in rows:
         assert math.isfinite(float(r["value"])) and float(r["value"]) > 0
 
