@@ -163,6 +163,12 @@ class ProgressBar(RichProgressBar):
                 metrics["tok/s"] = f"{cb.last['perf/tokens_per_sec']:,.0f}"
         return metrics
 
+    def _get_train_description(self, current_epoch: int) -> str:
+        # Runs are counted in steps (max_epochs=-1), where Lightning's own description reads "Epoch 0/-2".
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        return f"{'Training':{len(self.validation_description)}}"
+
 
 def _last_checkpoint(trainer: L.Trainer) -> str | None:
     """The newest checkpoint file a ModelCheckpoint of this trainer has written (or restored), if any."""

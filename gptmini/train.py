@@ -127,7 +127,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt_dir = output_dir / "checkpoints"
     if trainer.state.finished and not trainer.interrupted:
         # The periodic "last" save runs every checkpoint_every_n_steps; make last.ckpt the final state.
-        trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+        trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # full state: resumable
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     result = {

@@ -34,3 +34,18 @@ def test_configure_optimizers_decays_matrices_only_with_the_cpu_kernel():
     # every trainable parameter is in exactly one group (the tied embedding/LM head once)
     ids = [id(p) for g in opt.param_groups for p in g["params"]]
     assert len(ids) == len(set(ids)) == len(list(module.model.parameters()))
+
+
+def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count():
+    import lightning as L
+
+    from gptmini.callbacks import ProgressBar
+
+    def description(max_epochs: int) -> str:
+        bar = ProgressBar()
+        trainer = L.Trainer(max_epochs=max_epochs, max_steps=5, logger=False, enable_checkpointing=False)
+        bar.setup(trainer, None, stage="fit")
+        return bar._get_train_description(0).strip()
+
+    assert description(-1) == "Training"  # Lightning's own would read "Epoch 0/-2"
+    assert description(3) == "Epoch 0/2"
