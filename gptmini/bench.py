@@ -66,6 +66,8 @@ class BenchOptions:
     quick: bool = False
     compile: bool = True
     out: Path = Path("results")
+    # the training app's default (conf/train.yaml retain_freed_memory): glibc keeps freed memory for reuse
+    retain_memory: bool = True
     seed: int = 1337
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -1323,6 +1325,7 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
     extra = {
         "mode": "quick" if opts.quick else "full",
         "compile": "on" if opts.compile else "off",
+        "freed memory retained (glibc mallopt)": "yes" if opts.retain_memory else "no",
         "load average at start (1/5/15 min)": _loadavg(),
     }
     results: dict[str, list[dict[str, Any]]] = {}
@@ -1387,6 +1390,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         help="also measure torch.compile variants (on CPU: sdpa and ch3 MHA at the largest T, and the training "
         "model); --no-compile skips them",
     )
+    p.add_argument(
+        "--retain-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep freed memory in the process as training does (retain_freed_memory=true); "
+        "--no-retain-memory measures glibc's default behaviour",
+    )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
@@ -1401,12 +1411,21 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         datefmt="%H:%M:%S",
     )
     return BenchOptions(
-        device=device, quick=a.quick, compile=a.compile and not a.quick, out=a.out, seed=a.seed
+        device=device,
+        quick=a.quick,
+        compile=a.compile and not a.quick,
+        out=a.out,
+        seed=a.seed,
+        retain_memory=a.retain_memory,
     ), only
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts, only = parse_args(argv)
+    if opts.retain_memory:
+        from gptmini.allocator import retain_freed_memory
+
+        opts.retain_memory = retain_freed_memory()  # False where it is not glibc
     import lightning.pytorch  # noqa: F401  (its loggers exist once imported)
 
     for name in list(logging.root.manager.loggerDict):

@@ -140,6 +140,32 @@ class TokenThroughputMonitor(ThroughputMonitor):
     def __init__(self, window_size: int = 20) -> None:
         super().__init__(batch_size_fn=_batch_size, length_fn=_batch_tokens, window_size=window_size)
         self.last: dict[str, float] = {}
+        self.global_batch_tokens: int | None = None  # tokens per optimizer step, all ranks together
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.global_batch_tokens is None:
+            self._record_global_batch(trainer, batch)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def _record_global_batch(self, trainer: L.Trainer, batch: Any) -> None:
+        b, t = batch[0].shape  # one device's micro-batch: (B, T)
+        accumulate = trainer.accumulate_grad_batches
+        sequences = b * trainer.num_devices * trainer.num_nodes * accumulate
+        self.global_batch_tokens = sequences * t
+        if trainer.is_global_zero:
+            log.info(
+                "global batch: %d sequences x %d tokens = %s tokens per optimizer step (batch %d per device x "
+                "%d device(s) x %d node(s) x accumulate_grad_batches %d)",
+                sequences,
+                t,
+                f"{self.global_batch_tokens:,}",
+                b,
+                trainer.num_devices,
+                trainer.num_nodes,
+                accumulate,
+            )
 
     def _compute(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
         if not trainer._logger_connector.should_update_logs:
@@ -148,6 +174,9 @@ class TokenThroughputMonitor(ThroughputMonitor):
         throughput = self._throughputs[stage]
         metrics = {f"{stage.value}{throughput.separator}{k}": v for k, v in throughput.compute().items()}
         metrics = {self.RENAME.get(k, k): v for k, v in metrics.items() if k in self.RENAME}
+        if self.global_batch_tokens is not None and stage.value == "train":
+            # from the optimizer step, so a resumed run counts on from where it stopped
+            metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
         if metrics:
             self.last.update(metrics)
             trainer._logger_connector.log_metrics(metrics, step=iter_num)

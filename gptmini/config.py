@@ -54,6 +54,8 @@ class TrainSchema:
     # null: start fresh; "last": the newest last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
     compile: bool = False
+    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.allocator).
+    retain_freed_memory: bool = True
     # Steps between periodic "last.ckpt" saves (a hard kill loses at most this many steps).
     checkpoint_every_n_steps: int = 100
     # Keys an experiment needs the user to set (a "???" cannot override a schema default when configs merge).

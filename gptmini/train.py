@@ -55,6 +55,10 @@ def _quiet_lightning() -> None:
 def train(cfg: DictConfig) -> dict[str, Any]:
     # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
     gpt_config = validate_config(cfg)
+    if cfg.retain_freed_memory:
+        from gptmini.allocator import retain_freed_memory
+
+        retain_freed_memory()  # before the first large allocation
 
     import lightning as L
 

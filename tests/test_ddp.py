@@ -75,3 +75,8 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
     assert len(list((ddp / "tb").glob("events.out.tfevents.*"))) == 1
     assert len(eb.Images("attention/layer0_heads")) == len(ea.Images("attention/layer0_heads")) == 1
     assert sorted(p.name for p in (ddp / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    # The global batch is the same: 8 x 1 process, 4 x 2 processes; so is the token count.
+    for run in (single, ddp):
+        log = (run / "train.log").read_text()
+        assert "global batch: 8 sequences x 32 tokens = 256 tokens per optimizer step" in log, run
+    assert ea.Scalars("perf/tokens_seen")[-1].value == eb.Scalars("perf/tokens_seen")[-1].value == 4 * 256

@@ -201,6 +201,15 @@ def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run)
         img = ea.Images(f"attention/layer{layer}_heads")[-1]
         assert img.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n" and img.width > 100
     assert "attention/entropy/layer0_head1" in tags["scalars"]
+    # the global batch (4 sequences x 32 tokens here) is logged, and the token count follows the optimizer step
+    assert (
+        "global batch: 4 sequences x 32 tokens = 128 tokens per optimizer step"
+        in (run_dir / "train.log").read_text()
+    )
+    seen = ea.Scalars("perf/tokens_seen")
+    assert [e.value for e in seen] == [128.0 * (i + 1) for i in range(len(seen))] and seen[
+        -1
+    ].value == 6 * 128
     text_tags = [t for t in tags["tensors"] if t.startswith("samples/text")]
     assert text_tags
     sample = ea.Tensors(text_tags[0])[-1].tensor_proto.string_val[0].decode()
