@@ -389,6 +389,18 @@ def bench_attention(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]
         f"benchmark as the oracle; {CH3}: chapter 3's MultiHeadAttention class itself; the others are the "
         "registry names (model.attention=...)",
     ]
+    if not opts.on_gpu:
+        notes.append(
+            f"host allocator of this process: {ALLOC_RETAINED if opts.retain_memory else ALLOC_DEFAULT}"
+            + (
+                "; with freed memory retained, implementations that build (T, T) matrices reach their steady "
+                "speed only after several runs (the heap first grows to hold them), so their rows here may "
+                "still include page faults; the head-to-head table measures the key ratios at steady state "
+                "under both allocators"
+                if opts.retain_memory
+                else ""
+            )
+        )
     rows: list[dict[str, Any]] = []
     torch.manual_seed(opts.seed)
     for T in s.seq_lens:
