@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptmini.attention import MultiHeadAttention, available_attention, build_attention
-from gptmini.lit import optimizer_kernel_kwargs
+from gptmini.lit import optimizer_kernel_kwargs, weight_decay_groups
 from gptmini.model import GPT, GPTConfig
 
 log = logging.getLogger("gptmini.bench")
@@ -63,6 +63,11 @@ TARGETS = {
 }
 
 
+# host allocator of a benchmark process (gptmini.allocator)
+ALLOC_DEFAULT = "glibc default"
+ALLOC_RETAINED = "retained"
+
+
 @dataclass
 class BenchOptions:
     device: str = "cpu"
@@ -78,6 +83,10 @@ class BenchOptions:
     @property
     def on_gpu(self) -> bool:
         return self.device.startswith("cuda")
+
+    @property
+    def allocator(self) -> str:
+        return ALLOC_RETAINED if self.retain_memory else ALLOC_DEFAULT
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -391,7 +400,7 @@ def bench_attention(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]
     ]
     if not opts.on_gpu:
         notes.append(
-            f"host allocator of this process: {ALLOC_RETAINED if opts.retain_memory else ALLOC_DEFAULT}"
+            f"host allocator of this process: {opts.allocator}"
             + (
                 "; with freed memory retained, implementations that build (T, T) matrices reach their steady "
                 "speed only after several runs (the heap first grows to hold them), so their rows here may "
@@ -452,7 +461,6 @@ def bench_attention_key(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
     alike: the ratios of the summary are taken from here."""
     s = attention_setup(opts)
     dev = opts.device
-    allocator = ALLOC_RETAINED if opts.retain_memory else ALLOC_DEFAULT
     T = 1024 if 1024 in s.seq_lens else s.seq_lens[-1]
     rounds = 2 if opts.quick else (20 if opts.on_gpu else 6)
     torch.manual_seed(opts.seed)
@@ -477,7 +485,7 @@ def bench_attention_key(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
         rows.append(
             {
                 "impl": n,
-                "allocator": allocator,
+                "allocator": opts.allocator,
                 "seq_len": T,
                 "fwd_bwd_ms": statistics.median(times[n]) * 1e3,
                 "fwd_bwd_min_ms": min(times[n]) * 1e3,
@@ -491,7 +499,7 @@ def bench_attention_key(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
             n,
             T,
             _fmt(rows[-1]["fwd_bwd_ms"]),
-            allocator,
+            opts.allocator,
         )
     notes = [
         f"the key ratios' implementations at T={T} (eager, same shape and dtype as the attention table), "
@@ -501,10 +509,6 @@ def bench_attention_key(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
         "disturbed by other processes, which the summary judges the targets on",
     ]
     return rows, notes
-
-
-ALLOC_DEFAULT = "glibc default"
-ALLOC_RETAINED = "retained"
 
 
 def attention_key_other_allocator(opts: BenchOptions) -> list[dict[str, Any]]:
@@ -518,8 +522,7 @@ def attention_key_other_allocator(opts: BenchOptions) -> list[dict[str, Any]]:
     code = "import sys; from gptmini.bench import _attention_key_child; _attention_key_child(sys.argv[1])"
     proc = subprocess.run([sys.executable, "-c", code, payload], capture_output=True, text=True, check=True)
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    ours = ALLOC_RETAINED if opts.retain_memory else ALLOC_DEFAULT
-    return [r for r in rows if r["allocator"] != ours]  # nothing if the setting did not take effect
+    return [r for r in rows if r["allocator"] != opts.allocator]  # nothing if the setting did not take effect
 
 
 def _attention_key_child(payload: str) -> None:
@@ -671,13 +674,6 @@ def train_setup(opts: BenchOptions) -> TrainSetup:
     return TrainSetup(model=cfg, batch=12)
 
 
-def _param_groups(model: nn.Module) -> list[dict[str, Any]]:
-    # exactly GPTLightningModule.configure_optimizers' groups
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def _batches(s: TrainSetup, n: int, device: str, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     T, V = s.model.block_size, s.model.vocab_size
@@ -704,7 +700,11 @@ def run_bare_loop(
 ) -> list[float]:
     """forward, backward, clip_grad_norm_, AdamW step, zero_grad; returns the end time of every step."""
     opt = torch.optim.AdamW(
-        _param_groups(model), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, **(optimizer_kwargs or {})
+        weight_decay_groups(model),
+        lr=s.lr,
+        betas=s.betas,
+        weight_decay=s.weight_decay,
+        **(optimizer_kwargs or {}),
     )
     model.train()
     ends = []
@@ -1073,7 +1073,7 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
     cfg = GPTConfig.from_dict({**s.model.to_dict(), "vocab_size": dm.vocab_size})
     torch.manual_seed(opts.seed)
     model = GPT(cfg).to(dev).train()
-    opt = torch.optim.AdamW(_param_groups(model), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+    opt = torch.optim.AdamW(weight_decay_groups(model), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
     it = iter(dm.train_dataloader())
     waits, totals = [], []
     for i in range(warmup + steps):

@@ -34,6 +34,13 @@ def optimizer_kernel_kwargs(factory: OptimizerFactory, device_type: str) -> dict
     return {}
 
 
+def weight_decay_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Weight decay on matrices (and embeddings) only; biases and LayerNorm gains are left alone."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 class GPTLightningModule(L.LightningModule):
     def __init__(
         self,
@@ -54,6 +61,9 @@ class GPTLightningModule(L.LightningModule):
         self.compile_model = compile
         self.val_loss = MeanMetric()
         self.flops_per_batch = 0  # read by ThroughputMonitor
+        self._flops_per_token: dict[
+            int, float
+        ] = {}  # by sequence length: counting parameters is not per-step work
 
     def configure_model(self) -> None:
         if self.compile_model and not getattr(self, "_compiled", False):
@@ -71,7 +81,9 @@ class GPTLightningModule(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         b, t = batch[0].shape
-        self.flops_per_batch = int(self.model.flops_per_token(t) * b * t)
+        if t not in self._flops_per_token:
+            self._flops_per_token[t] = self.model.flops_per_token(t)
+        self.flops_per_batch = int(self._flops_per_token[t] * b * t)
         loss = self._shared_step(batch)
         # A tensor, not .item(): Lightning reads it only when it logs, so there is no device sync per step.
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
@@ -99,12 +111,8 @@ class GPTLightningModule(L.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
             raise ValueError("no optimizer configured: pass optimizer=partial(torch.optim.AdamW, lr=...)")
-        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        # Weight decay on matrices (and embeddings) only; biases and LayerNorm gains are left alone.
-        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         kwargs = optimizer_kernel_kwargs(self.optimizer_factory, self.device.type)
-        optimizer = self.optimizer_factory(groups, **kwargs)
+        optimizer = self.optimizer_factory(weight_decay_groups(self.model), **kwargs)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -49,3 +49,15 @@ def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count():
 
     assert description(-1) == "Training"  # Lightning's own would read "Epoch 0/-2"
     assert description(3) == "Epoch 0/2"
+
+
+def test_flops_per_batch_follows_the_batch_shape():
+    import warnings
+
+    module = GPTLightningModule(model_config=PRESETS["tiny"].to_dict())
+    for b, t in ((2, 32), (3, 16), (2, 32)):
+        x = torch.randint(0, 256, (b, t))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # self.log outside a Trainer
+            module.training_step((x, x), 0)
+        assert module.flops_per_batch == int(module.model.flops_per_token(t) * b * t)
