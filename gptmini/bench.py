@@ -38,8 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptmini.attention import MultiHeadAttention, available_attention, build_attention
-from gptmini.lit import optimizer_kernel_kwargs, weight_decay_groups
 from gptmini.model import GPT, GPTConfig
+from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
 
 log = logging.getLogger("gptmini.bench")
 
@@ -63,7 +63,7 @@ TARGETS = {
 }
 
 
-# host allocator of a benchmark process (gptmini.allocator)
+# host allocator of a benchmark process (gptmini.training.allocator)
 ALLOC_DEFAULT = "glibc default"
 ALLOC_RETAINED = "retained"
 
@@ -74,7 +74,7 @@ class BenchOptions:
     quick: bool = False
     compile: bool = True
     out: Path = Path("results")
-    # whether this process keeps freed memory for reuse (gptmini.allocator), as training does by default;
+    # whether this process keeps freed memory for reuse (gptmini.training.allocator), as training does by default;
     # main() turns it on unless --no-retain-memory
     retain_memory: bool = False
     seed: int = 1337
@@ -529,7 +529,7 @@ def _attention_key_child(payload: str) -> None:
     p = json.loads(payload)
     retained = False
     if p["retain"]:
-        from gptmini.allocator import retain_freed_memory
+        from gptmini.training.allocator import retain_freed_memory
 
         retained = retain_freed_memory()
     opts = BenchOptions(quick=p["quick"], compile=False, seed=p["seed"], retain_memory=retained)
@@ -733,7 +733,7 @@ def run_lightning(
     import lightning as L
     from torch.utils.data import DataLoader
 
-    from gptmini.lit import GPTLightningModule
+    from gptmini.training.module import GPTLightningModule
 
     class StepTimer(L.Callback):
         def __init__(self) -> None:
@@ -1023,7 +1023,7 @@ def bench_generate(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]
 
 
 def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    from gptmini.data import TokenDataModule, prepare
+    from gptmini.data.prepare import TokenDataModule, prepare
 
     dev = opts.device
     if opts.quick:
@@ -1416,7 +1416,7 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
                 key_notes.append(
                     f"allocator: '{ALLOC_DEFAULT}' is glibc's malloc as it comes (every block over 32 MiB is a "
                     f"fresh mmap, faulted in page by page on each call); '{ALLOC_RETAINED}' keeps freed memory "
-                    "in the process (gptmini.allocator, what training uses). The two were measured in separate "
+                    "in the process (gptmini.training.allocator, what training uses). The two were measured in separate "
                     "processes. The (T, T) score matrices of chapter 3's MHA (8 x 12 x 1024 x 1024 floats, "
                     "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
                     "call under the default; retained, it runs at the speed of its arithmetic"
@@ -1502,7 +1502,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
 def main(argv: Sequence[str] | None = None) -> int:
     opts, only = parse_args(argv)
     if opts.retain_memory:
-        from gptmini.allocator import retain_freed_memory
+        from gptmini.training.allocator import retain_freed_memory
 
         opts.retain_memory = retain_freed_memory()  # False where it is not glibc
     import lightning.pytorch  # noqa: F401  (its loggers exist once imported)

@@ -2,7 +2,7 @@
 
 import sys
 
-from gptmini.export_attention import main
+from gptmini.inference.export_attention import main
 
 if __name__ == "__main__":
     sys.exit(main())

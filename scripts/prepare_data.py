@@ -2,7 +2,7 @@
 
 import sys
 
-from gptmini.data import main
+from gptmini.data.prepare import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 import sys
 
-from gptmini.sample import main
+from gptmini.inference.sample import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@ nothing, checkpoints survive kills (even during a save), signals save and exit c
 bit-identical to an uninterrupted one, a NaN loss stops the run without overwriting good checkpoints, and
 untrusted checkpoints never run code.
 
-Faults are injected with ``FaultInjector`` below, added to a real ``python -m gptmini.train`` through a Hydra
+Faults are injected with ``FaultInjector`` below, added to a real ``python -m gptmini.training.app`` through a Hydra
 override (``+callbacks.fault=...``; this folder is put on the subprocess's PYTHONPATH). Nothing in gptmini itself
 knows about fault injection.
 """
@@ -28,7 +28,7 @@ import lightning as L
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 
 # A tiny run on the char tokenizer: dropout > 0 so the RNG state matters for exact resume; 20 steps with a
@@ -123,7 +123,10 @@ def _env() -> dict[str, str]:
 
 
 def cli(
-    args: list[str], module: str = "gptmini.train", timeout: float = 300, env: dict[str, str] | None = None
+    args: list[str],
+    module: str = "gptmini.training.app",
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -216,7 +219,7 @@ def pool() -> Any:
 
 @pytest.fixture(scope="session")
 def ws(tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor) -> Workspace:
-    from gptmini.data import prepare
+    from gptmini.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("reliability")
     data_root, out = root / "data", root / "outputs"
@@ -246,11 +249,11 @@ def ws(tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor) -> Wo
     (ws.ref_dir,) = run_dirs(out, "ref")
     write_evil_checkpoint(evil, marker, load(ws.ref_dir / "checkpoints" / "last.ckpt"))
     ws.jobs["evil_sample"] = pool.submit(
-        cli, ["--ckpt", str(evil), "--max-new-tokens", "5"], "gptmini.sample"
+        cli, ["--ckpt", str(evil), "--max-new-tokens", "5"], "gptmini.inference.sample"
     )
     png = str(root / "png")
     ws.jobs["evil_export"] = pool.submit(
-        cli, ["--ckpt", str(evil), "--text", "ROMEO:", "--out", png], "gptmini.export_attention"
+        cli, ["--ckpt", str(evil), "--text", "ROMEO:", "--out", png], "gptmini.inference.export_attention"
     )
     return ws
 
@@ -465,7 +468,7 @@ def test_bad_input_table_is_large_enough() -> None:
 
 
 def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
-    from gptmini.runconfig import find_last_checkpoint
+    from gptmini.training.config import find_last_checkpoint
 
     assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
     # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.
@@ -484,9 +487,8 @@ def test_full_error_shows_the_traceback_on_request(ws: Workspace) -> None:
 def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, tmp_path) -> None:
     from hydra import compose, initialize_config_dir
 
-    from gptmini.config import register_configs
-    from gptmini.runconfig import RunError, resolve_precision, validate_config
-    from gptmini.train import CONF_DIR
+    from gptmini.training.app import CONF_DIR
+    from gptmini.training.config import RunError, register_configs, resolve_precision, validate_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
@@ -568,7 +570,7 @@ def test_external_sigkill_at_an_arbitrary_moment_then_resume_is_exact(ws: Worksp
     """Killed from outside as soon as the first periodic checkpoint exists, wherever the run is then."""
     name = "kill_external"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gptmini.train", *ws.args(name)],
+        [sys.executable, "-m", "gptmini.training.app", *ws.args(name)],
         cwd=ROOT,
         env=_env(),
         stdout=subprocess.DEVNULL,
@@ -597,7 +599,12 @@ def signal_runs(ws: Workspace) -> dict[signal.Signals, tuple[int, str]]:
     procs = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         procs[sig] = subprocess.Popen(
-            [sys.executable, "-m", "gptmini.train", *ws.args(f"signal_{sig.name}", "trainer.max_steps=500")],
+            [
+                sys.executable,
+                "-m",
+                "gptmini.training.app",
+                *ws.args(f"signal_{sig.name}", "trainer.max_steps=500"),
+            ],
             cwd=ROOT,
             env=_env(),
             stdout=subprocess.PIPE,
@@ -692,7 +699,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
 
 
 def test_checkpoint_with_pickled_code_is_refused_and_never_runs(ws: Workspace) -> None:
-    # python -m gptmini.sample / python -m gptmini.export_attention --ckpt evil.ckpt (started by the ws fixture)
+    # python -m gptmini.inference.sample / python -m gptmini.inference.export_attention --ckpt evil.ckpt (started by the ws fixture)
     for job in ("evil_sample", "evil_export"):
         proc = ws.jobs[job].result()
         text = output(proc)
@@ -713,7 +720,7 @@ def test_checkpoint_with_pickled_code_is_refused_and_never_runs(ws: Workspace) -
 def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, tmp_path) -> None:
     import json
 
-    from gptmini.data import DataError, load_meta, load_split
+    from gptmini.data.prepare import DataError, load_meta, load_split
 
     good = ws.data_root / "shakespeare_char"
     truncated = tmp_path / "truncated"
@@ -740,7 +747,7 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
             "--max-new-tokens",
             "5",
         ],
-        module="gptmini.sample",
+        module="gptmini.inference.sample",
         timeout=120,
     )
     assert proc.returncode == 2 and "names dtype 'float32'" in output(proc), output(proc)

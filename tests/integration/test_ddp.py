@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train(tmp: Path, data: Path, name: str, *overrides: str) -> Path:
     cmd = [
         sys.executable,
         "-m",
-        "gptmini.train",
+        "gptmini.training.app",
         "debug=smoke",
         "tokenizer=char",
         f"run_name={name}",

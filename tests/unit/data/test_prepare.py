@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gptmini import data
-from gptmini.data import (
+from gptmini.data import prepare as data
+from gptmini.data.prepare import (
     DataError,
     RandomWindowDataset,
     StreamSampler,
@@ -21,7 +21,7 @@ from gptmini.data import (
     load_tokenizer,
     prepare,
 )
-from gptmini.tokenizer import TiktokenTokenizer
+from gptmini.data.tokenizers import TiktokenTokenizer
 
 SMALL = "".join(f"SPEAKER {i % 7}:\nLine number {i}, with words; and more words!\n\n" for i in range(400))
 
@@ -372,7 +372,7 @@ def test_datamodule_with_workers(corpus, tmp_path):
 
 def test_cli(corpus, tmp_path, caplog):
     out = tmp_path / "cli"
-    with caplog.at_level(logging.INFO, logger="gptmini.data"):
+    with caplog.at_level(logging.INFO, logger="gptmini.data.prepare"):
         assert data.main(["--source", str(corpus), "--tokenizer", "char", "--out", str(out)]) == 0
         assert data.main(["--source", str(corpus), "--tokenizer", "char", "--out", str(out)]) == 0
     lines = [r.getMessage() for r in caplog.records]
@@ -437,7 +437,7 @@ def test_trainer_resume_continues_the_exact_batch_stream(corpus, tmp_path):
 
 
 def test_stream_and_shard_samplers_split_one_stream_across_ranks():
-    from gptmini.data import ShardSampler, StreamSampler
+    from gptmini.data.prepare import ShardSampler, StreamSampler
 
     single = list(StreamSampler(12, start=lambda: 24))
     ranks = [list(StreamSampler(12, start=lambda: 24, rank=r, world_size=2)) for r in range(2)]

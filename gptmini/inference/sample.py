@@ -1,4 +1,4 @@
-"""Generate text from a training checkpoint: ``python -m gptmini.sample --ckpt last --prompt "ROMEO:"``."""
+"""Generate text from a training checkpoint: ``python -m gptmini.inference.sample --ckpt last --prompt "ROMEO:"``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from gptmini.checkpoint import CheckpointError, model_from_checkpoint
 from gptmini.model import GPT
 
-log = logging.getLogger("gptmini.sample")
+log = logging.getLogger("gptmini.inference.sample")
 
 
 def find_checkpoint(spec: str, output_root: str | Path = "outputs") -> Path:
@@ -33,8 +33,8 @@ def find_checkpoint(spec: str, output_root: str | Path = "outputs") -> Path:
 
 def tokenizer_for_run(run_config: dict[str, Any], data_dir: str | Path | None = None) -> Any:
     """The tokenizer a checkpoint was trained with: from its prepared data folder (char vocab) or by name."""
-    from gptmini.data import load_tokenizer
-    from gptmini.tokenizer import build_tokenizer
+    from gptmini.data.prepare import load_tokenizer
+    from gptmini.data.tokenizers import build_tokenizer
 
     folder = Path(data_dir) if data_dir else Path(run_config.get("data", {}).get("data_dir", ""))
     if (folder / "meta.json").is_file():

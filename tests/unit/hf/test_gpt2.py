@@ -15,7 +15,7 @@ import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
 from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
-from gptmini.hf import HFWeightsError, load_hf_gpt2, load_hf_weights, main, save_hf_gpt2  # noqa: E402
+from gptmini.hf.gpt2 import HFWeightsError, load_hf_gpt2, load_hf_weights, main, save_hf_gpt2  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 32, 100  # vocab 100 is not a multiple of 64: exercises the padded rows
@@ -142,7 +142,7 @@ def test_load_hf_weights_shorter_context_and_larger_vocab(hf_dir):
         (dict(block_size=64), "model.block_size=64 exceeds n_positions=32"),
         (dict(vocab_size=50), "model.vocab_size=50 is smaller than vocab_size=100"),
         (dict(bias=False), "model.bias=false"),
-        (dict(attention="einsum"), "only sdpa, mha, torch"),
+        (dict(attention="additive"), "only einsum, mha, sdpa, torch, wrapper"),
     ],
 )
 def test_load_hf_weights_mismatch_is_named(hf_dir, overrides, message):

@@ -1,4 +1,4 @@
-"""The Hydra app: ``python -m gptmini.train [overrides]`` (or ``gptmini-train``).
+"""The Hydra app: ``gptmini-train [overrides]`` (or ``python -m gptmini.training``).
 
 Order of work: check the config (cheap) -> prepare the data -> build the model -> fit. Known user errors end
 the run with one line naming the key and the fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
@@ -18,19 +18,20 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.config import register_configs
+from gptmini.conf_dir import conf_dir
 from gptmini.model import ConfigError, GPTConfig
-from gptmini.runconfig import (
+from gptmini.training.config import (
     RunError,
     check_input_files,
+    register_configs,
     resolve_ckpt_path,
     resolve_precision,
     validate_config,
 )
 
-log = logging.getLogger("gptmini.train")
+log = logging.getLogger("gptmini.training.app")
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(conf_dir())
 
 
 # --- the run ------------------------------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
     gpt_config = validate_config(cfg)
     if cfg.retain_freed_memory:
-        from gptmini.allocator import retain_freed_memory
+        from gptmini.training.allocator import retain_freed_memory
 
         retain_freed_memory()  # before the first large allocation
 
@@ -65,8 +66,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     _quiet_lightning()
 
     from gptmini.checkpoint import AtomicCheckpointIO, check_resume_compatible
-    from gptmini.data import check_vocab, load_meta
-    from gptmini.lit import GPTLightningModule
+    from gptmini.data.prepare import check_vocab, load_meta
+    from gptmini.training.module import GPTLightningModule
 
     ckpt_path = resolve_ckpt_path(cfg)
     L.seed_everything(cfg.seed, workers=True)
@@ -161,8 +162,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     validate_config does not pay for importing Lightning here."""
     errors: list[type[BaseException]] = [ConfigError, RunError, InstantiationException]
     for module, name in (
-        ("gptmini.data", "DataError"),
-        ("gptmini.tokenizer", "TokenizerError"),
+        ("gptmini.data.prepare", "DataError"),
+        ("gptmini.data.tokenizers", "TokenizerError"),
         ("gptmini.checkpoint", "CheckpointError"),
         ("gptmini.hf", "HFWeightsError"),
         ("lightning.fabric.utilities.exceptions", "MisconfigurationException"),
@@ -233,7 +234,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:
-        from gptmini.callbacks import NonFiniteLossError
+        from gptmini.training.callbacks import NonFiniteLossError
 
         if full_error or not isinstance(err, NonFiniteLossError):
             raise

@@ -1,6 +1,6 @@
 """Validation loss and perplexity of a checkpoint on any prepared corpus, as JSON and in the log.
 
-``python -m gptmini.evaluate --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
+``python -m gptmini.inference.evaluate --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from gptmini.checkpoint import CheckpointError, model_from_checkpoint
-from gptmini.data import DataError, StridedWindowDataset, check_vocab, load_meta, load_split
+from gptmini.data.prepare import DataError, StridedWindowDataset, check_vocab, load_meta, load_split
+from gptmini.inference.sample import find_checkpoint
 from gptmini.model import GPT
-from gptmini.sample import find_checkpoint
 
-log = logging.getLogger("gptmini.evaluate")
+log = logging.getLogger("gptmini.inference.evaluate")
 
 
 @torch.no_grad()

@@ -33,7 +33,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gptmini.tokenizer import CharTokenizer, Tokenizer, TokenizerError, available_tokenizers, build_tokenizer
+from gptmini.data.tokenizers import (
+    CharTokenizer,
+    Tokenizer,
+    TokenizerError,
+    available_tokenizers,
+    build_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from gptmini.config import register_configs
 from gptmini.model import GPTConfig
-from gptmini.runconfig import RunError, resolve_precision, validate_config
-from gptmini.train import CONF_DIR
+from gptmini.training.app import CONF_DIR
+from gptmini.training.config import RunError, register_configs, resolve_precision, validate_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONF = Path(CONF_DIR)
 
 
@@ -160,7 +159,7 @@ def smoke_run(tmp_path_factory):
     proc = _run(
         [
             "-m",
-            "gptmini.train",
+            "gptmini.training.app",
             "debug=smoke",
             f"paths.output_root={root}/outputs",
             f"paths.data_root={root}/data",
@@ -221,7 +220,7 @@ def test_resume_with_ckpt_path_last_continues_from_its_step(smoke_run):
     proc = _run(
         [
             "-m",
-            "gptmini.train",
+            "gptmini.training.app",
             "debug=smoke",
             "ckpt_path=last",
             "trainer.max_steps=9",
@@ -287,7 +286,7 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, tmp_path)
     proc = _run(
         [
             "-m",
-            "gptmini.evaluate",
+            "gptmini.inference.evaluate",
             "--ckpt",
             str(run_dir / "checkpoints" / "last.ckpt"),
             "--batch-size",
@@ -313,7 +312,7 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path):
     proc = _run(
         [
             "-m",
-            "gptmini.train",
+            "gptmini.training.app",
             "-m",
             "debug=smoke",
             "tokenizer=char",
@@ -358,7 +357,7 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path):
     proc = _run(
         [
             "-m",
-            "gptmini.train",
+            "gptmini.training.app",
             "debug=smoke",
             f"model.init_from={tmp_path / 'gpt2-tiny'}",
             "trainer.max_steps=1",

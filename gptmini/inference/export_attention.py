@@ -1,6 +1,6 @@
 """Attention maps of a checkpoint for a given text, as PNG files (one grid of heads and one mean map per layer).
 
-``python -m gptmini.export_attention --ckpt last --text "ROMEO: But soft" --out attention_png/``
+``python -m gptmini.inference.export_attention --ckpt last --text "ROMEO: But soft" --out attention_png/``
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from gptmini.checkpoint import CheckpointError
-from gptmini.sample import load_for_inference
+from gptmini.inference.sample import load_for_inference
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
-log = logging.getLogger("gptmini.export_attention")
+log = logging.getLogger("gptmini.inference.export_attention")
 
 
 def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_tokens: int = 48) -> list[Path]:

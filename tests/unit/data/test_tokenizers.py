@@ -5,8 +5,14 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from gptmini import tokenizer as tk
-from gptmini.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer, TokenizerError, build_tokenizer
+from gptmini.data import tokenizers as tk
+from gptmini.data.tokenizers import (
+    CharTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    TokenizerError,
+    build_tokenizer,
+)
 
 TRICKY = [
     "",
@@ -83,7 +89,7 @@ def test_char_round_trip(text):
 
 
 def test_round_trip_on_corpus_sample():
-    from gptmini.data import shakespeare_text
+    from gptmini.data.prepare import shakespeare_text
 
     sample = shakespeare_text()[:200_000]
     for tok in (build_tokenizer("gpt2"), CharTokenizer.from_text(sample)):

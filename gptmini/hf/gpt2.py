@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gptmini.attention import CausalSelfAttention, MultiHeadAttentionAdapter, TorchMultiheadAttention
+from gptmini.attention import ATTENTION_REGISTRY, AttentionWeights, available_attention
 from gptmini.model import GPT, GPTConfig
 
 __all__ = ["HFWeightsError", "load_hf_gpt2", "load_hf_weights", "save_hf_gpt2", "main"]
@@ -43,8 +43,6 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
 WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, PYTORCH_FILE, PYTORCH_INDEX)
 
-# attention implementations whose weights are exactly GPT-2's fused q/k/v + output projection
-SUPPORTED_ATTENTION = ("sdpa", "mha", "torch")
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
 _LN_EPS = 1e-5  # GPT-2's layer_norm_epsilon and nn.LayerNorm's default
 GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE
@@ -256,48 +254,18 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def gpt2_attention() -> list[str]:
+    """The registered attentions whose weights are exactly GPT-2's fused q/k/v + output projection."""
+    return [name for name in available_attention() if ATTENTION_REGISTRY[name].gpt2_compatible]
+
+
 def _check_model(model: GPT, what: str) -> None:
     c = model.config
-    if c.attention not in SUPPORTED_ATTENTION:
+    if c.attention not in gpt2_attention():
         raise HFWeightsError(
             f"cannot {what} GPT-2 weights with model.attention={c.attention!r}: only "
-            f"{', '.join(SUPPORTED_ATTENTION)} hold GPT-2's q/k/v projections (use model.attention=sdpa)"
+            f"{', '.join(gpt2_attention())} hold GPT-2's q/k/v projections (use model.attention=sdpa)"
         )
-
-
-@torch.no_grad()
-def _set_attention(attn: torch.nn.Module, w_qkv: Tensor, b_qkv: Tensor, w_o: Tensor, b_o: Tensor) -> None:
-    """Copy nn.Linear-layout weights (3d, d), (3d,), (d, d), (d,) into one of the supported attentions."""
-    if isinstance(attn, CausalSelfAttention):
-        attn.qkv.weight.copy_(w_qkv)
-        attn.qkv.bias.copy_(b_qkv)
-    elif isinstance(attn, MultiHeadAttentionAdapter):
-        for lin, w, b in zip(
-            (attn.W_query, attn.W_key, attn.W_value), w_qkv.chunk(3), b_qkv.chunk(3), strict=True
-        ):
-            lin.weight.copy_(w)
-            lin.bias.copy_(b)
-    elif isinstance(attn, TorchMultiheadAttention):
-        attn.mha.in_proj_weight.copy_(w_qkv)
-        attn.mha.in_proj_bias.copy_(b_qkv)
-    else:  # guarded by _check_model
-        raise HFWeightsError(f"unsupported attention module {type(attn).__name__}")
-    attn.out_proj.weight.copy_(w_o)
-    attn.out_proj.bias.copy_(b_o)
-
-
-def _get_attention(attn: torch.nn.Module) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
-    if isinstance(attn, CausalSelfAttention):
-        w, b = attn.qkv.weight, attn.qkv.bias
-    elif isinstance(attn, MultiHeadAttentionAdapter):
-        lins = (attn.W_query, attn.W_key, attn.W_value)
-        w = torch.cat([lin.weight for lin in lins])
-        b = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
-    elif isinstance(attn, TorchMultiheadAttention):
-        w, b = attn.mha.in_proj_weight, attn.mha.in_proj_bias
-    else:
-        raise HFWeightsError(f"unsupported attention module {type(attn).__name__}")
-    return w, b, attn.out_proj.weight, attn.out_proj.bias
 
 
 @torch.no_grad()
@@ -321,12 +289,13 @@ def _copy_into(model: GPT, cfg: dict[str, Any], state: dict[str, Tensor]) -> Non
         for ln in ("ln_1", "ln_2"):
             getattr(block, ln).weight.copy_(state[h + ln + ".weight"])
             getattr(block, ln).bias.copy_(state[h + ln + ".bias"])
-        _set_attention(
-            block.attn,
-            state[h + "attn.c_attn.weight"].t(),  # Conv1D (in, out) -> Linear (out, in)
-            state[h + "attn.c_attn.bias"],
-            state[h + "attn.c_proj.weight"].t(),
-            state[h + "attn.c_proj.bias"],
+        block.attn.set_weights(
+            AttentionWeights(
+                qkv_weight=state[h + "attn.c_attn.weight"].t(),  # Conv1D (in, out) -> Linear (out, in)
+                qkv_bias=state[h + "attn.c_attn.bias"],
+                out_weight=state[h + "attn.c_proj.weight"].t(),
+                out_bias=state[h + "attn.c_proj.bias"],
+            )
         )
         block.mlp.c_fc.weight.copy_(state[h + "mlp.c_fc.weight"].t())
         block.mlp.c_fc.bias.copy_(state[h + "mlp.c_fc.bias"])
@@ -342,7 +311,7 @@ def _copy_into(model: GPT, cfg: dict[str, Any], state: dict[str, Tensor]) -> Non
 def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 0.0) -> GPT:
     """A gptmini ``GPT`` (in eval mode) holding the GPT-2 weights of a local Hugging Face folder.
 
-    ``attention`` may be any of ``SUPPORTED_ATTENTION``; ``dropout`` is gptmini's (HF's *_pdrop values are
+    ``attention`` may be any of ``gpt2_attention()``; ``dropout`` is gptmini's (HF's *_pdrop values are
     training settings and are not copied)."""
     cfg, state = _read_hf(path)
     config = GPTConfig(
@@ -365,8 +334,8 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
 def load_hf_weights(model: GPT, path: str | Path) -> None:
     """Load the GPT-2 weights of a local Hugging Face folder into an existing ``GPT`` (``model.init_from``).
 
-    The model must have the checkpoint's n_layer, n_head and n_embd, biases, and attention sdpa, mha or
-    torch; its block_size may be smaller than n_positions (the first positions are kept) and its vocab_size
+    The model must have the checkpoint's n_layer, n_head and n_embd, biases, and an attention of
+    ``gpt2_attention()``; its block_size may be smaller than n_positions (the first positions are kept) and its vocab_size
     larger (extra tokens start at the mean embedding)."""
     path = Path(path)
     _check_model(model, "load")
@@ -440,14 +409,14 @@ def _hf_state(model: GPT) -> dict[str, Tensor]:
     }
     for i, block in enumerate(model.blocks):
         h = f"h.{i}."
-        w_qkv, b_qkv, w_o, b_o = _get_attention(block.attn)
+        attn = block.attn.get_weights()
         state |= {
             h + "ln_1.weight": t(block.ln_1.weight, (d,)),
             h + "ln_1.bias": t(block.ln_1.bias, (d,)),
-            h + "attn.c_attn.weight": t(w_qkv.t(), (d, 3 * d)),
-            h + "attn.c_attn.bias": t(b_qkv, (3 * d,)),
-            h + "attn.c_proj.weight": t(w_o.t(), (d, d)),
-            h + "attn.c_proj.bias": t(b_o, (d,)),
+            h + "attn.c_attn.weight": t(attn.qkv_weight.t(), (d, 3 * d)),
+            h + "attn.c_attn.bias": t(attn.qkv_bias, (3 * d,)),
+            h + "attn.c_proj.weight": t(attn.out_weight.t(), (d, d)),
+            h + "attn.c_proj.bias": t(attn.out_bias, (d,)),
             h + "ln_2.weight": t(block.ln_2.weight, (d,)),
             h + "ln_2.bias": t(block.ln_2.bias, (d,)),
             h + "mlp.c_fc.weight": t(block.mlp.c_fc.weight.t(), (d, 4 * d)),

@@ -4,8 +4,8 @@ from functools import partial
 
 import torch
 
-from gptmini.lit import GPTLightningModule, optimizer_kernel_kwargs
 from gptmini.model import PRESETS
+from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
 
 
 def test_kernel_choice_per_device_and_config_wins():
@@ -39,7 +39,7 @@ def test_configure_optimizers_decays_matrices_only_with_the_cpu_kernel():
 def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count():
     import lightning as L
 
-    from gptmini.callbacks import ProgressBar
+    from gptmini.training.callbacks import ProgressBar
 
     def description(max_epochs: int) -> str:
         bar = ProgressBar()

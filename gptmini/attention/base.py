@@ -1,0 +1,138 @@
+"""The interface every attention the language model can use shares, and the one weight layout they exchange.
+
+A mechanism is a subclass of ``LMAttention``: it maps (B, T, d_model) to (B, T, d_model), exposes ``out_proj``
+(the residual projection the model initialises with a depth-scaled std), returns its explicit probabilities
+from ``attention_probs`` and gives and takes its weights as ``AttentionWeights``. What it can do is declared
+by class attributes, read by the registry, the model, the Hugging Face converters and the test matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from gptmini.attention.kv_cache import KVCache
+
+
+@dataclass
+class AttentionWeights:
+    """The canonical layout: GPT-2's fused q/k/v projection and output projection, in ``nn.Linear`` layout.
+
+    Head h of the query owns rows ``h * hs : (h + 1) * hs`` of the first third of ``qkv_weight`` (likewise for
+    keys and values), so a per-head implementation maps to and from it by slicing. Biases are None for a
+    module built with ``bias=False``. ``extra`` holds parameters only one mechanism has (e.g. additive
+    attention's scoring vectors), by parameter name."""
+
+    qkv_weight: Tensor  # (3 * C, C): rows [W_q; W_k; W_v]
+    qkv_bias: Tensor | None  # (3 * C,)
+    out_weight: Tensor  # (C, C)
+    out_bias: Tensor | None  # (C,)
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    def q_k_v(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
+        """((W_q, b_q), (W_k, b_k), (W_v, b_v)), each W (C, C) and b (C,) or None."""
+        weights = self.qkv_weight.chunk(3)
+        biases = (None,) * 3 if self.qkv_bias is None else self.qkv_bias.chunk(3)
+        return tuple(zip(weights, biases, strict=True))
+
+
+@torch.no_grad()
+def copy_param(param: Tensor | None, value: Tensor | None, what: str) -> None:
+    """Copy ``value`` into ``param``; a missing bias value zeroes the bias, a value for a missing bias is refused."""
+    if param is None:
+        if value is not None and bool(value.any()):
+            raise ValueError(
+                f"{what}: the module was built with bias=False but the weights carry a non-zero bias"
+            )
+        return
+    if value is None:
+        param.zero_()
+        return
+    if param.shape != value.shape:
+        raise ValueError(f"{what}: expected shape {tuple(param.shape)}, got {tuple(value.shape)}")
+    param.copy_(value)
+
+
+class LMAttention(nn.Module):
+    """Base class of the causal self-attention implementations a GPT block can use (see the module docstring)."""
+
+    # --- capabilities, declared by each implementation ---
+    causal: ClassVar[bool] = True  # no query sees a later key: may drive a language model
+    supports_kv_cache: ClassVar[bool] = False  # forward(x, kv_cache=KVCache) for incremental decoding
+    returns_probs: ClassVar[bool] = True  # attention_probs(x) -> (B, nh, T, T), for maps and head analysis
+    gpt2_compatible: ClassVar[bool] = (
+        False  # its weights are exactly GPT-2's (AttentionWeights without extra)
+    )
+    scoring: ClassVar[str] = "dot_product"  # the score function; names the NumPy oracle that computes it
+
+    out_proj: nn.Linear
+
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:  # (B, T, C) -> (B, T, C)
+        raise NotImplementedError
+
+    def attention_probs(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, nh, T, T), no dropout
+        raise NotImplementedError(
+            f"{type(self).__name__} has no explicit probabilities (returns_probs=False)"
+        )
+
+    def get_weights(self) -> AttentionWeights:
+        raise NotImplementedError
+
+    def set_weights(self, weights: AttentionWeights) -> None:
+        raise NotImplementedError
+
+    def reject_cache(self, kv_cache: KVCache | None) -> None:
+        if kv_cache is not None and not self.supports_kv_cache:
+            from gptmini.attention.registry import ATTENTION_REGISTRY, available_attention
+
+            cached = [n for n in available_attention() if ATTENTION_REGISTRY[n].supports_kv_cache]
+            raise ValueError(
+                f"{type(self).__name__} does not support a KV cache (supports_kv_cache=False); "
+                f"use attention {' or '.join(repr(n) for n in cached)} for cached decoding"
+            )
+
+
+# --- helpers shared by the implementations ---------------------------------------------------------------
+
+
+def check_length(num_tokens: int, context_length: int, start: int = 0) -> None:
+    # Plain ints only: no tensor is read, so this never forces a device sync.
+    if start + num_tokens > context_length:
+        if start:
+            raise ValueError(
+                f"{start} cached + {num_tokens} new tokens exceed context_length={context_length}"
+            )
+        raise ValueError(f"input has T={num_tokens} tokens but context_length={context_length}")
+
+
+def check_heads(d_model: int, n_head: int) -> None:
+    if n_head <= 0 or d_model % n_head != 0:
+        raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
+
+
+def causal_probs(q: Tensor, k: Tensor) -> Tensor:
+    # explicit softmax(q k^T / sqrt(hs)) with the future masked: (B, nh, T, hs) x2 -> (B, nh, T, T)
+    T = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    return torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1)
+
+
+def linears_weights(q: nn.Linear, k: nn.Linear, v: nn.Linear, out: nn.Linear) -> AttentionWeights:
+    """Three separate q/k/v projections (and out_proj) as the canonical fused layout."""
+    lins = (q, k, v)
+    bias = None if q.bias is None else torch.cat([lin.bias for lin in lins])
+    return AttentionWeights(torch.cat([lin.weight for lin in lins]), bias, out.weight, out.bias)
+
+
+def set_linears(q: nn.Linear, k: nn.Linear, v: nn.Linear, out: nn.Linear, weights: AttentionWeights) -> None:
+    for lin, (w, b), name in zip((q, k, v), weights.q_k_v(), "qkv", strict=True):
+        copy_param(lin.weight, w, f"W_{name}")
+        copy_param(lin.bias, b, f"b_{name}")
+    copy_param(out.weight, weights.out_weight, "out_proj.weight")
+    copy_param(out.bias, weights.out_bias, "out_proj.bias")

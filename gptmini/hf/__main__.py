@@ -1,0 +1,3 @@
+from gptmini.hf.gpt2 import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Using a trained checkpoint: sampling, evaluation and attention-map export (each also a console script)."""

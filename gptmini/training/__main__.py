@@ -1,0 +1,3 @@
+from gptmini.training.app import main
+
+main()

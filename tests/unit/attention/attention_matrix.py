@@ -1,0 +1,331 @@
+"""The checks every registered attention implementation must pass, as plain functions of a registry name.
+
+``test_matrix.py`` runs each check for each registered name; ``test_registry.py`` registers one more
+implementation inside a test and runs the same list, showing that a new mechanism is picked up with no other
+file edited. Checks read what an implementation can do from its declared capabilities."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+from gptmini.attention import (
+    ATTENTION_REGISTRY,
+    AttentionWeights,
+    KVCache,
+    build_attention,
+    numpy_additive_multihead_attention,
+    numpy_multihead_attention,
+)
+from gptmini.model import GPT, GPTConfig
+
+D_MODEL, N_HEAD, CONTEXT = 32, 4, 12
+HEAD = D_MODEL // N_HEAD
+
+
+def make(name: str, dropout: float = 0.0, bias: bool = True) -> torch.nn.Module:
+    return build_attention(name, D_MODEL, N_HEAD, CONTEXT, dropout=dropout, bias=bias)
+
+
+def random_weights(module: torch.nn.Module, seed: int = 0) -> AttentionWeights:
+    """Random canonical weights shaped for ``module`` (biases only if it has them, its extras too)."""
+    g = torch.Generator().manual_seed(seed)
+    current = module.get_weights()
+
+    def rand(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else 0.3 * torch.randn(t.shape, generator=g)
+
+    return AttentionWeights(
+        qkv_weight=rand(current.qkv_weight),
+        qkv_bias=rand(current.qkv_bias),
+        out_weight=rand(current.out_weight),
+        out_bias=rand(current.out_bias),
+        extra={k: rand(v) for k, v in current.extra.items()},
+    )
+
+
+def _np(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.detach().double().numpy()
+
+
+def _heads(W: torch.Tensor) -> np.ndarray:  # (C_out, C_in) -> (h, C_in, hs): head h owns rows h*hs:(h+1)*hs
+    return _np(W).T.reshape(-1, N_HEAD, HEAD).transpose(1, 0, 2)
+
+
+def _head_bias(b: torch.Tensor | None) -> np.ndarray | None:
+    return None if b is None else _np(b).reshape(N_HEAD, HEAD)
+
+
+def numpy_oracle(scoring: str, w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NumPy reference of a score function, from canonical weights: (output, probabilities)."""
+    (Wq, bq), (Wk, bk), (Wv, bv) = w.q_k_v()
+    common = dict(b_q=_head_bias(bq), b_k=_head_bias(bk), b_v=_head_bias(bv), b_o=_np(w.out_bias))
+    args = (_np(x), _heads(Wq), _heads(Wk), _heads(Wv))
+    if scoring == "dot_product":
+        out, probs = numpy_multihead_attention(*args, _np(w.out_weight).T, causal=True, **common)
+    elif scoring == "additive":
+        out, probs = numpy_additive_multihead_attention(
+            *args, _np(w.extra["v"]), _np(w.out_weight).T, **common
+        )
+    else:
+        pytest.fail(f"no NumPy oracle for scoring={scoring!r}: add one to gptmini.attention.numpy_reference")
+    return torch.from_numpy(out).float(), torch.from_numpy(probs).float()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the checks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check_shape_and_out_proj(name: str) -> None:
+    module = make(name)
+    assert module(torch.randn(3, 5, D_MODEL)).shape == (3, 5, D_MODEL)
+    assert isinstance(module.out_proj, torch.nn.Linear)
+    assert module.out_proj.in_features == module.out_proj.out_features == D_MODEL
+
+
+def check_weights_round_trip(name: str) -> None:
+    for bias in (True, False):
+        module = make(name, bias=bias)
+        w = random_weights(module)
+        assert (w.qkv_bias is None) == (w.out_bias is None) == (not bias)
+        assert w.qkv_weight.shape == (3 * D_MODEL, D_MODEL) and w.out_weight.shape == (D_MODEL, D_MODEL)
+        module.set_weights(w)
+        back = module.get_weights()
+        for got, want in ((back.qkv_weight, w.qkv_weight), (back.out_weight, w.out_weight)):
+            assert_close(got, want, atol=0, rtol=0)
+        if bias:
+            assert_close(back.qkv_bias, w.qkv_bias, atol=0, rtol=0)
+            assert_close(back.out_bias, w.out_bias, atol=0, rtol=0)
+        assert back.extra.keys() == w.extra.keys()
+        for key in w.extra:
+            assert_close(back.extra[key], w.extra[key], atol=0, rtol=0)
+
+
+def check_numpy_oracle_parity(name: str) -> None:
+    scoring = ATTENTION_REGISTRY[name].scoring
+    for bias in (True, False):
+        module = make(name, bias=bias).eval()
+        w = random_weights(module, seed=1)
+        module.set_weights(w)
+        x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(2))
+        expected_out, expected_probs = numpy_oracle(scoring, w, x)
+        with torch.no_grad():
+            assert_close(module(x), expected_out, atol=1e-5, rtol=1e-5)
+            if module.returns_probs:
+                assert_close(module.attention_probs(x), expected_probs, atol=1e-5, rtol=1e-5)
+
+
+def check_same_function_as_sdpa(name: str) -> None:
+    # implementations of the same score function agree with each other given the same canonical weights
+    cls = ATTENTION_REGISTRY[name]
+    if cls.scoring != ATTENTION_REGISTRY["sdpa"].scoring:
+        return
+    module, ref = make(name).eval(), make("sdpa").eval()
+    w = random_weights(module, seed=3)
+    module.set_weights(w)
+    ref.set_weights(w)
+    x = torch.randn(2, 9, D_MODEL)
+    with torch.no_grad():
+        assert_close(module(x), ref(x), atol=1e-5, rtol=1e-5)
+
+
+def check_causality(name: str) -> None:
+    torch.manual_seed(0)
+    module = make(name).eval()
+    x = torch.randn(2, 9, D_MODEL)
+    with torch.no_grad():
+        out = module(x)
+        for t in (0, 3, 7):
+            changed = x.clone()
+            changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
+            out_changed = module(changed)
+            assert_close(out_changed[:, : t + 1], out[:, : t + 1], atol=1e-6, rtol=1e-6)
+            assert not torch.allclose(out_changed[:, t + 1 :], out[:, t + 1 :])
+
+
+def check_probs_are_causal_distributions(name: str) -> None:
+    torch.manual_seed(0)
+    module = make(name, dropout=0.5).train()  # dropout must not leak into the probabilities
+    if not module.returns_probs:
+        with pytest.raises(NotImplementedError):
+            module.attention_probs(torch.randn(1, 3, D_MODEL))
+        return
+    with torch.no_grad():
+        probs = module.attention_probs(torch.randn(2, 7, D_MODEL))
+    assert probs.shape == (2, N_HEAD, 7, 7)
+    assert_close(probs.sum(-1), torch.ones(2, N_HEAD, 7))
+    assert (probs.triu(diagonal=1) == 0).all()
+    assert (probs[..., torch.ones(7, 7, dtype=torch.bool).tril()] > 0).all()  # the past stays visible
+
+
+def check_dropout_only_in_training(name: str) -> None:
+    torch.manual_seed(0)
+    module = make(name, dropout=0.5)
+    x = torch.randn(2, 8, D_MODEL)
+    module.train()
+    first, second = module(x), module(x)
+    assert not torch.allclose(first, second)
+    module.eval()
+    with torch.no_grad():
+        eval_out = module(x)
+        assert_close(module(x), eval_out, atol=0, rtol=0)
+    assert not torch.allclose(first, eval_out)
+
+
+@torch.no_grad()
+def _canonical_grads(module: torch.nn.Module) -> AttentionWeights:
+    # get_weights is a pure re-layout of the parameters, so applied to the gradients it lays them out canonically
+    params = [p for p in module.parameters()]
+    for p in params:
+        p.data, p.grad = p.grad, p.data
+    try:
+        g = module.get_weights()
+        return AttentionWeights(
+            *(None if t is None else t.clone() for t in (g.qkv_weight, g.qkv_bias, g.out_weight, g.out_bias)),
+            extra={k: v.clone() for k, v in g.extra.items()},
+        )
+    finally:
+        for p in params:
+            p.data, p.grad = p.grad, p.data
+
+
+def check_gradients_reach_every_parameter(name: str) -> None:
+    dot_product = ATTENTION_REGISTRY[name].scoring == "dot_product"
+    for bias in (True, False):
+        torch.manual_seed(0)
+        module = make(name, bias=bias)
+        x = torch.randn(2, 6, D_MODEL)
+        (module(x) * torch.randn(2, 6, D_MODEL)).sum().backward()
+        for pname, p in module.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+        g = _canonical_grads(module)
+        parts = {"W_q": g.qkv_weight[:D_MODEL], "W_k": g.qkv_weight[D_MODEL : 2 * D_MODEL]}
+        parts |= {"W_v": g.qkv_weight[2 * D_MODEL :], "W_o": g.out_weight, **g.extra}
+        if bias:
+            b_q, b_k, b_v = g.qkv_bias.chunk(3)
+            parts |= {"b_q": b_q, "b_v": b_v, "b_o": g.out_bias}
+            if dot_product:
+                # a key bias adds the same q.b to a whole row of dot-product scores: softmax cancels it exactly
+                assert b_k.abs().max() < 1e-5
+            else:
+                parts["b_k"] = b_k
+        for part, grad in parts.items():
+            assert grad.abs().sum() > 0, part
+
+
+def check_input_longer_than_context_fails(name: str) -> None:
+    module = make(name)
+    x = torch.randn(1, CONTEXT + 1, D_MODEL)
+    with pytest.raises(ValueError, match=rf"T={CONTEXT + 1} tokens but context_length={CONTEXT}"):
+        module(x)
+    if module.returns_probs:
+        with pytest.raises(ValueError, match=rf"context_length={CONTEXT}"):
+            module.attention_probs(x)
+
+
+def check_heads_must_divide_width(name: str) -> None:
+    with pytest.raises(ValueError, match=r"d_model=30 must be divisible by n_head=4"):
+        build_attention(name, 30, 4, CONTEXT)
+    with pytest.raises(ValueError, match=r"d_model=30 must be divisible by n_head=4"):
+        ATTENTION_REGISTRY[name](30, 4, CONTEXT)
+
+
+def check_kv_cache(name: str) -> None:
+    module = make(name).eval()
+    if not module.supports_kv_cache:
+        with pytest.raises(ValueError, match="does not support a KV cache"):
+            module(torch.randn(1, 2, D_MODEL), kv_cache=KVCache(1, N_HEAD, CONTEXT, HEAD))
+        return
+    torch.manual_seed(0)
+    for chunks in ([1] * 10, [4, 1, 1, 1, 1, 1, 1], [4, 6], [10]):  # token by token, prefill, two chunks, one
+        x = torch.randn(2, sum(chunks), D_MODEL)
+        cache = KVCache(2, N_HEAD, CONTEXT, HEAD)
+        outputs, start = [], 0
+        with torch.no_grad():
+            full = module(x)
+            for n in chunks:
+                outputs.append(module(x[:, start : start + n], kv_cache=cache))
+                start += n
+        assert cache.pos == x.shape[1]
+        assert_close(torch.cat(outputs, dim=1), full, atol=1e-5, rtol=1e-5)
+    cache = KVCache(1, N_HEAD, CONTEXT, HEAD)
+    with torch.no_grad():
+        module(torch.randn(1, CONTEXT, D_MODEL), kv_cache=cache)
+        with pytest.raises(ValueError, match=r"exceed"):
+            module(torch.randn(1, 1, D_MODEL), kv_cache=cache)
+
+
+def tiny_gpt(name: str, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=16, attention=name)
+    model = GPT(config).eval()
+    with torch.no_grad():  # non-zero biases everywhere, so a bias mapped to the wrong place shows
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def check_selectable_in_the_gpt(name: str) -> None:
+    model = tiny_gpt(name)
+    assert model.config.attention == name
+    assert all(isinstance(block.attn, ATTENTION_REGISTRY[name]) for block in model.blocks)
+    idx = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        changed = idx.clone()
+        changed[:, 6:] = (changed[:, 6:] + 1) % 61
+        assert_close(model(changed)[0][:, :6], logits[:, :6], atol=1e-5, rtol=1e-5)  # causal end to end
+        if model.blocks[0].attn.returns_probs:
+            maps = model.attention_maps(idx)
+            assert maps.shape == (2, 2, 2, 12, 12)
+            assert_close(maps.sum(-1), torch.ones(2, 2, 2, 12))
+    cached = model.generate(idx[:, :4], 8, temperature=0.0, use_cache=True)
+    uncached = model.generate(idx[:, :4], 8, temperature=0.0, use_cache=False)
+    assert model.supports_kv_cache == ATTENTION_REGISTRY[name].supports_kv_cache
+    assert torch.equal(cached, uncached)
+
+
+def check_gpt2_weights_exchange(name: str, tmp_path=None) -> None:
+    import tempfile
+
+    from gptmini.hf.gpt2 import HFWeightsError, load_hf_gpt2, save_hf_gpt2
+
+    model = tiny_gpt(name, seed=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        if not ATTENTION_REGISTRY[name].gpt2_compatible:
+            with pytest.raises(HFWeightsError, match=rf"model.attention='{name}'"):
+                save_hf_gpt2(model, tmp + "/out")
+            return
+        save_hf_gpt2(model, tmp + "/out")
+        back = load_hf_gpt2(
+            tmp + "/out", attention="sdpa"
+        )  # through GPT-2's layout into another implementation
+        idx = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            assert_close(back(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
+            from transformers import GPT2LMHeadModel
+
+            hf = GPT2LMHeadModel.from_pretrained(tmp + "/out").eval()
+            assert_close(hf(idx).logits, model(idx)[0], atol=1e-5, rtol=1e-5)
+
+
+CHECKS: list[Callable[[str], None]] = [
+    check_shape_and_out_proj,
+    check_weights_round_trip,
+    check_numpy_oracle_parity,
+    check_same_function_as_sdpa,
+    check_causality,
+    check_probs_are_causal_distributions,
+    check_dropout_only_in_training,
+    check_gradients_reach_every_parameter,
+    check_input_longer_than_context_fails,
+    check_heads_must_divide_width,
+    check_kv_cache,
+    check_selectable_in_the_gpt,
+    check_gpt2_weights_exchange,
+]

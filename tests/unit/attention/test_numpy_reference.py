@@ -1,0 +1,54 @@
+"""The NumPy oracle against the definition, written out row by row."""
+
+import numpy as np
+
+from gptmini.attention import (
+    numpy_additive_multihead_attention,
+    numpy_attention,
+    numpy_multihead_attention,
+    numpy_softmax,
+)
+
+
+def test_numpy_attention_matches_definition():
+    rng = np.random.default_rng(0)
+    X, Wq, Wk, Wv = (
+        rng.normal(size=(5, 4)),
+        rng.normal(size=(4, 3)),
+        rng.normal(size=(4, 3)),
+        rng.normal(size=(4, 2)),
+    )
+    out, w = numpy_attention(X, Wq, Wk, Wv, causal=True)
+    Q, K, V = X @ Wq, X @ Wk, X @ Wv
+    for i in range(5):  # row by row: query i only sees keys 0..i
+        s = Q[i] @ K[: i + 1].T / np.sqrt(3)
+        p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+        np.testing.assert_allclose(w[i, : i + 1], p, rtol=1e-12)
+        np.testing.assert_allclose(w[i, i + 1 :], 0.0)
+        np.testing.assert_allclose(out[i], p @ V[: i + 1], rtol=1e-12)
+    # numerically stable: huge scores do not overflow
+    assert np.allclose(numpy_softmax(np.array([1000.0, 1000.0])), [0.5, 0.5])
+
+
+def test_multihead_is_per_head_attention_concatenated_then_projected():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(2, 4, 6))
+    Wq, Wk, Wv = (rng.normal(size=(3, 6, 2)) for _ in range(3))
+    Wo = rng.normal(size=(6, 6))
+    out, w = numpy_multihead_attention(X, Wq, Wk, Wv, Wo, causal=True)
+    heads = [numpy_attention(X, Wq[h], Wk[h], Wv[h], causal=True) for h in range(3)]
+    np.testing.assert_allclose(out, np.concatenate([o for o, _ in heads], -1) @ Wo, rtol=1e-12)
+    np.testing.assert_allclose(w, np.stack([p for _, p in heads], axis=1), rtol=1e-12)
+    unbatched, _ = numpy_multihead_attention(X[0], Wq, Wk, Wv, Wo, causal=True)
+    np.testing.assert_allclose(unbatched, out[0], rtol=1e-12)
+
+
+def test_additive_oracle_on_a_hand_computed_example():
+    # one head, d = d_k = 1, T = 2: e_ij = v * tanh(q_i + k_j) with q = k = x, value = 2x, W_o = 1
+    X = np.array([[[0.5], [-1.0]]])
+    one = np.ones((1, 1, 1))
+    out, w = numpy_additive_multihead_attention(X, one, one, 2 * one, np.array([[3.0]]), np.eye(1))
+    e10, e11 = 3 * np.tanh(-1.0 + 0.5), 3 * np.tanh(-2.0)
+    p10 = np.exp(e10) / (np.exp(e10) + np.exp(e11))
+    np.testing.assert_allclose(w[0, 0], [[1.0, 0.0], [p10, 1 - p10]], rtol=1e-12)
+    np.testing.assert_allclose(out[0, :, 0], [1.0, p10 * 1.0 + (1 - p10) * -2.0], rtol=1e-12)
