@@ -32,7 +32,7 @@ data: $(STAMP) ## Prepare the embedded Shakespeare corpus (GPT-2 BPE) under data
 	$(PY) scripts/prepare_data.py --source shakespeare --tokenizer gpt2
 
 train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides via ARGS="key=value ..."
-	$(PY) -m gptmini.training.app $(ARGS)
+	$(PY) -m gptmini.training $(ARGS)
 
 sample: $(STAMP) ## Generate from a checkpoint: CKPT=path|last PROMPT="..." ARGS="--max-new-tokens 200"
 	$(PY) scripts/sample.py --ckpt "$(CKPT)" --prompt "$(PROMPT)" $(ARGS)

@@ -4,17 +4,15 @@ previous checkpoint intact."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import pickle
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
+from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
 
 log = logging.getLogger(__name__)
@@ -113,66 +111,16 @@ def check_resume_compatible(
 # --- atomic saving ---------------------------------------------------------------------------------------------
 
 
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable; not every platform/filesystem can open a directory.
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists but not ours
-        return True
-    return True
-
-
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Deletes the ``.<name>.<pid>.<id>.tmp`` files that a process killed while saving left in ``folder``
-    (only those whose process is gone: a save in progress is never touched). Returns the deleted paths."""
-    removed = []
-    for tmp in Path(folder).glob(".*.ckpt.*.tmp"):
-        parts = tmp.name.split(".")
-        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
-        if pid is None or pid == os.getpid() or _pid_alive(pid):
-            continue
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-            removed.append(tmp)
-    return removed
+    """Deletes the temp checkpoint files a process killed while saving left in ``folder`` (see ``fileio``)."""
+    return fileio.remove_stale_temp_files(folder, ".*.ckpt.*.tmp")
 
 
 def atomic_save(checkpoint: dict[str, Any], path: str | Path, write: Any = torch.save) -> None:
-    """Writes ``checkpoint`` to ``path`` so that, killed at any point, ``path`` holds either its previous
-    complete content or the new complete one: temp file in the same folder, flush + fsync, ``os.replace``
-    (atomic on POSIX and Windows), fsync of the folder. ``write(checkpoint, file)`` serialises."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(path.parent)
-    tmp = _temp_name(path)
-    try:
-        # O_EXCL: never follows or overwrites anything; 0o666 & ~umask like an ordinary file.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            write(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
+    """Writes ``checkpoint`` to ``path`` atomically (``fileio.atomic_write``); ``write(checkpoint, file)``
+    serialises. Temp files left by killed saves in the same folder are removed first."""
+    remove_stale_temp_files(Path(path).parent)
+    fileio.atomic_write(path, lambda f: write(checkpoint, f))
 
 
 def _make_atomic_checkpoint_io() -> type:

@@ -7,7 +7,8 @@ Pre-LayerNorm transformer blocks (GPT-2 layout) whose causal self-attention come
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -59,10 +60,24 @@ class GPTConfig:
         self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> GPTConfig:
-        if name not in PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
-        return replace(PRESETS[name], **overrides)
+    def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
+        """A preset of ``conf/model/`` (the one source of preset values, also what ``model=<name>`` composes),
+        with ``overrides``. Presets that leave ``vocab_size`` to the tokenizer need ``vocab_size=...``."""
+        from omegaconf import OmegaConf
+
+        from gptmini.conf_dir import conf_dir
+
+        presets = available_presets()
+        if name not in presets:
+            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}")
+        values = OmegaConf.to_container(OmegaConf.load(conf_dir() / "model" / f"{name}.yaml"))
+        values.pop("init_from", None)  # where weights come from, not a model setting
+        values |= overrides
+        if values.get("vocab_size") is None:
+            raise ConfigError(
+                f"model preset {name!r} takes vocab_size from the tokenizer (vocab_size: null): pass vocab_size=..."
+            )
+        return cls.from_dict(values)
 
     def to_dict(self) -> dict:
         # Only the constructor fields: derived ones are recomputed on load.
@@ -83,16 +98,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-PRESETS: dict[str, GPTConfig] = {
-    # GPT-2 small: 124,439,808 parameters with tied weights and no vocab padding.
-    "gpt2": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
-    "gpt2-medium": GPTConfig(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
-    # nanoGPT's shakespeare_char "baby GPT" (GPU) and its CPU quick-start model.
-    "baby": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
-    "cpu": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
-    # Small enough for unit tests.
-    "tiny": GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0),
-}
+def available_presets() -> list[str]:
+    from gptmini.conf_dir import conf_dir
+
+    return sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
 
 
 class MLP(nn.Module):
@@ -328,6 +337,3 @@ class GPT(nn.Module):
         c = self.config
         t = seq_len or c.block_size
         return 6 * self.num_parameters(exclude_embeddings=True) + 12 * c.n_layer * c.n_head * c.head_size * t
-
-    def config_dict(self) -> dict:
-        return asdict(self.config)

@@ -16,6 +16,8 @@ from typing import Any, NoReturn, Protocol, runtime_checkable
 import numpy as np
 import tiktoken
 
+from gptmini.fileio import atomic_write_json
+
 log = logging.getLogger(__name__)
 
 ENDOFTEXT = "<|endoftext|>"
@@ -241,16 +243,7 @@ class CharTokenizer:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         payload = {"format_version": CHAR_VOCAB_FORMAT, "kind": "char", "chars": self.chars}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(payload, f, ensure_ascii=True, indent=0)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a vocabulary is not a secret
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_json(path, payload, ensure_ascii=True, indent=0)
 
     @classmethod
     def load(cls, path: str | Path) -> CharTokenizer:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,21 +23,24 @@ from gptmini.model import GPTConfig
 # --- schema -------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class ModelSchema:
-    # null: take the tokenizer's vocabulary size (known once the data is prepared).
-    vocab_size: Optional[int] = None
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = True
-    attention: str = "sdpa"
-    tie_weights: bool = True
-    pad_vocab_multiple: int = 64
+def _model_schema() -> type:
+    """The ``model`` node's schema, derived from ``GPTConfig`` (its fields, types and defaults: one source), plus
+    ``init_from``. ``vocab_size`` may be null: the tokenizer's vocabulary size, known once the data is prepared."""
+    hints = typing.get_type_hints(GPTConfig)
+    specs: list[tuple[str, Any, Any]] = []
+    for f in fields(GPTConfig):
+        if not f.init:
+            continue  # derived fields (head_size, padded_vocab_size) are recomputed, never configured
+        if f.name == "vocab_size":
+            specs.append((f.name, Optional[int], field(default=None)))
+        else:
+            specs.append((f.name, hints[f.name], field(default=f.default)))
     # Load weights before training: a Hugging Face GPT-2 directory (config.json + model.safetensors).
-    init_from: Optional[str] = None
+    specs.append(("init_from", Optional[str], field(default=None)))
+    return make_dataclass("ModelSchema", specs)
+
+
+ModelSchema = _model_schema()
 
 
 @dataclass
@@ -78,6 +82,12 @@ class TrainSchema:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    # ${attention_names:}: every causal attention in the registry, comma-separated, so a sweep over all of them
+    # (conf/experiment/attention_sweep.yaml) picks up a newly registered implementation by itself
+    if not OmegaConf.has_resolver("attention_names"):
+        from gptmini.attention import available_attention
+
+        OmegaConf.register_new_resolver("attention_names", lambda: ",".join(available_attention()))
 
 
 class RunError(ValueError):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gptmini.attention import available_attention
-from gptmini.model import GPT, PRESETS, ConfigError, GPTConfig
+from gptmini.model import GPT, ConfigError, GPTConfig
 
 
 def tiny(**kw) -> GPTConfig:
@@ -269,4 +269,6 @@ def test_generate_rejects_bad_sampling_settings(kw, match):
 
 def test_presets_build():
     for name in ("tiny", "cpu"):
-        assert GPT(PRESETS[name]).num_parameters() > 0
+        assert GPT(GPTConfig.from_preset(name, vocab_size=65)).num_parameters() > 0
+    with pytest.raises(ConfigError, match="preset 'cpu' takes vocab_size from the tokenizer"):
+        GPTConfig.from_preset("cpu")

@@ -4,7 +4,7 @@ from functools import partial
 
 import torch
 
-from gptmini.model import PRESETS
+from gptmini.model import GPTConfig
 from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
 
 
@@ -22,7 +22,7 @@ def test_kernel_choice_per_device_and_config_wins():
 
 def test_configure_optimizers_decays_matrices_only_with_the_cpu_kernel():
     module = GPTLightningModule(
-        model_config=PRESETS["tiny"].to_dict(),
+        model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1),
     )
     opt = module.configure_optimizers()
@@ -54,7 +54,7 @@ def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count():
 def test_flops_per_batch_follows_the_batch_shape():
     import warnings
 
-    module = GPTLightningModule(model_config=PRESETS["tiny"].to_dict())
+    module = GPTLightningModule(model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict())
     for b, t in ((2, 32), (3, 16), (2, 32)):
         x = torch.randint(0, 256, (b, t))
         with warnings.catch_warnings():

@@ -1,0 +1,85 @@
+"""Atomic file writes: killed at any point, a path holds either its previous complete content or the new
+complete one. Temp file in the same folder (a rename across filesystems would be a copy), flush + fsync,
+``os.replace`` (atomic on POSIX and Windows), fsync of the folder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def fsync_dir(folder: Path) -> None:
+    # Makes the rename itself durable; not every platform/filesystem can open a directory.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    """``.<name>.<pid>.<id>.tmp`` beside ``path``: the pid tells a stale temp file (its writer is gone)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but not ours
+        return True
+    return True
+
+
+def remove_stale_temp_files(folder: str | Path, pattern: str = ".*.tmp") -> list[Path]:
+    """Deletes the temp files (see ``temp_name``) that a process killed while writing left in ``folder``, only
+    those whose process is gone: a write in progress is never touched. Returns the deleted paths."""
+    removed = []
+    for tmp in Path(folder).glob(pattern):
+        parts = tmp.name.split(".")
+        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
+        if pid is None or pid == os.getpid() or _pid_alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(f)`` fills an open binary temp file that then replaces ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        # O_EXCL: never follows or overwrites anything; 0o666 & ~umask like an ordinary file.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, payload: Any, **dumps_kwargs: Any) -> None:
+    atomic_write_text(path, json.dumps(payload, **({"indent": 2} | dumps_kwargs)) + "\n")

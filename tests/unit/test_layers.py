@@ -1,0 +1,65 @@
+"""Imports point one way: a part of gptmini imports only parts of its own layer or below (lazy imports inside
+functions included), so the model never depends on training, nor the data on the model."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gptmini"
+
+# lowest first; a module may import from its own layer or any lower one
+LAYERS = [
+    ("gptmini.fileio", "gptmini.conf_dir", "gptmini.attention"),
+    ("gptmini.model",),
+    ("gptmini.data",),
+    ("gptmini.checkpoint", "gptmini.hf", "gptmini.viz"),
+    ("gptmini.inference",),
+    ("gptmini.training",),
+]
+
+
+def _layer(module: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def _imports(module: str) -> set[str]:
+    path = PACKAGE.parent / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if node.module == "gptmini"}
+    return found
+
+
+@pytest.mark.parametrize("module", [m for m in _modules() if m != "gptmini"])
+def test_imports_point_down(module):
+    ours = {m for m in _imports(module) if m.startswith("gptmini.")}
+    upward = sorted(m for m in ours if _layer(m) > _layer(module))
+    assert not upward, f"{module} (layer {_layer(module)}) imports higher layers: {upward}"
+
+
+def test_the_package_never_imports_the_benchmarks_or_tests():
+    for module in _modules():
+        if module == "gptmini":
+            continue
+        assert not {m for m in _imports(module) if m.split(".")[0] in ("benchmarks", "tests")}, module
+
+
+def test_a_higher_layer_import_is_caught():
+    assert _layer("gptmini.training.app") > _layer("gptmini.model") > _layer("gptmini.attention.sdpa")
