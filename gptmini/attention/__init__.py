@@ -13,7 +13,8 @@ One module per family, in teaching order:
 
 ``base`` holds the interface they share (``LMAttention``: capabilities as class attributes, weights in and
 out as ``AttentionWeights``), ``kv_cache`` the cache, ``registry`` the names. Adding a mechanism: one module
-with an ``LMAttention`` subclass, one ``@register_attention("name")`` on it, and its import below.
+in this folder with an ``LMAttention`` subclass and one ``@register_attention("name")`` on it; every module
+here is imported (so registered) when the package is.
 """
 
 from gptmini.attention.base import AttentionWeights, LMAttention, causal_probs, check_heads, check_length
@@ -50,6 +51,18 @@ from gptmini.attention.einsum import EinsumMultiHeadAttention  # noqa: E402  (is
 from gptmini.attention.additive import AdditiveSelfAttention, BahdanauAttention  # noqa: E402  (isort: skip)
 from gptmini.attention.sdpa import CausalSelfAttention  # noqa: E402  (isort: skip)
 from gptmini.attention.torch_module import TorchMultiheadAttention  # noqa: E402  (isort: skip)
+
+
+def _import_every_family() -> None:
+    # a module added to this folder registers itself without being listed here
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_every_family()
 
 __all__ = [
     "ATTENTION_REGISTRY",

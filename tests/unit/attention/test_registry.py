@@ -44,6 +44,17 @@ def test_capabilities_are_declared_by_the_classes():
     assert all(issubclass(ATTENTION_REGISTRY[n], LMAttention) for n in available_attention())
 
 
+def test_every_module_of_the_package_is_imported_so_its_registrations_happen():
+    import sys
+    from pathlib import Path
+
+    import gptmini.attention as package
+
+    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__"}
+    assert modules >= {"textbook", "numpy_reference", "einsum", "additive", "sdpa", "torch_module"}
+    assert all(f"gptmini.attention.{m}" in sys.modules for m in modules)
+
+
 def test_unknown_name_lists_valid_names():
     message = "unknown attention 'xyz'; valid names: additive, einsum, mha, sdpa, torch, wrapper"
     with pytest.raises(ValueError, match=f"^{message}$"):
