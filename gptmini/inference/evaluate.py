@@ -20,7 +20,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from gptmini.checkpoint import CheckpointError, model_from_checkpoint
-from gptmini.data.prepare import DataError, StridedWindowDataset, check_vocab, load_meta, load_split
+from gptmini.data.errors import DataError
+from gptmini.data.prepare import check_vocab, load_meta, load_split
+from gptmini.data.windows import StridedWindowDataset
 from gptmini.inference.sample import find_checkpoint
 from gptmini.model import GPT
 

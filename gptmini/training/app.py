@@ -44,6 +44,9 @@ def _quiet_lightning() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    from gptmini.training.lightning_compat import silence_tips
+
+    silence_tips()  # advertisements for Lightning's cloud products, on every run
     # With an OnExceptionCheckpoint, Lightning maps fit(ckpt_path=None) to "last" inside the fresh run folder
     # (always empty, so nothing is loaded) and warns about it; resuming is explicit here (ckpt_path=...).
     warnings.filterwarnings("ignore", message=r".*ckpt_path=None\)` was called without a model")
@@ -76,6 +79,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_cfg["precision"] = resolve_precision(trainer_cfg)
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None and "_target_" in c]
+    if trainer_cfg.get("enable_model_summary", True):
+        from lightning.pytorch.callbacks import ModelSummary
+
+        from gptmini.training.callbacks import ParameterSummary
+
+        # In place of Lightning's default summary, whose FLOPs column and total read 0 for this model; a
+        # summary callback in the config wins.
+        if not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(ParameterSummary())
+    # Either way Lightning adds no summary of its own (nor logs that it skipped one).
+    trainer_cfg["enable_model_summary"] = False
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None and "_target_" in c]
     trainer: L.Trainer = instantiate(
         # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
@@ -162,7 +176,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     validate_config does not pay for importing Lightning here."""
     errors: list[type[BaseException]] = [ConfigError, RunError, InstantiationException]
     for module, name in (
-        ("gptmini.data.prepare", "DataError"),
+        ("gptmini.data.errors", "DataError"),
         ("gptmini.data.tokenizers", "TokenizerError"),
         ("gptmini.checkpoint", "CheckpointError"),
         ("gptmini.hf", "HFWeightsError"),

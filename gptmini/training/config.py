@@ -18,6 +18,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from gptmini.data.corpora import EMBEDDED_SOURCES, is_url
 from gptmini.model import GPTConfig
 
 # --- schema -------------------------------------------------------------------------------------------------
@@ -110,7 +111,6 @@ PRECISIONS = (
     "bf16",
     "64",
 )
-EMBEDDED_SOURCES = ("shakespeare",)
 
 
 # --- checks that run before any expensive work --------------------------------------------------------------
@@ -154,7 +154,7 @@ def _check_data_source(data: DictConfig) -> None:
         raise RunError(
             f"data.source={source!r} is invalid: expected 'shakespeare', a file, a folder, a glob or a URL"
         )
-    if source in EMBEDDED_SOURCES or source.startswith(("http://", "https://")):
+    if source in EMBEDDED_SOURCES or is_url(source):
         return
     if glob.has_magic(source):
         if not any(Path(p).is_file() for p in glob.iglob(source, recursive=True)):

@@ -1,0 +1,143 @@
+"""The LightningDataModule: prepares the token files once, memory-maps them, serves window batches. The only
+module of ``gptmini.data`` that imports Lightning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gptmini.data.corpora import default_out_dir
+from gptmini.data.prepare import load_meta, load_split, load_tokenizer, prepare
+from gptmini.data.tokenizers import Tokenizer
+from gptmini.data.windows import RandomWindowDataset, ShardSampler, StreamSampler, StridedWindowDataset
+
+log = logging.getLogger(__name__)
+
+
+class TokenDataModule(L.LightningDataModule):
+    """prepare_data: tokenize once. setup: memmap splits. Train = random windows, val = strided windows.
+
+    Exact resume needs no state of its own: train sample ``i`` is a pure function of (seed, i), and each
+    pass of the train loader starts at sample ``batches_trained * batch_size``, read from the trainer's
+    loop progress, which Lightning restores from the checkpoint before it creates the loader iterator.
+    So a resumed run continues the sample stream at the batch after the checkpoint, whatever epoch
+    bookkeeping Lightning does (also if ``train_samples`` changed because ``max_steps`` did).
+    """
+
+    def __init__(
+        self,
+        source: str = "shakespeare",
+        tokenizer: str = "gpt2",
+        data_dir: str | Path | None = None,
+        block_size: int = 256,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        val_fraction: float = 0.1,
+        train_samples: int | None = None,
+        val_stride: int | None = None,
+        seed: int = 1337,
+        pin_memory: bool | None = None,
+        force_prepare: bool = False,
+    ) -> None:
+        super().__init__()
+        # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
+        data_dir = str(data_dir) if data_dir is not None else None
+        self.save_hyperparameters()
+        self.source = source
+        self.tokenizer_name = tokenizer
+        self.data_dir = Path(data_dir) if data_dir is not None else default_out_dir(source, tokenizer)
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.val_fraction = val_fraction
+        self.train_samples = train_samples
+        self.val_stride = val_stride
+        self.seed = seed
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.force_prepare = force_prepare
+        self.meta: dict[str, Any] | None = None
+        self.train_dataset: RandomWindowDataset | None = None
+        self.val_dataset: StridedWindowDataset | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        if self.meta is None:
+            self.meta = load_meta(self.data_dir)
+        return int(self.meta["vocab_size"])
+
+    def prepare_data(self) -> None:
+        result = prepare(
+            self.source,
+            self.tokenizer_name,
+            self.data_dir,
+            val_fraction=self.val_fraction,
+            force=self.force_prepare,
+        )
+        log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.meta is not None and self.train_dataset is not None:
+            return
+        self.meta = load_meta(self.data_dir)
+        train = load_split(self.data_dir, "train", self.meta)
+        # Default: one "epoch" draws as many windows as it takes to see ~every train token once.
+        num = self.train_samples or max(self.batch_size, math.ceil(len(train) / self.block_size))
+        self.train_dataset = RandomWindowDataset(train, self.block_size, num, seed=self.seed, name="train")
+        if self.meta["splits"]["val"]["tokens"] > 0:
+            val = load_split(self.data_dir, "val", self.meta)
+            self.val_dataset = StridedWindowDataset(val, self.block_size, self.val_stride, name="val")
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.data_dir, self.meta)
+
+    def _loader(self, dataset: Dataset, **kwargs: Any) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+            **kwargs,
+        )
+
+    def _first_train_sample(self) -> int | None:
+        trainer = self.trainer
+        if trainer is None:  # plain DataLoader use: StreamSampler falls back to its epoch
+            return None
+        # Batches whose training step ran, over all epochs: restored from checkpoints, and counted before
+        # the step's on_train_batch_end (so a checkpoint saved there includes its own batch).
+        # Under DDP every rank takes its share of one global stream, which so advanced world_size batches a step.
+        done = trainer.fit_loop.epoch_loop.batch_progress.total.processed
+        return done * self.batch_size * trainer.world_size
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            self.setup("fit")
+        assert self.train_dataset is not None
+        rank, world = self._rank()
+        # Our samplers shard across ranks themselves (the trainer configs set use_distributed_sampler: false).
+        sampler = StreamSampler(
+            len(self.train_dataset), start=self._first_train_sample, rank=rank, world_size=world
+        )
+        return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        if self.train_dataset is None:
+            self.setup("validate")
+        if self.val_dataset is None:
+            return []
+        rank, world = self._rank()
+        return self._loader(
+            self.val_dataset, sampler=ShardSampler(len(self.val_dataset), rank, world), drop_last=False
+        )
