@@ -2,53 +2,43 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
 
+@pytest.fixture
+def train(run_cli, tmp_path):
+    """``train(name, *overrides) -> run folder``: a short char-level smoke run named ``name`` under
+    ``tmp_path``, which must succeed."""
 
-def _train(tmp: Path, data: Path, name: str, *overrides: str) -> Path:
-    cmd = [
-        sys.executable,
-        "-m",
-        "gptmini.training.app",
-        "debug=smoke",
-        "tokenizer=char",
-        f"run_name={name}",
-        f"paths.output_root={tmp}",
-        f"paths.data_root={data}",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=4",
-        "trainer.limit_val_batches=2",
-        "callbacks.text_samples.max_new_tokens=4",
-        *overrides,
-    ]
-    proc = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    (run_dir,) = (tmp / name).iterdir()
-    return run_dir
+    def _train(name: str, *overrides: str) -> Path:
+        proc = run_cli.train(
+            [
+                "debug=smoke",
+                "tokenizer=char",
+                f"run_name={name}",
+                f"paths.output_root={tmp_path}",
+                f"paths.data_root={tmp_path / 'data'}",
+                "trainer.max_steps=4",
+                "trainer.val_check_interval=4",
+                "trainer.limit_val_batches=2",
+                "callbacks.text_samples.max_new_tokens=4",
+                *overrides,
+            ]
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        (run_dir,) = (tmp_path / name).iterdir()
+        return run_dir
+
+    return _train
 
 
 @pytest.mark.slow
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
-    data = tmp_path / "data"
-    single = _train(tmp_path, data, "single", "data.batch_size=8")
-    ddp = _train(
-        tmp_path,
-        data,
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(train, tb_events):
+    single = train("single", "data.batch_size=8")
+    ddp = train(
         "ddp",
         "trainer=ddp",
         "trainer.accelerator=cpu",
@@ -61,14 +51,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path
     for key, value in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][key], value, atol=1e-4, rtol=1e-4, msg=key)
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    def events(run: Path) -> EventAccumulator:
-        ea = EventAccumulator(str(run / "tb"), size_guidance={"images": 0, "scalars": 0})
-        ea.Reload()
-        return ea
-
-    ea, eb = events(single), events(ddp)
+    ea, eb = tb_events(single), tb_events(ddp)
     # Validation is reduced across ranks: each rank scored half of the same windows.
     assert eb.Scalars("val/loss")[-1].value == pytest.approx(ea.Scalars("val/loss")[-1].value, abs=1e-4)
     # Only rank zero writes logs, attention maps and checkpoints.

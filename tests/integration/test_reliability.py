@@ -3,9 +3,10 @@ nothing, checkpoints survive kills (even during a save), signals save and exit c
 bit-identical to an uninterrupted one, a NaN loss stops the run without overwriting good checkpoints, and
 untrusted checkpoints never run code.
 
-Faults are injected with ``FaultInjector`` below, added to a real ``python -m gptmini.training.app`` through a Hydra
-override (``+callbacks.fault=...``; this folder is put on the subprocess's PYTHONPATH). Nothing in gptmini itself
-knows about fault injection.
+Faults are injected with ``FaultInjector`` below, added to a real ``python -m gptmini.training`` through a Hydra
+override (``+callbacks.fault=...``; the ``run_cli`` fixture puts this folder on the subprocess's PYTHONPATH).
+Nothing in gptmini itself knows about fault injection. This module must stay importable on its own (the training
+subprocess imports it): it takes the shared fixtures from tests/conftest.py as fixtures, never by import.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,9 +27,6 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parent
 
 # A tiny run on the char tokenizer: dropout > 0 so the RNG state matters for exact resume; 20 steps with a
 # periodic checkpoint every 5 and validation every 10. About 5-10 s per run on 2 cores.
@@ -114,30 +111,6 @@ def fault(action: str, step: int, where: str = "batch_end") -> str:
 # --- helpers ----------------------------------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("HYDRA_FULL_ERROR", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"  # several runs share 2 cores
-    return env
-
-
-def cli(
-    args: list[str],
-    module: str = "gptmini.training.app",
-    timeout: float = 300,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env={**_env(), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def output(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout + proc.stderr
 
@@ -150,15 +123,6 @@ def load(path: Path) -> dict[str, Any]:
     from gptmini.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
-
-
-def last_val_loss(run_dir: Path) -> float:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    acc.Reload()
-    events = acc.Scalars("val/loss")
-    return events[-1].value
 
 
 def snapshot(*folders: Path) -> dict[str, tuple[int, int, str]]:
@@ -197,6 +161,8 @@ class Workspace:
     evil: Path
     evil_marker: Path
     pool: ThreadPoolExecutor
+    cli: Any  # the run_cli fixture (tests/conftest.py): cli(module, args, ...), cli.train(args, ...), cli.popen
+    events: Any  # the tb_events fixture: events(run_dir) -> EventAccumulator of run_dir/tb
     # Runs of the fast tests, started together with the reference run so that they overlap each other and the
     # bad-input table: most of each run is Python/torch/Lightning start-up on one core.
     jobs: dict[str, Future] = field(default_factory=dict)
@@ -218,7 +184,9 @@ def pool() -> Any:
 
 
 @pytest.fixture(scope="session")
-def ws(tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor) -> Workspace:
+def ws(
+    tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor, run_cli: Any, tb_events: Any
+) -> Workspace:
     from gptmini.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("reliability")
@@ -237,23 +205,25 @@ def ws(tmp_path_factory: pytest.TempPathFactory, pool: ThreadPoolExecutor) -> Wo
     corpora["latin1"].write_bytes("ROMEO: caf\u00e9 cr\u00e8me\n".encode("latin-1") * 50)
     corpora["small"].write_text("To be, or not to be, that is the question.\n" * 48)  # ~2k chars: val ~200
     evil, marker = root / "evil.ckpt", root / "PAYLOAD_RAN"
-    ws = Workspace(root, data_root, out, out / "ref", corpora, evil, marker, pool)
-    ref = pool.submit(cli, ws.args("ref"))
+    ws = Workspace(root, data_root, out, out / "ref", corpora, evil, marker, pool, run_cli, tb_events)
+    ref = pool.submit(ws.cli.train, ws.args("ref"))
     ws.jobs["kill_save"] = pool.submit(
         kill_then_resume_runs, ws, "kill_save", [fault("kill_mid_write", 10, "save")]
     )
-    ws.jobs["nan"] = pool.submit(cli, ws.args("nan", "optimizer.lr=1e6", "checkpoint_every_n_steps=1"))
+    ws.jobs["nan"] = pool.submit(
+        ws.cli.train, ws.args("nan", "optimizer.lr=1e6", "checkpoint_every_n_steps=1")
+    )
     ws.jobs["signals"] = pool.submit(signal_runs, ws)
     ref = ref.result()
     assert ref.returncode == 0, output(ref)[-3000:]
     (ws.ref_dir,) = run_dirs(out, "ref")
     write_evil_checkpoint(evil, marker, load(ws.ref_dir / "checkpoints" / "last.ckpt"))
     ws.jobs["evil_sample"] = pool.submit(
-        cli, ["--ckpt", str(evil), "--max-new-tokens", "5"], "gptmini.inference.sample"
+        ws.cli, "gptmini.inference.sample", ["--ckpt", str(evil), "--max-new-tokens", "5"]
     )
     png = str(root / "png")
     ws.jobs["evil_export"] = pool.submit(
-        cli, ["--ckpt", str(evil), "--text", "ROMEO:", "--out", png], "gptmini.inference.export_attention"
+        ws.cli, "gptmini.inference.export_attention", ["--ckpt", str(evil), "--text", "ROMEO:", "--out", png]
     )
     return ws
 
@@ -274,7 +244,10 @@ def assert_same_as_reference(ws: Workspace, run_dir: Path) -> None:
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
     assert got["lr_schedulers"] == ref["lr_schedulers"]
-    assert last_val_loss(run_dir) == last_val_loss(ws.ref_dir)
+    assert (
+        ws.events(run_dir).Scalars("val/loss")[-1].value
+        == ws.events(ws.ref_dir).Scalars("val/loss")[-1].value
+    )
 
 
 # --- bad input: a table through the real command line -------------------------------------------------------
@@ -427,7 +400,7 @@ def _run_cases(ws: Workspace, cases: list[tuple]) -> dict[str, subprocess.Comple
     def one(case: tuple) -> subprocess.CompletedProcess:
         name, overrides, _, _ = case
         # run_name=ref: the failed runs sit beside the good one, as a user's retries would.
-        return cli(ws.args("ref", *[_fill(a, ws) for a in overrides]))
+        return ws.cli.train(ws.args("ref", *[_fill(a, ws) for a in overrides]))
 
     return dict(zip([c[0] for c in cases], ws.pool.map(one, cases), strict=True))
 
@@ -479,39 +452,9 @@ def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
 
 @pytest.mark.slow
 def test_full_error_shows_the_traceback_on_request(ws: Workspace) -> None:
-    proc = cli(ws.args("ref", "model.n_head=3"), env={"HYDRA_FULL_ERROR": "1"})
+    proc = ws.cli.train(ws.args("ref", "model.n_head=3"), env={"HYDRA_FULL_ERROR": "1"})
     assert proc.returncode != 0
     assert "Traceback" in output(proc) and "ConfigError: model.n_embd=32 is not divisible" in output(proc)
-
-
-def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, tmp_path) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from gptmini.training.app import CONF_DIR
-    from gptmini.training.config import RunError, register_configs, resolve_precision, validate_config
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-16GB")
-    with pytest.raises(
-        RunError, match=r"trainer\.precision=bf16-mixed is not supported by this GPU \(Tesla V100.*16-mixed"
-    ):
-        resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"})
-    assert resolve_precision({"accelerator": "gpu", "precision": "auto"}) == "32-true"
-    assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}) == "16-mixed"
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=[
-                "trainer=gpu",
-                "trainer.precision=bf16-true",
-                f"paths.output_dir={tmp_path}",
-                f"paths.data_root={tmp_path}",
-            ],
-        )
-    with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
-        validate_config(cfg)
 
 
 # --- crashes and resume ---------------------------------------------------------------------------------
@@ -519,10 +462,10 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, tmp_path) -> None:
 
 def kill_then_resume_runs(ws: Workspace, name: str, fault_args: list[str]) -> tuple[Any, Any]:
     """A run killed by ``fault_args``, then the same command with ``ckpt_path=last``."""
-    killed = cli(ws.args(name, *fault_args))
+    killed = ws.cli.train(ws.args(name, *fault_args))
     if killed.returncode != -signal.SIGKILL:
         return killed, None
-    return killed, cli(ws.args(name, "ckpt_path=last"))
+    return killed, ws.cli.train(ws.args(name, "ckpt_path=last"))
 
 
 def check_kill_then_resume(ws: Workspace, name: str, runs: tuple[Any, Any], resume_step: int) -> Path:
@@ -569,12 +512,8 @@ def test_sigkill_then_resume_is_exact(ws: Workspace, where: str, step: int, resu
 def test_external_sigkill_at_an_arbitrary_moment_then_resume_is_exact(ws: Workspace) -> None:
     """Killed from outside as soon as the first periodic checkpoint exists, wherever the run is then."""
     name = "kill_external"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gptmini.training.app", *ws.args(name)],
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    proc = ws.cli.popen(
+        ws.cli.train_module, ws.args(name), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 120
@@ -585,7 +524,7 @@ def test_external_sigkill_at_an_arbitrary_moment_then_resume_is_exact(ws: Worksp
     finally:
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    resumed = cli(ws.args(name, "ckpt_path=last"))
+    resumed = ws.cli.train(ws.args(name, "ckpt_path=last"))
     assert resumed.returncode == 0, output(resumed)[-3000:]
     assert_same_as_reference(ws, run_dirs(ws.out, name)[-1])
 
@@ -598,15 +537,9 @@ def signal_runs(ws: Workspace) -> dict[signal.Signals, tuple[int, str]]:
     it has checkpointed step 5. Returns the exit status and output of each."""
     procs = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
-        procs[sig] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gptmini.training.app",
-                *ws.args(f"signal_{sig.name}", "trainer.max_steps=500"),
-            ],
-            cwd=ROOT,
-            env=_env(),
+        procs[sig] = ws.cli.popen(
+            ws.cli.train_module,
+            ws.args(f"signal_{sig.name}", "trainer.max_steps=500"),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -652,11 +585,11 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_exit_cleanly(ws: Workspace) ->
 def test_signal_then_resume_is_exact(ws: Workspace, action: str) -> None:
     """The checkpoint a signal saves is a consistent end-of-step state: resuming from it is exact too."""
     name = f"resume_after_{action}"
-    first = cli(ws.args(name, fault(action, 12, "batch_start")))
+    first = ws.cli.train(ws.args(name, fault(action, 12, "batch_start")))
     assert first.returncode == (143 if action == "sigterm" else 130), output(first)[-3000:]
     (first_dir,) = run_dirs(ws.out, name)
     assert load(first_dir / "checkpoints" / "on_exception.ckpt")["global_step"] == 13  # finishes step 13
-    resumed = cli(ws.args(name, "ckpt_path=last"))
+    resumed = ws.cli.train(ws.args(name, "ckpt_path=last"))
     assert resumed.returncode == 0, output(resumed)[-3000:]
     assert "on_exception.ckpt" in output(resumed)
     assert_same_as_reference(ws, run_dirs(ws.out, name)[-1])
@@ -699,7 +632,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
 
 
 def test_checkpoint_with_pickled_code_is_refused_and_never_runs(ws: Workspace) -> None:
-    # python -m gptmini.inference.sample / python -m gptmini.inference.export_attention --ckpt evil.ckpt (started by the ws fixture)
+    # python -m gptmini.inference.sample / .export_attention --ckpt evil.ckpt (started by the ws fixture)
     for job in ("evil_sample", "evil_export"):
         proc = ws.jobs[job].result()
         text = output(proc)
@@ -738,7 +671,8 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
     with pytest.raises(DataError, match=r"names dtype 'float32'; expected one of \['uint16', 'uint32'\]"):
         load_meta(wrong_dtype)
     # Through a command line: sampling with that folder as the tokenizer's data is refused.
-    proc = cli(
+    proc = ws.cli(
+        "gptmini.inference.sample",
         [
             "--ckpt",
             str(ws.ref_dir / "checkpoints" / "last.ckpt"),
@@ -747,7 +681,6 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
             "--max-new-tokens",
             "5",
         ],
-        module="gptmini.inference.sample",
         timeout=120,
     )
     assert proc.returncode == 2 and "names dtype 'float32'" in output(proc), output(proc)
@@ -764,7 +697,7 @@ def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
     good_size = bin_file.stat().st_size
     with open(bin_file, "r+b") as f:
         f.truncate(good_size // 2)
-    proc = cli(
+    proc = ws.cli.train(
         [
             *RUN,
             "run_name=rebuilt",

@@ -1,0 +1,140 @@
+"""Fixtures shared by the whole test tree: where the repository and its configs are, one way to run a gptmini
+command in a subprocess (``run_cli``), one way to compose the training config as the app receives it
+(``compose_cfg``), and one way to read a run's TensorBoard events (``tb_events``).
+
+Heavy imports (torch, Hydra, TensorBoard) happen inside the fixtures, so collecting tests that use none of them
+stays cheap."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_ROOT = REPO_ROOT / "tests"
+# The training entry point (also `gptmini.training.app` and the console script `gptmini-train`).
+TRAIN_MODULE = "gptmini.training"
+
+
+@dataclass(frozen=True)
+class Cli:
+    """Runs ``python -m <module> <args>`` the way a user would, from the repository root, with ``env``.
+
+    ``env`` is the caller's environment with: the repository root and ``tests/integration`` first on
+    PYTHONPATH (a child can then import test-only code such as ``test_reliability.FaultInjector``, named in a
+    Hydra override), unbuffered output, one OpenMP thread (several runs share 2 cores), and no
+    HYDRA_FULL_ERROR (tests check the one-line errors a user sees; pass ``env={"HYDRA_FULL_ERROR": "1"}`` to
+    ask for tracebacks)."""
+
+    root: Path
+    env: Mapping[str, str]
+    train_module: str = TRAIN_MODULE
+
+    def argv(self, module: str, args: Sequence[str]) -> list[str]:
+        return [sys.executable, "-m", module, *map(str, args)]
+
+    def __call__(
+        self,
+        module: str,
+        args: Sequence[str],
+        cwd: Path | None = None,
+        timeout: float = 300,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(module, args),
+            cwd=cwd or self.root,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def train(self, args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        """``python -m gptmini.training <args>``; ``kwargs`` as for a call."""
+        return self(self.train_module, args, **kwargs)
+
+    def popen(
+        self, module: str, args: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen:
+        """The same command, started and not waited for (``kwargs`` go to ``subprocess.Popen``)."""
+        return subprocess.Popen(
+            self.argv(module, args), cwd=self.root, env={**self.env, **(env or {})}, **kwargs
+        )
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def conf_path() -> Path:
+    """The Hydra config folder the training app uses (the repository's ``conf/`` in a checkout)."""
+    from gptmini.conf_dir import conf_dir
+
+    return conf_dir()
+
+
+@pytest.fixture(scope="session")
+def cli_env() -> dict[str, str]:
+    """The environment of every subprocess started through ``run_cli`` (see ``Cli``)."""
+    env = dict(os.environ)
+    env.pop("HYDRA_FULL_ERROR", None)
+    path = [str(REPO_ROOT), str(TESTS_ROOT / "integration"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+@pytest.fixture(scope="session")
+def run_cli(repo_root: Path, cli_env: dict[str, str]) -> Cli:
+    """``run_cli(module, args, cwd=repo_root, timeout=300, env=None) -> CompletedProcess`` (text, stdout and
+    stderr captured); ``run_cli.train(args, ...)`` for the training entry point; ``run_cli.popen(...)``."""
+    return Cli(repo_root, cli_env)
+
+
+@pytest.fixture
+def compose_cfg(conf_path: Path, tmp_path: Path) -> Callable[..., Any]:
+    """``compose_cfg(overrides, keep_hydra=False)``: the training config as the app's task function receives
+    it (no ``hydra`` node unless asked for), with its output and data folders under the test's ``tmp_path``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from gptmini.training.config import register_configs
+
+    def _compose(overrides: Sequence[str], keep_hydra: bool = False) -> Any:
+        register_configs()
+        base = [f"paths.output_dir={tmp_path}/run", f"paths.data_root={tmp_path}/data"]
+        with initialize_config_dir(config_dir=str(conf_path), version_base="1.3"):
+            cfg = compose("train", overrides=[*base, *overrides], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        if not keep_hydra:
+            with open_dict(cfg):
+                del cfg["hydra"]
+        return cfg
+
+    return _compose
+
+
+@pytest.fixture(scope="session")
+def tb_events() -> Callable[[Path], Any]:
+    """``tb_events(run_dir)``: an ``EventAccumulator`` holding every event (scalars, images, tensors) the run
+    in ``run_dir`` wrote to ``run_dir/tb``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def _events(run_dir: Path) -> EventAccumulator:
+        ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
+        ea.Reload()
+        return ea
+
+    return _events

@@ -1,0 +1,131 @@
+"""The training config without training: every config option and experiment composes and instantiates,
+experiments carry their settings, and typos, missing settings and unsupported precisions are refused before
+any work. (What runs the real entry point is in tests/integration/test_train.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from gptmini.conf_dir import conf_dir
+from gptmini.model import GPTConfig
+from gptmini.training.config import RunError, resolve_precision, validate_config
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def instantiate_all(cfg) -> None:
+    """Build every object a run builds, short of preparing data: catches typos in _target_ and arguments."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("init_from")
+    model["vocab_size"] = model["vocab_size"] or 100
+    gpt = GPTConfig.from_dict(model)
+    assert gpt.n_embd % gpt.n_head == 0
+    params = [torch.nn.Parameter(torch.zeros(2, 2))]
+    optimizer = instantiate(cfg.optimizer)(params)
+    assert optimizer.param_groups[0]["lr"] > 0
+    if cfg.scheduler is not None:
+        instantiate(cfg.scheduler)(optimizer)
+    callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
+    loggers = [instantiate(c) for c in cfg.logger.values()]
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    if trainer_cfg["accelerator"] in ("gpu", "cuda") and not torch.cuda.is_available():
+        with pytest.raises(RunError, match="no CUDA GPU is available"):
+            validate_config(cfg)
+        trainer_cfg["accelerator"] = "cpu"
+        if isinstance(trainer_cfg.get("strategy"), dict):
+            trainer_cfg["strategy"] = "auto"
+    else:
+        validate_config(cfg)
+    if trainer_cfg.get("devices") == "auto" and not torch.cuda.is_available():
+        trainer_cfg["devices"] = 1
+    trainer_cfg["precision"] = resolve_precision(trainer_cfg)
+    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers)
+    assert trainer.max_steps == cfg.trainer.max_steps
+    dm = instantiate(cfg.data, train_samples=10)
+    assert dm.block_size == cfg.model.block_size
+
+
+GROUPS = ["model", "tokenizer", "data", "optimizer", "scheduler", "trainer", "callbacks", "logger", "debug"]
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in _options(g)], ids=lambda v: str(v))
+def test_every_config_option_composes_and_instantiates(group, option, compose_cfg, tmp_path):
+    overrides = [f"{group}={option}"]
+    if group == "data" and option == "text":
+        overrides.append(f"data.source={tmp_path}/corpus.txt")
+    instantiate_all(compose_cfg(overrides))
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_every_experiment_composes_and_instantiates(experiment, compose_cfg):
+    overrides = [f"experiment={experiment}"]
+    if experiment == "finetune_shakespeare":
+        overrides.append("model.init_from=/path/to/gpt2")
+    cfg = compose_cfg(overrides)
+    assert cfg.run_name == experiment
+    instantiate_all(cfg)
+
+
+def test_experiments_carry_the_promised_settings(compose_cfg):
+    cpu = compose_cfg(["experiment=shakespeare_char_cpu"])
+    assert (cpu.model.n_layer, cpu.model.n_head, cpu.model.n_embd, cpu.model.block_size) == (4, 4, 128, 64)
+    assert (cpu.data.batch_size, cpu.trainer.max_steps, cpu.model.dropout) == (12, 2000, 0.0)
+    assert cpu.tokenizer.name == "char"
+    baby = compose_cfg(["experiment=shakespeare_char"])
+    assert (baby.model.n_layer, baby.model.n_head, baby.model.n_embd, baby.model.block_size) == (
+        6,
+        6,
+        384,
+        256,
+    )
+    gpt2 = compose_cfg(["experiment=gpt2_124m"])
+    assert (gpt2.model.n_layer, gpt2.model.n_embd, gpt2.model.vocab_size, gpt2.model.block_size) == (
+        12,
+        768,
+        50257,
+        1024,
+    )
+    sweep = compose_cfg(["experiment=attention_sweep"], keep_hydra=True)
+    swept = sweep.hydra.sweeper.params["model.attention"].split(",")
+    from gptmini.attention import available_attention
+
+    assert sorted(swept) == available_attention()
+
+
+def test_a_typo_in_a_model_key_fails_before_any_work(compose_cfg):
+    from hydra.errors import ConfigCompositionException
+
+    from gptmini.model import ConfigError
+
+    with pytest.raises(ConfigCompositionException, match="n_embdd"):
+        compose_cfg(["model.n_embdd=3"])
+    with pytest.raises(ConfigCompositionException, match="n_layer"):
+        compose_cfg(["model.n_layer=four"])
+    # Forced in with "+", it is still refused by the model's own config check.
+    with pytest.raises(ConfigError, match=r"unknown model config key\(s\) \['n_embdd'\]"):
+        validate_config(compose_cfg(["+model.n_embdd=3"]))
+
+
+def test_finetune_experiment_requires_init_from(compose_cfg):
+    with pytest.raises(RunError, match=r"model.init_from must be set for this run"):
+        validate_config(compose_cfg(["experiment=finetune_shakespeare"]))
+
+
+def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-16GB")
+    with pytest.raises(
+        RunError, match=r"trainer\.precision=bf16-mixed is not supported by this GPU \(Tesla V100.*16-mixed"
+    ):
+        resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"})
+    assert resolve_precision({"accelerator": "gpu", "precision": "auto"}) == "32-true"
+    assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}) == "16-mixed"
+    cfg = compose_cfg(["trainer=gpu", "trainer.precision=bf16-true"])
+    with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
+        validate_config(cfg)
