@@ -45,18 +45,29 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     return written
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; any other name is kept as given."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-attention", description=__doc__)
     parser.add_argument("--ckpt", default="last")
     parser.add_argument("--text", required=True)
     parser.add_argument("--out", default="attention_png")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="a torch device (cpu, cuda, cuda:1, ...); auto: cuda if available, else cpu",
+    )
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        model, tokenizer = load_for_inference(args.ckpt, args.device, args.data_dir)
+        model, tokenizer = load_for_inference(args.ckpt, resolve_device(args.device), args.data_dir)
         files = export_attention(model, tokenizer, args.text, args.out, args.max_tokens)
     except (CheckpointError, ValueError) as err:
         log.error("error: %s", err)

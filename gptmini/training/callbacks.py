@@ -6,16 +6,20 @@ import logging
 import random
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import OnExceptionCheckpoint, RichProgressBar, ThroughputMonitor
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops
+from lightning.pytorch.callbacks import ModelSummary, OnExceptionCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
+from gptmini.training.lightning_compat import request_graceful_stop
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
 log = logging.getLogger(__name__)
@@ -118,36 +122,90 @@ class TextSampleLogger(L.Callback):
             writer.add_text("samples/text", "    " + text.replace("\n", "\n    "), trainer.global_step)
 
 
-def _batch_size(batch: Any) -> int:
-    return int(batch[0].size(0))
+class TokenThroughputMonitor(L.Callback):
+    """Training throughput in tokens, logged as ``perf/tokens_per_sec`` (this device), ``perf/mfu``,
+    ``perf/flops_per_sec``, ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and
+    ``perf/tokens_seen``.
 
-
-def _batch_tokens(batch: Any) -> int:
-    return int(batch[0].numel())
-
-
-class TokenThroughputMonitor(ThroughputMonitor):
-    """Lightning's ThroughputMonitor counting tokens, logged as ``perf/tokens_per_sec`` and ``perf/mfu``."""
+    Built on Lightning's public ``Throughput`` (rolling averages over the last ``window_size`` batches) rather
+    than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
+    the start of training, data loading included, with validation (and the callbacks that follow it) left out.
+    Measured on global rank zero only: each update waits for the GPU."""
 
     RENAME = {
-        "train/device/items_per_sec": "perf/tokens_per_sec",
-        "train/items_per_sec": "perf/global_tokens_per_sec",
-        "train/device/mfu": "perf/mfu",
-        "train/device/flops_per_sec": "perf/flops_per_sec",
-        "train/device/samples_per_sec": "perf/samples_per_sec",
+        "device/items_per_sec": "perf/tokens_per_sec",
+        "items_per_sec": "perf/global_tokens_per_sec",
+        "device/mfu": "perf/mfu",
+        "device/flops_per_sec": "perf/flops_per_sec",
+        "device/samples_per_sec": "perf/samples_per_sec",
     }
 
     def __init__(self, window_size: int = 20) -> None:
-        super().__init__(batch_size_fn=_batch_size, length_fn=_batch_tokens, window_size=window_size)
+        if window_size < 2:
+            raise ValueError(f"callbacks.throughput.window_size={window_size} must be >= 2")
+        self.window_size = window_size
         self.last: dict[str, float] = {}
         self.global_batch_tokens: int | None = None  # tokens per optimizer step, all ranks together
+        self._throughput: Throughput | None = None
+        self._t0 = 0.0
+        self._paused_at: float | None = None
+        self._batches = self._samples = self._tokens = 0
+        self._last_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        device = trainer.strategy.root_device
+        self._throughput = Throughput(
+            available_flops=get_available_flops(device, _compute_dtype(trainer.precision)),
+            world_size=trainer.world_size,
+            window_size=self.window_size,
+        )
+        self._batches = self._samples = self._tokens = 0
+        self._last_step = trainer.global_step
+        self._paused_at = None
+        self._t0 = time.perf_counter()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._throughput is not None:
+            self._paused_at = time.perf_counter()
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._paused_at is not None:  # back from validation: its time is not training time
+            self._t0 += time.perf_counter() - self._paused_at
+            self._paused_at = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.global_batch_tokens is None:
             self._record_global_batch(trainer, batch)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not trainer.is_global_zero or self._throughput is None:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()  # the step's kernels are queued, not done, when the hook runs
+        elapsed = time.perf_counter() - self._t0
+        b, t = batch[0].shape
+        self._batches += 1
+        self._samples += b
+        self._tokens += b * t
+        flops = getattr(pl_module, "flops_per_batch", 0) or None
+        self._throughput.update(
+            time=elapsed, batches=self._batches, samples=self._samples, lengths=self._tokens, flops=flops
+        )
+        if trainer.global_step == self._last_step:
+            return  # gradient accumulation: the optimizer step (and its time) is not done yet
+        self._last_step = trainer.global_step
+        metrics = {
+            self.RENAME[k]: float(v) for k, v in self._throughput.compute().items() if k in self.RENAME
+        }
+        if self.global_batch_tokens is not None:
+            # from the optimizer step, so a resumed run counts on from where it stopped
+            metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
+        self.last.update(metrics)
+        # Lightning writes logged values only every log_every_n_steps steps; skip the tensors in between.
+        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
 
     def _record_global_batch(self, trainer: L.Trainer, batch: Any) -> None:
         b, t = batch[0].shape  # one device's micro-batch: (B, T)
@@ -167,23 +225,21 @@ class TokenThroughputMonitor(ThroughputMonitor):
                 accumulate,
             )
 
-    def _compute(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
-        if not trainer._logger_connector.should_update_logs:
-            return
-        stage = trainer.state.stage
-        throughput = self._throughputs[stage]
-        metrics = {f"{stage.value}{throughput.separator}{k}": v for k, v in throughput.compute().items()}
-        metrics = {self.RENAME.get(k, k): v for k, v in metrics.items() if k in self.RENAME}
-        if self.global_batch_tokens is not None and stage.value == "train":
-            # from the optimizer step, so a resumed run counts on from where it stopped
-            metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
-        if metrics:
-            self.last.update(metrics)
-            trainer._logger_connector.log_metrics(metrics, step=iter_num)
+
+def _compute_dtype(precision: str) -> torch.dtype:
+    """The dtype matmuls run in under a Trainer ``precision`` string, for the device's peak FLOPs (MFU)."""
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    if precision.startswith("64"):
+        return torch.float64
+    return torch.float32
 
 
 class ProgressBar(RichProgressBar):
-    """Rich progress bar that also shows the latest tokens/s."""
+    """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
+    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1)."""
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
@@ -192,11 +248,66 @@ class ProgressBar(RichProgressBar):
                 metrics["tok/s"] = f"{cb.last['perf/tokens_per_sec']:,.0f}"
         return metrics
 
-    def _get_train_description(self, current_epoch: int) -> str:
-        # Runs are counted in steps (max_epochs=-1), where Lightning's own description reads "Epoch 0/-2".
-        if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
+    def train_description(self, trainer: L.Trainer) -> str | None:
+        """The training bar's label, or None to keep Lightning's ("Epoch N/M")."""
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+            return None
         return f"{'Training':{len(self.validation_description)}}"
+
+    def _relabel(self, trainer: L.Trainer) -> None:
+        description = self.train_description(trainer)
+        if description is None or self.progress is None or self.train_progress_bar_id is None:
+            return
+        if self.theme.description:
+            description = f"[{self.theme.description}]{description}"
+        self.progress.update(self.train_progress_bar_id, description=description)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._relabel(trainer)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # A run resumed mid-epoch creates its bar here, not at the epoch start.
+        relabel = self.train_progress_bar_id is None
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if relabel:
+            self._relabel(trainer)
+
+
+class ParameterSummary(ModelSummary):
+    """Lightning's model summary without its FLOPs column and "Total FLOPs" line, which read 0 unless the
+    module defines an ``example_input_array`` (gptmini's does not: the model's cost is logged as
+    ``perf/flops_per_sec`` from ``flops_per_token``). Written to the run's log, not only to the console."""
+
+    def __init__(self, max_depth: int = 1) -> None:
+        super().__init__(max_depth=max_depth)
+        self.max_depth = max_depth
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.max_depth or not trainer.is_global_zero:
+            return
+        summary = summarize(pl_module, max_depth=self.max_depth)
+        columns = {
+            "Name": summary.layer_names,
+            "Type": summary.layer_types,
+            "Params": [get_human_readable_count(n) for n in summary.param_nums],
+            "Mode": ["train" if m else "eval" for m in summary.training_modes],
+        }
+        widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in columns.items()}
+        rule = "-" * (sum(widths.values()) + 3 * (len(widths) - 1))
+        rows = [" | ".join(f"{name:<{w}}" for name, w in widths.items()).rstrip(), rule]
+        for i in range(len(summary.layer_names)):
+            rows.append(" | ".join(f"{columns[name][i]:<{w}}" for name, w in widths.items()).rstrip())
+        trainable, total = summary.trainable_parameters, summary.total_parameters
+        rows += [
+            rule,
+            f"{get_human_readable_count(trainable):<10} trainable params",
+            f"{get_human_readable_count(total - trainable):<10} non-trainable params",
+            f"{summary.model_size:<10,.3f} estimated params size (MB)",
+        ]
+        log.info("model summary:\n%s", "\n".join(rows))
 
 
 def _last_checkpoint(trainer: L.Trainer) -> str | None:
@@ -287,8 +398,6 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
         super().setup(trainer, pl_module, stage)
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
-        if not hasattr(trainer, "_signal_connector"):
-            return
         self.interrupted_by = None
 
         def on_sigint(signum: int, frame: Any) -> None:
@@ -301,7 +410,7 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
                 trainer.global_step + 1,
                 self.ckpt_path,
             )
-            trainer._signal_connector.received_sigterm = True  # what Lightning's SIGTERM handler sets
+            request_graceful_stop(trainer)
 
         self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
         self._sigint_installed = True

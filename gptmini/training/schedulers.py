@@ -33,7 +33,7 @@ class WarmupCosineLR(LRScheduler):
 
     def factor(self, step: int) -> float:
         if step < self.warmup_steps:
-            return (step + 1) / (self.warmup_steps + 1)
+            return _warmup(step, self.warmup_steps)
         if step >= self.max_steps:
             return self.min_lr_ratio
         progress = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
@@ -44,15 +44,26 @@ class WarmupCosineLR(LRScheduler):
         return [base_lr * f for base_lr in self.base_lrs]
 
 
-class ConstantLR(LRScheduler):
-    """Linear warmup, then the base LR unchanged (for fine-tuning and debugging)."""
+class WarmupConstantLR(LRScheduler):
+    """Linear warmup from 0 to the base LR over ``warmup_steps`` (the same ramp as ``WarmupCosineLR``), then
+    the base LR unchanged (for fine-tuning and debugging). Stepped once per optimizer step.
 
-    def __init__(
-        self, optimizer: Optimizer, max_steps: int = 0, warmup_steps: int = 0, last_epoch: int = -1
-    ) -> None:
+    Not ``torch.optim.lr_scheduler.ConstantLR``, which scales the LR by a constant factor for a while instead."""
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"scheduler.warmup_steps={warmup_steps} must be >= 0")
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, last_epoch)
 
+    def factor(self, step: int) -> float:
+        return _warmup(step, self.warmup_steps)
+
     def get_lr(self) -> list[float]:
-        f = min(1.0, (self.last_epoch + 1) / (self.warmup_steps + 1)) if self.warmup_steps else 1.0
+        f = self.factor(self.last_epoch)
         return [base_lr * f for base_lr in self.base_lrs]
+
+
+def _warmup(step: int, warmup_steps: int) -> float:
+    """The LR factor at optimizer ``step`` (0-based) of a linear warmup: never 0, so the first step learns."""
+    return min(1.0, (step + 1) / (warmup_steps + 1))

@@ -1,11 +1,23 @@
-"""GPTLightningModule's optimizer: parameter groups and the AdamW kernel it picks per device."""
+"""GPTLightningModule (optimizer groups, the AdamW kernel per device, gradient norm, FLOPs per batch) and the
+callbacks that report on training: throughput, progress bar, model summary."""
 
+import csv
+import logging
 from functools import partial
+from types import SimpleNamespace
 
+import lightning as L
+import pytest
 import torch
 
 from gptmini.model import GPTConfig
 from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
+
+pytestmark = [
+    # the small fits below train without validation data on purpose
+    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
+    pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
+]
 
 
 def test_kernel_choice_per_device_and_config_wins():
@@ -36,19 +48,103 @@ def test_configure_optimizers_decays_matrices_only_with_the_cpu_kernel():
     assert len(ids) == len(set(ids)) == len(list(module.model.parameters()))
 
 
-def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count():
-    import lightning as L
+def _tiny_module(**kwargs) -> GPTLightningModule:
+    return GPTLightningModule(
+        model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict(),
+        optimizer=partial(torch.optim.AdamW, lr=1e-3),
+        **kwargs,
+    )
 
+
+def _loader(batches: int = 8, b: int = 2, t: int = 16) -> torch.utils.data.DataLoader:
+    x = torch.randint(0, 256, (batches * b, t + 1), generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:, :-1], x[:, 1:]), batch_size=b)
+
+
+def _fit(module: L.LightningModule, callbacks: list, tmp_path, **trainer_kwargs) -> L.Trainer:
+    kwargs = dict(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        limit_val_batches=0,
+    )
+    trainer = L.Trainer(callbacks=callbacks, **{**kwargs, **trainer_kwargs})
+    trainer.fit(module, train_dataloaders=_loader())
+    return trainer
+
+
+def test_grad_norm_is_the_global_l2_norm_of_all_gradients():
+    module = _tiny_module()
+    x = torch.randint(0, 256, (2, 16))
+    _, loss = module.model(x, x)
+    loss.backward()
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    manual = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    assert torch.nn.utils.get_total_norm(grads).item() == pytest.approx(manual.item(), rel=1e-5)
+
+    logged = {}
+    module.log = lambda name, value, **_: logged.__setitem__(
+        name, value
+    )  # what on_before_optimizer_step logs
+    module._trainer = SimpleNamespace(global_step=0, log_every_n_steps=1)
+    module.on_before_optimizer_step(None)
+    assert logged["train/grad_norm"].item() == pytest.approx(manual.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize(("max_epochs", "label"), [(-1, "Training"), (3, "Epoch 0/2")])
+def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count(tmp_path, max_epochs, label):
     from gptmini.training.callbacks import ProgressBar
 
-    def description(max_epochs: int) -> str:
-        bar = ProgressBar()
-        trainer = L.Trainer(max_epochs=max_epochs, max_steps=5, logger=False, enable_checkpointing=False)
-        bar.setup(trainer, None, stage="fit")
-        return bar._get_train_description(0).strip()
+    seen = []
 
-    assert description(-1) == "Training"  # Lightning's own would read "Epoch 0/-2"
-    assert description(3) == "Epoch 0/2"
+    class Probe(L.Callback):  # runs after the bar's own hooks (callbacks run in list order)
+        def on_train_batch_end(self, trainer, *args) -> None:
+            seen.append(bar.progress.tasks[bar.train_progress_bar_id].description.strip())
+
+    bar = ProgressBar()
+    _fit(_tiny_module(), [bar, Probe()], tmp_path, max_epochs=max_epochs, enable_progress_bar=True)
+    assert seen and set(seen) == {label}  # Lightning's own would read "Epoch 0/-2" for max_epochs=-1
+
+
+def test_throughput_logs_tokens_once_per_optimizer_step(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from gptmini.training.callbacks import TokenThroughputMonitor
+
+    monitor = TokenThroughputMonitor(window_size=2)
+    trainer = _fit(
+        _tiny_module(),
+        [monitor],
+        tmp_path,
+        max_steps=3,
+        accumulate_grad_batches=2,
+        log_every_n_steps=1,
+        logger=CSVLogger(tmp_path),
+    )
+    assert trainer.global_step == 3
+    assert monitor.global_batch_tokens == 2 * 16 * 2  # batch x length x accumulate_grad_batches
+    rows = list(csv.DictReader((tmp_path / "lightning_logs" / "version_0" / "metrics.csv").open()))
+    seen = [float(r["perf/tokens_seen"]) for r in rows if r.get("perf/tokens_seen")]
+    assert seen == [64.0, 128.0, 192.0]  # one row per optimizer step, not per micro-batch
+    # the window holds two micro-batches from the second one on; every rate is positive
+    assert monitor.last["perf/tokens_per_sec"] > 0 and monitor.last["perf/samples_per_sec"] > 0
+    assert monitor.last["perf/flops_per_sec"] > 0
+    with pytest.raises(ValueError, match="window_size"):
+        TokenThroughputMonitor(window_size=1)
+
+
+def test_parameter_summary_logs_params_without_flops(tmp_path, caplog):
+    from gptmini.training.callbacks import ParameterSummary
+
+    with caplog.at_level(logging.INFO, logger="gptmini.training.callbacks"):
+        _fit(_tiny_module(), [ParameterSummary()], tmp_path, max_steps=1)
+    (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model summary")]
+    assert "| GPT " in text and "trainable params" in text and "Mode" in text
+    assert "flops" not in text.lower()
 
 
 def test_flops_per_batch_follows_the_batch_shape():

@@ -1,0 +1,53 @@
+"""The Lightning internals gptmini still relies on, in one place.
+
+Everything else in gptmini uses Lightning's public API. What is here has no public equivalent; each function
+names the Lightning versions its behaviour was checked against, and ``tests/unit/training/test_lightning_compat.py``
+fails when a Lightning release renames or changes what is relied upon. pyproject caps ``lightning`` below the
+first untested minor release: raise the cap only once that test passes on the new release.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+
+# Lightning's rank_zero_info() writes through these loggers (one per sub-package).
+_RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+# The prefix of Lightning's advertisement lines ("💡 Tip: For seamless cloud logging ... litlogger",
+# "... cloud uploads and versioning ... litmodels"), printed by every Trainer that does not use those products.
+_TIP_PREFIX = "💡 Tip:"
+
+
+def request_graceful_stop(trainer: L.Trainer) -> None:
+    """Ask a fitting ``trainer`` to stop at the next batch boundary exactly as after SIGTERM: the training
+    loop raises ``SIGTERMException`` there, which the checkpoint-on-exception callback handles.
+
+    Lightning offers only the read-only ``Trainer.received_sigterm``; the flag behind it lives on the private
+    signal connector. Sending ourselves a real SIGTERM instead would also make Lightning forward it to launcher
+    child processes and broadcast across ranks from inside a signal handler, and would kill the process if it
+    arrived while no Lightning handler was installed.
+
+    Checked with Lightning 2.5.3, 2.5.5 and 2.6.6.
+    """
+    trainer._signal_connector.received_sigterm = True
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_TIP_PREFIX)
+
+
+_DROP_TIPS = _DropTips()
+
+
+def silence_tips() -> None:
+    """Drop Lightning's product tips from the log (Lightning has no switch for them); every other message of
+    its rank-zero loggers passes. Idempotent.
+
+    Checked with Lightning 2.5.3 and 2.5.5 (the litmodels tip) and 2.6.6 (the litmodels and litlogger tips).
+    """
+    for name in _RANK_ZERO_LOGGERS:
+        logger = logging.getLogger(name)
+        if _DROP_TIPS not in logger.filters:
+            logger.addFilter(_DROP_TIPS)

@@ -1,0 +1,149 @@
+"""The wheel a user gets from ``pip install .``: it carries the Hydra configs (conf/ -> gptmini/conf/), every
+package and the console scripts, and nothing of the repository besides (tests, benchmarks, scripts).
+
+The fast test builds the wheel and reads its file list. The slow one installs it into a fresh virtual
+environment and runs the console scripts from a folder outside the repository, where only the installed
+package can be found."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("pyproject.toml", "README.md", "gptmini", "conf")  # what the build reads
+
+
+SCRIPTS = ("gptmini-train", "gptmini-sample", "gptmini-eval", "gptmini-attention", "gptmini-prepare")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> tuple[Path, str]:
+    """The wheel, built the way ``pip install .`` builds it, and pip's output. Built from a copy of the
+    sources: an in-tree build would leave build/ and *.egg-info in the shared working tree."""
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"
+    for name in SOURCES:
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy2(path, src / name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", root / "dist", src],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (whl,) = (root / "dist").glob("gptmini-*.whl")
+    return whl, proc.stdout + proc.stderr
+
+
+def test_wheel_ships_configs_every_package_and_nothing_else(wheel):
+    whl, build_log = wheel
+    # setuptools warns (and may one day drop the files) when a config folder is not a listed package
+    assert "is absent from the `packages` configuration" not in build_log, build_log
+    names = set(zipfile.ZipFile(whl).namelist())
+
+    conf_root = REPO_ROOT / "conf"
+    conf = {
+        f"gptmini/conf/{p.relative_to(conf_root).as_posix()}" for p in conf_root.rglob("*") if p.is_file()
+    }
+    assert conf and conf <= names, sorted(conf - names)
+    for group in ("model", "experiment", "trainer", "debug"):  # subfolders, not just the top level
+        assert any(n.startswith(f"gptmini/conf/{group}/") for n in names), group
+    code = {
+        p.relative_to(REPO_ROOT).as_posix()
+        for p in (REPO_ROOT / "gptmini").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert code <= names, sorted(code - names)  # a package missing from pyproject's list would be absent
+
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"gptmini", f"{whl.name.split('-')[0]}-{whl.name.split('-')[1]}.dist-info"}, tops
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "scripts/")) or "/tests/" in n]
+
+
+def test_wheel_declares_the_console_scripts_and_their_targets_exist(wheel):
+    whl, _ = wheel
+    zf = zipfile.ZipFile(whl)
+    (entry_points,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    lines = zf.read(entry_points).decode().splitlines()
+    section = lines[lines.index("[console_scripts]") + 1 :]
+    scripts = dict(line.split(" = ") for line in section if " = " in line)
+    assert set(scripts) == set(SCRIPTS), scripts
+    names = set(zf.namelist())
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        path = f"{module.replace('.', '/')}.py"
+        assert path in names, (name, target)
+        assert f"\ndef {func}(" in zf.read(path).decode(), (name, target)  # the function the script calls
+
+
+@pytest.mark.slow
+def test_installed_wheel_trains_and_samples_outside_the_repository(wheel, tmp_path):
+    whl, _ = wheel
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # The dependencies (torch, Lightning, ...) come from this interpreter's site-packages, appended after the
+    # new environment's own: no download. pip itself is found there too.
+    dev = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    Path(purelib, "_gptmini_test_deps.pth").write_text("\n".join(sorted(dev)) + "\n")
+    # --ignore-installed: this interpreter's own (editable) gptmini is visible and must be neither reused
+    # nor uninstalled.
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", "--ignore-installed", "--no-index", whl],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+
+    work = tmp_path / "work"  # not the repository: only the installed package can be imported here
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def run(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(a) for a in argv], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    where = run(
+        python, "-c", "import gptmini, gptmini.conf_dir as c; print(gptmini.__file__); print(c.conf_dir())"
+    )
+    assert where.returncode == 0, where.stderr[-3000:]
+    module_file, conf = where.stdout.split()
+    assert Path(module_file).is_relative_to(venv) and Path(conf) == Path(module_file).parent / "conf", (
+        where.stdout
+    )
+
+    bin_dir = venv / "bin"
+    train = run(bin_dir / "gptmini-train", "debug=smoke", f"paths.output_root={tmp_path / 'out'}")
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    (run_dir,) = (tmp_path / "out" / "smoke").iterdir()
+    assert (run_dir / "train.log").is_file() and "done: 6 steps" in (run_dir / "train.log").read_text()
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+
+    for script in ("gptmini-sample", "gptmini-eval", "gptmini-attention", "gptmini-prepare"):
+        help_ = run(bin_dir / script, "--help")
+        assert help_.returncode == 0 and "usage:" in help_.stdout, (script, help_.stderr[-2000:])
+    sample = run(bin_dir / "gptmini-sample", "--ckpt", ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "4")
+    assert sample.returncode == 0 and "ROMEO:" in sample.stdout, sample.stderr[-3000:]

@@ -1,0 +1,118 @@
+"""The Lightning internals in gptmini/training/lightning_compat.py, checked on a real Trainer of the installed
+Lightning. A failure here means a Lightning release renamed or changed something gptmini relies on: fix
+lightning_compat.py before raising the ``lightning`` cap in pyproject.toml."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from packaging.version import Version
+
+from gptmini.training import lightning_compat
+
+pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
+
+LIGHTNING = Version(L.__version__)
+
+
+def _trainer(tmp_path, **kwargs) -> L.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        max_steps=5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+def test_the_declared_lightning_range_covers_the_installed_version():
+    # pyproject: lightning>=2.5.3,<2.7. A newer Lightning must pass this file before the cap moves.
+    assert Version("2.5.3") <= LIGHTNING < Version("2.7"), L.__version__
+
+
+def test_the_signal_connector_flag_backs_the_public_received_sigterm(tmp_path):
+    trainer = _trainer(tmp_path)
+    assert hasattr(trainer, "_signal_connector"), "Lightning moved the signal connector"
+    assert hasattr(trainer._signal_connector, "received_sigterm"), "Lightning renamed received_sigterm"
+    assert trainer.received_sigterm is False
+    lightning_compat.request_graceful_stop(trainer)
+    assert trainer.received_sigterm is True
+
+
+def test_request_graceful_stop_ends_fit_at_the_next_batch_boundary_with_sigterm_exception(tmp_path):
+    seen: dict[str, object] = {}
+
+    class StopAtSecondStep(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step == 2:
+                lightning_compat.request_graceful_stop(trainer)
+
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            seen["exception"], seen["step"] = exception, trainer.global_step
+
+    trainer = _trainer(tmp_path, callbacks=[StopAtSecondStep()])
+    # Lightning registers its own handlers (and restores them) while fitting, as in a real run.
+    with pytest.raises(SIGTERMException):
+        trainer.fit(BoringModel())
+    # the step that asked finished (weights stepped), nothing after it ran, and callbacks saw the exception
+    assert isinstance(seen["exception"], SIGTERMException) and seen["step"] == 2
+    assert trainer.global_step == 2 and trainer.interrupted
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def lightning_records(monkeypatch):
+    """Every record Lightning logs (as the app routes them: propagated to the root), captured at the root."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
+    for name in lightning_compat._RANK_ZERO_LOGGERS:
+        # start without the filter (another test may have installed it); restored afterwards
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    capture = _Capture()
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "level", logging.INFO)
+    root.addHandler(capture)
+    yield capture.records
+    root.removeHandler(capture)
+
+
+def _fit_once(tmp_path) -> None:
+    # enable_checkpointing without a ModelCheckpoint: the Trainer adds one, and advertises litmodels
+    trainer = _trainer(tmp_path, max_steps=1, enable_checkpointing=True)
+    trainer.fit(BoringModel())
+
+
+def test_tips_come_from_the_rank_zero_loggers_and_silence_tips_drops_only_them(tmp_path, lightning_records):
+    torch.manual_seed(0)
+    _fit_once(tmp_path / "a")
+    tips = [r for r in lightning_records if r.getMessage().startswith(lightning_compat._TIP_PREFIX)]
+    assert {r.name for r in tips} <= set(lightning_compat._RANK_ZERO_LOGGERS), [r.name for r in tips]
+    # Not vacuous (every supported release prints one); if a release drops them, silence_tips can go too.
+    assert tips, "no Lightning tip seen: has Lightning stopped printing them?"
+    other = {r.getMessage() for r in lightning_records} - {r.getMessage() for r in tips}
+
+    lightning_records.clear()
+    lightning_compat.silence_tips()
+    lightning_compat.silence_tips()  # idempotent
+    _fit_once(tmp_path / "b")
+    messages = [r.getMessage() for r in lightning_records]
+    assert not [m for m in messages if "Tip:" in m]
+    assert other and other <= set(messages)  # everything else Lightning says still gets through
