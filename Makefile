@@ -53,12 +53,12 @@ bench: $(STAMP) ## Benchmarks: attention, training, generation, data (tables in 
 	$(PY) scripts/bench.py $(ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check
-	$(VENV)/bin/ruff check gptmini scripts tests
-	$(VENV)/bin/ruff format --check gptmini scripts tests
+	$(VENV)/bin/ruff check gptmini benchmarks scripts tests
+	$(VENV)/bin/ruff format --check gptmini benchmarks scripts tests
 
 format: $(STAMP) ## Apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix gptmini scripts tests
-	$(VENV)/bin/ruff format gptmini scripts tests
+	$(VENV)/bin/ruff check --fix gptmini benchmarks scripts tests
+	$(VENV)/bin/ruff format gptmini benchmarks scripts tests
 
 clean: ## Remove outputs, prepared data, results and caches (keeps .venv)
 	rm -rf outputs results .pytest_cache .ruff_cache

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gptmini import bench
+from benchmarks import attention, cli, common, summary, training
 from gptmini.attention import available_attention
 
 
@@ -27,15 +27,15 @@ def _positive(value: str) -> bool:
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    opts = bench.BenchOptions(device="cpu", quick=True, compile=False, out=out)
-    results = bench.run(opts)
+    opts = common.BenchOptions(device="cpu", quick=True, compile=False, out=out)
+    results = cli.run(opts)
     return out, results
 
 
 def test_quick_run_writes_every_file(quick_results):
     out, results = quick_results
-    assert set(results) == {*bench.SECTIONS, "attention_key"}
-    for name in (*bench.SECTIONS, "attention_key"):
+    assert set(results) == {*common.SECTIONS, "attention_key"}
+    for name in (*common.SECTIONS, "attention_key"):
         assert (out / f"{name}.md").is_file()
         assert (out / f"{name}.csv").is_file()
         assert (out / f"{name}.md").read_text().startswith("## ")
@@ -49,9 +49,9 @@ def test_quick_run_writes_every_file(quick_results):
 def test_attention_csv_one_row_per_impl_and_length(quick_results):
     out, _ = quick_results
     columns, rows = _read_csv(out / "attention.csv")
-    assert columns == bench.ATTENTION_COLUMNS
-    impls = {bench.BARE, bench.CH3, *available_attention()}
-    seq_lens = bench.attention_setup(bench.BenchOptions(quick=True)).seq_lens
+    assert columns == summary.ATTENTION_COLUMNS
+    impls = {attention.BARE, attention.CH3, *available_attention()}
+    seq_lens = attention.attention_setup(common.BenchOptions(quick=True)).seq_lens
     assert len(rows) == len(impls) * len(seq_lens)
     for T in seq_lens:
         assert sorted(r["impl"] for r in rows if int(r["seq_len"]) == T) == sorted(impls)
@@ -65,13 +65,13 @@ def test_attention_csv_one_row_per_impl_and_length(quick_results):
 def test_attention_key_csv(quick_results):
     out, results = quick_results
     columns, rows = _read_csv(out / "attention_key.csv")
-    assert columns == bench.ATTENTION_KEY_COLUMNS
+    assert columns == summary.ATTENTION_KEY_COLUMNS
     # this process (glibc's default here: the test does not retain memory) first, then a child process that
     # keeps freed memory, each with the three implementations of the key ratios
-    assert [r["allocator"] for r in rows] == [bench.ALLOC_DEFAULT] * 3 + [bench.ALLOC_RETAINED] * 3
-    for alloc in (bench.ALLOC_DEFAULT, bench.ALLOC_RETAINED):
+    assert [r["allocator"] for r in rows] == [common.ALLOC_DEFAULT] * 3 + [common.ALLOC_RETAINED] * 3
+    for alloc in (common.ALLOC_DEFAULT, common.ALLOC_RETAINED):
         group = [r for r in rows if r["allocator"] == alloc]
-        assert [r["impl"] for r in group] == list(bench.KEY_IMPLS)
+        assert [r["impl"] for r in group] == list(attention.KEY_IMPLS)
         for r in group:
             assert _positive(r["fwd_bwd_ms"]) and _positive(r["fwd_bwd_min_ms"]) and _positive(r["vs_sdpa"])
             assert _positive(r["vs_sdpa_min"])
@@ -83,18 +83,18 @@ def test_attention_key_csv(quick_results):
 def test_train_csv(quick_results):
     out, _ = quick_results
     columns, rows = _read_csv(out / "train.csv")
-    assert columns == bench.TRAIN_COLUMNS
+    assert columns == summary.TRAIN_COLUMNS
     assert [r["path"] for r in rows] == ["bare", "lightning"]
     for r in rows:
         assert _positive(r["tokens_per_s"]) and _positive(r["step_ms"])
-        assert int(r["steps"]) == bench.train_setup(bench.BenchOptions(quick=True)).steps
+        assert int(r["steps"]) == training.train_setup(common.BenchOptions(quick=True)).steps
     assert _positive(rows[1]["vs_bare"])
 
 
 def test_generate_csv(quick_results):
     out, _ = quick_results
     columns, rows = _read_csv(out / "generate.csv")
-    assert columns == bench.GENERATE_COLUMNS
+    assert columns == summary.GENERATE_COLUMNS
     assert sorted(r["kv_cache"] for r in rows) == ["False", "True"]
     for r in rows:
         assert _positive(r["seconds"]) and _positive(r["tokens_per_s"]) and _positive(r["speedup"])
@@ -104,7 +104,7 @@ def test_generate_csv(quick_results):
 def test_data_csv(quick_results):
     out, _ = quick_results
     columns, rows = _read_csv(out / "data.csv")
-    assert columns == bench.DATA_COLUMNS
+    assert columns == summary.DATA_COLUMNS
     assert len(rows) == 3
     assert _positive(rows[0]["value"]) and _positive(rows[1]["value"])
     share = float(rows[2]["value"])
@@ -118,7 +118,7 @@ def test_summary_lists_key_ratios_unjudged_in_quick_mode(quick_results):
     assert columns == ["measure", "value", "target", "status", "detail"]
     assert {r["status"] for r in rows} == {"n/a"}
     measures = [r["measure"] for r in rows]
-    for alloc in (bench.ALLOC_DEFAULT, bench.ALLOC_RETAINED):
+    for alloc in (common.ALLOC_DEFAULT, common.ALLOC_RETAINED):
         assert any(m.startswith("attention: ch3 MHA / sdpa, fwd+bwd") and alloc in m for m in measures)
         assert any(m.startswith("attention: sdpa / bare SDPA, fwd+bwd") and alloc in m for m in measures)
     for r in rows:
@@ -126,7 +126,7 @@ def test_summary_lists_key_ratios_unjudged_in_quick_mode(quick_results):
 
 
 def test_markdown_table_and_atomic_write(tmp_path):
-    md = bench.write_table(
+    md = common.write_table(
         tmp_path, "t", "T", [{"a": 1.5, "b": None}, {"a": float("nan"), "b": "x|y"}], ["a", "b"], ["note"]
     )
     assert "| 1.50 | — |" in md and "x\\|y" in md and "- note" in md
@@ -137,7 +137,7 @@ def test_markdown_table_and_atomic_write(tmp_path):
 
 def test_cli_rejects_unknown_section():
     with pytest.raises(SystemExit):
-        bench.parse_args(["--only", "attention,bogus"])
+        cli.parse_args(["--only", "attention,bogus"])
 
 
 def test_key_ratio_is_judged_under_glibc_default_and_the_retained_one_reported_beside_it():
@@ -145,14 +145,14 @@ def test_key_ratio_is_judged_under_glibc_default_and_the_retained_one_reported_b
         return {"impl": impl, "allocator": alloc, "seq_len": 1024, "fwd_bwd_ms": ms, "fwd_bwd_min_ms": ms}
 
     key = [
-        row(bench.BARE, bench.ALLOC_DEFAULT, 1000.0),
-        row("sdpa", bench.ALLOC_DEFAULT, 1020.0),
-        row(bench.CH3, bench.ALLOC_DEFAULT, 2652.0),  # 2.6x
-        row(bench.BARE, bench.ALLOC_RETAINED, 1000.0),
-        row("sdpa", bench.ALLOC_RETAINED, 1100.0),  # 1.10x the bare module: over the 5% budget
-        row(bench.CH3, bench.ALLOC_RETAINED, 1540.0),  # 1.4x
+        row(attention.BARE, common.ALLOC_DEFAULT, 1000.0),
+        row("sdpa", common.ALLOC_DEFAULT, 1020.0),
+        row(attention.CH3, common.ALLOC_DEFAULT, 2652.0),  # 2.6x
+        row(attention.BARE, common.ALLOC_RETAINED, 1000.0),
+        row("sdpa", common.ALLOC_RETAINED, 1100.0),  # 1.10x the bare module: over the 5% budget
+        row(attention.CH3, common.ALLOC_RETAINED, 1540.0),  # 1.4x
     ]
-    by = {r["measure"]: r for r in bench.key_results({"attention_key": key})}
+    by = {r["measure"]: r for r in summary.key_results({"attention_key": key})}
     judged = by["attention: ch3 MHA / sdpa, fwd+bwd, T=1024, glibc default allocator"]
     assert judged["status"] == "PASS" and judged["value"] == pytest.approx(2.6)
     info = by["attention: ch3 MHA / sdpa, fwd+bwd, T=1024, retained allocator"]

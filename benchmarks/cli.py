@@ -1,0 +1,177 @@
+"""``python -m benchmarks`` / ``scripts/bench.py``: run the sections and write every table."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.attention import (
+    attention_key_other_allocator,
+    bench_attention,
+    bench_attention_key,
+    plot_attention,
+)
+from benchmarks.common import (
+    ALLOC_DEFAULT,
+    ALLOC_RETAINED,
+    SECTIONS,
+    BenchOptions,
+    loadavg,
+    log,
+    machine_info,
+    write_table,
+)
+from benchmarks.data import bench_data
+from benchmarks.generation import bench_generate
+from benchmarks.summary import (
+    ATTENTION_COLUMNS,
+    ATTENTION_KEY_COLUMNS,
+    DATA_COLUMNS,
+    GENERATE_COLUMNS,
+    TRAIN_COLUMNS,
+    write_summary,
+)
+from benchmarks.training import bench_train
+
+
+def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[dict[str, Any]]]:
+    """Run the chosen sections, writing every table as soon as it is done; returns the rows."""
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown section(s) {unknown}; valid: {', '.join(SECTIONS)}")
+    if opts.on_gpu and not torch.cuda.is_available():
+        raise ValueError("--device cuda but no CUDA GPU is available: use --device cpu")
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine_info(opts.device)
+    extra = {
+        "mode": "quick" if opts.quick else "full",
+        "compile": "on" if opts.compile else "off",
+        "freed memory retained (glibc mallopt)": "yes" if opts.retain_memory else "no",
+        "load average at start (1/5/15 min)": loadavg(),
+    }
+    results: dict[str, list[dict[str, Any]]] = {}
+    seconds: dict[str, float] = {}
+    t_all = time.perf_counter()
+    for section in SECTIONS:
+        if section not in only:
+            continue
+        t0 = time.perf_counter()
+        log.info("--- %s (load average %s)", section, loadavg())
+        if section == "attention":
+            rows, notes = bench_attention(opts)
+            md = write_table(out, "attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
+            plot_attention(rows, out / "attention.png")
+            print(md, flush=True)
+            key_rows, key_notes = bench_attention_key(opts)
+            key_rows += attention_key_other_allocator(opts)
+            key_rows.sort(key=lambda r: r["allocator"] != ALLOC_DEFAULT)  # glibc's default first
+            if len({r["allocator"] for r in key_rows}) > 1:
+                key_notes.append(
+                    f"allocator: '{ALLOC_DEFAULT}' is glibc's malloc as it comes (every block over 32 MiB is a "
+                    f"fresh mmap, faulted in page by page on each call); '{ALLOC_RETAINED}' keeps freed memory "
+                    "in the process (gptmini.training.allocator, what training uses). The two were measured in separate "
+                    "processes. The (T, T) score matrices of chapter 3's MHA (8 x 12 x 1024 x 1024 floats, "
+                    "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
+                    "call under the default; retained, it runs at the speed of its arithmetic"
+                )
+            results["attention_key"] = key_rows
+            md = write_table(
+                out,
+                "attention_key",
+                "Attention head-to-head (interleaved)",
+                key_rows,
+                ATTENTION_KEY_COLUMNS,
+                key_notes,
+            )
+        elif section == "train":
+            rows, notes = bench_train(opts)
+            md = write_table(out, "train", "Training throughput", rows, TRAIN_COLUMNS, notes)
+        elif section == "generate":
+            rows, notes = bench_generate(opts)
+            md = write_table(out, "generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
+        else:
+            with tempfile.TemporaryDirectory(prefix="gptmini-bench-data-") as tmp:
+                rows, notes = bench_data(opts, Path(tmp))
+            md = write_table(out, "data", "Data preparation and loading", rows, DATA_COLUMNS, notes)
+        results[section] = rows
+        seconds[section] = time.perf_counter() - t0
+        print(md, flush=True)
+    extra["load average at end (1/5/15 min)"] = loadavg()
+    extra["wall time"] = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + (
+        f"; total {time.perf_counter() - t_all:.0f} s"
+    )
+    print(write_summary(out, results, info, extra), flush=True)
+    return results
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[str]]:
+    p = argparse.ArgumentParser(
+        prog="bench",
+        description="gptmini benchmarks: attention, training, generation, data (tables in results/)",
+    )
+    p.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
+    )
+    p.add_argument("--quick", action="store_true", help="tiny shapes and 1-2 repeats (smoke test)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure torch.compile variants (on CPU: sdpa and ch3 MHA at the largest T, and the training "
+        "model); --no-compile skips them",
+    )
+    p.add_argument(
+        "--retain-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep freed memory in the process as training does (retain_freed_memory=true); "
+        "--no-retain-memory measures glibc's default behaviour",
+    )
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    only = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad = sorted(set(only) - set(SECTIONS))
+    if bad:
+        p.error(f"--only: unknown section(s) {', '.join(bad)}; valid: {', '.join(SECTIONS)}")
+    logging.basicConfig(
+        level=logging.DEBUG if a.verbose else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    return BenchOptions(
+        device=device,
+        quick=a.quick,
+        compile=a.compile and not a.quick,
+        out=a.out,
+        seed=a.seed,
+        retain_memory=a.retain_memory,
+    ), only
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts, only = parse_args(argv)
+    if opts.retain_memory:
+        from gptmini.training.allocator import retain_freed_memory
+
+        opts.retain_memory = retain_freed_memory()  # False where it is not glibc
+    import lightning.pytorch  # noqa: F401  (its loggers exist once imported)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    run(opts, only)
+    log.info("bench done in %.0f s; results in %s", time.perf_counter() - t0, opts.out)
+    return 0

@@ -1,0 +1,205 @@
+"""Shared by the benchmarks: options, timing, the machine's description, Markdown/CSV tables."""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptmini.fileio import atomic_write_text
+
+log = logging.getLogger("benchmarks")
+
+
+SECTIONS = ("attention", "train", "generate", "data")
+
+
+# Published A100 numbers of the reference material (book chapter 3 bonus: B=8, T=1024, 12 heads, 768 wide).
+A100_REFERENCE_MS = {
+    "sdpa (flash)": {"fwd": 1.15, "fwd_bwd": 3.85},
+    "ch3 MultiHeadAttention": {"fwd": 3.15, "fwd_bwd": 9.0},
+}
+
+
+TARGETS = {
+    "attn_sdpa_vs_ch3": 2.5,  # sdpa at least 2.5x faster than chapter-3 MHA, fwd+bwd at T=1024
+    "attn_sdpa_vs_bare": 1.05,  # sdpa within 5% of bare SDPA
+    "train_tokens_per_s": 14_000.0,
+    "train_lightning_overhead": 1.05,  # Lightning step time within 5% of the bare loop
+    "gen_cache_speedup": 5.0,
+    "data_prepare_s": 3.0,
+    "data_reprepare_s": 0.5,
+    "data_wait_share": 0.02,
+}
+
+
+# host allocator of a benchmark process (gptmini.training.allocator)
+ALLOC_DEFAULT = "glibc default"
+
+
+ALLOC_RETAINED = "retained"
+
+
+@dataclass
+class BenchOptions:
+    device: str = "cpu"
+    quick: bool = False
+    compile: bool = True
+    out: Path = Path("results")
+    # whether this process keeps freed memory for reuse (gptmini.training.allocator), as training does by default;
+    # main() turns it on unless --no-retain-memory
+    retain_memory: bool = False
+    seed: int = 1337
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def allocator(self) -> str:
+        return ALLOC_RETAINED if self.retain_memory else ALLOC_DEFAULT
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_time(fn: Callable[[], Any], repeats: int, device: str) -> tuple[float, list[float]]:
+    """Median wall time of ``repeats`` calls of ``fn`` (already warmed up), in seconds."""
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def loadavg() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+@contextmanager
+def num_threads(n: int | None):
+    old = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+@contextmanager
+def quiet_stderr():
+    """Silence file descriptor 2: the profiler's C++ side prints a line per start/stop there."""
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        if value == 0:
+            return "0"
+        a = abs(value)
+        if a >= 1000:
+            return f"{value:,.0f}"
+        if a >= 100:
+            return f"{value:.1f}"
+        if a >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(row.get(c)).replace("|", "\\|") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_table(
+    out_dir: Path,
+    name: str,
+    title: str,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    notes: Iterable[str] = (),
+) -> str:
+    """Write ``<name>.md`` and ``<name>.csv`` (atomically); return the Markdown."""
+    md = f"## {title}\n\n{markdown_table(rows, columns)}\n"
+    notes = list(notes)
+    if notes:
+        md += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in columns})
+    atomic_write_text(out_dir / f"{name}.md", md)
+    atomic_write_text(out_dir / f"{name}.csv", buf.getvalue())
+    return md
+
+
+def machine_info(device: str) -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import lightning
+
+    info = {
+        "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "torch threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else "none",
+    }
+    return info
