@@ -134,5 +134,15 @@ def set_linears(q: nn.Linear, k: nn.Linear, v: nn.Linear, out: nn.Linear, weight
     for lin, (w, b), name in zip((q, k, v), weights.q_k_v(), "qkv", strict=True):
         copy_param(lin.weight, w, f"W_{name}")
         copy_param(lin.bias, b, f"b_{name}")
+    set_out_proj(out, weights)
+
+
+def set_out_proj(out: nn.Linear, weights: AttentionWeights) -> None:
     copy_param(out.weight, weights.out_weight, "out_proj.weight")
     copy_param(out.bias, weights.out_bias, "out_proj.bias")
+
+
+def set_fused_qkv(weight: Tensor, bias: Tensor | None, weights: AttentionWeights) -> None:
+    """Into a fused (3C, C) projection stacked [q; k; v] like the canonical layout."""
+    copy_param(weight, weights.qkv_weight, "qkv weight")
+    copy_param(bias, weights.qkv_bias, "qkv bias")

@@ -9,7 +9,14 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from gptmini.attention.base import AttentionWeights, LMAttention, check_heads, check_length, copy_param
+from gptmini.attention.base import (
+    AttentionWeights,
+    LMAttention,
+    check_heads,
+    check_length,
+    copy_param,
+    set_out_proj,
+)
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
 
@@ -96,5 +103,4 @@ class EinsumMultiHeadAttention(LMAttention):
                 P, w.T.reshape(-1, h, k).permute(1, 0, 2), f"W_{name}"
             )  # (C_in, C_out) -> (h, C_in, d_k)
             copy_param(bP, None if b is None else b.view(h, k), f"b_{name}")
-        copy_param(self.out_proj.weight, weights.out_weight, "out_proj.weight")
-        copy_param(self.out_proj.bias, weights.out_bias, "out_proj.bias")
+        set_out_proj(self.out_proj, weights)

@@ -14,7 +14,8 @@ from gptmini.attention.base import (
     causal_probs,
     check_heads,
     check_length,
-    copy_param,
+    set_fused_qkv,
+    set_out_proj,
 )
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -81,7 +82,5 @@ class CausalSelfAttention(LMAttention):
         return AttentionWeights(self.qkv.weight, self.qkv.bias, self.out_proj.weight, self.out_proj.bias)
 
     def set_weights(self, weights: AttentionWeights) -> None:
-        copy_param(self.qkv.weight, weights.qkv_weight, "qkv.weight")
-        copy_param(self.qkv.bias, weights.qkv_bias, "qkv.bias")
-        copy_param(self.out_proj.weight, weights.out_weight, "out_proj.weight")
-        copy_param(self.out_proj.bias, weights.out_bias, "out_proj.bias")
+        set_fused_qkv(self.qkv.weight, self.qkv.bias, weights)
+        set_out_proj(self.out_proj, weights)

@@ -18,6 +18,7 @@ from gptmini.attention.base import (
     copy_param,
     linears_weights,
     set_linears,
+    set_out_proj,
 )
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -252,8 +253,7 @@ class MultiHeadAttentionWrapperAdapter(MultiHeadAttentionWrapper, LMAttention):
                 lin = getattr(head, attr)
                 copy_param(lin.weight, w_heads[h], f"heads[{h}].{attr}.weight")
                 copy_param(lin.bias, b_heads[h], f"heads[{h}].{attr}.bias")
-        copy_param(self.out_proj.weight, weights.out_weight, "out_proj.weight")
-        copy_param(self.out_proj.bias, weights.out_bias, "out_proj.bias")
+        set_out_proj(self.out_proj, weights)
 
 
 @register_attention("mha")

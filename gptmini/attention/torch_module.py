@@ -13,7 +13,8 @@ from gptmini.attention.base import (
     causal_probs,
     check_heads,
     check_length,
-    copy_param,
+    set_fused_qkv,
+    set_out_proj,
 )
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -64,7 +65,5 @@ class TorchMultiheadAttention(LMAttention):
 
     def set_weights(self, weights: AttentionWeights) -> None:
         mha = self.mha
-        copy_param(mha.in_proj_weight, weights.qkv_weight, "in_proj_weight")
-        copy_param(mha.in_proj_bias, weights.qkv_bias, "in_proj_bias")
-        copy_param(mha.out_proj.weight, weights.out_weight, "out_proj.weight")
-        copy_param(mha.out_proj.bias, weights.out_bias, "out_proj.bias")
+        set_fused_qkv(mha.in_proj_weight, mha.in_proj_bias, weights)
+        set_out_proj(mha.out_proj, weights)
