@@ -63,10 +63,12 @@ def _cpu_peak_bytes(fn: Callable[[], Any]) -> float:
     """Peak of (bytes allocated - bytes freed) by tensors during ``fn``, from the profiler's memory events.
 
     Counts what ``fn`` allocates on top of what already exists (parameters and the input are not counted;
-    activations, gradients and temporaries are). Each event's own allocations minus frees (its
-    ``self_cpu_memory_usage``, children excluded) are summed in time order; a temporary allocated and freed
-    inside one operator is not seen, so this is a lower bound at operator granularity. NaN if nothing was
-    recorded."""
+    activations, gradients and temporaries are). The public profiler reports memory per operator, not per
+    allocation: each event's allocations minus frees (its ``self_cpu_memory_usage``, children excluded, so
+    nothing is counted twice) are summed in the order the events start. A temporary allocated and freed inside
+    one operator is therefore not seen, and an operator's net change is placed at its start: an estimate at
+    operator granularity, which is what tells the implementations apart (those that keep (T, T) matrices for
+    backward against those that do not). NaN if nothing was recorded."""
     from torch.profiler import ProfilerActivity, profile
 
     with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -164,9 +166,10 @@ def bench_attention(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]
         (
             "peak_mem_mib: torch.cuda.max_memory_allocated during one fwd+bwd minus what was allocated before"
             if opts.on_gpu
-            else "peak_mem_mib: peak of bytes allocated minus freed by tensors during one fwd+bwd, summed from "
-            "torch.profiler(profile_memory=True) allocation events (the warmup run); parameters and the input "
-            "are not counted, activations, gradients and temporaries are"
+            else "peak_mem_mib: peak of bytes allocated minus freed by tensors during one fwd+bwd, summed in "
+            "time order from each operator's net allocation under torch.profiler(profile_memory=True) (the "
+            "warmup run); parameters and the input are not counted, activations, gradients and temporaries "
+            "that outlive an operator are"
         ),
         f"{BARE}: fused QKV Linear + F.scaled_dot_product_attention(is_causal=True) + out Linear, written in the "
         f"benchmark as the oracle; {CH3}: chapter 3's MultiHeadAttention class itself; the others are the "

@@ -12,7 +12,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +100,8 @@ def loadavg() -> str:
 
 
 @contextmanager
-def num_threads(n: int | None):
+def num_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch threads (unchanged if None), restoring the previous count after."""
     old = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)
@@ -111,7 +112,7 @@ def num_threads(n: int | None):
 
 
 @contextmanager
-def quiet_stderr():
+def quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2: the profiler's C++ side prints a line per start/stop there."""
 
     sys.stderr.flush()

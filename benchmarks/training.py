@@ -52,7 +52,8 @@ def _batches(s: TrainSetup, n: int, device: str, seed: int) -> list[tuple[torch.
     return out
 
 
-def autocast(device: str):
+def autocast(device: str) -> torch.autocast:
+    """bf16 autocast on a GPU, as training runs there; a disabled context on CPU, where training is fp32."""
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
