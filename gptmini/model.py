@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptmini.attention import KVCache, available_attention, build_attention
+from gptmini.attention import KVCache, attention_class, available_attention, build_attention
 
 
 class ConfigError(ValueError):
@@ -35,8 +35,12 @@ class GPTConfig:
     # Embedding/LM-head rows are padded up to a multiple of this: matmuls with a width divisible by 64 run
     # faster on GPUs. Padded logits are set to -inf, so they are never sampled and add nothing to the loss.
     pad_vocab_multiple: int = 64
+    # Grouped-query attention: key/value heads shared by n_head / n_kv_head query heads each (1: multi-query;
+    # None: n_head, plain multi-head). The KV cache stores only these heads.
+    n_kv_head: int | None = None
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
+    kv_heads: int = field(init=False)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
@@ -54,6 +58,24 @@ class GPTConfig:
             raise ConfigError(
                 f"model.attention={self.attention!r} is not a causal attention implementation; "
                 f"valid names: {', '.join(available_attention())}"
+            )
+        self.kv_heads = self.n_head if self.n_kv_head is None else self.n_kv_head
+        if isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int) or self.kv_heads <= 0:
+            raise ConfigError(
+                f"model.n_kv_head={self.n_kv_head!r} is invalid: a positive integer or null (n_head)"
+            )
+        if self.n_head % self.kv_heads != 0:
+            raise ConfigError(
+                f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: choose among "
+                f"{', '.join(str(d) for d in _divisors(self.n_head))} (1: multi-query; null: n_head)"
+            )
+        unsupported = set(self.attention_options()) - attention_class(self.attention).options
+        if unsupported:
+            option = sorted(unsupported)[0]
+            able = [n for n in available_attention() if option in attention_class(n).options]
+            raise ConfigError(
+                f"model.{option}={getattr(self, option)!r} is not supported by model.attention={self.attention!r}: "
+                f"use model.attention={' or '.join(able) or '(none yet)'}, or leave model.{option} at its default"
             )
         self.head_size = self.n_embd // self.n_head
         m = self.pad_vocab_multiple
@@ -78,6 +100,11 @@ class GPTConfig:
                 f"model preset {name!r} takes vocab_size from the tokenizer (vocab_size: null): pass vocab_size=..."
             )
         return cls.from_dict(values)
+
+    def attention_options(self) -> dict[str, Any]:
+        """The attention options that differ from plain causal multi-head attention, as keyword arguments
+        for the attention class (each class declares in ``options`` which ones it honours)."""
+        return {"n_kv_head": self.kv_heads} if self.kv_heads != self.n_head else {}
 
     def to_dict(self) -> dict:
         # Only the constructor fields: derived ones are recomputed on load.
@@ -122,7 +149,13 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = build_attention(
-            config.attention, config.n_embd, config.n_head, config.block_size, config.dropout, config.bias
+            config.attention,
+            config.n_embd,
+            config.n_head,
+            config.block_size,
+            config.dropout,
+            config.bias,
+            **config.attention_options(),
         )
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
@@ -238,8 +271,8 @@ class GPT(nn.Module):
         p = next(self.parameters())
         c = self.config
         return [
-            KVCache(
-                batch_size, c.n_head, max_len or c.block_size, c.head_size, device=p.device, dtype=p.dtype
+            KVCache(  # grouped-query attention caches only its key/value heads
+                batch_size, c.kv_heads, max_len or c.block_size, c.head_size, device=p.device, dtype=p.dtype
             )
             for _ in range(c.n_layer)
         ]

@@ -28,16 +28,20 @@ class AttentionWeights:
     module built with ``bias=False``. ``extra`` holds parameters only one mechanism has (e.g. additive
     attention's scoring vectors), by parameter name."""
 
-    qkv_weight: Tensor  # (3 * C, C): rows [W_q; W_k; W_v]
-    qkv_bias: Tensor | None  # (3 * C,)
+    qkv_weight: (
+        Tensor  # (C + 2 * C_kv, C): rows [W_q; W_k; W_v]; C_kv = C unless keys/values have fewer heads
+    )
+    qkv_bias: Tensor | None  # (C + 2 * C_kv,)
     out_weight: Tensor  # (C, C)
     out_bias: Tensor | None  # (C,)
     extra: dict[str, Tensor] = field(default_factory=dict)
 
     def q_k_v(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
-        """((W_q, b_q), (W_k, b_k), (W_v, b_v)), each W (C, C) and b (C,) or None."""
-        weights = self.qkv_weight.chunk(3)
-        biases = (None,) * 3 if self.qkv_bias is None else self.qkv_bias.chunk(3)
+        """((W_q, b_q), (W_k, b_k), (W_v, b_v)): W_q (C, C), W_k and W_v (C_kv, C), biases likewise or None."""
+        c = self.out_weight.shape[1]
+        sizes = (c, *(((self.qkv_weight.shape[0] - c) // 2,) * 2))
+        weights = self.qkv_weight.split(sizes)
+        biases = (None,) * 3 if self.qkv_bias is None else self.qkv_bias.split(sizes)
         return tuple(zip(weights, biases, strict=True))
 
 
@@ -69,6 +73,9 @@ class LMAttention(nn.Module):
         False  # its weights are exactly GPT-2's (AttentionWeights without extra)
     )
     scoring: ClassVar[str] = "dot_product"  # the score function; names the NumPy oracle that computes it
+    # the GPTConfig attention options it honours, passed to its constructor by keyword (see
+    # GPTConfig.attention_options); any other option set in a config is refused at config time
+    options: ClassVar[frozenset[str]] = frozenset()
 
     out_proj: nn.Linear
 

@@ -59,10 +59,23 @@ def attention_class(name: str) -> Any:
 
 
 def build_attention(
-    name: str, d_model: int, n_head: int, context_length: int, dropout: float = 0.0, bias: bool = True
+    name: str,
+    d_model: int,
+    n_head: int,
+    context_length: int,
+    dropout: float = 0.0,
+    bias: bool = True,
+    **options: Any,
 ) -> nn.Module:
+    """An instance of ``name``; ``options`` (e.g. ``n_kv_head``) must be among those its class declares."""
     from gptmini.attention.base import check_heads
 
     cls = attention_class(name)
     check_heads(d_model, n_head)
-    return cls(d_model, n_head, context_length, dropout, bias)
+    unsupported = sorted(set(options) - cls.options)
+    if unsupported:
+        able = [n for n in available_attention() if unsupported[0] in ATTENTION_REGISTRY[n].options]
+        raise ValueError(
+            f"attention '{name}' does not support {unsupported[0]}; implementations that do: {', '.join(able) or 'none'}"
+        )
+    return cls(d_model, n_head, context_length, dropout, bias, **options)

@@ -266,6 +266,11 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.attention={c.attention!r}: only "
             f"{', '.join(gpt2_attention())} hold GPT-2's q/k/v projections (use model.attention=sdpa)"
         )
+    for option, value in c.attention_options().items():
+        raise HFWeightsError(
+            f"cannot {what} GPT-2 weights with model.{option}={value}: GPT-2 has plain multi-head attention "
+            f"(leave model.{option} at its default)"
+        )
 
 
 @torch.no_grad()
@@ -482,7 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face GPT-2 folder")
-    exp.add_argument("--ckpt", required=True, help="a .ckpt written by gptmini training")
+    exp.add_argument(
+        "--ckpt",
+        required=True,
+        help="a .ckpt written by gptmini training, or 'last' (the newest under outputs/)",
+    )
     exp.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
     exp.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     imp = sub.add_parser("import", help="convert a Hugging Face GPT-2 folder into a gptmini checkpoint file")
@@ -494,28 +503,33 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "export":
-            from gptmini.checkpoint import CheckpointError, model_from_checkpoint
+            from gptmini.checkpoint import CheckpointError, model_from_checkpoint, resolve_checkpoint
 
             try:
-                model, _ = model_from_checkpoint(args.ckpt)
+                ckpt_path = resolve_checkpoint(args.ckpt)
+                model, _ = model_from_checkpoint(ckpt_path)
             except CheckpointError as err:
                 raise HFWeightsError(str(err)) from None
             save_hf_gpt2(model, args.out, overwrite=args.force)
-            print(f"exported {args.ckpt} -> {args.out} ({model.num_parameters():,} parameters)")
+            print(f"exported {ckpt_path} -> {args.out} ({model.num_parameters():,} parameters)")
         else:
+            from gptmini.checkpoint import CheckpointError, atomic_save
+
             model = load_hf_gpt2(args.hf)
             out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
             ckpt = {
                 "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                 "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": {}},
             }
-            tmp = out.with_name(f".{out.name}.tmp")
-            torch.save(ckpt, tmp)
-            os.replace(tmp, out)
+            try:
+                atomic_save(ckpt, out)  # with the checksum every gptmini command verifies
+            except CheckpointError as err:
+                raise HFWeightsError(str(err)) from None
             print(f"imported {args.hf} -> {out} ({model.num_parameters():,} parameters)")
     except (HFWeightsError, ImportError) as err:
         parser.exit(2, f"error: {err}\n")
+    except OSError as err:  # writing the export folder: unwritable, full disk
+        parser.exit(2, f"error: cannot write {args.out}: {err.strerror or err}\n")
     return 0
 
 

@@ -8,7 +8,10 @@ Nothing here imports Lightning or prepares data: a bad run fails within the time
 from __future__ import annotations
 
 import glob
+import logging
 import os
+import sys
+import types
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -16,10 +19,16 @@ from typing import Any, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.data.corpora import EMBEDDED_SOURCES, is_url
-from gptmini.model import GPTConfig
+from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
+from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, prepared_folder_name
+from gptmini.fileio import unwritable_reason
+from gptmini.model import GPT, GPTConfig
+from gptmini.training.hardware import DeviceFacts, detect_device, register_hardware_configs
+
+log = logging.getLogger(__name__)
 
 # --- schema -------------------------------------------------------------------------------------------------
 
@@ -35,7 +44,10 @@ def _model_schema() -> type:
         if f.name == "vocab_size":
             specs.append((f.name, Optional[int], field(default=None)))
         else:
-            specs.append((f.name, hints[f.name], field(default=f.default)))
+            hint = hints[f.name]
+            if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
+                hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
+            specs.append((f.name, hint, field(default=f.default)))
     # Load weights before training: a Hugging Face GPT-2 directory (config.json + model.safetensors).
     specs.append(("init_from", Optional[str], field(default=None)))
     return make_dataclass("ModelSchema", specs)
@@ -57,10 +69,17 @@ class PathsSchema:
 
 
 @dataclass
+class PerfSchema:
+    # Peak dense FLOP/s of one device, for perf/mfu; null: looked up by the GPU's name (gptmini.training.hardware)
+    peak_flops: Optional[float] = None
+
+
+@dataclass
 class TrainSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
+    perf: PerfSchema = field(default_factory=PerfSchema)
     # Groups whose content is instantiated (_target_) are checked by their targets' signatures.
     data: Any = field(default_factory=dict)
     optimizer: Any = field(default_factory=dict)
@@ -70,7 +89,7 @@ class TrainSchema:
     logger: Any = field(default_factory=dict)
     run_name: str = "default"
     seed: int = 1337
-    # null: start fresh; "last": the newest last/on_exception checkpoint of this run_name; or a path.
+    # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
     compile: bool = False
     # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.allocator).
@@ -83,12 +102,18 @@ class TrainSchema:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    # hardware=auto (the default): an alias of hardware/gpu on a machine with a CUDA GPU, else of hardware/cpu
+    register_hardware_configs()
     # ${attention_names:}: every causal attention in the registry, comma-separated, so a sweep over all of them
     # (conf/experiment/attention_sweep.yaml) picks up a newly registered implementation by itself
     if not OmegaConf.has_resolver("attention_names"):
         from gptmini.attention import available_attention
 
         OmegaConf.register_new_resolver("attention_names", lambda: ",".join(available_attention()))
+    # ${prepared_folder:SOURCE,TOKENIZER}: the prepared-data folder name of a corpus, keyed by the corpus itself
+    # (conf/data/text.yaml), so two corpora never share one folder
+    if not OmegaConf.has_resolver("prepared_folder"):
+        OmegaConf.register_new_resolver("prepared_folder", prepared_folder_name)
 
 
 class RunError(ValueError):
@@ -116,23 +141,25 @@ PRECISIONS = (
 # --- checks that run before any expensive work --------------------------------------------------------------
 
 
-def _on_gpu(accelerator: str) -> bool:
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+def _on_gpu(accelerator: str, device: DeviceFacts) -> bool:
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
 
 
-def resolve_precision(trainer_cfg: dict[str, Any]) -> str:
-    """``trainer.precision`` made concrete for this machine ("auto" -> bf16-mixed on a bf16 GPU, else 32-true);
-    raises RunError for a value Lightning does not know or this machine cannot run."""
+def resolve_precision(trainer_cfg: dict[str, Any], device: DeviceFacts | None = None) -> str:
+    """``trainer.precision`` made concrete for ``device`` (default: this machine's first GPU, else the CPU):
+    "auto" -> bf16-mixed on a GPU with native bf16, else 32-true; raises RunError for a value Lightning does not
+    know or the device cannot run."""
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
     if precision not in PRECISIONS:
         raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(PRECISIONS)}")
-    on_gpu = _on_gpu(accelerator)
+    device = detect_device() if device is None else device
+    on_gpu = _on_gpu(accelerator, device)
     if precision == "auto":
-        return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
-    if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
+        return "bf16-mixed" if on_gpu and device.bf16 else "32-true"
+    if precision.startswith("bf16") and on_gpu and not device.bf16:
         raise RunError(
-            f"trainer.precision={precision} is not supported by this GPU ({torch.cuda.get_device_name()}): "
+            f"trainer.precision={precision} is not supported by this GPU ({device.name}): "
             "use trainer.precision=16-mixed or 32-true"
         )
     if precision in ("16-mixed", "16") and not on_gpu:
@@ -255,6 +282,15 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
             "trainer.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu"
         )
     resolve_precision(OmegaConf.to_container(tr, resolve=True))
+    _check_cpu_devices(tr)
+    data_dir = data.get("data_dir")
+    if data_dir and not (Path(data_dir) / "meta.json").is_file():
+        reason = unwritable_reason(data_dir)
+        if reason is not None:
+            raise RunError(
+                f"the prepared-data folder {data_dir} cannot be created: {reason}; pass paths.data_root=<a writable "
+                "folder> (or data.data_dir=...)"
+            )
     if not _positive_int(cfg.checkpoint_every_n_steps):
         raise RunError(
             f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
@@ -268,6 +304,117 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
             resolve_ckpt_path(cfg), gpt_config.to_dict(), ignore=() if vocab_known else ("vocab_size",)
         )
     return gpt_config
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_cpu_devices(tr: DictConfig) -> None:
+    """Several CPU "devices" are several training processes (DDP over gloo): refused beyond the cores there
+    are (each process would be slower than one alone), and said out loud when the config did not ask for DDP."""
+    accelerator = str(tr.get("accelerator", "auto"))
+    if not (accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())):
+        return
+    devices = tr.get("devices", 1)
+    try:
+        n = int(devices)
+    except (TypeError, ValueError):
+        return  # "auto" (one process on a CPU) or a list: Lightning checks those
+    if n <= 1:
+        return
+    cores = cpu_cores()
+    if n > cores:
+        raise RunError(
+            f"trainer.devices={n} on the CPU would start {n} training processes (DDP over gloo) on this machine's "
+            f"{cores} CPU cores, each slower than one process alone: use trainer.devices={cores} or fewer "
+            f"(e.g. trainer=ddp trainer.accelerator=cpu trainer.devices={cores}), or trainer.devices=1"
+        )
+    strategy = tr.get("strategy", "auto")
+    if strategy in (None, "auto"):
+        log.warning(
+            "trainer.devices=%d on the CPU: %d training processes (DDP over gloo) share this machine's %d cores, "
+            "each with its own batch, so the global batch is %d x data.batch_size (trainer=ddp says so explicitly)",
+            n,
+            n,
+            cores,
+            n,
+        )
+
+
+def training_memory_estimate(
+    config: GPTConfig, batch_size: int, precision: str = "32-true"
+) -> dict[str, int]:
+    """A lower bound of the memory (bytes) one training step of ``config`` on a batch of ``batch_size`` needs on
+    one device, by part: the weights with their gradients and AdamW's two moments (16 bytes a parameter), the
+    logits with their gradient, and the activations kept for the backward pass (10 values of width n_embd per
+    token and layer; the attention matrices of implementations that materialise them are not counted)."""
+    with torch.device("meta"):  # counts parameters without allocating or initialising them
+        params = GPT(config).num_parameters()
+    act = 2 if precision.startswith(("bf16", "16")) else 4  # bytes per activation value
+    tokens = batch_size * config.block_size
+    return {
+        "weights, gradients and AdamW state": 16 * params,
+        "logits and their gradient": 2 * act * tokens * config.padded_vocab_size,
+        "activations": 10 * act * tokens * config.n_embd * config.n_layer,
+    }
+
+
+def device_memory(device: torch.device) -> tuple[int, str] | None:
+    """(bytes, description) of the memory a run on ``device`` can use: the GPU's, or this machine's RAM (its
+    cgroup limit where lower); None when unknown."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return int(props.total_memory), f"the GPU ({props.name})"
+    if device.type != "cpu":
+        return None
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+        break
+    return total, "this machine's memory"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_training_memory(
+    config: GPTConfig,
+    batch_size: int,
+    precision: str,
+    device: torch.device,
+    processes: int = 1,
+    available: tuple[int, str] | None = None,
+) -> None:
+    """Refuses a run whose training step cannot fit in the device's memory (``training_memory_estimate``, a
+    lower bound, times ``processes`` sharing one machine's RAM), naming the largest part and the fix."""
+    available = available or device_memory(device)
+    if available is None:
+        return
+    parts = training_memory_estimate(config, batch_size, precision)
+    need = sum(parts.values()) * (processes if device.type == "cpu" else 1)
+    if need <= available[0]:
+        return
+    largest = max(parts, key=lambda k: parts[k])
+    raise RunError(
+        f"model.block_size={config.block_size} with data.batch_size={batch_size} needs at least {_gib(need)} of "
+        f"memory for one training step ({largest}: {_gib(parts[largest])}) but {available[1]} has "
+        f"{_gib(available[0])}: lower model.block_size or data.batch_size (trainer.accumulate_grad_batches keeps "
+        "the global batch), or use a smaller model"
+    )
 
 
 def check_input_files(cfg: DictConfig) -> None:
@@ -288,27 +435,16 @@ def check_input_files(cfg: DictConfig) -> None:
 
 
 def find_last_checkpoint(output_root: str | Path, run_name: str, exclude: str | Path | None = None) -> Path:
-    """The newest ``last.ckpt`` / ``on_exception.ckpt`` among the runs of ``run_name``.
-
-    Checkpoints are written atomically (temp file + rename), so any file found here is complete: a run killed
-    while saving leaves its previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it."""
-    root = Path(output_root) / run_name
-    candidates = [
-        p
-        for pattern in (
-            "*/checkpoints/last.ckpt",
-            "*/checkpoints/on_exception.ckpt",
-            "*/*/checkpoints/last.ckpt",
-        )
-        for p in root.glob(pattern)
-        if exclude is None or Path(exclude).resolve() not in p.resolve().parents
-    ]
-    if not candidates:
+    """``ckpt_path=last``: :func:`gptmini.checkpoint.find_last_checkpoint`, the one rule every command uses (the
+    most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included)."""
+    found = _find_last_checkpoint(output_root, run_name, exclude=exclude)
+    if found is None:
         raise RunError(
-            f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under {root}: train first, or "
-            "pass ckpt_path=/path/to/file.ckpt (and the run's run_name and paths.output_root)"
+            f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under "
+            f"{Path(output_root) / run_name}: train first, or pass ckpt_path=/path/to/file.ckpt (and the run's "
+            "run_name and paths.output_root)"
         )
-    return max(candidates, key=lambda p: p.stat().st_mtime)
+    return found
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
@@ -324,3 +460,30 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     if not os.access(path, os.R_OK):
         raise RunError(f"ckpt_path={cfg.ckpt_path} is not readable (permissions)")
     return str(path)
+
+
+# --- the run folder -----------------------------------------------------------------------------------------
+
+
+def _refuse_unwritable(folder: str, key: str) -> None:
+    reason = unwritable_reason(folder)
+    if reason is None:
+        return
+    err = RunError(f"cannot create the run folder {folder}: {reason}; pass {key}=<a writable folder>")
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    # Hydra has not set up logging yet: the one line goes to stderr as the app's own errors do.
+    sys.stderr.write(f"error: {err}\n")
+    sys.exit(2)  # EXIT_USER_ERROR
+
+
+class OutputFolderCheck(HydraCallback):
+    """A Hydra callback (``hydra.callbacks`` in conf/train.yaml): a run folder that cannot be created (an
+    unwritable ``paths.output_root``, or a file in its place) fails with one ``error:`` line and exit status 2
+    before Hydra tries to create it (which would end in a traceback)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse_unwritable(str(config.hydra.run.dir), "paths.output_root")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse_unwritable(str(config.hydra.sweep.dir), "paths.output_root")

@@ -272,3 +272,41 @@ def test_presets_build():
         assert GPT(GPTConfig.from_preset(name, vocab_size=65)).num_parameters() > 0
     with pytest.raises(ConfigError, match="preset 'cpu' takes vocab_size from the tokenizer"):
         GPTConfig.from_preset("cpu")
+
+
+# --- grouped-query attention ----------------------------------------------------------------------------------
+
+
+def test_grouped_query_attention_caches_only_its_key_value_heads():
+    plain = GPT(tiny(n_head=4, n_embd=32))
+    gqa = GPT(tiny(n_head=4, n_embd=32, n_kv_head=1))  # n_head / 4 key/value heads: multi-query
+    (c_plain, *_), (c_gqa, *_) = plain.new_kv_caches(2), gqa.new_kv_caches(2)
+    assert c_plain.k.shape == (2, 4, 32, 8) and c_gqa.k.shape == (2, 1, 32, 8)
+    bytes_per_token = [(c.k.numel() + c.v.numel()) * c.k.element_size() / 32 for c in (c_plain, c_gqa)]
+    assert bytes_per_token[0] == 4 * bytes_per_token[1]
+    # the fused projection shrinks accordingly: q (32) + k, v (8 each) output rows instead of 3 x 32
+    assert gqa.blocks[0].attn.qkv.weight.shape == (48, 32)
+    idx = torch.randint(0, 64, (2, 6))
+    assert torch.equal(
+        gqa.generate(idx, 20, temperature=0.0), gqa.generate(idx, 20, temperature=0.0, use_cache=False)
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (
+            dict(n_head=4, n_kv_head=3),
+            r"model.n_kv_head=3 does not divide model.n_head=4: choose among 1, 2, 4",
+        ),
+        (dict(n_head=4, n_kv_head=0), r"model.n_kv_head=0 is invalid"),
+        (
+            dict(n_head=4, n_kv_head=2, attention="mha"),
+            r"not supported by model.attention='mha': use model.attention=sdpa",
+        ),
+    ],
+)
+def test_n_kv_head_is_checked_at_config_time(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny(n_embd=32, **kw)
+    assert tiny(n_head=4, n_embd=32, n_kv_head=4, attention="mha").kv_heads == 4  # = n_head: plain attention

@@ -7,6 +7,7 @@ file edited. Checks read what an implementation can do from its declared capabil
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,10 +26,24 @@ from gptmini.model import GPT, GPTConfig
 
 D_MODEL, N_HEAD, CONTEXT = 32, 4, 12
 HEAD = D_MODEL // N_HEAD
+# the values each attention option is checked with, for the implementations that declare it
+OPTION_VALUES: dict[str, list[Any]] = {"n_kv_head": [2, 1]}  # grouped-query, multi-query
 
 
-def make(name: str, dropout: float = 0.0, bias: bool = True) -> torch.nn.Module:
-    return build_attention(name, D_MODEL, N_HEAD, CONTEXT, dropout=dropout, bias=bias)
+def configurations(name: str) -> list[dict[str, Any]]:
+    """Plain attention, then each option the implementation declares, one at a time."""
+    options = sorted(ATTENTION_REGISTRY[name].options)
+    return [{}] + [{opt: value} for opt in options for value in OPTION_VALUES[opt]]
+
+
+def make(
+    name: str, options: dict[str, Any] | None = None, dropout: float = 0.0, bias: bool = True
+) -> torch.nn.Module:
+    return build_attention(name, D_MODEL, N_HEAD, CONTEXT, dropout=dropout, bias=bias, **(options or {}))
+
+
+def kv_heads(options: dict[str, Any]) -> int:
+    return options.get("n_kv_head") or N_HEAD
 
 
 def random_weights(module: torch.nn.Module, seed: int = 0) -> AttentionWeights:
@@ -52,12 +67,16 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else t.detach().double().numpy()
 
 
-def _heads(W: torch.Tensor) -> np.ndarray:  # (C_out, C_in) -> (h, C_in, hs): head h owns rows h*hs:(h+1)*hs
-    return _np(W).T.reshape(-1, N_HEAD, HEAD).transpose(1, 0, 2)
+def _heads(W: torch.Tensor) -> np.ndarray:
+    # (heads * hs, C_in) -> (N_HEAD, C_in, hs): head h owns rows h*hs:(h+1)*hs; with fewer (key/value) heads,
+    # query head h reads head h // (N_HEAD // heads), as grouped-query attention shares them
+    heads = W.shape[0] // HEAD
+    per_head = _np(W).T.reshape(-1, heads, HEAD).transpose(1, 0, 2)
+    return np.repeat(per_head, N_HEAD // heads, axis=0)
 
 
 def _head_bias(b: torch.Tensor | None) -> np.ndarray | None:
-    return None if b is None else _np(b).reshape(N_HEAD, HEAD)
+    return None if b is None else np.repeat(_np(b).reshape(-1, HEAD), N_HEAD // (b.shape[0] // HEAD), axis=0)
 
 
 def numpy_oracle(scoring: str, w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,19 +100,23 @@ def numpy_oracle(scoring: str, w: AttentionWeights, x: torch.Tensor) -> tuple[to
 # ---------------------------------------------------------------------------------------------------------
 
 
-def check_shape_and_out_proj(name: str) -> None:
-    module = make(name)
+def check_shape_and_out_proj(name: str, options: dict[str, Any]) -> None:
+    module = make(name, options)
     assert module(torch.randn(3, 5, D_MODEL)).shape == (3, 5, D_MODEL)
     assert isinstance(module.out_proj, torch.nn.Linear)
     assert module.out_proj.in_features == module.out_proj.out_features == D_MODEL
 
 
-def check_weights_round_trip(name: str) -> None:
+def check_weights_round_trip(name: str, options: dict[str, Any]) -> None:
     for bias in (True, False):
-        module = make(name, bias=bias)
+        module = make(name, options, bias=bias)
         w = random_weights(module)
         assert (w.qkv_bias is None) == (w.out_bias is None) == (not bias)
-        assert w.qkv_weight.shape == (3 * D_MODEL, D_MODEL) and w.out_weight.shape == (D_MODEL, D_MODEL)
+        kv_dim = kv_heads(options) * HEAD
+        assert w.qkv_weight.shape == (D_MODEL + 2 * kv_dim, D_MODEL) and w.out_weight.shape == (
+            D_MODEL,
+            D_MODEL,
+        )
         module.set_weights(w)
         back = module.get_weights()
         for got, want in ((back.qkv_weight, w.qkv_weight), (back.out_weight, w.out_weight)):
@@ -106,10 +129,10 @@ def check_weights_round_trip(name: str) -> None:
             assert_close(back.extra[key], w.extra[key], atol=0, rtol=0)
 
 
-def check_numpy_oracle_parity(name: str) -> None:
+def check_numpy_oracle_parity(name: str, options: dict[str, Any]) -> None:
     scoring = ATTENTION_REGISTRY[name].scoring
     for bias in (True, False):
-        module = make(name, bias=bias).eval()
+        module = make(name, options, bias=bias).eval()
         w = random_weights(module, seed=1)
         module.set_weights(w)
         x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(2))
@@ -120,12 +143,12 @@ def check_numpy_oracle_parity(name: str) -> None:
                 assert_close(module.attention_probs(x), expected_probs, atol=1e-5, rtol=1e-5)
 
 
-def check_same_function_as_sdpa(name: str) -> None:
+def check_same_function_as_sdpa(name: str, options: dict[str, Any]) -> None:
     # implementations of the same score function agree with each other given the same canonical weights
-    cls = ATTENTION_REGISTRY[name]
-    if cls.scoring != ATTENTION_REGISTRY["sdpa"].scoring:
+    cls, sdpa = ATTENTION_REGISTRY[name], ATTENTION_REGISTRY["sdpa"]
+    if cls.scoring != sdpa.scoring or not set(options) <= sdpa.options:
         return
-    module, ref = make(name).eval(), make("sdpa").eval()
+    module, ref = make(name, options).eval(), make("sdpa", options).eval()
     w = random_weights(module, seed=3)
     module.set_weights(w)
     ref.set_weights(w)
@@ -134,9 +157,9 @@ def check_same_function_as_sdpa(name: str) -> None:
         assert_close(module(x), ref(x), atol=1e-5, rtol=1e-5)
 
 
-def check_causality(name: str) -> None:
+def check_causality(name: str, options: dict[str, Any]) -> None:
     torch.manual_seed(0)
-    module = make(name).eval()
+    module = make(name, options).eval()
     x = torch.randn(2, 9, D_MODEL)
     with torch.no_grad():
         out = module(x)
@@ -148,9 +171,9 @@ def check_causality(name: str) -> None:
             assert not torch.allclose(out_changed[:, t + 1 :], out[:, t + 1 :])
 
 
-def check_probs_are_causal_distributions(name: str) -> None:
+def check_probs_are_causal_distributions(name: str, options: dict[str, Any]) -> None:
     torch.manual_seed(0)
-    module = make(name, dropout=0.5).train()  # dropout must not leak into the probabilities
+    module = make(name, options, dropout=0.5).train()  # dropout must not leak into the probabilities
     if not module.returns_probs:
         with pytest.raises(NotImplementedError):
             module.attention_probs(torch.randn(1, 3, D_MODEL))
@@ -163,9 +186,9 @@ def check_probs_are_causal_distributions(name: str) -> None:
     assert (probs[..., torch.ones(7, 7, dtype=torch.bool).tril()] > 0).all()  # the past stays visible
 
 
-def check_dropout_only_in_training(name: str) -> None:
+def check_dropout_only_in_training(name: str, options: dict[str, Any]) -> None:
     torch.manual_seed(0)
-    module = make(name, dropout=0.5)
+    module = make(name, options, dropout=0.5)
     x = torch.randn(2, 8, D_MODEL)
     module.train()
     first, second = module(x), module(x)
@@ -194,20 +217,19 @@ def _canonical_grads(module: torch.nn.Module) -> AttentionWeights:
             p.data, p.grad = p.grad, p.data
 
 
-def check_gradients_reach_every_parameter(name: str) -> None:
+def check_gradients_reach_every_parameter(name: str, options: dict[str, Any]) -> None:
     dot_product = ATTENTION_REGISTRY[name].scoring == "dot_product"
     for bias in (True, False):
         torch.manual_seed(0)
-        module = make(name, bias=bias)
+        module = make(name, options, bias=bias)
         x = torch.randn(2, 6, D_MODEL)
         (module(x) * torch.randn(2, 6, D_MODEL)).sum().backward()
         for pname, p in module.named_parameters():
             assert p.grad is not None and torch.isfinite(p.grad).all(), pname
         g = _canonical_grads(module)
-        parts = {"W_q": g.qkv_weight[:D_MODEL], "W_k": g.qkv_weight[D_MODEL : 2 * D_MODEL]}
-        parts |= {"W_v": g.qkv_weight[2 * D_MODEL :], "W_o": g.out_weight, **g.extra}
+        (W_q, b_q), (W_k, b_k), (W_v, b_v) = g.q_k_v()
+        parts = {"W_q": W_q, "W_k": W_k, "W_v": W_v, "W_o": g.out_weight, **g.extra}
         if bias:
-            b_q, b_k, b_v = g.qkv_bias.chunk(3)
             parts |= {"b_q": b_q, "b_v": b_v, "b_o": g.out_bias}
             if dot_product:
                 # a key bias adds the same q.b to a whole row of dot-product scores: softmax cancels it exactly
@@ -218,8 +240,8 @@ def check_gradients_reach_every_parameter(name: str) -> None:
             assert grad.abs().sum() > 0, part
 
 
-def check_input_longer_than_context_fails(name: str) -> None:
-    module = make(name)
+def check_input_longer_than_context_fails(name: str, options: dict[str, Any]) -> None:
+    module = make(name, options)
     x = torch.randn(1, CONTEXT + 1, D_MODEL)
     with pytest.raises(ValueError, match=rf"T={CONTEXT + 1} tokens but context_length={CONTEXT}"):
         module(x)
@@ -228,23 +250,23 @@ def check_input_longer_than_context_fails(name: str) -> None:
             module.attention_probs(x)
 
 
-def check_heads_must_divide_width(name: str) -> None:
+def check_heads_must_divide_width(name: str, options: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"d_model=30 must be divisible by n_head=4"):
         build_attention(name, 30, 4, CONTEXT)
     with pytest.raises(ValueError, match=r"d_model=30 must be divisible by n_head=4"):
-        ATTENTION_REGISTRY[name](30, 4, CONTEXT)
+        ATTENTION_REGISTRY[name](30, 4, CONTEXT, **options)
 
 
-def check_kv_cache(name: str) -> None:
-    module = make(name).eval()
+def check_kv_cache(name: str, options: dict[str, Any]) -> None:
+    module = make(name, options).eval()
     if not module.supports_kv_cache:
         with pytest.raises(ValueError, match="does not support a KV cache"):
-            module(torch.randn(1, 2, D_MODEL), kv_cache=KVCache(1, N_HEAD, CONTEXT, HEAD))
+            module(torch.randn(1, 2, D_MODEL), kv_cache=KVCache(1, kv_heads(options), CONTEXT, HEAD))
         return
     torch.manual_seed(0)
     for chunks in ([1] * 10, [4, 1, 1, 1, 1, 1, 1], [4, 6], [10]):  # token by token, prefill, two chunks, one
         x = torch.randn(2, sum(chunks), D_MODEL)
-        cache = KVCache(2, N_HEAD, CONTEXT, HEAD)
+        cache = KVCache(2, kv_heads(options), CONTEXT, HEAD)
         outputs, start = [], 0
         with torch.no_grad():
             full = module(x)
@@ -253,16 +275,18 @@ def check_kv_cache(name: str) -> None:
                 start += n
         assert cache.pos == x.shape[1]
         assert_close(torch.cat(outputs, dim=1), full, atol=1e-5, rtol=1e-5)
-    cache = KVCache(1, N_HEAD, CONTEXT, HEAD)
+    cache = KVCache(1, kv_heads(options), CONTEXT, HEAD)
     with torch.no_grad():
         module(torch.randn(1, CONTEXT, D_MODEL), kv_cache=cache)
         with pytest.raises(ValueError, match=r"exceed"):
             module(torch.randn(1, 1, D_MODEL), kv_cache=cache)
 
 
-def tiny_gpt(name: str, seed: int = 0) -> GPT:
+def tiny_gpt(name: str, options: dict[str, Any], seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=16, attention=name)
+    config = GPTConfig(
+        vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=16, attention=name, **options
+    )
     model = GPT(config).eval()
     with torch.no_grad():  # non-zero biases everywhere, so a bias mapped to the wrong place shows
         for p in model.parameters():
@@ -270,8 +294,8 @@ def tiny_gpt(name: str, seed: int = 0) -> GPT:
     return model
 
 
-def check_selectable_in_the_gpt(name: str) -> None:
-    model = tiny_gpt(name)
+def check_selectable_in_the_gpt(name: str, options: dict[str, Any]) -> None:
+    model = tiny_gpt(name, options)
     assert model.config.attention == name
     assert all(isinstance(block.attn, ATTENTION_REGISTRY[name]) for block in model.blocks)
     idx = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -282,23 +306,27 @@ def check_selectable_in_the_gpt(name: str) -> None:
         assert_close(model(changed)[0][:, :6], logits[:, :6], atol=1e-5, rtol=1e-5)  # causal end to end
         if model.blocks[0].attn.returns_probs:
             maps = model.attention_maps(idx)
-            assert maps.shape == (2, 2, 2, 12, 12)
-            assert_close(maps.sum(-1), torch.ones(2, 2, 2, 12))
+            assert maps.shape == (2, 2, 4, 12, 12)
+            assert_close(maps.sum(-1), torch.ones(2, 2, 4, 12))
     cached = model.generate(idx[:, :4], 8, temperature=0.0, use_cache=True)
     uncached = model.generate(idx[:, :4], 8, temperature=0.0, use_cache=False)
     assert model.supports_kv_cache == ATTENTION_REGISTRY[name].supports_kv_cache
     assert torch.equal(cached, uncached)
 
 
-def check_gpt2_weights_exchange(name: str, tmp_path=None) -> None:
+def check_gpt2_weights_exchange(name: str, options: dict[str, Any]) -> None:
     import tempfile
 
     from gptmini.hf.gpt2 import HFWeightsError, load_hf_gpt2, save_hf_gpt2
 
-    model = tiny_gpt(name, seed=1)
+    model = tiny_gpt(name, options, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
         if not ATTENTION_REGISTRY[name].gpt2_compatible:
             with pytest.raises(HFWeightsError, match=rf"model.attention='{name}'"):
+                save_hf_gpt2(model, tmp + "/out")
+            return
+        for option, value in options.items():  # GPT-2 is plain multi-head attention
+            with pytest.raises(HFWeightsError, match=rf"model.{option}={value}"):
                 save_hf_gpt2(model, tmp + "/out")
             return
         save_hf_gpt2(model, tmp + "/out")
@@ -314,7 +342,7 @@ def check_gpt2_weights_exchange(name: str, tmp_path=None) -> None:
             assert_close(hf(idx).logits, model(idx)[0], atol=1e-5, rtol=1e-5)
 
 
-CHECKS: list[Callable[[str], None]] = [
+CHECKS: list[Callable[[str, dict[str, Any]], None]] = [
     check_shape_and_out_proj,
     check_weights_round_trip,
     check_numpy_oracle_parity,

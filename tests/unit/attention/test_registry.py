@@ -142,7 +142,7 @@ def loop_registered():
 def test_a_new_implementation_is_picked_up_by_the_whole_matrix_and_the_gpt(loop_registered):
     assert "loop" in available_attention()
     for check in CHECKS:  # the same list test_matrix.py runs for the built-in implementations
-        check(loop_registered)
+        check(loop_registered, {})
     model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, attention="loop"))
     assert isinstance(model.blocks[0].attn, LoopAttention)
     assert not model.supports_kv_cache
@@ -163,6 +163,6 @@ def test_the_matrix_catches_a_broken_implementation(loop_registered):
 
         for check in (check_causality, check_numpy_oracle_parity):
             with pytest.raises(AssertionError):
-                check("leaky")
+                check("leaky", {})
     finally:
         unregister_attention("leaky")
