@@ -1,14 +1,18 @@
-"""Checkpoints: loaded with ``torch.load(weights_only=True)`` only, so a file from elsewhere cannot run code, and
+"""Checkpoints: loaded with ``torch.load(weights_only=True)`` only, so a file from elsewhere cannot run code;
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
-previous checkpoint intact."""
+previous checkpoint intact; and carrying a checksum of their tensors, written at save time and verified at every
+load, so damage inside a file is refused instead of turning into NaN losses. Also the one rule for which file
+``last`` means, in every command (:func:`find_last_checkpoint`)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pickle
-from collections.abc import Iterable
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import torch
 
@@ -17,35 +21,134 @@ from gptmini.model import GPT, GPTConfig
 
 log = logging.getLogger(__name__)
 
+# The checkpoint's own entry holding the checksum of its tensors (plain data: loads with weights_only=True).
+CHECKSUM_KEY = "gptmini_checksum"
+# The hyper-parameter recording which prepared data a run trained on (gptmini.data.prepare.data_identity).
+DATA_IDENTITY_KEY = "data_identity"
+# The files ``last`` chooses among (see find_last_checkpoint).
+LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
+
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used; the message names the file and the reason."""
 
 
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written (full disk, unwritable folder); the message says what was kept."""
+
+
+# --- checksums --------------------------------------------------------------------------------------------------
+
+
+def _tensors(obj: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a checkpoint, with its path of keys, in the checkpoint's own (pickled, so stable) order."""
+    if isinstance(obj, torch.Tensor):
+        yield key, obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            if not (key == "" and k == CHECKSUM_KEY):
+                yield from _tensors(v, f"{key}/{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{key}/{i}")
+
+
+def tensor_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """SHA-256 over every tensor of ``checkpoint`` (key path, dtype, shape and bytes), as plain data."""
+    digest = hashlib.sha256()
+    count = nbytes = 0
+    for key, tensor in _tensors(checkpoint):
+        t = tensor.detach()
+        digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        data = t.cpu().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(data.numpy())
+        count += 1
+        nbytes += data.numel()
+    return {"algorithm": "sha256", "tensors": count, "bytes": nbytes, "digest": digest.hexdigest()}
+
+
+def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors (what every save writes)."""
+    return {**checkpoint, CHECKSUM_KEY: tensor_checksum(checkpoint)}
+
+
+# (path, size, mtime) of files verified in this process: a resume reads its checkpoint up to three times.
+_verified: set[tuple[str, int, int]] = set()
+_unverifiable_warned: set[str] = set()
+
+
+def verify_checksum(ckpt: Mapping[str, Any], path: str | Path) -> None:
+    """Raises CheckpointError naming ``path`` when its tensors differ from the checksum written at save time.
+    A checkpoint without one (written before gptmini wrote them, or by another tool) loads with a warning."""
+    st = Path(path).stat()
+    stamp = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if stamp in _verified:
+        return
+    recorded = ckpt.get(CHECKSUM_KEY)
+    if recorded is None:
+        if str(path) not in _unverifiable_warned:
+            _unverifiable_warned.add(str(path))
+            log.warning(
+                "%s carries no checksum (an older or foreign checkpoint): its tensors are not verified", path
+            )
+        return
+    if not isinstance(recorded, Mapping) or recorded.get("algorithm") != "sha256":
+        raise CheckpointError(
+            f"{path} is damaged: its checksum record is unreadable ({recorded!r}); use another checkpoint"
+        )
+    actual = tensor_checksum(ckpt)
+    if actual["digest"] != recorded.get("digest"):
+        raise CheckpointError(
+            f"{path} is damaged: its tensors ({actual['tensors']} tensors, {actual['bytes']:,} bytes) do not match "
+            "the checksum written when it was saved (the file was modified or corrupted on disk); use another "
+            "checkpoint (best.ckpt, or an earlier run's last.ckpt)"
+        )
+    _verified.add(stamp)
+
+
+# --- loading -------------------------------------------------------------------------------------------------
+
+
+def _not_a_checkpoint(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a gptmini checkpoint ({why}): pass a .ckpt file written by gptmini training "
+        "(outputs/<run_name>/<time>/checkpoints/last.ckpt)"
+    )
+
+
 def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False
+    path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False, verify: bool = True
 ) -> dict[str, Any]:
     """The checkpoint's dict, loaded with ``weights_only=True``: a file carrying pickled code is refused before
-    any of it runs. ``mmap=True`` maps tensors instead of reading them (cheap when only metadata is needed)."""
+    any of it runs. ``mmap=True`` maps tensors instead of reading them (cheap when only metadata is needed).
+    ``verify``: check the tensors against the checksum written at save time. Every failure is one
+    CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {path} does not exist: pass the path of a .ckpt file written by training"
         )
+    # torch.save writes a zip archive; anything else (random bytes, a renamed text file, a truncated copy) is
+    # refused here rather than fed to the unpickler, whose errors would only confuse.
+    if not zipfile.is_zipfile(path):
+        raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
+        if "GLOBAL" not in str(err):  # the unpickler met bytes it cannot read, not a forbidden object
+            raise _not_a_checkpoint(path, "its contents do not unpickle: damaged") from None
+        detail = next((line for line in str(err).splitlines() if "GLOBAL" in line), "").strip()
         raise CheckpointError(
             f"refusing to load {path}: it contains pickled Python objects beyond tensors and plain data, which "
             "could run arbitrary code (loaded with weights_only=True). Only a checkpoint written by gptmini is "
-            f"accepted. Detail: {str(err).splitlines()[0]}"
+            f"accepted. Detail: {detail}"
         ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint ({err}); it may be truncated or not a .ckpt"
-        ) from None
+    except Exception as err:  # the archive is unreadable: torch raises RuntimeError, EOFError, KeyError, ...
+        raise _not_a_checkpoint(path, f"unreadable archive: {type(err).__name__}: {err}") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"{path} is not a gptmini/Lightning checkpoint (no 'state_dict' entry)")
+        raise _not_a_checkpoint(path, "no 'state_dict' entry")
+    if verify:
+        verify_checksum(ckpt, path)
     return ckpt
 
 
@@ -58,22 +161,58 @@ def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
     return dict(hp["model_config"])
 
 
+def check_tensors_match(
+    state_dict: Mapping[str, Any], config: GPTConfig, path: str | Path, prefix: str = "model."
+) -> None:
+    """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``prefix``) are not exactly those of
+    a ``GPT(config)``: a file whose saved settings disagree with its weights (edited, or written by another
+    tool). The model is built on the meta device: no memory, no initialisation."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    found = {
+        k.removeprefix(prefix): tuple(v.shape)
+        for k, v in state_dict.items()
+        if k.startswith(prefix) and isinstance(v, torch.Tensor)
+    }
+    if config.tie_weights:  # the tied lm_head.weight is wte.weight itself, saved or not under its own name
+        found.pop("lm_head.weight", None)
+        expected.pop("lm_head.weight", None)
+    problems = [f"{k} missing" for k in expected if k not in found]
+    problems += [f"unexpected {k}" for k in found if k not in expected]
+    problems += [
+        f"{k} is {list(found[k])} but the settings need {list(shape)}"
+        for k, shape in expected.items()
+        if k in found and found[k] != shape
+    ]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise CheckpointError(
+            f"{path} is inconsistent: its saved model settings (n_layer={config.n_layer}, n_embd={config.n_embd}, "
+            f"vocab_size={config.vocab_size}, block_size={config.block_size}) disagree with its tensors ({shown}); "
+            "the file was edited or written by another tool: use a checkpoint written by gptmini training"
+        )
+
+
+def model_and_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[GPT, dict[str, Any]]:
+    """The plain ``GPT`` stored in a training checkpoint (in eval mode), and the checkpoint's whole dict."""
+    ckpt = load_checkpoint(path, map_location)
+    config = GPTConfig.from_dict(_model_config(ckpt, path))
+    check_tensors_match(ckpt["state_dict"], config, path)
+    model = GPT(config)
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
+    model.load_state_dict(state, strict=False)
+    model.eval()
+    return model, ckpt
+
+
 def model_from_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu"
 ) -> tuple[GPT, dict[str, Any]]:
     """The plain ``GPT`` stored in a training checkpoint, and the run's resolved config (a dict)."""
-    ckpt = load_checkpoint(path, map_location)
-    config = GPTConfig.from_dict(_model_config(ckpt, path))
-    model = GPT(config)
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # lm_head.weight is the tied embedding: absent from nothing, but tolerate either spelling.
-    missing = [k for k in missing if not (config.tie_weights and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{path} does not match its own model config: missing {missing}, unexpected {unexpected}"
-        )
-    model.eval()
+    model, ckpt = model_and_checkpoint(path, map_location)
     return model, dict(ckpt["hyper_parameters"].get("run_config") or {})
 
 
@@ -81,9 +220,11 @@ def check_resume_compatible(
     path: str | Path, model_config: dict[str, Any], ignore: Iterable[str] = ()
 ) -> None:
     """Refuses to resume a run whose model differs from the checkpoint's, naming the differing fields, and a
-    checkpoint that does not load with ``weights_only=True``. ``ignore``: fields not known yet (vocab_size before
-    the data is prepared)."""
-    saved = _model_config(load_checkpoint(path, mmap=True), path)
+    checkpoint that does not load with ``weights_only=True``, is damaged, or whose tensors disagree with its own
+    settings. ``ignore``: fields not known yet (vocab_size before the data is prepared)."""
+    ckpt = load_checkpoint(path, mmap=True)
+    saved = _model_config(ckpt, path)
+    check_tensors_match(ckpt["state_dict"], GPTConfig.from_dict(dict(saved)), path)
     keys = (
         "vocab_size",
         "block_size",
@@ -108,6 +249,88 @@ def check_resume_compatible(
         )
 
 
+# --- the data a checkpoint was trained on ----------------------------------------------------------------------
+
+
+def check_trained_data(
+    path: str | Path,
+    ckpt: Mapping[str, Any],
+    data_dir: str | Path,
+    meta: Mapping[str, Any] | None = None,
+    other_data: Literal["refuse", "warn", "allow"] = "refuse",
+    fix: str = "",
+) -> str | None:
+    """Compares the prepared data in ``data_dir`` with the data checkpoint ``path`` recorded at training time
+    (``hyper_parameters.data_identity``). Another tokenization (another char vocabulary: the ids would mean other
+    text) is always refused; other data with the same tokenizer is refused, returned as a warning text, or
+    allowed, per ``other_data``. ``fix`` ends a refusal. Checkpoints that record nothing are not compared."""
+    from gptmini.data.prepare import data_identity
+
+    recorded = (ckpt.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
+    if not isinstance(recorded, Mapping) or "fingerprint" not in recorded:
+        return None
+    current = data_identity(data_dir, meta)
+    was = (
+        f"{recorded.get('data_dir')} (source {recorded.get('source')!r}, tokenizer {recorded.get('tokenizer')!r}, "
+        f"vocab {recorded.get('vocab_size')}, data {recorded.get('fingerprint')})"
+    )
+    now = (
+        f"source {current['source']!r}, tokenizer {current['tokenizer']!r}, vocab {current['vocab_size']}, "
+        f"data {current['fingerprint']}"
+    )
+    if recorded.get("tokenizer_fingerprint") != current["tokenizer_fingerprint"]:
+        raise CheckpointError(
+            f"{data_dir} ({now}) is tokenized differently from the data checkpoint {path} was trained on: {was}; "
+            f"its token ids would mean other text{': ' + fix if fix else ''}"
+        )
+    if recorded.get("fingerprint") == current["fingerprint"] or other_data == "allow":
+        return None
+    text = f"{data_dir} ({now}) holds other data than checkpoint {path} was trained on: {was}"
+    if other_data == "refuse":
+        raise CheckpointError(text + (f": {fix}" if fix else ""))
+    return text
+
+
+# --- which file "last" means ---------------------------------------------------------------------------------
+
+
+def find_last_checkpoint(
+    output_root: str | Path, run_name: str | None = None, exclude: str | Path | None = None
+) -> Path | None:
+    """The rule for ``last``, in every command: of the ``last.ckpt`` and ``on_exception.ckpt`` files in any
+    ``checkpoints/`` folder under ``output_root/run_name`` (single runs and multirun jobs alike; every run when
+    ``run_name`` is None), the one written most recently (modification time; ties: the later path). None when
+    there is none. ``exclude``: a folder to leave out (a resumed run's own, still empty, folder).
+
+    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
+    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
+    root = Path(output_root) / run_name if run_name else Path(output_root)
+    skip = Path(exclude).resolve() if exclude is not None else None
+    candidates = [
+        p
+        for name in LAST_NAMES
+        for p in root.glob(f"**/checkpoints/{name}")
+        if p.is_file() and (skip is None or skip not in p.resolve().parents)
+    ]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
+
+
+def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs") -> Path:
+    """``spec`` as the commands take it: a path, or "last" (:func:`find_last_checkpoint` over every run under
+    ``output_root``)."""
+    if str(spec) != "last":
+        return Path(spec)
+    found = find_last_checkpoint(output_root)
+    if found is None:
+        raise CheckpointError(
+            f"no last.ckpt or on_exception.ckpt found under {output_root}/: train first (make train) or pass "
+            "--ckpt PATH"
+        )
+    return found
+
+
 # --- atomic saving ---------------------------------------------------------------------------------------------
 
 
@@ -116,11 +339,47 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     return fileio.remove_stale_temp_files(folder, ".*.ckpt.*.tmp")
 
 
-def atomic_save(checkpoint: dict[str, Any], path: str | Path, write: Any = torch.save) -> None:
-    """Writes ``checkpoint`` to ``path`` atomically (``fileio.atomic_write``); ``write(checkpoint, file)``
-    serialises. Temp files left by killed saves in the same folder are removed first."""
-    remove_stale_temp_files(Path(path).parent)
-    fileio.atomic_write(path, lambda f: write(checkpoint, f))
+def _kept(path: Path) -> str:
+    """What a failed save of ``path`` left in its place, for the error message."""
+    if not path.is_file():
+        return f"no {path.name} was written"
+    try:
+        step = load_checkpoint(path, mmap=True, verify=False).get("global_step")
+    except CheckpointError:
+        step = None
+    return f"the previous {path.name}{f' (step {step})' if step is not None else ''} is kept unchanged"
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err``: itself, or one it was raised from or while handling (torch.save reports a
+    full disk as a RuntimeError of its zip writer, raised while handling the OSError of the write)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
+    """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
+    ``write(checkpoint, file)`` serialises. Temp files left by killed saves in the same folder are removed first.
+    A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
+    file is removed and the previous ``path``, if any, is untouched."""
+    path = Path(path)
+    payload = with_checksum(checkpoint)
+    try:
+        remove_stale_temp_files(path.parent)
+        fileio.atomic_write(path, lambda f: write(payload, f))
+    except Exception as err:
+        cause = _os_error(err)
+        if cause is None:
+            raise
+        raise CheckpointSaveError(
+            f"could not save checkpoint {path}: {cause.strerror or cause}; {_kept(path)}. Free disk space or make "
+            f"{path.parent} writable, then resume with ckpt_path=last"
+        ) from err
 
 
 def _make_atomic_checkpoint_io() -> type:
@@ -128,7 +387,7 @@ def _make_atomic_checkpoint_io() -> type:
 
     class AtomicCheckpointIO(TorchCheckpointIO):
         """Lightning checkpoint I/O through :func:`atomic_save`: never a half-written checkpoint under its
-        final name. (Lightning's own ``_atomic_save`` puts its temp file in the system temp dir: when that is
+        final name, always with the checksum of its tensors (verified when resuming). (Lightning's own ``_atomic_save`` puts its temp file in the system temp dir: when that is
         another filesystem the final "rename" is a copy into place, which a kill can leave truncated; and
         nothing is fsync'ed.) Remote paths (``s3://``...) fall back to Lightning's implementation."""
 
@@ -138,6 +397,16 @@ def _make_atomic_checkpoint_io() -> type:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
             atomic_save(checkpoint, path, write=self.write)
+
+        def load_checkpoint(
+            self, path: Any, map_location: Any = None, weights_only: bool | None = None
+        ) -> Any:
+            """Lightning's load (resuming), then the checksum check of :func:`verify_checksum`."""
+            kwargs = {} if map_location is None else {"map_location": map_location}
+            checkpoint = super().load_checkpoint(path, weights_only=weights_only, **kwargs)
+            if "://" not in str(path):
+                verify_checksum(checkpoint, path)
+            return checkpoint
 
         def write(self, checkpoint: dict[str, Any], f: IO[bytes]) -> None:
             """Serialises ``checkpoint`` into the open temp file (the step a kill can interrupt)."""

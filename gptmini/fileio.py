@@ -53,6 +53,19 @@ def remove_stale_temp_files(folder: str | Path, pattern: str = ".*.tmp") -> list
     return removed
 
 
+def unwritable_reason(folder: str | Path) -> str | None:
+    """Why files cannot be created in ``folder`` (to be created with its parents if missing), or None when they
+    can: checked on its nearest existing ancestor, so nothing is created here."""
+    path = Path(folder).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is a file, not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable (permission denied)"
+    return None
+
+
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
     """``write(f)`` fills an open binary temp file that then replaces ``path`` atomically."""
     path = Path(path)

@@ -38,6 +38,14 @@ class GPTConfig:
     # Grouped-query attention: key/value heads shared by n_head / n_kv_head query heads each (1: multi-query;
     # None: n_head, plain multi-head). The KV cache stores only these heads.
     n_kv_head: int | None = None
+    # Where positions enter: "learned" (a position table added to the embeddings, GPT-2), "rope" (rotary
+    # embeddings of queries and keys, base rope_base) or "none" (NoPE: the causal mask alone orders tokens).
+    position: str = "learned"
+    rope_base: float = 10000.0
+    # Normalise queries and keys per head (RMSNorm with a learned gain) before their dot product.
+    qk_norm: bool = False
+    # A learned sigmoid gate on each head's output, elementwise, before the output projection.
+    attn_gate: bool = False
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
     kv_heads: int = field(init=False)
@@ -69,13 +77,31 @@ class GPTConfig:
                 f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: choose among "
                 f"{', '.join(str(d) for d in _divisors(self.n_head))} (1: multi-query; null: n_head)"
             )
+        if self.position not in POSITIONS:
+            raise ConfigError(
+                f"model.position={self.position!r} is invalid: valid values are {', '.join(POSITIONS)}"
+            )
+        if (
+            not isinstance(self.rope_base, (int, float))
+            or isinstance(self.rope_base, bool)
+            or self.rope_base <= 1
+        ):
+            raise ConfigError(
+                f"model.rope_base={self.rope_base!r} is invalid: it must be a number > 1 (10000 is usual)"
+            )
+        if self.position == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError(
+                f"model.position=rope needs an even head size, and n_embd / n_head = {self.n_embd // self.n_head}: "
+                "change model.n_head or model.n_embd"
+            )
         unsupported = set(self.attention_options()) - attention_class(self.attention).options
         if unsupported:
             option = sorted(unsupported)[0]
+            setting = _OPTION_SETTINGS.get(option, option)
             able = [n for n in available_attention() if option in attention_class(n).options]
             raise ConfigError(
-                f"model.{option}={getattr(self, option)!r} is not supported by model.attention={self.attention!r}: "
-                f"use model.attention={' or '.join(able) or '(none yet)'}, or leave model.{option} at its default"
+                f"model.{setting}={getattr(self, setting)!r} is not supported by model.attention={self.attention!r}: "
+                f"use model.attention={' or '.join(able) or '(none yet)'}, or leave model.{setting} at its default"
             )
         self.head_size = self.n_embd // self.n_head
         m = self.pad_vocab_multiple
@@ -104,7 +130,16 @@ class GPTConfig:
     def attention_options(self) -> dict[str, Any]:
         """The attention options that differ from plain causal multi-head attention, as keyword arguments
         for the attention class (each class declares in ``options`` which ones it honours)."""
-        return {"n_kv_head": self.kv_heads} if self.kv_heads != self.n_head else {}
+        options: dict[str, Any] = {}
+        if self.kv_heads != self.n_head:
+            options["n_kv_head"] = self.kv_heads
+        if self.position == "rope":
+            options["rope_base"] = float(self.rope_base)
+        if self.qk_norm:
+            options["qk_norm"] = True
+        if self.attn_gate:
+            options["attn_gate"] = True
+        return options
 
     def to_dict(self) -> dict:
         # Only the constructor fields: derived ones are recomputed on load.
@@ -123,6 +158,11 @@ class GPTConfig:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+POSITIONS = ("learned", "rope", "none")
+# the config setting behind an attention option, where the two are named differently (for messages)
+_OPTION_SETTINGS = {"rope_base": "position"}
 
 
 def available_presets() -> list[str]:
@@ -175,7 +215,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        # a position table only for learned positions; rope rotates q and k inside attention, none uses neither
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -193,9 +234,13 @@ class GPT(nn.Module):
         and residual output projections scaled by 1/sqrt(2 * n_layer) so the residual stream's variance does
         not grow with depth."""
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        norms = [m for m in self.modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm))]
+        for norm in norms:
+            norm.reset_parameters()  # gain 1, bias 0: a norm starts as the identity
+        norm_params = {id(p) for norm in norms for p in norm.parameters()}
         for name, p in self.named_parameters():
-            if name.startswith("ln_") or ".ln_" in name:
-                continue  # LayerNorm keeps weight=1, bias=0
+            if id(p) in norm_params:
+                continue
             if p.dim() >= 2:
                 std = residual_std if name.endswith(("out_proj.weight", "mlp.c_proj.weight")) else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
@@ -213,12 +258,17 @@ class GPT(nn.Module):
                 "crop the input to the last block_size tokens"
             )
 
+    def _embed(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(offset, offset + idx.size(1), dtype=torch.long, device=idx.device))
+        return self.drop(x)
+
     def hidden_states(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
         b, t = idx.shape  # (B, T)
         offset = kv_caches[0].pos if kv_caches is not None else 0
         self._check_length(t, offset)
-        pos = torch.arange(offset, offset + t, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self._embed(idx, offset)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_caches is None else kv_caches[i])
         return self.ln_f(x)  # (B, T, C)
@@ -253,8 +303,7 @@ class GPT(nn.Module):
         materialise these matrices, so ordinary steps pay nothing for this."""
         b, t = idx.shape
         self._check_length(t)
-        pos = torch.arange(t, dtype=torch.long, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self._embed(idx)
         maps = []
         for block in self.blocks:
             maps.append(block.attn.attention_probs(block.ln_1(x)))  # (B, nh, T, T)
@@ -360,7 +409,7 @@ class GPT(nn.Module):
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # parameters() counts a tied tensor once
         if exclude_embeddings:
-            n -= self.wpe.weight.numel()
+            n -= 0 if self.wpe is None else self.wpe.weight.numel()
             if not self.config.tie_weights:
                 n -= self.wte.weight.numel()
         return n

@@ -45,6 +45,8 @@ from gptmini.attention.numpy_reference import (  # noqa: E402  (isort: skip)
     numpy_additive_multihead_attention,
     numpy_attention,
     numpy_multihead_attention,
+    numpy_rms_norm,
+    numpy_rope,
     numpy_softmax,
 )
 from gptmini.attention.einsum import EinsumMultiHeadAttention  # noqa: E402  (isort: skip)
@@ -90,6 +92,8 @@ __all__ = [
     "numpy_additive_multihead_attention",
     "numpy_attention",
     "numpy_multihead_attention",
+    "numpy_rms_norm",
+    "numpy_rope",
     "numpy_softmax",
     "register_attention",
     "simplified_attention_scores",

@@ -103,3 +103,26 @@ def numpy_additive_multihead_attention(
     concat = np.concatenate(outputs, axis=-1)  # (B, T, h * d_k)
     output = concat @ W_o if b_o is None else concat @ W_o + b_o
     return output, np.stack(weights, axis=1)  # (B, T, d_out), (B, h, T, T)
+
+
+def numpy_rope(X: np.ndarray, base: float = 10000.0, start: int = 0) -> np.ndarray:
+    """Rotary embeddings of X (..., T, d) at positions start..start+T-1, written as explicit 2x2 rotations of
+    the dimension pairs (i, i + d/2) by angle position * base^(-2i/d)."""
+    X = np.asarray(X, dtype=np.float64)
+    T, d = X.shape[-2], X.shape[-1]
+    out = np.empty_like(X)
+    for t in range(T):
+        for i in range(d // 2):
+            a = (start + t) * base ** (-2 * i / d)
+            rot = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+            pair = np.stack([X[..., t, i], X[..., t, i + d // 2]], axis=-1)  # (..., 2)
+            turned = pair @ rot.T
+            out[..., t, i], out[..., t, i + d // 2] = turned[..., 0], turned[..., 1]
+    return out
+
+
+def numpy_rms_norm(X: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6) -> np.ndarray:
+    """X / sqrt(mean(X^2) + eps) over the last axis, times weight."""
+    X = np.asarray(X, dtype=np.float64)
+    Y = X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + eps)
+    return Y if weight is None else Y * weight

@@ -14,11 +14,13 @@ from gptmini.attention.base import (
     causal_probs,
     check_heads,
     check_length,
+    copy_param,
     set_fused_qkv,
     set_out_proj,
 )
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
+from gptmini.attention.rope import apply_rope, rope_angles
 
 
 @register_attention("sdpa")
@@ -27,11 +29,13 @@ class CausalSelfAttention(LMAttention):
 
     With ``n_kv_head < n_head`` (grouped-query attention, Ainslie et al. 2023) keys and values have fewer
     heads, each shared by ``n_head // n_kv_head`` consecutive query heads (SDPA's ``enable_gqa`` convention),
-    and the KV cache holds only those."""
+    and the KV cache holds only those. ``rope_base`` rotates queries and keys by their positions (RoPE, see
+    ``rope``), ``qk_norm`` RMS-normalises them per head first, ``attn_gate`` multiplies each head's output by a
+    learned sigmoid gate of the input before the output projection. All of these keep SDPA's fused kernel."""
 
     supports_kv_cache = True
     gpt2_compatible = True
-    options = frozenset({"n_kv_head"})
+    options = frozenset({"n_kv_head", "rope_base", "qk_norm", "attn_gate"})
 
     def __init__(
         self,
@@ -41,6 +45,9 @@ class CausalSelfAttention(LMAttention):
         dropout: float = 0.0,
         bias: bool = True,
         n_kv_head: int | None = None,
+        rope_base: float | None = None,
+        qk_norm: bool = False,
+        attn_gate: bool = False,
     ):
         super().__init__()
         check_heads(d_model, n_head)
@@ -56,6 +63,15 @@ class CausalSelfAttention(LMAttention):
         # one matmul instead of three: queries (C) and the keys and values of the kv heads (C_kv each)
         self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # RMSNorm over each head's dimensions, one gain vector shared by the heads (as OLMo 2 / Qwen3 do)
+        self.q_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
+        self.gate = nn.Linear(d_model, d_model, bias=bias) if attn_gate else None
+        self.rope = rope_base is not None
+        if self.rope:
+            cos, sin = rope_angles(self.head_size, context_length, rope_base)  # (T_max, hs/2) each
+            self.register_buffer("rope_cos", cos, persistent=False)  # recomputed, never stored in checkpoints
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     @property
     def grouped(self) -> bool:
@@ -72,6 +88,16 @@ class CausalSelfAttention(LMAttention):
         )  # (B, n_kv, T, hs)
         return q, k, v
 
+    def _position(self, q: Tensor, k: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        # queries and keys as they enter the dot product: normalised, then rotated to absolute positions
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            T = q.shape[-2]
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: object) -> Tensor:
         if self.grouped:  # the kernel repeats each kv head for its group of query heads without copying
             kwargs["enable_gqa"] = True
@@ -81,13 +107,14 @@ class CausalSelfAttention(LMAttention):
 
     def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
         B, T, C = x.shape
-        check_length(T, self.context_length)
+        start = 0 if kv_cache is None else kv_cache.pos  # absolute position of the first new token
+        check_length(T, self.context_length, start)
         q, k, v = self._qkv(x)
+        q, k = self._position(q, k, start)  # keys enter the cache already rotated: each is rotated once
         if kv_cache is None:
             # the kernel never materialises the (T, T) probabilities: flash / memory-efficient attention
             y = self._attend(q, k, v, is_causal=True)
         else:
-            start = kv_cache.pos  # absolute position of the first new token
             k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
             if T == 1:
                 # a single new token may see every cached key
@@ -101,18 +128,37 @@ class CausalSelfAttention(LMAttention):
                 allowed = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
                 y = self._attend(q, k, v, attn_mask=allowed)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, nh, hs) -> merge heads
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x))  # each head's output, dimension by dimension
         return self.out_proj(y)
 
     def attention_probs(self, x: Tensor) -> Tensor:
         # the explicit path the fused kernel skips, for inspection and plotting
         check_length(x.shape[1], self.context_length)
         q, k, _ = self._qkv(x)
+        q, k = self._position(q, k)
         k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # query head h reads kv head h // group
         return causal_probs(q, k)  # (B, nh, T, T)
 
+    def _extra(self) -> dict[str, Tensor | None]:
+        # the parameters only some options add, by the names AttentionWeights.extra uses
+        extra: dict[str, Tensor | None] = {}
+        if self.q_norm is not None:
+            extra |= {"q_norm.weight": self.q_norm.weight, "k_norm.weight": self.k_norm.weight}
+        if self.gate is not None:
+            extra |= {"gate.weight": self.gate.weight, "gate.bias": self.gate.bias}
+        return {name: p for name, p in extra.items() if p is not None}
+
     def get_weights(self) -> AttentionWeights:
-        return AttentionWeights(self.qkv.weight, self.qkv.bias, self.out_proj.weight, self.out_proj.bias)
+        weights = AttentionWeights(self.qkv.weight, self.qkv.bias, self.out_proj.weight, self.out_proj.bias)
+        weights.extra = self._extra()
+        return weights
 
     def set_weights(self, weights: AttentionWeights) -> None:
+        mine = self._extra()
+        if set(weights.extra) != set(mine):
+            raise ValueError(f"expected extra weights {sorted(mine)}, got {sorted(weights.extra)}")
         set_fused_qkv(self.qkv.weight, self.qkv.bias, weights)
         set_out_proj(self.out_proj, weights)
+        for name, param in mine.items():
+            copy_param(param, weights.extra[name], name)

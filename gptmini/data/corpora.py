@@ -6,6 +6,7 @@ use ``EMBEDDED_SOURCES`` and ``is_url`` from here.
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.util
 import logging
 import re
@@ -115,8 +116,26 @@ def source_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "corpus"
 
 
-def default_out_dir(source: str, tokenizer: str) -> Path:
-    return Path("data") / f"{source_name(source)}_{tokenizer}"
+def source_identity(source: str) -> str:
+    """What names a source independently of the current folder: the embedded corpus's name, a URL, or the
+    absolute path (or glob pattern) of local files."""
+    if source in EMBEDDED_SOURCES or is_url(source):
+        return source
+    return str(Path(source).expanduser().absolute())
+
+
+def prepared_folder_name(source: str, tokenizer: str) -> str:
+    """The prepared-data folder of ``source`` tokenized with ``tokenizer``: ``<source name>_<tokenizer>`` for the
+    embedded corpus, ``<source name>_<8 hex digits of its identity>_<tokenizer>`` for anything else, so two
+    corpora never share (and re-prepare) one folder, whatever their file names."""
+    if source in EMBEDDED_SOURCES:
+        return f"{source}_{tokenizer}"
+    key = hashlib.sha256(source_identity(source).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{source_name(source)}_{key}_{tokenizer}"
+
+
+def default_out_dir(source: str, tokenizer: str, data_root: str | Path = "data") -> Path:
+    return Path(data_root) / prepared_folder_name(source, tokenizer)
 
 
 def download(url: str, dest_dir: str | Path, timeout: float = 60.0) -> Path:

@@ -131,9 +131,11 @@ def prepare(
     force: bool = False,
     num_threads: int | None = None,
 ) -> PreparedData:
-    """Tokenize ``source`` once into ``out_dir`` (default ``data/<source>_<tokenizer>``); skip if current.
+    """Tokenize ``source`` once into ``out_dir`` (default ``data/<source name>_<hash of the source>_<tokenizer>``,
+    see ``corpora.prepared_folder_name``); skip if current.
 
-    The split is nanoGPT's: the first ``1 - val_fraction`` of the token stream is train, the rest val.
+    The split is nanoGPT's: the first ``1 - val_fraction`` of the token stream is train, the rest val. A write
+    that fails (full disk, unwritable folder) raises DataError and leaves ``out_dir`` as it was.
     """
     t0 = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
@@ -169,31 +171,37 @@ def prepare(
         "vocab_file": VOCAB_FILE if isinstance(tok, CharTokenizer) else None,
     }
 
-    # fileio makes one file atomic; the three are swapped together here. Each is first written (and fsynced)
-    # into a staging folder inside ``out`` (same filesystem: the commit is renames only), so a crash before the
-    # commit leaves ``out`` exactly as it was.
-    out.mkdir(parents=True, exist_ok=True)
-    stage = temp_name(out / "prepare")
-    stage.mkdir()
     try:
-        for split, array in splits.items():
-            atomic_write(stage / f"{split}.bin", array.tofile)  # (tokens,) raw little-endian
-        if isinstance(tok, CharTokenizer):
-            tok.save(stage / VOCAB_FILE)
-        atomic_write_json(stage / META_FILE, meta, sort_keys=True)
-        # Commit: drop the old meta first so a half-swapped folder never validates, meta.json last, and only
-        # once the renames of the files it describes are on disk.
-        (out / META_FILE).unlink(missing_ok=True)
-        if not isinstance(tok, CharTokenizer):
-            (out / VOCAB_FILE).unlink(missing_ok=True)
-        for name in sorted(os.listdir(stage)):
-            if name != META_FILE:
-                os.replace(stage / name, out / name)
-        fsync_dir(out)
-        os.replace(stage / META_FILE, out / META_FILE)
-        fsync_dir(out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        # fileio makes one file atomic; the three are swapped together here. Each is first written (and
+        # fsynced) into a staging folder inside ``out`` (same filesystem: the commit is renames only), so a crash
+        # before the commit leaves ``out`` exactly as it was.
+        out.mkdir(parents=True, exist_ok=True)
+        stage = temp_name(out / "prepare")
+        stage.mkdir()
+        try:
+            for split, array in splits.items():
+                atomic_write(stage / f"{split}.bin", array.tofile)  # (tokens,) raw little-endian
+            if isinstance(tok, CharTokenizer):
+                tok.save(stage / VOCAB_FILE)
+            atomic_write_json(stage / META_FILE, meta, sort_keys=True)
+            # Commit: drop the old meta first so a half-swapped folder never validates, meta.json last, and
+            # only once the renames of the files it describes are on disk.
+            (out / META_FILE).unlink(missing_ok=True)
+            if not isinstance(tok, CharTokenizer):
+                (out / VOCAB_FILE).unlink(missing_ok=True)
+            for name in sorted(os.listdir(stage)):
+                if name != META_FILE:
+                    os.replace(stage / name, out / name)
+            fsync_dir(out)
+            os.replace(stage / META_FILE, out / META_FILE)
+            fsync_dir(out)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    except OSError as e:
+        raise DataError(
+            f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
+            "space or point paths.data_root (gptmini-prepare: --out) at a writable folder"
+        ) from e
     return PreparedData(out, meta, skipped=False, seconds=time.perf_counter() - t0)
 
 
@@ -261,6 +269,50 @@ def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) 
     return build_tokenizer(meta["tokenizer"], vocab)
 
 
+def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
+    """Refuse a context longer than a split can fill (the same check the window datasets make), from meta.json
+    alone: before any model is built or any token is read."""
+    for split in SPLITS:
+        tokens = int(meta["splits"].get(split, {}).get("tokens", 0))
+        if (split == "train" or tokens > 0) and tokens < block_size + 1:
+            fix = "a larger val_fraction" if split == "val" else "a smaller val_fraction"
+            raise DataError(
+                f"split {split!r} has {tokens} tokens but block_size={block_size} needs at least "
+                f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
+            )
+
+
+def _fingerprint(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a checkpoint records about the prepared data it was trained on (plain JSON data):
+    ``tokenizer_fingerprint`` changes with the tokenizer (for ``char``, with its exact vocabulary: ids mean other
+    characters), ``fingerprint`` with anything in the token files (corpus text, tokenizer, split)."""
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir) if meta is None else meta
+    tokenizer: dict[str, Any] = {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"]}
+    if meta.get("vocab_file"):
+        tokenizer["chars"] = "".join(CharTokenizer.load(data_dir / meta["vocab_file"]).chars)
+    tokenizer_fingerprint = _fingerprint(tokenizer)
+    data = {
+        "tokenizer": tokenizer_fingerprint,
+        "source_sha256": meta.get("source_sha256"),
+        "val_fraction": meta.get("val_fraction"),
+        "dtype": meta.get("dtype"),
+        "splits": {s: info.get("tokens") for s, info in sorted(meta["splits"].items())},
+    }
+    return {
+        "fingerprint": _fingerprint(data),
+        "tokenizer_fingerprint": tokenizer_fingerprint,
+        "data_dir": str(data_dir),
+        "source": meta.get("source"),
+        "tokenizer": meta["tokenizer"],
+        "vocab_size": int(meta["vocab_size"]),
+    }
+
+
 def check_vocab(model_vocab_size: int, meta: Mapping[str, Any]) -> None:
     """Refuse a model whose embedding table cannot hold every token id of the prepared data."""
     need = int(meta["vocab_size"])
@@ -285,7 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="'shakespeare' (embedded), a file, a dir of *.txt, a glob, or a URL",
     )
     parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(available_tokenizers())}")
-    parser.add_argument("--out", default=None, help="output folder (default: data/<source>_<tokenizer>)")
+    parser.add_argument(
+        "--out", default=None, help="output folder (default: data/<source name>_<source hash>_<tokenizer>)"
+    )
     parser.add_argument(
         "--val-fraction", type=float, default=0.1, help="last fraction of tokens kept for val"
     )

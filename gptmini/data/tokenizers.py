@@ -271,6 +271,24 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
+def encode_known(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[str]]:
+    """The ids of ``text`` without the characters ``tokenizer`` cannot encode (a char vocabulary built from a
+    corpus that lacks them), and those characters (distinct, in order of appearance). For prompts and probe
+    texts, which must work on any corpus; corpora themselves are encoded strictly."""
+    try:
+        return tokenizer.encode(text), []
+    except TokenizerError:
+        pass
+    known, unknown = [], []
+    for c in text:
+        try:
+            known.extend(tokenizer.encode(c))
+        except TokenizerError:
+            if c not in unknown:
+                unknown.append(c)
+    return known, unknown
+
+
 def available_tokenizers() -> list[str]:
     return ["gpt2", "char", *sorted(n for n in tiktoken.list_encoding_names() if n != "gpt2")]
 

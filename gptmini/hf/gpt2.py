@@ -266,6 +266,11 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.attention={c.attention!r}: only "
             f"{', '.join(gpt2_attention())} hold GPT-2's q/k/v projections (use model.attention=sdpa)"
         )
+    if c.position != "learned":
+        raise HFWeightsError(
+            f"cannot {what} GPT-2 weights with model.position={c.position!r}: GPT-2 learns a table of positions "
+            "(use model.position=learned)"
+        )
     for option, value in c.attention_options().items():
         raise HFWeightsError(
             f"cannot {what} GPT-2 weights with model.{option}={value}: GPT-2 has plain multi-head attention "

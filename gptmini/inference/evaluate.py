@@ -9,7 +9,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,10 +18,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gptmini.checkpoint import CheckpointError, model_from_checkpoint
+from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import check_vocab, load_meta, load_split
 from gptmini.data.windows import StridedWindowDataset
+from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.inference.sample import find_checkpoint
 from gptmini.model import GPT
 
@@ -81,12 +81,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.out and (reason := unwritable_reason(Path(args.out).absolute().parent)) is not None:
+            raise DataError(f"--out {args.out} cannot be written: {reason}")
         path = find_checkpoint(args.ckpt)
-        model, run_config = model_from_checkpoint(path, map_location=args.device)
+        model, checkpoint = model_and_checkpoint(path, map_location=args.device)
+        run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
         data_dir = args.data_dir or run_config.get("data", {}).get("data_dir")
         if not data_dir:
             raise DataError("the checkpoint does not name its data folder: pass --data-dir")
         meta = load_meta(data_dir)
+        # The folder it trained on must still hold that data (a folder re-prepared from another corpus would give
+        # a wrong loss, silently); other data given explicitly with --data-dir is evaluated, with a note.
+        other = check_trained_data(
+            path,
+            checkpoint,
+            data_dir,
+            meta,
+            other_data="warn" if args.data_dir else "refuse",
+            fix="it was re-prepared since; prepare the original corpus again, or pass --data-dir to evaluate on "
+            "this data on purpose",
+        )
+        if other:
+            log.info("note: %s", other)
         trained_with = run_config.get("tokenizer", {}).get("name")
         if trained_with and meta.get("tokenizer") != trained_with:
             raise DataError(
@@ -109,9 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     text = json.dumps(result, indent=2)
     if args.out:
-        tmp = Path(args.out).with_suffix(".json.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, args.out)
+        try:
+            atomic_write_text(args.out, text + "\n")
+        except OSError as err:
+            log.error(
+                "error: cannot write --out %s: %s (the result is printed below)",
+                args.out,
+                err.strerror or err,
+            )
+            sys.stdout.write(text + "\n")
+            return 2
     sys.stdout.write(text + "\n")
     return 0
 

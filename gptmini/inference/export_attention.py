@@ -16,16 +16,15 @@ from pathlib import Path
 import torch
 
 from gptmini.checkpoint import CheckpointError
-from gptmini.inference.sample import load_for_inference
+from gptmini.fileio import unwritable_reason
+from gptmini.inference.sample import encode_prompt, load_for_inference
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
 log = logging.getLogger("gptmini.inference.export_attention")
 
 
 def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_tokens: int = 48) -> list[Path]:
-    ids = tokenizer.encode(text)[: min(max_tokens, model.config.block_size)]
-    if not ids:
-        raise ValueError("--text encodes to no tokens: give at least one character")
+    ids = encode_prompt(tokenizer, text, "--text")[: min(max_tokens, model.config.block_size)]
     device = next(model.parameters()).device
     maps = model.eval().attention_maps(torch.tensor([ids], device=device))[:, 0]  # (n_layer, n_head, T, T)
     grids, means = attention_figures(maps, token_labels(tokenizer, ids))
@@ -67,10 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if (reason := unwritable_reason(args.out)) is not None:
+            raise ValueError(f"--out {args.out} cannot be written: {reason}")
         model, tokenizer = load_for_inference(args.ckpt, resolve_device(args.device), args.data_dir)
         files = export_attention(model, tokenizer, args.text, args.out, args.max_tokens)
     except (CheckpointError, ValueError) as err:
         log.error("error: %s", err)
+        return 2
+    except OSError as err:  # a full disk while writing the images
+        log.error("error: cannot write the attention maps to %s: %s", args.out, err.strerror or err)
         return 2
     log.info("wrote %d PNG files to %s", len(files), args.out)
     return 0

@@ -11,33 +11,37 @@ from typing import Any
 
 import torch
 
-from gptmini.checkpoint import CheckpointError, model_from_checkpoint
+from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint, resolve_checkpoint
 from gptmini.model import GPT
 
 log = logging.getLogger("gptmini.inference.sample")
 
 
 def find_checkpoint(spec: str, output_root: str | Path = "outputs") -> Path:
-    """``spec`` is a path, or "last": the newest last/on_exception checkpoint of any run under output_root."""
-    if spec != "last":
-        return Path(spec)
-    candidates = [
-        p for pattern in ("**/last.ckpt", "**/on_exception.ckpt") for p in Path(output_root).glob(pattern)
-    ]
-    if not candidates:
-        raise CheckpointError(
-            f"no checkpoint found under {output_root}/: train first (make train) or pass --ckpt PATH"
-        )
-    return max(candidates, key=lambda p: p.stat().st_mtime)
+    """``spec`` is a path, or "last" (``gptmini.checkpoint.find_last_checkpoint``: the most recently written
+    last.ckpt or on_exception.ckpt of any run under ``output_root``, the rule of every command)."""
+    return resolve_checkpoint(spec, output_root)
 
 
-def tokenizer_for_run(run_config: dict[str, Any], data_dir: str | Path | None = None) -> Any:
-    """The tokenizer a checkpoint was trained with: from its prepared data folder (char vocab) or by name."""
+def tokenizer_for_run(
+    run_config: dict[str, Any],
+    data_dir: str | Path | None = None,
+    checkpoint: tuple[Path, dict[str, Any]] | None = None,
+) -> Any:
+    """The tokenizer a checkpoint was trained with: from its prepared data folder (char vocab) or by name.
+    ``checkpoint`` (path, dict): refuse a folder tokenized otherwise than the data the checkpoint recorded."""
     from gptmini.data.prepare import load_tokenizer
     from gptmini.data.tokenizers import build_tokenizer
 
     folder = Path(data_dir) if data_dir else Path(run_config.get("data", {}).get("data_dir", ""))
     if (folder / "meta.json").is_file():
+        if checkpoint is not None:
+            check_trained_data(
+                *checkpoint,
+                folder,
+                other_data="allow",
+                fix="pass --data-dir with the prepared folder it was trained on",
+            )
         return load_tokenizer(folder)
     name = run_config.get("tokenizer", {}).get("name", "gpt2")
     if name == "char":
@@ -50,9 +54,49 @@ def tokenizer_for_run(run_config: dict[str, Any], data_dir: str | Path | None = 
 
 def load_for_inference(ckpt: str, device: str, data_dir: str | None = None) -> tuple[GPT, Any]:
     path = find_checkpoint(ckpt)
-    model, run_config = model_from_checkpoint(path, map_location=device)
+    model, checkpoint = model_and_checkpoint(path, map_location=device)
+    run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
+    tokenizer = tokenizer_for_run(run_config, data_dir, (path, checkpoint))
     log.info("loaded %s (%s parameters)", path, f"{model.num_parameters():,}")
-    return model.to(device), tokenizer_for_run(run_config, data_dir)
+    return model.to(device), tokenizer
+
+
+def encode_prompt(tokenizer: Any, text: str, option: str) -> list[int]:
+    """``text`` as ids; characters the tokenizer's vocabulary lacks (a char vocabulary) are left out with one
+    warning, and a text with nothing left is refused (ValueError naming ``option``)."""
+    from gptmini.data.tokenizers import encode_known
+
+    ids, unknown = encode_known(tokenizer, text)
+    if unknown:
+        log.warning(
+            "%s: the characters %s are not in the checkpoint's vocabulary and are left out",
+            option,
+            " ".join(repr(c) for c in unknown),
+        )
+    if not ids:
+        raise ValueError(
+            f"{option} {text!r} encodes to no tokens{' of this vocabulary' if unknown else ''}: give at least one "
+            "character the corpus contains"
+        )
+    return ids
+
+
+def decode_samples(tokenizer: Any, rows: list[list[int]], model_vocab_size: int) -> list[str]:
+    """Each row of ids as text; an id the tokenizer lacks (a model whose vocab_size exceeds its tokenizer's can
+    generate one) is a ValueError saying so."""
+    from gptmini.data.tokenizers import TokenizerError
+
+    try:
+        return [tokenizer.decode(row) for row in rows]
+    except (TokenizerError, KeyError) as err:
+        why = (
+            f": the checkpoint's vocab_size {model_vocab_size} is larger than its tokenizer's "
+            f"{tokenizer.vocab_size}, so it can generate ids the tokenizer does not have (train with "
+            "model.vocab_size=null)"
+            if model_vocab_size > tokenizer.vocab_size
+            else ""
+        )
+        raise ValueError(f"cannot decode the generated text ({err}){why}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,9 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         model, tokenizer = load_for_inference(args.ckpt, args.device, args.data_dir)
-        ids = tokenizer.encode(args.prompt)
-        if not ids:
-            raise CheckpointError("--prompt encodes to no tokens: give at least one character")
+        ids = encode_prompt(tokenizer, args.prompt, "--prompt")
         idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)
         gen = torch.Generator(device=args.device).manual_seed(args.seed)
         out = model.generate(
@@ -89,13 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             use_cache=not args.no_cache,
             generator=gen,
         )
+        texts = decode_samples(tokenizer, out.tolist(), model.config.vocab_size)
     except (CheckpointError, ValueError) as err:
         log.error("error: %s", err)
         return 2
-    for i, row in enumerate(out.tolist()):
+    for i, text in enumerate(texts):
         if args.num_samples > 1:
             sys.stdout.write(f"--- sample {i + 1} ---\n")
-        sys.stdout.write(tokenizer.decode(row) + "\n")
+        sys.stdout.write(text + "\n")
     return 0
 
 

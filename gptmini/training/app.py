@@ -6,8 +6,10 @@ the run with one line naming the key and the fix, and exit status 2; ``HYDRA_FUL
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -23,15 +25,15 @@ from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.config import (
     RunError,
     check_input_files,
+    check_training_memory,
     register_configs,
     resolve_ckpt_path,
     resolve_precision,
     validate_config,
 )
+from gptmini.training.hardware import DeviceFacts, detect_device, hardware_summary
 
 log = logging.getLogger("gptmini.training.app")
-
-CONF_DIR = str(conf_dir())
 
 
 # --- the run ------------------------------------------------------------------------------------------------
@@ -56,6 +58,23 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
+def _log_hardware(cfg: DictConfig, machine: DeviceFacts, precision: str) -> None:
+    """One line, among a run's first: the machine, which defaults the run started from (hardware=auto|cpu|gpu)
+    and how to pick the others, the precision and compile."""
+    from hydra.core.hydra_config import HydraConfig
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:
+        return
+    choice = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
+    log.info(
+        "%s; precision %s, compile %s",
+        hardware_summary(choice, machine),
+        precision,
+        "on" if cfg.compile else "off",
+    )
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
     gpt_config = validate_config(cfg)
@@ -68,8 +87,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     _quiet_lightning()
 
-    from gptmini.checkpoint import AtomicCheckpointIO, check_resume_compatible
-    from gptmini.data.prepare import check_vocab, load_meta
+    from gptmini.checkpoint import (
+        AtomicCheckpointIO,
+        check_resume_compatible,
+        check_trained_data,
+        load_checkpoint,
+    )
+    from gptmini.data.prepare import check_block_size, check_vocab, data_identity, load_meta
     from gptmini.training.module import GPTLightningModule
 
     ckpt_path = resolve_ckpt_path(cfg)
@@ -77,7 +101,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_cfg["precision"] = resolve_precision(trainer_cfg)
+    machine = detect_device()
+    trainer_cfg["precision"] = resolve_precision(trainer_cfg, machine)
+    _log_hardware(cfg, machine, trainer_cfg["precision"])
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None and "_target_" in c]
     if trainer_cfg.get("enable_model_summary", True):
         from lightning.pytorch.callbacks import ModelSummary
@@ -110,9 +136,33 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     init_from = model_dict.pop("init_from", None)
     if model_dict["vocab_size"] is None:
         model_dict["vocab_size"] = tokenizer_vocab
-    check_vocab(model_dict["vocab_size"], load_meta(datamodule.data_dir))
+    meta = load_meta(datamodule.data_dir)
+    check_vocab(model_dict["vocab_size"], meta)
+    check_block_size(model_dict["block_size"], meta)
     gpt_config = GPTConfig.from_dict(model_dict)
+    # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
+    check_training_memory(
+        gpt_config,
+        cfg.data.batch_size,
+        trainer_cfg["precision"],
+        trainer.strategy.root_device,
+        processes=trainer.num_devices,
+    )
+    identity = data_identity(datamodule.data_dir, meta)
     if ckpt_path is not None:
+        # The data first: another vocabulary is the cause of a vocab_size difference the shape check would name.
+        other_data = check_trained_data(
+            ckpt_path,
+            load_checkpoint(ckpt_path, mmap=True),
+            datamodule.data_dir,
+            meta,
+            other_data="warn",
+            fix="resume with the data settings it was trained on, or start a new run without ckpt_path",
+        )
+        if other_data:
+            log.warning(
+                "resuming on other data: %s; the run will differ from one never interrupted", other_data
+            )
         check_resume_compatible(ckpt_path, gpt_config.to_dict())
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
@@ -122,6 +172,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         scheduler=instantiate(cfg.scheduler) if cfg.scheduler is not None else None,
         compile=cfg.compile,
         run_config=run_config,
+        data_identity=identity,
     )
     if init_from and ckpt_path is None:
         from gptmini.hf import load_hf_weights
@@ -198,8 +249,23 @@ EXIT_SIGTERM = 143  # 128 + SIGTERM: preemption, on_exception.ckpt saved at a st
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+def _remove_failed_run_folder(output_dir: Path) -> None:
+    """Removes the folder Hydra created for a run that failed before doing anything, when it holds only Hydra's
+    own files (``.hydra/``, ``train.log``) and empty folders, and its run_name folder if that is left empty: a
+    failed check leaves no run behind. Anything else in it (a checkpoint, TensorBoard events) keeps it."""
+    if not output_dir.is_dir():
+        return
+    for path in output_dir.rglob("*"):
+        rel = path.relative_to(output_dir)
+        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel == Path("train.log")):
+            return
+    shutil.rmtree(output_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        output_dir.parent.rmdir()  # only when empty
+
+
 def _hydra_main(cfg: DictConfig) -> float | None:
+    """The Hydra task function (see ``main``)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
         check_input_files(cfg)  # corpus / init_from paths: before anything else
@@ -211,6 +277,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if isinstance(err, InstantiationException) and err.__cause__ is not None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
         log.error("error: %s", msg)
+        _remove_failed_run_folder(Path(cfg.paths.output_dir))
         sys.exit(EXIT_USER_ERROR)
     except (
         KeyboardInterrupt
@@ -258,7 +325,14 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    _hydra_main()
+    # The config folder is looked up here, not at import: without it (a broken install) even --help is one
+    # clear line instead of a traceback.
+    try:
+        config_path = str(conf_dir())
+    except FileNotFoundError as err:
+        sys.stderr.write(f"error: {err}\n")
+        sys.exit(EXIT_USER_ERROR)
+    hydra.main(version_base="1.3", config_path=config_path, config_name="train")(_hydra_main)()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import signal
@@ -13,12 +14,14 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.throughput import Throughput, get_available_flops
+from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ModelSummary, OnExceptionCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
+from gptmini.data.tokenizers import encode_known
+from gptmini.training import hardware
 from gptmini.training.lightning_compat import request_graceful_stop
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
@@ -42,7 +45,84 @@ def _tokenizer(trainer: L.Trainer) -> Any | None:
     return tokenizer() if callable(tokenizer) else tokenizer
 
 
-class AttentionMapLogger(L.Callback):
+def _guarded(hook: Any) -> Any:
+    @functools.wraps(hook)
+    def guarded(self: Any, trainer: L.Trainer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(self, trainer, *args, **kwargs)
+        except Exception as err:
+            reported = self.__dict__.setdefault("_reported_failures", set())
+            if hook.__name__ not in reported:
+                reported.add(hook.__name__)
+                log.warning(
+                    "%s.%s failed at step %d and is skipped; training goes on (reported once): %s: %s",
+                    type(self).__name__,
+                    hook.__name__,
+                    trainer.global_step,
+                    type(err).__name__,
+                    err,
+                )
+            return None
+
+    return guarded
+
+
+class LoggingCallback(L.Callback):
+    """Base of the callbacks that only observe and log (attention maps, text samples, throughput, the summary):
+    none of them may ever stop a training run. Every Lightning hook a subclass defines is guarded: an exception
+    in it is logged once, as a warning naming the callback, the hook and the error, and training goes on."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if name.startswith("on_") and callable(value) and hasattr(L.Callback, name):
+                setattr(cls, name, _guarded(value))
+
+
+class PromptTokens:
+    """A configured text (probe, prompt) as ids of the run's tokenizer, whatever its vocabulary: characters a
+    char vocabulary lacks are left out, with one warning; when nothing but whitespace is left, the first tokens
+    of the validation (else training) data stand in, so the logger still shows something of this corpus."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # the config key, for the warning
+        self._warned = False
+
+    def __call__(self, text: str, tokenizer: Any, trainer: L.Trainer, limit: int) -> list[int]:
+        ids, unknown = encode_known(tokenizer, text)
+        from_data = not tokenizer.decode(ids).strip()
+        if from_data:
+            ids = self._from_data(trainer, limit)
+        if (unknown or from_data) and not self._warned:
+            self._warned = True
+            left_out = (
+                f"the characters {' '.join(repr(c) for c in unknown)} are not in this corpus's vocabulary and "
+                "are left out"
+                if unknown
+                else "it encodes to no tokens"
+            )
+            log.warning(
+                "%s: %s%s; set %s to text of this corpus",
+                self.key,
+                left_out,
+                "; nothing but whitespace is left, so the start of the validation data stands in"
+                if from_data
+                else "",
+                self.key,
+            )
+        return ids[:limit]
+
+    @staticmethod
+    def _from_data(trainer: L.Trainer, limit: int) -> list[int]:
+        datamodule = getattr(trainer, "datamodule", None)
+        for name in ("val_dataset", "train_dataset"):
+            dataset = getattr(datamodule, name, None)
+            if dataset is not None and len(dataset.tokens) > 0:
+                return [int(t) for t in dataset.tokens[:limit]]
+        return []
+
+
+class AttentionMapLogger(LoggingCallback):
     """At each validation, runs a fixed probe text through the model's explicit attention path and logs, for
     every layer, a grid of head heatmaps, the head-averaged map and each head's entropy. Nothing runs during
     ordinary training steps."""
@@ -54,6 +134,7 @@ class AttentionMapLogger(L.Callback):
     ) -> None:
         self.probe_text = probe_text
         self.max_tokens = max_tokens
+        self._probe = PromptTokens("callbacks.attention_maps.probe_text")
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -63,12 +144,16 @@ class AttentionMapLogger(L.Callback):
         if writer is None or tokenizer is None:
             return
         model = pl_module.model
-        ids = tokenizer.encode(self.probe_text)[: min(self.max_tokens, model.config.block_size)]
+        ids = self._probe(self.probe_text, tokenizer, trainer, min(self.max_tokens, model.config.block_size))
+        if not ids:
+            return
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
         was_training = model.training
         model.eval()
-        maps = model.attention_maps(idx)[:, 0]  # (n_layer, n_head, T, T)
-        model.train(was_training)
+        try:
+            maps = model.attention_maps(idx)[:, 0]  # (n_layer, n_head, T, T)
+        finally:
+            model.train(was_training)
         step = trainer.global_step
         grids, means = attention_figures(maps, token_labels(tokenizer, ids))
         for layer, (grid, mean) in enumerate(zip(grids, means, strict=True)):
@@ -82,7 +167,7 @@ class AttentionMapLogger(L.Callback):
                 )
 
 
-class TextSampleLogger(L.Callback):
+class TextSampleLogger(LoggingCallback):
     """At each validation, continues a prompt and logs the text to TensorBoard (and the console log)."""
 
     def __init__(
@@ -98,6 +183,7 @@ class TextSampleLogger(L.Callback):
         self.temperature = temperature
         self.top_k = top_k
         self.seed = seed
+        self._prompt = PromptTokens("callbacks.text_samples.prompt")
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -107,13 +193,18 @@ class TextSampleLogger(L.Callback):
         if tokenizer is None:
             return
         model = pl_module.model
-        idx = torch.tensor([tokenizer.encode(self.prompt)], dtype=torch.long, device=pl_module.device)
+        ids = self._prompt(self.prompt, tokenizer, trainer, model.config.block_size)
+        if not ids:
+            return
+        idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
         # A private generator: sampling must not disturb the global RNG streams (exact resume).
         gen = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         was_training = model.training
         model.eval()
-        out = model.generate(idx, self.max_new_tokens, self.temperature, self.top_k, generator=gen)
-        model.train(was_training)
+        try:
+            out = model.generate(idx, self.max_new_tokens, self.temperature, self.top_k, generator=gen)
+        finally:
+            model.train(was_training)
         text = tokenizer.decode(out[0].tolist())
         log.info("sample at step %d:\n%s", trainer.global_step, text)
         writer = _tensorboard(trainer)
@@ -122,7 +213,7 @@ class TextSampleLogger(L.Callback):
             writer.add_text("samples/text", "    " + text.replace("\n", "\n    "), trainer.global_step)
 
 
-class TokenThroughputMonitor(L.Callback):
+class TokenThroughputMonitor(LoggingCallback):
     """Training throughput in tokens, logged as ``perf/tokens_per_sec`` (this device), ``perf/mfu``,
     ``perf/flops_per_sec``, ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and
     ``perf/tokens_seen``.
@@ -130,7 +221,12 @@ class TokenThroughputMonitor(L.Callback):
     Built on Lightning's public ``Throughput`` (rolling averages over the last ``window_size`` batches) rather
     than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
     the start of training, data loading included, with validation (and the callbacks that follow it) left out.
-    Measured on global rank zero only: each update waits for the GPU."""
+    Measured on global rank zero only: each update waits for the GPU.
+
+    ``perf/mfu`` divides by the peak dense FLOP/s of one device for the run's compute dtype: ``peak_flops`` when
+    given (``perf.peak_flops``), else looked up by the GPU's name (``gptmini.training.hardware.peak_flops``); the
+    log says which peak it used, or, for a GPU no table knows (and on the CPU), that there is no MFU and how to
+    give the peak. ``device``: the facts of the device to assume (tests); default: the trainer's."""
 
     RENAME = {
         "device/items_per_sec": "perf/tokens_per_sec",
@@ -140,10 +236,20 @@ class TokenThroughputMonitor(L.Callback):
         "device/samples_per_sec": "perf/samples_per_sec",
     }
 
-    def __init__(self, window_size: int = 20) -> None:
+    def __init__(
+        self,
+        window_size: int = 20,
+        peak_flops: float | None = None,
+        device: hardware.DeviceFacts | None = None,
+    ) -> None:
         if window_size < 2:
             raise ValueError(f"callbacks.throughput.window_size={window_size} must be >= 2")
+        if peak_flops is not None and not float(peak_flops) > 0:
+            raise ValueError(f"perf.peak_flops={peak_flops} must be > 0 FLOP/s (null: looked up by the GPU)")
         self.window_size = window_size
+        self.peak_flops = peak_flops
+        self.device = device
+        self.peak: hardware.PeakFlops | None = None  # the peak perf/mfu uses, once training starts
         self.last: dict[str, float] = {}
         self.global_batch_tokens: int | None = None  # tokens per optimizer step, all ranks together
         self._throughput: Throughput | None = None
@@ -153,9 +259,13 @@ class TokenThroughputMonitor(L.Callback):
         self._last_step = -1
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        device = trainer.strategy.root_device
+        facts = self.device or hardware.detect_device(trainer.strategy.root_device)
+        dtype = hardware.compute_dtype(trainer.precision, facts)
+        self.peak = hardware.peak_flops(facts, dtype, self.peak_flops)
+        if trainer.is_global_zero:
+            log.info(self.peak.describe(facts))
         self._throughput = Throughput(
-            available_flops=get_available_flops(device, _compute_dtype(trainer.precision)),
+            available_flops=self.peak.flops,
             world_size=trainer.world_size,
             window_size=self.window_size,
         )
@@ -226,17 +336,6 @@ class TokenThroughputMonitor(L.Callback):
             )
 
 
-def _compute_dtype(precision: str) -> torch.dtype:
-    """The dtype matmuls run in under a Trainer ``precision`` string, for the device's peak FLOPs (MFU)."""
-    if precision.startswith("bf16"):
-        return torch.bfloat16
-    if precision.startswith("16"):
-        return torch.float16
-    if precision.startswith("64"):
-        return torch.float64
-    return torch.float32
-
-
 class ProgressBar(RichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
     Lightning's own description would read "Epoch 0/-2" (max_epochs=-1)."""
@@ -276,7 +375,7 @@ class ProgressBar(RichProgressBar):
             self._relabel(trainer)
 
 
-class ParameterSummary(ModelSummary):
+class ParameterSummary(LoggingCallback, ModelSummary):
     """Lightning's model summary without its FLOPs column and "Total FLOPs" line, which read 0 unless the
     module defines an ``example_input_array`` (gptmini's does not: the model's cost is logged as
     ``perf/flops_per_sec`` from ``flops_per_token``). Written to the run's log, not only to the console."""
@@ -382,8 +481,9 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
     - Ctrl-C (SIGINT) is handled the same way while fitting: the first one finishes the current step, saves and
       exits with 130; a second one stops at once and saves nothing (the state may be mid-step), leaving the
       last periodic ``last.ckpt``.
-    - Nothing is saved after a non-finite loss (the weights are not worth keeping) or before the first step of
-      the run (an untrained model would otherwise become the "newest" checkpoint of the run_name).
+    - Nothing is saved after a non-finite loss (the weights are not worth keeping), after a failed checkpoint
+      save (full disk, unwritable folder: it would fail the same way), or before the first step of the run (an
+      untrained model would otherwise become the "newest" checkpoint of the run_name).
     - A failure while saving is logged and never hides the original exception."""
 
     def __init__(self, dirpath: str | Path, filename: str = "on_exception") -> None:
@@ -435,6 +535,10 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
             )  # read by _hydra_main for the exit status
         if isinstance(exception, NonFiniteLossError):
             return
+        from gptmini.checkpoint import CheckpointSaveError
+
+        if isinstance(exception, CheckpointSaveError):
+            return  # a checkpoint could not be written (full disk...): another save would fail the same way
         if isinstance(exception, KeyboardInterrupt):
             log.warning(
                 "stopped at once (second Ctrl-C) without saving: the state may be mid-step. The last periodic "

@@ -11,18 +11,21 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
+from gptmini.training.hardware import DeviceFacts
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 
 
-def optimizer_kernel_kwargs(factory: OptimizerFactory, device_type: str) -> dict[str, bool]:
-    """The fastest AdamW kernel for the device, unless the config already chose one.
+def optimizer_kernel_kwargs(factory: OptimizerFactory, device: str | DeviceFacts) -> dict[str, bool]:
+    """The fastest AdamW kernel for the device (a device type such as "cuda", or its ``DeviceFacts``), unless the
+    config already chose one.
 
     CUDA: ``fused=True``, one kernel for the whole update. CPU: ``foreach=True``, the multi-tensor path;
     PyTorch picks the per-parameter loop there by default. On the shakespeare_char_cpu model the multi-tensor
     path measured 1.16x faster steps on an AVX-512 Xeon and within 5% of the loop on an AVX2 EPYC
     (``make bench``, "training throughput")."""
+    device_type = device if isinstance(device, str) else device.type
     accepted = inspect.signature(factory).parameters
     preset = getattr(factory, "keywords", None) or {}  # what the config already chose
     if "fused" in preset or "foreach" in preset:
@@ -49,10 +52,12 @@ class GPTLightningModule(L.LightningModule):
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
         run_config: dict[str, Any] | None = None,
+        data_identity: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # Plain data only (the optimizer/scheduler factories are code, kept out), so a checkpoint's
-        # hyper-parameters load with torch.load(weights_only=True).
+        # hyper-parameters load with torch.load(weights_only=True). data_identity: which prepared data the run
+        # trains on (gptmini.data.prepare.data_identity), compared by evaluation, sampling and resuming.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.config = GPTConfig.from_dict(dict(model_config))
         self.model = GPT(self.config)

@@ -310,3 +310,54 @@ def test_n_kv_head_is_checked_at_config_time(kw, match):
     with pytest.raises(ConfigError, match=match):
         tiny(n_embd=32, **kw)
     assert tiny(n_head=4, n_embd=32, n_kv_head=4, attention="mha").kv_heads == 4  # = n_head: plain attention
+
+
+# --- positions ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("position", ["rope", "none"])
+def test_rope_and_nope_have_no_position_table(position):
+    learned, other = GPT(tiny()), GPT(tiny(position=position))
+    assert other.wpe is None
+    assert learned.num_parameters() - other.num_parameters() == 32 * 32  # block_size x n_embd
+    assert other.num_parameters(exclude_embeddings=True) == learned.num_parameters(exclude_embeddings=True)
+    idx = torch.randint(0, 100, (2, 8))
+    logits, loss = other(idx, idx)
+    assert logits.shape == (2, 8, 100) and torch.isfinite(loss)
+    # order is still seen, through the causal mask (none) or the rotation (rope): the same token after
+    # different prefixes gets different outputs
+    out = other(torch.tensor([[7, 3, 7, 3, 7]]))[0][0]
+    assert not torch.allclose(out[2], out[4])
+
+
+def test_rope_settings_are_checked_at_config_time():
+    with pytest.raises(
+        ConfigError, match=r"model.position='alibi' is invalid: valid values are learned, rope, none"
+    ):
+        tiny(position="alibi")
+    with pytest.raises(ConfigError, match=r"model.rope_base=1 is invalid"):
+        tiny(position="rope", rope_base=1)
+    with pytest.raises(ConfigError, match=r"needs an even head size, and n_embd / n_head = 5"):
+        tiny(position="rope", n_embd=20, n_head=4)
+    with pytest.raises(
+        ConfigError,
+        match=r"model.position='rope' is not supported by model.attention='mha': use model.attention=sdpa",
+    ):
+        tiny(position="rope", attention="mha")
+    with pytest.raises(ConfigError, match=r"model.qk_norm=True is not supported by model.attention='einsum'"):
+        tiny(qk_norm=True, attention="einsum")
+
+
+def test_gpt2_export_refuses_positions_gpt2_does_not_have(tmp_path):
+    from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
+
+    with pytest.raises(HFWeightsError, match=r"model.position='none'"):
+        save_hf_gpt2(GPT(tiny(position="none")), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_qk_norm_gains_start_at_one():
+    model = GPT(tiny(qk_norm=True, attn_gate=True))
+    attn = model.blocks[0].attn
+    assert torch.equal(attn.q_norm.weight, torch.ones(8)) and torch.equal(attn.k_norm.weight, torch.ones(8))
+    assert attn.gate.weight.std() > 0  # an ordinary Linear, initialised like the others

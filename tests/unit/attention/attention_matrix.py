@@ -21,19 +21,38 @@ from gptmini.attention import (
     build_attention,
     numpy_additive_multihead_attention,
     numpy_multihead_attention,
+    numpy_rms_norm,
+    numpy_rope,
+    numpy_softmax,
 )
 from gptmini.model import GPT, GPTConfig
 
 D_MODEL, N_HEAD, CONTEXT = 32, 4, 12
 HEAD = D_MODEL // N_HEAD
 # the values each attention option is checked with, for the implementations that declare it
-OPTION_VALUES: dict[str, list[Any]] = {"n_kv_head": [2, 1]}  # grouped-query, multi-query
+OPTION_VALUES: dict[str, list[Any]] = {
+    "n_kv_head": [2, 1],  # grouped-query, multi-query
+    "rope_base": [10000.0, 100.0],  # the usual base, and a small one that turns a lot within 12 positions
+    "qk_norm": [True],
+    "attn_gate": [True],
+}
 
 
 def configurations(name: str) -> list[dict[str, Any]]:
-    """Plain attention, then each option the implementation declares, one at a time."""
+    """Plain attention, each option the implementation declares on its own, then all of them together."""
     options = sorted(ATTENTION_REGISTRY[name].options)
-    return [{}] + [{opt: value} for opt in options for value in OPTION_VALUES[opt]]
+    configs = [{}] + [{opt: value} for opt in options for value in OPTION_VALUES[opt]]
+    if len(options) > 1:
+        configs.append({opt: OPTION_VALUES[opt][-1] for opt in options})
+    return configs
+
+
+def gpt_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """The GPTConfig settings that produce these attention options (GPTConfig.attention_options, inverted)."""
+    settings = dict(options)
+    if "rope_base" in settings:
+        settings["position"] = "rope"
+    return settings
 
 
 def make(
@@ -79,8 +98,51 @@ def _head_bias(b: torch.Tensor | None) -> np.ndarray | None:
     return None if b is None else np.repeat(_np(b).reshape(-1, HEAD), N_HEAD // (b.shape[0] // HEAD), axis=0)
 
 
-def numpy_oracle(scoring: str, w: AttentionWeights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The NumPy reference of a score function, from canonical weights: (output, probabilities)."""
+def _numpy_dot_product_with_options(
+    w: AttentionWeights, x: torch.Tensor, options: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    # head by head in float64: projections, per-head RMS norm, rotation, causal softmax, values, gate, output
+    X = _np(x)  # (B, T, C)
+    (Wq, bq), (Wk, bk), (Wv, bv) = w.q_k_v()
+
+    def project(W: torch.Tensor, b: torch.Tensor | None) -> np.ndarray:
+        return X @ _np(W).T + (0.0 if b is None else _np(b))
+
+    Q, K, V = project(Wq, bq), project(Wk, bk), project(Wv, bv)
+    group = N_HEAD // kv_heads(options)
+    T = X.shape[1]
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    heads, probs = [], []
+    for h in range(N_HEAD):
+        g = h // group  # the key/value head this query head reads
+        q = Q[..., h * HEAD : (h + 1) * HEAD]
+        k, v = K[..., g * HEAD : (g + 1) * HEAD], V[..., g * HEAD : (g + 1) * HEAD]
+        if options.get("qk_norm"):
+            q = numpy_rms_norm(q, _np(w.extra["q_norm.weight"]))
+            k = numpy_rms_norm(k, _np(w.extra["k_norm.weight"]))
+        if "rope_base" in options:
+            q, k = numpy_rope(q, options["rope_base"]), numpy_rope(k, options["rope_base"])
+        p = numpy_softmax(np.where(future, -np.inf, q @ np.swapaxes(k, -1, -2) / np.sqrt(HEAD)), axis=-1)
+        heads.append(p @ v)
+        probs.append(p)
+    concat = np.concatenate(heads, axis=-1)  # (B, T, C)
+    if options.get("attn_gate"):
+        gate = X @ _np(w.extra["gate.weight"]).T + (
+            _np(w.extra["gate.bias"]) if "gate.bias" in w.extra else 0.0
+        )
+        concat = concat / (1.0 + np.exp(-gate))
+    out = concat @ _np(w.out_weight).T + (0.0 if w.out_bias is None else _np(w.out_bias))
+    return out, np.stack(probs, axis=1)
+
+
+def numpy_oracle(
+    scoring: str, w: AttentionWeights, x: torch.Tensor, options: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NumPy reference of a score function (and of the options that change q, k or the output), from
+    canonical weights: (output, probabilities)."""
+    if scoring == "dot_product" and set(options or {}) - {"n_kv_head"}:
+        out, probs = _numpy_dot_product_with_options(w, x, options)
+        return torch.from_numpy(out).float(), torch.from_numpy(probs).float()
     (Wq, bq), (Wk, bk), (Wv, bv) = w.q_k_v()
     common = dict(b_q=_head_bias(bq), b_k=_head_bias(bk), b_v=_head_bias(bv), b_o=_np(w.out_bias))
     args = (_np(x), _heads(Wq), _heads(Wk), _heads(Wv))
@@ -136,7 +198,7 @@ def check_numpy_oracle_parity(name: str, options: dict[str, Any]) -> None:
         w = random_weights(module, seed=1)
         module.set_weights(w)
         x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(2))
-        expected_out, expected_probs = numpy_oracle(scoring, w, x)
+        expected_out, expected_probs = numpy_oracle(scoring, w, x, options)
         with torch.no_grad():
             assert_close(module(x), expected_out, atol=1e-5, rtol=1e-5)
             if module.returns_probs:
@@ -218,7 +280,12 @@ def _canonical_grads(module: torch.nn.Module) -> AttentionWeights:
 
 
 def check_gradients_reach_every_parameter(name: str, options: dict[str, Any]) -> None:
-    dot_product = ATTENTION_REGISTRY[name].scoring == "dot_product"
+    # a key bias adds the same q.b to a whole row of plain dot-product scores, which softmax cancels exactly;
+    # normalised or rotated keys no longer shift a row uniformly
+    key_bias_cancels = ATTENTION_REGISTRY[name].scoring == "dot_product" and not {
+        "qk_norm",
+        "rope_base",
+    } & set(options)
     for bias in (True, False):
         torch.manual_seed(0)
         module = make(name, options, bias=bias)
@@ -231,8 +298,7 @@ def check_gradients_reach_every_parameter(name: str, options: dict[str, Any]) ->
         parts = {"W_q": W_q, "W_k": W_k, "W_v": W_v, "W_o": g.out_weight, **g.extra}
         if bias:
             parts |= {"b_q": b_q, "b_v": b_v, "b_o": g.out_bias}
-            if dot_product:
-                # a key bias adds the same q.b to a whole row of dot-product scores: softmax cancels it exactly
+            if key_bias_cancels:
                 assert b_k.abs().max() < 1e-5
             else:
                 parts["b_k"] = b_k
@@ -285,7 +351,7 @@ def check_kv_cache(name: str, options: dict[str, Any]) -> None:
 def tiny_gpt(name: str, options: dict[str, Any], seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     config = GPTConfig(
-        vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=16, attention=name, **options
+        vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=16, attention=name, **gpt_settings(options)
     )
     model = GPT(config).eval()
     with torch.no_grad():  # non-zero biases everywhere, so a bias mapped to the wrong place shows
@@ -325,8 +391,10 @@ def check_gpt2_weights_exchange(name: str, options: dict[str, Any]) -> None:
             with pytest.raises(HFWeightsError, match=rf"model.attention='{name}'"):
                 save_hf_gpt2(model, tmp + "/out")
             return
-        for option, value in options.items():  # GPT-2 is plain multi-head attention
-            with pytest.raises(HFWeightsError, match=rf"model.{option}={value}"):
+        if options:  # GPT-2 is plain multi-head attention with learned positions
+            with pytest.raises(
+                HFWeightsError, match=r"GPT-2 weights with model\.(position|n_kv_head|qk_norm|attn_gate)"
+            ):
                 save_hf_gpt2(model, tmp + "/out")
             return
         save_hf_gpt2(model, tmp + "/out")

@@ -52,3 +52,29 @@ def test_additive_oracle_on_a_hand_computed_example():
     p10 = np.exp(e10) / (np.exp(e10) + np.exp(e11))
     np.testing.assert_allclose(w[0, 0], [[1.0, 0.0], [p10, 1 - p10]], rtol=1e-12)
     np.testing.assert_allclose(out[0, :, 0], [1.0, p10 * 1.0 + (1 - p10) * -2.0], rtol=1e-12)
+
+
+def test_rope_on_a_hand_computed_example():
+    from gptmini.attention import numpy_rope
+
+    # d = 2: one pair, turned by the position itself (base^0 = 1) radians
+    X = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    out = numpy_rope(X)
+    np.testing.assert_allclose(out[0], [1.0, 0.0])  # position 0: no rotation
+    np.testing.assert_allclose(out[1], [np.cos(1.0), np.sin(1.0)])
+    np.testing.assert_allclose(out[2], [-2.0 * np.sin(2.0), 2.0 * np.cos(2.0)])
+    # d = 4: the second pair (dims 1 and 3) turns base^(-1/2) times as fast
+    Y = np.array([[[0.0, 1.0, 0.0, 0.0]] * 2])
+    np.testing.assert_allclose(numpy_rope(Y, base=100.0)[0, 1], [0, np.cos(0.1), 0, np.sin(0.1)], atol=1e-15)
+
+
+def test_rope_scores_depend_only_on_the_distance():
+    from gptmini.attention import numpy_rope
+
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=8), rng.normal(size=8)
+    seq_q, seq_k = np.tile(q, (12, 1)), np.tile(k, (12, 1))
+    Q, K = numpy_rope(seq_q, base=50.0), numpy_rope(seq_k, base=50.0)
+    for m, n in ((3, 1), (9, 7), (11, 9)):  # distance 2 each time
+        np.testing.assert_allclose(Q[m] @ K[n], Q[2] @ K[0], rtol=1e-12)
+    assert not np.isclose(Q[3] @ K[0], Q[2] @ K[0])

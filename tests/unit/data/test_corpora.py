@@ -1,5 +1,7 @@
 """Corpus sources: the embedded Shakespeare text, files, folders, globs and URLs, and their errors."""
 
+import re
+
 import pytest
 
 from gptmini.data.corpora import is_url, read_source, shakespeare_text, source_name
@@ -38,7 +40,8 @@ def test_sources_dir_glob_and_default_out(tmp_path, monkeypatch):
     assert source_name(str(docs / "*.txt")) == "docs"
     monkeypatch.chdir(tmp_path)
     result = prepare(str(docs / "a.txt"), "char", val_fraction=0.0)
-    assert result.out_dir.as_posix() == "data/a_char" and result.val_tokens == 0
+    # data/<file name>_<hash of its absolute path>_<tokenizer>: another a.txt elsewhere gets another folder
+    assert re.fullmatch(r"data/a_[0-9a-f]{8}_char", result.out_dir.as_posix()) and result.val_tokens == 0
     assert len(load_split(result.out_dir, "val")) == 0
 
 
@@ -73,3 +76,21 @@ def test_url_source_offline_and_cached(tmp_path):
     (tmp_path / "u" / "raw" / "corpus.txt").write_text(SMALL)
     assert prepare(url, "char", tmp_path / "u").train_tokens > 0
     assert source_name(url) == "corpus"
+
+
+def test_each_corpus_gets_its_own_prepared_folder(tmp_path, monkeypatch):
+    """Two corpora never share a prepared folder, even with the same file name (issue 19, item 2): the folder is
+    keyed by the source's identity (absolute path or URL) and the tokenizer."""
+    from gptmini.data.corpora import default_out_dir, prepared_folder_name
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = tmp_path / "a" / "corpus.txt", tmp_path / "b" / "corpus.txt"
+    assert prepared_folder_name("shakespeare", "gpt2") == "shakespeare_gpt2"
+    name = prepared_folder_name(str(first), "char")
+    assert re.fullmatch(r"corpus_[0-9a-f]{8}_char", name)
+    assert name != prepared_folder_name(str(second), "char") != prepared_folder_name(str(first), "gpt2")
+    monkeypatch.chdir(tmp_path / "a")
+    assert prepared_folder_name("corpus.txt", "char") == name  # relative or absolute: one corpus, one folder
+    assert prepared_folder_name("https://example.com/corpus.txt", "char") != name
+    assert default_out_dir(str(first), "char", tmp_path / "data") == tmp_path / "data" / name

@@ -50,7 +50,18 @@ def instantiate_all(cfg) -> None:
     assert dm.block_size == cfg.model.block_size
 
 
-GROUPS = ["model", "tokenizer", "data", "optimizer", "scheduler", "trainer", "callbacks", "logger", "debug"]
+GROUPS = [
+    "model",
+    "tokenizer",
+    "data",
+    "optimizer",
+    "scheduler",
+    "trainer",
+    "callbacks",
+    "logger",
+    "hardware",
+    "debug",
+]
 
 
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in _options(g)], ids=lambda v: str(v))
@@ -117,15 +128,98 @@ def test_finetune_experiment_requires_init_from(compose_cfg):
 
 
 def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-16GB")
+    import gptmini.training.config as config
+    from gptmini.training.hardware import DeviceFacts
+
+    v100 = DeviceFacts(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False, count=1)
     with pytest.raises(
         RunError, match=r"trainer\.precision=bf16-mixed is not supported by this GPU \(Tesla V100.*16-mixed"
     ):
-        resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"})
-    assert resolve_precision({"accelerator": "gpu", "precision": "auto"}) == "32-true"
-    assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}) == "16-mixed"
+        resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"}, v100)
+    assert resolve_precision({"accelerator": "gpu", "precision": "auto"}, v100) == "32-true"
+    assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}, v100) == "16-mixed"
+    # validate_config checks the machine it runs on: this one, made to look like a V100 box
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(config, "detect_device", lambda: v100)
     cfg = compose_cfg(["trainer=gpu", "trainer.precision=bf16-true"])
     with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
         validate_config(cfg)
+
+
+# --- checks of the machine a run is on (issue 19, items 5-7) ----------------------------------------------------
+
+
+def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
+    from gptmini.training.config import cpu_cores
+
+    cores = cpu_cores()
+    with pytest.raises(
+        RunError,
+        match=rf"trainer\.devices={cores + 1} on the CPU would start {cores + 1} training processes \(DDP over "
+        rf"gloo\) on this machine's {cores} CPU cores, each slower than one process alone: use "
+        rf"trainer\.devices={cores} or fewer",
+    ):
+        validate_config(compose_cfg(["trainer=cpu", f"trainer.devices={cores + 1}"]))
+    if cores >= 2:  # as many processes as cores: allowed, and said out loud
+        validate_config(compose_cfg(["trainer=cpu", "trainer.devices=2"]))
+        assert "trainer.devices=2 on the CPU: 2 training processes (DDP over gloo)" in caplog.text
+
+
+def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
+    from gptmini.training.config import check_training_memory, training_memory_estimate
+
+    big = GPTConfig.from_preset("small", vocab_size=50257, block_size=100000)
+    sixteen_gib = (16 * 2**30, "this machine's memory")
+    with pytest.raises(
+        RunError,
+        match=r"model\.block_size=100000 with data\.batch_size=8 needs at least [\d,.]+ GiB of memory for one "
+        r"training step \(logits and their gradient: [\d,.]+ GiB\) but this machine's memory has 16\.0 GiB: "
+        r"lower model\.block_size or data\.batch_size",
+    ):
+        check_training_memory(big, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
+    # the default run fits; the estimate is a lower bound (logits alone: 8 x 128 x 50,304 floats, twice)
+    small = GPTConfig.from_preset("small", vocab_size=50257)
+    check_training_memory(small, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
+    assert training_memory_estimate(small, 8)["logits and their gradient"] == 2 * 4 * 8 * 128 * 50304
+    # several CPU processes share one machine's memory
+    with pytest.raises(RunError, match=r"needs at least"):
+        check_training_memory(
+            small, 8, "32-true", torch.device("cpu"), processes=10**4, available=sixteen_gib
+        )
+
+
+def test_unwritable_data_and_output_folders_are_refused_before_any_work(
+    compose_cfg, tmp_path, capsys
+) -> None:
+    from gptmini.training.config import OutputFolderCheck
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(
+        RunError,
+        match=rf"the prepared-data folder {blocker}/data/shakespeare_char cannot be created: {blocker} is a file, "
+        r"not a folder; pass paths\.data_root=",
+    ):
+        validate_config(compose_cfg(["tokenizer=char", f"paths.data_root={blocker}/data"]))
+
+    cfg = compose_cfg([f"paths.output_root={blocker}/outputs"], keep_hydra=True)
+    with pytest.raises(SystemExit) as exit_info:
+        OutputFolderCheck().on_run_start(cfg)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: cannot create the run folder {blocker}/outputs/default/")
+        and err.count("\n") == 1
+    )
+    assert "is a file, not a folder; pass paths.output_root=<a writable folder>" in err
+    OutputFolderCheck().on_run_start(compose_cfg([f"paths.output_root={tmp_path}/out"], keep_hydra=True))
+
+
+def test_a_folder_without_write_permission_is_unwritable(tmp_path, monkeypatch) -> None:
+    import os
+
+    from gptmini.fileio import unwritable_reason
+
+    assert unwritable_reason(tmp_path / "new" / "deeper") is None
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as root, chmod alone would not do
+    assert unwritable_reason(tmp_path / "new") == f"{tmp_path} is not writable (permission denied)"

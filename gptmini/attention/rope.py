@@ -1,0 +1,30 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021): queries and keys are rotated by an angle proportional
+to their position, so a query-key dot product depends on the distance between them, not on where they sit.
+
+Dimension pairs are (i, i + hs/2) — the "halves" layout of GPT-NeoX and Hugging Face Llama — not the paper's
+interleaved (2i, 2i + 1); the two differ only by a fixed permutation of each head's dimensions. Pair i turns by
+``position * base ** (-2i / hs)`` radians.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rope_angles(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, each (max_len, head_size // 2), in float32."""
+    if head_size % 2:
+        raise ValueError(f"rotary embeddings need an even head size, got {head_size}")
+    inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)  # (hs/2,)
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (T, hs/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (..., T, hs) by the angles of its positions: cos, sin (T, hs/2) already sliced to them."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    # each pair (x1, x2) turns by its angle: (x1 cos - x2 sin, x1 sin + x2 cos)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
