@@ -12,7 +12,7 @@ PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention tensorboard test test-full bench lint format clean
+.PHONY: help install data train sample attention tensorboard test test-full bench bench-gpu lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
@@ -51,6 +51,9 @@ test-full: $(STAMP) ## Every test, the slow ones too
 
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
+
+bench-gpu: $(STAMP) ## GPU benchmarks vs issue 17's goals (needs CUDA; ARGS="--tinyshakespeare input.txt")
+	$(PY) -m benchmarks.gpu $(ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check
 	$(VENV)/bin/ruff check gptmini benchmarks scripts tests

@@ -138,3 +138,45 @@ def tb_events() -> Callable[[Path], Any]:
         return ea
 
     return _events
+
+
+@pytest.fixture(scope="session")
+def write_checkpoint() -> Callable[..., Path]:
+    """``write_checkpoint(path, data_dir=None, vocab_size=16, global_step=5, **model) -> path``: a checkpoint of a
+    small freshly initialised GPT, written as training writes one (``gptmini.checkpoint.atomic_save``: atomic,
+    with the checksum of its tensors). With ``data_dir`` (a prepared folder), its vocabulary sizes the model and
+    the checkpoint records that data (``data_identity``, ``run_config.data.data_dir``) as a training run does."""
+
+    def _write(
+        path: Path,
+        data_dir: Path | None = None,
+        vocab_size: int = 16,
+        global_step: int = 5,
+        seed: int = 0,
+        **model: Any,
+    ) -> Path:
+        import torch
+
+        from gptmini.checkpoint import atomic_save
+        from gptmini.model import GPT, GPTConfig
+
+        hyper: dict[str, Any] = {"run_config": {}}
+        if data_dir is not None:
+            from gptmini.data.prepare import data_identity, load_meta
+
+            meta = load_meta(data_dir)
+            vocab_size = meta["vocab_size"]
+            hyper["data_identity"] = data_identity(data_dir, meta)
+            hyper["run_config"] = {
+                "data": {"data_dir": str(data_dir)},
+                "tokenizer": {"name": meta["tokenizer"]},
+            }
+        settings = {"block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 8, "dropout": 0.0} | model
+        config = GPTConfig(vocab_size=vocab_size, **settings)
+        torch.manual_seed(seed)
+        state = {f"model.{k}": v for k, v in GPT(config).state_dict().items()}
+        hyper["model_config"] = config.to_dict()
+        atomic_save({"state_dict": state, "hyper_parameters": hyper, "global_step": global_step}, path)
+        return Path(path)
+
+    return _write

@@ -1,0 +1,248 @@
+"""The device a run trains on, written down as plain facts (``DeviceFacts``), and what gptmini decides from them:
+which defaults a run starts from (``hardware=auto`` -> ``cpu`` or ``gpu``), the precision ``auto`` stands for
+(``config.resolve_precision``), the AdamW kernel (``module.optimizer_kernel_kwargs``) and the peak FLOP/s behind
+``perf/mfu`` (``peak_flops``).
+
+Every decision takes the facts as an argument, defaulting to this machine's, so each GPU branch runs in a CPU test
+with a GPU's facts written down (``DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", ...)``) instead of
+patching torch. Nothing here imports Lightning at module level (``config`` imports this module, and a bad config
+must fail before Lightning is imported)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What gptmini needs to know about one device. ``DeviceFacts()`` is the CPU; ``detect_device()`` reads the
+    real one."""
+
+    type: str = "cpu"  # torch device type: "cuda" or "cpu"
+    name: str = "cpu"  # torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3"
+    capability: tuple[int, int] | None = None  # CUDA compute capability, e.g. (9, 0) for Hopper
+    bf16: bool = False  # native bfloat16 matmuls (Ampere and later); emulated bf16 does not count
+    count: int = 0  # CUDA devices visible to this process
+    index: int | None = None  # the CUDA device these facts were read from; None when written down (tests)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.type == "cuda"
+
+    def describe(self) -> str:
+        if not self.is_cuda:
+            return "the CPU (no CUDA GPU)"
+        cap = f"compute capability {self.capability[0]}.{self.capability[1]}, " if self.capability else ""
+        bf16 = "bf16" if self.bf16 else "no native bf16"
+        return f"{self.count} CUDA GPU(s), {self.name} ({cap}{bf16})"
+
+
+def detect_device(device: torch.device | str | None = None) -> DeviceFacts:
+    """The facts of ``device`` (default: the first CUDA GPU when there is one, else the CPU). Reading a GPU's
+    name initialises CUDA in this process."""
+    if device is not None and torch.device(device).type != "cuda":
+        return DeviceFacts()
+    if not torch.cuda.is_available():
+        return DeviceFacts()
+    index = torch.device(device).index if device is not None else None
+    index = torch.cuda.current_device() if index is None else index
+    return DeviceFacts(
+        type="cuda",
+        name=torch.cuda.get_device_name(index),
+        capability=tuple(torch.cuda.get_device_capability(index)),
+        # including_emulation=False: torch otherwise says True on pre-Ampere GPUs, where bf16 runs emulated
+        # (slowly); precision "auto" must then pick 32-true, not bf16-mixed.
+        bf16=torch.cuda.is_bf16_supported(including_emulation=False),
+        count=torch.cuda.device_count(),
+        index=index,
+    )
+
+
+# --- hardware=auto: the defaults a run starts from ------------------------------------------------------------
+
+
+def choose_hardware(has_cuda: bool) -> str:
+    """What ``hardware=auto`` stands for: ``gpu`` (conf/hardware/gpu.yaml) on a machine with a CUDA GPU, else
+    ``cpu`` (conf/hardware/cpu.yaml, the CPU default, which changes nothing)."""
+    return "gpu" if has_cuda else "cpu"
+
+
+def register_hardware_configs(facts: DeviceFacts | None = None) -> str:
+    """Stores ``hardware/auto`` in Hydra's ConfigStore as an alias of ``hardware/gpu`` or ``hardware/cpu``, for
+    this machine (or for ``facts``); returns the choice. Must run before the config is composed (Hydra cannot
+    choose a config group from a runtime value in its defaults list). Only asks whether CUDA is available: the
+    GPU itself is not initialised here."""
+    from hydra.core.config_store import ConfigStore
+
+    has_cuda = facts.is_cuda if facts is not None else torch.cuda.is_available()
+    choice = choose_hardware(has_cuda)
+    ConfigStore.instance().store(
+        group="hardware", name="auto", node={"defaults": [choice]}, package="_global_"
+    )
+    return choice
+
+
+def hardware_summary(choice: str | None, facts: DeviceFacts) -> str:
+    """The start of a run's first log line: the machine, the defaults the run started from (``choice``: the
+    ``hardware`` group's choice, None when unknown) and how to pick the others."""
+    auto = choice in (None, "auto")
+    picked = choose_hardware(facts.is_cuda) if auto else choice
+    other = {"cpu": "hardware=gpu picks the GPU-sized ones", "gpu": "hardware=cpu picks the CPU ones"}
+    source = f"conf/hardware/{picked}.yaml; {other[picked]}" if picked in other else "a config of yours"
+    return f"machine: {facts.describe()}; defaults: hardware={'auto -> ' if auto else ''}{picked} ({source})"
+
+
+# --- peak FLOP/s for perf/mfu ---------------------------------------------------------------------------------
+
+# The compute dtype keys of the peak tables: dense tensor-core throughput where there is one.
+COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+
+
+def compute_dtype(precision: str, facts: DeviceFacts, float32_matmul_precision: str | None = None) -> str:
+    """The dtype the matmuls of a Trainer ``precision`` run in on this device: "bf16", "fp16", "tf32", "fp32"
+    (or "fp64", "fp8", for which no peak is tabled). Float32 matmuls are TF32 on Ampere and later unless
+    ``torch.get_float32_matmul_precision()`` is "highest" (Lightning's rule, ``get_available_flops``)."""
+    p = str(precision)
+    if p.startswith("bf16"):
+        return "bf16"
+    if p.startswith("16"):
+        return "fp16"
+    if p.startswith("64"):
+        return "fp64"
+    if p.startswith("transformer-engine"):
+        return "fp8"
+    matmul = float32_matmul_precision or torch.get_float32_matmul_precision()
+    ampere = facts.is_cuda and facts.capability is not None and facts.capability >= (8, 0)
+    return "tf32" if ampere and matmul != "highest" else "fp32"
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    label: str
+    pattern: str  # a regular expression, matched against the lower-cased device name
+    bf16: float  # dense FLOP/s; fp16 (with FP32 accumulate, as PyTorch runs it) is the same on these GPUs
+    tf32: float
+    fp32: float
+    source: str
+
+    @property
+    def flops(self) -> dict[str, float]:
+        return {"bf16": self.bf16, "fp16": self.bf16, "tf32": self.tf32, "fp32": self.fp32}
+
+
+# Only GPUs that Lightning's table (lightning.fabric.utilities.throughput.get_available_flops, Lightning 2.6)
+# does not know or gets wrong; the rest (A100, H100 SXM/PCIe, L4, A10G, V100, T4, ...) come from Lightning.
+# Dense figures, per GPU: vendor datasheets give tensor-core throughput "with sparsity", twice the dense figure.
+# tests/unit/training/test_hardware.py checks that every entry here differs from what Lightning returns.
+_GPUS: tuple[_Gpu, ...] = (
+    # GH200 datasheet: FP32 67 TF, TF32 Tensor 989 TF*, BF16/FP16 Tensor 1,979 TF* (* with sparsity).
+    # Lightning: "nvidia gh200 480gb" contains "h200" and then matches no entry -> no peak.
+    _Gpu("GH200", r"\bgh200\b", bf16=989.5e12, tf32=494.5e12, fp32=67e12, source="GH200 datasheet"),
+    # H200 datasheet: H200 NVL: FP32 60 TF, TF32 835 TF*, BF16/FP16 1,671 TF*.
+    # Lightning: only matches "h200 nvl1"/"h200 sxm1" (not torch's names), and its figures are the sparse ones.
+    _Gpu("H200 NVL", r"\bh200 nvl\b", bf16=835.5e12, tf32=417.5e12, fp32=60e12, source="H200 datasheet"),
+    # H200 datasheet: H200 SXM ("NVIDIA H200"): FP32 67 TF, TF32 989 TF*, BF16/FP16 1,979 TF*.
+    _Gpu("H200 SXM", r"\bh200\b", bf16=989.5e12, tf32=494.5e12, fp32=67e12, source="H200 datasheet"),
+    # H100 datasheet: H100 NVL: FP32 60 TF, TF32 835 TF*, BF16/FP16 1,671 TF*. Lightning: 1,979 TF (sparse).
+    _Gpu("H100 NVL", r"\bh100 nvl\b", bf16=835.5e12, tf32=417.5e12, fp32=60e12, source="H100 datasheet"),
+    # L40S datasheet: FP32 91.6 TF, TF32 183 TF, BF16/FP16 362.05 TF (dense). Lightning: "l40s" contains "l4" -> L4.
+    _Gpu("L40S", r"\bl40s\b", bf16=362.05e12, tf32=183e12, fp32=91.6e12, source="L40S datasheet"),
+    # L40 datasheet: FP32 90.5 TF, TF32 90.5 TF, BF16/FP16 181.05 TF (dense). Lightning: "l40" contains "l4" -> L4.
+    _Gpu("L40", r"\bl40\b", bf16=181.05e12, tf32=90.5e12, fp32=90.5e12, source="L40 datasheet"),
+    # A10 datasheet: FP32 31.2 TF, TF32 62.5 TF, BF16/FP16 125 TF (dense). Lightning knows the A10G only.
+    _Gpu("A10", r"\ba10\b", bf16=125e12, tf32=62.5e12, fp32=31.2e12, source="A10 datasheet"),
+    # NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090: FP32 82.6 TF, TF32 Tensor 82.6 TF, BF16 and FP16
+    # Tensor with FP32 accumulate (what PyTorch uses) 165.2 TF (dense). Lightning: 82.6 TF for bf16/fp16.
+    _Gpu(
+        "GeForce RTX 4090",
+        r"\brtx 4090\b",
+        bf16=165.2e12,
+        tf32=82.6e12,
+        fp32=82.6e12,
+        source="Ada whitepaper",
+    ),
+    # Not in the GA102 whitepaper: the RTX 3090's ratios (tensor BF16/FP16 with FP32 accumulate = 2 x FP32) applied
+    # to the RTX 3090 Ti's 40 TF FP32 (NVIDIA's product page). Lightning: 40 TF for bf16/fp16.
+    _Gpu(
+        "GeForce RTX 3090 Ti",
+        r"\brtx 3090 ti\b",
+        bf16=80e12,
+        tf32=40e12,
+        fp32=40e12,
+        source="derived from the RTX 3090 Ti's FP32 peak",
+    ),
+    # NVIDIA Ampere GA102 GPU architecture whitepaper, GeForce RTX 3090: FP32 35.6 TF, TF32 Tensor 35.6 TF, BF16 and
+    # FP16 Tensor with FP32 accumulate 71 TF (dense). Lightning: 35.6 TF for bf16/fp16.
+    _Gpu(
+        "GeForce RTX 3090", r"\brtx 3090\b", bf16=71e12, tf32=35.6e12, fp32=35.6e12, source="GA102 whitepaper"
+    ),
+)
+
+
+def _gptmini_entry(name: str) -> _Gpu | None:
+    lowered = name.lower()
+    return next((gpu for gpu in _GPUS if re.search(gpu.pattern, lowered)), None)
+
+
+_LIGHTNING_DTYPES: dict[str, Any] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "tf32": "tfloat32",
+    "fp32": torch.float32,
+}
+
+
+def _lightning_peak(facts: DeviceFacts, dtype: str) -> float | None:
+    """Lightning's figure for the device, or None. ``get_available_flops`` reads the name of the CUDA device it is
+    given from ``torch.cuda.get_device_name`` itself (and warns when it does not know it)."""
+    if dtype not in _LIGHTNING_DTYPES:
+        return None
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    device = torch.device("cuda", facts.index if facts.index is not None else 0)
+    flops = get_available_flops(device, _LIGHTNING_DTYPES[dtype])
+    return float(flops) if flops else None
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """The peak FLOP/s of one device that ``perf/mfu`` divides by (None: unknown, no MFU) and where it came from."""
+
+    flops: float | None
+    dtype: str
+    source: str
+
+    def describe(self, facts: DeviceFacts) -> str:
+        """The log line that says which peak ``perf/mfu`` uses, or how to give one."""
+        how = "pass perf.peak_flops=<dense FLOP/s of one device, from its datasheet>"
+        if self.flops is not None:
+            return (
+                f"perf/mfu: peak {self.flops / 1e12:,.1f} TFLOP/s per device ({self.dtype} dense) from "
+                f"{self.source}; {how} to use another"
+            )
+        if not facts.is_cuda:
+            return f"perf/mfu: not logged on the CPU (no peak FLOP/s known); {how} to log it"
+        return (
+            f"perf/mfu: not logged: no peak {self.dtype} FLOP/s is known for {facts.name!r} (neither gptmini's "
+            f"table nor Lightning's has it); tokens/s are logged. For MFU, {how}, e.g. perf.peak_flops=989.5e12 "
+            "for an H100 SXM in bf16"
+        )
+
+
+def peak_flops(facts: DeviceFacts, dtype: str, override: float | None = None) -> PeakFlops:
+    """The peak of one device for ``dtype`` (see ``compute_dtype``): ``override`` (``perf.peak_flops``) when given;
+    else gptmini's table (GPUs that Lightning does not know or gets wrong); else Lightning's; else None."""
+    if override is not None:
+        return PeakFlops(float(override), dtype, "perf.peak_flops")
+    if not facts.is_cuda:
+        return PeakFlops(None, dtype, "no table")
+    entry = _gptmini_entry(facts.name)
+    if entry is not None:
+        flops = entry.flops.get(dtype)
+        return PeakFlops(flops, dtype, f"gptmini's table ({entry.label}, {entry.source})")
+    flops = _lightning_peak(facts, dtype)
+    return PeakFlops(flops, dtype, f"Lightning's table ({facts.name})" if flops else "no table")
