@@ -194,7 +194,7 @@ def bench_attention(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]
         for name in attention_impls():
             variants = [False] + ([True] if name in s.compile_impls and T in s.compile_seq_lens else [])
             for compiled in variants:
-                row = _attention_cell(name, T, compiled, x, s, dev)
+                row = attention_cell(name, T, compiled, x, s, dev)
                 rows.append(row)
                 log.info(
                     "attention %-9s T=%-5d %-8s fwd %s ms, fwd+bwd %s ms, peak %s MiB %s",
@@ -319,7 +319,7 @@ def attention_key_child(payload: str) -> None:
     print(json.dumps(rows), flush=True)
 
 
-def _attention_cell(
+def attention_cell(
     name: str, T: int, compiled: bool, x: torch.Tensor, s: AttentionSetup, dev: str
 ) -> dict[str, Any]:
     row: dict[str, Any] = {

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.attention import BARE, CH3, AttentionSetup, _attention_cell, attention_impls
+from benchmarks.attention import BARE, CH3, AttentionSetup, attention_cell, attention_impls
 from benchmarks.common import log, machine_info, median_time, write_table
 from benchmarks.training import TrainSetup, run_bare_loop, run_lightning
 from gptmini.fileio import atomic_write_text
@@ -133,7 +133,7 @@ def bench_attention_gpu(s: GpuSetup, seed: int = 1337) -> list[dict[str, Any]]:
     for T in a.seq_lens:
         x = torch.randn(a.batch, T, a.d_model, device=s.device, dtype=a.dtype)
         for name in attention_impls():
-            row = _attention_cell(name, T, False, x, a, s.device)
+            row = attention_cell(name, T, False, x, a, s.device)
             rows.append(row)
             log.info("attention %-9s T=%-5d fwd+bwd %s ms", name, T, row["fwd_bwd_ms"])
         del x

@@ -11,6 +11,7 @@ subprocess imports it): it takes the shared fixtures from tests/conftest.py as f
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -19,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
+import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +62,8 @@ class FaultInjector(L.Callback):
     - ``kill``: SIGKILL its own process (no cleanup, no handlers: like the OOM killer or a power cut);
     - ``kill_mid_write`` (with where=save): the checkpoint being saved writes half its bytes to the temp file,
       fsyncs, then the process SIGKILLs itself before the rename;
+    - ``disk_full`` (with where=save): the checkpoint being saved, and every later one, fills the last 4 KiB
+      of the disk (``FullDisk``);
     - ``sigterm`` / ``sigint``: sends itself that signal (a real signal, through the real handlers).
     """
 
@@ -90,6 +94,12 @@ class FaultInjector(L.Callback):
                 os.kill(os.getpid(), signal.SIGKILL)
 
             ckpt_io.write = write_half_then_die
+        elif self.action == "disk_full":
+
+            def write_until_full(checkpoint: dict[str, Any], f: Any) -> None:
+                torch.save(checkpoint, FullDisk(f, room=4096))
+
+            trainer.strategy.checkpoint_io.write = write_until_full
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
         self._fire(trainer, "batch_start")
@@ -102,6 +112,23 @@ class FaultInjector(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # noqa: ANN001
         self._fire(trainer, "save")
+
+
+class FullDisk:
+    """A file on a disk with ``room`` bytes left: a write beyond fails with ENOSPC, as the kernel's does (torch.save
+    then raises its zip writer's RuntimeError, raised while handling that OSError)."""
+
+    def __init__(self, f: Any, room: int) -> None:
+        self.f, self.room = f, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def fault(action: str, step: int, where: str = "batch_end") -> str:
@@ -168,13 +195,16 @@ class Workspace:
     jobs: dict[str, Future] = field(default_factory=dict)
 
     def args(self, run_name: str, *extra: str) -> list[str]:
-        return [
+        """RUN for ``run_name`` in this workspace, plus ``extra`` overrides (which replace a default of the same
+        key: Hydra refuses a key given twice)."""
+        base = [
             *RUN,
             f"run_name={run_name}",
             f"paths.output_root={self.out}",
             f"paths.data_root={self.data_root}",
-            *extra,
         ]
+        keys = {e.split("=", 1)[0].lstrip("+~") for e in extra}
+        return [*(b for b in base if b.split("=", 1)[0].lstrip("+~") not in keys), *extra]
 
 
 @pytest.fixture(scope="session")
@@ -198,12 +228,15 @@ def ws(
         "blank": root / "corpora" / "blank.txt",
         "latin1": root / "corpora" / "latin1.txt",
         "small": root / "corpora" / "small.txt",
+        "lower": root / "corpora" / "lower.txt",
     }
     corpora["empty"].parent.mkdir()
     corpora["empty"].write_bytes(b"")
     corpora["blank"].write_text(" \n\n\t\n")
     corpora["latin1"].write_bytes("ROMEO: caf\u00e9 cr\u00e8me\n".encode("latin-1") * 50)
     corpora["small"].write_text("To be, or not to be, that is the question.\n" * 48)  # ~2k chars: val ~200
+    # no capital letter nor ":": the built-in probe text and sample prompt ("ROMEO:...") are mostly unknown
+    corpora["lower"].write_text("but soft, what light through yonder window breaks?\n" * 200)
     evil, marker = root / "evil.ckpt", root / "PAYLOAD_RAN"
     ws = Workspace(root, data_root, out, out / "ref", corpora, evil, marker, pool, run_cli, tb_events)
     ref = pool.submit(ws.cli.train, ws.args("ref"))
@@ -214,10 +247,28 @@ def ws(
         ws.cli.train, ws.args("nan", "optimizer.lr=1e6", "checkpoint_every_n_steps=1")
     )
     ws.jobs["signals"] = pool.submit(signal_runs, ws)
+    ws.jobs["disk_full"] = pool.submit(ws.cli.train, ws.args("disk_full", fault("disk_full", 15, "save")))
+    # every logging callback on (RUN turns the attention maps and samples off), two validations
+    logging_on = [
+        a for a in ws.args("lower", "data=text", f"data.source={corpora['lower']}") if "samples" not in a
+    ]
+    logging_on = [a for a in logging_on if "attention_maps" not in a]
+    ws.jobs["lower"] = pool.submit(
+        ws.cli.train, [*logging_on, "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    )
     ref = ref.result()
     assert ref.returncode == 0, output(ref)[-3000:]
     (ws.ref_dir,) = run_dirs(out, "ref")
     write_evil_checkpoint(evil, marker, load(ws.ref_dir / "checkpoints" / "last.ckpt"))
+    # a real checkpoint with a few bytes overwritten inside a tensor, as disk damage does
+    damaged = shutil.copy(ws.ref_dir / "checkpoints" / "last.ckpt", root / "damaged.ckpt")
+    with zipfile.ZipFile(damaged) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    with open(damaged, "r+b") as f:
+        f.seek(info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.file_size // 2)
+        f.write(b"\xff" * 8)
+    (root / "text.ckpt").write_text("a text file renamed .ckpt\n" * 100)
+    (root / "a_file").write_text("")  # in place of a folder: nothing can be created under it, even by root
     ws.jobs["evil_sample"] = pool.submit(
         ws.cli, "gptmini.inference.sample", ["--ckpt", str(evil), "--max-new-tokens", "5"]
     )
@@ -341,6 +392,48 @@ BAD_INPUT = [
         r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu",
         2,
     ),
+    (
+        "damaged_checkpoint",
+        ["ckpt_path={damaged}"],
+        r"error: \S*damaged\.ckpt is damaged: its tensors \(\d+ tensors, [\d,]+ bytes\) do not match the checksum "
+        r"written when it was saved",
+        2,
+    ),
+    (
+        "text_file_as_checkpoint",
+        ["ckpt_path={text_ckpt}"],
+        r"error: \S*text\.ckpt is not a gptmini checkpoint \(not a PyTorch archive",
+        2,
+    ),
+    (
+        "unwritable_output_root",
+        ["paths.output_root={a_file}/outputs"],
+        r"error: cannot create the run folder \S*a_file/outputs/ref/\S+: \S*a_file is a file, not a folder; pass "
+        r"paths\.output_root=<a writable folder>",
+        2,
+    ),
+    (
+        "unwritable_data_root",
+        ["paths.data_root={a_file}/data"],
+        r"error: the prepared-data folder \S*a_file/data/shakespeare_char cannot be created: \S*a_file is a file, "
+        r"not a folder; pass paths\.data_root=",
+        2,
+    ),
+    (
+        "more_cpu_devices_than_cores",
+        ["trainer.devices={too_many_devices}"],
+        r"error: trainer\.devices=\d+ on the CPU would start \d+ training processes \(DDP over gloo\) on this "
+        r"machine's \d+ CPU cores",
+        2,
+    ),
+    (
+        # the logits alone are 4096 x 100,000 x 128 floats, twice (419 GB); the activations more
+        "step_does_not_fit_in_memory",
+        ["model.block_size=100000", "data.batch_size=4096"],
+        r"error: model\.block_size=100000 with data\.batch_size=4096 needs at least [\d,.]+ GiB of memory for one "
+        r"training step \(activations: [\d,.]+ GiB\) but this machine's memory has [\d,.]+ GiB",
+        2,
+    ),
 ]
 # More of the same, in the slow suite (each case costs a Python + torch start-up, ~3 s of CPU).
 BAD_INPUT_MORE = [
@@ -393,6 +486,8 @@ BAD_INPUT_MORE = [
 def _fill(arg: str, ws: Workspace) -> str:
     names = {k: str(v) for k, v in ws.corpora.items()}
     names.update(ref_ckpt=str(ws.ref_dir / "checkpoints" / "last.ckpt"), evil=str(ws.evil))
+    names.update(damaged=str(ws.root / "damaged.ckpt"), text_ckpt=str(ws.root / "text.ckpt"))
+    names.update(a_file=str(ws.root / "a_file"), too_many_devices=str(len(os.sched_getaffinity(0)) + 1))
     return arg.format(**names)
 
 
@@ -446,8 +541,8 @@ def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
     assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
     # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.
     assert find_last_checkpoint(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
-    failed = [d for d in run_dirs(ws.out, "ref") if d != ws.ref_dir]
-    assert failed and not [p for d in failed for p in d.rglob("*.ckpt")]
+    # Nor a run folder: a run that fails its checks removes the one Hydra created for it (only .hydra/, train.log).
+    assert run_dirs(ws.out, "ref") == [ws.ref_dir]
 
 
 @pytest.mark.slow
@@ -626,6 +721,45 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
         ckpt = load(ckpt_file)
         assert ckpt["global_step"] < step
         assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values()), ckpt_file
+
+
+# --- a full disk, a corpus the built-in texts do not fit ------------------------------------------------------
+
+
+def test_a_full_disk_during_a_save_is_one_error_that_says_what_was_kept(ws: Workspace) -> None:
+    """Every save from step 15 on fails with ENOSPC (FaultInjector disk_full): the run stops with one line naming
+    the file and what survived, exit 2; the step-10 last.ckpt is intact and loads (checksum verified), and no
+    temp file or on_exception.ckpt is left."""
+    proc = ws.jobs["disk_full"].result()
+    text = output(proc)
+    assert proc.returncode == 2, text[-3000:]
+    assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1, text[-3000:]
+    assert re.search(
+        r"error: could not save checkpoint \S+/checkpoints/last\.ckpt: No space left on device; the previous "
+        r"last\.ckpt \(step 10\) is kept unchanged\. Free disk space or make \S+ writable, then resume with "
+        r"ckpt_path=last",
+        text,
+    ), text[-3000:]
+    (run_dir,) = run_dirs(ws.out, "disk_full")
+    assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+def test_a_corpus_without_the_probe_and_prompt_characters_trains_with_every_logger(ws: Workspace) -> None:
+    """A char vocabulary of a lower-case corpus lacks most of "ROMEO:...": the probe and the prompt lose those
+    characters with one warning each, and the run logs its attention maps and samples to the end."""
+    proc = ws.jobs["lower"].result()
+    text = output(proc)
+    assert proc.returncode == 0, text[-3000:]
+    assert "Traceback" not in text and "error: " not in text
+    for key in ("callbacks.attention_maps.probe_text", "callbacks.text_samples.prompt"):
+        assert len(re.findall(rf"{re.escape(key)}: the characters 'R' 'O' 'M' 'E' ':'", text)) == 1, text[
+            -3000:
+        ]
+    assert "failed at step" not in text  # no logging hook had to be skipped
+    assert "sample at step 2" in text and "sample at step 4" in text
+    (run_dir,) = run_dirs(ws.out, "lower")
+    assert len(ws.events(run_dir).Images("attention/layer0_heads")) == 2
 
 
 # --- untrusted files ----------------------------------------------------------------------------------------

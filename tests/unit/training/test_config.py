@@ -138,9 +138,13 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None
         resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"}, v100)
     assert resolve_precision({"accelerator": "gpu", "precision": "auto"}, v100) == "32-true"
     assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}, v100) == "16-mixed"
-    # validate_config checks the machine it runs on: this one, made to look like a V100 box
+    # validate_config checks the machine it runs on: this one, made to look like a V100 box (composed with the CPU
+    # defaults: the ConfigStore's hardware=auto outlives the test)
+    from gptmini.training.hardware import register_hardware_configs
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(config, "detect_device", lambda: v100)
+    monkeypatch.setattr(config, "register_hardware_configs", lambda: register_hardware_configs(DeviceFacts()))
     cfg = compose_cfg(["trainer=gpu", "trainer.precision=bf16-true"])
     with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
         validate_config(cfg)

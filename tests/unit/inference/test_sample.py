@@ -1,0 +1,53 @@
+"""gptmini-sample: prompts adapt to the checkpoint's vocabulary, decoding is inside the error handling, and a
+prepared folder tokenized otherwise than the checkpoint's data is refused (issue 19, items 1, 2 and 9)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gptmini.data.prepare import prepare
+from gptmini.inference.sample import main
+
+
+@pytest.fixture
+def char_data(tmp_path):
+    corpus = tmp_path / "lower.txt"
+    corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)
+    return prepare(str(corpus), "char", tmp_path / "data").out_dir
+
+
+def test_a_prompt_loses_only_the_characters_the_vocabulary_lacks(
+    tmp_path, char_data, write_checkpoint, capsys, caplog
+):
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=char_data)
+    with caplog.at_level(logging.WARNING):
+        status = main(["--ckpt", str(ckpt), "--prompt", "ROMEO: but", "--max-new-tokens", "4"])
+    assert status == 0, caplog.text
+    assert capsys.readouterr().out.startswith(" but")
+    assert (
+        "--prompt: the characters 'R' 'O' 'M' 'E' ':' are not in the checkpoint's vocabulary" in caplog.text
+    )
+    assert main(["--ckpt", str(ckpt), "--prompt", "ROMEO", "--max-new-tokens", "4"]) == 2
+    assert "error: --prompt 'ROMEO' encodes to no tokens of this vocabulary" in caplog.text
+
+
+def test_ids_the_tokenizer_lacks_are_an_error_not_a_traceback(tmp_path, char_data, write_checkpoint, caplog):
+    # A model whose vocabulary (200) is larger than its tokenizer's (a hand-set model.vocab_size) can generate ids
+    # the tokenizer cannot decode.
+    ckpt = write_checkpoint(tmp_path / "big_vocab.ckpt", vocab_size=200)
+    args = ["--ckpt", str(ckpt), "--data-dir", str(char_data), "--temperature", "2", "--max-new-tokens", "40"]
+    assert main(args) == 2
+    assert "error: cannot decode the generated text (id " in caplog.text
+    assert "the checkpoint's vocab_size 200 is larger than its tokenizer's" in caplog.text
+
+
+def test_a_data_folder_with_another_vocabulary_is_refused(tmp_path, char_data, write_checkpoint, caplog):
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=char_data)
+    other = tmp_path / "upper.txt"
+    other.write_text("BUT SOFT, WHAT LIGHT THROUGH YONDER WINDOW BREAKS?\n" * 40)
+    prepare(str(other), "char", char_data)  # the checkpoint's folder, re-prepared from another corpus
+    assert main(["--ckpt", str(ckpt), "--max-new-tokens", "4"]) == 2
+    assert f"error: {char_data} (source '{other}', tokenizer 'char'" in caplog.text
+    assert "is tokenized differently from the data checkpoint" in caplog.text

@@ -1,0 +1,214 @@
+"""Checkpoint files (gptmini/checkpoint.py): the checksum written at save time and verified at load, one clear
+error for a file that is not a checkpoint, saves that fail (full disk) keeping the previous file, settings that
+disagree with the tensors, the data a checkpoint records, and the one rule for which file ``last`` means."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptmini import checkpoint
+from gptmini.checkpoint import CheckpointError, atomic_save, load_checkpoint, model_from_checkpoint
+
+# The checksum's entry in a checkpoint (read through the module: a test then fails, not its import, without it).
+CHECKSUM_KEY = "gptmini_checksum"
+
+
+def _overwrite_inside_tensor(path: Path, tensor: int = 0, nbytes: int = 16) -> None:
+    """Overwrites bytes in the middle of one tensor's storage inside the zip, as disk damage would: the archive
+    still opens, and torch.load returns the damaged values without complaint."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(f"/data/{tensor}"))
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    with open(path, "r+b") as f:
+        f.seek(start + info.file_size // 2)
+        f.write(b"\xff" * nbytes)
+
+
+# --- checksums (issue 19, item 3) -------------------------------------------------------------------------
+
+
+def test_a_saved_checkpoint_carries_the_checksum_of_its_tensors(tmp_path, write_checkpoint):
+    path = write_checkpoint(tmp_path / "last.ckpt")
+    raw = torch.load(path, weights_only=True)  # plain data: loads with weights_only=True
+    record = raw[CHECKSUM_KEY]
+    assert record["algorithm"] == "sha256" and len(record["digest"]) == 64
+    assert record["tensors"] == len(raw["state_dict"]) and checkpoint.CHECKSUM_KEY == CHECKSUM_KEY
+    load_checkpoint(path)  # verifies
+
+
+def test_damage_inside_a_checkpoint_is_refused_naming_the_file(tmp_path, write_checkpoint):
+    path = write_checkpoint(tmp_path / "last.ckpt")
+    _overwrite_inside_tensor(path)
+    torch.load(path, weights_only=True)  # the damage itself goes unnoticed by torch
+    for load in (load_checkpoint, model_from_checkpoint):
+        with pytest.raises(
+            CheckpointError, match=rf"{re.escape(str(path))} is damaged: its tensors .* do not match"
+        ):
+            load(path)
+
+
+def test_a_checkpoint_without_a_checksum_still_loads(tmp_path, write_checkpoint, caplog):
+    path = write_checkpoint(tmp_path / "old.ckpt")
+    raw = torch.load(path, weights_only=True)
+    del raw[CHECKSUM_KEY]
+    torch.save(raw, path)
+    load_checkpoint(path)
+    assert "carries no checksum" in caplog.text
+
+
+# --- files that are not checkpoints (item 4) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["random_bytes", "text", "truncated", "empty", "zip_of_other_things"])
+def test_a_file_that_is_not_a_checkpoint_is_one_clear_error(kind, tmp_path, write_checkpoint):
+    path = tmp_path / "model.ckpt"
+    if kind == "random_bytes":
+        path.write_bytes(os.urandom(5000))
+    elif kind == "text":
+        path.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n" * 20)
+    elif kind == "truncated":
+        data = write_checkpoint(tmp_path / "good.ckpt").read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    else:
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("notes.txt", "hello")
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))} is not a gptmini checkpoint \("):
+        load_checkpoint(path)
+
+
+# --- failed saves (item 5) --------------------------------------------------------------------------------
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_so(tmp_path, write_checkpoint):
+    path = write_checkpoint(tmp_path / "last.ckpt", global_step=5)
+    before = path.read_bytes()
+
+    class FullDisk:  # 1,000 bytes left: torch.save's zip writer fails with a RuntimeError over the OSError
+        def __init__(self, f):
+            self.f, self.room = f, 1000
+
+        def write(self, data):
+            if len(data) > self.room:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.room -= len(data)
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    def disk_full(checkpoint, f):
+        torch.save(checkpoint, FullDisk(f))
+
+    with pytest.raises(checkpoint.CheckpointSaveError) as info:
+        atomic_save({"state_dict": {"w": torch.zeros(10_000)}, "global_step": 10}, path, write=disk_full)
+    assert re.fullmatch(
+        rf"could not save checkpoint {re.escape(str(path))}: No space left on device; the previous last\.ckpt "
+        r"\(step 5\) is kept unchanged\. Free disk space or make \S+ writable, then resume with ckpt_path=last",
+        str(info.value),
+    ), info.value
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temp file left
+
+
+def test_an_unwritable_checkpoint_folder_is_a_save_error(tmp_path):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    with pytest.raises(
+        checkpoint.CheckpointSaveError, match=r"could not save checkpoint .*; no last\.ckpt was written"
+    ):
+        atomic_save({"state_dict": {}}, blocker / "checkpoints" / "last.ckpt")
+
+
+# --- settings that disagree with the tensors (item 9) -----------------------------------------------------
+
+
+def test_settings_that_disagree_with_the_tensors_are_one_clear_error(tmp_path, write_checkpoint):
+    path = write_checkpoint(tmp_path / "edited.ckpt", n_embd=8)
+    raw = torch.load(path, weights_only=True)
+    raw["hyper_parameters"]["model_config"]["n_embd"] = 16
+    atomic_save({k: v for k, v in raw.items() if k != CHECKSUM_KEY}, path)  # a consistent checksum
+    with pytest.raises(
+        CheckpointError,
+        match=r"edited\.ckpt is inconsistent: its saved model settings \(n_layer=1, n_embd=16, .*\) disagree "
+        r"with its tensors \(wte\.weight is \[64, 8\] but the settings need \[64, 16\]",
+    ):
+        model_from_checkpoint(path)
+
+
+# --- the data a checkpoint was trained on (item 2) --------------------------------------------------------
+
+
+def test_a_checkpoint_records_its_data_and_refuses_other_data(tmp_path, write_checkpoint):
+    from gptmini.data.prepare import prepare
+
+    folder = tmp_path / "data"
+    prepare(str(_corpus(tmp_path / "a.txt", "to be or not to be\n" * 300)), "char", folder)
+    path = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder)
+    ckpt = load_checkpoint(path)
+    assert checkpoint.check_trained_data(path, ckpt, folder) is None
+    # Same characters, other text: other data, same tokenizer.
+    prepare(str(_corpus(tmp_path / "b.txt", "not to be or to be\n" * 300)), "char", folder)
+    with pytest.raises(CheckpointError, match=r"holds other data than checkpoint .* was trained on: .*: FIX"):
+        checkpoint.check_trained_data(path, ckpt, folder, fix="FIX")
+    assert "holds other data" in checkpoint.check_trained_data(path, ckpt, folder, other_data="warn")
+    assert checkpoint.check_trained_data(path, ckpt, folder, other_data="allow") is None
+    # Other characters: another vocabulary, refused whatever other_data says.
+    prepare(str(_corpus(tmp_path / "c.txt", "ROMEO: hello\n" * 300)), "char", folder)
+    with pytest.raises(
+        CheckpointError, match=r"is tokenized differently .* its token ids would mean other text"
+    ):
+        checkpoint.check_trained_data(path, ckpt, folder, other_data="allow")
+
+
+def _corpus(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# --- which file "last" means (item 8) ---------------------------------------------------------------------
+
+
+def _touch(path: Path, mtime: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch):
+    from gptmini.inference.sample import find_checkpoint
+    from gptmini.training.config import find_last_checkpoint as training_last
+
+    out = tmp_path / "outputs"
+    _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "last.ckpt", 1000)
+    _touch(out / "exp" / "2026-01-01_11-00-00_000000" / "checkpoints" / "on_exception.ckpt", 2000)
+    job = out / "exp" / "multirun_2026-01-01_12-00-00" / "model.n_head=2" / "checkpoints"
+    _touch(job / "last.ckpt", 3000)
+    # a multirun job interrupted after its last periodic save
+    newest = _touch(job / "on_exception.ckpt", 4000)
+    _touch(job / ".last.ckpt.123.abcd1234.tmp", 5000)  # a killed save's temp file: never a candidate
+    _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "best.ckpt", 6000)  # not "last"
+
+    find_last_checkpoint, resolve_checkpoint = checkpoint.find_last_checkpoint, checkpoint.resolve_checkpoint
+    assert find_last_checkpoint(out, "exp") == newest
+    assert training_last(out, "exp") == newest  # ckpt_path=last
+    monkeypatch.chdir(tmp_path)
+    assert resolve_checkpoint("last") == Path("outputs") / newest.relative_to(out)  # --ckpt last
+    assert find_checkpoint("last") == resolve_checkpoint("last")
+    # A newer run of another run_name is "last" for the commands that take no run_name, not for ckpt_path=last.
+    other = _touch(out / "other" / "2026-01-02_00-00-00_000000" / "checkpoints" / "last.ckpt", 7000)
+    assert find_last_checkpoint(out) == other and find_last_checkpoint(out, "exp") == newest
+    # A resumed run's own (fresh) folder is left out.
+    assert find_last_checkpoint(out, "exp", exclude=job.parent) != newest
+    assert find_last_checkpoint(tmp_path / "nothing", "exp") is None
+    with pytest.raises(CheckpointError, match=r"no last\.ckpt or on_exception\.ckpt found under nowhere/"):
+        resolve_checkpoint("last", "nowhere")

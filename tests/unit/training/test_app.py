@@ -1,0 +1,52 @@
+"""The training command's own behaviour around a run (issue 19, item 9): a broken install without configs says so
+in one line, even for --help; a run that fails its checks leaves no run folder behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from gptmini.training import app
+
+PACKAGE = Path(__file__).resolve().parents[3] / "gptmini"
+
+
+def test_help_without_the_configs_is_one_clear_line(tmp_path):
+    # An install whose configs are missing: the package alone, no conf/ beside or inside it.
+    shutil.copytree(PACKAGE, tmp_path / "gptmini", ignore=shutil.ignore_patterns("__pycache__", "conf"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gptmini.training", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(
+        f"error: gptmini's configs (train.yaml) are neither in {tmp_path}/gptmini/conf"
+    )
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_only_a_run_folder_holding_nothing_but_hydras_files_is_removed(tmp_path):
+    failed = tmp_path / "outputs" / "mine" / "2026-01-01_00-00-00_000000"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text("{}")
+    (failed / "train.log").write_text("error: ...\n")
+    (failed / "checkpoints").mkdir()  # empty
+    app._remove_failed_run_folder(failed)
+    assert not failed.exists() and not failed.parent.exists()  # nor the run_name folder it was alone in
+    assert (tmp_path / "outputs").is_dir()
+
+    kept = tmp_path / "outputs" / "mine" / "2026-01-02_00-00-00_000000"
+    (kept / "checkpoints").mkdir(parents=True)
+    (kept / "train.log").write_text("")
+    (kept / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    app._remove_failed_run_folder(kept)
+    assert (kept / "checkpoints" / "last.ckpt").is_file()

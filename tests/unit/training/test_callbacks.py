@@ -1,0 +1,116 @@
+"""The logging callbacks never stop a training run: probe texts and prompts adapt to the run's vocabulary (a char
+vocabulary of a lower-case corpus lacks the "R" of the built-in "ROMEO:"), and any exception in a logging hook is
+reported once while training goes on (issue 19, item 1)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from gptmini.data.tokenizers import CharTokenizer
+from gptmini.model import GPT, GPTConfig
+from gptmini.training import callbacks
+from gptmini.training.callbacks import (
+    AttentionMapLogger,
+    ParameterSummary,
+    TextSampleLogger,
+    TokenThroughputMonitor,
+)
+
+LOWER = "but soft, what light through yonder window breaks?\nit is the east.\n"
+
+
+def _run(tmp_path, tokenizer: CharTokenizer, val_text: str = LOWER):
+    """A stand-in for the trainer and module the hooks read: a TensorBoard logger, the datamodule's tokenizer
+    and validation tokens, and a small model in training mode."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    datamodule = SimpleNamespace(
+        tokenizer=lambda: tokenizer,
+        val_dataset=SimpleNamespace(tokens=np.array(tokenizer.encode(val_text), dtype=np.uint16)),
+        train_dataset=None,
+    )
+    trainer = SimpleNamespace(
+        sanity_checking=False,
+        loggers=[TensorBoardLogger(str(tmp_path), name="tb", version="")],
+        datamodule=datamodule,
+        global_step=3,
+    )
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=8)
+    module = SimpleNamespace(model=GPT(config).train(), device=torch.device("cpu"))
+    return trainer, module
+
+
+def _warnings(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+def test_probe_and_prompt_drop_what_the_vocabulary_lacks_with_one_warning(tmp_path, caplog):
+    tokenizer = CharTokenizer.from_text(LOWER)  # no capital letters, no ":"
+    trainer, module = _run(tmp_path, tokenizer)
+    maps, samples = AttentionMapLogger(max_tokens=8), TextSampleLogger(max_new_tokens=5)
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):  # two validations: still one warning each
+            maps.on_validation_end(trainer, module)
+            samples.on_validation_end(trainer, module)
+    (probe_warning,) = _warnings(caplog, "callbacks.attention_maps.probe_text")
+    assert "'R' 'O' 'M' 'E' ':'" in probe_warning and "left out" in probe_warning
+    (prompt_warning,) = _warnings(caplog, "callbacks.text_samples.prompt")
+    assert "'R' 'O' 'M' 'E' ':'" in prompt_warning
+    assert sum("sample at step 3" in r.getMessage() for r in caplog.records) == 2
+    assert module.model.training  # restored after the maps and the sample
+    assert not [r for r in caplog.records if "failed at step" in r.getMessage()]  # nothing was skipped
+
+
+def test_a_probe_with_nothing_left_uses_the_validation_data(tmp_path, caplog):
+    tokenizer = CharTokenizer.from_text("0123456789 \n")
+    trainer, module = _run(tmp_path, tokenizer, val_text="3141592653 5897932384\n")
+    logger = AttentionMapLogger(max_tokens=6)
+    seen = []
+    module.model.attention_maps = lambda idx: seen.append(idx.tolist()) or torch.full((1, 1, 2, 6, 6), 1 / 6)
+    with caplog.at_level(logging.WARNING):
+        logger.on_validation_end(trainer, module)
+    assert seen == [[tokenizer.encode("314159")]]
+    (warning,) = _warnings(caplog, "callbacks.attention_maps.probe_text")
+    assert "the start of the validation data stands in" in warning
+
+
+def test_an_exception_in_a_logging_hook_is_reported_once_and_training_goes_on(tmp_path, caplog):
+    tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
+    trainer, module = _run(tmp_path, tokenizer)
+
+    def broken(idx):
+        raise RuntimeError("out of memory in the probe")
+
+    module.model.attention_maps = broken
+    logger = AttentionMapLogger()
+    with caplog.at_level(logging.WARNING):
+        logger.on_validation_end(trainer, module)  # does not raise
+        logger.on_validation_end(trainer, module)
+    (report,) = _warnings(caplog, "failed at step")
+    assert report == (
+        "AttentionMapLogger.on_validation_end failed at step 3 and is skipped; training goes on (reported once): "
+        "RuntimeError: out of memory in the probe"
+    )
+    assert module.model.training  # the model is back in training mode (dropout) despite the failure
+
+
+def test_every_logging_callback_is_guarded():
+    LoggingCallback = callbacks.LoggingCallback
+    for cls in (AttentionMapLogger, TextSampleLogger, TokenThroughputMonitor, ParameterSummary):
+        assert issubclass(cls, LoggingCallback), cls
+
+    class Mine(LoggingCallback):
+        def on_train_batch_end(self, trainer, *args):
+            raise ValueError("a bug in a new logger")
+
+        def helper(self):
+            raise ValueError("not a hook: not guarded")
+
+    Mine().on_train_batch_end(SimpleNamespace(global_step=1), None, None, None, 0)
+    with pytest.raises(ValueError):
+        Mine().helper()
