@@ -40,8 +40,11 @@ class GPTConfig:
     n_kv_head: int | None = None
     # Where positions enter: "learned" (a position table added to the embeddings, GPT-2), "rope" (rotary
     # embeddings of queries and keys, base rope_base) or "none" (NoPE: the causal mask alone orders tokens).
+    # "alibi": no embedding, per-head linear distance biases on the scores (Press et al.).
     position: str = "learned"
     rope_base: float = 10000.0
+    # Each query sees at most the last sliding_window keys, itself included (None: every earlier key).
+    sliding_window: int | None = None
     # Normalise queries and keys per head (RMSNorm with a learned gain) before their dot product.
     qk_norm: bool = False
     # A learned sigmoid gate on each head's output, elementwise, before the output projection.
@@ -89,6 +92,11 @@ class GPTConfig:
             raise ConfigError(
                 f"model.rope_base={self.rope_base!r} is invalid: it must be a number > 1 (10000 is usual)"
             )
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(
+                f"model.sliding_window={window!r} is invalid: a number of keys >= 1, or null for full causal attention"
+            )
         if self.position == "rope" and (self.n_embd // self.n_head) % 2:
             raise ConfigError(
                 f"model.position=rope needs an even head size, and n_embd / n_head = {self.n_embd // self.n_head}: "
@@ -135,6 +143,10 @@ class GPTConfig:
             options["n_kv_head"] = self.kv_heads
         if self.position == "rope":
             options["rope_base"] = float(self.rope_base)
+        if self.position == "alibi":
+            options["alibi"] = True
+        if self.sliding_window is not None:
+            options["sliding_window"] = self.sliding_window
         if self.qk_norm:
             options["qk_norm"] = True
         if self.attn_gate:
@@ -160,9 +172,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-POSITIONS = ("learned", "rope", "none")
+POSITIONS = ("learned", "rope", "alibi", "none")
 # the config setting behind an attention option, where the two are named differently (for messages)
-_OPTION_SETTINGS = {"rope_base": "position"}
+_OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
 
 
 def available_presets() -> list[str]:

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from gptmini.attention.alibi import alibi_slopes, score_mask
 from gptmini.attention.base import (
     AttentionWeights,
     LMAttention,
@@ -35,7 +38,7 @@ class CausalSelfAttention(LMAttention):
 
     supports_kv_cache = True
     gpt2_compatible = True
-    options = frozenset({"n_kv_head", "rope_base", "qk_norm", "attn_gate"})
+    options = frozenset({"n_kv_head", "rope_base", "alibi", "sliding_window", "qk_norm", "attn_gate"})
 
     def __init__(
         self,
@@ -46,6 +49,8 @@ class CausalSelfAttention(LMAttention):
         bias: bool = True,
         n_kv_head: int | None = None,
         rope_base: float | None = None,
+        alibi: bool = False,
+        sliding_window: int | None = None,
         qk_norm: bool = False,
         attn_gate: bool = False,
     ):
@@ -67,6 +72,11 @@ class CausalSelfAttention(LMAttention):
         self.q_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
         self.gate = nn.Linear(d_model, d_model, bias=bias) if attn_gate else None
+        self.sliding_window = sliding_window
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} must be >= 1")
+        # ALiBi's per-head slopes; None without it (a buffer, so it follows the module across devices)
+        self.register_buffer("alibi_slopes", alibi_slopes(n_head) if alibi else None, persistent=False)
         self.rope = rope_base is not None
         if self.rope:
             cos, sin = rope_angles(self.head_size, context_length, rope_base)  # (T_max, hs/2) each
@@ -98,6 +108,12 @@ class CausalSelfAttention(LMAttention):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k
 
+    def _score_mask(self, queries: int, start: int, device: torch.device) -> Tensor | None:
+        # None: plain causal attention, which the kernel does without a mask
+        if self.alibi_slopes is None and self.sliding_window is None:
+            return None
+        return score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: object) -> Tensor:
         if self.grouped:  # the kernel repeats each kv head for its group of query heads without copying
             kwargs["enable_gqa"] = True
@@ -111,11 +127,16 @@ class CausalSelfAttention(LMAttention):
         check_length(T, self.context_length, start)
         q, k, v = self._qkv(x)
         q, k = self._position(q, k, start)  # keys enter the cache already rotated: each is rotated once
-        if kv_cache is None:
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
+        mask = self._score_mask(T, start, x.device)
+        if mask is not None:
+            # ALiBi biases and windows as an additive mask: (nh or 1, T, start + T), -inf where not allowed
+            y = self._attend(q, k, v, attn_mask=mask)
+        elif kv_cache is None:
             # the kernel never materialises the (T, T) probabilities: flash / memory-efficient attention
             y = self._attend(q, k, v, is_causal=True)
         else:
-            k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
             if T == 1:
                 # a single new token may see every cached key
                 y = self._attend(q, k, v, is_causal=False)
@@ -138,7 +159,11 @@ class CausalSelfAttention(LMAttention):
         q, k, _ = self._qkv(x)
         q, k = self._position(q, k)
         k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # query head h reads kv head h // group
-        return causal_probs(q, k)  # (B, nh, T, T)
+        mask = self._score_mask(x.shape[1], 0, x.device)
+        if mask is None:
+            return causal_probs(q, k)  # (B, nh, T, T)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size) + mask  # (B, nh, T, T)
+        return torch.softmax(scores, dim=-1)
 
     def _extra(self) -> dict[str, Tensor | None]:
         # the parameters only some options add, by the names AttentionWeights.extra uses

@@ -315,7 +315,7 @@ def test_n_kv_head_is_checked_at_config_time(kw, match):
 # --- positions ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("position", ["rope", "none"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "none"])
 def test_rope_and_nope_have_no_position_table(position):
     learned, other = GPT(tiny()), GPT(tiny(position=position))
     assert other.wpe is None
@@ -330,11 +330,22 @@ def test_rope_and_nope_have_no_position_table(position):
     assert not torch.allclose(out[2], out[4])
 
 
-def test_rope_settings_are_checked_at_config_time():
+def test_position_and_window_settings_are_checked_at_config_time():
     with pytest.raises(
-        ConfigError, match=r"model.position='alibi' is invalid: valid values are learned, rope, none"
+        ConfigError, match=r"model.position='sinusoid' is invalid: valid values are learned, rope, alibi"
     ):
-        tiny(position="alibi")
+        tiny(position="sinusoid")
+    for window in (0, -2, 2.5):
+        with pytest.raises(ConfigError, match=rf"model.sliding_window={window} is invalid"):
+            tiny(sliding_window=window)
+    with pytest.raises(
+        ConfigError, match=r"model.sliding_window=4 is not supported by model.attention='torch'"
+    ):
+        tiny(sliding_window=4, attention="torch")
+    with pytest.raises(
+        ConfigError, match=r"model.position='alibi' is not supported by model.attention='wrapper'"
+    ):
+        tiny(position="alibi", attention="wrapper")
     with pytest.raises(ConfigError, match=r"model.rope_base=1 is invalid"):
         tiny(position="rope", rope_base=1)
     with pytest.raises(ConfigError, match=r"needs an even head size, and n_embd / n_head = 5"):

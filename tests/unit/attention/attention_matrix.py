@@ -33,6 +33,8 @@ HEAD = D_MODEL // N_HEAD
 OPTION_VALUES: dict[str, list[Any]] = {
     "n_kv_head": [2, 1],  # grouped-query, multi-query
     "rope_base": [10000.0, 100.0],  # the usual base, and a small one that turns a lot within 12 positions
+    "alibi": [True],
+    "sliding_window": [3, 1],  # binding within 12 positions; 1: each token sees only itself
     "qk_norm": [True],
     "attn_gate": [True],
 }
@@ -43,7 +45,12 @@ def configurations(name: str) -> list[dict[str, Any]]:
     options = sorted(ATTENTION_REGISTRY[name].options)
     configs = [{}] + [{opt: value} for opt in options for value in OPTION_VALUES[opt]]
     if len(options) > 1:
-        configs.append({opt: OPTION_VALUES[opt][-1] for opt in options})
+        together = {opt: OPTION_VALUES[opt][0] for opt in options}
+        # rope and alibi are both positions: a model has one, so each goes with all the other options
+        for position in ("rope_base", "alibi"):
+            configs.append(
+                {k: v for k, v in together.items() if k not in {"rope_base", "alibi"} - {position}}
+            )
     return configs
 
 
@@ -52,7 +59,18 @@ def gpt_settings(options: dict[str, Any]) -> dict[str, Any]:
     settings = dict(options)
     if "rope_base" in settings:
         settings["position"] = "rope"
+    if settings.pop("alibi", False):
+        settings["position"] = "alibi"
     return settings
+
+
+def allowed_keys(T: int, options: dict[str, Any]) -> torch.Tensor:
+    """(T, T) bool: the keys each query may see — the past and itself, within the window if there is one."""
+    distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    allowed = distance >= 0
+    if options.get("sliding_window") is not None:
+        allowed &= distance < options["sliding_window"]
+    return allowed
 
 
 def make(
@@ -111,7 +129,12 @@ def _numpy_dot_product_with_options(
     Q, K, V = project(Wq, bq), project(Wk, bk), project(Wv, bv)
     group = N_HEAD // kv_heads(options)
     T = X.shape[1]
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    distance = np.arange(T)[:, None] - np.arange(T)[None, :]  # query i - key j
+    hidden = distance < 0  # the future
+    if options.get("sliding_window") is not None:
+        hidden |= distance >= options["sliding_window"]
+    # ALiBi's slopes for a power-of-two head count, written out: 2^(-8 (h + 1) / n)
+    slopes = [2.0 ** (-8.0 * (h + 1) / N_HEAD) for h in range(N_HEAD)]
     heads, probs = [], []
     for h in range(N_HEAD):
         g = h // group  # the key/value head this query head reads
@@ -122,7 +145,10 @@ def _numpy_dot_product_with_options(
             k = numpy_rms_norm(k, _np(w.extra["k_norm.weight"]))
         if "rope_base" in options:
             q, k = numpy_rope(q, options["rope_base"]), numpy_rope(k, options["rope_base"])
-        p = numpy_softmax(np.where(future, -np.inf, q @ np.swapaxes(k, -1, -2) / np.sqrt(HEAD)), axis=-1)
+        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(HEAD)
+        if options.get("alibi"):
+            scores = scores - slopes[h] * distance
+        p = numpy_softmax(np.where(hidden, -np.inf, scores), axis=-1)
         heads.append(p @ v)
         probs.append(p)
     concat = np.concatenate(heads, axis=-1)  # (B, T, C)
@@ -244,8 +270,9 @@ def check_probs_are_causal_distributions(name: str, options: dict[str, Any]) -> 
         probs = module.attention_probs(torch.randn(2, 7, D_MODEL))
     assert probs.shape == (2, N_HEAD, 7, 7)
     assert_close(probs.sum(-1), torch.ones(2, N_HEAD, 7))
-    assert (probs.triu(diagonal=1) == 0).all()
-    assert (probs[..., torch.ones(7, 7, dtype=torch.bool).tril()] > 0).all()  # the past stays visible
+    allowed = allowed_keys(7, options)
+    assert (probs[..., ~allowed] == 0).all()  # never the future, nor (with a window) beyond it
+    assert (probs[..., allowed] > 0).all()  # everything allowed stays visible
 
 
 def check_dropout_only_in_training(name: str, options: dict[str, Any]) -> None:
@@ -393,7 +420,8 @@ def check_gpt2_weights_exchange(name: str, options: dict[str, Any]) -> None:
             return
         if options:  # GPT-2 is plain multi-head attention with learned positions
             with pytest.raises(
-                HFWeightsError, match=r"GPT-2 weights with model\.(position|n_kv_head|qk_norm|attn_gate)"
+                HFWeightsError,
+                match=r"GPT-2 weights with model\.(position|n_kv_head|sliding_window|qk_norm|attn_gate)",
             ):
                 save_hf_gpt2(model, tmp + "/out")
             return

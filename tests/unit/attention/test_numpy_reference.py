@@ -78,3 +78,26 @@ def test_rope_scores_depend_only_on_the_distance():
     for m, n in ((3, 1), (9, 7), (11, 9)):  # distance 2 each time
         np.testing.assert_allclose(Q[m] @ K[n], Q[2] @ K[0], rtol=1e-12)
     assert not np.isclose(Q[3] @ K[0], Q[2] @ K[0])
+
+
+def test_alibi_slopes_are_the_papers():
+    from gptmini.attention.alibi import alibi_slopes
+
+    # Press et al.: 8 heads -> 1/2, 1/4, ..., 1/256; a non-power of two (6) takes the 4-head slopes, then every
+    # other slope of the 8-head sequence
+    np.testing.assert_allclose(alibi_slopes(8).numpy(), [2.0**-i for i in range(1, 9)])
+    np.testing.assert_allclose(alibi_slopes(6).numpy(), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
+
+
+def test_alibi_and_window_mask_on_a_hand_computed_example():
+    import torch
+
+    from gptmini.attention.alibi import score_mask
+
+    slopes = torch.tensor([0.5])
+    # two new queries at absolute positions 2 and 3 against keys 0..3, window 2
+    mask = score_mask(1, 2, 2, slopes, 2, torch.device("cpu"))[0]
+    inf = float("inf")
+    np.testing.assert_allclose(mask.numpy(), [[-inf, -0.5, 0.0, -inf], [-inf, -inf, -0.5, 0.0]])
+    plain = score_mask(1, 2, 2, None, None, torch.device("cpu"))
+    np.testing.assert_allclose(plain.numpy(), [[0.0, 0.0, 0.0, -inf], [0.0, 0.0, 0.0, 0.0]])
