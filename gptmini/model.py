@@ -49,6 +49,8 @@ class GPTConfig:
     qk_norm: bool = False
     # A learned sigmoid gate on each head's output, elementwise, before the output projection.
     attn_gate: bool = False
+    # One learned sink logit per head that takes part in the softmax but carries no value.
+    attn_sink: bool = False
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
     kv_heads: int = field(init=False)
@@ -151,6 +153,8 @@ class GPTConfig:
             options["qk_norm"] = True
         if self.attn_gate:
             options["attn_gate"] = True
+        if self.attn_sink:
+            options["attn_sink"] = True
         return options
 
     def to_dict(self) -> dict:

@@ -38,7 +38,9 @@ class CausalSelfAttention(LMAttention):
 
     supports_kv_cache = True
     gpt2_compatible = True
-    options = frozenset({"n_kv_head", "rope_base", "alibi", "sliding_window", "qk_norm", "attn_gate"})
+    options = frozenset(
+        {"n_kv_head", "rope_base", "alibi", "sliding_window", "qk_norm", "attn_gate", "attn_sink"}
+    )
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class CausalSelfAttention(LMAttention):
         sliding_window: int | None = None,
         qk_norm: bool = False,
         attn_gate: bool = False,
+        attn_sink: bool = False,
     ):
         super().__init__()
         check_heads(d_model, n_head)
@@ -72,6 +75,9 @@ class CausalSelfAttention(LMAttention):
         self.q_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
         self.gate = nn.Linear(d_model, d_model, bias=bias) if attn_gate else None
+        # one learned logit per head that joins each softmax row with a zero value: attention mass that has
+        # nowhere useful to go can rest there instead of on real tokens (learned sinks, as in gpt-oss)
+        self.sink = nn.Parameter(torch.zeros(n_head)) if attn_sink else None
         self.sliding_window = sliding_window
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window={sliding_window} must be >= 1")
@@ -110,9 +116,21 @@ class CausalSelfAttention(LMAttention):
 
     def _score_mask(self, queries: int, start: int, device: torch.device) -> Tensor | None:
         # None: plain causal attention, which the kernel does without a mask
-        if self.alibi_slopes is None and self.sliding_window is None:
+        if self.alibi_slopes is None and self.sliding_window is None and self.sink is None:
             return None
-        return score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
+        mask = score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
+        if self.sink is None:
+            return mask
+        # the sink is one more key column: its score is the head's sink logit (the appended key is zero)
+        mask = mask.expand(self.n_head, *mask.shape[-2:])  # (nh, T, S)
+        sink = self.sink.to(mask.dtype)[:, None, None].expand(-1, queries, 1)  # (nh, T, 1)
+        return torch.cat((mask, sink), dim=-1)  # (nh, T, S + 1)
+
+    def _with_sink_slot(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.sink is None:
+            return k, v
+        zero = k.new_zeros(*k.shape[:2], 1, k.shape[-1])  # (B, n_kv, 1, hs): a key with score 0, a zero value
+        return torch.cat((k, zero), dim=2), torch.cat((v, zero), dim=2)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: object) -> Tensor:
         if self.grouped:  # the kernel repeats each kv head for its group of query heads without copying
@@ -131,7 +149,8 @@ class CausalSelfAttention(LMAttention):
             k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
         mask = self._score_mask(T, start, x.device)
         if mask is not None:
-            # ALiBi biases and windows as an additive mask: (nh or 1, T, start + T), -inf where not allowed
+            # ALiBi biases, windows and the sink as an additive mask: (nh or 1, T, start + T [+ 1])
+            k, v = self._with_sink_slot(k, v)
             y = self._attend(q, k, v, attn_mask=mask)
         elif kv_cache is None:
             # the kernel never materialises the (T, T) probabilities: flash / memory-efficient attention
@@ -162,8 +181,10 @@ class CausalSelfAttention(LMAttention):
         mask = self._score_mask(x.shape[1], 0, x.device)
         if mask is None:
             return causal_probs(q, k)  # (B, nh, T, T)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size) + mask  # (B, nh, T, T)
-        return torch.softmax(scores, dim=-1)
+        k, _ = self._with_sink_slot(k, k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size) + mask  # (B, nh, T, T [+ 1])
+        # the real keys' share: with a sink, rows sum to 1 minus what rests on the sink
+        return torch.softmax(scores, dim=-1)[..., : x.shape[1]]
 
     def _extra(self) -> dict[str, Tensor | None]:
         # the parameters only some options add, by the names AttentionWeights.extra uses
@@ -172,6 +193,8 @@ class CausalSelfAttention(LMAttention):
             extra |= {"q_norm.weight": self.q_norm.weight, "k_norm.weight": self.k_norm.weight}
         if self.gate is not None:
             extra |= {"gate.weight": self.gate.weight, "gate.bias": self.gate.bias}
+        if self.sink is not None:
+            extra["sink"] = self.sink
         return {name: p for name, p in extra.items() if p is not None}
 
     def get_weights(self) -> AttentionWeights:

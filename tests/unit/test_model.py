@@ -372,3 +372,21 @@ def test_qk_norm_gains_start_at_one():
     attn = model.blocks[0].attn
     assert torch.equal(attn.q_norm.weight, torch.ones(8)) and torch.equal(attn.k_norm.weight, torch.ones(8))
     assert attn.gate.weight.std() > 0  # an ordinary Linear, initialised like the others
+
+
+def test_a_sink_takes_attention_mass_and_gives_no_value():
+    model = GPT(tiny(attn_sink=True)).eval()
+    attn = model.blocks[0].attn
+    idx = torch.randint(0, 100, (1, 10))
+    with torch.no_grad():
+        attn.sink.fill_(-30.0)  # a sink nobody uses: ordinary attention
+        torch.testing.assert_close(model.attention_maps(idx)[0].sum(-1), torch.ones(1, 4, 10))
+        attn.sink.fill_(
+            30.0
+        )  # a sink that takes everything: the layer adds (almost) nothing but out_proj's bias
+        maps = model.attention_maps(idx)[0]
+        assert maps.sum(-1).max() < 1e-6
+        x = torch.randn(1, 10, 32)
+        torch.testing.assert_close(attn(x), attn.out_proj.bias.expand(1, 10, 32), atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match=r"model.attn_sink=True is not supported by model.attention='mha'"):
+        tiny(attn_sink=True, attention="mha")

@@ -37,6 +37,7 @@ OPTION_VALUES: dict[str, list[Any]] = {
     "sliding_window": [3, 1],  # binding within 12 positions; 1: each token sees only itself
     "qk_norm": [True],
     "attn_gate": [True],
+    "attn_sink": [True],
 }
 
 
@@ -148,7 +149,12 @@ def _numpy_dot_product_with_options(
         scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(HEAD)
         if options.get("alibi"):
             scores = scores - slopes[h] * distance
-        p = numpy_softmax(np.where(hidden, -np.inf, scores), axis=-1)
+        scores = np.where(hidden, -np.inf, scores)
+        if options.get("attn_sink"):  # one more column: the sink logit, whose value is zero
+            sink = np.full((*scores.shape[:-1], 1), _np(w.extra["sink"])[h])
+            p = numpy_softmax(np.concatenate([scores, sink], axis=-1), axis=-1)[..., :T]
+        else:
+            p = numpy_softmax(scores, axis=-1)
         heads.append(p @ v)
         probs.append(p)
     concat = np.concatenate(heads, axis=-1)  # (B, T, C)
@@ -269,7 +275,10 @@ def check_probs_are_causal_distributions(name: str, options: dict[str, Any]) -> 
     with torch.no_grad():
         probs = module.attention_probs(torch.randn(2, 7, D_MODEL))
     assert probs.shape == (2, N_HEAD, 7, 7)
-    assert_close(probs.sum(-1), torch.ones(2, N_HEAD, 7))
+    if options.get("attn_sink"):  # part of each row rests on the sink, which is no token
+        assert ((probs.sum(-1) < 1) & (probs.sum(-1) > 0)).all()
+    else:
+        assert_close(probs.sum(-1), torch.ones(2, N_HEAD, 7))
     allowed = allowed_keys(7, options)
     assert (probs[..., ~allowed] == 0).all()  # never the future, nor (with a window) beyond it
     assert (probs[..., allowed] > 0).all()  # everything allowed stays visible
@@ -308,11 +317,11 @@ def _canonical_grads(module: torch.nn.Module) -> AttentionWeights:
 
 def check_gradients_reach_every_parameter(name: str, options: dict[str, Any]) -> None:
     # a key bias adds the same q.b to a whole row of plain dot-product scores, which softmax cancels exactly;
-    # normalised or rotated keys no longer shift a row uniformly
-    key_bias_cancels = ATTENTION_REGISTRY[name].scoring == "dot_product" and not {
-        "qk_norm",
-        "rope_base",
-    } & set(options)
+    # normalised or rotated keys no longer shift a row uniformly, and a sink's score does not shift with it
+    uniform_shift_breakers = {"qk_norm", "rope_base", "attn_sink"}
+    key_bias_cancels = ATTENTION_REGISTRY[name].scoring == "dot_product" and not uniform_shift_breakers & set(
+        options
+    )
     for bias in (True, False):
         torch.manual_seed(0)
         module = make(name, options, bias=bias)
@@ -400,7 +409,8 @@ def check_selectable_in_the_gpt(name: str, options: dict[str, Any]) -> None:
         if model.blocks[0].attn.returns_probs:
             maps = model.attention_maps(idx)
             assert maps.shape == (2, 2, 4, 12, 12)
-            assert_close(maps.sum(-1), torch.ones(2, 2, 4, 12))
+            if not options.get("attn_sink"):
+                assert_close(maps.sum(-1), torch.ones(2, 2, 4, 12))
     cached = model.generate(idx[:, :4], 8, temperature=0.0, use_cache=True)
     uncached = model.generate(idx[:, :4], 8, temperature=0.0, use_cache=False)
     assert model.supports_kv_cache == ATTENTION_REGISTRY[name].supports_kv_cache
@@ -421,7 +431,7 @@ def check_gpt2_weights_exchange(name: str, options: dict[str, Any]) -> None:
         if options:  # GPT-2 is plain multi-head attention with learned positions
             with pytest.raises(
                 HFWeightsError,
-                match=r"GPT-2 weights with model\.(position|n_kv_head|sliding_window|qk_norm|attn_gate)",
+                match=r"GPT-2 weights with model\.(position|n_kv_head|sliding_window|qk_norm|attn_gate|attn_sink)",
             ):
                 save_hf_gpt2(model, tmp + "/out")
             return
