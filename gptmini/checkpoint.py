@@ -217,30 +217,23 @@ def model_from_checkpoint(
 
 
 def check_resume_compatible(
-    path: str | Path, model_config: dict[str, Any], ignore: Iterable[str] = ()
+    path: str | Path,
+    model_config: dict[str, Any],
+    ignore: Iterable[str] = (),
+    ckpt: Mapping[str, Any] | None = None,
 ) -> None:
     """Refuses to resume a run whose model differs from the checkpoint's, naming the differing fields, and a
     checkpoint that does not load with ``weights_only=True``, is damaged, or whose tensors disagree with its own
-    settings. ``ignore``: fields not known yet (vocab_size before the data is prepared)."""
-    ckpt = load_checkpoint(path, mmap=True)
-    saved = _model_config(ckpt, path)
-    check_tensors_match(ckpt["state_dict"], GPTConfig.from_dict(dict(saved)), path)
-    keys = (
-        "vocab_size",
-        "block_size",
-        "n_layer",
-        "n_head",
-        "n_embd",
-        "bias",
-        "attention",
-        "tie_weights",
-        "pad_vocab_multiple",
-    )
-    diff = {
-        k: (saved.get(k), model_config.get(k))
-        for k in keys
-        if k not in ignore and saved.get(k) != model_config.get(k)
-    }
+    settings. ``ignore``: fields not known yet (vocab_size before the data is prepared). ``ckpt``: the
+    checkpoint already loaded from ``path`` (and verified), so it is not read again."""
+    if ckpt is None:
+        ckpt = load_checkpoint(path, mmap=True)
+    saved = GPTConfig.from_dict(dict(_model_config(ckpt, path)))  # settings older checkpoints lack: defaults
+    check_tensors_match(ckpt["state_dict"], saved, path)
+    wanted = GPTConfig.from_dict(dict(model_config)).to_dict()
+    # every model setting but dropout, which only acts in training and may change on resume
+    keys = [k for k in saved.to_dict() if k != "dropout" and k not in ignore]
+    diff = {k: (getattr(saved, k), wanted.get(k)) for k in keys if getattr(saved, k) != wanted.get(k)}
     if diff:
         desc = ", ".join(f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(

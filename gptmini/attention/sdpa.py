@@ -83,6 +83,9 @@ class CausalSelfAttention(LMAttention):
             raise ValueError(f"sliding_window={sliding_window} must be >= 1")
         # ALiBi's per-head slopes; None without it (a buffer, so it follows the module across devices)
         self.register_buffer("alibi_slopes", alibi_slopes(n_head) if alibi else None, persistent=False)
+        self._masks: dict[
+            tuple[int, torch.device], Tensor
+        ] = {}  # score masks of uncached forwards, by (T, device)
         self.rope = rope_base is not None
         if self.rope:
             cos, sin = rope_angles(self.head_size, context_length, rope_base)  # (T_max, hs/2) each
@@ -118,7 +121,16 @@ class CausalSelfAttention(LMAttention):
         # None: plain causal attention, which the kernel does without a mask
         if self.alibi_slopes is None and self.sliding_window is None and self.sink is None:
             return None
-        mask = score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
+        if start == 0:
+            # the training shape: the same (T, T) mask every step, built once per length and device
+            key = (queries, device)
+            if key not in self._masks:
+                self._masks[key] = score_mask(
+                    self.n_head, queries, 0, self.alibi_slopes, self.sliding_window, device
+                )
+            mask = self._masks[key]
+        else:  # decoding: a new offset each token, a (T, start + T) mask that costs little
+            mask = score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
         if self.sink is None:
             return mask
         # the sink is one more key column: its score is the head's sink logit (the appended key is zero)

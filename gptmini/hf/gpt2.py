@@ -271,7 +271,9 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.position={c.position!r}: GPT-2 learns a table of positions "
             "(use model.position=learned)"
         )
-    for option, value in c.attention_options().items():
+    options = c.attention_options()
+    if options:
+        option, value = next(iter(options.items()))
         raise HFWeightsError(
             f"cannot {what} GPT-2 weights with model.{option}={value}: GPT-2 has plain multi-head attention "
             f"(leave model.{option} at its default)"

@@ -151,9 +151,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     identity = data_identity(datamodule.data_dir, meta)
     if ckpt_path is not None:
         # The data first: another vocabulary is the cause of a vocab_size difference the shape check would name.
+        # read once here: validate_config verified this file moments ago, Lightning verifies it again on load
+        ckpt = load_checkpoint(ckpt_path, mmap=True, verify=False)
         other_data = check_trained_data(
             ckpt_path,
-            load_checkpoint(ckpt_path, mmap=True),
+            ckpt,
             datamodule.data_dir,
             meta,
             other_data="warn",
@@ -163,7 +165,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.warning(
                 "resuming on other data: %s; the run will differ from one never interrupted", other_data
             )
-        check_resume_compatible(ckpt_path, gpt_config.to_dict())
+        check_resume_compatible(ckpt_path, gpt_config.to_dict(), ckpt=ckpt)
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
     module = GPTLightningModule(

@@ -212,3 +212,23 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
     assert find_last_checkpoint(tmp_path / "nothing", "exp") is None
     with pytest.raises(CheckpointError, match=r"no last\.ckpt or on_exception\.ckpt found under nowhere/"):
         resolve_checkpoint("last", "nowhere")
+
+
+def test_resuming_compares_every_model_setting_but_dropout(tmp_path, write_checkpoint):
+    from gptmini.model import GPTConfig
+
+    path = write_checkpoint(tmp_path / "rope.ckpt", position="rope", n_kv_head=1)
+    saved = GPTConfig.from_dict(dict(load_checkpoint(path)["hyper_parameters"]["model_config"]))
+    checkpoint.check_resume_compatible(path, saved.to_dict() | {"dropout": 0.3})  # dropout may change
+    # settings that change the function but not every tensor's shape are named too
+    for change, named in (
+        (dict(position="none"), "model.position"),
+        (dict(n_kv_head=None), "model.n_kv_head"),
+    ):
+        with pytest.raises(CheckpointError, match=rf"different model shape \(.*{named}: checkpoint"):
+            checkpoint.check_resume_compatible(path, saved.to_dict() | change)
+    # a checkpoint from before a setting existed resumes under that setting's default
+    ckpt = load_checkpoint(path)
+    old = {k: v for k, v in ckpt["hyper_parameters"]["model_config"].items() if k != "attn_sink"}
+    ckpt["hyper_parameters"]["model_config"] = old
+    checkpoint.check_resume_compatible(path, saved.to_dict(), ckpt=ckpt)
