@@ -429,3 +429,108 @@ def plot_attention(rows: Sequence[dict[str, Any]], path: Path) -> None:
 def attention_order(name: str) -> int:
     impls = attention_impls()
     return impls.index(name) if name in impls else len(impls)
+
+
+# --- the attention options of model.attention=sdpa (the zoo), at one length ----------------------------------
+
+# name -> sdpa options; "reference" rows run the explicit path (scores -> mask/bias -> softmax -> weights . values)
+# that maps and head analysis read: the explicit-mask baseline the fast paths are judged against
+OPTION_VARIANTS: dict[str, dict[str, Any]] = {
+    "sdpa": {},
+    "rope": {"rope_base": 10000.0},
+    "alibi": {"alibi": True},
+    "window256": {"sliding_window": 256},
+    "gqa (kv = heads/4)": {"n_kv_head": "quarter"},
+    "mqa (kv = 1)": {"n_kv_head": 1},
+    "qk_norm": {"qk_norm": True},
+    "attn_gate": {"attn_gate": True},
+    "attn_sink": {"attn_sink": True},
+    "rope+gqa+qk_norm+gate": {
+        "rope_base": 10000.0,
+        "n_kv_head": "quarter",
+        "qk_norm": True,
+        "attn_gate": True,
+    },
+}
+REFERENCE_VARIANTS = ("sdpa", "alibi", "window256", "attn_sink")
+
+
+def _option_module(options: dict[str, Any], d_model: int, n_head: int, T: int) -> nn.Module:
+    options = {k: (n_head // 4 if v == "quarter" else v) for k, v in options.items()}
+    if options.get("sliding_window", 0) >= T:
+        options["sliding_window"] = T // 4  # binding at every length the table runs
+    return build_attention("sdpa", d_model, n_head, T, 0.0, False, **options)
+
+
+class _Reference(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.reference_forward(x)
+
+
+def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each attention option's forward+backward time and peak memory at T=1024 next to plain sdpa, and the
+    explicit-mask reference path of the score-changing ones; interleaved rounds as the head-to-head."""
+    s = attention_setup(opts)
+    dev = opts.device
+    T = 1024 if not opts.quick else s.seq_lens[-1]
+    rounds = 2 if opts.quick else (20 if opts.on_gpu else 5)
+    torch.manual_seed(opts.seed)
+    x = torch.randn(s.batch, T, s.d_model, device=dev, dtype=s.dtype)
+    modules: dict[str, nn.Module] = {}
+    for name, options in OPTION_VARIANTS.items():
+        modules[name] = _option_module(options, s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype).train()
+        if name in REFERENCE_VARIANTS:
+            ref = _option_module(options, s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype).train()
+            modules[f"{name} (explicit reference)"] = _Reference(ref)
+
+    def step(m: nn.Module) -> None:
+        m.zero_grad(set_to_none=True)
+        m(x).sum().backward()
+
+    peaks = {n: _peak_bytes(partial(step, m), dev) / 2**20 for n, m in modules.items()}  # doubles as warmup
+    times: dict[str, list[float]] = {n: [] for n in modules}
+    for _ in range(rounds):
+        for n, m in modules.items():
+            times[n].append(median_time(partial(step, m), 1, dev)[0])
+    base = min(times["sdpa"])
+    rows = []
+    for n, m in modules.items():
+        inner = getattr(m, "inner", m)
+        kernel = "explicit softmax" if n.endswith("(explicit reference)") else "sdpa"
+        if getattr(inner, "changes_scores", False) and kernel == "sdpa":
+            kernel = "flex" if inner._flex_wanted(x) else "sdpa + float mask"
+        rows.append(
+            {
+                "variant": n,
+                "kernel": kernel,
+                "seq_len": T,
+                "fwd_bwd_ms": statistics.median(times[n]) * 1e3,
+                "fwd_bwd_min_ms": min(times[n]) * 1e3,
+                "vs_sdpa_min": min(times[n]) / base,
+                "peak_mem_mib": peaks[n],
+                "kv_cache_bytes_per_token": 2 * inner.n_kv_head * inner.head_size * x.element_size(),
+            }
+        )
+        log.info(
+            "attention option %-32s T=%d fwd+bwd %s ms (x%.2f sdpa)",
+            n,
+            T,
+            fmt(rows[-1]["fwd_bwd_min_ms"]),
+            rows[-1]["vs_sdpa_min"],
+        )
+    notes = [
+        f"model.attention=sdpa with each option, T={T}, batch {s.batch}, {s.n_head} heads, {s.d_model} wide, "
+        f"{str(s.dtype).replace('torch.', '')} on {dev}, no bias; fwd+bwd, one run of each per round for {rounds} "
+        "rounds after a warmup (memory) run of each; vs_sdpa_min: fastest run over plain sdpa's fastest",
+        "kernel: what the training path runs here. ALiBi, windows and sinks change the scores: FlexAttention "
+        "(score_mod / block_mask) on a CUDA device; elsewhere SDPA with an additive float mask (CPU FlexAttention "
+        "has no backward). 'explicit reference' rows run the explicit path the maps read (scores, mask, softmax, "
+        "weights . values): the baseline a fast path must beat",
+        "gqa: n_kv_head = n_head / 4; window256: sliding_window 256 (T / 4 in --quick); "
+        "kv_cache_bytes_per_token: per layer, keys and values, this dtype",
+    ]
+    return rows, notes

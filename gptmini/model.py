@@ -1,7 +1,8 @@
 """The GPT itself: a plain ``nn.Module`` usable without Lightning or Hydra.
 
-Pre-LayerNorm transformer blocks (GPT-2 layout) whose causal self-attention comes from the registry in
-``gptmini.attention``, selected by ``GPTConfig.attention``.
+Pre-norm transformer blocks whose causal self-attention comes from the registry in ``gptmini.attention``,
+selected by ``GPTConfig.attention``: GPT-2's (LayerNorm, GELU MLP) by default, Llama's with ``norm=rmsnorm``,
+``mlp=swiglu`` and ``position=rope``, attention-only with ``mlp=none``.
 """
 
 from __future__ import annotations
@@ -51,9 +52,20 @@ class GPTConfig:
     attn_gate: bool = False
     # One learned sink logit per head that takes part in the softmax but carries no value.
     attn_sink: bool = False
+    # The blocks' normalisation: "layernorm" (GPT-2; a bias too when bias=true) or "rmsnorm" (Llama: a gain,
+    # no mean subtraction, never a bias). norm_eps is added to the variance of both (1e-5: GPT-2 and Llama 2).
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    # The feed-forward sublayer: "gelu" (GPT-2: Linear, tanh GELU, Linear), "swiglu" (Llama: silu(x W_gate) *
+    # (x W_up), then W_down) or "none" (an attention-only transformer: no MLP and no norm before it).
+    # mlp_hidden is its inner width; null: 4 * n_embd for gelu, 8/3 * n_embd rounded up to a multiple of 64 for
+    # swiglu (the same parameter count as gelu's, spread over three matrices).
+    mlp: str = "gelu"
+    mlp_hidden: int | None = None
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
     kv_heads: int = field(init=False)
+    mlp_width: int = field(init=False)  # the MLP's inner width (0 without an MLP)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
@@ -113,9 +125,38 @@ class GPTConfig:
                 f"model.{setting}={getattr(self, setting)!r} is not supported by model.attention={self.attention!r}: "
                 f"use model.attention={' or '.join(able) or '(none yet)'}, or leave model.{setting} at its default"
             )
+        self._check_block_options()
         self.head_size = self.n_embd // self.n_head
         m = self.pad_vocab_multiple
         self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
+
+    def _check_block_options(self) -> None:
+        if self.norm not in NORMS:
+            raise ConfigError(f"model.norm={self.norm!r} is invalid: valid values are {', '.join(NORMS)}")
+        eps = self.norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+            raise ConfigError(
+                f"model.norm_eps={eps!r} is invalid: it must be a small positive number (1e-5 or 1e-6 are usual)"
+            )
+        if self.mlp not in MLPS:
+            raise ConfigError(f"model.mlp={self.mlp!r} is invalid: valid values are {', '.join(MLPS)}")
+        hidden = self.mlp_hidden
+        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0):
+            raise ConfigError(
+                f"model.mlp_hidden={hidden!r} is invalid: a positive integer, or null for the default width"
+            )
+        if self.mlp == "none":
+            if hidden is not None:
+                raise ConfigError(
+                    f"model.mlp_hidden={hidden} has no effect with model.mlp=none (no MLP): set model.mlp_hidden=null"
+                )
+            self.mlp_width = 0
+        elif hidden is not None:
+            self.mlp_width = hidden
+        elif self.mlp == "swiglu":
+            self.mlp_width = swiglu_hidden(self.n_embd)
+        else:
+            self.mlp_width = 4 * self.n_embd
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
@@ -176,7 +217,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def swiglu_hidden(n_embd: int, multiple: int = 64) -> int:
+    """SwiGLU's default inner width: 8/3 * n_embd (three matrices with the parameters of GELU's two at 4 *
+    n_embd, as in Llama), rounded up to a multiple of ``multiple`` for matmul-friendly shapes."""
+    return -(-8 * n_embd // (3 * multiple)) * multiple
+
+
 POSITIONS = ("learned", "rope", "alibi", "none")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu", "none")
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
 
@@ -187,23 +236,54 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
 
 
+def build_norm(config: GPTConfig) -> nn.Module:
+    """The normalisation ``config.norm`` names, over the model width."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
 class MLP(nn.Module):
+    """GPT-2's feed-forward sublayer: Linear, tanh GELU, Linear."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
         # tanh-approximated GELU is what GPT-2 was trained with ("gelu_new").
         self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
-class Block(nn.Module):
+class SwiGLU(nn.Module):
+    """Llama's gated feed-forward sublayer (Shazeer 2020): ``c_proj(silu(w_gate(x)) * w_up(x))``.
+
+    The output projection keeps GPT-2's name ``c_proj`` so initialisation scales it as a residual projection."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.w_gate = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.w_up = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))  # (B, T, C)
+
+
+_MLP_CLASSES: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU}
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``; with ``mlp=none`` only the
+    attention sublayer (``ln_2`` and ``mlp`` are None)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = build_norm(config)
         self.attn = build_attention(
             config.attention,
             config.n_embd,
@@ -213,8 +293,9 @@ class Block(nn.Module):
             config.bias,
             **config.attention_options(),
         )
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        has_mlp = config.mlp != "none"
+        self.ln_2 = build_norm(config) if has_mlp else None
+        self.mlp = _MLP_CLASSES[config.mlp](config) if has_mlp else None
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
@@ -223,6 +304,8 @@ class Block(nn.Module):
         else:
             a = self.attn(self.ln_1(x), kv_cache=kv_cache)
         x = x + self.resid_dropout(a)
+        if self.mlp is None:
+            return x
         return x + self.mlp(self.ln_2(x))
 
 
@@ -235,7 +318,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_f = build_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_weights:
             # One tensor for both: the input embedding and the output projection learn together.
@@ -267,10 +350,21 @@ class GPT(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------------------
 
+    @property
+    def length_limit(self) -> str | None:
+        """Why the model cannot run past ``block_size`` tokens, or None when it can (rotary, ALiBi or no
+        positions with an attention that is not sized by its context): the length-extrapolation question."""
+        c = self.config
+        if c.position == "learned":
+            return f"its learned position table has block_size={c.block_size} rows (model.position=learned)"
+        if not attention_class(c.attention).any_length:
+            return f"model.attention={c.attention!r} is built for block_size={c.block_size} tokens"
+        return None
+
     def _check_length(self, t: int, offset: int = 0) -> None:
-        if offset + t > self.config.block_size:
+        if offset + t > self.config.block_size and (limit := self.length_limit) is not None:
             raise ValueError(
-                f"sequence of length {offset + t} is longer than the model's block_size={self.config.block_size}: "
+                f"sequence of length {offset + t} is longer than the model can take: {limit}; "
                 "crop the input to the last block_size tokens"
             )
 

@@ -72,6 +72,11 @@ class LMAttention(nn.Module):
     gpt2_compatible: ClassVar[bool] = (
         False  # its weights are exactly GPT-2's (AttentionWeights without extra)
     )
+    # forward runs a fused kernel that never forms the probabilities; reference_forward is then the explicit
+    # path (scores -> mask/bias -> softmax -> weights . values) that attention_probs reads, equal to forward
+    fused: ClassVar[bool] = False
+    # runs at any sequence length, not only up to the context_length it was built for (no table sized by it)
+    any_length: ClassVar[bool] = False
     scoring: ClassVar[str] = "dot_product"  # the score function; names the NumPy oracle that computes it
     # the GPTConfig attention options it honours, passed to its constructor by keyword (see
     # GPTConfig.attention_options); any other option set in a config is refused at config time
@@ -86,6 +91,13 @@ class LMAttention(nn.Module):
         raise NotImplementedError(
             f"{type(self).__name__} has no explicit probabilities (returns_probs=False)"
         )
+
+    def reference_forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, C), the explicit path, no dropout
+        if self.fused:
+            raise NotImplementedError(
+                f"{type(self).__name__} declares fused=True but has no reference_forward"
+            )
+        return self(x)  # an unfused forward is its own reference
 
     def get_weights(self) -> AttentionWeights:
         raise NotImplementedError

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -16,7 +18,6 @@ from gptmini.attention.base import (
     LMAttention,
     causal_probs,
     check_heads,
-    check_length,
     copy_param,
     set_fused_qkv,
     set_out_proj,
@@ -34,10 +35,21 @@ class CausalSelfAttention(LMAttention):
     heads, each shared by ``n_head // n_kv_head`` consecutive query heads (SDPA's ``enable_gqa`` convention),
     and the KV cache holds only those. ``rope_base`` rotates queries and keys by their positions (RoPE, see
     ``rope``), ``qk_norm`` RMS-normalises them per head first, ``attn_gate`` multiplies each head's output by a
-    learned sigmoid gate of the input before the output projection. All of these keep SDPA's fused kernel."""
+    learned sigmoid gate of the input before the output projection. All of these keep SDPA's fused kernel.
+
+    ALiBi, sliding windows and sinks change the scores themselves. Where FlexAttention can train (a CUDA
+    device) they run as its ``score_mod`` / ``block_mask``, so no (T, T) mask is built and fully masked blocks of
+    a window are skipped; elsewhere (CPU, whose FlexAttention has no backward; dropout, which it lacks; cached
+    decoding) they become an additive float mask for SDPA. A sink's slot carries no value, so with
+    FlexAttention it is exact to rescale each row by its share ``exp(lse) / (exp(lse) + exp(sink))``.
+
+    Nothing here is sized by ``context_length`` except the RoPE tables, which grow on demand: with rotary, ALiBi
+    or no positions the module runs at any length, longer than it was trained on (length extrapolation)."""
 
     supports_kv_cache = True
     gpt2_compatible = True
+    any_length = True
+    fused = True
     options = frozenset(
         {"n_kv_head", "rope_base", "alibi", "sliding_window", "qk_norm", "attn_gate", "attn_sink"}
     )
@@ -86,7 +98,13 @@ class CausalSelfAttention(LMAttention):
         self._masks: dict[
             tuple[int, torch.device], Tensor
         ] = {}  # score masks of uncached forwards, by (T, device)
+        # FlexAttention for score-changing options: None decides by device (CUDA: yes), True/False force it
+        self.use_flex: bool | None = None
+        self._block_masks: dict[
+            tuple[int, torch.device], object
+        ] = {}  # FlexAttention block masks, by (T, device)
         self.rope = rope_base is not None
+        self.rope_base = rope_base
         if self.rope:
             cos, sin = rope_angles(self.head_size, context_length, rope_base)  # (T_max, hs/2) each
             self.register_buffer("rope_cos", cos, persistent=False)  # recomputed, never stored in checkpoints
@@ -113,13 +131,33 @@ class CausalSelfAttention(LMAttention):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             T = q.shape[-2]
+            if start + T > self.rope_cos.shape[0]:
+                self._grow_rope(start + T)
             cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k
 
+    def _grow_rope(self, length: int) -> None:
+        # positions past the training context (evaluation at longer lengths): double, so growth happens rarely
+        size = max(length, 2 * self.rope_cos.shape[0])
+        cos, sin = rope_angles(self.head_size, size, self.rope_base)
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+
+    @property
+    def changes_scores(self) -> bool:
+        # options that SDPA's is_causal cannot express: they need a mask, or FlexAttention
+        return self.alibi_slopes is not None or self.sliding_window is not None or self.sink is not None
+
+    def _flex_wanted(self, q: Tensor) -> bool:
+        if self.training and self.dropout > 0:
+            return False  # FlexAttention has no dropout
+        if self.use_flex is not None:
+            return self.use_flex
+        return q.is_cuda and flex_available()
+
     def _score_mask(self, queries: int, start: int, device: torch.device) -> Tensor | None:
         # None: plain causal attention, which the kernel does without a mask
-        if self.alibi_slopes is None and self.sliding_window is None and self.sink is None:
+        if not self.changes_scores:
             return None
         if start == 0:
             # the training shape: the same (T, T) mask every step, built once per length and device
@@ -151,16 +189,32 @@ class CausalSelfAttention(LMAttention):
             q, k, v, dropout_p=self.dropout if self.training else 0.0, **kwargs
         )
 
+    def _flex(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # ALiBi as a score_mod, causality and the window as a block mask (blocks wholly outside are skipped)
+        T = q.shape[-2]
+        key = (T, q.device)
+        if key not in self._block_masks:
+            self._block_masks[key] = flex_block_mask(T, self.sliding_window, q.device)
+        slopes = self.alibi_slopes
+        score_mod = None if slopes is None else alibi_score_mod(slopes)
+        y, lse = flex_attend(q, k, v, score_mod, self._block_masks[key], self.grouped)
+        if self.sink is None:
+            return y
+        # the sink's share of each row is exp(sink) / (exp(lse) + exp(sink)); its value is zero, so the real
+        # keys' output shrinks by the rest: sigmoid(lse - sink)
+        keep = torch.sigmoid(lse - self.sink.to(lse.dtype)[None, :, None])  # (B, nh, T)
+        return y * keep[..., None].to(y.dtype)
+
     def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
         B, T, C = x.shape
         start = 0 if kv_cache is None else kv_cache.pos  # absolute position of the first new token
-        check_length(T, self.context_length, start)
         q, k, v = self._qkv(x)
         q, k = self._position(q, k, start)  # keys enter the cache already rotated: each is rotated once
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
-        mask = self._score_mask(T, start, x.device)
-        if mask is not None:
+        if kv_cache is None and self.changes_scores and self._flex_wanted(q):
+            y = self._flex(q, k, v)
+        elif (mask := self._score_mask(T, start, x.device)) is not None:
             # ALiBi biases, windows and the sink as an additive mask: (nh or 1, T, start + T [+ 1])
             k, v = self._with_sink_slot(k, v)
             y = self._attend(q, k, v, attn_mask=mask)
@@ -184,19 +238,34 @@ class CausalSelfAttention(LMAttention):
             y = y * torch.sigmoid(self.gate(x))  # each head's output, dimension by dimension
         return self.out_proj(y)
 
-    def attention_probs(self, x: Tensor) -> Tensor:
-        # the explicit path the fused kernel skips, for inspection and plotting
-        check_length(x.shape[1], self.context_length)
-        q, k, _ = self._qkv(x)
+    def _reference(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        # the explicit path the fused kernel skips: scores -> mask/bias -> softmax, with each query head's values
+        T = x.shape[1]
+        q, k, v = self._qkv(x)
         q, k = self._position(q, k)
-        k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # query head h reads kv head h // group
-        mask = self._score_mask(x.shape[1], 0, x.device)
+        group = self.n_head // self.n_kv_head
+        k, v = (
+            k.repeat_interleave(group, dim=1),
+            v.repeat_interleave(group, dim=1),
+        )  # head h reads kv h // group
+        mask = self._score_mask(T, 0, x.device)
         if mask is None:
-            return causal_probs(q, k)  # (B, nh, T, T)
+            return causal_probs(q, k), v  # (B, nh, T, T), (B, nh, T, hs)
         k, _ = self._with_sink_slot(k, k)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size) + mask  # (B, nh, T, T [+ 1])
-        # the real keys' share: with a sink, rows sum to 1 minus what rests on the sink
-        return torch.softmax(scores, dim=-1)[..., : x.shape[1]]
+        # the real keys' share: with a sink, rows sum to 1 minus what rests on the sink, whose value is zero
+        return torch.softmax(scores, dim=-1)[..., :T], v
+
+    def attention_probs(self, x: Tensor) -> Tensor:
+        return self._reference(x)[0]
+
+    def reference_forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        probs, v = self._reference(x)
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x))
+        return self.out_proj(y)
 
     def _extra(self) -> dict[str, Tensor | None]:
         # the parameters only some options add, by the names AttentionWeights.extra uses
@@ -222,3 +291,70 @@ class CausalSelfAttention(LMAttention):
         set_out_proj(self.out_proj, weights)
         for name, param in mine.items():
             copy_param(param, weights.extra[name], name)
+
+
+# --- FlexAttention (PyTorch >= 2.5), used where it can train: see CausalSelfAttention ---------------------------
+
+
+@functools.cache
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., object]:
+    # FlexAttention is fast only compiled: the eager version is a reference that materialises the scores
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_block_mask(T: int, window: int | None, device: torch.device) -> object:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return q_idx >= kv_idx
+
+    def windowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return create_block_mask(causal if window is None else windowed, None, None, T, T, device=device)
+
+
+def alibi_score_mod(slopes: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score - slopes[h] * (q_idx - kv_idx)
+
+    return score_mod
+
+
+def flex_attend(
+    q: Tensor, k: Tensor, v: Tensor, score_mod: Callable | None, block_mask: object, gqa: bool
+) -> tuple[Tensor, Tensor]:
+    """FlexAttention's output (B, nh, T, hs) and each row's log-sum-exp of the scores (B, nh, T)."""
+    # compiled on CUDA; the eager reference elsewhere (CPU inference, tests), which compiles nothing
+    flex = _compiled_flex() if q.is_cuda else _eager_flex()
+    from torch.nn.attention import flex_attention as api
+
+    if hasattr(api, "AuxRequest"):  # PyTorch >= 2.9; return_lse before
+        y, aux = flex(
+            q,
+            k,
+            v,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            enable_gqa=gqa,
+            return_aux=api.AuxRequest(lse=True),
+        )
+        return y, aux.lse
+    return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa, return_lse=True)
+
+
+def _eager_flex() -> Callable[..., object]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention

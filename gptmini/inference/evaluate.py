@@ -1,6 +1,9 @@
-"""Validation loss and perplexity of a checkpoint on any prepared corpus, as JSON and in the log.
+"""Validation loss and perplexity of a checkpoint on any prepared corpus, as JSON and in the log; with
+``--context``, at several context lengths, longer than training included (length extrapolation), for one
+checkpoint or several side by side, as JSON and a PNG of loss against context length.
 
-``python -m gptmini.inference.evaluate --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
+``python -m gptmini.evaluate --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
+``python -m gptmini.evaluate --ckpt a/last.ckpt b/last.ckpt --context 64,128,256,512 --out lengths.json``
 """
 
 from __future__ import annotations
@@ -65,10 +68,97 @@ def evaluate(
     }
 
 
+def context_sweep(
+    model: GPT,
+    data_dir: str | Path,
+    contexts: Sequence[int],
+    split: str = "val",
+    batch_size: int = 16,
+    max_tokens: int | None = None,
+) -> list[dict[str, Any]]:
+    """``evaluate`` at each context length: every window is that long and every position of it is scored, over
+    (up to ``max_tokens`` of) the same split. A length the model cannot take is reported, not evaluated."""
+    rows = []
+    for context in contexts:
+        if context > model.config.block_size and (limit := model.length_limit) is not None:
+            reason = f"cannot run {context} tokens: {limit}"
+            log.warning("context %d: %s", context, reason)
+            rows.append({"context": context, "loss": None, "skipped": reason})
+            continue
+        max_batches = None if max_tokens is None else max(1, math.ceil(max_tokens / (batch_size * context)))
+        result = evaluate(model, data_dir, split, batch_size, block_size=context, max_batches=max_batches)
+        log.info("context %d: %s loss %.4f over %d tokens", context, split, result["loss"], result["tokens"])
+        rows.append({"context": context} | {k: result[k] for k in ("loss", "ppl", "tokens", "seconds")})
+    return rows
+
+
+def plot_context_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
+    """Loss against context length, one line per run; each run's training context marked on its line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    for run in runs:
+        points = [(r["context"], r["loss"]) for r in run["results"] if r["loss"] is not None]
+        if not points:
+            continue
+        xs, ys = [c for c, _ in points], [loss for _, loss in points]
+        (line,) = ax.plot(xs, ys, marker="o", label=run["name"])
+        trained = [p for p in points if p[0] == run["block_size"]]
+        if trained:  # a hollow ring where the run sits at its own training length
+            ax.plot(*trained[0], marker="o", markersize=11, fillstyle="none", color=line.get_color())
+    ax.set_xscale("log", base=2)
+    contexts = sorted({r["context"] for run in runs for r in run["results"]})
+    ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.set_xlabel("context length (tokens); ring: the training context")
+    ax.set_ylabel(f"{runs[0]['split']} loss")
+    ax.set_title("Length extrapolation")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_name(Path(path).name + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)  # atomic: an existing plot is replaced whole or not at all
+
+
+def _contexts(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"--context {text!r} is invalid: give context lengths > 1 separated by commas, e.g. 64,128,256"
+        )
+    return sorted(set(values))
+
+
+def _run_name(path: Path) -> str:
+    # outputs/<run>/<time or sweep job>/checkpoints/last.ckpt -> the job folder names the run
+    return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-eval", description=__doc__)
     parser.add_argument(
-        "--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/"
+        "--ckpt",
+        nargs="+",
+        default=["last"],
+        help="checkpoint path(s), or 'last' for the newest under outputs/; several are compared side by side",
+    )
+    parser.add_argument(
+        "--context",
+        type=_contexts,
+        default=None,
+        help="context lengths to evaluate at, e.g. 64,128,256,512 (longer than training: length extrapolation; "
+        "learned positions cannot and say so). Writes --out (default length_extrapolation.json) and a PNG beside it",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="with --context: score about this many tokens per length"
     )
     parser.add_argument(
         "--data-dir", default=None, help="prepared data folder (default: the one it trained on)"
@@ -80,58 +170,94 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sweep = args.context is not None or len(args.ckpt) > 1
+    out = args.out or ("length_extrapolation.json" if sweep else None)
     try:
-        if args.out and (reason := unwritable_reason(Path(args.out).absolute().parent)) is not None:
-            raise DataError(f"--out {args.out} cannot be written: {reason}")
-        path = find_checkpoint(args.ckpt)
-        model, checkpoint = model_and_checkpoint(path, map_location=args.device)
-        run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
-        data_dir = args.data_dir or run_config.get("data", {}).get("data_dir")
-        if not data_dir:
-            raise DataError("the checkpoint does not name its data folder: pass --data-dir")
-        meta = load_meta(data_dir)
-        # The folder it trained on must still hold that data (a folder re-prepared from another corpus would give
-        # a wrong loss, silently); other data given explicitly with --data-dir is evaluated, with a note.
-        other = check_trained_data(
-            path,
-            checkpoint,
-            data_dir,
-            meta,
-            other_data="warn" if args.data_dir else "refuse",
-            fix="it was re-prepared since; prepare the original corpus again, or pass --data-dir to evaluate on "
-            "this data on purpose",
-        )
-        if other:
-            log.info("note: %s", other)
-        trained_with = run_config.get("tokenizer", {}).get("name")
-        if trained_with and meta.get("tokenizer") != trained_with:
-            raise DataError(
-                f"{data_dir} was tokenized with {meta.get('tokenizer')!r} but the checkpoint was trained with "
-                f"{trained_with!r}: prepare the corpus with --tokenizer {trained_with}"
+        if out and (reason := unwritable_reason(Path(out).absolute().parent)) is not None:
+            raise DataError(f"--out {out} cannot be written: {reason}")
+        paths = [
+            find_checkpoint(spec) for spec in args.ckpt
+        ]  # every checkpoint found before any is evaluated
+        runs = []
+        for path in paths:
+            model, data_dir = _load(path, args)
+            if not sweep:
+                result = evaluate(
+                    model, data_dir, args.split, args.batch_size, max_batches=args.max_batches
+                ) | {"checkpoint": str(path)}
+                log.info(
+                    "%s loss %.4f, perplexity %.2f over %d tokens",
+                    args.split,
+                    result["loss"],
+                    result["ppl"],
+                    result["tokens"],
+                )
+                return _emit(result, out)
+            log.info("%s (%s):", path, _run_name(path))
+            contexts = args.context or [model.config.block_size]
+            runs.append(
+                {
+                    "name": _run_name(path),
+                    "checkpoint": str(path),
+                    "data_dir": str(data_dir),
+                    "split": args.split,
+                    "block_size": model.config.block_size,
+                    "position": model.config.position,
+                    "results": context_sweep(
+                        model, data_dir, contexts, args.split, args.batch_size, args.max_tokens
+                    ),
+                }
             )
-        result = evaluate(
-            model.to(args.device), data_dir, args.split, args.batch_size, max_batches=args.max_batches
-        )
     except (CheckpointError, DataError, ValueError) as err:
         log.error("error: %s", err)
         return 2
-    result["checkpoint"] = str(path)
-    log.info(
-        "%s loss %.4f, perplexity %.2f over %d tokens",
-        args.split,
-        result["loss"],
-        result["ppl"],
-        result["tokens"],
+    plot = Path(out).with_suffix(".png")
+    try:
+        plot_context_sweep(runs, plot)
+    except OSError as err:
+        log.error("error: cannot write the plot %s: %s", plot, err.strerror or err)
+        return 2
+    log.info("loss against context length: %s", plot)
+    return _emit({"runs": runs}, out)
+
+
+def _load(path: Path, args: argparse.Namespace) -> tuple[GPT, str]:
+    model, checkpoint = model_and_checkpoint(path, map_location=args.device)
+    run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
+    data_dir = args.data_dir or run_config.get("data", {}).get("data_dir")
+    if not data_dir:
+        raise DataError(f"checkpoint {path} does not name its data folder: pass --data-dir")
+    meta = load_meta(data_dir)
+    # The folder it trained on must still hold that data (a folder re-prepared from another corpus would give
+    # a wrong loss, silently); other data given explicitly with --data-dir is evaluated, with a note.
+    other = check_trained_data(
+        path,
+        checkpoint,
+        data_dir,
+        meta,
+        other_data="warn" if args.data_dir else "refuse",
+        fix="it was re-prepared since; prepare the original corpus again, or pass --data-dir to evaluate on "
+        "this data on purpose",
     )
+    if other:
+        log.info("note: %s", other)
+    trained_with = run_config.get("tokenizer", {}).get("name")
+    if trained_with and meta.get("tokenizer") != trained_with:
+        raise DataError(
+            f"{data_dir} was tokenized with {meta.get('tokenizer')!r} but the checkpoint was trained with "
+            f"{trained_with!r}: prepare the corpus with --tokenizer {trained_with}"
+        )
+    return model.to(args.device), data_dir
+
+
+def _emit(result: dict[str, Any], out: str | None) -> int:
     text = json.dumps(result, indent=2)
-    if args.out:
+    if out:
         try:
-            atomic_write_text(args.out, text + "\n")
+            atomic_write_text(out, text + "\n")
         except OSError as err:
             log.error(
-                "error: cannot write --out %s: %s (the result is printed below)",
-                args.out,
-                err.strerror or err,
+                "error: cannot write --out %s: %s (the result is printed below)", out, err.strerror or err
             )
             sys.stdout.write(text + "\n")
             return 2

@@ -180,3 +180,37 @@ def test_torchrun_processes_share_one_run_folder(tmp_path, run_cli, tb_events):
     assert "global batch: 8 sequences x 32 tokens = 256 tokens per optimizer step" in log
     assert log.count("machine: ") == 1  # the first line, from rank zero only
     assert len(tb_events(run_dir).Scalars("val/loss")) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention trains only on a CUDA device")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"alibi": True},
+        {"sliding_window": 5},
+        {"attn_sink": True},
+        {"alibi": True, "sliding_window": 5, "attn_sink": True, "n_kv_head": 2},
+    ],
+    ids=lambda o: "+".join(o),
+)
+def test_flex_attention_matches_the_explicit_path_forward_and_backward_on_a_gpu(options):
+    from torch.testing import assert_close
+
+    from gptmini.attention import build_attention
+
+    torch.manual_seed(0)
+    module = build_attention("sdpa", 64, 4, 256, **options).cuda().train()
+    x = torch.randn(2, 200, 64, device="cuda", requires_grad=True)  # not a multiple of the 128 block size
+    upstream = torch.randn_like(x)
+    results = []
+    for path in (module.forward, module.reference_forward):
+        module.zero_grad()
+        x.grad = None
+        (path(x) * upstream).sum().backward()
+        results.append((path(x).detach(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]))
+    assert module._flex_wanted(x)  # the fast path above was FlexAttention
+    (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = results
+    assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5)
+    for g, r in zip(fast_grads, ref_grads, strict=True):
+        assert_close(g, r, atol=1e-5 * max(1.0, r.abs().max().item()), rtol=1e-5)

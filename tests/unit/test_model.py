@@ -133,10 +133,30 @@ def test_padded_logits_are_hidden_and_not_counted_in_the_loss():
     assert model.wte.weight.grad[100:].abs().sum() == 0
 
 
-def test_input_longer_than_block_size_fails_clearly():
+def test_input_longer_than_block_size_fails_clearly_where_the_model_cannot_extrapolate():
     model = GPT(tiny())
-    with pytest.raises(ValueError, match="longer than the model's block_size=32"):
+    with pytest.raises(
+        ValueError, match=r"longer than the model can take: its learned position table has block_size=32 rows"
+    ):
         model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"model.attention='mha' is built for block_size=32 tokens"):
+        GPT(tiny(position="none", attention="mha"))(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "none"])
+def test_rope_alibi_and_nope_run_past_block_size_and_agree_with_themselves_within_it(position):
+    # length extrapolation: the first 32 positions of a 80-token input are exactly the 32-token forward (causal,
+    # and no table is sized by block_size: RoPE's grows)
+    torch.manual_seed(0)
+    model = GPT(tiny(position=position)).eval()
+    idx = torch.randint(0, 100, (2, 80))
+    with torch.no_grad():
+        long_logits, _ = model(idx)
+        short_logits, _ = model(idx[:, :32])
+        maps = model.attention_maps(idx)
+    assert model.length_limit is None
+    torch.testing.assert_close(long_logits[:, :32], short_logits, atol=1e-5, rtol=1e-5)
+    assert maps.shape == (2, 2, 4, 80, 80)  # (n_layer, B, nh, T, T)
 
 
 def test_tiny_model_overfits_a_short_text():
@@ -390,3 +410,87 @@ def test_a_sink_takes_attention_mass_and_gives_no_value():
         torch.testing.assert_close(attn(x), attn.out_proj.bias.expand(1, 10, 32), atol=1e-5, rtol=0)
     with pytest.raises(ConfigError, match=r"model.attn_sink=True is not supported by model.attention='mha'"):
         tiny(attn_sink=True, attention="mha")
+
+
+# --- block options: norm, mlp ---------------------------------------------------------------------------------
+
+
+def test_swiglu_default_width_is_eight_thirds_rounded_up():
+    from gptmini.model import swiglu_hidden
+
+    assert tiny(mlp="swiglu").mlp_width == 128  # 8/3 * 32 = 85.3 -> 128
+    assert tiny().mlp_width == 128 and tiny(mlp="none").mlp_width == 0 and tiny(mlp_hidden=48).mlp_width == 48
+    assert swiglu_hidden(768) == 2048
+    assert swiglu_hidden(4096, multiple=256) == 11008  # Llama 7B's intermediate_size
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(norm="batchnorm"), r"model.norm='batchnorm' is invalid: valid values are layernorm, rmsnorm"),
+        (dict(mlp="relu"), r"model.mlp='relu' is invalid: valid values are gelu, swiglu, none"),
+        (dict(mlp_hidden=0), r"model.mlp_hidden=0 is invalid: a positive integer, or null"),
+        (dict(mlp="none", mlp_hidden=64), r"model.mlp_hidden=64 has no effect with model.mlp=none.*=null"),
+        (dict(norm_eps=0.0), r"model.norm_eps=0.0 is invalid"),
+    ],
+)
+def test_block_options_are_checked_at_config_time(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny(**kw)
+
+
+def test_rmsnorm_swiglu_block_matches_a_hand_written_oracle():
+    model = GPT(tiny(norm="rmsnorm", mlp="swiglu", norm_eps=1e-6, bias=False, n_layer=1)).eval()
+    block = model.blocks[0]
+    with torch.no_grad():
+        for p in (block.ln_1.weight, block.ln_2.weight):
+            p.copy_(1 + 0.1 * torch.randn_like(p))
+    x = torch.randn(2, 7, 32)
+
+    def rms(v, gain):  # y = v / sqrt(mean(v^2) + eps) * gain: no mean subtraction, no bias
+        return v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+
+    mlp = block.mlp
+    with torch.no_grad():
+        h = x + block.attn(rms(x, block.ln_1.weight))
+        u = rms(h, block.ln_2.weight)
+        # SwiGLU: silu(u W_gate^T) * (u W_up^T), then W_down; silu(z) = z * sigmoid(z)
+        gate = u @ mlp.w_gate.weight.T
+        expected = h + ((gate * torch.sigmoid(gate)) * (u @ mlp.w_up.weight.T)) @ mlp.c_proj.weight.T
+        torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)
+    assert isinstance(model.ln_f, torch.nn.RMSNorm) and model.ln_f.eps == 1e-6
+    assert all(m.bias is None for m in (mlp.w_gate, mlp.w_up, mlp.c_proj))
+
+
+def test_swiglu_down_projection_gets_the_residual_init():
+    model = GPT(tiny(mlp="swiglu", n_layer=8, n_embd=256, n_head=4))
+    residual = 0.02 / math.sqrt(2 * 8)
+    assert model.blocks[0].mlp.c_proj.weight.std().item() == pytest.approx(residual, rel=0.05)
+    assert model.blocks[0].mlp.w_gate.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_attention_only_model_has_no_mlp_and_no_second_norm():
+    model = GPT(tiny(mlp="none")).eval()
+    block = model.blocks[0]
+    assert block.mlp is None and block.ln_2 is None
+    assert not any(".mlp." in n or ".ln_2." in n for n, _ in model.named_parameters())
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), x + block.attn(block.ln_1(x)))
+        # the cached path and attention maps work without an MLP too
+        idx = torch.randint(0, 100, (1, 6))
+        cached, uncached = (model.generate(idx, 5, temperature=0, use_cache=u) for u in (True, False))
+        assert torch.equal(cached, uncached)
+        assert model.attention_maps(idx).shape == (2, 1, 4, 6, 6)
+    # per layer: attention (4 C^2 + 4 C biases) and one LayerNorm (2 C)
+    c = 32
+    assert model.num_parameters() == 128 * c + 32 * c + 2 * (4 * c * c + 4 * c + 2 * c) + 2 * c
+
+
+def test_default_blocks_stay_gpt2s():
+    block = GPT(tiny()).blocks[0]
+    assert isinstance(block.ln_1, torch.nn.LayerNorm) and block.ln_1.eps == 1e-5
+    assert block.ln_1.bias is not None and block.ln_2.bias is not None
+    names = [n for n, _ in block.mlp.named_parameters()]
+    assert names == ["c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"]
+    assert block.mlp.c_fc.weight.shape == (128, 32)

@@ -6,8 +6,10 @@ file edited. Checks read what an implementation can do from its declared capabil
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -342,14 +344,62 @@ def check_gradients_reach_every_parameter(name: str, options: dict[str, Any]) ->
             assert grad.abs().sum() > 0, part
 
 
-def check_input_longer_than_context_fails(name: str, options: dict[str, Any]) -> None:
-    module = make(name, options)
-    x = torch.randn(1, CONTEXT + 1, D_MODEL)
-    with pytest.raises(ValueError, match=rf"T={CONTEXT + 1} tokens but context_length={CONTEXT}"):
-        module(x)
-    if module.returns_probs:
-        with pytest.raises(ValueError, match=rf"context_length={CONTEXT}"):
-            module.attention_probs(x)
+def check_input_longer_than_context(name: str, options: dict[str, Any]) -> None:
+    module = make(name, options).eval()
+    x = torch.randn(1, CONTEXT + 6, D_MODEL, generator=torch.Generator().manual_seed(4))
+    if not module.any_length:  # sized by its context (a mask buffer): a longer input is refused by name
+        with pytest.raises(ValueError, match=rf"T={CONTEXT + 6} tokens but context_length={CONTEXT}"):
+            module(x)
+        if module.returns_probs:
+            with pytest.raises(ValueError, match=rf"context_length={CONTEXT}"):
+                module.attention_probs(x)
+        return
+    # length extrapolation: past the context it was built for, still the same function (RoPE tables grow)
+    w = random_weights(module, seed=5)
+    module.set_weights(w)
+    expected_out, expected_probs = numpy_oracle(module.scoring, w, x, options)
+    with torch.no_grad():
+        assert_close(module(x), expected_out, atol=1e-5, rtol=1e-5)
+        assert_close(module.attention_probs(x), expected_probs, atol=1e-5, rtol=1e-5)
+
+
+def check_fast_path_matches_reference(name: str, options: dict[str, Any]) -> None:
+    # the fused training path and the explicit one whose probabilities are plotted: forward and backward
+    module = make(name, options).train()  # dropout 0: training mode changes nothing but which kernel may run
+    w = random_weights(module, seed=6)
+    module.set_weights(w)
+    x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    upstream = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(8))
+    results = []
+    for path in (module.forward, module.reference_forward):
+        module.zero_grad()
+        x.grad = None
+        out = path(x)
+        (out * upstream).sum().backward()
+        grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+        results.append((out.detach(), x.grad.clone(), grads))
+    (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = results
+    assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5)
+    for pname, ref_grad in ref_grads.items():
+        # 1e-5 of the gradient's scale: a key bias's gradient is zero in exact arithmetic (softmax cancels it)
+        # and float32 rounding of sums over ~30-sized terms leaves about 1e-5 there, in either path
+        scale = max(1.0, ref_grad.abs().max().item())
+        assert_close(fast_grads[pname], ref_grad, atol=1e-5 * scale, rtol=1e-5, msg=pname)
+    if getattr(module, "changes_scores", False):
+        # FlexAttention (score_mod / block_mask): forward only on a CPU, whose FlexAttention has no backward;
+        # tests/integration/test_gpu_paths.py checks its gradients on a GPU
+        import gptmini.attention.sdpa as sdpa_module
+
+        module.eval().use_flex = True
+        with (
+            torch.no_grad(),
+            warnings.catch_warnings(),  # eager FlexAttention says it is unfused: here it is a reference
+            mock.patch.object(sdpa_module, "flex_attend", wraps=sdpa_module.flex_attend) as flex,
+        ):
+            warnings.simplefilter("ignore")
+            assert_close(module(x), ref, atol=1e-5, rtol=1e-5)
+        assert flex.call_count == 1
 
 
 def check_heads_must_divide_width(name: str, options: dict[str, Any]) -> None:
@@ -457,7 +507,8 @@ CHECKS: list[Callable[[str, dict[str, Any]], None]] = [
     check_probs_are_causal_distributions,
     check_dropout_only_in_training,
     check_gradients_reach_every_parameter,
-    check_input_longer_than_context_fails,
+    check_input_longer_than_context,
+    check_fast_path_matches_reference,
     check_heads_must_divide_width,
     check_kv_cache,
     check_selectable_in_the_gpt,

@@ -50,3 +50,73 @@ def test_an_unwritable_out_is_refused_before_loading(tmp_path, caplog):
         f"error: --out {blocker}/eval.json cannot be written: {blocker} is a file, not a folder"
         in caplog.text
     )
+
+
+def _windows_loss(model, tokens, context):
+    # the oracle: every window of `context` tokens at 0, context, 2 context, ... plus the one ending at the last
+    # token, each position scored once per window, averaged over all scored tokens
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    last = len(tokens) - context - 1
+    starts = sorted(set(range(0, last + 1, context)) | {last})
+    x = torch.from_numpy(np.stack([tokens[s : s + context] for s in starts]).astype(np.int64))
+    y = torch.from_numpy(np.stack([tokens[s + 1 : s + context + 1] for s in starts]).astype(np.int64))
+    with torch.no_grad():
+        logits, _ = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+
+
+def test_context_sweep_runs_past_the_training_length_where_positions_allow(
+    tmp_path, write_checkpoint, caplog
+):
+    import matplotlib.image
+
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.prepare import load_meta, load_split
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("to be, or not to be: that is the question. " * 80)
+    folder = prepare(str(corpus), "char", tmp_path / "data").out_dir
+    runs = {}
+    for position in ("learned", "rope", "alibi", "none"):
+        (tmp_path / position / "checkpoints").mkdir(parents=True)
+        runs[position] = write_checkpoint(
+            tmp_path / position / "checkpoints" / "last.ckpt", data_dir=folder, position=position, seed=3
+        )
+    out = tmp_path / "sweep" / "lengths.json"
+    out.parent.mkdir()
+    caplog.set_level(logging.INFO)
+    assert main(["--ckpt", *map(str, runs.values()), "--context", "32,8,16", "--out", str(out)]) == 0
+
+    report = json.loads(out.read_text())
+    assert [run["name"] for run in report["runs"]] == list(runs)
+    tokens = load_split(folder, "val", load_meta(folder))
+    for run in report["runs"]:
+        assert [r["context"] for r in run["results"]] == [8, 16, 32]  # sorted, training length (8) first
+        model, _ = model_and_checkpoint(run["checkpoint"])
+        for row in run["results"]:
+            if run["position"] == "learned" and row["context"] > 8:
+                assert row["loss"] is None
+                assert row["skipped"] == (
+                    f"cannot run {row['context']} tokens: its learned position table has block_size=8 rows "
+                    "(model.position=learned)"
+                )
+                continue
+            assert abs(row["loss"] - _windows_loss(model, tokens, row["context"])) < 1e-5
+    assert "context 16: cannot run 16 tokens: its learned position table" in caplog.text
+    image = matplotlib.image.imread(out.with_suffix(".png"))
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
+
+
+def test_a_bad_context_list_is_refused_before_loading(tmp_path, capsys):
+    import pytest
+
+    for bad in ("0,64", "64,abc", ","):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--ckpt", str(tmp_path / "missing.ckpt"), "--context", bad])
+        assert exit_info.value.code == 2
+        assert f"--context {bad!r} is invalid: give context lengths > 1 separated by commas" in (
+            capsys.readouterr().err
+        )
