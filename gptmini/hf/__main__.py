@@ -1,3 +1,3 @@
-from gptmini.hf.gpt2 import main
+from gptmini.hf.cli import main
 
 raise SystemExit(main())

@@ -9,7 +9,7 @@ Hugging Face GPT-2 stores its projections as ``Conv1D`` weights of shape (in, ou
 writes) or not (the original ``openai-community/gpt2`` files); both are accepted. Nothing here downloads:
 fetch a model first, e.g. ``hf download openai-community/gpt2 --local-dir gpt2``.
 
-CLI::
+CLI (``gptmini.hf.cli``; ``--format llama`` for Llama-style models, ``gptmini.hf.llama``)::
 
     python -m gptmini.hf export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
     python -m gptmini.hf import --hf gpt2 --out gpt2.ckpt
@@ -17,7 +17,6 @@ CLI::
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import pickle
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,25 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.{option}={value}: GPT-2 has plain multi-head attention "
             f"(leave model.{option} at its default)"
         )
+    block = {
+        "norm": ("layernorm", "GPT-2 normalises with LayerNorm"),
+        "mlp": ("gelu", "GPT-2's MLP is Linear, tanh GELU, Linear"),
+        "mlp_width": (4 * c.n_embd, "GPT-2's MLP is 4 * n_embd wide"),
+    }
+    # Llama's format holds RMSNorm + SwiGLU blocks: say so where an export is refused for them
+    other = "; or export with --format llama" if what == "export" else ""
+    for name, (wanted, why) in block.items():
+        if getattr(c, name) != wanted:
+            setting = "mlp_hidden" if name == "mlp_width" else name
+            raise HFWeightsError(
+                f"cannot {what} GPT-2 weights with model.{setting}={getattr(c, setting)}: {why} "
+                f"(use model.{setting}={'null' if name == 'mlp_width' else wanted}{other})"
+            )
+    if what == "load" and not math.isclose(c.norm_eps, _LN_EPS, rel_tol=1e-6):
+        raise HFWeightsError(
+            f"cannot load GPT-2 weights with model.norm_eps={c.norm_eps}: GPT-2's LayerNorm uses {_LN_EPS} "
+            f"(use model.norm_eps={_LN_EPS})"
+        )
 
 
 @torch.no_grad()
@@ -453,6 +472,16 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> No
             "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
         )
     st = _safetensors_torch()
+
+    def fill(tmp: Path) -> None:
+        st.save_file(_hf_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(_hf_config_dict(model), indent=2) + "\n")
+
+    write_folder(path, fill, overwrite=overwrite)
+
+
+def check_export_target(path: str | Path, overwrite: bool) -> Path:
+    """``path`` as a Path, refused when it is a file, or a non-empty folder without ``overwrite``."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise HFWeightsError(f"export target {path} exists and is not a directory")
@@ -460,13 +489,21 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> No
         raise HFWeightsError(
             f"export target {path} exists and is not empty: pass overwrite=True (CLI: --force)"
         )
+    return path
+
+
+def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: bool = False) -> None:
+    """Write a folder atomically: ``fill`` writes its files into a temporary sibling, which is then renamed to
+    ``path``. A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact."""
+    path = check_export_target(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        st.save_file(_hf_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(json.dumps(_hf_config_dict(model), indent=2) + "\n")
+        fill(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        for file in tmp.iterdir():
+            os.chmod(file, 0o644)  # safetensors writes its file 0600: an export is for others to read
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
             os.replace(path, old / "export")
@@ -489,55 +526,10 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gptmini.hf", description="GPT-2 weights in Hugging Face format"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face GPT-2 folder")
-    exp.add_argument(
-        "--ckpt",
-        required=True,
-        help="a .ckpt written by gptmini training, or 'last' (the newest under outputs/)",
-    )
-    exp.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
-    exp.add_argument("--force", action="store_true", help="replace a non-empty output folder")
-    imp = sub.add_parser("import", help="convert a Hugging Face GPT-2 folder into a gptmini checkpoint file")
-    imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
-    imp.add_argument(
-        "--out", required=True, help="checkpoint file to write (usable with scripts/sample.py --ckpt)"
-    )
-    args = parser.parse_args(argv)
+    """The ``python -m gptmini.hf`` command line (``gptmini.hf.cli``), every format."""
+    from gptmini.hf.cli import main as cli_main
 
-    try:
-        if args.command == "export":
-            from gptmini.checkpoint import CheckpointError, model_from_checkpoint, resolve_checkpoint
-
-            try:
-                ckpt_path = resolve_checkpoint(args.ckpt)
-                model, _ = model_from_checkpoint(ckpt_path)
-            except CheckpointError as err:
-                raise HFWeightsError(str(err)) from None
-            save_hf_gpt2(model, args.out, overwrite=args.force)
-            print(f"exported {ckpt_path} -> {args.out} ({model.num_parameters():,} parameters)")
-        else:
-            from gptmini.checkpoint import CheckpointError, atomic_save
-
-            model = load_hf_gpt2(args.hf)
-            out = Path(args.out)
-            ckpt = {
-                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": {}},
-            }
-            try:
-                atomic_save(ckpt, out)  # with the checksum every gptmini command verifies
-            except CheckpointError as err:
-                raise HFWeightsError(str(err)) from None
-            print(f"imported {args.hf} -> {out} ({model.num_parameters():,} parameters)")
-    except (HFWeightsError, ImportError) as err:
-        parser.exit(2, f"error: {err}\n")
-    except OSError as err:  # writing the export folder: unwritable, full disk
-        parser.exit(2, f"error: cannot write {args.out}: {err.strerror or err}\n")
-    return 0
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

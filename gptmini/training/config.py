@@ -48,7 +48,7 @@ def _model_schema() -> type:
             if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
                 hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
             specs.append((f.name, hint, field(default=f.default)))
-    # Load weights before training: a Hugging Face GPT-2 directory (config.json + model.safetensors).
+    # Load weights before training: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors).
     specs.append(("init_from", Optional[str], field(default=None)))
     return make_dataclass("ModelSchema", specs)
 
@@ -193,7 +193,7 @@ def _check_data_source(data: DictConfig) -> None:
     if not path.exists():
         raise RunError(
             f"data.source={source} does not exist: expected 'shakespeare' (embedded), an existing text file, a "
-            "folder of *.txt files, a glob like 'texts/**/*.txt', or an http(s) URL"
+            "folder or glob of text/JSONL/Parquet/Arrow files like 'texts/**/*.txt', or an http(s) URL"
         )
     if path.is_file() and path.stat().st_size == 0:
         raise RunError(f"data.source={source} is an empty file: point it at a UTF-8 text corpus")
@@ -424,9 +424,14 @@ def check_input_files(cfg: DictConfig) -> None:
     init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
     if init_from is not None and not (Path(init_from) / "config.json").is_file():
         raise RunError(
-            f"model.init_from={init_from} is not a Hugging Face GPT-2 folder (no config.json there): pass a "
-            "local folder holding config.json and model.safetensors"
+            f"model.init_from={init_from} is not a Hugging Face GPT-2 or Llama folder (no config.json there): pass "
+            "a local folder holding config.json and model.safetensors"
         )
+    if init_from is not None:
+        from gptmini.hf.formats import hf_model_type
+
+        # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
+        hf_model_type(init_from)
     if "source" in cfg.data and not OmegaConf.is_missing(cfg.data, "source"):
         _check_data_source(cfg.data)
 

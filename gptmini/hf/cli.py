@@ -1,0 +1,166 @@
+"""``python -m gptmini.hf``: training checkpoints to Hugging Face folders and back.
+
+    python -m gptmini.hf export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
+    python -m gptmini.hf export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|none]
+    python -m gptmini.hf import --hf DIR --out model.ckpt    # a GPT-2 or Llama folder, by its config.json
+
+``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights; ``--format llama`` writes
+``LlamaForCausalLM`` weights and the run's tokenizer (``AutoTokenizer`` loads it), read from the checkpoint's
+run settings: the GPT-2 BPE, or the ``char`` vocabulary of the prepared data folder it was trained on
+(``--data-dir`` when that folder has moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
+
+log = logging.getLogger("gptmini.hf")
+
+EXPORT_FORMATS = ("gpt2", "llama")
+TOKENIZER_CHOICES = ("auto", "gpt2", "char", "none")
+
+
+def export_tokenizer(
+    choice: str, run_config: dict[str, Any], data_dir: str | None, checkpoint: tuple[Path, dict[str, Any]]
+) -> Any | None:
+    """The gptmini tokenizer whose files go with an export: ``auto`` is the one the run recorded (None, with a
+    warning, for a checkpoint that records none), ``none`` writes none. Raises HFWeightsError when a ``char``
+    vocabulary cannot be found or is not the one the checkpoint was trained with."""
+    from gptmini.checkpoint import check_trained_data
+    from gptmini.data.prepare import load_tokenizer
+    from gptmini.data.tokenizers import build_tokenizer
+
+    if choice == "none":
+        return None
+    recorded = (run_config.get("tokenizer") or {}).get("name")
+    name = recorded if choice == "auto" else choice
+    if name is None:
+        log.warning(
+            "the checkpoint records no tokenizer (it was not written by a training run): exporting without "
+            "tokenizer files; pass --tokenizer gpt2 or --tokenizer char --data-dir DIR to add them"
+        )
+        return None
+    if recorded is not None and name != recorded:
+        raise HFWeightsError(
+            f"--tokenizer {name}: the checkpoint was trained with the {recorded!r} tokenizer (use --tokenizer auto)"
+        )
+    if name != "char":
+        return build_tokenizer(name)
+    folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
+    if not (folder / "meta.json").is_file():
+        raise HFWeightsError(
+            f"the char vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
+            "prepared data folder the checkpoint was trained on, or --tokenizer none"
+        )
+    # another char vocabulary would give the ids other characters: refused, naming both
+    check_trained_data(
+        *checkpoint, folder, other_data="allow", fix="pass --data-dir with the folder it was trained on"
+    )
+    tokenizer = load_tokenizer(folder)
+    if tokenizer.name != "char":
+        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not 'char'")
+    return tokenizer
+
+
+def _export(args: argparse.Namespace) -> None:
+    from gptmini.checkpoint import CheckpointError, model_and_checkpoint, resolve_checkpoint
+
+    try:
+        ckpt_path = resolve_checkpoint(args.ckpt)
+        model, ckpt = model_and_checkpoint(ckpt_path)
+        if args.format == "gpt2":
+            save_hf_gpt2(model, args.out, overwrite=args.force)
+            files = "config.json, model.safetensors"
+        else:
+            from gptmini.hf.llama import check_llama_model, save_hf_llama
+
+            check_llama_model(model.config)  # before looking for a tokenizer: the model is the first question
+            run_config = dict(ckpt["hyper_parameters"].get("run_config") or {})
+            tokenizer = export_tokenizer(args.tokenizer, run_config, args.data_dir, (ckpt_path, ckpt))
+            files = ", ".join(save_hf_llama(model, args.out, tokenizer=tokenizer, overwrite=args.force))
+    except CheckpointError as err:
+        raise HFWeightsError(str(err)) from None
+    log.info(
+        "exported %s -> %s (%s parameters): %s", ckpt_path, args.out, f"{model.num_parameters():,}", files
+    )
+
+
+def _import(args: argparse.Namespace) -> None:
+    from gptmini.checkpoint import CheckpointError, atomic_save
+    from gptmini.hf.formats import load_hf_model
+
+    model = load_hf_model(args.hf)
+    out = Path(args.out)
+    ckpt = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": {}},
+    }
+    try:
+        atomic_save(ckpt, out)  # with the checksum every gptmini command verifies
+    except CheckpointError as err:
+        raise HFWeightsError(str(err)) from None
+    log.info("imported %s -> %s (%s parameters)", args.hf, out, f"{model.num_parameters():,}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gptmini.hf", description="gptmini models in Hugging Face formats (GPT-2, Llama)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face folder")
+    exp.add_argument(
+        "--ckpt",
+        required=True,
+        help="a .ckpt written by gptmini training, or 'last' (the newest under outputs/)",
+    )
+    exp.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
+    exp.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default="gpt2",
+        help="gpt2: GPT2LMHeadModel (learned positions, LayerNorm, GELU); llama: LlamaForCausalLM (rotary, "
+        "RMSNorm, SwiGLU, e.g. model=llama_small) with tokenizer files",
+    )
+    exp.add_argument(
+        "--tokenizer",
+        choices=TOKENIZER_CHOICES,
+        default="auto",
+        help="llama format: the tokenizer files to write (auto: the one the run trained with)",
+    )
+    exp.add_argument(
+        "--data-dir", help="llama format, char tokenizer: the prepared data folder holding vocab.json"
+    )
+    exp.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    imp = sub.add_parser(
+        "import", help="convert a Hugging Face GPT-2 or Llama folder into a gptmini checkpoint file"
+    )
+    imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
+    imp.add_argument(
+        "--out", required=True, help="checkpoint file to write (usable with gptmini-sample --ckpt)"
+    )
+    args = parser.parse_args(argv)
+    if args.command == "export" and args.format == "gpt2" and (args.tokenizer != "auto" or args.data_dir):
+        parser.error(
+            "--tokenizer and --data-dir apply to --format llama (a GPT-2 export has no tokenizer files)"
+        )
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    from gptmini.data.tokenizers import TokenizerError
+    from gptmini.hf.tokenizer_files import TokenizerExportError
+
+    try:
+        if args.command == "export":
+            _export(args)
+        else:
+            _import(args)
+    except (HFWeightsError, TokenizerError, TokenizerExportError, ImportError) as err:
+        parser.exit(2, f"error: {err}\n")
+    except OSError as err:  # writing the export folder: unwritable, full disk
+        parser.exit(2, f"error: cannot write {args.out}: {err.strerror or err}\n")
+    return 0

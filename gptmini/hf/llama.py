@@ -1,0 +1,548 @@
+"""Llama-style models in and out, in the Hugging Face Llama format (``config.json`` + ``model.safetensors``).
+
+* ``save_hf_llama(model, dir, tokenizer=...)`` writes a folder that ``transformers.LlamaForCausalLM`` and
+  ``AutoTokenizer`` load: the format most serving and quantisation tools read for rotary, grouped-query models.
+* ``load_hf_llama(dir)`` builds a gptmini ``GPT`` from such a folder; ``load_llama_weights(model, dir)`` fills
+  an existing one (``model.init_from=dir`` in training).
+
+A Llama block is a gptmini block with ``position=rope``, ``norm=rmsnorm``, ``mlp=swiglu`` (any ``n_kv_head``,
+``mlp_hidden``, ``rope_base``, ``norm_eps``, tied or untied embeddings). gptmini's ``bias=true`` maps to Llama's
+``attention_bias`` + ``mlp_bias``. Anything else (learned or ALiBi positions, windows, sinks, gates, q/k norms,
+LayerNorm, GELU MLPs, other attention mechanisms) has no place in the format and is refused, naming the setting.
+
+Rotary layouts: a head's dimensions pair up either as interleaved neighbours (2i, 2i + 1) — the RoPE paper and
+Meta's original Llama code — or as halves (i, i + hs/2) — GPT-NeoX, Hugging Face Llama and gptmini
+(``gptmini.attention.rope``). A projection trained for one layout works in the other once its query/key output
+rows are permuted (:func:`interleaved_to_halves`, :func:`halves_to_interleaved`); the converters name both
+sides' layouts and permute between them (the identity for Hugging Face's Llama, whose layout is gptmini's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gptmini.attention import AttentionWeights
+from gptmini.hf.gpt2 import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    HFWeightsError,
+    _check_dir,
+    _read_tensors,
+    _safetensors_torch,
+    _weight_files,
+    check_export_target,
+    write_folder,
+)
+from gptmini.model import _OPTION_SETTINGS, GPT, GPTConfig
+
+__all__ = [
+    "GPTMINI_ROPE_LAYOUT",
+    "LLAMA_ROPE_LAYOUT",
+    "check_llama_model",
+    "halves_to_interleaved",
+    "interleaved_to_halves",
+    "load_hf_llama",
+    "load_llama_weights",
+    "rope_layout",
+    "save_hf_llama",
+]
+
+log = logging.getLogger(__name__)
+
+# How each side pairs a head's dimensions for rotary embeddings (see the module docstring).
+GPTMINI_ROPE_LAYOUT = "halves"
+# transformers' LlamaForCausalLM (rotate_half); Meta's original checkpoints interleave
+LLAMA_ROPE_LAYOUT = "halves"
+ROPE_LAYOUTS = ("halves", "interleaved")
+
+# buffers older transformers versions saved with the weights: not weights, ignored on import
+_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rotary layouts
+# ---------------------------------------------------------------------------------------------------------
+
+
+def interleaved_to_halves(w: Tensor, n_heads: int) -> Tensor:
+    """Rows of a query or key projection (weight (n_heads * hs, C) or bias (n_heads * hs,)) reordered from the
+    interleaved layout to the halves one: in each head, row 2i goes to i and row 2i + 1 to i + hs/2. The
+    rotated dot products are unchanged (the permutation of transformers' convert_llama_weights_to_hf)."""
+    rows = w.shape[0]
+    hs = rows // n_heads
+    return w.reshape(n_heads, hs // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(rows, *w.shape[1:])
+
+
+def halves_to_interleaved(w: Tensor, n_heads: int) -> Tensor:
+    """The inverse of :func:`interleaved_to_halves`: row i goes to 2i and row i + hs/2 to 2i + 1, per head."""
+    rows = w.shape[0]
+    hs = rows // n_heads
+    return w.reshape(n_heads, 2, hs // 2, *w.shape[1:]).transpose(1, 2).reshape(rows, *w.shape[1:])
+
+
+def rope_layout(w: Tensor, n_heads: int, src: str, dst: str) -> Tensor:
+    """A query/key projection's rows moved from rotary layout ``src`` to ``dst`` (each "halves" or
+    "interleaved")."""
+    for layout in (src, dst):
+        if layout not in ROPE_LAYOUTS:
+            raise ValueError(
+                f"rotary layout {layout!r} is unknown: valid layouts are {', '.join(ROPE_LAYOUTS)}"
+            )
+    if src == dst:
+        return w
+    return interleaved_to_halves(w, n_heads) if src == "interleaved" else halves_to_interleaved(w, n_heads)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what the format can hold
+# ---------------------------------------------------------------------------------------------------------
+
+# the attention options a Llama block has (grouped-query attention and rotary positions)
+_LLAMA_OPTIONS = frozenset({"n_kv_head", "rope_base"})
+_BLOCK = {
+    "position": ("rope", "Llama's format has rotary positions only"),
+    "norm": ("rmsnorm", "Llama's blocks normalise with RMSNorm"),
+    "mlp": ("swiglu", "Llama's MLP is SwiGLU"),
+}
+
+
+def check_llama_model(config: GPTConfig, what: str = "export") -> None:
+    """Raises HFWeightsError naming the first setting of ``config`` that Llama's format cannot hold."""
+    for setting, (wanted, why) in _BLOCK.items():
+        value = getattr(config, setting)
+        if value != wanted:
+            raise HFWeightsError(
+                f"cannot {what} a model with model.{setting}={value} in Llama's format: {why} "
+                f"(train with model.{setting}={wanted}, e.g. model=llama_small)"
+            )
+    extra = sorted(set(config.attention_options()) - _LLAMA_OPTIONS)
+    if extra:
+        setting = _OPTION_SETTINGS.get(extra[0], extra[0])
+        raise HFWeightsError(
+            f"cannot {what} a model with model.{setting}={getattr(config, setting)!r} in Llama's format: a Llama "
+            f"block has plain rotary grouped-query attention (leave model.{setting} at its default)"
+        )
+    if config.attention != "sdpa":  # rotary positions already need sdpa: this guards a future implementation
+        raise HFWeightsError(
+            f"cannot {what} a model with model.attention={config.attention!r} in Llama's format: use model.attention=sdpa"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _llama_config_dict(model: GPT, bos: int | None, eos: int | None) -> dict[str, Any]:
+    c = model.config
+    rope = {"rope_type": "default", "rope_theta": float(c.rope_base)}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,  # gptmini's padding rows are left out: their logits are -inf, never used
+        "hidden_size": c.n_embd,
+        "intermediate_size": c.mlp_width,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.kv_heads,
+        "head_dim": c.head_size,
+        "hidden_act": "silu",
+        "max_position_embeddings": c.block_size,
+        "rms_norm_eps": float(c.norm_eps),
+        # transformers 5 reads rope_parameters, 4.x rope_theta (with rope_scaling null: plain RoPE)
+        "rope_parameters": rope,
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling": None,
+        "attention_bias": c.bias,
+        "mlp_bias": c.bias,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": c.tie_weights,
+        "initializer_range": 0.02,
+        "pretraining_tp": 1,
+        "use_cache": True,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+@torch.no_grad()
+def _llama_state(model: GPT) -> dict[str, Tensor]:
+    c = model.config
+
+    def t(x: Tensor) -> Tensor:
+        # fresh contiguous float32 CPU copies: safetensors refuses shared or strided storage
+        return x.detach().to("cpu", torch.float32).clone().contiguous()
+
+    def qk(x: Tensor, heads: int) -> Tensor:
+        return t(rope_layout(x, heads, GPTMINI_ROPE_LAYOUT, LLAMA_ROPE_LAYOUT))
+
+    state = {
+        "model.embed_tokens.weight": t(model.wte.weight[: c.vocab_size]),
+        "model.norm.weight": t(model.ln_f.weight),
+    }
+    if not c.tie_weights:
+        state["lm_head.weight"] = t(model.lm_head.weight[: c.vocab_size])
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        attn = block.attn.get_weights()
+        (wq, bq), (wk, bk), (wv, bv) = attn.q_k_v()
+        layer = {
+            "input_layernorm.weight": t(block.ln_1.weight),
+            "post_attention_layernorm.weight": t(block.ln_2.weight),
+            "self_attn.q_proj.weight": qk(wq, c.n_head),
+            "self_attn.k_proj.weight": qk(wk, c.kv_heads),
+            "self_attn.v_proj.weight": t(wv),
+            "self_attn.o_proj.weight": t(attn.out_weight),
+            "mlp.gate_proj.weight": t(block.mlp.w_gate.weight),
+            "mlp.up_proj.weight": t(block.mlp.w_up.weight),
+            "mlp.down_proj.weight": t(block.mlp.c_proj.weight),
+        }
+        if c.bias:
+            layer |= {
+                "self_attn.q_proj.bias": qk(bq, c.n_head),
+                "self_attn.k_proj.bias": qk(bk, c.kv_heads),
+                "self_attn.v_proj.bias": t(bv),
+                "self_attn.o_proj.bias": t(attn.out_bias),
+                "mlp.gate_proj.bias": t(block.mlp.w_gate.bias),
+                "mlp.up_proj.bias": t(block.mlp.w_up.bias),
+                "mlp.down_proj.bias": t(block.mlp.c_proj.bias),
+            }
+        state |= {p + k: v for k, v in layer.items()}
+    return state
+
+
+def save_hf_llama(
+    model: GPT, path: str | Path, *, tokenizer: Any | None = None, overwrite: bool = False
+) -> list[str]:
+    """Export ``model`` as a Hugging Face Llama folder: ``config.json`` + ``model.safetensors`` (float32), and
+    with ``tokenizer`` (a gptmini ``gpt2`` or ``char`` tokenizer) ``tokenizer.json`` + ``tokenizer_config.json``.
+    Returns the file names written.
+
+    Every check runs before anything is written, and the folder is written under a temporary name and renamed
+    into place, so a refused or failed export leaves nothing behind; an existing non-empty folder is replaced
+    only with ``overwrite=True``."""
+    check_llama_model(model.config, "export")
+    path = check_export_target(path, overwrite)
+    st = _safetensors_torch()
+    bos = eos = None
+    if tokenizer is not None:
+        from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
+
+        check_exportable(tokenizer)
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise HFWeightsError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}: it "
+                "was trained with another tokenizer (pass the one it was trained with, or --tokenizer none)"
+            )
+        if tokenizer.eot_id is not None:  # GPT-2's <|endoftext|> both starts and ends documents
+            bos = eos = tokenizer.eot_id
+    written: list[str] = []
+
+    def fill(tmp: Path) -> None:
+        st.save_file(_llama_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(_llama_config_dict(model, bos, eos), indent=2) + "\n")
+        written.extend([CONFIG_FILE, SAFETENSORS_FILE])
+        if tokenizer is not None:
+            written.extend(write_tokenizer_files(tokenizer, tmp, model.config.block_size))
+
+    write_folder(path, fill, overwrite=overwrite)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _rope_theta(cfg: dict[str, Any], bad: Any) -> float:
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "default":
+        raise bad(f"rope_type={kind!r} (rotary scaling) is unsupported: gptmini's RoPE is the plain one")
+    if float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise bad("partial_rotary_factor is unsupported: gptmini rotates every dimension of a head")
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 1:
+        raise bad(f"rope_theta={theta!r} is not a number > 1")
+    return float(theta)
+
+
+def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
+    def bad(msg: str) -> HFWeightsError:
+        return HFWeightsError(
+            f"{where}: {msg}; gptmini loads the Llama architecture as LlamaForCausalLM defines it"
+        )
+
+    if cfg.get("model_type") != "llama":
+        raise bad(f"model_type={cfg.get('model_type')!r} is not 'llama'")
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    for key in (*keys, "max_position_embeddings"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise bad(f"{key}={value!r} is missing or not a positive integer")
+    d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    if d % heads or heads % kv:
+        raise bad(
+            f"hidden_size={d}, num_attention_heads={heads}, num_key_value_heads={kv} do not divide evenly"
+        )
+    head_dim = cfg.get("head_dim") or d // heads
+    if head_dim * heads != d:
+        raise bad(
+            f"head_dim={head_dim} is unsupported: gptmini's heads are hidden_size / num_attention_heads wide"
+        )
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise bad(f"hidden_act={cfg.get('hidden_act')!r} is unsupported (gptmini's SwiGLU uses silu)")
+    if bool(cfg.get("attention_bias", False)) != bool(cfg.get("mlp_bias", False)):
+        raise bad(
+            f"attention_bias={cfg.get('attention_bias')} with mlp_bias={cfg.get('mlp_bias')} is unsupported: "
+            "gptmini's model.bias sets both"
+        )
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    if not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise bad(f"rms_norm_eps={eps!r} is not a small positive number")
+    _rope_theta(cfg, bad)
+
+
+def _read_llama_config(path: Path) -> dict[str, Any]:
+    _check_dir(path)
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise HFWeightsError(
+            f"{path} has no {CONFIG_FILE}: a Hugging Face Llama folder holds {CONFIG_FILE} and {SAFETENSORS_FILE}"
+        )
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise HFWeightsError(f"{cfg_file} is not readable JSON: {err}") from None
+    if not isinstance(cfg, dict):
+        raise HFWeightsError(f"{cfg_file} does not hold a JSON object")
+    _validate_llama_config(cfg, cfg_file)
+    return cfg
+
+
+def llama_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout: float = 0.0) -> GPTConfig:
+    """The gptmini settings of a (validated) Llama ``config.json``."""
+    return GPTConfig(
+        vocab_size=cfg["vocab_size"],
+        block_size=cfg["max_position_embeddings"],
+        n_layer=cfg["num_hidden_layers"],
+        n_head=cfg["num_attention_heads"],
+        n_kv_head=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        n_embd=cfg["hidden_size"],
+        dropout=dropout,
+        bias=bool(cfg.get("attention_bias", False)),
+        attention=attention,
+        tie_weights=bool(cfg.get("tie_word_embeddings", False)),
+        position="rope",
+        rope_base=_rope_theta(cfg, HFWeightsError),
+        norm="rmsnorm",
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        mlp="swiglu",
+        mlp_hidden=cfg["intermediate_size"],
+    )
+
+
+def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    c = config
+    d, kv, hidden = c.n_embd, c.kv_heads * c.head_size, c.mlp_width
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    for i in range(c.n_layer):
+        p = f"model.layers.{i}."
+        linears = {
+            "self_attn.q_proj": (d, d),
+            "self_attn.k_proj": (kv, d),
+            "self_attn.v_proj": (kv, d),
+            "self_attn.o_proj": (d, d),
+            "mlp.gate_proj": (hidden, d),
+            "mlp.up_proj": (hidden, d),
+            "mlp.down_proj": (d, hidden),
+        }
+        shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
+        for name, shape in linears.items():
+            shapes[p + name + ".weight"] = shape
+            if c.bias:
+                shapes[p + name + ".bias"] = shape[:1]
+    return shapes
+
+
+def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
+    when tied)."""
+    state: dict[str, Tensor] = {}
+    for file in _weight_files(path):
+        state.update(_read_tensors(file))
+    for key in [k for k in state if _IGNORED.match(k)]:
+        del state[key]
+    lm_head = state.pop("lm_head.weight", None)
+    expected = _expected_shapes(config)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise HFWeightsError(
+            f"{path} does not hold the Llama weights its {CONFIG_FILE} describes "
+            f"(num_hidden_layers={config.n_layer}, hidden_size={config.n_embd}): missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    wrong = [
+        f"{k}: {tuple(state[k].shape)} (expected {s})"
+        for k, s in expected.items()
+        if tuple(state[k].shape) != s
+    ]
+    vocab_shape = (config.vocab_size, config.n_embd)
+    if config.tie_weights:
+        if lm_head is not None and not torch.equal(lm_head, state["model.embed_tokens.weight"]):
+            raise HFWeightsError(
+                f"{path}: lm_head.weight differs from model.embed_tokens.weight but {CONFIG_FILE} says "
+                "tie_word_embeddings=true"
+            )
+        lm_head = None
+    elif lm_head is None:
+        raise HFWeightsError(
+            f"{path}: lm_head.weight is missing and {CONFIG_FILE} says tie_word_embeddings=false"
+        )
+    elif tuple(lm_head.shape) != vocab_shape:
+        wrong.append(f"lm_head.weight: {tuple(lm_head.shape)} (expected {vocab_shape})")
+    if wrong:
+        raise HFWeightsError(f"{path}: tensor shapes do not match {CONFIG_FILE}: " + "; ".join(wrong[:8]))
+    return state, lm_head
+
+
+def _vocab_rows(model: GPT, weight: Tensor) -> Tensor:
+    # Rows for real tokens the folder lacks (model vocab larger) start at the mean row, so their logits are
+    # ordinary; gptmini's padding rows (always -inf) are zeros.
+    c = model.config
+    rows = torch.zeros(c.padded_vocab_size, c.n_embd)
+    vocab = weight.shape[0]
+    rows[:vocab] = weight.float()
+    rows[vocab : c.vocab_size] = weight.float().mean(dim=0)
+    return rows
+
+
+@torch.no_grad()
+def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> None:
+    c = model.config
+    model.wte.weight.copy_(_vocab_rows(model, state["model.embed_tokens.weight"]))
+    if not c.tie_weights:
+        model.lm_head.weight.copy_(_vocab_rows(model, lm_head))
+    model.ln_f.weight.copy_(state["model.norm.weight"])
+
+    def qk(x: Tensor | None, heads: int) -> Tensor | None:
+        return None if x is None else rope_layout(x, heads, LLAMA_ROPE_LAYOUT, GPTMINI_ROPE_LAYOUT)
+
+    for i, block in enumerate(model.blocks):
+        layer = {
+            k.removeprefix(f"model.layers.{i}."): v
+            for k, v in state.items()
+            if k.startswith(f"model.layers.{i}.")
+        }
+        get = layer.get  # a bias the model has no room for is absent (bias=false): None
+        block.ln_1.weight.copy_(get("input_layernorm.weight"))
+        block.ln_2.weight.copy_(get("post_attention_layernorm.weight"))
+        biases = [qk(get("self_attn.q_proj.bias"), c.n_head), qk(get("self_attn.k_proj.bias"), c.kv_heads)]
+        biases.append(get("self_attn.v_proj.bias"))
+        weights = [
+            qk(get("self_attn.q_proj.weight"), c.n_head),
+            qk(get("self_attn.k_proj.weight"), c.kv_heads),
+        ]
+        weights.append(get("self_attn.v_proj.weight"))
+        block.attn.set_weights(
+            AttentionWeights(
+                qkv_weight=torch.cat(weights),  # rows [W_q; W_k; W_v]
+                qkv_bias=torch.cat(biases) if c.bias else None,
+                out_weight=get("self_attn.o_proj.weight"),
+                out_bias=get("self_attn.o_proj.bias"),
+            )
+        )
+        for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("c_proj", "down_proj")):
+            linear = getattr(block.mlp, ours)
+            linear.weight.copy_(get(f"mlp.{theirs}.weight"))
+            if c.bias:
+                linear.bias.copy_(get(f"mlp.{theirs}.bias"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# public API: reading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def load_hf_llama(path: str | Path, *, dropout: float = 0.0) -> GPT:
+    """A gptmini ``GPT`` (in eval mode) holding the weights of a local Hugging Face Llama folder; its
+    ``block_size`` is the folder's ``max_position_embeddings`` (rotary positions also run longer)."""
+    path = Path(path)
+    config = llama_model_config(_read_llama_config(path), dropout=dropout)
+    state, lm_head = _read_llama(path, config)
+    model = GPT(config)
+    _copy_into(model, state, lm_head)
+    return model.eval()
+
+
+# what must agree for init_from: gptmini's resolved value -> (its setting, the config.json field)
+_SETTINGS = {
+    "n_layer": ("n_layer", "num_hidden_layers"),
+    "n_head": ("n_head", "num_attention_heads"),
+    "kv_heads": ("n_kv_head", "num_key_value_heads"),
+    "n_embd": ("n_embd", "hidden_size"),
+    "mlp_width": ("mlp_hidden", "intermediate_size"),
+    "bias": ("bias", "attention_bias"),
+    "tie_weights": ("tie_weights", "tie_word_embeddings"),
+}
+
+
+def load_llama_weights(model: GPT, path: str | Path) -> None:
+    """Load the weights of a local Hugging Face Llama folder into an existing ``GPT`` (``model.init_from``).
+
+    The model must have the folder's shape (layers, heads, key/value heads, width, MLP width, biases, tied
+    embeddings) and rotary, RMSNorm and SwiGLU blocks with the same rope base and norm epsilon; its block_size
+    may differ (rotary positions have no table) and its vocab_size be larger (extra tokens start at the mean
+    embedding)."""
+    path = Path(path)
+    check_llama_model(model.config, "load")
+    cfg = _read_llama_config(path)  # checked before reading possibly large weights
+    theirs = llama_model_config(cfg)
+    c = model.config
+    problems = []
+    for ours, (setting, field) in _SETTINGS.items():
+        if getattr(c, ours) != getattr(theirs, ours):
+            value = getattr(c, setting)
+            shown = f"null ({getattr(c, ours)})" if value is None else value
+            problems.append(f"model.{setting}={shown} but the folder has {field}={getattr(theirs, ours)}")
+    if not math.isclose(c.rope_base, theirs.rope_base, rel_tol=1e-9):
+        problems.append(f"model.rope_base={c.rope_base} but the folder has rope_theta={theirs.rope_base}")
+    if not math.isclose(c.norm_eps, theirs.norm_eps, rel_tol=1e-6):
+        problems.append(f"model.norm_eps={c.norm_eps} but the folder has rms_norm_eps={theirs.norm_eps}")
+    if c.vocab_size < theirs.vocab_size:
+        problems.append(
+            f"model.vocab_size={c.vocab_size} is smaller than the folder's vocab_size={theirs.vocab_size}"
+        )
+    if problems:
+        raise HFWeightsError(
+            f"the model does not match the Llama weights in {path} ({path / CONFIG_FILE}): "
+            + "; ".join(problems)
+            + " — set those model settings to the folder's values, or load it with load_hf_llama"
+        )
+    if c.block_size > theirs.block_size:
+        log.warning(
+            "model.block_size=%d is longer than the %d positions %s was trained with (max_position_embeddings)",
+            c.block_size,
+            theirs.block_size,
+            path,
+        )
+    state, lm_head = _read_llama(path, theirs)
+    _copy_into(model, state, lm_head)
