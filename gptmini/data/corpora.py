@@ -1,20 +1,29 @@
-"""Corpus sources -> one text: the embedded Shakespeare plays, a file, a folder of ``*.txt``, a glob, or an
-http(s) URL (downloaded once). No torch or Lightning: the config checks that run before Lightning is imported
-use ``EMBEDDED_SOURCES`` and ``is_url`` from here.
+"""Corpus sources -> a stream of documents: the embedded Shakespeare plays, text files (one, or a folder or glob
+of them), JSON Lines (``.jsonl``, ``.jsonl.gz``) and Parquet files with a text column, Arrow files (a Hugging Face
+``datasets`` folder written by ``save_to_disk``, or its cache), and http(s) URLs (downloaded once). Everything is
+read piece by piece, so memory does not grow with the corpus. No torch or Lightning: the config checks that run
+before Lightning is imported use ``EMBEDDED_SOURCES`` and ``is_url`` from here.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
+import gzip
 import hashlib
 import importlib.util
+import io
+import json
 import logging
 import re
 import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from gptmini.data.errors import DataError
 from gptmini.fileio import atomic_write
@@ -159,40 +168,361 @@ def download(url: str, dest_dir: str | Path, timeout: float = 60.0) -> Path:
     return dest
 
 
-def _source_files(source: str) -> list[Path]:
-    path = Path(source)
+# --------------------------------------------------------------------------------------- files of a source
+
+TEXT, JSONL, PARQUET, ARROW, PLAY = "text", "jsonl", "parquet", "arrow", "play"
+# What a folder contributes, by file name ending; a single file or a glob match of any other name is text.
+FOLDER_KINDS = {".txt": TEXT, ".jsonl": JSONL, ".jsonl.gz": JSONL, ".parquet": PARQUET, ".arrow": ARROW}
+# Raw bytes read at a time from text and JSONL files.
+BLOCK_BYTES = 1 << 20
+# Rows converted to Python strings at a time from Parquet and Arrow files.
+BATCH_ROWS = 1024
+# Bumped whenever _play_markdown_to_text changes what the embedded corpus reads as.
+PLAYS_CONVERSION = 1
+
+
+def file_kind(path: Path) -> str | None:
+    name = path.name.lower()
+    return next((kind for suffix, kind in FOLDER_KINDS.items() if name.endswith(suffix)), None)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path
+    kind: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def stat(cls, path: Path, kind: str) -> SourceFile:
+        try:
+            st = path.stat()
+        except OSError as e:
+            raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+        return cls(path.absolute(), kind, st.st_size, st.st_mtime_ns)
+
+    def record(self) -> dict[str, Any]:
+        """What meta.json keeps to tell, by a ``stat`` alone, that the file is unchanged."""
+        return {"path": str(self.path), "kind": self.kind, "size": self.size, "mtime_ns": self.mtime_ns}
+
+
+class Fragment(NamedTuple):
+    """A piece of one document's text, in order; ``nbytes`` of the source were consumed to produce it."""
+
+    document: int
+    text: str
+    nbytes: int
+    end: bool  # the document ends with this fragment
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A resolved source: its files and how they divide into documents. ``single_text``: the whole corpus is one
+    continuous text (the embedded plays, one text file, a URL): nothing is ever added to it, so it tokenizes
+    exactly as it always has. Otherwise every text file, JSON line and Parquet/Arrow row is a document."""
+
+    source: str
+    files: tuple[SourceFile, ...]
+    single_text: bool
+    text_field: str = "text"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def fragments(self, file_hashes: list[str] | None = None, records: bool = True) -> Iterator[Fragment]:
+        """Every document's text, fragment by fragment, with at most one block or row batch in memory. Empty
+        documents are left out. ``file_hashes``: filled with the SHA-256 of each file's bytes, as it is read.
+        ``records=False``: Parquet and Arrow files are only checked (their text column) and hashed, not read."""
+        doc = 0
+        last = len(self.files) - 1
+        for i, f in enumerate(self.files):
+            hasher = hashlib.sha256() if file_hashes is not None else None
+            if f.kind == PLAY:
+                pieces: Iterator[tuple[str, int, bool]] = _read_play(f.path, i > 0, i == last, hasher)
+            elif f.kind == TEXT:
+                pieces = _read_text(f.path, hasher)
+            elif f.kind == JSONL:
+                pieces = _read_jsonl(f.path, self.text_field, hasher)
+            else:
+                if hasher is not None:
+                    _hash_file(f.path, hasher)
+                reader = _read_parquet if f.kind == PARQUET else _read_arrow
+                pieces = reader(f.path, self.text_field, f.size, records)
+            for text, nbytes, end in pieces:
+                yield Fragment(doc, text, nbytes, end)
+                doc += end
+            if file_hashes is not None and hasher is not None:
+                file_hashes.append(hasher.hexdigest())
+
+
+def resolve_source(source: str, download_dir: str | Path | None = None, text_field: str = "text") -> Corpus:
+    """The files of ``source`` (listed and ``stat``-ed, nothing read): fails at once, naming the source, when it
+    is missing or holds nothing readable."""
+    if not text_field:
+        raise DataError("text_field is empty: name the column or JSON field that holds the text, e.g. 'text'")
+    if source in EMBEDDED_SOURCES:
+        files = tuple(SourceFile.stat(p, PLAY) for p in shakespeare_files())
+        return Corpus(source, files, single_text=True, text_field=text_field)
+    if is_url(source):
+        path = download(source, download_dir if download_dir is not None else Path("data") / "raw")
+        return Corpus(source, (SourceFile.stat(path, TEXT),), single_text=True, text_field=text_field)
+    files = tuple(SourceFile.stat(p, kind) for p, kind in _source_files(source))
+    single = Path(source).expanduser().is_file() and files[0].kind == TEXT
+    return Corpus(source, files, single_text=single, text_field=text_field)
+
+
+def _source_files(source: str) -> list[tuple[Path, str]]:
+    path = Path(source).expanduser()
     if path.is_file():
-        return [path]
+        return [(path, file_kind(path) or TEXT)]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not files:
-            raise DataError(f"directory {path} contains no *.txt files; add some or point --source at a file")
-        return files
+        if (path / "dataset_dict.json").is_file():
+            splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+            raise DataError(
+                f"{path} is a Hugging Face DatasetDict folder with splits {splits}: point the source at one of "
+                f"them, e.g. {path / (splits[0] if splits else 'train')}"
+            )
+        found = []
+        for p in path.rglob("*"):
+            kind = file_kind(p)
+            hidden = any(part.startswith(".") for part in p.relative_to(path).parts)  # .cache/ of hf download
+            # cache-*.arrow: what datasets' map/filter leave beside a dataset's own files
+            if kind is None or hidden or (kind == ARROW and p.name.startswith("cache-")):
+                continue
+            if p.is_file():
+                found.append((p, kind))
+        if not found:
+            raise DataError(
+                f"directory {path} contains no {', '.join('*' + s for s in FOLDER_KINDS)} files; add some or "
+                "point the source at a file"
+            )
+        return sorted(found, key=lambda pk: pk[0].relative_to(path).as_posix())
     if glob.has_magic(source):
-        files = sorted(Path(p) for p in glob.glob(source, recursive=True) if Path(p).is_file())
-        if not files:
+        matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not matches:
             raise DataError(f"glob {source!r} matches no files; check the pattern (quote it in the shell)")
-        return files
+        return [(p, file_kind(p) or TEXT) for p in matches]
     raise DataError(
-        f"corpus source {source!r} not found: expected 'shakespeare', an existing file, a directory of "
-        "*.txt files, a glob like 'texts/**/*.txt', or an http(s) URL"
+        f"corpus source {source!r} not found: expected 'shakespeare', an existing file, a directory of text, "
+        "JSONL, Parquet or Arrow files, a glob like 'texts/**/*.txt', or an http(s) URL"
     )
 
 
-def read_source(source: str, download_dir: str | Path | None = None) -> str:
-    """The corpus text of ``source``; several files are joined with a blank line between documents."""
-    if source == "shakespeare":
-        text = shakespeare_text()
-    elif is_url(source):
-        text = _read_utf8(
-            download(source, download_dir if download_dir is not None else Path("data") / "raw")
-        )
-    else:
-        files = _source_files(source)
-        texts = [_read_utf8(p) for p in files]
-        text = texts[0] if len(texts) == 1 else "\n\n".join(t.rstrip("\n") for t in texts) + "\n"
-    if not text.strip():
+# ------------------------------------------------------------------------------------------------ readers
+
+
+def _utf8_error(path: Path, offset: int, bad: bytes, reason: str) -> DataError:
+    return DataError(
+        f"{path} is not valid UTF-8: byte offset {offset} ({bad!r}: {reason}); convert it, e.g. "
+        f"`iconv -f latin1 -t utf-8 {path} > fixed.txt`"
+    )
+
+
+def _hash_file(path: Path, hasher: Any) -> None:
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(BLOCK_BYTES):
+                hasher.update(block)
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+
+
+def file_sha256(path: Path) -> str:
+    hasher = hashlib.sha256()
+    _hash_file(path, hasher)
+    return hasher.hexdigest()
+
+
+def _read_play(path: Path, after_another: bool, last: bool, hasher: Any) -> Iterator[tuple[str, int, bool]]:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+    if hasher is not None:
+        hasher.update(data)
+    try:
+        text = _play_markdown_to_text(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise _utf8_error(path, e.start, data[e.start : e.start + 1], e.reason) from e
+    # The plays are one text joined by newlines, as shakespeare_text() joins them.
+    yield ("\n" + text if after_another else text), len(data), last
+
+
+def _read_text(path: Path, hasher: Any) -> Iterator[tuple[str, int, bool]]:
+    """One document: strict UTF-8, block by block (a character split across two blocks is decoded whole)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = 0  # bytes of the file consumed
+    pending: tuple[str, int] | None = None  # one fragment held back, to mark the last one
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+    with f:
+        while True:
+            block = f.read(BLOCK_BYTES)
+            held = len(decoder.getstate()[0])  # undecoded bytes left over from the previous block
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                bad = e.object[e.start : e.start + 1]
+                raise _utf8_error(path, offset - held + e.start, bad, e.reason) from e
+            if hasher is not None:
+                hasher.update(block)
+            offset += len(block)
+            if text:
+                if pending is not None:
+                    yield pending[0], pending[1], False
+                pending = (text, len(block))
+            elif pending is not None:
+                pending = (pending[0], pending[1] + len(block))
+            if not block:
+                break
+    if pending is not None:
+        yield pending[0], pending[1], True
+
+
+class _CountingReader(io.RawIOBase):
+    """A raw file that counts (and optionally hashes) the bytes read through it: gzip's compressed bytes too."""
+
+    def __init__(self, raw: io.BufferedReader, hasher: Any) -> None:
+        self.raw, self.hasher, self.count = raw, hasher, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer)
+        if n:
+            self.count += n
+            if self.hasher is not None:
+                self.hasher.update(memoryview(buffer)[:n])
+        return n
+
+
+def _record_text(value: Any, where: str, text_field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise DataError(
+        f"{where}: field {text_field!r} holds {type(value).__name__}, not text; pass the field that holds the "
+        "text (data.text_field=..., gptmini-prepare: --text-field)"
+    )
+
+
+def _read_jsonl(path: Path, text_field: str, hasher: Any) -> Iterator[tuple[str, int, bool]]:
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+    counter = _CountingReader(raw, hasher)
+    stream: Any = io.BufferedReader(counter, BLOCK_BYTES)
+    if path.name.lower().endswith(".gz"):
+        stream = gzip.GzipFile(fileobj=stream, mode="rb")
+    consumed = 0
+    with raw, stream:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(stream, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    raise DataError(
+                        f"{path}:{lineno} is not a JSON object ({e}); fix or remove that line"
+                    ) from e
+                if not isinstance(record, dict):
+                    raise DataError(f"{path}:{lineno} is a JSON {type(record).__name__}, not an object")
+                if text_field not in record:
+                    raise DataError(
+                        f"{path}:{lineno} has no field {text_field!r} (fields: {', '.join(sorted(record))}); "
+                        "pass the one that holds the text (data.text_field=..., gptmini-prepare: --text-field)"
+                    )
+                text = _record_text(record[text_field], f"{path}:{lineno}", text_field)
+                if text:
+                    yield text, counter.count - consumed, True
+                    consumed = counter.count
+        except (OSError, EOFError) as e:  # a truncated .gz download fails here, not silently
+            raise DataError(f"cannot read {path} after line {lineno}: {e}; is the file complete?") from e
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as e:
         raise DataError(
-            f"corpus {source!r} is empty (no non-whitespace characters); point --source at real text"
+            "Parquet and Arrow sources are read with pyarrow, which is not installed: pip install 'gptmini[data]' "
+            "(or pip install pyarrow)"
+        ) from e
+    return pa
+
+
+def _text_column(schema: Any, path: Path, text_field: str) -> int:
+    pa = _pyarrow()
+    index = schema.get_field_index(text_field)
+    if index < 0:
+        raise DataError(
+            f"{path} has no column {text_field!r} (columns: {', '.join(schema.names)}); pass the one that holds "
+            "the text (data.text_field=..., gptmini-prepare: --text-field)"
         )
-    return text
+    kind = schema.field(index).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise DataError(
+            f"{path}: column {text_field!r} is {kind}, not text; pass the column that holds the text "
+            "(data.text_field=..., gptmini-prepare: --text-field)"
+        )
+    return index
+
+
+def _read_parquet(path: Path, text_field: str, size: int, records: bool) -> Iterator[tuple[str, int, bool]]:
+    pa = _pyarrow()
+    try:
+        pf = pa.parquet.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path} is not a readable Parquet file ({e})") from e
+    _text_column(pf.schema_arrow, path, text_field)
+    if not records:
+        return
+    rows, done, reported = max(1, pf.metadata.num_rows), 0, 0
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[text_field]):
+        texts = batch.column(0).to_pylist()
+        done += len(texts)
+        share = size * done // rows - reported  # progress: the file's bytes in proportion to its rows
+        reported += share
+        for text in texts:
+            if text:
+                yield text, share, True
+                share = 0
+
+
+def _read_arrow(path: Path, text_field: str, size: int, records: bool) -> Iterator[tuple[str, int, bool]]:
+    """Arrow IPC files: the stream format that ``datasets`` writes, or the random-access file format."""
+    pa = _pyarrow()
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+            batches = iter(reader)
+            count = None
+        except pa.ArrowInvalid:
+            source.seek(0)
+            try:
+                reader = pa.ipc.open_file(source)
+            except pa.ArrowInvalid as e:
+                raise DataError(f"{path} is not an Arrow IPC file ({e})") from e
+            count = reader.num_record_batches
+            batches = (reader.get_batch(i) for i in range(count))
+        index = _text_column(reader.schema, path, text_field)
+        if not records:
+            return
+        reported = 0
+        for i, batch in enumerate(batches):
+            # progress: how far into the file the reader is (the stream format is read front to back)
+            share = (source.tell() if count is None else size * (i + 1) // count) - reported
+            reported += share
+            column = batch.column(index)
+            for start in range(0, len(column), BATCH_ROWS):
+                for text in column.slice(start, BATCH_ROWS).to_pylist():
+                    if text:
+                        yield text, share, True
+                        share = 0

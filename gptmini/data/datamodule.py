@@ -1,4 +1,4 @@
-"""The LightningDataModule: prepares the token files once, memory-maps them, serves window batches. The only
+"""The LightningDataModule: prepares the token shards once, memory-maps them, serves window batches. The only
 module of ``gptmini.data`` that imports Lightning.
 """
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gptmini.data.corpora import default_out_dir
-from gptmini.data.prepare import load_meta, load_split, load_tokenizer, prepare
+from gptmini.data.prepare import (
+    DEFAULT_BUFFER_MB,
+    DEFAULT_SHARD_TOKENS,
+    PrepareProgress,
+    load_meta,
+    load_split,
+    load_tokenizer,
+    prepare,
+)
 from gptmini.data.tokenizers import Tokenizer
 from gptmini.data.windows import RandomWindowDataset, ShardSampler, StreamSampler, StridedWindowDataset
 
@@ -22,7 +31,9 @@ log = logging.getLogger(__name__)
 
 
 class TokenDataModule(L.LightningDataModule):
-    """prepare_data: tokenize once. setup: memmap splits. Train = random windows, val = strided windows.
+    """prepare_data: tokenize once (``gptmini.data.prepare``: streamed into shards, resumable; the check that
+    nothing changed reads file sizes and times only). setup: memmap splits. Train = random windows, val =
+    strided windows; windows run across shard boundaries, so the shards read as one stream.
 
     Exact resume needs no state of its own: train sample ``i`` is a pure function of (seed, i), and each
     pass of the train loader starts at sample ``batches_trained * batch_size``, read from the trainer's
@@ -45,6 +56,10 @@ class TokenDataModule(L.LightningDataModule):
         seed: int = 1337,
         pin_memory: bool | None = None,
         force_prepare: bool = False,
+        text_field: str = "text",
+        shard_tokens: int = DEFAULT_SHARD_TOKENS,
+        buffer_mb: int = DEFAULT_BUFFER_MB,
+        prepare_threads: int | None = None,
     ) -> None:
         super().__init__()
         # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
@@ -62,6 +77,10 @@ class TokenDataModule(L.LightningDataModule):
         self.seed = seed
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.force_prepare = force_prepare
+        self.text_field = text_field
+        self.shard_tokens = shard_tokens
+        self.buffer_mb = buffer_mb
+        self.prepare_threads = prepare_threads
         self.meta: dict[str, Any] | None = None
         self.train_dataset: RandomWindowDataset | None = None
         self.val_dataset: StridedWindowDataset | None = None
@@ -72,13 +91,20 @@ class TokenDataModule(L.LightningDataModule):
             self.meta = load_meta(self.data_dir)
         return int(self.meta["vocab_size"])
 
-    def prepare_data(self) -> None:
+    def prepare_data(self, progress: Callable[[PrepareProgress], None] | None = None) -> None:
+        """``progress``: a progress-bar callback (``gptmini.data.prepare.progress_bar``); without one, a long
+        preparation logs a line every 30 s."""
         result = prepare(
             self.source,
             self.tokenizer_name,
             self.data_dir,
             val_fraction=self.val_fraction,
             force=self.force_prepare,
+            num_threads=self.prepare_threads,
+            text_field=self.text_field,
+            shard_tokens=self.shard_tokens,
+            buffer_mb=self.buffer_mb,
+            progress=progress,
         )
         log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
 

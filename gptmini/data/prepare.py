@@ -1,84 +1,231 @@
-"""Corpus text -> token files (train.bin / val.bin / meta.json), and loading them back, validated.
+"""Corpus -> token shards + meta.json, streamed at constant memory and resumable; and loading them back, validated.
 
-Prepared layout (see data/README.md): ``train.bin`` and ``val.bin`` are raw little-endian token arrays
-(uint16 when the vocabulary fits, else uint32) that ``np.memmap`` opens in place; ``meta.json`` is written
-last and is the only proof that a folder is complete. No torch or Lightning here: the CLI stays quick to start.
+Prepared layout (see data/README.md): ``meta.json`` is the index, written last and atomically, and the only proof
+that a folder is complete. It names a folder ``tokens-<inputs>/`` of fixed-size shards ``shard_000000.bin``, ...:
+raw little-endian token arrays (uint16 when the vocabulary fits, else uint32) that ``np.memmap`` opens in place.
+The shards hold one token stream (each document followed by the tokenizer's end-of-text token) and the splits are
+ranges of it, nanoGPT's rule: train the first ``1 - val_fraction`` of the tokens, val the rest.
+
+Preparing reads the corpus twice, piece by piece: a check of every file (UTF-8, JSON, columns; SHA-256 of its
+bytes; the character set for ``char``) that stops on bad input before any tokenizing, then the tokenizing, by a
+pool of threads (tiktoken releases the GIL), into shards. After each shard, ``progress.json`` in the shards' folder
+records where the stream stands, so a killed preparation resumes after its last finished shard. No torch or
+Lightning here: the CLI stays quick to start.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import hashlib
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from gptmini.data.corpora import default_out_dir, read_source
+from gptmini.data.corpora import (
+    ARROW,
+    EMBEDDED_SOURCES,
+    JSONL,
+    PARQUET,
+    PLAYS_CONVERSION,
+    Corpus,
+    Fragment,
+    default_out_dir,
+    file_sha256,
+    resolve_source,
+)
 from gptmini.data.errors import DataError
+from gptmini.data.shards import ShardWriter, TokenStream
 from gptmini.data.tokenizers import (
     CharTokenizer,
     Tokenizer,
     TokenizerError,
     available_tokenizers,
     build_tokenizer,
+    default_threads,
 )
-from gptmini.fileio import atomic_write, atomic_write_json, fsync_dir, temp_name
+from gptmini.fileio import atomic_write_json, fsync_dir, remove_stale_temp_files
+
+try:  # POSIX: one preparation of a folder at a time, across processes and (on shared storage) nodes
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 META_FILE = "meta.json"
 VOCAB_FILE = "vocab.json"
+PROGRESS_FILE = "progress.json"
+LOCK_FILE = ".lock"
+SHARD_PREFIX = "tokens-"
+# What format_version 1 kept at the top of the folder; removed when the folder is prepared again.
+LEGACY_FILES = ("train.bin", "val.bin", VOCAB_FILE)
 SPLITS = ("train", "val")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-# ~64k characters per chunk: enough chunks to keep every tiktoken thread busy, few enough to be cheap.
+# A piece of text encoded at once: ~64k characters, cut where the ids cannot change (see _CUT).
 CHUNK_CHARS = 1 << 16
+DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's and modded-nanogpt's FineWeb shards: 200 MB of uint16
+DEFAULT_BUFFER_MB = 64
+# Worst case bytes held per character in flight: the str (up to 4) and its ids (uint32, at most one per char).
+_BYTES_PER_CHAR = 8
 
 
 # ------------------------------------------------------------------------------------------ tokenizing
 
-# Cut points: between a printable ASCII non-space char and a newline. No GPT-2/cl100k pre-token spans
-# such a boundary, so encoding the chunks separately gives exactly the ids of encoding the whole text.
-_CUT = re.compile(r"[!-~](?=\n)")
+# Cut points: after a non-space character followed by a space, or after a letter or digit followed by a newline.
+# No pre-token of GPT-2's pattern holds a non-space followed by whitespace, nor does one of cl100k's or o200k's
+# hold a non-space followed by a space or a letter or digit followed by a newline; so encoding the pieces
+# separately gives exactly the ids of encoding the whole text.
+_CUT = re.compile(r"\S(?= )|[^\W_](?=\n)")
+
+
+class Piece(NamedTuple):
+    document: int
+    offset: int  # characters into the document
+    text: str
+    end: bool  # the document's last piece
+
+
+def _pieces(fragments: Iterator[Fragment], chunk_chars: int = CHUNK_CHARS) -> Iterator[Piece]:
+    """Each document cut into pieces of at least ``chunk_chars`` characters (its last one shorter) at the first cut
+    point past that length: the cuts depend on the text only, not on how the fragments divide it, so a resumed
+    preparation cuts exactly where the first one did. A stretch of ``4 * chunk_chars`` without a cut point (text
+    without spaces or newlines) is cut there regardless, with a warning: the ids next to that cut may differ from
+    encoding the document whole."""
+    longest = 4 * chunk_chars
+    # buf[pos:] is not emitted yet, and starts ``offset`` characters into the document
+    buf, pos, offset = "", 0, 0
+    warned = -1  # the last document warned about: once each
+    for frag in fragments:
+        buf = buf[pos:] + frag.text if pos < len(buf) else frag.text
+        pos = 0
+        while len(buf) - pos > chunk_chars:
+            m = _CUT.search(buf, pos + chunk_chars - 1, pos + longest + 1)
+            if m is not None:
+                cut = m.end()
+            elif len(buf) - pos > longest:
+                cut = pos + longest
+                if warned != frag.document:
+                    warned = frag.document
+                    log.warning(
+                        "document %d has no space or newline in %d characters after character %d: cut there (and "
+                        "wherever this happens again in it), so the ids next to such a cut may differ from "
+                        "encoding the document whole",
+                        frag.document,
+                        longest,
+                        offset,
+                    )
+            else:
+                break  # wait for more of the document
+            yield Piece(frag.document, offset, buf[pos:cut], False)
+            offset += cut - pos
+            pos = cut
+        if frag.end:
+            yield Piece(frag.document, offset, buf[pos:], True)
+            buf, pos, offset = "", 0, 0
 
 
 def split_for_encoding(text: str, chunk_chars: int = CHUNK_CHARS) -> list[str]:
-    chunks = []
-    pos = 0
-    while pos < len(text):
-        m = _CUT.search(text, pos + chunk_chars) if pos + chunk_chars < len(text) else None
-        end = m.end() if m else len(text)
-        chunks.append(text[pos:end])
-        pos = end
-    return chunks
+    """``text`` cut as preparation cuts one document: the pieces encode to exactly the ids of the whole."""
+    if not text:
+        return []
+    return [p.text for p in _pieces(iter([Fragment(0, text, 0, True)]), chunk_chars)]
 
 
 def encode_text(tokenizer: Tokenizer, text: str, num_threads: int | None = None) -> np.ndarray:
-    """All ids of ``text`` as one int64 array (chunked + threaded for BPE, vectorised for chars)."""
-    if isinstance(tokenizer, CharTokenizer):
-        return tokenizer.encode_array(text)
-    parts = tokenizer.encode_batch(split_for_encoding(text), num_threads=num_threads)
-    out = np.empty(sum(len(p) for p in parts), dtype=np.int64)
-    pos = 0
-    for p in parts:
-        out[pos : pos + len(p)] = p
-        pos += len(p)
-    return out
+    """All ids of ``text`` as one int64 array, the pieces of ``split_for_encoding`` encoded by threads."""
+    pieces = split_for_encoding(text)
+    with ThreadPoolExecutor(num_threads or default_threads()) as pool:
+        parts = list(pool.map(tokenizer.encode_array, pieces))
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return DTYPES["uint16"] if vocab_size <= 1 << 16 else DTYPES["uint32"]
+
+
+def _encode_task(
+    tokenizer: Tokenizer, task: Sequence[tuple[Piece, int]], eot: int | None, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """In a worker thread: the ids of the pieces (each document's last one followed by ``eot``), the first
+    ``skip`` ids of a piece left out, in the shards' dtype; and where each piece's ids start in them."""
+    parts = []
+    for piece, skip in task:
+        ids = tokenizer.encode_array(piece.text)
+        if piece.end and eot is not None:
+            ids = np.append(ids, eot)
+        parts.append(ids[skip:])
+    starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum([len(p) for p in parts[:-1]], out=starts[1:])
+    return np.concatenate(parts).astype(dtype, copy=False), starts
+
+
+# -------------------------------------------------------------------------------------------- progress
+
+
+@dataclass(frozen=True)
+class PrepareProgress:
+    """How far a preparation is: ``phase`` 'checking' (reading every file once, before any tokenizing) or
+    'tokenizing'; bytes of the source files read of ``bytes_total``."""
+
+    phase: str
+    documents: int
+    tokens: int
+    bytes_done: int
+    bytes_total: int
+    seconds: float
+
+
+# Seconds between progress updates: of a progress bar, and of log lines when there is none.
+BAR_EVERY_S = 0.1
+LOG_EVERY_S = 30.0
+
+
+class _Reporter:
+    """Rate-limited progress: to ``callback`` (a progress bar), else as log lines (none for a preparation
+    quicker than ``LOG_EVERY_S``)."""
+
+    def __init__(self, phase: str, total: int, callback: Callable[[PrepareProgress], None] | None) -> None:
+        self.phase, self.total, self.callback = phase, total, callback
+        self.every = BAR_EVERY_S if callback is not None else LOG_EVERY_S
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, documents: int, tokens: int, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.every:
+            return
+        self.last = now
+        p = PrepareProgress(self.phase, documents, tokens, done, self.total, now - self.t0)
+        if self.callback is not None:
+            self.callback(p)
+        elif not force:
+            rate = done / max(p.seconds, 1e-9)
+            eta = (self.total - done) / rate if rate > 0 else float("inf")
+            log.info(
+                "%s: %.0f%% of %.1f MB, %s documents, %s tokens, %.1f MB/s, ETA %s",
+                self.phase,
+                100 * done / max(1, self.total),
+                self.total / 1e6,
+                f"{documents:,}",
+                f"{tokens:,}",
+                rate / 1e6,
+                f"{int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+                if math.isfinite(eta)
+                else "?",
+            )
 
 
 # ------------------------------------------------------------------------------------- prepare / load
@@ -100,27 +247,71 @@ class PreparedData:
         return int(self.meta["splits"]["val"]["tokens"])
 
 
-def _current_meta(out: Path, sha: str, tokenizer: str, val_fraction: float) -> dict[str, Any] | None:
-    """The existing meta when ``out`` already holds intact data for exactly these inputs."""
+def _settings(corpus: Corpus, tokenizer: str, shard_tokens: int) -> dict[str, Any]:
+    """Everything besides the files that decides the token stream and its shards."""
+    records = any(f.kind in (JSONL, PARQUET, ARROW) for f in corpus.files)
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tokenizer,
+        "single_text": corpus.single_text,
+        "text_field": corpus.text_field if records else None,
+        "plays_conversion": PLAYS_CONVERSION if corpus.source in EMBEDDED_SOURCES else None,
+        "chunk_chars": CHUNK_CHARS,
+        "shard_tokens": shard_tokens,
+    }
+
+
+def _inputs_digest(corpus: Corpus, settings: Mapping[str, Any]) -> str:
+    payload = {"settings": settings, "files": [f.record() for f in corpus.files]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _splits(total: int, val_fraction: float) -> dict[str, dict[str, int]]:
+    n_train = int(total * (1.0 - val_fraction))
+    return {"train": {"start": 0, "tokens": n_train}, "val": {"start": n_train, "tokens": total - n_train}}
+
+
+def _freshness(
+    out: Path, corpus: Corpus, settings: Mapping[str, Any]
+) -> tuple[dict[str, Any] | None, list[int]]:
+    """The meta of ``out`` when it holds intact data of these files and settings, judged by ``stat`` alone, and
+    the files whose modification time changed while their size did not (to be hashed); else (None, [])."""
     try:
         meta = load_meta(out)
-    except DataError:
-        return None
-    same = (
-        meta.get("source_sha256") == sha
-        and meta.get("tokenizer") == tokenizer
-        and meta.get("val_fraction") == val_fraction
-    )
-    if not same:
-        return None
-    try:
-        for split in SPLITS:
-            _checked_split_path(out, meta, split)
-    except DataError:
-        return None
-    if meta.get("vocab_file") and not (out / meta["vocab_file"]).is_file():
-        return None
-    return meta
+        if meta.get("settings") != settings:
+            return None, []
+        recorded = meta["files"]
+        if [(r["path"], r["kind"], r["size"]) for r in recorded] != [
+            (str(f.path), f.kind, f.size) for f in corpus.files
+        ]:
+            return None, []
+        _checked_shards(out, meta)
+        if meta.get("vocab_file") and not (out / meta["vocab_file"]).is_file():
+            return None, []
+    except (DataError, KeyError, TypeError):
+        return None, []
+    touched = [
+        i for i, (r, f) in enumerate(zip(recorded, corpus.files, strict=True)) if r["mtime_ns"] != f.mtime_ns
+    ]
+    return meta, touched
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock``: a second process preparing the same folder (every rank of a launcher-started run, or
+    nodes sharing the data folder) waits, then finds the data up to date."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_FILE, "a+b") as f:
+        if fcntl is not None:
+            try:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    log.info("waiting for another process preparing %s", out)
+                    fcntl.flock(f, fcntl.LOCK_EX)
+            except OSError as e:  # a filesystem without file locks (ENOLCK, EOPNOTSUPP): go on without one
+                log.warning("cannot lock %s (%s); preparing without a lock", out / LOCK_FILE, e)
+        yield  # the lock goes with the file's closing
 
 
 def prepare(
@@ -130,12 +321,21 @@ def prepare(
     val_fraction: float = 0.1,
     force: bool = False,
     num_threads: int | None = None,
+    *,
+    text_field: str = "text",
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    buffer_mb: int = DEFAULT_BUFFER_MB,
+    progress: Callable[[PrepareProgress], None] | None = None,
 ) -> PreparedData:
     """Tokenize ``source`` once into ``out_dir`` (default ``data/<source name>_<hash of the source>_<tokenizer>``,
     see ``corpora.prepared_folder_name``); skip if current.
 
-    The split is nanoGPT's: the first ``1 - val_fraction`` of the token stream is train, the rest val. A write
-    that fails (full disk, unwritable folder) raises DataError and leaves ``out_dir`` as it was.
+    Up to date means: the same settings, and every source file of the same size and modification time as when
+    it was prepared (a file whose time changed but not its size is hashed and compared). A changed
+    ``val_fraction`` only re-splits. Memory stays within the interpreter's own plus about ``buffer_mb`` (text
+    and ids in flight between the reader and the tokenizer threads; plus one Parquet row group being decoded),
+    whatever the corpus size. A killed preparation resumes at its last finished shard; a write that fails (full
+    disk, unwritable folder) raises DataError, and the previous data stays as it was until the new is complete.
     """
     t0 = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
@@ -144,65 +344,315 @@ def prepare(
         raise TokenizerError(
             f"unknown tokenizer {tokenizer!r}; valid names: {', '.join(available_tokenizers())}"
         )
+    if not isinstance(shard_tokens, int) or shard_tokens < 1:
+        raise DataError(
+            f"shard_tokens must be an integer >= 1, got {shard_tokens!r}; 100000000 is the default"
+        )
+    if not isinstance(buffer_mb, int) or buffer_mb < 1:
+        raise DataError(
+            f"buffer_mb must be an integer >= 1, got {buffer_mb!r}; {DEFAULT_BUFFER_MB} is the default"
+        )
+    if num_threads is not None and num_threads < 1:
+        raise DataError(f"num_threads must be >= 1 (or None: one per core, at most 8), got {num_threads}")
     out = Path(out_dir) if out_dir is not None else default_out_dir(source, tokenizer)
-    text = read_source(source, download_dir=out / "raw")
-    sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    corpus = resolve_source(source, download_dir=out / "raw", text_field=text_field)
+    settings = _settings(corpus, tokenizer, shard_tokens)
 
-    if not force and (meta := _current_meta(out, sha, tokenizer, val_fraction)) is not None:
-        return PreparedData(out, meta, skipped=True, seconds=time.perf_counter() - t0)
-
-    tok: Tokenizer = CharTokenizer.from_text(text) if tokenizer == "char" else build_tokenizer(tokenizer)
-    ids = encode_text(tok, text, num_threads=num_threads)
-    dtype = token_dtype(tok.vocab_size)
-    n_train = int(len(ids) * (1.0 - val_fraction))
-    splits = {"train": ids[:n_train].astype(dtype), "val": ids[n_train:].astype(dtype)}
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "source": source,
-        "source_sha256": sha,
-        "source_chars": len(text),
-        "tokenizer": tokenizer,
-        "tokenizer_spec": tok.to_dict(),
-        "vocab_size": tok.vocab_size,
-        "eot_id": tok.eot_id,
-        "dtype": dtype.name,
-        "val_fraction": val_fraction,
-        "splits": {s: {"file": f"{s}.bin", "tokens": int(len(a))} for s, a in splits.items()},
-        "vocab_file": VOCAB_FILE if isinstance(tok, CharTokenizer) else None,
-    }
-
+    if not force:
+        meta, touched = _freshness(out, corpus, settings)
+        if meta is not None and not touched and meta.get("val_fraction") == val_fraction:
+            return PreparedData(out, meta, skipped=True, seconds=time.perf_counter() - t0)
+    created = not out.exists()
     try:
-        # fileio makes one file atomic; the three are swapped together here. Each is first written (and
-        # fsynced) into a staging folder inside ``out`` (same filesystem: the commit is renames only), so a crash
-        # before the commit leaves ``out`` exactly as it was.
-        out.mkdir(parents=True, exist_ok=True)
-        stage = temp_name(out / "prepare")
-        stage.mkdir()
-        try:
-            for split, array in splits.items():
-                atomic_write(stage / f"{split}.bin", array.tofile)  # (tokens,) raw little-endian
-            if isinstance(tok, CharTokenizer):
-                tok.save(stage / VOCAB_FILE)
-            atomic_write_json(stage / META_FILE, meta, sort_keys=True)
-            # Commit: drop the old meta first so a half-swapped folder never validates, meta.json last, and
-            # only once the renames of the files it describes are on disk.
-            (out / META_FILE).unlink(missing_ok=True)
-            if not isinstance(tok, CharTokenizer):
-                (out / VOCAB_FILE).unlink(missing_ok=True)
-            for name in sorted(os.listdir(stage)):
-                if name != META_FILE:
-                    os.replace(stage / name, out / name)
-            fsync_dir(out)
-            os.replace(stage / META_FILE, out / META_FILE)
-            fsync_dir(out)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+        with _folder_lock(out):
+            return _prepare_locked(
+                corpus, out, settings, val_fraction, force, num_threads, buffer_mb, progress, t0
+            )
+    except DataError:
+        if created:  # bad input found before anything was written: leave no empty folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     except OSError as e:
         raise DataError(
             f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
             "space or point paths.data_root (gptmini-prepare: --out) at a writable folder"
         ) from e
+
+
+def _prepare_locked(
+    corpus: Corpus,
+    out: Path,
+    settings: dict[str, Any],
+    val_fraction: float,
+    force: bool,
+    num_threads: int | None,
+    buffer_mb: int,
+    callback: Callable[[PrepareProgress], None] | None,
+    t0: float,
+) -> PreparedData:
+    if not force:
+        # Again, holding the lock: another process may have prepared it meanwhile.
+        meta, touched = _freshness(out, corpus, settings)
+        if meta is not None:
+            refreshed = dict(meta)
+            files = [dict(r) for r in meta["files"]]
+            for i in touched:  # same size, new time: the same data if the same bytes
+                if file_sha256(corpus.files[i].path) != files[i]["sha256"]:
+                    break
+                files[i]["mtime_ns"] = corpus.files[i].mtime_ns
+            else:
+                refreshed["files"] = files
+                if meta.get("val_fraction") != val_fraction:
+                    refreshed["val_fraction"] = val_fraction
+                    refreshed["splits"] = _splits(int(meta["tokens"]), val_fraction)
+                    log.info("%s: re-split with val_fraction=%g (no tokenizing needed)", out, val_fraction)
+                if refreshed != meta:
+                    atomic_write_json(out / META_FILE, refreshed, sort_keys=True)
+                same = refreshed["splits"] == meta["splits"]
+                return PreparedData(out, refreshed, skipped=same, seconds=time.perf_counter() - t0)
+
+    try:
+        live = load_meta(out).get("shard_dir")
+    except DataError:
+        live = None
+    name = SHARD_PREFIX + _inputs_digest(corpus, settings)
+    if name == live:  # --force over up-to-date data: build beside it, swap when done
+        name += "-2"
+    folder = out / name
+    for stale in out.glob(SHARD_PREFIX + "*"):  # earlier preparations, interrupted or replaced
+        if stale.name not in (live, name) and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    state = None if force else _resume_state(folder, name)
+    if state is not None:
+        _clear_unrecorded(folder, state)
+        log.info(
+            "%s: resuming after %d finished shard(s) (%s tokens)",
+            out,
+            len(state["shards"]),
+            f"{sum(s['tokens'] for s in state['shards']):,}",
+        )
+        scan = state["scan"]
+    else:
+        scan = _scan(corpus, settings["tokenizer"] == "char", callback)
+    if settings["tokenizer"] == "char" and not scan["chars"]:
+        raise DataError(
+            f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
+        )
+    tok: Tokenizer = (
+        CharTokenizer(scan["chars"])
+        if settings["tokenizer"] == "char"
+        else build_tokenizer(settings["tokenizer"])
+    )
+    dtype = token_dtype(tok.vocab_size)
+    if state is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        state = {"inputs": name, "dtype": dtype.name, "scan": scan, "shards": [], "resume": None}
+        atomic_write_json(folder / PROGRESS_FILE, state)
+
+    def on_shard(shards: list[dict[str, Any]], position: Any) -> None:
+        atomic_write_json(folder / PROGRESS_FILE, state | {"shards": shards, "resume": position})
+
+    writer = ShardWriter(folder, dtype, settings["shard_tokens"], state["shards"], on_shard)
+    threads = num_threads or default_threads()
+    try:
+        documents, chars = _tokenize(corpus, tok, writer, state["resume"], threads, buffer_mb, callback)
+        shards = writer.close()
+    finally:
+        writer.abort()
+    total = sum(int(s["tokens"]) for s in shards)
+    if total == 0:
+        raise DataError(
+            f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
+        )
+
+    files = [f.record() | {"sha256": sha} for f, sha in zip(corpus.files, scan["file_sha256"], strict=True)]
+    vocab_file = None
+    if isinstance(tok, CharTokenizer):
+        vocab_file = f"{name}/{VOCAB_FILE}"
+        tok.save(out / vocab_file)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "source": corpus.source,
+        "settings": settings,
+        "files": files,
+        "source_sha256": _source_sha256(corpus, scan, tok),
+        "source_chars": chars,
+        "documents": documents,
+        "tokenizer": settings["tokenizer"],
+        "tokenizer_spec": tok.to_dict(),
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        # the end-of-text id follows every document (corpora of one continuous text have none)
+        "end_of_text": not corpus.single_text and tok.eot_id is not None,
+        "dtype": dtype.name,
+        "val_fraction": val_fraction,
+        "shard_dir": name,
+        "shards": shards,
+        "tokens": total,
+        "splits": _splits(total, val_fraction),
+        "vocab_file": vocab_file,
+    }
+    # Commit: one atomic rename of meta.json makes the new shards the data; then the old ones go.
+    atomic_write_json(out / META_FILE, meta, sort_keys=True)
+    (folder / PROGRESS_FILE).unlink(missing_ok=True)
+    if live and live != name:
+        shutil.rmtree(out / live, ignore_errors=True)
+    for legacy in LEGACY_FILES:
+        (out / legacy).unlink(missing_ok=True)
+    fsync_dir(out)
     return PreparedData(out, meta, skipped=False, seconds=time.perf_counter() - t0)
+
+
+def _resume_state(folder: Path, name: str) -> dict[str, Any] | None:
+    """The progress of an interrupted preparation of these very inputs, if its finished shards are all there;
+    else None."""
+    try:
+        state = json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8"))
+        itemsize = DTYPES[state["dtype"]].itemsize
+        if state.get("inputs") != name:
+            return None
+        for s in state["shards"]:
+            if (folder / s["file"]).stat().st_size != int(s["tokens"]) * itemsize:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return state
+
+
+def _clear_unrecorded(folder: Path, state: Mapping[str, Any]) -> None:
+    """Shards a killed preparation wrote after its last progress record, and its temp files: written again,
+    identically."""
+    remove_stale_temp_files(folder)
+    known = {s["file"] for s in state["shards"]}
+    for extra in folder.glob("shard_*.bin"):
+        if extra.name not in known:
+            extra.unlink()
+
+
+def _scan(
+    corpus: Corpus, collect_chars: bool, callback: Callable[[PrepareProgress], None] | None
+) -> dict[str, Any]:
+    """Read every file once before tokenizing: bad input (a byte that is not UTF-8, a line that is not JSON, a
+    missing column) stops here, in seconds; the SHA-256 of each file's bytes, and the characters for ``char``."""
+    hashes: list[str] = []
+    chars: set[str] = set()
+    text_hash = hashlib.sha256() if corpus.source in EMBEDDED_SOURCES else None
+    report = _Reporter("checking", corpus.total_bytes, callback)
+    nonblank, documents, done = False, 0, 0
+    for frag in corpus.fragments(file_hashes=hashes, records=collect_chars):
+        if collect_chars:
+            chars.update(frag.text)
+        if text_hash is not None:
+            text_hash.update(frag.text.encode("utf-8", "surrogatepass"))
+        nonblank = nonblank or not frag.text.isspace()
+        documents += frag.end
+        done += frag.nbytes
+        report(documents, 0, done)
+    report(documents, 0, corpus.total_bytes, force=True)
+    # (the rows of Parquet and Arrow files are not read here: an empty one is found when nothing is tokenized)
+    if not nonblank and not any(f.kind in (PARQUET, ARROW) for f in corpus.files):
+        raise DataError(
+            f"corpus {corpus.source!r} is empty (no non-whitespace characters); point the source at real text"
+        )
+    return {
+        "file_sha256": hashes,
+        "text_sha256": text_hash.hexdigest() if text_hash is not None else None,
+        "chars": sorted(chars) if collect_chars else None,
+    }
+
+
+def _source_sha256(corpus: Corpus, scan: Mapping[str, Any], tok: Tokenizer) -> str:
+    """The corpus's content, for ``data_identity``: the text's SHA-256 for one continuous text (as before token
+    shards, so checkpoints trained on such data still match it), else one over every file's and the settings."""
+    if scan.get("text_sha256"):
+        return str(scan["text_sha256"])
+    if corpus.single_text:
+        return str(scan["file_sha256"][0])
+    payload = {
+        "files": [[f.kind, sha] for f, sha in zip(corpus.files, scan["file_sha256"], strict=True)],
+        "text_field": corpus.text_field,
+        "end_of_text": tok.eot_id,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _tokenize(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    writer: ShardWriter,
+    resume: Sequence[int] | None,
+    threads: int,
+    buffer_mb: int,
+    callback: Callable[[PrepareProgress], None] | None,
+) -> tuple[int, int]:
+    """Read, cut, encode (threads) and write the whole stream, from ``resume`` = (document, offset, ids to skip)
+    on: the text before it is read again, not encoded. Returns (documents, characters) of the whole corpus."""
+    eot = None if corpus.single_text else tokenizer.eot_id
+    r_doc, r_offset, r_skip = resume or (0, 0, 0)
+    in_flight = max(2, 2 * threads)
+    task_chars = max(CHUNK_CHARS, buffer_mb * (1 << 20) // (_BYTES_PER_CHAR * in_flight))
+    report = _Reporter("tokenizing", corpus.total_bytes, callback)
+    stats = [0, 0, 0]  # documents, characters, bytes read
+
+    def fragments() -> Iterator[Fragment]:
+        for frag in corpus.fragments():
+            stats[0] += frag.end
+            stats[1] += len(frag.text)
+            stats[2] += frag.nbytes
+            report(stats[0], writer.tokens, stats[2])
+            if frag.document >= r_doc:
+                yield frag
+
+    def pieces() -> Iterator[tuple[Piece, int]]:
+        found = resume is None
+        for piece in _pieces(fragments()):
+            key = (piece.document, piece.offset)
+            if key < (r_doc, r_offset):
+                continue
+            if not found:
+                if key != (r_doc, r_offset):
+                    raise DataError(
+                        f"cannot resume the preparation of {corpus.source!r}: its text no longer divides as it did; "
+                        "prepare again with --force"
+                    )
+                found = True
+                yield piece, r_skip
+                continue
+            yield piece, 0
+
+    def write(task: list[tuple[Piece, int]], result: Future) -> None:
+        tokens, starts = result.result()
+
+        def position_at(i: int) -> list[int]:
+            j = int(np.searchsorted(starts, i, side="right")) - 1
+            piece, skip = task[j]
+            return [piece.document, piece.offset, int(i - starts[j]) + skip]
+
+        writer.write(tokens, position_at)
+        report(stats[0], writer.tokens, stats[2])
+
+    pending: collections.deque[tuple[list[tuple[Piece, int]], Future]] = collections.deque()
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="gptmini-tokenize")
+    try:
+        task: list[tuple[Piece, int]] = []
+        size = 0
+        for item in pieces():
+            task.append(item)
+            size += len(item[0].text)
+            if size >= task_chars:
+                pending.append((task, pool.submit(_encode_task, tokenizer, task, eot, writer.dtype)))
+                task, size = [], 0
+                while len(pending) >= in_flight:
+                    write(*pending.popleft())
+        if task:
+            pending.append((task, pool.submit(_encode_task, tokenizer, task, eot, writer.dtype)))
+        while pending:
+            write(*pending.popleft())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    report(stats[0], writer.tokens, corpus.total_bytes, force=True)
+    return stats[0], stats[1]
 
 
 def load_meta(data_dir: str | Path) -> dict[str, Any]:
@@ -220,45 +670,68 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         version = meta.get("format_version") if isinstance(meta, dict) else None
         raise DataError(
-            f"{path} has format_version {version!r}, expected {FORMAT_VERSION}; re-run prepare with --force"
+            f"{path} has format_version {version!r}, expected {FORMAT_VERSION}; re-run prepare (training does it "
+            "by itself) or prepare with --force"
         )
     if meta.get("dtype") not in DTYPES:
         raise DataError(
             f"{path} names dtype {meta.get('dtype')!r}; expected one of {sorted(DTYPES)}: re-run prepare --force"
         )
-    if not isinstance(meta.get("splits"), dict) or not isinstance(meta.get("vocab_size"), int):
-        raise DataError(f"{path} lacks 'splits' or 'vocab_size'; re-run prepare with --force")
+    if (
+        not isinstance(meta.get("splits"), dict)
+        or not isinstance(meta.get("vocab_size"), int)
+        or not isinstance(meta.get("shards"), list)
+        or not isinstance(meta.get("shard_dir"), str)
+    ):
+        raise DataError(
+            f"{path} lacks 'splits', 'shards', 'shard_dir' or 'vocab_size'; re-run prepare with --force"
+        )
     return meta
 
 
-def _checked_split_path(data_dir: Path, meta: Mapping[str, Any], split: str) -> tuple[Path, int]:
+def _checked_shards(data_dir: Path, meta: Mapping[str, Any]) -> list[tuple[Path, int]]:
+    """Every shard's path and token count, each file's size checked against meta.json (a ``stat`` each)."""
+    itemsize = DTYPES[meta["dtype"]].itemsize
+    shards = []
+    for info in meta["shards"]:
+        path = data_dir / meta["shard_dir"] / info["file"]
+        try:
+            actual = path.stat().st_size
+        except OSError as e:
+            raise DataError(f"{path} is missing ({e.strerror or e}); re-run prepare with --force") from e
+        expected = int(info["tokens"]) * itemsize
+        if actual != expected:
+            raise DataError(
+                f"{path} has {actual} bytes but meta.json says {info['tokens']} {meta['dtype']} tokens "
+                f"({expected} bytes): the file is truncated or stale; re-run prepare with --force"
+            )
+        shards.append((path, int(info["tokens"])))
+    return shards
+
+
+def load_split(
+    data_dir: str | Path, split: str, meta: Mapping[str, Any] | None = None
+) -> np.ndarray | TokenStream:
+    """A split's tokens, validated against meta.json: a read-only ``np.memmap`` when they lie in one shard (every
+    corpus under ``shard_tokens``), else a ``TokenStream`` over the shards (same indexing and slicing)."""
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir) if meta is None else meta
     info = meta["splits"].get(split)
     if not isinstance(info, dict) or not isinstance(info.get("tokens"), int):
         raise DataError(
             f"{data_dir / META_FILE} has no split {split!r}; valid splits: {sorted(meta['splits'])}"
         )
-    path = data_dir / info.get("file", f"{split}.bin")
-    if not path.is_file():
-        raise DataError(f"{path} is missing; re-run prepare with --force")
-    expected = info["tokens"] * DTYPES[meta["dtype"]].itemsize
-    actual = path.stat().st_size
-    if actual != expected:
-        raise DataError(
-            f"{path} has {actual} bytes but meta.json says {info['tokens']} {meta['dtype']} tokens "
-            f"({expected} bytes): the file is truncated or stale; re-run prepare with --force"
-        )
-    return path, info["tokens"]
-
-
-def load_split(data_dir: str | Path, split: str, meta: Mapping[str, Any] | None = None) -> np.ndarray:
-    """Read-only ``np.memmap`` of a split's tokens, validated against meta.json."""
-    data_dir = Path(data_dir)
-    meta = load_meta(data_dir) if meta is None else meta
-    path, n = _checked_split_path(data_dir, meta, split)
+    shards = _checked_shards(data_dir, meta)
     dtype = DTYPES[meta["dtype"]]
-    if n == 0:  # mmap cannot map an empty file
+    start, n = int(info["start"]), int(info["tokens"])
+    if n == 0:  # mmap cannot map an empty range
         return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+    bounds = np.concatenate([[0], np.cumsum([t for _, t in shards])])
+    first = int(np.searchsorted(bounds, start, side="right")) - 1
+    if start + n <= bounds[first + 1]:
+        offset = (start - int(bounds[first])) * dtype.itemsize
+        return np.memmap(shards[first][0], dtype=dtype, mode="r", offset=offset, shape=(n,))
+    return TokenStream([p for p, _ in shards], [t for _, t in shards], dtype, start, n)
 
 
 def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Tokenizer:
@@ -327,14 +800,74 @@ def check_vocab(model_vocab_size: int, meta: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ CLI
 
 
+def progress_bar() -> tuple[Callable[[PrepareProgress], None], Any]:
+    """A rich progress bar per phase on stderr (MB read, MB/s, ETA, documents, tokens): the ``prepare`` callback,
+    and the ``rich.progress.Progress`` to show it with (a context manager; log through its ``console``)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    bar = Progress(
+        TextColumn("{task.description:<10}"),
+        BarColumn(bar_width=20),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[documents]:,} docs {task.fields[tokens]:,} tokens"),
+        console=Console(stderr=True),
+    )
+    tasks: dict[str, Any] = {}
+
+    def update(p: PrepareProgress) -> None:
+        if p.phase not in tasks:
+            tasks[p.phase] = bar.add_task(p.phase, total=p.bytes_total, documents=0, tokens=0)
+        bar.update(tasks[p.phase], completed=p.bytes_done, documents=p.documents, tokens=p.tokens)
+
+    return update, bar
+
+
+def cli_logging(verbose: bool = False) -> tuple[Callable[[PrepareProgress], None] | None, Any]:
+    """Logging for a command that prepares data: on a terminal, a progress bar with the log lines above it;
+    else plain log lines (one every 30 s while preparing). Returns the ``prepare`` callback and the context
+    that shows the bar."""
+    if not sys.stderr.isatty():
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
+        return None, contextlib.nullcontext()
+    from rich.highlighter import NullHighlighter
+    from rich.logging import RichHandler
+
+    callback, bar = progress_bar()
+    handler = RichHandler(
+        console=bar.console,
+        show_time=False,
+        show_level=False,
+        show_path=False,
+        markup=False,
+        highlighter=NullHighlighter(),
+    )
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler]
+    )
+    return callback, bar
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="gptmini-prepare", description="Tokenize a corpus into train.bin / val.bin / meta.json."
+        prog="gptmini-prepare",
+        description="Tokenize a corpus into token shards + meta.json (streamed, resumable).",
     )
     parser.add_argument(
         "--source",
         default="shakespeare",
-        help="'shakespeare' (embedded), a file, a dir of *.txt, a glob, or a URL",
+        help="'shakespeare' (embedded), a text/.jsonl/.jsonl.gz/.parquet/.arrow file, a folder or glob of them, "
+        "a Hugging Face datasets folder, or a URL",
     )
     parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(available_tokenizers())}")
     parser.add_argument(
@@ -347,24 +880,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--num-threads", type=int, default=None, help="tokenizer threads (default: cores, max 8)"
     )
+    parser.add_argument(
+        "--text-field", default="text", help="JSONL field / Parquet or Arrow column holding the text"
+    )
+    parser.add_argument(
+        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file"
+    )
+    parser.add_argument(
+        "--buffer-mb",
+        type=int,
+        default=DEFAULT_BUFFER_MB,
+        help="text in flight to the tokenizer threads, MB (bounds memory)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    callback, shown = cli_logging(args.verbose)
     try:
-        result = prepare(
-            args.source, args.tokenizer, args.out, args.val_fraction, args.force, args.num_threads
-        )
+        with shown:
+            result = prepare(
+                args.source,
+                args.tokenizer,
+                args.out,
+                args.val_fraction,
+                args.force,
+                args.num_threads,
+                text_field=args.text_field,
+                shard_tokens=args.shard_tokens,
+                buffer_mb=args.buffer_mb,
+                progress=callback,
+            )
     except (DataError, TokenizerError) as e:
         log.error("error: %s", e)
         return 2
     log.info(
-        "%s %s: train %d tokens, val %d tokens (%s, vocab %d) in %.2fs -> %s",
+        "%s %s: train %d tokens, val %d tokens (%s, vocab %d, %d shard(s)) in %.2fs -> %s",
         "skipped (up to date)" if result.skipped else "prepared",
         args.source,
         result.train_tokens,
         result.val_tokens,
         result.meta["dtype"],
         result.meta["vocab_size"],
+        len(result.meta["shards"]),
         result.seconds,
         result.out_dir,
     )

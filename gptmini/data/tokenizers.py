@@ -44,12 +44,15 @@ class Tokenizer(Protocol):
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]: ...
 
+    def encode_array(self, text: str) -> np.ndarray: ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
+    """Encoding threads: one per core, at most 8."""
     return max(1, min(8, os.cpu_count() or 1))
 
 
@@ -166,7 +169,13 @@ class TiktokenTokenizer:
         return self._enc.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or _default_threads())
+        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or default_threads())
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids of ``encode`` as a uint32 array, without a Python int per token; tiktoken releases the GIL
+        while it encodes, so threads calling this run in parallel."""
+        # No special token allowed and none refused: a literal "<|endoftext|>" is ordinary text, as in encode.
+        return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode(list(ids))

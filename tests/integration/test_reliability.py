@@ -79,7 +79,7 @@ class FaultInjector(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM if self.action == "sigterm" else signal.SIGINT)
             self.step = -1  # once
         elif self.action == "kill_mid_write":
-            ckpt_io = trainer.strategy.checkpoint_io
+            ckpt_io = _atomic_checkpoint_io(trainer)
             assert type(ckpt_io).__name__ == "AtomicCheckpointIO", (
                 f"checkpoints not saved atomically: {ckpt_io}"
             )
@@ -99,7 +99,7 @@ class FaultInjector(L.Callback):
             def write_until_full(checkpoint: dict[str, Any], f: Any) -> None:
                 torch.save(checkpoint, FullDisk(f, room=4096))
 
-            trainer.strategy.checkpoint_io.write = write_until_full
+            _atomic_checkpoint_io(trainer).write = write_until_full
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
         self._fire(trainer, "batch_start")
@@ -112,6 +112,12 @@ class FaultInjector(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # noqa: ANN001
         self._fire(trainer, "save")
+
+
+def _atomic_checkpoint_io(trainer: L.Trainer) -> Any:
+    """The plugin that writes the files: the trainer's, or the one its AsyncCheckpointIO runs on a thread."""
+    ckpt_io = trainer.strategy.checkpoint_io
+    return getattr(ckpt_io, "checkpoint_io", None) or ckpt_io
 
 
 class FullDisk:
@@ -792,9 +798,11 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
     good = ws.data_root / "shakespeare_char"
     truncated = tmp_path / "truncated"
     shutil.copytree(good, truncated)
-    with open(truncated / "train.bin", "r+b") as f:
-        f.truncate((truncated / "train.bin").stat().st_size - 3)
-    with pytest.raises(DataError, match=r"train\.bin has \d+ bytes but meta\.json says \d+ uint16 tokens"):
+    meta = load_meta(truncated)
+    shard = truncated / meta["shard_dir"] / meta["shards"][0]["file"]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 3)
+    with pytest.raises(DataError, match=rf"{shard.name} has \d+ bytes but meta\.json says \d+ uint16 tokens"):
         load_split(truncated, "train")
 
     wrong_dtype = tmp_path / "wrong_dtype"
@@ -823,11 +831,14 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
 
 @pytest.mark.slow
 def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
-    """The training command re-tokenizes a prepared folder whose .bin disagrees with meta.json instead of
+    """The training command re-tokenizes a prepared folder whose shard disagrees with meta.json instead of
     reading it (prepared data is a cache of the corpus)."""
+    from gptmini.data.prepare import load_meta
+
     data_root = tmp_path / "data"
     shutil.copytree(ws.data_root / "shakespeare_char", data_root / "shakespeare_char")
-    bin_file = data_root / "shakespeare_char" / "train.bin"
+    meta = load_meta(data_root / "shakespeare_char")
+    bin_file = data_root / "shakespeare_char" / meta["shard_dir"] / meta["shards"][0]["file"]
     good_size = bin_file.stat().st_size
     with open(bin_file, "r+b") as f:
         f.truncate(good_size // 2)

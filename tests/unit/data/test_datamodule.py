@@ -48,6 +48,28 @@ def test_datamodule_batches_and_resume_position(corpus, tmp_path):
     assert len(resumed.train_dataloader()) == len(dm.train_dataloader())
 
 
+def test_windows_run_across_shard_boundaries(corpus, tmp_path):
+    """Sharded data serves exactly the batches of the same data in one shard: one stream, windows crossing the
+    shard boundaries, the same validation windows; DataLoader workers re-open the shards by path."""
+    kwargs = dict(block_size=32, batch_size=4, seed=5, train_samples=40)
+    one = TokenDataModule(str(corpus), "gpt2", tmp_path / "one", **kwargs)
+    many = TokenDataModule(str(corpus), "gpt2", tmp_path / "many", shard_tokens=300, num_workers=2, **kwargs)
+    for dm in (one, many):
+        dm.prepare_data()
+        dm.setup("fit")
+    assert len(many.meta["shards"]) > 10 and len(one.meta["shards"]) == 1
+    loader = many.train_dataloader()
+    got, want = list(loader), list(one.train_dataloader())
+    loader._iterator._shutdown_workers()
+    assert len(got) == len(want) == 10
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want, strict=True))
+    starts = [many.train_dataset.start(i) for i in range(40)]
+    assert any(s // 300 != (s + 32) // 300 for s in starts)  # some windows do cross a boundary
+    val_one = [torch.cat(b) for b in one.val_dataloader()]
+    val_many = [torch.cat(b) for b in many.val_dataloader()]
+    assert len(val_one) > 0 and all(torch.equal(a, b) for a, b in zip(val_one, val_many, strict=True))
+
+
 def test_datamodule_with_workers(corpus, tmp_path):
     kwargs = dict(block_size=8, batch_size=2, train_samples=12)
     dm = TokenDataModule(str(corpus), "char", tmp_path / "dm", num_workers=2, **kwargs)
