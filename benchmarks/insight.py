@@ -1,0 +1,147 @@
+"""What the head insight costs: one insight pass (scores on the probes, the loss by position, every image and
+scalar written to TensorBoard) against the training time between two validations, at each run's default
+validation cadence. The goal: at most 5% of training time."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import BenchOptions, log, sync
+from benchmarks.training import TrainSetup, _batches, run_bare_loop
+from gptmini.insight import head_scores, loss_by_position, make_probes
+from gptmini.model import GPT, GPTConfig
+
+INSIGHT_COLUMNS = [
+    "run",
+    "val_every",
+    "step_ms",
+    "pass_ms",
+    "scores_ms",
+    "loss_ms",
+    "first_pass_ms",
+    "share_pct",
+    "target_pct",
+    "met",
+]
+TARGET_SHARE = 0.05
+
+
+@dataclass
+class InsightSetup:
+    name: str
+    train: TrainSetup
+    val_every: int  # the run's trainer.val_check_interval
+    steps_per_round: int
+
+
+def insight_setups(opts: BenchOptions) -> list[InsightSetup]:
+    if opts.quick:
+        cfg = GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)
+        return [InsightSetup("quick", TrainSetup(model=cfg, batch=2), val_every=100, steps_per_round=3)]
+    setups = [
+        # the default run (conf/model/small.yaml, GPT-2 BPE, batch 8, validation every 100 steps)
+        InsightSetup(
+            "default (small, BPE, T=128, batch 8)",
+            TrainSetup(model=GPTConfig.from_preset("small", vocab_size=50257), batch=8),
+            val_every=100,
+            steps_per_round=6,
+        ),
+        # experiment=shakespeare_char_cpu (validation every 250 steps)
+        InsightSetup(
+            "shakespeare_char_cpu (T=64, batch 12)",
+            TrainSetup(model=GPTConfig.from_preset("cpu", vocab_size=65), batch=12),
+            val_every=250,
+            steps_per_round=25,
+        ),
+    ]
+    if opts.on_gpu:  # the GPU default (conf/hardware/gpu.yaml: baby GPT, chars, batch 128, every 500 steps)
+        setups.append(
+            InsightSetup(
+                "GPU default (baby, T=256, batch 128)",
+                TrainSetup(model=GPTConfig.from_preset("baby", vocab_size=65), batch=128),
+                val_every=500,
+                steps_per_round=20,
+            )
+        )
+    return setups
+
+
+def _timed(device: str, fn: Any, *args: Any) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn(*args)
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str, Any]:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gptmini.training.insight import HeadInsightLogger
+
+    dev, s, c = opts.device, setup.train, setup.train.model
+    torch.manual_seed(opts.seed)
+    model = GPT(c).to(dev)
+    # random ids stand in for validation text: the pass costs the same whatever the tokens
+    tokens = np.random.default_rng(opts.seed).integers(0, c.vocab_size, size=200_000)
+    probes = make_probes(tokens, c.vocab_size, c.block_size).to(dev)
+    logger = HeadInsightLogger()
+    step_times, pass_times, score_times, loss_times = [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="gptmini-bench-insight-") as tmp:
+        writer = SummaryWriter(tmp)
+        first = _timed(dev, logger.insight_pass, model, probes, writer, 0)  # also pays imports, fonts
+        run_bare_loop(model, _batches(s, 2, dev, opts.seed), s, dev)  # warm-up
+        for r in range(rounds):
+            ends = run_bare_loop(model, _batches(s, setup.steps_per_round + 1, dev, opts.seed + r), s, dev)
+            step_times += [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+            pass_times.append(_timed(dev, logger.insight_pass, model, probes, writer, r + 1))
+            model.eval()
+            score_times.append(_timed(dev, head_scores, model, probes))
+            loss_times.append(_timed(dev, loss_by_position, model, probes.windows))
+        writer.close()
+    step = statistics.median(step_times)
+    pass_s = statistics.median(pass_times)
+    share = pass_s / (setup.val_every * step)
+    log.info(
+        "insight %s: pass %.0f ms vs %d steps of %.1f ms: %.2f%%",
+        setup.name,
+        pass_s * 1e3,
+        setup.val_every,
+        step * 1e3,
+        100 * share,
+    )
+    return {
+        "run": setup.name,
+        "val_every": setup.val_every,
+        "step_ms": step * 1e3,
+        "pass_ms": pass_s * 1e3,
+        "scores_ms": statistics.median(score_times) * 1e3,
+        "loss_ms": statistics.median(loss_times) * 1e3,
+        "first_pass_ms": first * 1e3,
+        "share_pct": 100 * share,
+        "target_pct": 100 * TARGET_SHARE,
+        "met": share <= TARGET_SHARE,
+    }
+
+
+def bench_insight(opts: BenchOptions, rounds: int = 3) -> tuple[list[dict[str, Any]], list[str]]:
+    """Training steps and insight passes interleaved in ``rounds`` (a busy neighbour slows both alike)."""
+    rows = [_bench_one(setup, opts, rounds) for setup in insight_setups(opts)]
+    notes = [
+        "pass_ms: one whole insight pass as a validation runs it (probes through the explicit attention path, "
+        "loss by position over 32 windows, 6 score grids, the loss curve, every per-head scalar written to "
+        "TensorBoard); median of the passes interleaved with the training steps. scores_ms and loss_ms are its two "
+        "model passes alone; the rest is drawing and writing",
+        "share_pct: pass_ms / (val_every x step_ms), the cost relative to the training between two validations, "
+        "at each run's default validation cadence; step_ms: bare training step (forward, backward, clip, AdamW)",
+        "first_pass_ms: the run's first pass (before step 0), which also pays one-off imports (matplotlib) and "
+        "font loading",
+    ]
+    return rows, notes

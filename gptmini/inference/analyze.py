@@ -1,0 +1,140 @@
+"""The head report of a checkpoint: which heads look at the previous token, copy, do induction, park on the first
+token, which matter (mean ablation), and the loss by position in the context.
+
+``python -m gptmini.analyze --ckpt last --out head_report/`` writes ``report.html`` (self-contained: images
+inline, opens in any browser without a server) and ``report.json`` (one record per head: ``layer``, ``head`` and
+every score by name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint
+from gptmini.data.errors import DataError
+from gptmini.data.prepare import check_vocab, load_meta, load_split
+from gptmini.fileio import unwritable_reason
+from gptmini.inference.export_attention import resolve_device
+from gptmini.inference.sample import find_checkpoint, tokenizer_for_run
+from gptmini.insight import SCORES
+from gptmini.insight.probes import check_probe_settings, make_probes
+from gptmini.insight.report import ABLATION, analyze, write_report
+from gptmini.viz import token_labels
+
+log = logging.getLogger("gptmini.inference.analyze")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gptmini-analyze", description=__doc__)
+    p.add_argument("--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/")
+    p.add_argument("--out", default="head_report", help="folder for report.html and report.json")
+    p.add_argument("--data-dir", default=None, help="prepared data folder (default: the one it trained on)")
+    p.add_argument("--split", default="val", choices=["train", "val"])
+    p.add_argument("--probe-tokens", type=_positive, default=128, help="length of each probe sequence")
+    p.add_argument("--probe-batch", type=_positive, default=4, help="sequences per probe")
+    p.add_argument(
+        "--windows",
+        type=_positive,
+        default=32,
+        help="validation windows for the loss by position and ablation",
+    )
+    p.add_argument("--seed", type=int, default=1234, help="seed of the random-token probe")
+    p.add_argument("--no-ablation", action="store_true", help="skip mean ablation (n_layer * n_head passes)")
+    p.add_argument("--batch-size", type=_positive, default=8)
+    p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, ...")
+    return p.parse_args(argv)
+
+
+def _load(path: Path, data_dir: str | None, device: str) -> tuple[Any, dict[str, Any], str]:
+    model, checkpoint = model_and_checkpoint(path, map_location=device)
+    run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
+    folder = data_dir or run_config.get("data", {}).get("data_dir")
+    if not folder:
+        raise DataError(f"checkpoint {path} does not name its data folder: pass --data-dir")
+    meta = load_meta(folder)
+    check_vocab(model.config.vocab_size, meta)
+    note = check_trained_data(
+        path,
+        checkpoint,
+        folder,
+        meta,
+        other_data="warn" if data_dir else "refuse",
+        fix="it was re-prepared since; prepare the original corpus again, or pass --data-dir to analyze on this "
+        "data on purpose",
+    )
+    if note:
+        log.info("note: %s", note)
+    return model.to(device), checkpoint, folder
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        check_probe_settings(args.probe_tokens, args.probe_batch, args.windows, where="--")
+        # before any work: a report that cannot be written is known now, and nothing in --out is touched
+        if (reason := unwritable_reason(Path(args.out).absolute())) is not None:
+            raise DataError(f"--out {args.out} cannot be written: {reason}")
+        path = find_checkpoint(args.ckpt)
+        model, checkpoint, data_dir = _load(path, args.data_dir, resolve_device(args.device))
+        c = model.config
+        tokens = load_split(data_dir, args.split, load_meta(data_dir))
+        probes = make_probes(
+            tokens, c.vocab_size, c.block_size, args.probe_tokens, args.probe_batch, args.windows, args.seed
+        )
+        run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
+        tokenizer = tokenizer_for_run(run_config, data_dir, (path, checkpoint))
+    except (CheckpointError, DataError, ValueError) as err:
+        log.error("error: %s", err)
+        return 2
+    log.info(
+        "analyzing %s: %d layers x %d heads on %d probe tokens, %d windows of %d tokens%s",
+        path,
+        c.n_layer,
+        c.n_head,
+        probes.text.size(1),
+        probes.windows.size(0),
+        c.block_size,
+        "" if args.no_ablation else f", ablating each of the {c.n_layer * c.n_head} heads",
+    )
+    analysis = analyze(model, probes, ablate=not args.no_ablation, batch_size=args.batch_size)
+    analysis.summary["about"] = {
+        "checkpoint": str(path),
+        "step": checkpoint.get("global_step"),
+        "data": f"{data_dir} ({args.split} split)",
+        "attention": c.attention,
+    }
+    labels = token_labels(tokenizer, analysis.text_ids)
+    try:
+        json_path, html_path = write_report(analysis, args.out, labels, title=f"Head report: {path}")
+    except OSError as err:
+        log.error("error: cannot write the report to %s: %s", args.out, err.strerror or err)
+        return 2
+    s = analysis.summary
+    log.info("val loss %.4f, ICL score %+.4f nats", s["val_loss"], s["icl_score"])
+    for name in [sc.name for sc in SCORES if sc.head_type] + (
+        [ABLATION] if ABLATION in s["top_heads"] else []
+    ):
+        top = ", ".join(f"L{h['layer']}H{h['head']} {h['value']:.3f}" for h in s["top_heads"][name])
+        log.info("top %s: %s", name, top)
+    log.info("wrote %s and %s", html_path, json_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

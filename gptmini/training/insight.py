@@ -1,0 +1,277 @@
+"""What the heads learn, live: head-type scores, the loss by position and the ICL score at every validation, the
+induction phase change, and the run's hyperparameters for TensorBoard's HPARAMS tab.
+
+All of it runs at validation (and once before the first step, as the baseline), never in a training step: one
+batched pass of the fixed probes through the model's explicit attention path, one forward over fixed validation
+windows, and images drawn with Pillow. The computations and the drawing live in ``gptmini.insight``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from gptmini.insight import (
+    SCORES,
+    PhaseChangeDetector,
+    Probes,
+    head_scores,
+    icl_bands,
+    icl_score,
+    loss_by_position,
+)
+from gptmini.insight.probes import check_probe_settings, make_probes
+from gptmini.insight.render import loss_curve, score_grid
+from gptmini.training.callbacks import LoggingCallback
+
+log = logging.getLogger(__name__)
+
+# the hparams metrics: TensorBoard shows each one's latest value per run (final val/loss, the best, ...)
+HPARAM_METRICS = (
+    "val/loss",
+    "val/best_loss",
+    "perf/tokens_per_sec",
+    "insight/icl_score",
+    "insight/induction_max",
+)
+# run-config groups that are not hyperparameters (folders, logging)
+_NOT_HPARAMS = ("paths", "callbacks", "logger", "hydra")
+_NOT_HPARAM_KEYS = ("_target_", "_partial_", "_convert_", "default_root_dir", "data_dir")
+
+
+def flat_hparams(run_config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """The run's resolved config as TensorBoard hyperparameters: dotted keys, scalar values (None as "null",
+    lists as text), without folders and logging settings."""
+    out: dict[str, bool | int | float | str] = {}
+    for key, value in run_config.items():
+        name = f"{prefix}{key}"
+        if (not prefix and key in _NOT_HPARAMS) or key in _NOT_HPARAM_KEYS:
+            continue
+        if isinstance(value, Mapping):
+            out |= flat_hparams(value, name + ".")
+        elif value is None:
+            out[name] = "null"
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = str(value)
+    return out
+
+
+def _tensorboard(trainer: L.Trainer) -> Any | None:
+    """The SummaryWriter of the trainer's TensorBoard logger, if it has one."""
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
+    """TensorBoard's CUSTOM SCALARS layout: per score, one multi-line chart per layer holding all its heads; and
+    the ICL score with the strongest induction head."""
+    layout: dict[str, dict[str, list]] = {
+        "insight: in-context learning": {
+            "ICL score (nats; negative: later tokens predicted better)": ["Multiline", ["insight/icl_score"]],
+            "strongest induction head": ["Multiline", ["insight/induction_max"]],
+        }
+    }
+    for score in SCORES:
+        layout[f"insight: {score.title}"] = {
+            f"layer {layer}": ["Multiline", [rf"insight/{score.name}/layer{layer}_head\d+"]]
+            for layer in range(n_layer)
+        }
+    return layout
+
+
+class HeadInsightLogger(LoggingCallback):
+    """At each validation (and before the first step): every head's scores as one grid image per score
+    (``insight/grid/<score>``, layers x heads, fixed colour scale) and as per-head scalars
+    (``insight/<score>/layerL_headH``, charted per layer in CUSTOM SCALARS), the loss by position
+    (``insight/loss_by_position``) and ``insight/icl_score``; the induction phase change, once, in the log and as
+    ``insight/phase_change`` text. Also ``val/best_loss``, and at the start the run's hyperparameters with the
+    ``HPARAM_METRICS`` for the HPARAMS tab (``log_hparams``).
+
+    ``probe_tokens``/``probe_batch``: length and number of the text and repeated-random-token probes;
+    ``loss_windows``: validation windows of the full context for the loss by position; ``seed``: the random
+    probe's. The phase change: see ``gptmini.insight.PhaseChangeDetector``."""
+
+    def __init__(
+        self,
+        probe_tokens: int = 128,
+        probe_batch: int = 4,
+        loss_windows: int = 32,
+        seed: int = 1234,
+        induction_threshold: float = 0.4,
+        min_rise: float = 0.2,
+        icl_drop: float = 0.05,
+        log_hparams: bool = True,
+    ) -> None:
+        check_probe_settings(probe_tokens, probe_batch, loss_windows, where="callbacks.head_insight.")
+        self.probe_tokens = probe_tokens
+        self.probe_batch = probe_batch
+        self.loss_windows = loss_windows
+        self.seed = seed
+        self.log_hparams = log_hparams
+        self.detector = PhaseChangeDetector(induction_threshold, min_rise, icl_drop)
+        self.best_val_loss: float | None = None
+        self.last_seconds: float | None = None  # how long the last insight pass took
+        self._probes: Probes | None = None
+        self._curves: list[tuple[str, torch.Tensor]] = []
+        self._session_end: Any = None
+
+    # --- hooks ---
+
+    @rank_zero_only
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = _tensorboard(trainer)
+        if writer is None:
+            return
+        writer.add_custom_scalars(custom_scalars_layout(pl_module.model.config.n_layer))
+        if self.log_hparams:
+            self._write_hparams(writer, pl_module)
+        if trainer.global_step == 0:  # the untrained model: the baseline the phase change is measured from
+            self._insight(trainer, pl_module, writer)
+
+    @rank_zero_only
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = _tensorboard(trainer)
+        if writer is not None and self._session_end is not None:
+            writer.file_writer.add_summary(self._session_end)
+            writer.flush()
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        writer = _tensorboard(trainer)
+        if writer is None:
+            return
+        val = trainer.callback_metrics.get("val/loss")
+        if val is not None and math.isfinite(float(val)):
+            self.best_val_loss = min(float(val), self.best_val_loss or math.inf)
+            writer.add_scalar("val/best_loss", self.best_val_loss, trainer.global_step)
+        self._insight(trainer, pl_module, writer)
+
+    # --- state: a resumed run keeps its best loss and does not report the phase change twice ---
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_val_loss": self.best_val_loss, "detector": self.detector.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_val_loss = state_dict.get("best_val_loss")
+        self.detector.load_state_dict(state_dict.get("detector") or {})
+
+    # --- the pass ---
+
+    def _probe_data(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Probes | None:
+        if self._probes is None:
+            datamodule = getattr(trainer, "datamodule", None)
+            dataset = getattr(datamodule, "val_dataset", None)
+            if dataset is None:  # no validation split: the training data stands in
+                dataset = getattr(datamodule, "train_dataset", None)
+            if dataset is None:
+                return None
+            c = pl_module.model.config
+            probes = make_probes(
+                dataset.tokens,
+                c.vocab_size,
+                c.block_size,
+                self.probe_tokens,
+                self.probe_batch,
+                self.loss_windows,
+                self.seed,
+            )
+            self._probes = probes.to(pl_module.device)
+        return self._probes
+
+    def _insight(self, trainer: L.Trainer, pl_module: L.LightningModule, writer: Any) -> None:
+        probes = self._probe_data(trainer, pl_module)
+        if probes is not None:
+            # the run's precision (bf16 autocast on GPUs), as in the validation steps
+            self.insight_pass(
+                pl_module.model,
+                probes,
+                writer,
+                trainer.global_step,
+                trainer.precision_plugin.forward_context(),
+            )
+
+    def insight_pass(
+        self,
+        model: torch.nn.Module,
+        probes: Probes,
+        writer: Any,
+        step: int,
+        precision: contextlib.AbstractContextManager | None = None,
+    ) -> None:
+        """Score every head of ``model`` on ``probes`` and log it all to ``writer`` (a SummaryWriter) at ``step``:
+        the whole of what a validation adds (``make bench`` times it)."""
+        t0 = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        try:
+            with precision or contextlib.nullcontext():
+                scores = head_scores(model, probes)  # name -> (n_layer, n_head)
+                losses = loss_by_position(model, probes.windows)  # (T,)
+        finally:
+            model.train(was_training)
+        icl = icl_score(losses)
+        self._write(writer, step, scores, losses, icl, probes.text.size(1))
+        change = self.detector.update(step, scores["induction"], icl)
+        if change is not None:
+            text = change.describe()
+            log.info(text)
+            writer.add_text("insight/phase_change", text, step)
+        self.last_seconds = time.perf_counter() - t0
+        writer.add_scalar("perf/insight_seconds", self.last_seconds, step)
+
+    def _write(
+        self,
+        writer: Any,
+        step: int,
+        scores: Mapping[str, torch.Tensor],
+        losses: torch.Tensor,
+        icl: float,
+        probe_length: int,
+    ) -> None:
+        for score in SCORES:
+            values = scores[score.name]
+            vmin, vmax = score.scale(probe_length)
+            image = score_grid(values, score.title, vmin, vmax, score.fmt, subtitle=f"step {step}")
+            writer.add_image(f"insight/grid/{score.name}", image, step, dataformats="HWC")
+            for layer in range(values.size(0)):
+                for head in range(values.size(1)):
+                    writer.add_scalar(
+                        f"insight/{score.name}/layer{layer}_head{head}", values[layer, head].item(), step
+                    )
+        writer.add_scalar("insight/icl_score", icl, step)
+        writer.add_scalar("insight/induction_max", scores["induction"].max().item(), step)
+        self._curves = [*self._curves[-6:], (f"step {step}", losses)]
+        writer.add_image(
+            "insight/loss_by_position",
+            loss_curve(self._curves, icl_bands(losses.numel()), icl),
+            step,
+            dataformats="HWC",
+        )
+
+    def _write_hparams(self, writer: Any, pl_module: L.LightningModule) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        hp = getattr(pl_module, "hparams", {}) or {}
+        run_config = hp.get("run_config") or {"model": hp.get("model_config") or {}}
+        experiment, session_start, self._session_end = hparams(
+            flat_hparams(run_config), dict.fromkeys(HPARAM_METRICS, 0.0)
+        )
+        # the metrics' values are read by TensorBoard from these tags' scalars as the run logs them; the session's
+        # end (its status: success) is written when training finishes
+        writer.file_writer.add_summary(experiment)
+        writer.file_writer.add_summary(session_start)

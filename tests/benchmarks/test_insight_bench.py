@@ -1,0 +1,21 @@
+"""The head-insight cost benchmark (``benchmarks/insight.py``, part of ``make bench``'s train section)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.common import BenchOptions
+from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
+
+
+@pytest.mark.slow  # the fast suite runs this section through tests/benchmarks/test_bench.py's quick run
+def test_the_quick_insight_benchmark_reports_the_share_of_training_time():
+    rows, notes = bench_insight(BenchOptions(device="cpu", quick=True, compile=False), rounds=1)
+    (row,) = rows
+    assert set(INSIGHT_COLUMNS) <= set(row)
+    for key in ("step_ms", "pass_ms", "scores_ms", "loss_ms", "first_pass_ms"):
+        assert row[key] > 0, key
+    assert row["scores_ms"] + row["loss_ms"] < row["pass_ms"]  # the pass includes both, and the drawing
+    assert row["share_pct"] == pytest.approx(100 * row["pass_ms"] / (row["val_every"] * row["step_ms"]))
+    assert row["met"] == (row["share_pct"] <= row["target_pct"])
+    assert any("share_pct" in n for n in notes)

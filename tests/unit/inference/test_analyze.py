@@ -1,0 +1,71 @@
+"""``python -m gptmini.analyze``: the head report of a checkpoint, on the data it was trained on."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+from torch.testing import assert_close
+
+from gptmini.checkpoint import model_and_checkpoint
+from gptmini.data.prepare import load_split, prepare
+from gptmini.inference.analyze import main
+from gptmini.insight import SCORES, head_scores, make_probes
+from gptmini.insight.report import ABLATION
+
+TEXT = "to be, or not to be: that is the question.\n" * 60
+
+
+def test_the_report_of_a_checkpoint_scores_every_head(tmp_path, write_checkpoint, caplog):
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    folder = prepare(str(tmp_path / "corpus.txt"), "char", tmp_path / "data").out_dir
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, block_size=16, n_layer=2, n_head=2)
+    out = tmp_path / "report"
+    caplog.set_level(logging.INFO)
+    args = [
+        "--ckpt",
+        str(ckpt),
+        "--out",
+        str(out),
+        "--probe-tokens",
+        "16",
+        "--probe-batch",
+        "2",
+        "--windows",
+        "3",
+    ]
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [(h["layer"], h["head"]) for h in report["heads"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # the scores are those of the model in the checkpoint on the same probes (the oracle: the library call)
+    model, _ = model_and_checkpoint(ckpt)
+    probes = make_probes(load_split(folder, "val"), model.config.vocab_size, 16, 16, 2, 3, seed=1234)
+    expected = head_scores(model, probes)
+    for score in SCORES:
+        got = torch.tensor(
+            [[h[score.name] for h in report["heads"][2 * layer : 2 * layer + 2]] for layer in (0, 1)]
+        )
+        assert_close(got, expected[score.name], rtol=1e-5, atol=1e-6)
+    assert all(ABLATION in h for h in report["heads"])
+    assert report["about"]["checkpoint"] == str(ckpt) and report["about"]["step"] == 5
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("data:image/png;base64,") >= len(SCORES)
+    assert "top induction:" in caplog.text and f"wrote {out / 'report.html'}" in caplog.text
+
+
+def test_bad_input_is_refused_before_any_work_and_an_earlier_report_is_kept(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["--ckpt", str(tmp_path / "missing.ckpt"), "--out", str(blocker / "report")]) == 2
+    assert (
+        f"error: --out {blocker / 'report'} cannot be written: {blocker} is a file, not a folder"
+        in caplog.text
+    )
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.json").write_text('{"earlier": true}')
+    assert main(["--ckpt", str(tmp_path / "missing.ckpt"), "--out", str(out)]) == 2
+    assert (out / "report.json").read_text() == '{"earlier": true}'
+    assert main(["--ckpt", "x.ckpt", "--out", str(out), "--probe-tokens", "2"]) == 2
+    assert "error: --probe_tokens=2 is invalid: it must be an integer >= 4" in caplog.text

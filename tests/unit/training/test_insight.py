@@ -1,0 +1,154 @@
+"""The head-insight callback in a real (tiny) training run: score grids, per-head scalars charted per layer,
+the loss-by-position image, the ICL score, the best validation loss and the HPARAMS session, all in the run's
+TensorBoard events; and its state across a resume."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gptmini.insight import SCORES, PhaseChangeDetector
+from gptmini.insight.probes import repeated_segments_text
+from gptmini.training.insight import HPARAM_METRICS, HeadInsightLogger, custom_scalars_layout, flat_hparams
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """6 steps of a 2-layer, 2-head model on a small synthetic char corpus, validating at steps 3 and 6, through
+    the app's own ``train`` (in this process: no second interpreter start)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.app import train
+    from gptmini.training.config import register_configs
+
+    tmp = tmp_path_factory.mktemp("insight")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(repeated_segments_text(20_000, seed=1))
+    register_configs()
+    overrides = [
+        "debug=smoke",
+        "data=text",
+        f"data.source={corpus}",
+        "tokenizer=char",
+        f"paths.output_dir={tmp}/run",
+        f"paths.data_root={tmp}/data",
+        "callbacks.head_insight.probe_batch=2",
+        "callbacks.head_insight.loss_windows=4",
+        # not under test here: leaves more of the fast suite's time to the rest
+        "~callbacks.attention_maps",
+        "~callbacks.text_samples",
+        "~callbacks.progress_bar",
+    ]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as the app's task function receives it
+    result = train(cfg)
+    return tmp / "run", result
+
+
+def test_every_score_is_a_grid_image_and_a_scalar_per_head(run, tb_events):
+    run_dir, _ = run
+    ea = tb_events(run_dir)
+    tags = ea.Tags()
+    for score in SCORES:
+        images = ea.Images(f"insight/grid/{score.name}")
+        assert [e.step for e in images] == [0, 3, 6]  # the untrained baseline, then each validation
+        assert images[-1].encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
+        assert 0.7 < images[-1].width / images[-1].height < 1.4  # near-square (2 layers x 2 heads)
+        for layer in (0, 1):
+            for head in (0, 1):
+                assert f"insight/{score.name}/layer{layer}_head{head}" in tags["scalars"]
+    assert [e.step for e in ea.Images("insight/loss_by_position")] == [0, 3, 6]
+    icl = ea.Scalars("insight/icl_score")
+    assert len(icl) == 3 and all(abs(e.value) < 5 for e in icl)
+    val = [e.value for e in ea.Scalars("val/loss")]
+    assert [e.value for e in ea.Scalars("val/best_loss")] == pytest.approx([val[0], min(val)])
+
+
+def test_custom_scalars_chart_each_layers_heads_together(run, tb_events):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    run_dir, _ = run
+    ea = tb_events(run_dir)
+    layout = layout_pb2.Layout.FromString(
+        ea.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
+    )
+    categories = {c.title: c for c in layout.category}
+    induction = categories["insight: induction score"]
+    assert [chart.title for chart in induction.chart] == ["layer 0", "layer 1"]
+    (regex,) = induction.chart[1].multiline.tag
+    scalars = ea.Tags()["scalars"]
+    assert sorted(t for t in scalars if re.fullmatch(regex, t)) == [
+        "insight/induction/layer1_head0",
+        "insight/induction/layer1_head1",
+    ]
+
+
+def test_the_hparams_tab_gets_the_config_and_the_loss_and_speed_metrics(run, tb_events):
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    run_dir, _ = run
+    ea = tb_events(run_dir)
+    content = ea.PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    metrics = [m.name.tag for m in experiment.metric_infos]
+    assert metrics == list(HPARAM_METRICS) and {"val/loss", "perf/tokens_per_sec"} <= set(metrics)
+    for tag in metrics:  # every metric the tab shows is a scalar the run logged
+        assert ea.Scalars(tag), tag
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = start.session_start_info.hparams
+    assert hparams["model.attention"].string_value == "sdpa"
+    assert hparams["model.n_layer"].number_value == 2
+    assert hparams["optimizer.lr"].number_value == pytest.approx(2e-3)
+    assert not [k for k in hparams if k.startswith(("paths.", "callbacks.", "logger."))]
+    end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"])
+    assert end.session_end_info.status == 1  # STATUS_SUCCESS, written when training finished
+
+
+def test_flat_hparams_and_layout_by_hand():
+    config = {
+        "model": {"n_layer": 2, "sliding_window": None, "attention": "sdpa"},
+        "optimizer": {"_target_": "torch.optim.AdamW", "betas": [0.9, 0.99]},
+        "paths": {"output_dir": "/x"},
+        "seed": 1,
+    }
+    assert flat_hparams(config) == {
+        "model.n_layer": 2,
+        "model.sliding_window": "null",
+        "model.attention": "sdpa",
+        "optimizer.betas": "[0.9, 0.99]",
+        "seed": 1,
+    }
+    layout = custom_scalars_layout(3)
+    assert layout["insight: previous-token score"]["layer 2"] == [
+        "Multiline",
+        [r"insight/previous_token/layer2_head\d+"],
+    ]
+
+
+def test_a_resumed_callback_keeps_its_best_loss_and_reports_the_phase_change_once():
+    first = HeadInsightLogger()
+    first.best_val_loss = 1.5
+    first.detector.update(0, torch.zeros(1, 2), 0.0)
+    assert first.detector.update(100, torch.tensor([[0.9, 0.0]]), -1.0) is not None
+    resumed = HeadInsightLogger()
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.best_val_loss == 1.5
+    assert resumed.detector.update(200, torch.tensor([[0.95, 0.0]]), -1.2) is None
+    saved = first.state_dict()
+    torch.save(saved, buf := __import__("io").BytesIO())
+    buf.seek(0)
+    assert torch.load(buf, weights_only=True) == saved  # plain data: loads with weights_only=True
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"callbacks\.head_insight\.probe_tokens=2 is invalid"):
+        HeadInsightLogger(probe_tokens=2)
+    assert PhaseChangeDetector().fired is None
