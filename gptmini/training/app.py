@@ -117,12 +117,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Either way Lightning adds no summary of its own (nor logs that it skipped one).
     trainer_cfg["enable_model_summary"] = False
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None and "_target_" in c]
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
     trainer: L.Trainer = instantiate(
-        # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
         trainer_cfg,
         callbacks=callbacks,
         logger=loggers or False,
-        plugins=[AtomicCheckpointIO()],
+        # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
+        # AsyncCheckpointIO: the state is copied on the training thread at the step it belongs to (so resuming
+        # stays exact) and written by one background thread, in order, while training goes on; a failed write
+        # stops the run at the next save or at the end.
+        plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
     )
 
     # Prepare the data (cheap when already prepared) so the tokenizer's vocabulary sizes the model.
@@ -200,6 +205,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if trainer.state.finished and not trainer.interrupted:
         # The periodic "last" save runs every checkpoint_every_n_steps; make last.ckpt the final state.
         trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # full state: resumable
+    # Waits for the background writes (raising the error of one that failed) before the run is reported done.
+    trainer.strategy.checkpoint_io.teardown()
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     result = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import signal
 import threading
@@ -23,7 +24,8 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count, 
 from gptmini.data.tokenizers import encode_known
 from gptmini.training import hardware
 from gptmini.training.lightning_compat import request_graceful_stop
-from gptmini.viz import attention_entropy, attention_figures, token_labels
+from gptmini.training.render import submit
+from gptmini.viz import attention_entropy, attention_images, token_labels
 
 log = logging.getLogger(__name__)
 
@@ -155,16 +157,18 @@ class AttentionMapLogger(LoggingCallback):
         finally:
             model.train(was_training)
         step = trainer.global_step
-        grids, means = attention_figures(maps, token_labels(tokenizer, ids))
-        for layer, (grid, mean) in enumerate(zip(grids, means, strict=True)):
-            writer.add_figure(f"attention/layer{layer}_heads", grid, step)
-            writer.add_figure(f"attention/layer{layer}_mean", mean, step)
-        entropy = attention_entropy(maps)  # (n_layer, n_head)
-        for layer in range(entropy.size(0)):
-            for head in range(entropy.size(1)):
-                writer.add_scalar(
-                    f"attention/entropy/layer{layer}_head{head}", entropy[layer, head].item(), step
-                )
+        for layer, heads in enumerate(attention_entropy(maps).tolist()):  # (n_layer, n_head), one host copy
+            for head, value in enumerate(heads):
+                writer.add_scalar(f"attention/entropy/layer{layer}_head{head}", value, step)
+        # Drawing and PNG-encoding the images is the slow part: off the training thread, on NumPy copies.
+        probs, labels = maps.float().cpu().numpy(), token_labels(tokenizer, ids)
+
+        def draw_and_log() -> None:
+            for layer, (grid, mean) in enumerate(attention_images(probs, labels)):
+                writer.add_image(f"attention/layer{layer}_heads", grid, step, dataformats="HWC")
+                writer.add_image(f"attention/layer{layer}_mean", mean, step, dataformats="HWC")
+
+        submit(trainer, "attention maps", draw_and_log)
 
 
 class TextSampleLogger(LoggingCallback):
@@ -306,6 +310,10 @@ class TokenThroughputMonitor(LoggingCallback):
         if trainer.global_step == self._last_step:
             return  # gradient accumulation: the optimizer step (and its time) is not done yet
         self._last_step = trainer.global_step
+        # Lightning writes logged values only every log_every_n_steps steps: the rolling averages are computed
+        # for those steps alone (and every step until the first rate exists, for the progress bar).
+        if trainer.global_step % max(1, trainer.log_every_n_steps) != 0 and "perf/tokens_per_sec" in self.last:
+            return
         metrics = {
             self.RENAME[k]: float(v) for k, v in self._throughput.compute().items() if k in self.RENAME
         }
@@ -313,7 +321,6 @@ class TokenThroughputMonitor(LoggingCallback):
             # from the optimizer step, so a resumed run counts on from where it stopped
             metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
         self.last.update(metrics)
-        # Lightning writes logged values only every log_every_n_steps steps; skip the tensors in between.
         if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
             pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
 
@@ -338,7 +345,15 @@ class TokenThroughputMonitor(LoggingCallback):
 
 class ProgressBar(RichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
-    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1)."""
+    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1).
+
+    The screen is redrawn ``refresh_rate`` times a second (Lightning's thread); the training bar's count and
+    metrics are updated no more often than that either, instead of after every step (each update reads every
+    progress-bar metric)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._updated_at = -math.inf
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
@@ -370,6 +385,11 @@ class ProgressBar(RichProgressBar):
     ) -> None:
         # A run resumed mid-epoch creates its bar here, not at the epoch start.
         relabel = self.train_progress_bar_id is None
+        now = time.monotonic()
+        last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
+        if not (relabel or last or now - self._updated_at >= 1.0 / max(self.refresh_rate, 1e-9)):
+            return  # not drawn before the next refresh anyway
+        self._updated_at = now
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if relabel:
             self._relabel(trainer)
@@ -590,7 +610,12 @@ class RNGStateCallback(L.Callback):
         if not self.reseed_every_step:
             return
         seed = _derived_seed(self.seed, trainer.global_step, batch_idx, trainer.global_rank)
-        torch.manual_seed(seed)  # CPU and every CUDA device
+        if pl_module.device.type == "cpu":
+            # The CPU generator is all a CPU step draws from; torch.manual_seed also visits every other device
+            # type's generators, 0.1 ms a step (more than the rest of this hook).
+            torch.default_generator.manual_seed(seed)
+        else:
+            torch.manual_seed(seed)  # CPU and every CUDA device
         random.seed(seed)
         np.random.seed(seed % 2**32)
 

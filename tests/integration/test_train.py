@@ -51,6 +51,8 @@ def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run,
         assert f"attention/layer{layer}_mean" in tags["images"]
         img = ea.Images(f"attention/layer{layer}_heads")[-1]
         assert img.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n" and img.width > 100
+        # drawn on a background thread: the images of the last validation too were written before the run ended
+        assert [e.step for e in ea.Images(f"attention/layer{layer}_mean")] == [3, 6]
     assert "attention/entropy/layer0_head1" in tags["scalars"]
     # the global batch (4 sequences x 32 tokens here) is logged, and the token count follows the optimizer step
     assert (

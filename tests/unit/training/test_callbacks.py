@@ -5,6 +5,7 @@ reported once while training goes on (issue 19, item 1)."""
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -114,3 +115,42 @@ def test_every_logging_callback_is_guarded():
     Mine().on_train_batch_end(SimpleNamespace(global_step=1), None, None, None, 0)
     with pytest.raises(ValueError):
         Mine().helper()
+
+
+def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_step(tmp_path, tb_events):
+    """The images logged are those of the weights at the validation, even when the worker draws them after
+    training has changed the weights; the entropy scalars are written at once."""
+    import io
+
+    from PIL import Image
+
+    from gptmini.training.render import BackgroundWork
+    from gptmini.viz import attention_images, token_labels
+
+    tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
+    trainer, module = _run(tmp_path, tokenizer)
+    work = BackgroundWork()
+    trainer.callbacks = [work]
+    logger = AttentionMapLogger(probe_text="ROMEO: but soft", max_tokens=8)
+    ids = tokenizer.encode("ROMEO: b")
+    expected = attention_images(
+        module.model.eval().attention_maps(torch.tensor([ids]))[:, 0], token_labels(tokenizer, ids)
+    )
+    module.model.train()
+    gate = threading.Event()
+    work.submit("hold", lambda: gate.wait(5))  # the worker is busy: the maps job waits in the queue
+    logger.on_validation_end(trainer, module)
+    with torch.no_grad():  # training goes on and changes the weights before the images are drawn
+        for p in module.model.parameters():
+            p.add_(torch.randn_like(p))
+    gate.set()
+    work.close()
+    trainer.loggers[0].experiment.flush()
+    ea = tb_events(tmp_path)
+    for layer, (heads, mean) in enumerate(expected):
+        for tag, want in ((f"attention/layer{layer}_heads", heads), (f"attention/layer{layer}_mean", mean)):
+            (event,) = ea.Images(tag)
+            assert event.step == 3
+            got = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB"))
+            np.testing.assert_array_equal(got, want)
+    assert len(ea.Scalars("attention/entropy/layer0_head1")) == 1

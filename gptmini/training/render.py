@@ -1,0 +1,100 @@
+"""Work that a validation logs but training need not wait for — drawing images, encoding them, writing them to
+TensorBoard — runs on one background thread, in the order it was submitted.
+
+Callbacks compute what needs the model on the training thread (small tensors, copied to NumPy) and hand the rest
+to :func:`submit`::
+
+    maps = model.attention_maps(idx)[:, 0].cpu().numpy()  # the model: training thread
+    submit(trainer, "attention maps", lambda: writer.add_image(tag, heatmap_grid(maps, ...), step, dataformats="HWC"))
+
+A job must not use torch (its intra-op threads would compete with training's) nor anything the training thread
+changes afterwards. :class:`BackgroundWork` (``callbacks.background`` in ``conf/callbacks/default.yaml``) owns the
+thread; without it in the trainer, :func:`submit` runs the job at once. Every job submitted is finished before the
+loggers close at the end of fitting, whatever ended it, so no image is lost; a job that fails is logged once (per
+name) as a warning and never stops the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import lightning as L
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundWork(L.Callback):
+    """One worker thread for the logging jobs of a run (see the module docstring). ``max_pending``: jobs allowed
+    to wait at once; one more blocks its submitter until the oldest is done, so a renderer slower than validation
+    holds training up instead of piling up memory."""
+
+    def __init__(self, max_pending: int = 8) -> None:
+        if max_pending < 1:
+            raise ValueError(f"callbacks.background.max_pending={max_pending} must be >= 1")
+        self.max_pending = max_pending
+        self._executor: ThreadPoolExecutor | None = None
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._pending: list[Future[None]] = []
+        self._reported: set[str] = set()
+
+    def submit(self, name: str, job: Callable[[], Any]) -> None:
+        """Queues ``job()``; ``name`` labels it in the warning if it fails."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptmini-logging")
+        self._slots.acquire()
+        try:
+            future = self._executor.submit(self._run, name, job)
+        except BaseException:
+            self._slots.release()
+            raise
+        self._pending = [f for f in self._pending if not f.done()] + [future]
+
+    def _run(self, name: str, job: Callable[[], Any]) -> None:
+        try:
+            job()
+        except Exception as err:
+            if name not in self._reported:
+                self._reported.add(name)
+                log.warning(
+                    "background job %r failed and is skipped; training goes on (reported once): %s: %s",
+                    name,
+                    type(err).__name__,
+                    err,
+                )
+        finally:
+            self._slots.release()
+
+    def wait(self) -> None:
+        """Returns once every job submitted so far is done."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()  # _run never raises
+
+    def close(self) -> None:
+        self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # Lightning closes the loggers right after these hooks (on success: after teardown; on an exception: after
+    # on_exception), so everything queued reaches them first.
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.close()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self.close()
+
+
+def submit(trainer: Any, name: str, job: Callable[[], Any]) -> None:
+    """Runs ``job()`` on the trainer's :class:`BackgroundWork` thread, or at once when it has none."""
+    for callback in getattr(trainer, "callbacks", None) or ():
+        if isinstance(callback, BackgroundWork):
+            callback.submit(name, job)
+            return
+    job()
