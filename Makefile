@@ -12,7 +12,7 @@ PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention tensorboard test test-full bench bench-gpu lint format clean
+.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-gpu lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install gptmini with its dev extras
 	@echo "installed into $(VENV)"
 
-data: $(STAMP) ## Prepare the embedded Shakespeare corpus (GPT-2 BPE) under data/
-	$(PY) scripts/prepare_data.py --source shakespeare --tokenizer gpt2
+data: $(STAMP) ## Prepare the data `make train` reads, without training; same ARGS, e.g. ARGS="data=fineweb"
+	$(PY) scripts/prepare_data.py $(ARGS)
 
 train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides via ARGS="key=value ..."
 	$(PY) -m gptmini.training $(ARGS)
@@ -39,6 +39,9 @@ sample: $(STAMP) ## Generate from a checkpoint: CKPT=path|last PROMPT="..." ARGS
 
 attention: $(STAMP) ## Export attention maps of a checkpoint as PNG: CKPT=path|last TEXT="..."
 	$(PY) scripts/export_attention.py --ckpt "$(CKPT)" --text "$(TEXT)" $(ARGS)
+
+analyze: $(STAMP) ## Head report of a checkpoint (report.html + report.json): CKPT=path|last ARGS="--out DIR"
+	$(PY) -m gptmini.analyze --ckpt "$(CKPT)" $(ARGS)
 
 tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/
 	$(VENV)/bin/tensorboard --logdir outputs --port 6006

@@ -16,6 +16,7 @@ from benchmarks.attention import (
     attention_key_other_allocator,
     bench_attention,
     bench_attention_key,
+    bench_attention_options,
     plot_attention,
 )
 from benchmarks.common import (
@@ -29,16 +30,21 @@ from benchmarks.common import (
     write_table,
 )
 from benchmarks.data import bench_data
+from benchmarks.end_to_end import bench_end_to_end
 from benchmarks.generation import bench_generate
+from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
 from benchmarks.summary import (
     ATTENTION_COLUMNS,
     ATTENTION_KEY_COLUMNS,
+    ATTENTION_OPTION_COLUMNS,
     DATA_COLUMNS,
+    E2E_COLUMNS,
     GENERATE_COLUMNS,
     TRAIN_COLUMNS,
     write_summary,
 )
 from benchmarks.training import bench_train
+from benchmarks.zoo import ZOO_COLUMNS, bench_attention_zoo
 
 
 def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[dict[str, Any]]]:
@@ -91,9 +97,46 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
                 ATTENTION_KEY_COLUMNS,
                 key_notes,
             )
+            print(md, flush=True)
+            zoo_rows, zoo_notes = bench_attention_zoo(opts)
+            results["attention_zoo"] = zoo_rows
+            md = write_table(
+                out,
+                "attention_zoo",
+                "Attention zoo: training step per variant",
+                zoo_rows,
+                ZOO_COLUMNS,
+                zoo_notes,
+            )
+            print(md, flush=True)
+            option_rows, option_notes = bench_attention_options(opts)
+            results["attention_options"] = option_rows
+            md = write_table(
+                out,
+                "attention_options",
+                "Attention options (model.attention=sdpa)",
+                option_rows,
+                ATTENTION_OPTION_COLUMNS,
+                option_notes,
+            )
         elif section == "train":
             rows, notes = bench_train(opts)
             md = write_table(out, "train", "Training throughput", rows, TRAIN_COLUMNS, notes)
+            print(md, flush=True)
+            insight_rows, insight_notes = bench_insight(opts)
+            md = write_table(
+                out,
+                "insight",
+                "Head insight: cost per validation",
+                insight_rows,
+                INSIGHT_COLUMNS,
+                insight_notes,
+            )
+        elif section == "e2e":
+            rows, notes = bench_end_to_end(opts)
+            md = write_table(
+                out, "e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes
+            )
         elif section == "generate":
             rows, notes = bench_generate(opts)
             md = write_table(out, "generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
@@ -138,6 +181,20 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         "--no-retain-memory measures glibc's default behaviour",
     )
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument(
+        "--tinyshakespeare",
+        default=None,
+        help="e2e: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
+    )
+    p.add_argument(
+        "--e2e-rounds", type=int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
+    )
+    p.add_argument(
+        "--corpus-mb",
+        default=None,
+        help="data: sizes of the generated corpora to prepare, MB, comma-separated (default 100; none with "
+        "--quick), e.g. 300,1000 for issue 18's goals",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -150,6 +207,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         format="%(asctime)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    e2e = {"tinyshakespeare": a.tinyshakespeare, "e2e_rounds": a.e2e_rounds}
     return BenchOptions(
         device=device,
         quick=a.quick,
@@ -157,6 +215,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         out=a.out,
         seed=a.seed,
         retain_memory=a.retain_memory,
+        extra=({"corpus_mb": [int(mb) for mb in a.corpus_mb.split(",")]} if a.corpus_mb else {})
+        | {k: v for k, v in e2e.items() if v is not None},
     ), only
 
 

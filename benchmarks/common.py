@@ -25,7 +25,7 @@ from gptmini.fileio import atomic_write_text
 log = logging.getLogger("benchmarks")
 
 
-SECTIONS = ("attention", "train", "generate", "data")
+SECTIONS = ("attention", "train", "e2e", "generate", "data")
 
 
 # Published A100 numbers of the reference material (book chapter 3 bonus: B=8, T=1024, 12 heads, 768 wide).
@@ -44,6 +44,10 @@ TARGETS = {
     "data_prepare_s": 3.0,
     "data_reprepare_s": 0.5,
     "data_wait_share": 0.02,
+    # the whole quick-start run (benchmarks/end_to_end.py): time to the first step, and what validations trigger
+    # besides their batches as a share of the run
+    "e2e_startup_s": 2.0,
+    "e2e_extras_share": 0.05,
 }
 
 

@@ -34,8 +34,9 @@ def quick_results(tmp_path_factory):
 
 def test_quick_run_writes_every_file(quick_results):
     out, results = quick_results
-    assert set(results) == {*common.SECTIONS, "attention_key"}
-    for name in (*common.SECTIONS, "attention_key"):
+    extra = {"attention_key", "attention_options", "attention_zoo"}
+    assert set(results) == {*common.SECTIONS, *extra}
+    for name in (*common.SECTIONS, *extra):
         assert (out / f"{name}.md").is_file()
         assert (out / f"{name}.csv").is_file()
         assert (out / f"{name}.md").read_text().startswith("## ")
@@ -60,6 +61,48 @@ def test_attention_csv_one_row_per_impl_and_length(quick_results):
         assert _positive(r["fwd_ms"]) and _positive(r["fwd_bwd_ms"]), r
         assert _positive(r["peak_mem_mib"]), r
         assert int(r["repeats"]) >= 1
+
+
+def test_attention_options_table_has_each_option_and_the_explicit_baselines(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "attention_options.csv")
+    assert columns == summary.ATTENTION_OPTION_COLUMNS
+    by_name = {r["variant"]: r for r in rows}
+    assert set(by_name) == set(attention.OPTION_VARIANTS) | {
+        f"{n} (explicit reference)" for n in attention.REFERENCE_VARIANTS
+    }
+    for r in rows:
+        assert _positive(r["fwd_bwd_min_ms"]) and _positive(r["peak_mem_mib"]), r
+    # on a CPU the score-changing options run SDPA with a float mask (FlexAttention has no CPU backward)
+    assert by_name["alibi"]["kernel"] == "sdpa + float mask"
+    assert by_name["rope"]["kernel"] == "sdpa"
+    assert by_name["alibi (explicit reference)"]["kernel"] == "explicit softmax"
+    # grouped-query attention with n_head / 4 key/value heads stores 4x less per token
+    assert int(by_name["sdpa"]["kv_cache_bytes_per_token"]) == 4 * int(
+        by_name["gqa (kv = heads/4)"]["kv_cache_bytes_per_token"]
+    )
+
+
+def test_attention_zoo_table_has_every_variant_and_the_cache_the_model_allocates(quick_results):
+
+    from benchmarks import zoo
+    from gptmini.model import GPT
+
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "attention_zoo.csv")
+    assert columns == zoo.ZOO_COLUMNS
+    assert {r["variant"] for r in rows} == set(zoo.variants()) >= {"learned", "rope", "alibi", "gqa2", "mqa"}
+    for r in rows:
+        model = GPT(zoo.variant_config(zoo.variants()[r["variant"]]))
+        caches = model.new_kv_caches(1, max_len=10)  # what generation allocates, per position
+        allocated = sum(c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size() for c in caches)
+        assert int(r["kv_cache_bytes_per_token"]) == allocated // 10
+        assert int(r["params"]) == model.num_parameters()
+        assert _positive(r["step_ms"]) and _positive(r["tokens_per_s"])
+    by_name = {r["variant"]: r for r in rows}
+    assert int(by_name["learned"]["kv_cache_bytes_per_token"]) == 4 * int(
+        by_name["mqa"]["kv_cache_bytes_per_token"]
+    )
 
 
 def test_attention_key_csv(quick_results):

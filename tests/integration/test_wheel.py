@@ -21,7 +21,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "gptmini", "conf")  # what the build reads
 
 
-SCRIPTS = ("gptmini-train", "gptmini-sample", "gptmini-eval", "gptmini-attention", "gptmini-prepare")
+SCRIPTS = (
+    "gptmini-train",
+    "gptmini-sample",
+    "gptmini-eval",
+    "gptmini-attention",
+    "gptmini-prepare",
+    "gptmini-analyze",
+)
 
 
 @pytest.fixture(scope="module")

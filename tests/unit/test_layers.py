@@ -13,8 +13,8 @@ LAYERS = [
     ("gptmini.fileio", "gptmini.conf_dir", "gptmini.attention"),
     ("gptmini.model",),
     ("gptmini.data",),
-    ("gptmini.checkpoint", "gptmini.hf", "gptmini.viz"),
-    ("gptmini.inference",),
+    ("gptmini.checkpoint", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
+    ("gptmini.inference", "gptmini.evaluate", "gptmini.analyze"),
     ("gptmini.training",),
 ]
 
