@@ -22,7 +22,8 @@ def rope_angles(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Te
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (..., T, hs) by the angles of its positions: cos, sin (T, hs/2) already sliced to them."""
+    """Rotate x (..., hs) by the angles of its positions: cos, sin (hs/2 wide) already sliced to them and shaped
+    to broadcast against x's first half, e.g. (T, hs/2) for x (B, nh, T, hs), (T, 1, hs/2) for x (B, T, nh, hs)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)

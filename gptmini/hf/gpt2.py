@@ -43,7 +43,8 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
 WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, PYTORCH_FILE, PYTORCH_INDEX)
 
-_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
+# Hugging Face's activation_function names -> model.gelu_approximate
+_GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 _LN_EPS = 1e-5  # GPT-2's layer_norm_epsilon and nn.LayerNorm's default
 GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE
 # per-layer buffers of old checkpoints (causal mask, masked-score constant): not weights, ignored
@@ -110,10 +111,8 @@ def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
     if not isinstance(cfg.get("n_positions", cfg.get("n_ctx")), int):
         raise bad("n_positions is missing or not an integer")
     act = cfg.get("activation_function", "gelu_new")
-    if act not in _GELU_TANH:
-        raise bad(
-            f"activation_function={act!r} is unsupported (gptmini's MLP uses tanh GELU: {', '.join(_GELU_TANH)})"
-        )
+    if act not in _GELUS:
+        raise bad(f"activation_function={act!r} is unsupported (gptmini's MLP reads {', '.join(_GELUS)})")
     n_inner = cfg.get("n_inner")
     if n_inner is not None and n_inner != 4 * cfg["n_embd"]:
         raise bad(
@@ -280,7 +279,7 @@ def _check_model(model: GPT, what: str) -> None:
         )
     block = {
         "norm": ("layernorm", "GPT-2 normalises with LayerNorm"),
-        "mlp": ("gelu", "GPT-2's MLP is Linear, tanh GELU, Linear"),
+        "mlp": ("gelu", "GPT-2's MLP is Linear, GELU, Linear"),
         "mlp_width": (4 * c.n_embd, "GPT-2's MLP is 4 * n_embd wide"),
     }
     # Llama's format holds RMSNorm + SwiGLU blocks: say so where an export is refused for them
@@ -355,6 +354,7 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
         bias=True,
         attention=attention,
         tie_weights=True,
+        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
     )
     model = GPT(config)
     _check_model(model, "load")
@@ -383,6 +383,9 @@ def load_hf_weights(model: GPT, path: str | Path) -> None:
         problems.append(f"model.vocab_size={c.vocab_size} is smaller than vocab_size={cfg['vocab_size']}")
     if not c.bias:
         problems.append("model.bias=false but GPT-2 has biases in every Linear and LayerNorm")
+    act = cfg.get("activation_function", "gelu_new")
+    if c.gelu_approximate != _GELUS[act]:
+        problems.append(f"model.gelu_approximate={c.gelu_approximate} but activation_function={act}")
     if problems:
         raise HFWeightsError(
             f"the model does not match the GPT-2 weights in {path} ({path / CONFIG_FILE}): "
@@ -406,7 +409,7 @@ def _hf_config_dict(model: GPT) -> dict[str, Any]:
         "n_layer": c.n_layer,
         "n_head": c.n_head,
         "n_inner": None,
-        "activation_function": "gelu_new",
+        "activation_function": "gelu_new" if c.gelu_approximate == "tanh" else "gelu",
         "resid_pdrop": c.dropout,
         "embd_pdrop": c.dropout,
         "attn_pdrop": c.dropout,

@@ -312,7 +312,10 @@ class TokenThroughputMonitor(LoggingCallback):
         self._last_step = trainer.global_step
         # Lightning writes logged values only every log_every_n_steps steps: the rolling averages are computed
         # for those steps alone (and every step until the first rate exists, for the progress bar).
-        if trainer.global_step % max(1, trainer.log_every_n_steps) != 0 and "perf/tokens_per_sec" in self.last:
+        if (
+            trainer.global_step % max(1, trainer.log_every_n_steps) != 0
+            and "perf/tokens_per_sec" in self.last
+        ):
             return
         metrics = {
             self.RENAME[k]: float(v) for k, v in self._throughput.compute().items() if k in self.RENAME

@@ -432,6 +432,14 @@ def test_swiglu_default_width_is_eight_thirds_rounded_up():
         (dict(mlp_hidden=0), r"model.mlp_hidden=0 is invalid: a positive integer, or null"),
         (dict(mlp="none", mlp_hidden=64), r"model.mlp_hidden=64 has no effect with model.mlp=none.*=null"),
         (dict(norm_eps=0.0), r"model.norm_eps=0.0 is invalid"),
+        (
+            dict(gelu_approximate="sigmoid"),
+            r"model.gelu_approximate='sigmoid' is invalid: valid values are tanh, none",
+        ),
+        (
+            dict(mlp="swiglu", gelu_approximate="none"),
+            r"gelu_approximate=none has no effect with model.mlp=swiglu",
+        ),
     ],
 )
 def test_block_options_are_checked_at_config_time(kw, match):
@@ -494,3 +502,24 @@ def test_default_blocks_stay_gpt2s():
     names = [n for n, _ in block.mlp.named_parameters()]
     assert names == ["c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"]
     assert block.mlp.c_fc.weight.shape == (128, 32)
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_mlp_matches_the_closed_forms(approximate):
+    """GPT-2's tanh approximation and the exact erf GELU (nanoGPT's), each against its formula in NumPy."""
+    import math
+
+    import numpy as np
+
+    model = GPT(tiny(n_layer=1, gelu_approximate=approximate)).eval()
+    mlp = model.blocks[0].mlp
+    u = torch.randn(2, 5, 32, dtype=torch.float64)
+    mlp = mlp.double()
+    z = (u @ mlp.c_fc.weight.T + mlp.c_fc.bias).detach().numpy()
+    if approximate == "tanh":
+        g = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    else:
+        g = 0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    with torch.no_grad():
+        expected = torch.from_numpy(g) @ mlp.c_proj.weight.T + mlp.c_proj.bias
+        torch.testing.assert_close(mlp(u), expected, atol=1e-10, rtol=1e-10)

@@ -310,3 +310,26 @@ def test_cli_export_and_import(tmp_path, exported, capsys):
         main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")])
     assert exc.value.code == 2 and "--force" in capsys.readouterr().err
     assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf"), "--force"]) == 0
+
+
+def test_exact_gelu_goes_both_ways_with_transformers(tmp_path):
+    """model.gelu_approximate=none is GPT-2's format with activation_function="gelu" (erf GELU): transformers
+    reads an export of it with the same logits, and a transformers model with that activation loads as it."""
+    model = _randomise(
+        GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D, gelu_approximate="none"))
+    )
+    save_hf_gpt2(model, tmp_path / "exact")
+    assert json.loads((tmp_path / "exact" / "config.json").read_text())["activation_function"] == "gelu"
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "exact").eval()
+    idx = _tokens()
+    assert_close(_hf_logits(hf, idx), _our_logits(model, idx), atol=1e-5, rtol=1e-5)
+
+    theirs = _hf_model(activation_function="gelu")
+    theirs.save_pretrained(tmp_path / "theirs")
+    loaded = load_hf_gpt2(tmp_path / "theirs")
+    assert loaded.config.gelu_approximate == "none"
+    assert_close(_our_logits(loaded, idx), _hf_logits(theirs, idx), atol=1e-5, rtol=1e-5)
+    # the two GELUs differ enough that loading into the other one is refused, not silently approximated
+    tanh_model = GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D))
+    with pytest.raises(HFWeightsError, match=r"model\.gelu_approximate=tanh but activation_function=gelu"):
+        load_hf_weights(tanh_model, tmp_path / "theirs")
