@@ -21,11 +21,18 @@ def rope_angles(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Te
     return angles.cos().float(), angles.sin().float()
 
 
+def rope_tables(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """``apply_rope``'s tables, each (max_len, head_size): cos repeated on both halves, and sin negated on the
+    first half, so a rotation is two products and a sum over the whole head."""
+    cos, sin = rope_angles(head_size, max_len, base)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (..., hs) by the angles of its positions: cos, sin (hs/2 wide) already sliced to them and shaped
-    to broadcast against x's first half, e.g. (T, hs/2) for x (B, nh, T, hs), (T, 1, hs/2) for x (B, T, nh, hs)."""
+    """Rotate x (..., hs) by the angles of its positions: ``rope_tables``' cos, sin (hs wide) already sliced to
+    them and shaped to broadcast against x, e.g. (T, hs) for x (B, nh, T, hs), (T, 1, hs) for x (B, T, nh, hs)."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    # each pair (x1, x2) turns by its angle: (x1 cos - x2 sin, x1 sin + x2 cos)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    # each pair (x1, x2) turns by its angle: (x1 cos - x2 sin, x2 cos + x1 sin) = x * cos + (x2, x1) * (-sin, sin);
+    # three operations instead of seven, which is what rotary positions cost at training sizes
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos.to(x.dtype), swapped, sin.to(x.dtype))

@@ -24,7 +24,7 @@ from gptmini.attention.base import (
 )
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
-from gptmini.attention.rope import apply_rope, rope_angles
+from gptmini.attention.rope import apply_rope, rope_tables
 
 
 @register_attention("sdpa")
@@ -106,7 +106,7 @@ class CausalSelfAttention(LMAttention):
         self.rope = rope_base is not None
         self.rope_base = rope_base
         if self.rope:
-            cos, sin = rope_angles(self.head_size, context_length, rope_base)  # (T_max, hs/2) each
+            cos, sin = rope_tables(self.head_size, context_length, rope_base)  # (T_max, hs) each
             self.register_buffer("rope_cos", cos, persistent=False)  # recomputed, never stored in checkpoints
             self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -142,7 +142,7 @@ class CausalSelfAttention(LMAttention):
         if self.rope:
             if start + T > self.rope_cos.shape[0]:
                 self._grow_rope(start + T)
-            cos, sin = (t[start : start + T, None] for t in (self.rope_cos, self.rope_sin))  # (T, 1, hs/2)
+            cos, sin = (t[start : start + T, None] for t in (self.rope_cos, self.rope_sin))  # (T, 1, hs)
             qk = apply_rope(qk, cos, sin)
         q, k = qk.split((self.n_head, self.n_kv_head), dim=2)
         # (B, nh, T, hs), (B, n_kv, T, hs), (B, n_kv, T, hs)
@@ -151,7 +151,7 @@ class CausalSelfAttention(LMAttention):
     def _grow_rope(self, length: int) -> None:
         # positions past the training context (evaluation at longer lengths): double, so growth happens rarely
         size = max(length, 2 * self.rope_cos.shape[0])
-        cos, sin = rope_angles(self.head_size, size, self.rope_base)
+        cos, sin = rope_tables(self.head_size, size, self.rope_base)
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
     @property

@@ -633,11 +633,20 @@ def _tokenize(
         report(stats[0], writer.tokens, stats[2])
 
     pending: collections.deque[tuple[list[tuple[Piece, int]], Future]] = collections.deque()
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="gptmini-tokenize")
+    pool = ThreadPoolExecutor(
+        threads, thread_name_prefix="gptmini-tokenize"
+    )  # threads start at the first submit
     try:
         task: list[tuple[Piece, int]] = []
         size = 0
+        warmed = False
         for item in pieces():
+            if not warmed:
+                # The first encode on this thread, before any worker's. Measured (tiktoken, 2 threads, a 40 MB
+                # corpus): when the workers make a fresh encoder's first calls themselves, they encode at about
+                # 14 MB/s for the whole preparation; after this call, 21-23 MB/s, tiktoken's own batch speed.
+                tokenizer.encode_array(item[0].text[:1000])
+                warmed = True
             task.append(item)
             size += len(item[0].text)
             if size >= task_chars:

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from gptmini.attention.rope import apply_rope, rope_angles  # noqa: E402
+from gptmini.attention.rope import apply_rope, rope_tables  # noqa: E402
 from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
 from gptmini.data.prepare import load_tokenizer, prepare  # noqa: E402
 from gptmini.data.tokenizers import build_tokenizer  # noqa: E402
@@ -120,7 +120,7 @@ def test_rotary_layout_permutation_gives_the_interleaved_reference_the_same_scor
         k = (x @ wk.T).view(t, heads, hs).transpose(0, 1)
         return rope(q) @ rope(k).transpose(-2, -1)  # (nh, T, T)
 
-    cos, sin = rope_angles(hs, t, 10000.0)
+    cos, sin = rope_tables(hs, t, 10000.0)
     ours = scores(w_q, w_k, lambda v: apply_rope(v, cos, sin))
     permuted = [halves_to_interleaved(w, heads) for w in (w_q, w_k)]
     assert_close(scores(*permuted, lambda v: _interleaved_rope(v, 10000.0)), ours, atol=1e-4, rtol=1e-4)
