@@ -853,4 +853,6 @@ def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
         ]
     )
     assert proc.returncode == 0, output(proc)[-3000:]
-    assert bin_file.stat().st_size == good_size
+    meta = load_meta(data_root / "shakespeare_char")  # re-prepared: whole shards again, wherever they now lie
+    rebuilt = data_root / "shakespeare_char" / meta["shard_dir"] / meta["shards"][0]["file"]
+    assert rebuilt.stat().st_size == good_size
