@@ -73,7 +73,9 @@ def test_two_layers_form_an_induction_head_in_a_reported_phase_change(run_cli, c
     assert 0 < step <= 1000
     texts = [e for t in ea.Tags()["tensors"] if t.startswith("insight/phase_change") for e in ea.Tensors(t)]
     assert len(texts) == 1 and texts[0].step == step  # said once, in TensorBoard too
-    heads = set(re.findall(r"layer (\d+) head (\d+) \(", message))  # the heads that crossed, in that validation
+    heads = set(
+        re.findall(r"layer (\d+) head (\d+) \(", message)
+    )  # the heads that crossed, in that validation
 
     # the report of the final checkpoint: the same head is the top induction head, and it matters
     report_dir = tmp_path / "report"
