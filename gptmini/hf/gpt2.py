@@ -81,20 +81,25 @@ def _check_dir(path: Path) -> None:
 
 
 def _read_hf_config(path: Path) -> dict[str, Any]:
+    cfg = read_config_json(
+        path, f"a Hugging Face GPT-2 folder holds {CONFIG_FILE} and {SAFETENSORS_FILE} (or {PYTORCH_FILE})"
+    )
+    _validate_hf_config(cfg, path / CONFIG_FILE)
+    return cfg
+
+
+def read_config_json(path: Path, holds: str) -> dict[str, Any]:
+    """The JSON object in ``path``'s config.json, or one clear error; ``holds`` says what such a folder holds."""
     _check_dir(path)
     cfg_file = path / CONFIG_FILE
     if not cfg_file.is_file():
-        raise HFWeightsError(
-            f"{path} has no {CONFIG_FILE}: a Hugging Face GPT-2 folder holds {CONFIG_FILE} and "
-            f"{SAFETENSORS_FILE} (or {PYTORCH_FILE})"
-        )
+        raise HFWeightsError(f"{path} has no {CONFIG_FILE}: {holds}")
     try:
         cfg = json.loads(cfg_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise HFWeightsError(f"{cfg_file} is not readable JSON: {err}") from None
     if not isinstance(cfg, dict):
         raise HFWeightsError(f"{cfg_file} does not hold a JSON object")
-    _validate_hf_config(cfg, cfg_file)
     return cfg
 
 

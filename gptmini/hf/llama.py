@@ -34,11 +34,11 @@ from gptmini.hf.gpt2 import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
     HFWeightsError,
-    _check_dir,
     _read_tensors,
     _safetensors_torch,
     _weight_files,
     check_export_target,
+    read_config_json,
     write_folder,
 )
 from gptmini.model import _OPTION_SETTINGS, GPT, GPTConfig
@@ -318,19 +318,8 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
 
 
 def _read_llama_config(path: Path) -> dict[str, Any]:
-    _check_dir(path)
-    cfg_file = path / CONFIG_FILE
-    if not cfg_file.is_file():
-        raise HFWeightsError(
-            f"{path} has no {CONFIG_FILE}: a Hugging Face Llama folder holds {CONFIG_FILE} and {SAFETENSORS_FILE}"
-        )
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise HFWeightsError(f"{cfg_file} is not readable JSON: {err}") from None
-    if not isinstance(cfg, dict):
-        raise HFWeightsError(f"{cfg_file} does not hold a JSON object")
-    _validate_llama_config(cfg, cfg_file)
+    cfg = read_config_json(path, f"a Hugging Face Llama folder holds {CONFIG_FILE} and {SAFETENSORS_FILE}")
+    _validate_llama_config(cfg, path / CONFIG_FILE)
     return cfg
 
 
