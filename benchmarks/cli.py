@@ -66,6 +66,14 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
     results: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
     t_all = time.perf_counter()
+
+    def table(
+        name: str, title: str, rows: list[dict[str, Any]], columns: list[str], notes: list[str]
+    ) -> None:
+        # every table: results[name] (for the summary), results/<name>.md and .csv, and printed
+        results[name] = rows
+        print(write_table(out, name, title, rows, columns, notes), flush=True)
+
     for section in SECTIONS:
         if section not in only:
             continue
@@ -73,9 +81,8 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
         log.info("--- %s (load average %s)", section, loadavg())
         if section == "attention":
             rows, notes = bench_attention(opts)
-            md = write_table(out, "attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
+            table("attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
             plot_attention(rows, out / "attention.png")
-            print(md, flush=True)
             key_rows, key_notes = bench_attention_key(opts)
             key_rows += attention_key_other_allocator(opts)
             key_rows.sort(key=lambda r: r["allocator"] != ALLOC_DEFAULT)  # glibc's default first
@@ -88,65 +95,39 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
                     "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
                     "call under the default; retained, it runs at the speed of its arithmetic"
                 )
-            results["attention_key"] = key_rows
-            md = write_table(
-                out,
+            table(
                 "attention_key",
                 "Attention head-to-head (interleaved)",
                 key_rows,
                 ATTENTION_KEY_COLUMNS,
                 key_notes,
             )
-            print(md, flush=True)
-            zoo_rows, zoo_notes = bench_attention_zoo(opts)
-            results["attention_zoo"] = zoo_rows
-            md = write_table(
-                out,
-                "attention_zoo",
-                "Attention zoo: training step per variant",
-                zoo_rows,
-                ZOO_COLUMNS,
-                zoo_notes,
-            )
-            print(md, flush=True)
-            option_rows, option_notes = bench_attention_options(opts)
-            results["attention_options"] = option_rows
-            md = write_table(
-                out,
+            rows, notes = bench_attention_zoo(opts)
+            table("attention_zoo", "Attention zoo: training step per variant", rows, ZOO_COLUMNS, notes)
+            rows, notes = bench_attention_options(opts)
+            table(
                 "attention_options",
                 "Attention options (model.attention=sdpa)",
-                option_rows,
+                rows,
                 ATTENTION_OPTION_COLUMNS,
-                option_notes,
+                notes,
             )
         elif section == "train":
             rows, notes = bench_train(opts)
-            md = write_table(out, "train", "Training throughput", rows, TRAIN_COLUMNS, notes)
-            print(md, flush=True)
-            insight_rows, insight_notes = bench_insight(opts)
-            md = write_table(
-                out,
-                "insight",
-                "Head insight: cost per validation",
-                insight_rows,
-                INSIGHT_COLUMNS,
-                insight_notes,
-            )
+            table("train", "Training throughput", rows, TRAIN_COLUMNS, notes)
+            rows, notes = bench_insight(opts)
+            table("insight", "Head insight: cost per validation", rows, INSIGHT_COLUMNS, notes)
         elif section == "e2e":
             rows, notes = bench_end_to_end(opts)
-            md = write_table(
-                out, "e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes
-            )
+            table("e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes)
         elif section == "generate":
             rows, notes = bench_generate(opts)
-            md = write_table(out, "generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
+            table("generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
         else:
             with tempfile.TemporaryDirectory(prefix="gptmini-bench-data-") as tmp:
                 rows, notes = bench_data(opts, Path(tmp))
-            md = write_table(out, "data", "Data preparation and loading", rows, DATA_COLUMNS, notes)
-        results[section] = rows
+            table("data", "Data preparation and loading", rows, DATA_COLUMNS, notes)
         seconds[section] = time.perf_counter() - t0
-        print(md, flush=True)
     extra["load average at end (1/5/15 min)"] = loadavg()
     extra["wall time"] = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + (
         f"; total {time.perf_counter() - t_all:.0f} s"

@@ -34,7 +34,7 @@ def quick_results(tmp_path_factory):
 
 def test_quick_run_writes_every_file(quick_results):
     out, results = quick_results
-    extra = {"attention_key", "attention_options", "attention_zoo"}
+    extra = {"attention_key", "attention_options", "attention_zoo", "insight"}
     assert set(results) == {*common.SECTIONS, *extra}
     for name in (*common.SECTIONS, *extra):
         assert (out / f"{name}.md").is_file()
