@@ -88,6 +88,25 @@ def _read_hf_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
+def wrong_shapes(
+    path: Path, state: dict[str, Tensor], expected: dict[str, tuple[int, ...]], weights: str
+) -> list[str]:
+    """The tensors of ``state`` whose shapes differ from ``expected``, one line each; a missing or unexpected
+    name is one clear error first (``weights`` says which weights config.json describes)."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise HFWeightsError(
+            f"{path} does not hold the {weights} its {CONFIG_FILE} describes: missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    return [
+        f"{k}: {tuple(state[k].shape)} (expected {s})"
+        for k, s in expected.items()
+        if tuple(state[k].shape) != s
+    ]
+
+
 def read_config_json(path: Path, holds: str) -> dict[str, Any]:
     """The JSON object in ``path``'s config.json, or one clear error; ``holds`` says what such a folder holds."""
     _check_dir(path)
@@ -228,20 +247,12 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     for key in [k for k in state if _IGNORED.match(k)]:
         del state[key]
 
-    expected = _expected_shapes(cfg)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise HFWeightsError(
-            f"{path} does not hold the GPT-2 weights its {CONFIG_FILE} describes "
-            f"(n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']}): missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
-        )
-    wrong = [
-        f"{k}: {tuple(state[k].shape)} (expected {s})"
-        for k, s in expected.items()
-        if tuple(state[k].shape) != s
-    ]
+    wrong = wrong_shapes(
+        path,
+        state,
+        _expected_shapes(cfg),
+        f"GPT-2 weights (n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']})",
+    )
     if wrong:
         raise HFWeightsError(f"{path}: tensor shapes do not match {CONFIG_FILE}: " + "; ".join(wrong[:8]))
     if lm_head is not None and not (

@@ -40,6 +40,7 @@ from gptmini.hf.gpt2 import (
     check_export_target,
     read_config_json,
     write_folder,
+    wrong_shapes,
 )
 from gptmini.model import _OPTION_SETTINGS, GPT, GPTConfig
 
@@ -380,20 +381,12 @@ def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tenso
     for key in [k for k in state if _IGNORED.match(k)]:
         del state[key]
     lm_head = state.pop("lm_head.weight", None)
-    expected = _expected_shapes(config)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise HFWeightsError(
-            f"{path} does not hold the Llama weights its {CONFIG_FILE} describes "
-            f"(num_hidden_layers={config.n_layer}, hidden_size={config.n_embd}): missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
-        )
-    wrong = [
-        f"{k}: {tuple(state[k].shape)} (expected {s})"
-        for k, s in expected.items()
-        if tuple(state[k].shape) != s
-    ]
+    wrong = wrong_shapes(
+        path,
+        state,
+        _expected_shapes(config),
+        f"Llama weights (num_hidden_layers={config.n_layer}, hidden_size={config.n_embd})",
+    )
     vocab_shape = (config.vocab_size, config.n_embd)
     if config.tie_weights:
         if lm_head is not None and not torch.equal(lm_head, state["model.embed_tokens.weight"]):
