@@ -52,7 +52,8 @@ DRAG_STEPS = 10
 
 @dataclass
 class Cadence:
-    """The experiment's length and evaluation cadence (conf/experiment/shakespeare_char_cpu.yaml)."""
+    """The experiment's length and evaluation cadence, as ``experiment=shakespeare_char_cpu`` composes them (a
+    test compares every field with the composed config, so the two cannot drift apart)."""
 
     steps: int = 2000
     eval_every: int = 250
@@ -350,6 +351,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     from gptmini.data.windows import RandomWindowDataset, StreamSampler, StridedWindowDataset
     from gptmini.model import GPT, GPTConfig
     from gptmini.training.allocator import retain_freed_memory
+    from gptmini.training.module import weight_decay_groups
     from gptmini.training.schedulers import WarmupCosineLR
 
     retain_freed_memory()  # as training does (retain_freed_memory: true)
@@ -359,10 +361,9 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     block = model.config.block_size
     train = RandomWindowDataset(load_split(a.data_dir, "train", meta), block, c.steps * c.batch_size, c.seed)
     val = StridedWindowDataset(load_split(a.data_dir, "val", meta), block, None, name="val")
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, foreach=True)
+    opt = torch.optim.AdamW(
+        weight_decay_groups(model), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, foreach=True
+    )
     sched = WarmupCosineLR(opt, c.steps, c.warmup_steps, c.min_lr_ratio)
     loader = DataLoader(train, batch_size=c.batch_size, sampler=StreamSampler(len(train)), drop_last=True)
     tl = Timeline()

@@ -115,3 +115,26 @@ def test_summary_judges_the_ratios_of_the_medians():
     assert verdicts[0] == "whole run: gptmini / nanoGPT = 0.79x (goal <= 0.8x: met)"
     assert verdicts[1] == "median step: gptmini / nanoGPT = 0.81x (goal <= 1x: met)"
     assert verdicts[2] == "validation loss: gptmini - nanoGPT = +0.0040 (goal within +-0.01: met)"
+
+
+def test_the_cadence_is_the_experiments(compose_cfg):
+    """The bare loop trains what the training command trains: every setting of Cadence as the experiment composes
+    it (steps, evaluation, batch, AdamW, clipping, schedule, seed)."""
+    cfg = compose_cfg(["experiment=shakespeare_char_cpu"])
+    c = Cadence()
+    assert (c.steps, c.eval_every, c.eval_batches) == (
+        cfg.trainer.max_steps,
+        cfg.trainer.val_check_interval,
+        cfg.trainer.limit_val_batches,
+    )
+    assert (c.batch_size, c.grad_clip, c.seed) == (
+        cfg.data.batch_size,
+        cfg.trainer.gradient_clip_val,
+        cfg.seed,
+    )
+    assert (c.lr, list(c.betas), c.weight_decay) == (
+        cfg.optimizer.lr,
+        list(cfg.optimizer.betas),
+        cfg.optimizer.weight_decay,
+    )
+    assert (c.warmup_steps, c.min_lr_ratio) == (cfg.scheduler.warmup_steps, cfg.scheduler.min_lr_ratio)
