@@ -502,7 +502,12 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         inner = getattr(m, "inner", m)
         kernel = "explicit softmax" if n.endswith("(explicit reference)") else "sdpa"
         if getattr(inner, "changes_scores", False) and kernel == "sdpa":
-            kernel = "flex" if inner._flex_wanted(x) else "sdpa + float mask"
+            kernel = {
+                "flex": "flex",
+                "mask": "sdpa + float mask",
+                "sink_slot": "sdpa + sink slot",
+                "explicit": "explicit softmax",
+            }[inner.score_path(T, x.device)]
         rows.append(
             {
                 "variant": n,

@@ -24,6 +24,7 @@ from benchmarks.attention import _peak_bytes
 from benchmarks.common import BenchOptions, fmt, log, median_time
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
+from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
 
 CHAR_VOCAB = 65  # tinyshakespeare's characters: the vocabulary of the README's runs
 
@@ -53,7 +54,9 @@ def bench_attention_zoo(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
     for name, settings in variants().items():
         torch.manual_seed(opts.seed)
         models[name] = GPT(variant_config(settings)).to(dev).train()
-        optimizers[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-3)
+        # the optimizer as training builds it: decay groups and the device's multi-tensor / fused kernel
+        kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(dev).type)
+        optimizers[name] = torch.optim.AdamW(weight_decay_groups(models[name]), lr=1e-3, **kernel)
     T = next(iter(models.values())).config.block_size
     gen = torch.Generator().manual_seed(opts.seed)
     x = torch.randint(0, CHAR_VOCAB, (batch, T), generator=gen).to(dev)
@@ -92,7 +95,8 @@ def bench_attention_zoo(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
         log.info("zoo %-10s %7.2f ms/step (x%.2f learned)", n, rows[-1]["step_ms"], rows[-1]["vs_learned"])
     notes = [
         f"the quick-start model (model=cpu: 4 layers, 4 heads, 128 wide, block {T}), batch {batch}, vocabulary "
-        f"{CHAR_VOCAB}, fp32 on {dev}, eager: forward + backward + AdamW step; each variant of "
+        f"{CHAR_VOCAB}, fp32 on {dev}, eager: forward + backward + AdamW step (decay groups and kernel as training "
+        f"builds them); each variant of "
         f"conf/attention_variant/ in turn, {steps} steps per block, {rounds} rounds; step_ms from the fastest "
         "block (the estimate least disturbed by other processes), vs_learned its ratio to the learned-position "
         "baseline (plain sdpa)",

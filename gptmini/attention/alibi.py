@@ -28,7 +28,8 @@ def score_mask(
 ) -> Tensor:
     """What is added to the scores of ``queries`` new tokens at absolute positions start.. against keys
     0..start + queries - 1: -inf for the future and (with a window) for keys ``window`` or more tokens back,
-    else ``-slope_h * distance`` with ALiBi or 0. Shape (n_head, T, S) with slopes, else (T, S)."""
+    else ``-slope_h * distance`` with ALiBi or 0. Shape (1, n_head, T, S) with slopes, else (1, 1, T, S): four
+    dimensions, because SDPA's fused CPU kernel takes only a 4-D mask (with a 3-D one it runs the unfused math)."""
     q_pos = torch.arange(start, start + queries, device=device)[:, None]  # (T, 1)
     k_pos = torch.arange(start + queries, device=device)[None, :]  # (1, S)
     distance = q_pos - k_pos  # (T, S): >= 0 for the past
@@ -36,6 +37,6 @@ def score_mask(
     if window is not None:
         allowed &= distance < window
     if slopes is None:
-        return torch.zeros(distance.shape, device=device).masked_fill(~allowed, float("-inf"))
-    bias = -slopes.to(device)[:, None, None] * distance  # (nh, T, S)
+        return torch.zeros(1, 1, *distance.shape, device=device).masked_fill(~allowed, float("-inf"))
+    bias = -slopes.to(device)[None, :, None, None] * distance  # (1, nh, T, S)
     return bias.masked_fill(~allowed, float("-inf"))

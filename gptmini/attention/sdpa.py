@@ -23,6 +23,7 @@ from gptmini.attention.base import (
     set_out_proj,
 )
 from gptmini.attention.kv_cache import KVCache
+from gptmini.attention.qk_norm import head_rms_norm
 from gptmini.attention.registry import register_attention
 from gptmini.attention.rope import apply_rope, rope_tables
 
@@ -39,9 +40,12 @@ class CausalSelfAttention(LMAttention):
 
     ALiBi, sliding windows and sinks change the scores themselves. Where FlexAttention can train (a CUDA
     device) they run as its ``score_mod`` / ``block_mask``, so no (T, T) mask is built and fully masked blocks of
-    a window are skipped; elsewhere (CPU, whose FlexAttention has no backward; dropout, which it lacks; cached
-    decoding) they become an additive float mask for SDPA. A sink's slot carries no value, so with
-    FlexAttention it is exact to rescale each row by its share ``exp(lse) / (exp(lse) + exp(sink))``.
+    a window are skipped; elsewhere (CPU, whose FlexAttention has no backward; dropout, which it lacks) ALiBi and
+    windows become an additive (1, heads, T, T) float mask that SDPA's fused kernel reads (a 3-D mask would send
+    the CPU to its unfused math path). A sink's slot carries no value: with FlexAttention it is exact to rescale
+    each row by its share ``exp(lse) / (exp(lse) + exp(sink))``; with SDPA the sink becomes one more key, whose
+    score comes from an extra head dimension (see ``_attend_sink_slot``), except on short CPU sequences, where
+    the explicit softmax is cheaper than the fused kernel's extra dimension. ``score_path`` names the choice.
 
     Nothing here is sized by ``context_length`` except the RoPE tables, which grow on demand: with rotary, ALiBi
     or no positions the module runs at any length, longer than it was trained on (length extrapolation)."""
@@ -98,8 +102,8 @@ class CausalSelfAttention(LMAttention):
         self._masks: dict[
             tuple[int, torch.device], Tensor
         ] = {}  # score masks of uncached forwards, by (T, device)
-        # FlexAttention for score-changing options: None decides by device (CUDA: yes), True/False force it
-        self.use_flex: bool | None = None
+        # how an uncached forward computes score-changing options (see score_path); None: by device and length
+        self.path: str | None = None
         self._block_masks: dict[
             tuple[int, torch.device], object
         ] = {}  # FlexAttention block masks, by (T, device)
@@ -138,7 +142,7 @@ class CausalSelfAttention(LMAttention):
                     self.k_norm.weight.expand(self.n_kv_head, -1),
                 )
             )  # (nh + n_kv, hs): the queries' gain on their heads, the keys' on theirs
-            qk = F.rms_norm(qk, (self.head_size,), eps=self.q_norm.eps) * gain
+            qk = head_rms_norm(qk, gain, self.q_norm.eps)
         if self.rope:
             if start + T > self.rope_cos.shape[0]:
                 self._grow_rope(start + T)
@@ -159,15 +163,24 @@ class CausalSelfAttention(LMAttention):
         # options that SDPA's is_causal cannot express: they need a mask, or FlexAttention
         return self.alibi_slopes is not None or self.sliding_window is not None or self.sink is not None
 
-    def _flex_wanted(self, q: Tensor) -> bool:
-        if self.training and self.dropout > 0:
-            return False  # FlexAttention has no dropout
-        if self.use_flex is not None:
-            return self.use_flex
-        return q.is_cuda and flex_available()
+    def score_path(self, T: int, device: torch.device) -> str:
+        """How an uncached forward of T tokens with ALiBi, a window or a sink runs on ``device``: "flex"
+        (FlexAttention), "mask" (SDPA with the additive float mask, the sink as a masked column), "sink_slot"
+        (SDPA with the sink as an extra key dimension) or "explicit" (scores, mask, softmax, weights . values)."""
+        if self.path is not None:
+            return self.path
+        if device.type == "cuda" and flex_available() and not (self.training and self.dropout > 0):
+            return "flex"  # FlexAttention has no dropout
+        if self.sink is None:
+            return "mask"
+        if device.type == "cpu" and T <= EXPLICIT_SINK_MAX_LEN:
+            return "explicit"
+        # the sink slot leaves the scores of real keys as they are: plain causal ones only
+        return "mask" if self.alibi_slopes is not None or self.sliding_window is not None else "sink_slot"
 
-    def _score_mask(self, queries: int, start: int, device: torch.device) -> Tensor | None:
-        # None: plain causal attention, which the kernel does without a mask
+    def _key_mask(self, queries: int, start: int, device: torch.device) -> Tensor | None:
+        # what the scores of real keys get added, (1, nh or 1, T, start + T); None: plain causal attention, which
+        # the kernel does without a mask
         if not self.changes_scores:
             return None
         if start == 0:
@@ -177,21 +190,69 @@ class CausalSelfAttention(LMAttention):
                 self._masks[key] = score_mask(
                     self.n_head, queries, 0, self.alibi_slopes, self.sliding_window, device
                 )
-            mask = self._masks[key]
-        else:  # decoding: a new offset each token, a (T, start + T) mask that costs little
-            mask = score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
-        if self.sink is None:
+            return self._masks[key]
+        # decoding: a new offset each token, a (T, start + T) mask that costs little
+        return score_mask(self.n_head, queries, start, self.alibi_slopes, self.sliding_window, device)
+
+    def _score_mask(self, queries: int, start: int, device: torch.device) -> Tensor | None:
+        # the key mask, and with a sink one more key column whose score is the head's sink logit (SDPA sees the
+        # sink as an appended zero key, see _with_sink_slot)
+        mask = self._key_mask(queries, start, device)
+        if mask is None or self.sink is None:
             return mask
-        # the sink is one more key column: its score is the head's sink logit (the appended key is zero)
-        mask = mask.expand(self.n_head, *mask.shape[-2:])  # (nh, T, S)
-        sink = self.sink.to(mask.dtype)[:, None, None].expand(-1, queries, 1)  # (nh, T, 1)
-        return torch.cat((mask, sink), dim=-1)  # (nh, T, S + 1)
+        mask = mask.expand(1, self.n_head, *mask.shape[-2:])  # (1, nh, T, S)
+        sink = self.sink.to(mask.dtype)[None, :, None, None].expand(1, -1, queries, 1)  # (1, nh, T, 1)
+        return torch.cat((mask, sink), dim=-1)  # (1, nh, T, S + 1)
+
+    def _repeat_kv(self, t: Tensor) -> Tensor:
+        # (B, n_kv, T, hs) -> (B, nh, T, hs): query head h reads kv head h // group
+        return t if not self.grouped else t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
 
     def _with_sink_slot(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if self.sink is None:
             return k, v
         zero = k.new_zeros(*k.shape[:2], 1, k.shape[-1])  # (B, n_kv, 1, hs): a key with score 0, a zero value
         return torch.cat((k, zero), dim=2), torch.cat((v, zero), dim=2)
+
+    def _attend_sink_slot(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # The sink as a real key at position 0 for SDPA's fused kernel, without a mask that needs a gradient:
+        # each query gains a dimension holding sink_h / scale and keys one that is 1 on the sink key only, so the
+        # sink key's score is exactly sink_h and every other score is unchanged; its value is zero. A leading
+        # dummy query (it sees only the sink) keeps the causal mask square, so is_causal still applies.
+        if self.alibi_slopes is not None or self.sliding_window is not None:
+            raise ValueError(
+                "the sink slot path takes plain causal scores: use path='mask' with ALiBi or a window"
+            )
+        B, nh, T, hs = q.shape
+        scale = 1.0 / math.sqrt(hs)
+        sink = (self.sink.to(q.dtype) / scale)[None, :, None, None].expand(B, nh, T, 1)
+        q = F.pad(torch.cat((q, sink), dim=-1), (0, 0, 1, 0))  # (B, nh, 1 + T, hs + 1)
+        slot = torch.zeros(1 + T, hs + 1, dtype=k.dtype, device=k.device)
+        slot[0, hs] = 1.0  # the sink key's extra dimension
+        k = F.pad(k, (0, 1, 1, 0)) + slot  # (B, n_kv, 1 + T, hs + 1)
+        v = F.pad(v, (0, 1, 1, 0))  # (B, n_kv, 1 + T, hs + 1): the sink's value is zero
+        y = self._attend(q, k, v, is_causal=True, scale=scale)  # (B, nh, 1 + T, hs + 1)
+        return y[:, :, 1:, :hs]
+
+    def _probs(self, q: Tensor, k: Tensor) -> Tensor:
+        # explicit softmax of each query head against its group's keys, (B, nh, T, T); with a sink, the real keys'
+        # share only: rows sum to 1 minus what rests on the sink, whose value is zero
+        T = q.shape[-2]
+        k = self._repeat_kv(k)
+        mask = self._key_mask(T, 0, q.device)
+        if mask is None:
+            return causal_probs(q, k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size) + mask  # (B, nh, T, T)
+        if self.sink is None:
+            return torch.softmax(scores, dim=-1)
+        sink = self.sink.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)  # (B, nh, T, 1)
+        return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :T]
+
+    def _attend_explicit(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        probs = self._probs(q, k)
+        if self.training and self.dropout > 0:
+            probs = F.dropout(probs, self.dropout)
+        return probs @ self._repeat_kv(v)  # (B, nh, T, hs)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, **kwargs: object) -> Tensor:
         if self.grouped:  # the kernel repeats each kv head for its group of query heads without copying
@@ -222,10 +283,15 @@ class CausalSelfAttention(LMAttention):
         q, k, v = self._heads(x, start)  # keys enter the cache already rotated: each is rotated once
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
-        if kv_cache is None and self.changes_scores and self._flex_wanted(q):
+        path = self.score_path(T, x.device) if kv_cache is None and self.changes_scores else None
+        if path == "flex":
             y = self._flex(q, k, v)
+        elif path == "sink_slot":
+            y = self._attend_sink_slot(q, k, v)
+        elif path == "explicit":
+            y = self._attend_explicit(q, k, v)
         elif (mask := self._score_mask(T, start, x.device)) is not None:
-            # ALiBi biases, windows and the sink as an additive mask: (nh or 1, T, start + T [+ 1])
+            # ALiBi biases, windows and the sink as an additive mask: (1, nh or 1, T, start + T [+ 1])
             k, v = self._with_sink_slot(k, v)
             y = self._attend(q, k, v, attn_mask=mask)
         elif kv_cache is None:
@@ -250,20 +316,8 @@ class CausalSelfAttention(LMAttention):
 
     def _reference(self, x: Tensor) -> tuple[Tensor, Tensor]:
         # the explicit path the fused kernel skips: scores -> mask/bias -> softmax, with each query head's values
-        T = x.shape[1]
         q, k, v = self._heads(x)
-        group = self.n_head // self.n_kv_head
-        k, v = (
-            k.repeat_interleave(group, dim=1),
-            v.repeat_interleave(group, dim=1),
-        )  # head h reads kv h // group
-        mask = self._score_mask(T, 0, x.device)
-        if mask is None:
-            return causal_probs(q, k), v  # (B, nh, T, T), (B, nh, T, hs)
-        k, _ = self._with_sink_slot(k, k)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size) + mask  # (B, nh, T, T [+ 1])
-        # the real keys' share: with a sink, rows sum to 1 minus what rests on the sink, whose value is zero
-        return torch.softmax(scores, dim=-1)[..., :T], v
+        return self._probs(q, k), self._repeat_kv(v)  # (B, nh, T, T), (B, nh, T, hs)
 
     def attention_probs(self, x: Tensor) -> Tensor:
         return self._reference(x)[0]
@@ -300,6 +354,11 @@ class CausalSelfAttention(LMAttention):
         set_out_proj(self.out_proj, weights)
         for name, param in mine.items():
             copy_param(param, weights.extra[name], name)
+
+
+# On a CPU, up to this many tokens the explicit softmax with a sink beats SDPA's fused kernel with the sink slot
+# (one more head dimension and one more query and key): measured both ways with ``make bench`` (attention options)
+EXPLICIT_SINK_MAX_LEN = 128
 
 
 # --- FlexAttention (PyTorch >= 2.5), used where it can train: see CausalSelfAttention ---------------------------

@@ -363,13 +363,7 @@ def check_input_longer_than_context(name: str, options: dict[str, Any]) -> None:
         assert_close(module.attention_probs(x), expected_probs, atol=1e-5, rtol=1e-5)
 
 
-def check_fast_path_matches_reference(name: str, options: dict[str, Any]) -> None:
-    # the fused training path and the explicit one whose probabilities are plotted: forward and backward
-    module = make(name, options).train()  # dropout 0: training mode changes nothing but which kernel may run
-    w = random_weights(module, seed=6)
-    module.set_weights(w)
-    x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(7), requires_grad=True)
-    upstream = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(8))
+def _fast_and_reference(module: torch.nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> list[tuple]:
     results = []
     for path in (module.forward, module.reference_forward):
         module.zero_grad()
@@ -378,20 +372,41 @@ def check_fast_path_matches_reference(name: str, options: dict[str, Any]) -> Non
         (out * upstream).sum().backward()
         grads = {n: p.grad.clone() for n, p in module.named_parameters()}
         results.append((out.detach(), x.grad.clone(), grads))
-    (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = results
-    assert_close(fast, ref, atol=1e-5, rtol=1e-5)
-    assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5)
-    for pname, ref_grad in ref_grads.items():
-        # 1e-5 of the gradient's scale: a key bias's gradient is zero in exact arithmetic (softmax cancels it)
-        # and float32 rounding of sums over ~30-sized terms leaves about 1e-5 there, in either path
-        scale = max(1.0, ref_grad.abs().max().item())
-        assert_close(fast_grads[pname], ref_grad, atol=1e-5 * scale, rtol=1e-5, msg=pname)
+    return results
+
+
+def check_fast_path_matches_reference(name: str, options: dict[str, Any]) -> None:
+    # the fused training path and the explicit one whose probabilities are plotted: forward and backward
+    module = make(name, options).train()  # dropout 0: training mode changes nothing but which kernel may run
+    w = random_weights(module, seed=6)
+    module.set_weights(w)
+    x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    upstream = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(8))
+    # every way a CPU trains score-changing options, each forced in turn (the default picks one by length)
+    paths: list[str | None] = [None]
+    if getattr(module, "changes_scores", False):
+        paths += ["mask", "explicit"]
+        if options.get("attn_sink") and not (options.get("alibi") or options.get("sliding_window")):
+            paths.append("sink_slot")
+    for forced in paths:
+        if forced is not None:
+            module.path = forced
+        (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = _fast_and_reference(module, x, upstream)
+        assert_close(fast, ref, atol=1e-5, rtol=1e-5, msg=f"path {forced}")
+        assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5, msg=f"path {forced}")
+        for pname, ref_grad in ref_grads.items():
+            # 1e-5 of the gradient's scale: a key bias's gradient is zero in exact arithmetic (softmax cancels
+            # it) and float32 rounding of sums over ~30-sized terms leaves about 1e-5 there, in either path
+            scale = max(1.0, ref_grad.abs().max().item())
+            assert_close(
+                fast_grads[pname], ref_grad, atol=1e-5 * scale, rtol=1e-5, msg=f"{pname}, path {forced}"
+            )
     if getattr(module, "changes_scores", False):
         # FlexAttention (score_mod / block_mask): forward only on a CPU, whose FlexAttention has no backward;
         # tests/integration/test_gpu_paths.py checks its gradients on a GPU
         import gptmini.attention.sdpa as sdpa_module
 
-        module.eval().use_flex = True
+        module.eval().path = "flex"
         with (
             torch.no_grad(),
             warnings.catch_warnings(),  # eager FlexAttention says it is unfused: here it is a reference

@@ -96,8 +96,8 @@ def test_alibi_and_window_mask_on_a_hand_computed_example():
 
     slopes = torch.tensor([0.5])
     # two new queries at absolute positions 2 and 3 against keys 0..3, window 2
-    mask = score_mask(1, 2, 2, slopes, 2, torch.device("cpu"))[0]
+    mask = score_mask(1, 2, 2, slopes, 2, torch.device("cpu"))[0, 0]
     inf = float("inf")
     np.testing.assert_allclose(mask.numpy(), [[-inf, -0.5, 0.0, -inf], [-inf, -inf, -0.5, 0.0]])
-    plain = score_mask(1, 2, 2, None, None, torch.device("cpu"))
+    plain = score_mask(1, 2, 2, None, None, torch.device("cpu"))[0, 0]
     np.testing.assert_allclose(plain.numpy(), [[0.0, 0.0, 0.0, -inf], [0.0, 0.0, 0.0, 0.0]])

@@ -1,0 +1,68 @@
+"""How model.attention=sdpa trains ALiBi, windows and sinks on a CPU: which path it picks by length, and that
+the picked path is the function the explicit reference computes, at lengths either side of the switch.
+(tests/unit/attention/attention_matrix.py forces every path on every option combination at a short length.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from gptmini.attention import build_attention
+from gptmini.attention.sdpa import EXPLICIT_SINK_MAX_LEN
+
+CPU = torch.device("cpu")
+SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
+
+
+@pytest.mark.parametrize(
+    ("options", "short", "long"),
+    [
+        ({"alibi": True}, "mask", "mask"),
+        ({"sliding_window": 8}, "mask", "mask"),
+        ({"attn_sink": True}, "explicit", "sink_slot"),
+        ({"attn_sink": True, "n_kv_head": 2}, "explicit", "sink_slot"),
+        ({"attn_sink": True, "alibi": True}, "explicit", "mask"),
+        ({"attn_sink": True, "sliding_window": 8}, "explicit", "mask"),
+    ],
+    ids=lambda o: o if isinstance(o, str) else "+".join(o),
+)
+def test_cpu_path_by_length(options: dict[str, Any], short: str, long: str):
+    module = build_attention("sdpa", 32, 4, 256, **options)
+    assert module.score_path(SHORT, CPU) == short
+    assert module.score_path(LONG, CPU) == long
+    module.path = "explicit"  # an explicit choice wins
+    assert module.score_path(LONG, CPU) == "explicit"
+
+
+@pytest.mark.parametrize("T", [SHORT, LONG])
+@pytest.mark.parametrize(
+    "options",
+    [{"attn_sink": True}, {"attn_sink": True, "n_kv_head": 2, "rope_base": 10000.0}],
+    ids=["sink", "sink+gqa+rope"],
+)
+def test_default_path_equals_the_reference_either_side_of_the_switch(T: int, options: dict[str, Any]):
+    torch.manual_seed(0)
+    module = build_attention("sdpa", 32, 4, 256, **options).train()
+    with torch.no_grad():
+        module.sink.copy_(torch.randn(4))  # a sink that matters: zeros would be a special case
+    x = torch.randn(2, T, 32, requires_grad=True)
+    upstream = torch.randn(2, T, 32)
+    results = []
+    for path in (module.forward, module.reference_forward):
+        module.zero_grad()
+        x.grad = None
+        out = path(x)
+        (out * upstream).sum().backward()
+        results.append((out.detach(), x.grad.clone(), module.sink.grad.clone()))
+    for fast, ref in zip(*results, strict=True):
+        assert_close(fast, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_sink_slot_refuses_scores_it_cannot_hold():
+    module = build_attention("sdpa", 32, 4, 256, attn_sink=True, alibi=True)
+    module.path = "sink_slot"
+    with pytest.raises(ValueError, match="sink slot path takes plain causal scores"):
+        module(torch.randn(1, 6, 32))
