@@ -532,8 +532,10 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         f"{str(s.dtype).replace('torch.', '')} on {dev}, no bias; fwd+bwd, one run of each per round for {rounds} "
         "rounds after a warmup (memory) run of each; vs_sdpa_min: fastest run over plain sdpa's fastest",
         "kernel: what the training path runs here. ALiBi, windows and sinks change the scores: FlexAttention "
-        "(score_mod / block_mask) on a CUDA device; elsewhere SDPA with an additive float mask (CPU FlexAttention "
-        "has no backward). 'explicit reference' rows run the explicit path the maps read (scores, mask, softmax, "
+        "(score_mod / block_mask) on a CUDA device; elsewhere (CPU FlexAttention has no backward) SDPA with a 4-D "
+        "additive float mask for ALiBi and windows, and for a sink one more key whose score an extra head "
+        "dimension carries ('sink slot'), or the explicit softmax on short CPU sequences (CausalSelfAttention."
+        "score_path). 'explicit reference' rows run the explicit path the maps read (scores, mask, softmax, "
         "weights . values): the baseline a fast path must beat",
         "gqa: n_kv_head = n_head / 4; window256: sliding_window 256 (T / 4 in --quick); "
         "kv_cache_bytes_per_token: per layer, keys and values, this dtype",
