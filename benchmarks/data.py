@@ -87,7 +87,7 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         t1 = time.perf_counter()
         with autocast(dev):
-            _, loss = model(x, y)
+            _, loss = model(x, y, return_logits=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         opt.step()

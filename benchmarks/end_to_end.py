@@ -375,7 +375,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
             for i, (x, y) in enumerate(DataLoader(val, batch_size=c.batch_size)):
                 if i == c.eval_batches:
                     break
-                losses.append(model(x, y)[1].item())
+                losses.append(model(x, y, return_logits=False)[1].item())
         model.train()
         return sum(losses) / len(losses)
 
@@ -384,7 +384,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     for step in range(1, c.steps + 1):
         start = time.time()
         x, y = next(batches)
-        _, loss = model(x, y)
+        _, loss = model(x, y, return_logits=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
         opt.step()

@@ -79,7 +79,7 @@ def run_bare_loop(
     sync(device)
     for x, y in batches:
         with autocast(device):
-            _, loss = model(x, y)
+            _, loss = model(x, y, return_logits=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         opt.step()

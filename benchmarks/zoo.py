@@ -63,7 +63,7 @@ def bench_attention_zoo(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
     y = torch.randint(0, CHAR_VOCAB, (batch, T), generator=gen).to(dev)
 
     def step(name: str) -> None:
-        _, loss = models[name](x, y)
+        _, loss = models[name](x, y, return_logits=False)
         loss.backward()
         optimizers[name].step()
         optimizers[name].zero_grad(set_to_none=True)

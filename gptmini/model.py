@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptmini.attention import KVCache, attention_class, available_attention, build_attention
+from gptmini.lm_loss import linear_cross_entropy
 
 
 class ConfigError(ValueError):
@@ -405,17 +406,30 @@ class GPT(nn.Module):
         return logits
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = self.logits(self.hidden_states(idx))  # (B, T, Vp)
-        loss = None
-        if targets is not None:
-            # Cross entropy over the padded width: -inf logits contribute exp(-inf) = 0 to the normaliser.
-            loss = F.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-            )
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Logits (B, T, vocab) and, given targets (B, T; -1 is ignored), the mean cross entropy.
+
+        ``return_logits=False`` asks for the loss alone (logits None), which on a CPU never materialises the
+        logits: ``lm_loss.linear_cross_entropy`` takes the hidden states and the output weight chunk by chunk,
+        several times faster than logits then cross entropy with the GPT-2 vocabulary. On other devices the loss
+        comes the plain way, which ``torch.compile`` fuses."""
+        h = self.hidden_states(idx)  # (B, T, C)
+        if targets is not None and not return_logits and h.device.type == "cpu":
+            # only the real vocabulary's rows: padding columns would be -inf logits, which add nothing
+            weight = self.lm_head.weight[: self.config.vocab_size]  # (V, C)
+            return None, linear_cross_entropy(h.reshape(-1, h.size(-1)), weight, targets.reshape(-1), -1)
+        logits = self.logits(h)  # (B, T, Vp)
+        loss = None if targets is None else self._cross_entropy(logits, targets)
         # A view: padded columns are never shown to callers.
-        return logits[..., : self.config.vocab_size], loss
+        return (logits[..., : self.config.vocab_size] if return_logits else None), loss
+
+    @staticmethod
+    def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # Cross entropy over the padded width: -inf logits contribute exp(-inf) = 0 to the normaliser.
+        return F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+        )
 
     # --- attention maps (explicit path, for visualisation) ------------------------------------------------
 

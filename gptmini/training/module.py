@@ -81,7 +81,7 @@ class GPTLightningModule(L.LightningModule):
 
     def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
-        _, loss = self.model(x, y)
+        _, loss = self.model(x, y, return_logits=False)  # the loss alone: a CPU skips the logits
         return loss
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

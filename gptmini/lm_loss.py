@@ -1,0 +1,93 @@
+"""Next-token cross entropy straight from the last hidden states, without the (tokens, vocabulary) logits.
+
+With the GPT-2 vocabulary the output layer is most of a small model's step: its logits for a batch of 1,024
+tokens are 50,304 × 1,024 floats (206 MB), written by the matmul, read and written again by log-softmax, and
+twice more by their gradients. Here rows go through in chunks: each chunk's logits give its loss and, at once,
+their gradient (softmax minus the one-hot target), which is multiplied into the gradients of the hidden states
+and the weight before the next chunk reuses the memory. The backward only scales what the forward computed.
+This is the chunked linear cross-entropy that Liger-Kernel and others fuse on GPUs, written with plain PyTorch
+operations; the model uses it on the CPU (see ``GPT.loss``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK_ROWS = 128  # rows per chunk: large enough for an efficient matmul, small enough to stay cache-sized
+
+
+def _chunked(
+    h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int, grad_h: bool, grad_w: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Summed loss, count of scored rows, and (when asked) the gradients of the summed loss."""
+    N = h.shape[0]
+    scored = targets != ignore_index  # (N,)
+    safe = targets.masked_fill(
+        ~scored, 0
+    )  # ignored rows point at class 0; their loss and gradient are masked
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    dh = torch.empty(h.shape, dtype=torch.float32, device=h.device) if grad_h else None
+    dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_w else None
+    for start in range(0, N, chunk):
+        rows = slice(start, start + chunk)
+        hc, tc, keep = h[rows], safe[rows], scored[rows]
+        logits = F.linear(hc, weight).float()  # (n, V)
+        picked = logits.gather(1, tc[:, None]).squeeze(1)  # (n,)
+        # log-sum-exp with one pass of exp, in place: the exponentials are the softmax's numerators below
+        top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
+        exps = logits.sub_(top).exp_()  # (n, V)
+        sums = exps.sum(dim=-1, keepdim=True)  # (n, 1)
+        lse = (top + sums.log()).squeeze(1)  # (n,)
+        total += ((lse - picked) * keep).sum()
+        if not (grad_h or grad_w):
+            continue
+        # d(lse - picked)/dlogits = softmax - onehot, in place; zero for ignored rows
+        weight_rows = keep[:, None].to(exps.dtype)  # (n, 1): 1 for scored rows, 0 for ignored ones
+        probs = exps.mul_(weight_rows / sums)
+        probs.scatter_add_(1, tc[:, None], -weight_rows)
+        with torch.autocast(h.device.type, enabled=False):
+            if dh is not None:
+                dh[rows] = probs @ weight.float()  # (n, C)
+            if dw is not None:
+                dw.addmm_(probs.t(), hc.float())  # (V, C)
+    return total, scored.sum(), dh, dw
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk: int) -> Tensor:  # type: ignore[override]
+        total, count, dh, dw = _chunked(
+            h, weight, targets, ignore_index, chunk, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        )
+        ctx.save_for_backward(dh, dw, count)
+        ctx.dtypes = (h.dtype, weight.dtype)
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:  # type: ignore[override]
+        dh, dw, count = ctx.saved_tensors
+        scale = grad / count  # the mean's 1 / count, times what flows in
+        h_dtype, w_dtype = ctx.dtypes
+        return (
+            None if dh is None else (dh * scale).to(h_dtype),
+            None if dw is None else (dw * scale).to(w_dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def linear_cross_entropy(
+    h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -1, chunk: int = CHUNK_ROWS
+) -> Tensor:
+    """Mean cross entropy of ``F.linear(h, weight)`` against ``targets``, as ``F.cross_entropy`` computes it
+    (rows whose target is ``ignore_index`` are left out of the mean), for h (N, C), weight (V, C), targets (N,)."""
+    if h.dim() != 2 or targets.shape != h.shape[:1]:
+        raise ValueError(
+            f"expected h (N, C) and targets (N,), got {tuple(h.shape)} and {tuple(targets.shape)}"
+        )
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk)
+    total, count, _, _ = _chunked(h, weight, targets, ignore_index, chunk, False, False)
+    return total / count

@@ -1,0 +1,84 @@
+"""The chunked cross entropy from hidden states against logits then F.cross_entropy: values, gradients of the
+hidden states and the weight, ignored targets, ragged chunks, no-grad use, and the model's two paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from gptmini.lm_loss import linear_cross_entropy
+from gptmini.model import GPT, GPTConfig
+
+
+def _problem(N: int = 37, C: int = 16, V: int = 101, ignored: int = 5):
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(N, C, generator=gen, requires_grad=True)
+    w = (0.5 * torch.randn(V, C, generator=gen)).requires_grad_()
+    targets = torch.randint(0, V, (N,), generator=gen)
+    targets[torch.randperm(N, generator=gen)[:ignored]] = -1
+    return h, w, targets
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 37, 128])  # one row, ragged last chunk, exact, one chunk for all
+def test_matches_logits_then_cross_entropy(chunk: int):
+    h, w, targets = _problem()
+    expected = F.cross_entropy(h @ w.t(), targets, ignore_index=-1)
+    got = linear_cross_entropy(h, w, targets, ignore_index=-1, chunk=chunk)
+    assert_close(got, expected)
+    upstream = torch.tensor(1.7)  # a loss scaled on its way back (e.g. gradient accumulation)
+    exp_grads = torch.autograd.grad(expected, (h, w), upstream)
+    got_grads = torch.autograd.grad(got, (h, w), upstream)
+    for name, a, b in zip(("h", "weight"), got_grads, exp_grads, strict=True):
+        assert_close(a, b, msg=name)
+
+
+def test_ignored_rows_get_no_gradient_and_leave_the_mean():
+    h, w, targets = _problem()
+    loss = linear_cross_entropy(h, w, targets)
+    (dh,) = torch.autograd.grad(loss, (h,))
+    ignored = targets == -1
+    assert dh[ignored].abs().max() == 0
+    assert dh[~ignored].abs().sum(-1).min() > 0
+    kept = F.cross_entropy(h[~ignored] @ w.t(), targets[~ignored])
+    assert_close(loss, kept)
+
+
+def test_only_requested_gradients_and_no_grad_mode():
+    h, w, targets = _problem()
+    expected = F.cross_entropy(h @ w.t(), targets, ignore_index=-1)
+    w.requires_grad_(False)
+    loss = linear_cross_entropy(h, w, targets)
+    loss.backward()
+    assert h.grad is not None and w.grad is None
+    with torch.no_grad():
+        assert_close(linear_cross_entropy(h, w, targets), expected.detach())
+
+
+def test_bad_shapes_are_refused():
+    h, w, targets = _problem()
+    with pytest.raises(ValueError, match=r"expected h \(N, C\) and targets \(N,\)"):
+        linear_cross_entropy(h[None], w, targets)
+
+
+def test_models_loss_alone_equals_its_logits_loss_and_gradients():
+    # padded vocabulary and tied weights: the chunked path reads only the real rows of the shared matrix
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=64)
+    model = GPT(config)
+    assert config.padded_vocab_size == 128 and model.lm_head.weight is model.wte.weight
+    x = torch.randint(0, 97, (3, 16))
+    y = torch.randint(0, 97, (3, 16))
+    y[0, :4] = -1
+    results = []
+    for return_logits in (True, False):
+        model.zero_grad()
+        logits, loss = model(x, y, return_logits=return_logits)
+        assert (logits is None) == (not return_logits)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, plain_grads), (chunked, chunked_grads) = results
+    assert_close(chunked, plain)
+    for name, grad in plain_grads.items():
+        assert_close(chunked_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
