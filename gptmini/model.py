@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptmini import lm_loss
 from gptmini.attention import KVCache, attention_class, available_attention, build_attention
-from gptmini.lm_loss import linear_cross_entropy
 
 
 class ConfigError(ValueError):
@@ -410,19 +410,30 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits (B, T, vocab) and, given targets (B, T; -1 is ignored), the mean cross entropy.
 
-        ``return_logits=False`` asks for the loss alone (logits None), which on a CPU never materialises the
-        logits: ``lm_loss.linear_cross_entropy`` takes the hidden states and the output weight chunk by chunk,
-        several times faster than logits then cross entropy with the GPT-2 vocabulary. On other devices the loss
-        comes the plain way, which ``torch.compile`` fuses."""
+        ``return_logits=False`` asks for the loss alone (logits None), which on a CPU with a large vocabulary
+        never materialises the logits: ``lm_loss.linear_cross_entropy`` takes the hidden states and the output
+        weight chunk by chunk. On other devices, and for small vocabularies, the loss comes the plain way (which
+        ``torch.compile`` fuses on a GPU)."""
         h = self.hidden_states(idx)  # (B, T, C)
-        if targets is not None and not return_logits and h.device.type == "cpu":
-            # only the real vocabulary's rows: padding columns would be -inf logits, which add nothing
-            weight = self.lm_head.weight[: self.config.vocab_size]  # (V, C)
-            return None, linear_cross_entropy(h.reshape(-1, h.size(-1)), weight, targets.reshape(-1), -1)
+        chunked = h.device.type == "cpu" and self.config.vocab_size >= lm_loss.MIN_VOCAB
+        if targets is not None and not return_logits and chunked:
+            flat = h.reshape(-1, h.size(-1))  # (B T, C)
+            return None, lm_loss.linear_cross_entropy(flat, self._vocab_weight(), targets.reshape(-1), -1)
         logits = self.logits(h)  # (B, T, Vp)
         loss = None if targets is None else self._cross_entropy(logits, targets)
         # A view: padded columns are never shown to callers.
         return (logits[..., : self.config.vocab_size] if return_logits else None), loss
+
+    @torch.no_grad()
+    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The cross entropy at each position, (B, T), without materialising the (B, T, vocab) logits."""
+        h = self.hidden_states(idx)  # (B, T, C)
+        flat = lm_loss.token_losses(h.reshape(-1, h.size(-1)), self._vocab_weight(), targets.reshape(-1))
+        return flat.view(targets.shape)
+
+    def _vocab_weight(self) -> torch.Tensor:
+        # the output rows of the real vocabulary, (V, C): padding rows would give -inf logits, which add nothing
+        return self.lm_head.weight[: self.config.vocab_size]
 
     @staticmethod
     def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.func import functional_call
 
 from gptmini.model import GPT
@@ -76,8 +75,7 @@ def _mean_loss(model: GPT, windows: torch.Tensor, batch_size: int) -> float:
     total, count = 0.0, 0
     for chunk in windows.split(batch_size):
         chunk = chunk.to(device)
-        logits = model.logits(model.hidden_states(chunk[:, :-1])).float()  # (b, T, Vp)
-        total += float(F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="sum"))
+        total += float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).sum())  # over (b, T) positions
         count += chunk[:, 1:].numel()
     return total / count
 

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from gptmini.model import GPT
 
@@ -24,15 +23,13 @@ from gptmini.model import GPT
 def loss_by_position(model: GPT, windows: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
     """Mean cross entropy (nats) at each position of the context over ``windows`` (B, T + 1) of token ids (inputs
     ``[:, :-1]``, targets ``[:, 1:]``): (T,), on the CPU. Runs the plain (uncompiled) model in chunks of
-    ``batch_size`` windows, so the (batch, T, vocab) logits stay small."""
+    ``batch_size`` windows."""
     device = next(model.parameters()).device
     total = torch.zeros(windows.size(1) - 1, dtype=torch.float64)
     for chunk in windows.split(batch_size):
         chunk = chunk.to(device)
         x, y = chunk[:, :-1], chunk[:, 1:]  # (b, T) each
-        logits = model.logits(model.hidden_states(x)).float()  # (b, T, Vp); padded columns are -inf
-        loss = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (b, T)
-        total += loss.sum(0).double().cpu()
+        total += model.token_losses(x, y).sum(0).double().cpu()  # (b, T) losses, summed over windows
     return (total / windows.size(0)).float()
 
 

@@ -3,12 +3,15 @@ hidden states and the weight, ignored targets, ragged chunks, no-grad use, and t
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from gptmini.lm_loss import linear_cross_entropy
+from gptmini import lm_loss
+from gptmini.lm_loss import MIN_VOCAB, linear_cross_entropy, token_losses
 from gptmini.model import GPT, GPTConfig
 
 
@@ -62,23 +65,41 @@ def test_bad_shapes_are_refused():
         linear_cross_entropy(h[None], w, targets)
 
 
-def test_models_loss_alone_equals_its_logits_loss_and_gradients():
+@pytest.mark.parametrize(("vocab", "chunked"), [(MIN_VOCAB + 53, True), (97, False)])
+def test_models_loss_alone_equals_its_logits_loss_and_gradients(vocab: int, chunked: bool):
     # padded vocabulary and tied weights: the chunked path reads only the real rows of the shared matrix
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=64)
+    config = GPTConfig(vocab_size=vocab, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=64)
     model = GPT(config)
-    assert config.padded_vocab_size == 128 and model.lm_head.weight is model.wte.weight
-    x = torch.randint(0, 97, (3, 16))
-    y = torch.randint(0, 97, (3, 16))
+    assert config.padded_vocab_size > vocab and model.lm_head.weight is model.wte.weight
+    x = torch.randint(0, vocab, (3, 16))
+    y = torch.randint(0, vocab, (3, 16))
     y[0, :4] = -1
     results = []
     for return_logits in (True, False):
         model.zero_grad()
-        logits, loss = model(x, y, return_logits=return_logits)
+        with mock.patch.object(lm_loss, "linear_cross_entropy", wraps=lm_loss.linear_cross_entropy) as spy:
+            logits, loss = model(x, y, return_logits=return_logits)
+        # the chunked path only for the loss alone, and only where the vocabulary is large enough to pay
+        assert spy.call_count == (chunked and not return_logits)
         assert (logits is None) == (not return_logits)
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (plain, plain_grads), (chunked, chunked_grads) = results
-    assert_close(chunked, plain)
+    (plain, plain_grads), (alone, alone_grads) = results
+    assert_close(alone, plain)
     for name, grad in plain_grads.items():
-        assert_close(chunked_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+        assert_close(alone_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_token_losses_match_unreduced_cross_entropy():
+    h, w, targets = _problem(ignored=0)
+    expected = F.cross_entropy(h @ w.t(), targets, reduction="none")
+    assert_close(token_losses(h, w, targets, chunk=8), expected.detach())
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(vocab_size=97, block_size=16, n_layer=1, n_head=2, n_embd=32, pad_vocab_multiple=64)
+    )
+    x, y = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        logits, _ = model(x)
+    assert_close(model.token_losses(x, y), F.cross_entropy(logits.transpose(1, 2), y, reduction="none"))
