@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gptmini"
 
 # lowest first; a module may import from its own layer or any lower one
 LAYERS = [
-    ("gptmini.fileio", "gptmini.conf_dir", "gptmini.attention"),
+    ("gptmini.fileio", "gptmini.conf_dir", "gptmini.attention", "gptmini.lm_loss"),
     ("gptmini.model",),
     ("gptmini.data",),
     ("gptmini.checkpoint", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
