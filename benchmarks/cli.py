@@ -33,6 +33,7 @@ from benchmarks.data import bench_data
 from benchmarks.end_to_end import bench_end_to_end
 from benchmarks.generation import bench_generate
 from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
+from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
 from benchmarks.summary import (
     ATTENTION_COLUMNS,
     ATTENTION_KEY_COLUMNS,
@@ -117,6 +118,8 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
             table("train", "Training throughput", rows, TRAIN_COLUMNS, notes)
             rows, notes = bench_insight(opts)
             table("insight", "Head insight: cost per validation", rows, INSIGHT_COLUMNS, notes)
+            rows, notes = bench_lm_loss(opts)
+            table("lm_loss", "Output-layer loss: logits vs chunked", rows, LM_LOSS_COLUMNS, notes)
         elif section == "e2e":
             rows, notes = bench_end_to_end(opts)
             table("e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes)

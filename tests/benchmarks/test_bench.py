@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import attention, cli, common, summary, training
+from benchmarks.lm_loss import LM_LOSS_COLUMNS
 from gptmini.attention import available_attention
 
 
@@ -34,7 +35,7 @@ def quick_results(tmp_path_factory):
 
 def test_quick_run_writes_every_file(quick_results):
     out, results = quick_results
-    extra = {"attention_key", "attention_options", "attention_zoo", "insight"}
+    extra = {"attention_key", "attention_options", "attention_zoo", "insight", "lm_loss"}
     assert set(results) == {*common.SECTIONS, *extra}
     for name in (*common.SECTIONS, *extra):
         assert (out / f"{name}.md").is_file()
@@ -45,6 +46,20 @@ def test_quick_run_writes_every_file(quick_results):
     summary = (out / "summary.md").read_text()
     assert "torch" in summary and "Key ratios" in summary
     assert not list(out.glob(".*.tmp")), "a temp file was left behind"
+
+
+def test_lm_loss_rows_compare_both_paths(quick_results):
+    out, _ = quick_results
+    columns, rows = _read_csv(out / "lm_loss.csv")
+    assert columns == LM_LOSS_COLUMNS
+    cases = {(r["case"], r["vocab"]) for r in rows}
+    assert ("train step", "4096") in cases and ("output layer", "65") in cases
+    for case in cases:
+        paths = [r for r in rows if (r["case"], r["vocab"]) == case]
+        assert len(paths) == 2  # the logits path and the other, timed side by side
+        baseline = next(r for r in paths if r["path"] == "logits + cross_entropy")
+        assert float(baseline["vs_logits"]) == 1.0
+        assert all(_positive(r["ms"]) and _positive(r["vs_logits"]) for r in paths)
 
 
 def test_attention_csv_one_row_per_impl_and_length(quick_results):
