@@ -7,36 +7,46 @@ at training sizes. Tests hold it to ``F.rms_norm`` and to a NumPy reference, val
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 
 class _HeadRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, gain: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, eps: float, counts: tuple[int, ...], *gains: Tensor) -> Tensor:  # type: ignore[override]
         D = x.shape[-1]
         # 1 / rms over each head's dimensions, (..., 1): one reduction, then small in-place operations
         rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(D).add_(eps).rsqrt_()
         xhat = x * rstd
+        # each gain on its run of heads, (heads, D), built outside autograd: the backward sums per run itself
+        gain = torch.cat([g.expand(n, -1) for g, n in zip(gains, counts, strict=True)])
         ctx.save_for_backward(xhat, rstd, gain)
+        ctx.counts = counts
         return xhat * gain
 
     @staticmethod
-    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         xhat, rstd, gain = ctx.saved_tensors
-        dx = dgain = None
+        dx = None
         dxhat = dy * gain
-        if ctx.needs_input_grad[1]:
-            # the gain is shared by everything in front of its own dimensions (batch, time)
-            dgain = (dy * xhat).sum(dim=tuple(range(dy.dim() - gain.dim())))
+        dgains: list[Tensor | None] = [None] * len(ctx.counts)
+        if any(ctx.needs_input_grad[3:]):
+            # a gain is shared by everything in front of its heads (batch, time) and by the heads of its run
+            per_head = (dy * xhat).sum(dim=tuple(range(dy.dim() - 2)))  # (heads, D)
+            dgains = [part.sum(0) for part in per_head.split(list(ctx.counts))]
         if ctx.needs_input_grad[0]:
             # d/dx of x * rstd(x): rstd * (g - xhat * mean(g * xhat)) with g the gradient reaching xhat
             dot = torch.linalg.vecdot(dxhat, xhat, dim=-1).unsqueeze(-1).div_(xhat.shape[-1])
             dx = torch.addcmul(dxhat, xhat, dot, value=-1).mul_(rstd)
-        return dx, dgain, None
+        return (dx, None, None, *dgains)
 
 
-def head_rms_norm(x: Tensor, gain: Tensor, eps: float) -> Tensor:
-    """RMS-normalise ``x`` (..., hs) over its last dimension and multiply by ``gain``, which broadcasts against
-    x's trailing dimensions, e.g. (heads, hs) for x (B, T, heads, hs)."""
-    return _HeadRMSNorm.apply(x, gain, eps)
+def head_rms_norm(x: Tensor, gains: Sequence[Tensor], counts: Sequence[int], eps: float) -> Tensor:
+    """RMS-normalise ``x`` (..., heads, hs) over each head's dimensions and multiply by a gain (hs,) per run of
+    heads: ``gains[i]`` on the next ``counts[i]`` heads, e.g. the queries' gain on the query heads and the keys'
+    on the key heads of one (B, T, nh + n_kv, hs) tensor."""
+    if sum(counts) != x.shape[-2] or len(gains) != len(counts):
+        raise ValueError(f"gains for {list(counts)} heads do not cover the {x.shape[-2]} heads of x")
+    return _HeadRMSNorm.apply(x, eps, tuple(counts), *gains)

@@ -136,13 +136,9 @@ class CausalSelfAttention(LMAttention):
         qk = qk.view(B, T, heads, self.head_size)  # (B, T, nh + n_kv, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size)  # (B, T, n_kv, hs)
         if self.q_norm is not None:
-            gain = torch.cat(
-                (
-                    self.q_norm.weight.expand(self.n_head, -1),
-                    self.k_norm.weight.expand(self.n_kv_head, -1),
-                )
-            )  # (nh + n_kv, hs): the queries' gain on their heads, the keys' on theirs
-            qk = head_rms_norm(qk, gain, self.q_norm.eps)
+            # the queries' gain on their heads, the keys' on theirs
+            gains = (self.q_norm.weight, self.k_norm.weight)
+            qk = head_rms_norm(qk, gains, (self.n_head, self.n_kv_head), self.q_norm.eps)
         if self.rope:
             if start + T > self.rope_cos.shape[0]:
                 self._grow_rope(start + T)
