@@ -11,7 +11,6 @@ operations; the model uses it on the CPU (see ``GPT.loss``)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 # logits per chunk (128 rows of the GPT-2 vocabulary): large enough for efficient matmuls, small enough that a
@@ -40,10 +39,15 @@ def _chunked(
     losses = torch.empty(N, dtype=torch.float32, device=h.device)
     dh = torch.empty(h.shape, dtype=torch.float32, device=h.device) if grad_h else None
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_w else None
+    # the matmuls' dtype: autocast's (bf16-mixed precision) where it is on, as for any linear layer, else the
+    # weight's; softmax and the accumulated gradients stay in float32 either way
+    device = h.device.type
+    mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    w_mm, h_mm = weight.to(mm_dtype), h.to(mm_dtype)  # cast once, not per chunk
     for start in range(0, N, chunk):
         rows = slice(start, start + chunk)
-        hc, tc, keep = h[rows], safe[rows], scored[rows]
-        logits = F.linear(hc, weight).float()  # (n, V)
+        hc, tc, keep = h_mm[rows], safe[rows], scored[rows]
+        logits = (hc @ w_mm.t()).float()  # (n, V)
         picked = logits.gather(1, tc[:, None]).squeeze(1)  # (n,)
         # log-sum-exp with one pass of exp, in place: the exponentials are the softmax's numerators below
         top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
@@ -57,11 +61,15 @@ def _chunked(
         weight_rows = keep[:, None].to(exps.dtype)  # (n, 1): 1 for scored rows, 0 for ignored ones
         probs = exps.mul_(weight_rows / sums)
         probs.scatter_add_(1, tc[:, None], -weight_rows)
-        with torch.autocast(h.device.type, enabled=False):
-            if dh is not None:
-                dh[rows] = probs @ weight.float()  # (n, C)
-            if dw is not None:
-                dw.addmm_(probs.t(), hc.float())  # (V, C)
+        if mm_dtype != torch.float32:
+            probs = probs.to(mm_dtype)
+        if dh is not None:
+            dh[rows] = probs @ w_mm  # (n, C)
+        if dw is not None:
+            if mm_dtype == torch.float32:
+                dw.addmm_(probs.t(), hc)  # (V, C), accumulated in place
+            else:
+                dw += probs.t() @ hc  # a lower-precision product, accumulated in float32
     return losses, scored, dh, dw
 
 

@@ -103,3 +103,20 @@ def test_token_losses_match_unreduced_cross_entropy():
     with torch.no_grad():
         logits, _ = model(x)
     assert_close(model.token_losses(x, y), F.cross_entropy(logits.transpose(1, 2), y, reduction="none"))
+
+
+def test_autocast_bf16_runs_the_matmuls_in_bf16_like_the_logits_path():
+    # bf16-mixed precision: both paths multiply in bf16 and do the softmax in float32; their roundings differ
+    # (bf16 products accumulated per chunk vs once), so they agree to bf16's precision, not float32's
+    h, w, targets = _problem(N=64, C=32, V=300, ignored=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.cross_entropy(F.linear(h, w).float(), targets)
+        got = linear_cross_entropy(h, w, targets, chunk=16)
+    assert_close(got, expected, atol=2e-2, rtol=1e-2)
+    exp_grads = torch.autograd.grad(expected, (h, w))
+    got_grads = torch.autograd.grad(got, (h, w))
+    for name, a, b in zip(("h", "weight"), got_grads, exp_grads, strict=True):
+        assert a.dtype == torch.float32, name  # gradients in the parameters' dtype
+        assert_close(a, b.float(), atol=2e-3, rtol=5e-2, msg=name)
+    fp32 = torch.autograd.grad(linear_cross_entropy(h, w, targets, chunk=16), (h,))[0]
+    assert (got_grads[0] - fp32).abs().max() > 0  # bf16 really ran: the result is not the float32 one
