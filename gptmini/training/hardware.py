@@ -25,7 +25,8 @@ class DeviceFacts:
     type: str = "cpu"  # torch device type: "cuda" or "cpu"
     name: str = "cpu"  # torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3"
     capability: tuple[int, int] | None = None  # CUDA compute capability, e.g. (9, 0) for Hopper
-    bf16: bool = False  # native bfloat16 matmuls (Ampere and later); emulated bf16 does not count
+    # native bfloat16 matmuls: a GPU from Ampere on, a CPU with AMX-BF16 tiles; emulated bf16 does not count
+    bf16: bool = False
     count: int = 0  # CUDA devices visible to this process
     index: int | None = None  # the CUDA device these facts were read from; None when written down (tests)
 
@@ -35,7 +36,7 @@ class DeviceFacts:
 
     def describe(self) -> str:
         if not self.is_cuda:
-            return "the CPU (no CUDA GPU)"
+            return "the CPU (no CUDA GPU" + ("; AMX bf16 matmuls)" if self.bf16 else ")")
         cap = f"compute capability {self.capability[0]}.{self.capability[1]}, " if self.capability else ""
         bf16 = "bf16" if self.bf16 else "no native bf16"
         return f"{self.count} CUDA GPU(s), {self.name} ({cap}{bf16})"
@@ -44,10 +45,8 @@ class DeviceFacts:
 def detect_device(device: torch.device | str | None = None) -> DeviceFacts:
     """The facts of ``device`` (default: the first CUDA GPU when there is one, else the CPU). Reading a GPU's
     name initialises CUDA in this process."""
-    if device is not None and torch.device(device).type != "cuda":
-        return DeviceFacts()
-    if not torch.cuda.is_available():
-        return DeviceFacts()
+    if (device is not None and torch.device(device).type != "cuda") or not torch.cuda.is_available():
+        return DeviceFacts(bf16=cpu_has_amx_bf16())
     index = torch.device(device).index if device is not None else None
     index = torch.cuda.current_device() if index is None else index
     return DeviceFacts(
@@ -60,6 +59,21 @@ def detect_device(device: torch.device | str | None = None) -> DeviceFacts:
         count=torch.cuda.device_count(),
         index=index,
     )
+
+
+def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 matrices in AMX tiles (Intel Sapphire Rapids and later), from the flags of
+    ``/proc/cpuinfo`` (or the ``cpuinfo`` text given); False where that file does not exist."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return "amx_bf16" in line.split(":", 1)[-1].split()
+    return False
 
 
 # --- hardware=auto: the defaults a run starts from ------------------------------------------------------------

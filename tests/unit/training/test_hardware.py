@@ -23,6 +23,7 @@ from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
 H100 = DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", capability=(9, 0), bf16=True, count=1)
 H200 = DeviceFacts(type="cuda", name="NVIDIA H200", capability=(9, 0), bf16=True, count=1)
 V100 = DeviceFacts(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False, count=1)
+AMX_CPU = DeviceFacts(bf16=True)  # a Xeon with AMX-BF16 tiles
 UNKNOWN = DeviceFacts(type="cuda", name="NVIDIA Imaginary X1", capability=(9, 0), bf16=True, count=1)
 CPU = DeviceFacts()
 
@@ -52,10 +53,22 @@ def named_gpu(monkeypatch):
 
 def test_the_default_facts_are_the_cpu_and_this_machine_has_no_gpu():
     assert DeviceFacts() == CPU and not CPU.is_cuda
-    assert hardware.detect_device() == CPU  # this test machine has no CUDA GPU
-    assert hardware.detect_device("cpu") == CPU
+    # this test machine has no CUDA GPU; whether its CPU has AMX bf16 depends on the machine
+    amx = hardware.cpu_has_amx_bf16()
+    assert hardware.detect_device() == DeviceFacts(bf16=amx)
+    assert hardware.detect_device("cpu") == DeviceFacts(bf16=amx)
+    assert "AMX" in DeviceFacts(bf16=True).describe() and "AMX" not in CPU.describe()
     assert "H100" in H100.describe() and "9.0" in H100.describe() and "bf16" in H100.describe()
     assert "no native bf16" in V100.describe()
+
+
+def test_amx_bf16_is_read_from_the_cpu_flags():
+    sapphire = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    epyc = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
+    assert hardware.cpu_has_amx_bf16(sapphire)
+    assert not hardware.cpu_has_amx_bf16(epyc)
+    assert not hardware.cpu_has_amx_bf16("flags\t: avx512_bf16 amx_bf16_not_a_flag\n")  # whole flags only
+    assert not hardware.cpu_has_amx_bf16("")
 
 
 # --- precision ---------------------------------------------------------------------------------------------
@@ -68,7 +81,9 @@ def test_the_default_facts_are_the_cpu_and_this_machine_has_no_gpu():
         ("gpu", H100, "auto", "bf16-mixed"),
         ("cpu", H100, "auto", "32-true"),  # a CPU run on a GPU machine
         ("auto", V100, "auto", "32-true"),  # bf16 only emulated there
-        ("auto", CPU, "auto", "32-true"),
+        ("auto", CPU, "auto", "32-true"),  # no AMX: bf16 would be emulated
+        ("cpu", AMX_CPU, "auto", "bf16-mixed"),  # AMX tiles multiply bf16 natively
+        ("auto", AMX_CPU, "32-true", "32-true"),  # asked for explicitly
         ("auto", CPU, "bf16-mixed", "bf16-mixed"),  # CPU autocast
         ("gpu", V100, "16-mixed", "16-mixed"),
         ("auto", H100, "bf16-true", "bf16-true"),
