@@ -363,7 +363,7 @@ def check_input_longer_than_context(name: str, options: dict[str, Any]) -> None:
         assert_close(module.attention_probs(x), expected_probs, atol=1e-5, rtol=1e-5)
 
 
-def _fast_and_reference(module: torch.nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> list[tuple]:
+def fast_and_reference(module: torch.nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> list[tuple]:
     results = []
     for path in (module.forward, module.reference_forward):
         module.zero_grad()
@@ -391,7 +391,7 @@ def check_fast_path_matches_reference(name: str, options: dict[str, Any]) -> Non
     for forced in paths:
         if forced is not None:
             module.path = forced
-        (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = _fast_and_reference(module, x, upstream)
+        (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = fast_and_reference(module, x, upstream)
         assert_close(fast, ref, atol=1e-5, rtol=1e-5, msg=f"path {forced}")
         assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5, msg=f"path {forced}")
         for pname, ref_grad in ref_grads.items():

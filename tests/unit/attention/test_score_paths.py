@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from attention_matrix import fast_and_reference
 from torch.testing import assert_close
 
 from gptmini.attention import build_attention
@@ -50,15 +51,13 @@ def test_default_path_equals_the_reference_either_side_of_the_switch(T: int, opt
         module.sink.copy_(torch.randn(4))  # a sink that matters: zeros would be a special case
     x = torch.randn(2, T, 32, requires_grad=True)
     upstream = torch.randn(2, T, 32)
-    results = []
-    for path in (module.forward, module.reference_forward):
-        module.zero_grad()
-        x.grad = None
-        out = path(x)
-        (out * upstream).sum().backward()
-        results.append((out.detach(), x.grad.clone(), module.sink.grad.clone()))
-    for fast, ref in zip(*results, strict=True):
-        assert_close(fast, ref, atol=2e-5, rtol=1e-5)
+    (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = fast_and_reference(module, x, upstream)
+    assert_close(fast, ref, atol=2e-5, rtol=1e-5)
+    assert_close(fast_dx, ref_dx, atol=2e-5, rtol=1e-5)
+    for name, grad in ref_grads.items():
+        assert_close(
+            fast_grads[name], grad, atol=2e-5 * max(1.0, grad.abs().max().item()), rtol=1e-5, msg=name
+        )
 
 
 def test_sink_slot_refuses_scores_it_cannot_hold():
