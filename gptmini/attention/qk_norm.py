@@ -24,22 +24,26 @@ class _HeadRMSNorm(torch.autograd.Function):
         gain = torch.cat([g.expand(n, -1) for g, n in zip(gains, counts, strict=True)])
         ctx.save_for_backward(xhat, rstd, gain)
         ctx.counts = counts
+        ctx.x_dtype = x.dtype
         return xhat * gain
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         xhat, rstd, gain = ctx.saved_tensors
         dx = None
+        # under autocast the output (x's dtype times a float32 gain) and its gradient may differ in dtype from x
+        dy = dy.to(torch.promote_types(xhat.dtype, gain.dtype))
+        xhat = xhat.to(dy.dtype)
         dxhat = dy * gain
         dgains: list[Tensor | None] = [None] * len(ctx.counts)
         if any(ctx.needs_input_grad[3:]):
             # a gain is shared by everything in front of its heads (batch, time) and by the heads of its run
             per_head = (dy * xhat).sum(dim=tuple(range(dy.dim() - 2)))  # (heads, D)
-            dgains = [part.sum(0) for part in per_head.split(list(ctx.counts))]
+            dgains = [part.sum(0).to(gain.dtype) for part in per_head.split(list(ctx.counts))]
         if ctx.needs_input_grad[0]:
             # d/dx of x * rstd(x): rstd * (g - xhat * mean(g * xhat)) with g the gradient reaching xhat
             dot = torch.linalg.vecdot(dxhat, xhat, dim=-1).unsqueeze(-1).div_(xhat.shape[-1])
-            dx = torch.addcmul(dxhat, xhat, dot, value=-1).mul_(rstd)
+            dx = torch.addcmul(dxhat, xhat, dot, value=-1).mul_(rstd).to(ctx.x_dtype)
         return (dx, None, None, *dgains)
 
 

@@ -64,3 +64,19 @@ def test_gains_must_cover_the_heads():
     x, gq, gk = _inputs()
     with pytest.raises(ValueError, match=r"gains for \[4, 1\] heads do not cover the 6 heads"):
         head_rms_norm(x, (gq, gk), (4, 1), 1e-6)
+
+
+def test_bf16_inputs_under_autocast_match_float32_to_bf16_precision():
+    # bf16-mixed training: x arrives in bf16 (from an autocast matmul), the gains stay float32
+    x, gq, gk = _inputs()
+    upstream = torch.randn(2, 5, 6, 8, generator=torch.Generator().manual_seed(2))
+    xb = x.detach().bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = head_rms_norm(xb, (gq, gk), COUNTS, 1e-6)
+    dx, dq, dk = torch.autograd.grad(out, (xb, gq, gk), upstream)
+    assert dx.dtype == torch.bfloat16 and dq.dtype == dk.dtype == torch.float32
+    ref = head_rms_norm(xb.detach().float().requires_grad_(), (gq, gk), COUNTS, 1e-6)
+    assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    ref_grads = torch.autograd.grad(ref, (gq, gk), upstream)
+    for a, b in zip((dq, dk), ref_grads, strict=True):
+        assert_close(a, b, atol=5e-2, rtol=2e-2)
