@@ -65,3 +65,39 @@ def test_sink_slot_refuses_scores_it_cannot_hold():
     module.path = "sink_slot"
     with pytest.raises(ValueError, match="sink slot path takes plain causal scores"):
         module(torch.randn(1, 6, 32))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"qk_norm": True},
+        {"rope_base": 10000.0, "qk_norm": True, "attn_gate": True, "n_kv_head": 2},
+        {"alibi": True},
+        {"sliding_window": 5},
+        {"attn_sink": True},
+        {"alibi": True, "sliding_window": 5, "attn_sink": True, "n_kv_head": 2},
+    ],
+    ids=lambda o: "+".join(o),
+)
+def test_every_cpu_path_trains_under_bf16_autocast(options: dict[str, Any]):
+    # bf16-mixed is the CPU default where AMX multiplies bf16: every path must take bf16 activations forward and
+    # backward and stay within bf16's rounding of the float32 result
+    torch.manual_seed(0)
+    module = build_attention("sdpa", 32, 4, 64, **options).train()
+    if module.sink is not None:
+        with torch.no_grad():
+            module.sink.copy_(torch.randn(4))
+    x = torch.randn(2, 12, 32)
+    expected = module.reference_forward(x).detach()
+    paths = [None]
+    if module.changes_scores:
+        paths += ["mask", "explicit"] + (["sink_slot"] if set(options) == {"attn_sink"} else [])
+    for path in paths:
+        module.path = path
+        module.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(x)
+        out.float().square().mean().backward()
+        assert_close(out.float(), expected, atol=5e-2, rtol=5e-2, msg=f"path {path}")
+        for name, p in module.named_parameters():
+            assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
