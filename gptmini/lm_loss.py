@@ -17,8 +17,8 @@ from torch import Tensor
 # chunk's logits are reused from cache rather than memory. Measured on the default model's step against chunks of
 # 64, 256 and 512 rows.
 CHUNK_ELEMENTS = 128 * 50304
-# below this vocabulary the logits are small and one fused cross entropy is as fast or faster: on the quick-start
-# model's step the chunked path measured 1.03x (65 tokens), 0.99x (1,024), 0.94x (4,096), 0.88x (16,384)
+# below this vocabulary the logits are small and one fused cross entropy is as fast or faster (the crossover
+# measured on the quick-start model's step; `make bench`'s lm_loss table, README "Benchmarks")
 MIN_VOCAB = 2048
 
 
