@@ -6,7 +6,7 @@ twice more by their gradients. Here rows go through in chunks: each chunk's logi
 their gradient (softmax minus the one-hot target), which is multiplied into the gradients of the hidden states
 and the weight before the next chunk reuses the memory. The backward only scales what the forward computed.
 This is the chunked linear cross-entropy that Liger-Kernel and others fuse on GPUs, written with plain PyTorch
-operations; the model uses it on the CPU (see ``GPT.loss``)."""
+operations; the model uses it on the CPU (``GPT.forward(idx, targets, return_logits=False)``)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ MIN_VOCAB = 2048
 def chunk_rows(vocab: int) -> int:
     """Rows per chunk for a vocabulary of ``vocab``: ``CHUNK_ELEMENTS`` logits, at least one row."""
     return max(1, CHUNK_ELEMENTS // vocab)
+
+
+def _check_shapes(h: Tensor, targets: Tensor) -> None:
+    if h.dim() != 2 or targets.shape != h.shape[:1]:
+        raise ValueError(
+            f"expected h (N, C) and targets (N,), got {tuple(h.shape)} and {tuple(targets.shape)}"
+        )
 
 
 def _chunked(
@@ -58,9 +65,9 @@ def _chunked(
         if not (grad_h or grad_w):
             continue
         # d(lse - picked)/dlogits = softmax - onehot, in place; zero for ignored rows
-        weight_rows = keep[:, None].to(exps.dtype)  # (n, 1): 1 for scored rows, 0 for ignored ones
-        probs = exps.mul_(weight_rows / sums)
-        probs.scatter_add_(1, tc[:, None], -weight_rows)
+        row_scale = keep[:, None].to(exps.dtype)  # (n, 1): 1 for scored rows, 0 for ignored ones
+        probs = exps.mul_(row_scale / sums)
+        probs.scatter_add_(1, tc[:, None], -row_scale)
         if mm_dtype != torch.float32:
             probs = probs.to(mm_dtype)
         if dh is not None:
@@ -103,10 +110,7 @@ def linear_cross_entropy(
 ) -> Tensor:
     """Mean cross entropy of ``F.linear(h, weight)`` against ``targets``, as ``F.cross_entropy`` computes it
     (rows whose target is ``ignore_index`` are left out of the mean), for h (N, C), weight (V, C), targets (N,)."""
-    if h.dim() != 2 or targets.shape != h.shape[:1]:
-        raise ValueError(
-            f"expected h (N, C) and targets (N,), got {tuple(h.shape)} and {tuple(targets.shape)}"
-        )
+    _check_shapes(h, targets)
     chunk = chunk or chunk_rows(weight.shape[0])
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk)
@@ -118,8 +122,5 @@ def linear_cross_entropy(
 def token_losses(h: Tensor, weight: Tensor, targets: Tensor, chunk: int | None = None) -> Tensor:
     """Each row's cross entropy (N,) of ``F.linear(h, weight)`` against ``targets``, as
     ``F.cross_entropy(..., reduction="none")``, without gradients and without the (N, V) logits."""
-    if h.dim() != 2 or targets.shape != h.shape[:1]:
-        raise ValueError(
-            f"expected h (N, C) and targets (N,), got {tuple(h.shape)} and {tuple(targets.shape)}"
-        )
+    _check_shapes(h, targets)
     return _chunked(h, weight, targets, -1, chunk or chunk_rows(weight.shape[0]), False, False)[0]

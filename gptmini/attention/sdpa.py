@@ -223,9 +223,8 @@ class CausalSelfAttention(LMAttention):
         scale = 1.0 / math.sqrt(hs)
         sink = (self.sink.to(q.dtype) / scale)[None, :, None, None].expand(B, nh, T, 1)
         q = F.pad(torch.cat((q, sink), dim=-1), (0, 0, 1, 0))  # (B, nh, 1 + T, hs + 1)
-        slot = torch.zeros(1 + T, hs + 1, dtype=k.dtype, device=k.device)
-        slot[0, hs] = 1.0  # the sink key's extra dimension
-        k = F.pad(k, (0, 1, 1, 0)) + slot  # (B, n_kv, 1 + T, hs + 1)
+        k = F.pad(k, (0, 1, 1, 0))  # (B, n_kv, 1 + T, hs + 1)
+        k[:, :, 0, hs] = 1.0  # the sink key's extra dimension (in place: the pad's backward does not read it)
         v = F.pad(v, (0, 1, 1, 0))  # (B, n_kv, 1 + T, hs + 1): the sink's value is zero
         y = self._attend(q, k, v, is_causal=True, scale=scale)  # (B, nh, 1 + T, hs + 1)
         return y[:, :, 1:, :hs]
