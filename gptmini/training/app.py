@@ -26,6 +26,7 @@ from gptmini.training.config import (
     RunError,
     check_input_files,
     check_training_memory,
+    output_vocab,
     register_configs,
     resolve_ckpt_path,
     resolve_precision,
@@ -102,7 +103,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     machine = detect_device()
-    trainer_cfg["precision"] = resolve_precision(trainer_cfg, machine)
+    trainer_cfg["precision"] = resolve_precision(trainer_cfg, machine, output_vocab(cfg))
     _log_hardware(cfg, machine, trainer_cfg["precision"])
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None and "_target_" in c]
     if trainer_cfg.get("enable_model_summary", True):

@@ -145,11 +145,33 @@ def _on_gpu(accelerator: str, device: DeviceFacts) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
 
 
-def resolve_precision(trainer_cfg: dict[str, Any], device: DeviceFacts | None = None) -> str:
+# With AMX, bf16 pays on a CPU where the output layer's products dominate the step: on the default model the step
+# measured slower in bf16 below this vocabulary and faster from it (README, "What the default run does")
+CPU_BF16_MIN_VOCAB = 8192
+
+
+def output_vocab(cfg: DictConfig) -> int | None:
+    """The model's vocabulary before the data is prepared: ``model.vocab_size`` when set, else the tokenizer's
+    when it is fixed (a BPE; its encoding is cached for the run); None for the char tokenizer, whose vocabulary
+    is the corpus's characters (a few hundred at most in practice)."""
+    if cfg.model.get("vocab_size") is not None:
+        return int(cfg.model.vocab_size)
+    name = str(cfg.tokenizer.name)
+    if name == "char":
+        return None
+    from gptmini.data.tokenizers import build_tokenizer
+
+    return build_tokenizer(name).vocab_size
+
+
+def resolve_precision(
+    trainer_cfg: dict[str, Any], device: DeviceFacts | None = None, vocab_size: int | None = None
+) -> str:
     """``trainer.precision`` made concrete for ``device`` (default: this machine's first GPU, else the CPU):
-    "auto" -> bf16-mixed where matmuls run natively in bf16 (a GPU from Ampere on; a CPU with AMX tiles, where
-    the default model trains faster in bf16: README, "What the default run does"), else 32-true; raises RunError
-    for a value Lightning does not know or the device cannot run."""
+    "auto" -> bf16-mixed where matmuls run natively in bf16: a GPU from Ampere on, and a CPU with AMX tiles when
+    the model's output layer is large (``vocab_size`` of at least ``CPU_BF16_MIN_VOCAB``; None: unknown, taken as
+    small), where its products gain more than the model's small ones lose (README, "What the default run does");
+    else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
     if precision not in PRECISIONS:
@@ -157,9 +179,11 @@ def resolve_precision(trainer_cfg: dict[str, Any], device: DeviceFacts | None = 
     device = detect_device() if device is None else device
     on_gpu = _on_gpu(accelerator, device)
     if precision == "auto":
+        if on_gpu:
+            return "bf16-mixed" if device.bf16 else "32-true"
         # a CPU without AMX emulates bf16, slowly; a CPU run on a GPU machine keeps float32
-        native = device.bf16 and (on_gpu or not device.is_cuda)
-        return "bf16-mixed" if native else "32-true"
+        large_output = vocab_size is not None and vocab_size >= CPU_BF16_MIN_VOCAB
+        return "bf16-mixed" if device.bf16 and not device.is_cuda and large_output else "32-true"
     if precision.startswith("bf16") and on_gpu and not device.bf16:
         raise RunError(
             f"trainer.precision={precision} is not supported by this GPU ({device.name}): "

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from gptmini.model import GPT, GPTConfig
 from gptmini.training import hardware
-from gptmini.training.config import RunError, resolve_precision
+from gptmini.training.config import CPU_BF16_MIN_VOCAB, RunError, output_vocab, resolve_precision
 from gptmini.training.hardware import DeviceFacts, compute_dtype, peak_flops
 from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
 
@@ -82,8 +82,7 @@ def test_amx_bf16_is_read_from_the_cpu_flags():
         ("cpu", H100, "auto", "32-true"),  # a CPU run on a GPU machine
         ("auto", V100, "auto", "32-true"),  # bf16 only emulated there
         ("auto", CPU, "auto", "32-true"),  # no AMX: bf16 would be emulated
-        ("cpu", AMX_CPU, "auto", "bf16-mixed"),  # AMX tiles multiply bf16 natively
-        ("auto", AMX_CPU, "32-true", "32-true"),  # asked for explicitly
+        ("cpu", AMX_CPU, "auto", "32-true"),  # AMX, but no output layer to weigh: float32
         ("auto", CPU, "bf16-mixed", "bf16-mixed"),  # CPU autocast
         ("gpu", V100, "16-mixed", "16-mixed"),
         ("auto", H100, "bf16-true", "bf16-true"),
@@ -91,6 +90,33 @@ def test_amx_bf16_is_read_from_the_cpu_flags():
 )
 def test_precision_resolves_per_device(accelerator, device, precision, expected):
     assert resolve_precision({"accelerator": accelerator, "precision": precision}, device) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "vocab", "precision", "expected"),
+    [
+        (AMX_CPU, CPU_BF16_MIN_VOCAB, "auto", "bf16-mixed"),  # AMX tiles, a large output layer
+        (AMX_CPU, 50257, "auto", "bf16-mixed"),
+        (AMX_CPU, CPU_BF16_MIN_VOCAB - 1, "auto", "32-true"),  # small products: slower in bf16
+        (AMX_CPU, None, "auto", "32-true"),  # the char tokenizer's corpus-sized vocabulary
+        (AMX_CPU, 50257, "32-true", "32-true"),  # asked for explicitly
+        (CPU, 50257, "auto", "32-true"),  # no AMX: bf16 would be emulated
+        (H100, 65, "auto", "bf16-mixed"),  # a GPU does not weigh the vocabulary
+    ],
+)
+def test_cpu_precision_weighs_the_output_layer(device, vocab, precision, expected):
+    assert resolve_precision({"precision": precision}, device, vocab) == expected
+
+
+def test_output_vocab_before_the_data_is_prepared():
+    from omegaconf import OmegaConf
+
+    def cfg(vocab, tokenizer):
+        return OmegaConf.create({"model": {"vocab_size": vocab}, "tokenizer": {"name": tokenizer}})
+
+    assert output_vocab(cfg(None, "gpt2")) == 50257  # the bundled GPT-2 BPE, offline
+    assert output_vocab(cfg(None, "char")) is None
+    assert output_vocab(cfg(1234, "gpt2")) == 1234  # a configured size wins
 
 
 def test_precisions_a_device_cannot_run_are_refused_naming_it():
