@@ -18,7 +18,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.common import A100_REFERENCE_MS, BenchOptions, fmt, log, median_time, quiet_stderr, sync
+from benchmarks.common import (
+    A100_REFERENCE_MS,
+    BenchOptions,
+    fmt,
+    interleaved_times,
+    log,
+    median_time,
+    quiet_stderr,
+    sync,
+)
 from gptmini.attention import MultiHeadAttention, available_attention, build_attention
 from gptmini.fileio import atomic_write_bytes
 
@@ -251,12 +260,9 @@ def bench_attention_key(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
         m.zero_grad(set_to_none=True)
         m(x).sum().backward()
 
-    times: dict[str, list[float]] = {n: [] for n in KEY_IMPLS}
     for m in modules.values():
         step(m)  # warmup
-    for _ in range(rounds):
-        for n, m in modules.items():
-            times[n].append(median_time(partial(step, m), 1, dev)[0])
+    times = interleaved_times({n: partial(step, m) for n, m in modules.items()}, rounds, dev)
     rows = []
     for n in KEY_IMPLS:
         rows.append(
@@ -492,10 +498,7 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         m(x).sum().backward()
 
     peaks = {n: _peak_bytes(partial(step, m), dev) / 2**20 for n, m in modules.items()}  # doubles as warmup
-    times: dict[str, list[float]] = {n: [] for n in modules}
-    for _ in range(rounds):
-        for n, m in modules.items():
-            times[n].append(median_time(partial(step, m), 1, dev)[0])
+    times = interleaved_times({n: partial(step, m) for n, m in modules.items()}, rounds, dev)
     base = min(times["sdpa"])
     rows = []
     for n, m in modules.items():

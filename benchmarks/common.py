@@ -96,6 +96,16 @@ def median_time(fn: Callable[[], Any], repeats: int, device: str) -> tuple[float
     return statistics.median(times), times
 
 
+def interleaved_times(fns: dict[str, Callable[[], Any]], rounds: int, device: str) -> dict[str, list[float]]:
+    """Wall times (s) of each of ``fns`` (already warmed up) over ``rounds`` rounds, one run of each in turn per
+    round, so background load falls on all of them alike."""
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            times[n].append(median_time(fn, 1, device)[0])
+    return times
+
+
 def loadavg() -> str:
     try:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())

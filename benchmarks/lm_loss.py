@@ -10,23 +10,12 @@ from typing import Any
 import torch
 
 from benchmarks.attention import _peak_bytes
-from benchmarks.common import BenchOptions, log, median_time
+from benchmarks.common import BenchOptions, interleaved_times, log
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
 
 LM_LOSS_COLUMNS = ["case", "vocab", "path", "ms", "vs_logits", "peak_mem_mib"]
 GPT2_VOCAB = 50257
-
-
-def _interleaved(fns: dict[str, Any], rounds: int, device: str) -> dict[str, float]:
-    # fastest of `rounds` runs of each, in turn, so background load falls on both alike
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {n: [] for n in fns}
-    for _ in range(rounds):
-        for n, fn in fns.items():
-            times[n].append(median_time(fn, 1, device)[0])
-    return {n: min(t) for n, t in times.items()}
 
 
 def bench_lm_loss(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
@@ -36,7 +25,7 @@ def bench_lm_loss(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
 
     def add(case: str, vocab: int, fns: dict[str, Any]) -> None:
         peaks = {n: _peak_bytes(fn, dev) / 2**20 for n, fn in fns.items()}  # doubles as the warmup
-        best = _interleaved(fns, rounds, dev)
+        best = {n: min(t) for n, t in interleaved_times(fns, rounds, dev).items()}
         for path, seconds in best.items():
             rows.append(
                 {

@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.attention import _peak_bytes
-from benchmarks.common import BenchOptions, fmt, log, median_time
+from benchmarks.common import BenchOptions, fmt, interleaved_times, log
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
@@ -73,10 +73,8 @@ def bench_attention_zoo(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[
             step(name)
 
     peaks = {n: _peak_bytes(partial(step, n), dev) / 2**20 for n in models}  # doubles as the warmup
-    times: dict[str, list[float]] = {n: [] for n in models}
-    for _ in range(rounds):
-        for n in models:
-            times[n].append(median_time(partial(block, n), 1, dev)[0] / steps)
+    blocks = interleaved_times({n: partial(block, n) for n in models}, rounds, dev)
+    times = {n: [t / steps for t in ts] for n, ts in blocks.items()}
     base = min(times["learned"])
     rows = []
     for n, m in models.items():
