@@ -22,7 +22,7 @@ import torch
 from benchmarks.common import TARGETS, BenchOptions, log, sync
 from benchmarks.training import autocast, train_setup
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.module import weight_decay_groups
+from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
 
 
 def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -77,7 +77,13 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
     cfg = GPTConfig.from_dict({**s.model.to_dict(), "vocab_size": dm.vocab_size})
     torch.manual_seed(opts.seed)
     model = GPT(cfg).to(dev).train()
-    opt = torch.optim.AdamW(weight_decay_groups(model), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+    opt = torch.optim.AdamW(
+        weight_decay_groups(model),
+        lr=s.lr,
+        betas=s.betas,
+        weight_decay=s.weight_decay,
+        **optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(dev).type),
+    )
     it = iter(dm.train_dataloader())
     waits, totals = [], []
     for i in range(warmup + steps):

@@ -316,7 +316,7 @@ def bench_end_to_end(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str
         "gptmini-train: `python -m gptmini.training experiment=shakespeare_char_cpu`, every default callback on "
         "(attention maps, text samples, checkpoints, TensorBoard, progress bar), plus a clock callback that "
         "records when each step and validation starts and ends. bare loop: `python -m benchmarks.end_to_end bare`, "
-        "the same model, data windows, AdamW (foreach), clipping and schedule in a plain loop that logs nothing",
+        "the same model, data windows, AdamW (the kernel training picks), clipping and schedule in a plain loop that logs nothing",
         "startup_s: to the start of the first step; median_step_ms: step end to step end, leaving out the "
         f"{DRAG_STEPS} steps after each validation; val_extras_s: the training thread's time in a validation "
         f"beyond its batches; background_s: the extra time of the {DRAG_STEPS} steps after each validation "
@@ -351,7 +351,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     from gptmini.data.windows import RandomWindowDataset, StreamSampler, StridedWindowDataset
     from gptmini.model import GPT, GPTConfig
     from gptmini.training.allocator import retain_freed_memory
-    from gptmini.training.module import weight_decay_groups
+    from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
     from gptmini.training.schedulers import WarmupCosineLR
 
     retain_freed_memory()  # as training does (retain_freed_memory: true)
@@ -361,8 +361,9 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     block = model.config.block_size
     train = RandomWindowDataset(load_split(a.data_dir, "train", meta), block, c.steps * c.batch_size, c.seed)
     val = StridedWindowDataset(load_split(a.data_dir, "val", meta), block, None, name="val")
+    kernel = optimizer_kernel_kwargs(torch.optim.AdamW, "cpu")  # the kernel training picks on this CPU
     opt = torch.optim.AdamW(
-        weight_decay_groups(model), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, foreach=True
+        weight_decay_groups(model), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, **kernel
     )
     sched = WarmupCosineLR(opt, c.steps, c.warmup_steps, c.min_lr_ratio)
     loader = DataLoader(train, batch_size=c.batch_size, sampler=StreamSampler(len(train)), drop_last=True)

@@ -164,7 +164,9 @@ def bench_gpt2(s: GpuSetup, peak: float | None, seed: int = 1337) -> list[dict[s
     state = copy.deepcopy(model.state_dict())
     tokens = s.gpt2_batch * cfg.block_size
     flops_per_step = model.flops_per_token(cfg.block_size) * tokens
-    kernel = {"fused": True} if s.device.startswith("cuda") else {"foreach": True}
+    from gptmini.training.module import optimizer_kernel_kwargs
+
+    kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
 
     def row(path: str, ends: list[float], t0: float) -> dict[str, Any]:
         steps = [b - a for a, b in zip(ends[s.gpt2_warmup - 1 : -1], ends[s.gpt2_warmup :], strict=True)]

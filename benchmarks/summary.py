@@ -211,8 +211,13 @@ def recommendations(results: dict[str, list[dict[str, Any]]]) -> list[str]:
             "faster" if gain > 1.05 else ("slower" if gain < 0.95 else "no clear difference (within 5%)")
         )
         hint = ""
-        if gain > 1.05 and "fused" in r["optimizer"]:
-            hint = "; turn it on with optimizer.fused=true (+optimizer.fused=true on the command line)"
+        if gain > 1.05 and r["threads"] == bare["threads"]:
+            kernel = (
+                "+optimizer.fused=true"
+                if "fused" in r["optimizer"]
+                else "+optimizer.foreach=" + ("true" if "foreach" in r["optimizer"] else "false")
+            )
+            hint = f"; choose it with {kernel} on the command line"
         recs.append(f"training: {what}: {gain:.2f}x the default bare loop's speed ({verdict}{hint})")
     c = _pick(train, path="bare", compiled=True)
     if c and c["vs_bare"]:

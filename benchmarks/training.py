@@ -246,9 +246,13 @@ def bench_train(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
 
     # 2. CPU settings that might make the step faster: the bare loop, each against an adjacent default block
     if not opts.on_gpu and not opts.quick:
+        kernels = (
+            {"foreach": False},  # PyTorch's own CPU default, the per-parameter loop
+            {"foreach": True},
+            {"fused": True},
+        )
         variants: list[tuple[dict[str, Any], int | None]] = [
-            ({"foreach": False}, None),  # PyTorch's own CPU default, the per-parameter loop
-            ({"fused": True}, None),
+            (k, None) for k in kernels if k != default_kernel
         ]
         if default_threads > 1:
             variants += [({"foreach": False}, 1), (default_kernel, 1)]

@@ -136,6 +136,8 @@ PRECISIONS = (
     "bf16",
     "64",
 )
+# float16 autocast, whose GradScaler keeps the gradients scaled until the optimizer step
+FLOAT16_AMP = ("16-mixed", "16")
 
 
 # --- checks that run before any expensive work --------------------------------------------------------------
@@ -286,6 +288,13 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     if clip is not None and float(clip) < 0:
         raise RunError(
             f"trainer.gradient_clip_val={clip} is invalid: it must be >= 0 (0 or null: no clipping)"
+        )
+    if opt.get("fused") and clip and str(tr.get("precision")) in FLOAT16_AMP:
+        raise RunError(
+            f"optimizer.fused=true cannot be combined with trainer.precision={tr.precision} and "
+            f"trainer.gradient_clip_val={clip}: float16's GradScaler would have the fused step unscale the "
+            "gradients after they are clipped. Drop optimizer.fused (gptmini then picks the multi-tensor kernel) "
+            "or set trainer.gradient_clip_val=0"
         )
 
     data = cfg.data

@@ -11,26 +11,32 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
+from gptmini.training.config import FLOAT16_AMP
 from gptmini.training.hardware import DeviceFacts
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
+# device types whose fused AdamW kernel gptmini picks (PyTorch has one for CUDA and, since 2.4, for the CPU)
+FUSED_DEVICES = ("cuda", "cpu")
 SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 
 
-def optimizer_kernel_kwargs(factory: OptimizerFactory, device: str | DeviceFacts) -> dict[str, bool]:
-    """The fastest AdamW kernel for the device (a device type such as "cuda", or its ``DeviceFacts``), unless the
-    config already chose one.
+def optimizer_kernel_kwargs(
+    factory: OptimizerFactory, device: str | DeviceFacts, precision: str | None = None
+) -> dict[str, bool]:
+    """The fastest AdamW kernel for the device (a device type such as "cuda", or its ``DeviceFacts``) under
+    ``trainer.precision``, unless the config already chose one.
 
-    CUDA: ``fused=True``, one kernel for the whole update. CPU: ``foreach=True``, the multi-tensor path;
-    PyTorch picks the per-parameter loop there by default. On the shakespeare_char_cpu model the multi-tensor
-    path measured 1.16x faster steps on an AVX-512 Xeon and within 5% of the loop on an AVX2 EPYC
-    (``make bench``, "training throughput")."""
+    CUDA and CPU: ``fused=True``, one kernel for the whole update (on a CPU a vectorised loop over each
+    parameter's elements instead of a dozen multi-tensor passes: README, "Benchmarks"). float16 AMP
+    (``16-mixed``) takes the multi-tensor ``foreach=True`` path instead: its GradScaler must unscale the gradients
+    before they are clipped, which a fused step would do only inside itself (Lightning refuses to clip then).
+    Other devices: ``foreach=True``; PyTorch picks the per-parameter loop by default."""
     device_type = device if isinstance(device, str) else device.type
     accepted = inspect.signature(factory).parameters
     preset = getattr(factory, "keywords", None) or {}  # what the config already chose
     if "fused" in preset or "foreach" in preset:
         return {}
-    if device_type == "cuda" and "fused" in accepted:
+    if device_type in FUSED_DEVICES and "fused" in accepted and precision not in FLOAT16_AMP:
         return {"fused": True}
     if "foreach" in accepted:
         return {"foreach": True}
@@ -114,10 +120,37 @@ class GPTLightningModule(L.LightningModule):
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 
+    def _precision(self) -> str | None:
+        # the trainer's precision; None for a module not attached to a Trainer (configure_optimizers called alone)
+        try:
+            return str(self.trainer.precision)
+        except RuntimeError:
+            return None
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        # Lightning's mixed-precision plugin refuses to clip for any fused optimizer, for float16's sake (its
+        # GradScaler leaves the gradients scaled until a fused step unscales them). bf16-mixed has no scaler: the
+        # gradients are the true ones, so they are clipped here as Lightning clips them in float32.
+        if not optimizer.defaults.get("fused") or getattr(self.trainer.precision_plugin, "scaler", None):
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        if not gradient_clip_val:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
             raise ValueError("no optimizer configured: pass optimizer=partial(torch.optim.AdamW, lr=...)")
-        kwargs = optimizer_kernel_kwargs(self.optimizer_factory, self.device.type)
+        kwargs = optimizer_kernel_kwargs(self.optimizer_factory, self.device.type, self._precision())
         optimizer = self.optimizer_factory(weight_decay_groups(self.model), **kwargs)
         if self.scheduler_factory is None:
             return optimizer

@@ -127,6 +127,20 @@ def test_finetune_experiment_requires_init_from(compose_cfg):
         validate_config(compose_cfg(["experiment=finetune_shakespeare"]))
 
 
+def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg):
+    base = ["trainer=gpu", "trainer.precision=16-mixed", "+optimizer.fused=true"]
+    with pytest.raises(
+        RunError, match=r"optimizer\.fused=true cannot be combined with trainer\.precision=16-mixed"
+    ):
+        validate_config(compose_cfg(base))
+    # without clipping, or under bf16 (no GradScaler), the fused kernel is fine
+    for extra in (["trainer.gradient_clip_val=0"], ["trainer.precision=bf16-mixed"]):
+        try:
+            validate_config(compose_cfg(base + extra))
+        except RunError as e:
+            assert "optimizer.fused" not in str(e)
+
+
 def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None:
     import gptmini.training.config as config
     from gptmini.training.hardware import DeviceFacts

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gptmini.model import GPTConfig
-from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
+from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs, weight_decay_groups
 
 pytestmark = [
     # the small fits below train without validation data on purpose
@@ -22,24 +22,27 @@ pytestmark = [
 
 def test_kernel_choice_per_device_and_config_wins():
     adamw = partial(torch.optim.AdamW, lr=1e-3)
-    assert optimizer_kernel_kwargs(adamw, "cpu") == {"foreach": True}
+    assert optimizer_kernel_kwargs(adamw, "cpu") == {"fused": True}
     assert optimizer_kernel_kwargs(adamw, "cuda") == {"fused": True}
+    assert optimizer_kernel_kwargs(adamw, "cuda", "16-mixed") == {"foreach": True}
+    assert optimizer_kernel_kwargs(adamw, "mps") == {"foreach": True}
     # a kernel chosen in the config (optimizer.fused=true / optimizer.foreach=false) is never overridden
     assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, fused=True), "cpu") == {}
     assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, foreach=False), "cuda") == {}
     # an optimizer without these options gets none
-    assert optimizer_kernel_kwargs(partial(torch.optim.SGD, lr=0.1), "cpu") == {"foreach": True}
+    assert optimizer_kernel_kwargs(partial(torch.optim.SGD, lr=0.1), "cpu") == {"fused": True}
+    assert optimizer_kernel_kwargs(partial(torch.optim.SGD, lr=0.1), "mps") == {"foreach": True}
     assert optimizer_kernel_kwargs(partial(torch.optim.LBFGS, lr=0.1), "cpu") == {}
 
 
-def test_configure_optimizers_decays_matrices_only_with_the_cpu_kernel():
+def test_configure_optimizers_decays_matrices_only_with_the_fused_cpu_kernel():
     module = GPTLightningModule(
         model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1),
     )
     opt = module.configure_optimizers()
     assert isinstance(opt, torch.optim.AdamW)
-    assert opt.defaults["foreach"] is True
+    assert opt.defaults["fused"] is True
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
@@ -93,6 +96,53 @@ def test_grad_norm_is_the_global_l2_norm_of_all_gradients():
     module._trainer = SimpleNamespace(global_step=0, log_every_n_steps=1)
     module.on_before_optimizer_step(None)
     assert logged["train/grad_norm"].item() == pytest.approx(manual.item(), rel=1e-5)
+
+
+def _manual_steps(state: dict, clip: float, algorithm: str, steps: int = 2) -> list[torch.Tensor]:
+    # the reference: forward under bf16 autocast, backward, clip, the fused AdamW step, by hand
+    torch.manual_seed(0)
+    module = _tiny_module()
+    module.model.load_state_dict(state)
+    opt = torch.optim.AdamW(weight_decay_groups(module.model), lr=1e-3, fused=True)
+    for i, (x, y) in enumerate(_loader()):
+        if i == steps:
+            break
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = module.model(x, y, return_logits=False)
+        loss.backward()
+        if algorithm == "value":
+            torch.nn.utils.clip_grad_value_(module.model.parameters(), clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(module.model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in module.model.parameters()]
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_bf16_mixed_clips_with_the_fused_kernel_like_the_manual_loop(tmp_path, algorithm):
+    """Lightning refuses gradient clipping with a fused optimizer under any mixed precision (a float16 GradScaler
+    concern); under bf16-mixed, which has none, the module clips itself. The run equals the same steps by hand,
+    and the clip really bites (an unclipped run ends elsewhere)."""
+    torch.manual_seed(0)
+    module = _tiny_module()
+    initial = {k: v.clone() for k, v in module.model.state_dict().items()}
+    clip = 1e-3 if algorithm == "value" else 0.05  # far below this tiny model's first gradients
+    trainer = _fit(
+        module,
+        [],
+        tmp_path,
+        precision="bf16-mixed",
+        gradient_clip_val=clip,
+        gradient_clip_algorithm=algorithm,
+    )
+    assert trainer.global_step == 2
+    assert trainer.optimizers[0].defaults["fused"] is True
+    trained = [p.detach() for p in module.model.parameters()]
+    for got, want in zip(trained, _manual_steps(initial, clip, algorithm), strict=True):
+        torch.testing.assert_close(got, want)
+    unclipped = _manual_steps(initial, 1e9, algorithm)
+    assert any(not torch.allclose(got, far) for got, far in zip(trained, unclipped, strict=True))
 
 
 @pytest.mark.parametrize(("max_epochs", "label"), [(-1, "Training"), (3, "Epoch 0/2")])
