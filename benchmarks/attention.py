@@ -459,6 +459,8 @@ OPTION_VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 REFERENCE_VARIANTS = ("sdpa", "alibi", "window256", "attn_sink")
+# the path a variant took before its current default, timed beside it: (variant, forced path)
+FORMER_PATHS = (("alibi", "mask"), ("window256", "mask"))
 
 
 def _option_module(options: dict[str, Any], d_model: int, n_head: int, T: int) -> nn.Module:
@@ -492,6 +494,10 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         if name in REFERENCE_VARIANTS:
             ref = _option_module(options, s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype).train()
             modules[f"{name} (explicit reference)"] = _Reference(ref)
+    for name, path in FORMER_PATHS:
+        former = _option_module(OPTION_VARIANTS[name], s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype)
+        former.path = path
+        modules[f"{name} ({path} path)"] = former.train()
 
     def step(m: nn.Module) -> None:
         m.zero_grad(set_to_none=True)
@@ -508,6 +514,7 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
             kernel = {
                 "flex": "flex",
                 "mask": "sdpa + float mask",
+                "chunked": "sdpa per query chunk + float mask",
                 "sink_slot": "sdpa + sink slot",
                 "explicit": "explicit softmax",
             }[inner.score_path(T, x.device)]
@@ -536,7 +543,8 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         "rounds after a warmup (memory) run of each; vs_sdpa_min: fastest run over plain sdpa's fastest",
         "kernel: what the training path runs here. ALiBi, windows and sinks change the scores: FlexAttention "
         "(score_mod / block_mask) on a CUDA device; elsewhere (CPU FlexAttention has no backward) SDPA with a 4-D "
-        "additive float mask for ALiBi and windows, and for a sink one more key whose score an extra head "
+        "additive float mask for ALiBi and windows (on a long CPU sequence per chunk of queries, on the "
+        "keys they can see), and for a sink one more key whose score an extra head "
         "dimension carries ('sink slot'), or the explicit softmax on short CPU sequences (CausalSelfAttention."
         "score_path). 'explicit reference' rows run the explicit path the maps read (scores, mask, softmax, "
         "weights . values): the baseline a fast path must beat",

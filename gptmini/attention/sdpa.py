@@ -107,6 +107,9 @@ class CausalSelfAttention(LMAttention):
         self._block_masks: dict[
             tuple[int, torch.device], object
         ] = {}  # FlexAttention block masks, by (T, device)
+        # the chunked path: queries per chunk, and each length's chunks (first query, end, first key, mask)
+        self.chunk_queries = CHUNK_QUERIES
+        self._chunk_plans: dict[tuple[int, int, torch.device], list[tuple[int, int, int, Tensor]]] = {}
         self.rope = rope_base is not None
         self.rope_base = rope_base
         if self.rope:
@@ -161,14 +164,15 @@ class CausalSelfAttention(LMAttention):
 
     def score_path(self, T: int, device: torch.device) -> str:
         """How an uncached forward of T tokens with ALiBi, a window or a sink runs on ``device``: "flex"
-        (FlexAttention), "mask" (SDPA with the additive float mask, the sink as a masked column), "sink_slot"
-        (SDPA with the sink as an extra key dimension) or "explicit" (scores, mask, softmax, weights . values)."""
+        (FlexAttention), "mask" (SDPA with the additive float mask, the sink as a masked column), "chunked" (SDPA
+        per chunk of queries, on the keys they can see, with that rectangle of the mask), "sink_slot" (SDPA with
+        the sink as an extra key dimension) or "explicit" (scores, mask, softmax, weights . values)."""
         if self.path is not None:
             return self.path
         if device.type == "cuda" and flex_available() and not (self.training and self.dropout > 0):
             return "flex"  # FlexAttention has no dropout
         if self.sink is None:
-            return "mask"
+            return "chunked" if device.type == "cpu" and T >= 2 * self.chunk_queries else "mask"
         if device.type == "cpu" and T <= EXPLICIT_SINK_MAX_LEN:
             return "explicit"
         # the sink slot leaves the scores of real keys as they are: plain causal ones only
@@ -229,6 +233,39 @@ class CausalSelfAttention(LMAttention):
         y = self._attend(q, k, v, is_causal=True, scale=scale)  # (B, nh, 1 + T, hs + 1)
         return y[:, :, 1:, :hs]
 
+    def _chunks(self, T: int, device: torch.device) -> list[tuple[int, int, int, Tensor]]:
+        # Chunks of C queries [a, b) and the keys they can see, [max(0, a - W + 1), b) with a window W, else
+        # [0, b), with the mask of that rectangle. With a window, every whole chunk past the first W - 1 keys sees
+        # the same relative positions, so they share one mask (ALiBi's bias too depends only on the distance).
+        C, W = self.chunk_queries, self.sliding_window
+        key = (T, C, device)
+        if key not in self._chunk_plans:
+            plan, shared = [], None
+            for a in range(0, T, C):
+                b, k0 = min(a + C, T), (0 if W is None else max(0, a - W + 1))
+                whole = k0 > 0 and b - a == C
+                if not (whole and shared is not None):
+                    mask = score_mask(self.n_head, b - a, a, self.alibi_slopes, W, device)[
+                        ..., k0:
+                    ].contiguous()
+                    shared = mask if whole else shared
+                plan.append((a, b, k0, shared if whole else mask))  # (1, nh or 1, b - a, b - k0)
+            self._chunk_plans[key] = plan
+        return self._chunk_plans[key]
+
+    def _attend_chunked(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # With a mask SDPA's kernel computes every block of the (T, T) scores, the future's too, and on a long
+        # sequence most of a window's past; a chunk of queries needs only the keys up to its last one (with a
+        # window, from W - 1 before its first), so each chunk is one SDPA call on its own keys (slices of k and v:
+        # no copies): a window's work grows as T * (C + W), not T^2, and ALiBi reads half its bias.
+        if self.sink is not None:
+            raise ValueError("the chunked path takes no sink: use path='mask' or 'explicit'")
+        chunks = self._chunks(q.shape[-2], q.device)
+        outs = [
+            self._attend(q[:, :, a:b], k[:, :, k0:b], v[:, :, k0:b], attn_mask=m) for a, b, k0, m in chunks
+        ]
+        return torch.cat(outs, dim=2)  # (B, nh, T, hs)
+
     def _probs(self, q: Tensor, k: Tensor) -> Tensor:
         # explicit softmax of each query head against its group's keys, (B, nh, T, T); with a sink, the real keys'
         # share only: rows sum to 1 minus what rests on the sink, whose value is zero
@@ -283,6 +320,8 @@ class CausalSelfAttention(LMAttention):
             y = self._flex(q, k, v)
         elif path == "sink_slot":
             y = self._attend_sink_slot(q, k, v)
+        elif path == "chunked":
+            y = self._attend_chunked(q, k, v)
         elif path == "explicit":
             y = self._attend_explicit(q, k, v)
         elif (mask := self._score_mask(T, start, x.device)) is not None:
@@ -354,6 +393,10 @@ class CausalSelfAttention(LMAttention):
 # On a CPU, up to this many tokens the explicit softmax with a sink beats SDPA's fused kernel with the sink slot
 # (one more head dimension and one more query and key): measured both ways with ``make bench`` (attention options)
 EXPLICIT_SINK_MAX_LEN = 128
+# Queries per chunk of the chunked path; a CPU takes it for ALiBi and windows from two chunks on (shorter sequences
+# run as fast with the whole mask): measured with ``make bench`` (attention options) for windows of 32 to 1,024
+# keys and for ALiBi
+CHUNK_QUERIES = 256
 
 
 # --- FlexAttention (PyTorch >= 2.5), used where it can train: see CausalSelfAttention ---------------------------

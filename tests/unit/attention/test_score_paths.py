@@ -12,7 +12,7 @@ from attention_matrix import fast_and_reference
 from torch.testing import assert_close
 
 from gptmini.attention import build_attention
-from gptmini.attention.sdpa import EXPLICIT_SINK_MAX_LEN
+from gptmini.attention.sdpa import EXPLICIT_SINK_MAX_LEN, CHUNK_QUERIES
 
 CPU = torch.device("cpu")
 SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
@@ -23,6 +23,7 @@ SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
     [
         ({"alibi": True}, "mask", "mask"),
         ({"sliding_window": 8}, "mask", "mask"),
+        ({"sliding_window": 8, "alibi": True}, "mask", "mask"),
         ({"attn_sink": True}, "explicit", "sink_slot"),
         ({"attn_sink": True, "n_kv_head": 2}, "explicit", "sink_slot"),
         ({"attn_sink": True, "alibi": True}, "explicit", "mask"),
@@ -60,6 +61,48 @@ def test_default_path_equals_the_reference_either_side_of_the_switch(T: int, opt
         )
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sliding_window": 8},
+        {"sliding_window": 8, "alibi": True, "n_kv_head": 2},
+        {"sliding_window": 5000},
+        {"alibi": True},
+    ],
+    ids=["window", "window+alibi+gqa", "window-longer-than-T", "alibi"],
+)
+def test_alibi_and_windows_on_a_long_sequence_train_in_chunks(options: dict[str, Any]):
+    module = build_attention("sdpa", 32, 4, 4096, **options)
+    assert module.score_path(2 * CHUNK_QUERIES - 1, CPU) == "mask"
+    assert module.score_path(2 * CHUNK_QUERIES, CPU) == "chunked"
+    with_sink = build_attention("sdpa", 32, 4, 4096, attn_sink=True, **options)
+    assert with_sink.score_path(4 * CHUNK_QUERIES, CPU) == "mask"
+    # the chunked default at a length where it is the default (2 chunks and a ragged third), forward and backward
+    torch.manual_seed(0)
+    module.train()
+    T = 2 * CHUNK_QUERIES + 37
+    x = torch.randn(1, T, 32, requires_grad=True)
+    upstream = torch.randn(1, T, 32)
+    (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = fast_and_reference(module, x, upstream)
+    assert_close(fast, ref, atol=2e-5, rtol=1e-5)
+    assert_close(fast_dx, ref_dx, atol=2e-5, rtol=1e-5)
+    for name, grad in ref_grads.items():
+        assert_close(
+            fast_grads[name], grad, atol=2e-5 * max(1.0, grad.abs().max().item()), rtol=1e-5, msg=name
+        )
+    chunks = module._chunks(T, CPU)
+    assert [(a, b) for a, b, _, _ in chunks] == [(0, 256), (256, 512), (512, T)]
+    window = options.get("sliding_window", T)
+    assert [k0 for _, _, k0, _ in chunks] == [max(0, a - window + 1) for a, _, _, _ in chunks]
+
+
+def test_the_chunked_path_refuses_a_sink():
+    module = build_attention("sdpa", 32, 4, 256, attn_sink=True, sliding_window=4)
+    module.path = "chunked"
+    with pytest.raises(ValueError, match="chunked path takes no sink"):
+        module(torch.randn(1, 6, 32))
+
+
 def test_sink_slot_refuses_scores_it_cannot_hold():
     module = build_attention("sdpa", 32, 4, 256, attn_sink=True, alibi=True)
     module.path = "sink_slot"
@@ -92,6 +135,8 @@ def test_every_cpu_path_trains_under_bf16_autocast(options: dict[str, Any]):
     paths = [None]
     if module.changes_scores:
         paths += ["mask", "explicit"] + (["sink_slot"] if set(options) == {"attn_sink"} else [])
+        paths += ["chunked"] if "attn_sink" not in options else []
+    module.chunk_queries = 5  # three chunks of the 12 queries on the chunked path
     for path in paths:
         module.path = path
         module.zero_grad()
