@@ -12,6 +12,7 @@ import pytest
 from benchmarks import attention, cli, common, summary, training
 from benchmarks.lm_loss import LM_LOSS_COLUMNS
 from gptmini.attention import available_attention
+from gptmini.attention.sdpa import CHUNK_QUERIES
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -83,13 +84,21 @@ def test_attention_options_table_has_each_option_and_the_explicit_baselines(quic
     columns, rows = _read_csv(out / "attention_options.csv")
     assert columns == summary.ATTENTION_OPTION_COLUMNS
     by_name = {r["variant"]: r for r in rows}
-    assert set(by_name) == set(attention.OPTION_VARIANTS) | {
-        f"{n} (explicit reference)" for n in attention.REFERENCE_VARIANTS
-    }
+    assert set(by_name) == (
+        set(attention.OPTION_VARIANTS)
+        | {f"{n} (explicit reference)" for n in attention.REFERENCE_VARIANTS}
+        | {f"{n} ({path} path)" for n, path in attention.FORMER_PATHS}
+    )
     for r in rows:
         assert _positive(r["fwd_bwd_min_ms"]) and _positive(r["peak_mem_mib"]), r
-    # on a CPU the score-changing options run SDPA with a float mask (FlexAttention has no CPU backward)
-    assert by_name["alibi"]["kernel"] == "sdpa + float mask"
+    # on a CPU the score-changing options run SDPA with a float mask (FlexAttention has no CPU backward): whole at
+    # --quick's short length, per chunk of queries from 2 chunks on; a former path row runs the path it names
+    T = int(by_name["alibi"]["seq_len"])
+    chunked = T >= 2 * CHUNK_QUERIES
+    assert by_name["alibi"]["kernel"] == (
+        "sdpa per query chunk + float mask" if chunked else "sdpa + float mask"
+    )
+    assert by_name["alibi (mask path)"]["kernel"] == "sdpa + float mask"
     assert by_name["rope"]["kernel"] == "sdpa"
     assert by_name["alibi (explicit reference)"]["kernel"] == "explicit softmax"
     # grouped-query attention with n_head / 4 key/value heads stores 4x less per token

@@ -12,7 +12,7 @@ from attention_matrix import fast_and_reference
 from torch.testing import assert_close
 
 from gptmini.attention import build_attention
-from gptmini.attention.sdpa import EXPLICIT_SINK_MAX_LEN, CHUNK_QUERIES
+from gptmini.attention.sdpa import CHUNK_QUERIES, EXPLICIT_SINK_MAX_LEN
 
 CPU = torch.device("cpu")
 SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
