@@ -136,7 +136,8 @@ class GPTLightningModule(L.LightningModule):
         # Lightning's mixed-precision plugin refuses to clip for any fused optimizer, for float16's sake (its
         # GradScaler leaves the gradients scaled until a fused step unscales them). bf16-mixed has no scaler: the
         # gradients are the true ones, so they are clipped here as Lightning clips them in float32.
-        if not optimizer.defaults.get("fused") or getattr(self.trainer.precision_plugin, "scaler", None):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # float16 AMP's GradScaler
+        if not optimizer.defaults.get("fused") or scaler is not None:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
         if not gradient_clip_val:

@@ -1,7 +1,8 @@
 """The known result, reproduced through the real training command: on text made of segments each written twice,
 a 2-layer attention-only transformer forms an induction head (induction score > 0.5) in a phase change that the
 run reports, while the in-context-learning score falls; a 1-layer one cannot (score < 0.2). Olsson et al.,
-"In-context Learning and Induction Heads" (2022). Then the head report finds the same head and shows it matters.
+"In-context Learning and Induction Heads" (2022). Then the head report finds that head among the final induction
+heads and shows that the top one matters.
 
 About 25 s of CPU for the 2-layer run and 15 s for the 1-layer one (OMP_NUM_THREADS=1)."""
 
@@ -77,13 +78,16 @@ def test_two_layers_form_an_induction_head_in_a_reported_phase_change(run_cli, c
         re.findall(r"layer (\d+) head (\d+) \(", message)
     )  # the heads that crossed, in that validation
 
-    # the report of the final checkpoint: the same head is the top induction head, and it matters
+    # the report of the final checkpoint: induction heads, the top one matters
     report_dir = tmp_path / "report"
     proc = run_cli("gptmini.analyze", ["--ckpt", run_dir / "checkpoints" / "last.ckpt", "--out", report_dir])
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
     top = report["top_heads"]["induction"][0]
-    assert (str(top["layer"]), str(top["head"])) in heads and top["value"] > 0.5
+    assert top["value"] > 0.5
+    # the heads the phase change named are still induction heads at the end (others may join and overtake them)
+    final = {(str(h["layer"]), str(h["head"])): h["induction"] for h in report["heads"]}
+    assert heads and all(final[h] > 0.5 for h in heads), (heads, final)
     record = next(h for h in report["heads"] if (h["layer"], h["head"]) == (top["layer"], top["head"]))
     assert record["ablation_loss_delta"] > 0.1  # replacing it by its mean costs loss
 
