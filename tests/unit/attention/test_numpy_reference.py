@@ -101,3 +101,45 @@ def test_alibi_and_window_mask_on_a_hand_computed_example():
     np.testing.assert_allclose(mask.numpy(), [[-inf, -0.5, 0.0, -inf], [-inf, -inf, -0.5, 0.0]])
     plain = score_mask(1, 2, 2, None, None, torch.device("cpu"))[0, 0]
     np.testing.assert_allclose(plain.numpy(), [[0.0, 0.0, 0.0, -inf], [0.0, 0.0, 0.0, 0.0]])
+
+
+def test_alibi_biases_below_the_floor_are_masked_and_lose_nothing():
+    import torch
+
+    from gptmini.attention import build_attention
+    from gptmini.attention.alibi import ALIBI_BIAS_FLOOR, score_mask
+
+    # slope 1/2: keys more than 160 tokens back fall below the floor of -80; the rest keep -slope * distance
+    mask = score_mask(1, 1, 200, torch.tensor([0.5]), None, torch.device("cpu"))[
+        0, 0, 0
+    ]  # query 200, keys 0..200
+    distance = np.arange(200, -1, -1)
+    expected = np.where(-0.5 * distance < ALIBI_BIAS_FLOOR, -np.inf, -0.5 * distance)
+    np.testing.assert_array_equal(mask.numpy(), expected.astype(np.float32))
+
+    # the attention of every CPU path at a length where the floor masks the steepest head's farthest keys equals
+    # softmax with the exact biases, computed independently in NumPy float64
+    torch.manual_seed(0)
+    T, heads, hs = 600, 4, 8
+    module = build_attention("sdpa", heads * hs, heads, T, alibi=True).eval()
+    x = torch.randn(1, T, heads * hs)
+    with torch.no_grad():
+        qkv = module.qkv(x).double().numpy()[0]  # (T, 3C)
+        q, k, v = (qkv[:, i * heads * hs : (i + 1) * heads * hs].reshape(T, heads, hs) for i in range(3))
+        slopes = module.alibi_slopes.double().numpy()
+        pos = np.arange(T)
+        dist = pos[:, None] - pos[None, :]  # (T, T)
+        y = np.empty((T, heads, hs))
+        for h in range(heads):
+            scores = q[:, h] @ k[:, h].T / np.sqrt(hs) - slopes[h] * dist
+            scores[dist < 0] = -np.inf
+            p = np.exp(scores - scores.max(axis=1, keepdims=True))
+            y[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, h]
+        expected_out = module.out_proj(torch.from_numpy(y.reshape(1, T, heads * hs)).float())
+        floor_mask = score_mask(heads, T, 0, module.alibi_slopes, None, x.device)[0, 0]  # slope 1/4
+        assert (
+            floor_mask[T - 1, 0] == -torch.inf and floor_mask[T - 1, T - 1 - 300] == -75.0
+        )  # cut beyond 320
+        for path in ("mask", "chunked", "explicit"):
+            module.path = path
+            torch.testing.assert_close(module(x), expected_out, atol=1e-5, rtol=1e-5, msg=path)
