@@ -8,7 +8,6 @@ import math
 import torch
 from torch import Tensor
 
-
 # Fast paths mask ALiBi biases below this (keys more than -FLOOR / slope tokens back) instead of adding them. Such a
 # key's weight is below e^-80 of the nearest key's unless its logit beats that key's by tens of nats, so nothing a
 # float32 row sum can hold is lost; left finite, their exponentials are denormal numbers, which x86 CPUs compute
