@@ -8,10 +8,10 @@ import math
 import torch
 from torch import Tensor
 
-# Fast paths mask ALiBi biases below this (keys more than -FLOOR / slope tokens back) instead of adding them. Such a
-# key's weight is below e^-80 of the nearest key's unless its logit beats that key's by tens of nats, so nothing a
-# float32 row sum can hold is lost; left finite, their exponentials are denormal numbers, which x86 CPUs compute
-# many times slower (SDPA's CPU kernel ran ALiBi 2.2x slower than a 0/-inf mask at T=1024: README, "Benchmarks").
+# ALiBi's masks (every path but FlexAttention's in-kernel bias) hold -inf where the bias would fall below this: keys
+# more than -FLOOR / slope tokens back. Such a key's weight is below e^-80 of the nearest key's unless its logit
+# beats that key's by tens of nats, so nothing a float32 row sum can hold is lost; left finite, their exponentials
+# are denormal numbers, which x86 CPUs compute many times slower (README, "Benchmarks").
 ALIBI_BIAS_FLOOR = -80.0
 
 
