@@ -192,6 +192,29 @@ def test_summary_lists_key_ratios_unjudged_in_quick_mode(quick_results):
         assert math.isfinite(float(r["value"])) and float(r["value"]) > 0
 
 
+def test_summary_judges_each_attention_option_against_sdpa_and_its_explicit_path():
+    def row(variant: str, ms: float) -> dict:
+        return {"variant": variant, "kernel": "k", "fwd_bwd_min_ms": ms, "vs_sdpa_min": ms / 100.0}
+
+    options = [
+        row("sdpa", 100.0),
+        row("rope", 105.0),  # within 1.10x
+        row("qk_norm", 115.0),  # over
+        row("alibi", 120.0),  # beats its explicit path but over 1.10x
+        row("alibi (explicit reference)", 160.0),
+        row("window256", 96.0),
+        row("window256 (explicit reference)", 150.0),
+        *(row(f"{name} ({path} path)", 300.0) for name, path in attention.FORMER_PATHS),
+    ]
+    status = {
+        r["measure"].removeprefix("attention option ").removesuffix(": fwd+bwd / plain sdpa"): r["status"]
+        for r in summary.key_results({"attention_options": options})
+        if r["measure"].startswith("attention option ")
+    }
+    former = {f"{name} ({path} path)": "n/a" for name, path in attention.FORMER_PATHS}
+    assert status == {"rope": "PASS", "qk_norm": "FAIL", "alibi": "FAIL", "window256": "PASS", **former}
+
+
 def test_markdown_table_and_atomic_write(tmp_path):
     md = common.write_table(
         tmp_path, "t", "T", [{"a": 1.5, "b": None}, {"a": float("nan"), "b": "x|y"}], ["a", "b"], ["note"]
