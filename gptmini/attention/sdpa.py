@@ -244,12 +244,14 @@ class CausalSelfAttention(LMAttention):
             for a in range(0, T, C):
                 b, k0 = min(a + C, T), (0 if W is None else max(0, a - W + 1))
                 whole = k0 > 0 and b - a == C
-                if not (whole and shared is not None):
+                if whole and shared is not None:
+                    mask = shared
+                else:
                     mask = score_mask(self.n_head, b - a, a, self.alibi_slopes, W, device)[
                         ..., k0:
                     ].contiguous()
-                    shared = mask if whole else shared
-                plan.append((a, b, k0, shared if whole else mask))  # (1, nh or 1, b - a, b - k0)
+                    shared = mask if whole else None
+                plan.append((a, b, k0, mask))  # mask: (1, nh or 1, b - a, b - k0)
             self._chunk_plans[key] = plan
         return self._chunk_plans[key]
 
