@@ -461,6 +461,19 @@ OPTION_VARIANTS: dict[str, dict[str, Any]] = {
 REFERENCE_VARIANTS = ("sdpa", "alibi", "window256", "attn_sink")
 # the path a variant took before its current default, timed beside it: (variant, forced path)
 FORMER_PATHS = (("alibi", "mask"), ("window256", "mask"))
+# the kernel column for each CausalSelfAttention.score_path
+PATH_KERNELS = {
+    "flex": "flex",
+    "mask": "sdpa + float mask",
+    "chunked": "sdpa per query chunk + float mask",
+    "sink_slot": "sdpa + sink slot",
+    "explicit": "explicit softmax",
+}
+
+
+def former_path_rows() -> dict[str, tuple[str, str]]:
+    """The table's row name of each former path, with its (variant, path)."""
+    return {f"{name} ({path} path)": (name, path) for name, path in FORMER_PATHS}
 
 
 def _option_module(options: dict[str, Any], d_model: int, n_head: int, T: int) -> nn.Module:
@@ -494,10 +507,10 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         if name in REFERENCE_VARIANTS:
             ref = _option_module(options, s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype).train()
             modules[f"{name} (explicit reference)"] = _Reference(ref)
-    for name, path in FORMER_PATHS:
+    for row_name, (name, path) in former_path_rows().items():
         former = _option_module(OPTION_VARIANTS[name], s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype)
         former.path = path
-        modules[f"{name} ({path} path)"] = former.train()
+        modules[row_name] = former.train()
 
     def step(m: nn.Module) -> None:
         m.zero_grad(set_to_none=True)
@@ -511,13 +524,7 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         inner = getattr(m, "inner", m)
         kernel = "explicit softmax" if n.endswith("(explicit reference)") else "sdpa"
         if getattr(inner, "changes_scores", False) and kernel == "sdpa":
-            kernel = {
-                "flex": "flex",
-                "mask": "sdpa + float mask",
-                "chunked": "sdpa per query chunk + float mask",
-                "sink_slot": "sdpa + sink slot",
-                "explicit": "explicit softmax",
-            }[inner.score_path(T, x.device)]
+            kernel = PATH_KERNELS[inner.score_path(T, x.device)]
         rows.append(
             {
                 "variant": n,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.attention import BARE, CH3, FORMER_PATHS
+from benchmarks.attention import BARE, CH3, former_path_rows
 from benchmarks.common import ALLOC_DEFAULT, TARGETS, markdown_table
 from gptmini.fileio import atomic_write_text
 
@@ -168,7 +168,7 @@ def key_results(results: dict[str, list[dict[str, Any]]], judge: bool = True) ->
                 f"{r['tokens_per_s']:.0f} tok/s cached, same tokens: {'yes' if r['same_tokens'] else 'no'}",
             )
     options = {r["variant"]: r for r in results.get("attention_options", [])}
-    former = {f"{name} ({path} path)" for name, path in FORMER_PATHS}  # timed for comparison only
+    former = former_path_rows()  # timed for comparison only
     for name, r in options.items():
         if name == "sdpa" or name.endswith("(explicit reference)"):
             continue

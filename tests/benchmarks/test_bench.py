@@ -87,7 +87,7 @@ def test_attention_options_table_has_each_option_and_the_explicit_baselines(quic
     assert set(by_name) == (
         set(attention.OPTION_VARIANTS)
         | {f"{n} (explicit reference)" for n in attention.REFERENCE_VARIANTS}
-        | {f"{n} ({path} path)" for n, path in attention.FORMER_PATHS}
+        | set(attention.former_path_rows())
     )
     for r in rows:
         assert _positive(r["fwd_bwd_min_ms"]) and _positive(r["peak_mem_mib"]), r
@@ -204,14 +204,14 @@ def test_summary_judges_each_attention_option_against_sdpa_and_its_explicit_path
         row("alibi (explicit reference)", 160.0),
         row("window256", 96.0),
         row("window256 (explicit reference)", 150.0),
-        *(row(f"{name} ({path} path)", 300.0) for name, path in attention.FORMER_PATHS),
+        *(row(name, 300.0) for name in attention.former_path_rows()),
     ]
     status = {
         r["measure"].removeprefix("attention option ").removesuffix(": fwd+bwd / plain sdpa"): r["status"]
         for r in summary.key_results({"attention_options": options})
         if r["measure"].startswith("attention option ")
     }
-    former = {f"{name} ({path} path)": "n/a" for name, path in attention.FORMER_PATHS}
+    former = dict.fromkeys(attention.former_path_rows(), "n/a")
     assert status == {"rope": "PASS", "qk_norm": "FAIL", "alibi": "FAIL", "window256": "PASS", **former}
 
 
