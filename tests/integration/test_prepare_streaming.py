@@ -57,7 +57,7 @@ def _command(source: Path, out: Path) -> list[str]:
 
 
 def _kill_after(cmd: list[str], out: Path, shards: int) -> list[str]:
-    """Start ``cmd``, SIGKILL it once its progress records at least ``shards`` finished shards; those shards."""
+    """Start ``cmd``, SIGKILL it once its progress records at least ``shards`` finished shards; the shards recorded when it died."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     try:
@@ -71,7 +71,8 @@ def _kill_after(cmd: list[str], out: Path, shards: int) -> list[str]:
                 if len(done) >= shards:
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
-                    return [s["file"] for s in done]
+                    # read again once it is dead: it may have recorded another shard between the read and the kill
+                    return [s["file"] for s in json.loads(progress.read_text())["shards"]]
             time.sleep(0.005)
         raise AssertionError("no progress within 120 s")
     finally:
