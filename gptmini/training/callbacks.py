@@ -434,6 +434,9 @@ class ParameterSummary(LoggingCallback, ModelSummary):
 
 def _last_checkpoint(trainer: L.Trainer) -> str | None:
     """The newest checkpoint file a ModelCheckpoint of this trainer has written (or restored), if any."""
+    # Checkpoints are written in the background (AsyncCheckpointIO): wait for the writes in flight, so that one
+    # requested a step ago counts (a write that failed raises its error here). The executor restarts on demand.
+    trainer.strategy.checkpoint_io.teardown()
     paths = [
         Path(p)
         for cb in trainer.checkpoint_callbacks

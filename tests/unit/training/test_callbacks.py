@@ -154,3 +154,48 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
             got = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB"))
             np.testing.assert_array_equal(got, want)
     assert len(ea.Scalars("attention/entropy/layer0_head1")) == 1
+
+
+def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(tmp_path):
+    """Checkpoints are written by AsyncCheckpointIO's thread: the guard's message waits for the write in flight
+    instead of reporting that no checkpoint was saved."""
+    import time
+    from functools import partial
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+    from gptmini.training.callbacks import NonFiniteLossError, NonFiniteLossGuard
+    from gptmini.training.module import GPTLightningModule
+
+    class SlowIO(TorchCheckpointIO):
+        def save_checkpoint(self, *args, **kwargs):
+            time.sleep(0.5)  # still writing when the next step's loss is checked
+            super().save_checkpoint(*args, **kwargs)
+
+    class NanAtStep2(GPTLightningModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return loss * float("nan") if self.trainer.global_step == 2 else loss
+
+    module = NanAtStep2(
+        model_config=GPTConfig.from_preset("tiny", vocab_size=64).to_dict(),
+        optimizer=partial(torch.optim.AdamW, lr=1e-3),
+    )
+    x = torch.randint(0, 64, (8, 9), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:, :-1], x[:, 1:]), batch_size=2)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[NonFiniteLossGuard(), ckpt],
+        plugins=[AsyncCheckpointIO(SlowIO())],
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(NonFiniteLossError, match=r"the last good checkpoint is \S+last\.ckpt \(step 2\)"):
+        trainer.fit(module, train_dataloaders=loader)
