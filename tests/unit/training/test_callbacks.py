@@ -156,6 +156,8 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
     assert len(ea.Scalars("attention/entropy/layer0_head1")) == 1
 
 
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(tmp_path):
     """Checkpoints are written by AsyncCheckpointIO's thread: the guard's message waits for the write in flight
     instead of reporting that no checkpoint was saved."""
