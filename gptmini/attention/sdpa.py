@@ -303,8 +303,10 @@ class CausalSelfAttention(LMAttention):
             self._block_masks[key] = flex_block_mask(T, self.sliding_window, q.device)
         slopes = self.alibi_slopes
         score_mod = None if slopes is None else alibi_score_mod(slopes)
-        y, lse = flex_attend(q, k, v, score_mod, self._block_masks[key], self.grouped)
-        if self.sink is None:
+        y, lse = flex_attend(
+            q, k, v, score_mod, self._block_masks[key], self.grouped, lse=self.sink is not None
+        )
+        if lse is None:  # no sink
             return y
         # the sink's share of each row is exp(sink) / (exp(lse) + exp(sink)); its value is zero, so the real
         # keys' output shrinks by the rest: sigmoid(lse - sink)
@@ -441,11 +443,20 @@ def alibi_score_mod(slopes: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor,
 
 
 def flex_attend(
-    q: Tensor, k: Tensor, v: Tensor, score_mod: Callable | None, block_mask: object, gqa: bool
-) -> tuple[Tensor, Tensor]:
-    """FlexAttention's output (B, nh, T, hs) and each row's log-sum-exp of the scores (B, nh, T)."""
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score_mod: Callable | None,
+    block_mask: object,
+    gqa: bool,
+    lse: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """FlexAttention's output (B, nh, T, hs) and, if ``lse``, each row's log-sum-exp of the scores (B, nh, T),
+    else None (the compiled CPU kernel, inference only, computes no log-sum-exp)."""
     # compiled on CUDA; the eager reference elsewhere (CPU inference, tests), which compiles nothing
     flex = _compiled_flex() if q.is_cuda else _eager_flex()
+    if not lse:
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa), None
     from torch.nn.attention import flex_attention as api
 
     if hasattr(api, "AuxRequest"):  # PyTorch >= 2.9; return_lse before

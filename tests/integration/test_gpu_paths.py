@@ -214,3 +214,31 @@ def test_flex_attention_matches_the_explicit_path_forward_and_backward_on_a_gpu(
     assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5)
     for g, r in zip(fast_grads, ref_grads, strict=True):
         assert_close(g, r, atol=1e-5 * max(1.0, r.abs().max().item()), rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [{"alibi": True}, {"sliding_window": 5}, {"alibi": True, "sliding_window": 5, "n_kv_head": 2}],
+    ids=lambda o: "+".join(o),
+)
+def test_compiled_flex_attention_matches_the_explicit_path_on_the_cpu(options):
+    # What a GPU trains with is FlexAttention compiled, with gptmini's ALiBi score_mod and causal/window block
+    # masks; the CPU tests otherwise run its eager reference. A CPU compiles it too, for inference only and
+    # without the log-sum-exp a sink needs, so the compiled score_mod and block masks are checked here forward.
+    from unittest import mock
+
+    from torch.testing import assert_close
+
+    import gptmini.attention.sdpa as sdpa_module
+    from gptmini.attention import build_attention
+
+    torch.manual_seed(0)
+    module = build_attention("sdpa", 64, 4, 256, **options).eval()
+    module.path = "flex"
+    x = torch.randn(2, 200, 64)  # not a multiple of the 128 block size
+    compiled = mock.Mock(wraps=sdpa_module._compiled_flex())
+    with torch.no_grad(), mock.patch.object(sdpa_module, "_eager_flex", return_value=compiled):
+        fast = module(x)
+    assert compiled.call_count == 1
+    assert_close(fast, module.reference_forward(x).detach(), atol=1e-5, rtol=1e-5)
