@@ -58,14 +58,21 @@ class GPTConfig:
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     # The feed-forward sublayer: "gelu" (GPT-2: Linear, tanh GELU, Linear), "swiglu" (Llama: silu(x W_gate) *
-    # (x W_up), then W_down) or "none" (an attention-only transformer: no MLP and no norm before it).
-    # mlp_hidden is its inner width; null: 4 * n_embd for gelu, 8/3 * n_embd rounded up to a multiple of 64 for
-    # swiglu (the same parameter count as gelu's, spread over three matrices).
+    # (x W_up), then W_down), "relu2" (Linear, relu(.)^2, Linear: modded-nanogpt's) or "none" (an
+    # attention-only transformer: no MLP and no norm before it).
+    # mlp_hidden is its inner width; null: 4 * n_embd for gelu and relu2, 8/3 * n_embd rounded up to a multiple
+    # of 64 for swiglu (the same parameter count as gelu's, spread over three matrices).
     mlp: str = "gelu"
     mlp_hidden: int | None = None
     # The GELU of mlp=gelu (litgpt's name): "tanh", the approximation GPT-2 was trained with (its "gelu_new"), or
     # "none", the exact erf form (nanoGPT's nn.GELU(); less than half the time of tanh's on a CPU).
     gelu_approximate: str = "tanh"
+    # Start the residual output projections (attention out_proj, MLP c_proj) and an untied LM head at zero
+    # (modded-nanogpt): each block starts as the identity and the first steps shape the embeddings alone.
+    zero_init: bool = False
+    # Logit soft-capping (Gemma 2, modded-nanogpt): logits = cap * tanh(logits / cap) keeps every logit within
+    # (-cap, cap). null: no cap.
+    logit_softcap: float | None = None
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
     kv_heads: int = field(init=False)
@@ -159,6 +166,11 @@ class GPTConfig:
                 f"model.gelu_approximate={self.gelu_approximate} has no effect with model.mlp={self.mlp} (no GELU): "
                 "leave it at tanh"
             )
+        cap = self.logit_softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+            raise ConfigError(
+                f"model.logit_softcap={cap!r} is invalid: a positive number (15 or 30 are usual), or null for no cap"
+            )
         if self.mlp == "none":
             if hidden is not None:
                 raise ConfigError(
@@ -239,7 +251,7 @@ def swiglu_hidden(n_embd: int, multiple: int = 64) -> int:
 
 POSITIONS = ("learned", "rope", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu", "none")
+MLPS = ("gelu", "swiglu", "relu2", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
@@ -258,6 +270,13 @@ def build_norm(config: GPTConfig) -> nn.Module:
     return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(logits / cap)``: smooth, close to the identity for small logits, bounded by +-cap."""
+    if cap is None:
+        return logits
+    return cap * torch.tanh(logits / cap)
+
+
 class MLP(nn.Module):
     """GPT-2's feed-forward sublayer: Linear, GELU (tanh-approximated, as GPT-2's, unless
     ``config.gelu_approximate`` is "none"), Linear."""
@@ -271,6 +290,26 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        # the 2-D weights an orthogonalising optimizer (Muon) may take: see GPT.parameter_roles
+        return [self.c_fc.weight, self.c_proj.weight]
+
+
+class ReLU2MLP(nn.Module):
+    """modded-nanogpt's feed-forward sublayer: Linear, squared ReLU (So et al., Primer), Linear."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.relu(self.c_fc(x)).square()))  # (B, T, C)
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        return [self.c_fc.weight, self.c_proj.weight]
 
 
 class SwiGLU(nn.Module):
@@ -288,8 +327,11 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))  # (B, T, C)
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        return [self.w_gate.weight, self.w_up.weight, self.c_proj.weight]
 
-_MLP_CLASSES: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU}
+
+_MLP_CLASSES: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}
 
 
 class Block(nn.Module):
@@ -322,6 +364,12 @@ class Block(nn.Module):
         if self.mlp is None:
             return x
         return x + self.mlp(self.ln_2(x))
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The block's hidden weight matrices, as its attention and MLP declare them (norm gains, biases and
+        anything an attention keeps apart, such as a per-head scoring vector, are not among them)."""
+        mlp = [] if self.mlp is None else self.mlp.hidden_matrices()
+        return [*self.attn.hidden_matrices(), *mlp]
 
 
 class GPT(nn.Module):
@@ -362,6 +410,48 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
             else:
                 nn.init.normal_(p, mean=0.0, std=0.02)
+        if self.config.zero_init:
+            for p in self.zero_init_parameters():
+                nn.init.zeros_(p)
+
+    def zero_init_parameters(self) -> list[nn.Parameter]:
+        """What ``zero_init`` starts at zero: each block's residual output projections and an untied LM head."""
+        params = []
+        for block in self.blocks:
+            params.append(block.attn.out_proj.weight)
+            if block.mlp is not None:
+                params.append(block.mlp.c_proj.weight)
+        if not self.config.tie_weights:
+            params.append(self.lm_head.weight)
+        return params
+
+    def parameter_roles(self) -> dict[str, list[nn.Parameter]]:
+        """Every trainable parameter once, by what it is (an optimizer may treat each role its own way):
+
+        - ``hidden``: the 2-D weight matrices of the blocks, as each block's attention and MLP declare them;
+        - ``embedding``: the token (and learned position) tables;
+        - ``head``: the untied LM head (a tied one is the token table);
+        - ``matrix``: any other parameter of two or more dimensions (e.g. a per-head scoring vector table, or
+          the 3-D per-head projections of the einsum attention);
+        - ``vector``: 1-D parameters and scalars (norm gains, biases, attention sinks)."""
+        roles: dict[str, list[nn.Parameter]] = {
+            k: [] for k in ("hidden", "embedding", "head", "matrix", "vector")
+        }
+        seen: set[int] = set()
+
+        def add(role: str, params: list[nn.Parameter]) -> None:
+            for p in params:
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    roles[role].append(p)
+
+        add("embedding", [self.wte.weight] + ([] if self.wpe is None else [self.wpe.weight]))
+        add("head", [self.lm_head.weight])  # the token table itself when tied: already taken
+        for block in self.blocks:
+            add("hidden", block.hidden_matrices())
+        for p in self.parameters():
+            add("matrix" if p.dim() >= 2 else "vector", [p])
+        return roles
 
     # --- forward ----------------------------------------------------------------------------------------
 
@@ -399,7 +489,7 @@ class GPT(nn.Module):
         return self.ln_f(x)  # (B, T, C)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(h)  # (B, T, Vp)
+        logits = softcap(self.lm_head(h), self.config.logit_softcap)  # (B, T, Vp)
         if self.config.padded_vocab_size != self.config.vocab_size:
             # In place: F.linear's backward does not need its output, and the -inf columns get zero gradient.
             logits[..., self.config.vocab_size :] = float("-inf")
@@ -415,7 +505,12 @@ class GPT(nn.Module):
         weight chunk by chunk. On other devices, and for small vocabularies, the loss comes the plain way (which
         ``torch.compile`` fuses on a GPU)."""
         h = self.hidden_states(idx)  # (B, T, C)
-        chunked = h.device.type == "cpu" and self.config.vocab_size >= lm_loss.MIN_VOCAB
+        # the chunked loss computes plain logits: a soft cap takes the path that materialises them
+        chunked = (
+            h.device.type == "cpu"
+            and self.config.vocab_size >= lm_loss.MIN_VOCAB
+            and self.config.logit_softcap is None
+        )
         if targets is not None and not return_logits and chunked:
             flat = h.reshape(-1, h.size(-1))  # (B T, C)
             return None, lm_loss.linear_cross_entropy(flat, self._vocab_weight(), targets.reshape(-1), -1)
@@ -428,6 +523,9 @@ class GPT(nn.Module):
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The cross entropy at each position, (B, T), without materialising the (B, T, vocab) logits."""
         h = self.hidden_states(idx)  # (B, T, C)
+        if self.config.logit_softcap is not None:
+            logits = self.logits(h).float()  # (B, T, Vp)
+            return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-1, reduction="none")
         flat = lm_loss.token_losses(h.reshape(-1, h.size(-1)), self._vocab_weight(), targets.reshape(-1))
         return flat.view(targets.shape)
 

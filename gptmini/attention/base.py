@@ -99,6 +99,13 @@ class LMAttention(nn.Module):
             )
         return self(x)  # an unfused forward is its own reference
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The 2-D weight matrices of its projections (queries, keys, values, gates, output), which an
+        orthogonalising optimizer such as Muon may take: by default the weights of its ``nn.Linear`` layers. A
+        mechanism with other projection matrices names them too; parameters that are not matrices acting on
+        the width (a per-head scoring vector, 3-D per-head tables) stay out."""
+        return [m.weight for m in self.modules() if isinstance(m, nn.Linear)]
+
     def get_weights(self) -> AttentionWeights:
         raise NotImplementedError
 

@@ -58,6 +58,10 @@ class TorchMultiheadAttention(LMAttention):
         q, k = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k))
         return causal_probs(q, k)  # (B, nh, T, T)
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        # nn.MultiheadAttention keeps its fused q/k/v projection as a bare parameter, not an nn.Linear
+        return [self.mha.in_proj_weight, self.mha.out_proj.weight]
+
     def get_weights(self) -> AttentionWeights:
         # in_proj stacks [W_q; W_k; W_v] exactly as the canonical layout does
         mha = self.mha

@@ -286,6 +286,11 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.position={c.position!r}: GPT-2 learns a table of positions "
             "(use model.position=learned)"
         )
+    if c.logit_softcap is not None:
+        raise HFWeightsError(
+            f"cannot {what} GPT-2 weights with model.logit_softcap={c.logit_softcap}: GPT-2 has no logit "
+            "soft-capping (use model.logit_softcap=null)"
+        )
     options = c.attention_options()
     if options:
         option, value = next(iter(options.items()))

@@ -124,6 +124,11 @@ def check_llama_model(config: GPTConfig, what: str = "export") -> None:
                 f"cannot {what} a model with model.{setting}={value} in Llama's format: {why} "
                 f"(train with model.{setting}={wanted}, e.g. model=llama_small)"
             )
+    if config.logit_softcap is not None:
+        raise HFWeightsError(
+            f"cannot {what} a model with model.logit_softcap={config.logit_softcap} in Llama's format: a Llama "
+            "checkpoint has no logit soft-capping, so its logits would differ (train with model.logit_softcap=null)"
+        )
     extra = sorted(set(config.attention_options()) - _LLAMA_OPTIONS)
     if extra:
         setting = _OPTION_SETTINGS.get(extra[0], extra[0])

@@ -682,3 +682,64 @@ class RNGStateCallback(L.Callback):
             log.warning(
                 "the checkpoint holds no RNG state (older gptmini?): the resumed run is not bit-exact"
             )
+
+
+def process_start_time() -> float | None:
+    """When this process started, as a ``time.time()`` value (Linux: from /proc); None where unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    import os
+
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
+
+
+class StopAtTargetLoss(L.Callback):
+    """Ends training at the first validation whose val/loss is at or below ``target`` (null: never), logs
+    ``perf/time_to_target`` (seconds since ``fit`` started: training and validation, data and model already
+    set up) and ``perf/time_to_target_process`` (seconds since the process started: imports and data
+    preparation too), and says so in one log line. Time spent before a resume is not counted."""
+
+    def __init__(self, target: float | None = None) -> None:
+        if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target)):
+            raise ValueError(f"target_val_loss={target!r} is invalid: a number, or null for no target")
+        self.target = target
+        self.reached_at: int | None = None
+        self._fit_start: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start = time.time()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.target is None or trainer.sanity_checking or self.reached_at is not None:
+            return
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is None or not float(loss) <= self.target:
+            return
+        now = time.time()
+        since_fit = now - (self._fit_start or now)
+        started = process_start_time()
+        since_process = None if started is None else now - started
+        self.reached_at = trainer.global_step
+        trainer.should_stop = True
+        metrics = {"perf/time_to_target": since_fit}
+        if since_process is not None:
+            metrics["perf/time_to_target_process"] = since_process
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        if trainer.is_global_zero:
+            log.info(
+                "reached val/loss %.4f <= target %.4f at step %d: %.1f s after fit start, %s after process start; "
+                "stopping",
+                float(loss),
+                self.target,
+                trainer.global_step,
+                since_fit,
+                "unknown" if since_process is None else f"{since_process:.1f} s",
+            )

@@ -96,6 +96,8 @@ class TrainSchema:
     retain_freed_memory: bool = True
     # Steps between periodic "last.ckpt" saves (a hard kill loses at most this many steps).
     checkpoint_every_n_steps: int = 100
+    # End training at the first validation with val/loss at or below this (callbacks.stop_at_target); null: never.
+    target_val_loss: Optional[float] = None
     # Keys an experiment needs the user to set (a "???" cannot override a schema default when configs merge).
     required: list[str] = field(default_factory=list)
 
@@ -259,8 +261,20 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         )
     if "weight_decay" in opt and float(opt.weight_decay) < 0:
         raise RunError(f"optimizer.weight_decay={opt.weight_decay} is invalid: it must be >= 0")
+    _check_role_optimizer(opt, cfg.trainer)
     sched = cfg.get("scheduler")
     if sched is not None:
+        if "decay_shape" in sched or "decay_fraction" in sched:
+            from gptmini.training.schedulers import check_wsd
+
+            try:
+                check_wsd(
+                    sched.get("decay_fraction", 0.3),
+                    sched.get("min_lr_ratio", 0.0),
+                    sched.get("decay_shape", "linear"),
+                )
+            except ValueError as err:
+                raise RunError(str(err)) from None
         if int(sched.get("warmup_steps", 0)) < 0:
             raise RunError(f"scheduler.warmup_steps={sched.warmup_steps} is invalid: it must be >= 0")
         if "min_lr_ratio" in sched and not 0.0 <= float(sched.min_lr_ratio) <= 1.0:
@@ -340,6 +354,48 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
             resolve_ckpt_path(cfg), gpt_config.to_dict(), ignore=() if vocab_known else ("vocab_size",)
         )
     return gpt_config
+
+
+def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
+    """An optimizer built from the model's parameter roles (``optimizer=muon``): its settings are per role, each
+    role's lr and weight decay valid, and the strategy one it can run under."""
+    target = opt.get("_target_")
+    if not target:
+        return
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(target))
+    except Exception:  # noqa: BLE001 - an unknown target is reported when it is instantiated
+        return
+    if not getattr(cls, "takes_parameter_roles", False):
+        return
+    import inspect
+
+    accepted = set(inspect.signature(cls).parameters) - {"roles"}
+    extra = sorted(k for k in opt if k not in accepted and not str(k).startswith("_"))
+    if extra:
+        raise RunError(
+            f"{', '.join(f'optimizer.{k}' for k in extra)} {'is not a setting' if len(extra) == 1 else 'are not settings'}"
+            f" of {target}: its settings are per parameter "
+            f"role ({', '.join(sorted(accepted - {'fused', 'foreach'}))}), e.g. optimizer.hidden.lr=0.02 (Muon) or "
+            "optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an experiment written for optimizer=adamw sets "
+            "optimizer.lr)"
+        )
+    for role in ("hidden", "embedding", "head", "matrix", "vector"):
+        group = opt.get(role) or {}
+        if "lr" in group and not float(group.lr) > 0:
+            raise RunError(f"optimizer.{role}.lr={group.lr} is invalid: the learning rate must be > 0")
+        if "weight_decay" in group and float(group.weight_decay) < 0:
+            raise RunError(f"optimizer.{role}.weight_decay={group.weight_decay} is invalid: it must be >= 0")
+    strategy = tr.get("strategy", "auto")
+    name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy).lower()
+    if "fsdp" in name:
+        raise RunError(
+            f"optimizer={target.rsplit('.', 1)[-1]} cannot run under FSDP (trainer.strategy={name}): Muon "
+            "orthogonalises each whole matrix, which FSDP shards across devices. Use trainer=ddp, or "
+            "optimizer=adamw with FSDP"
+        )
 
 
 def cpu_cores() -> int:

@@ -50,6 +50,19 @@ def weight_decay_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def build_optimizer(
+    factory: OptimizerFactory, model: GPT, device: str, precision: str | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer of ``factory`` (a partial from conf/optimizer/) over ``model``'s parameters, with the fastest
+    kernel for ``device`` (``optimizer_kernel_kwargs``). An optimizer class that declares
+    ``takes_parameter_roles`` (optimizer=muon) gets the model's parameters by role (``GPT.parameter_roles``);
+    any other gets two groups, weight decay on matrices only (``weight_decay_groups``)."""
+    kwargs = optimizer_kernel_kwargs(factory, device, precision)
+    if getattr(getattr(factory, "func", factory), "takes_parameter_roles", False):
+        return factory(model.parameter_roles(), **kwargs)
+    return factory(weight_decay_groups(model), **kwargs)
+
+
 class GPTLightningModule(L.LightningModule):
     def __init__(
         self,
@@ -151,8 +164,7 @@ class GPTLightningModule(L.LightningModule):
     def configure_optimizers(self) -> Any:
         if self.optimizer_factory is None:
             raise ValueError("no optimizer configured: pass optimizer=partial(torch.optim.AdamW, lr=...)")
-        kwargs = optimizer_kernel_kwargs(self.optimizer_factory, self.device.type, self._precision())
-        optimizer = self.optimizer_factory(weight_decay_groups(self.model), **kwargs)
+        optimizer = build_optimizer(self.optimizer_factory, self.model, self.device.type, self._precision())
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

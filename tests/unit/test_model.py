@@ -428,7 +428,7 @@ def test_swiglu_default_width_is_eight_thirds_rounded_up():
     "kw, match",
     [
         (dict(norm="batchnorm"), r"model.norm='batchnorm' is invalid: valid values are layernorm, rmsnorm"),
-        (dict(mlp="relu"), r"model.mlp='relu' is invalid: valid values are gelu, swiglu, none"),
+        (dict(mlp="relu"), r"model.mlp='relu' is invalid: valid values are gelu, swiglu, relu2, none"),
         (dict(mlp_hidden=0), r"model.mlp_hidden=0 is invalid: a positive integer, or null"),
         (dict(mlp="none", mlp_hidden=64), r"model.mlp_hidden=64 has no effect with model.mlp=none.*=null"),
         (dict(norm_eps=0.0), r"model.norm_eps=0.0 is invalid"),

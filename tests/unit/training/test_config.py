@@ -25,8 +25,11 @@ def instantiate_all(cfg) -> None:
     model["vocab_size"] = model["vocab_size"] or 100
     gpt = GPTConfig.from_dict(model)
     assert gpt.n_embd % gpt.n_head == 0
-    params = [torch.nn.Parameter(torch.zeros(2, 2))]
-    optimizer = instantiate(cfg.optimizer)(params)
+    from gptmini.model import GPT
+    from gptmini.training.module import build_optimizer
+
+    tiny = GPT(GPTConfig(vocab_size=10, block_size=4, n_layer=1, n_head=1, n_embd=4))
+    optimizer = build_optimizer(instantiate(cfg.optimizer), tiny, "cpu")
     assert optimizer.param_groups[0]["lr"] > 0
     if cfg.scheduler is not None:
         instantiate(cfg.scheduler)(optimizer)
@@ -77,6 +80,8 @@ def test_every_experiment_composes_and_instantiates(experiment, compose_cfg):
     overrides = [f"experiment={experiment}"]
     if experiment == "finetune_shakespeare":
         overrides.append("model.init_from=/path/to/gpt2")
+    if experiment == "speedrun_char_cpu":  # the user's tinyshakespeare file
+        overrides.append("data.source=/path/to/tinyshakespeare.txt")
     cfg = compose_cfg(overrides)
     assert cfg.run_name == experiment
     instantiate_all(cfg)

@@ -95,3 +95,66 @@ def test_invalid_arguments_are_rejected():
         WarmupConstantLR(_optimizer(), warmup_steps=-1)
     with pytest.raises(TypeError):
         WarmupConstantLR(_optimizer(), max_steps=10)  # the unused argument is gone
+
+
+def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    # 10 steps, 2 of warmup, the last 40% (4 steps: 6..9) decaying from 1 to 0.1 linearly, flat after
+    s = WarmupStableDecayLR(_optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4, min_lr_ratio=0.1)
+    stable = [1 / 3, 2 / 3, 1, 1, 1, 1]  # warmup (step + 1) / 3, then the base LR
+    decay = [0.1 + 0.9 * (1 - progress) for progress in (0, 0.25, 0.5, 0.75)]
+    expected = [BASE_LR * f for f in [*stable, *decay, 0.1, 0.1]]
+    assert _lrs(s, 12) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "shape, left",
+    [
+        ("linear", lambda p: 1 - p),
+        ("cosine", lambda p: 0.5 * (1 + math.cos(math.pi * p))),
+        ("1-sqrt", lambda p: 1 - math.sqrt(p)),
+    ],
+)
+def test_wsd_decay_shapes(shape, left):
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    s = WarmupStableDecayLR(
+        _optimizer(), max_steps=8, decay_fraction=0.5, min_lr_ratio=0.0, decay_shape=shape
+    )
+    got = _lrs(s, 9)
+    assert got[:4] == pytest.approx([BASE_LR] * 4)  # no warmup, stable for the first half
+    assert got[4:8] == pytest.approx([BASE_LR * left(i / 4) for i in range(4)])
+    assert got[8] == 0.0
+
+
+def test_wsd_scales_every_parameter_group_by_the_same_factor_and_resumes_exactly():
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    def make():
+        opt = torch.optim.SGD(
+            [
+                {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.02},
+                {"params": [torch.nn.Parameter(torch.zeros(1))]},
+            ],
+            lr=3e-3,
+        )
+        return WarmupStableDecayLR(opt, max_steps=10, warmup_steps=1, decay_fraction=0.5)
+
+    a = make()
+    _lrs(a, 7)
+    lrs = [g["lr"] for g in a.optimizer.param_groups]
+    assert lrs[0] / 0.02 == pytest.approx(lrs[1] / 3e-3) == pytest.approx(a.factor(7))
+    b = make()
+    b.optimizer.load_state_dict(a.optimizer.state_dict())  # as a checkpoint restores both
+    b.load_state_dict(a.state_dict())
+    assert _lrs(b, 3) == _lrs(a, 3)
+
+
+def test_wsd_refuses_bad_settings_naming_them():
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    with pytest.raises(ValueError, match=r"scheduler\.decay_shape='step' is invalid"):
+        WarmupStableDecayLR(_optimizer(), max_steps=10, decay_shape="step")
+    with pytest.raises(ValueError, match=r"scheduler\.decay_fraction=-0\.1 is invalid"):
+        WarmupStableDecayLR(_optimizer(), max_steps=10, decay_fraction=-0.1)

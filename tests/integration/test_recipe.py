@@ -1,0 +1,136 @@
+"""The training recipe through the real command line: optimizer=muon with scheduler=wsd resumes exactly (a run
+killed and resumed ends bit-identical to one never interrupted: weights, both inner optimizers' state, the
+schedule, the validation loss), logs each parameter group's learning rate, and the speedrun experiment stops at
+its target validation loss, logging the time it took."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# optimizer=muon + scheduler=wsd on the tiny model (untied head: every AdamW role is present), dropout so the RNG
+# state matters; 20 steps, a periodic checkpoint every 5, validation every 10, the decay over the last half
+RUN = [
+    "model=tiny",
+    "tokenizer=char",
+    "trainer=cpu",
+    "optimizer=muon",
+    "scheduler=wsd",
+    "scheduler.warmup_steps=3",
+    "scheduler.decay_fraction=0.5",
+    "model.dropout=0.1",
+    "model.tie_weights=false",
+    "model.mlp=relu2",
+    "model.zero_init=true",
+    "model.logit_softcap=30",
+    "data.batch_size=4",
+    "trainer.max_steps=20",
+    "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "checkpoint_every_n_steps=5",
+    "trainer.enable_model_summary=false",
+    "~callbacks.attention_maps",
+    "~callbacks.text_samples",
+    "~callbacks.head_insight",
+    "~callbacks.progress_bar",
+    "+trainer.enable_progress_bar=false",
+]
+
+
+def _fault(step: int) -> str:
+    # tests/integration/test_reliability.py's fault injector: SIGKILL right after optimizer step ``step``
+    return f"+callbacks.fault={{_target_:test_reliability.FaultInjector,action:kill,step:{step},where:batch_end}}"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from gptmini.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+def _assert_equal(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=where)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_muon_with_wsd_killed_and_resumed_ends_bit_identical(tmp_path, run_cli, tb_events):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gptmini.data.prepare import prepare
+
+    data_root, out = tmp_path / "data", tmp_path / "out"
+    prepare("shakespeare", "char", data_root / "shakespeare_char")
+    base = [*RUN, f"paths.output_root={out}", f"paths.data_root={data_root}"]
+    with ThreadPoolExecutor(2) as pool:
+        ref = pool.submit(run_cli.train, [*base, "run_name=ref"])
+        killed = pool.submit(run_cli.train, [*base, "run_name=killed", _fault(12)])
+        ref, killed = ref.result(), killed.result()
+    assert ref.returncode == 0, (ref.stdout + ref.stderr)[-3000:]
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+    resumed = run_cli.train([*base, "run_name=killed", "ckpt_path=last"])
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    (ref_dir,) = (out / "ref").glob("*/")
+    killed_dir, resumed_dir = sorted((out / "killed").glob("*/"))
+    assert _load(killed_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
+    want, got = (_load(d / "checkpoints" / "last.ckpt") for d in (ref_dir, resumed_dir))
+    assert got["global_step"] == want["global_step"] == 20
+    _assert_equal(got["state_dict"], want["state_dict"], "state_dict")
+    (opt_want,), (opt_got,) = want["optimizer_states"], got["optimizer_states"]
+    assert set(opt_want) == {"muon", "adamw"}
+    assert len(opt_want["muon"]["state"]) > 0 and len(opt_want["adamw"]["state"]) > 0
+    _assert_equal(opt_got, opt_want, "optimizer_states")
+    assert got["lr_schedulers"] == want["lr_schedulers"]
+    ref_events, resumed_events = tb_events(ref_dir), tb_events(resumed_dir)
+    assert resumed_events.Scalars("val/loss")[-1].value == ref_events.Scalars("val/loss")[-1].value
+    # each parameter group's learning rate is in TensorBoard, and WSD's decay reached them all
+    tags = [t for t in ref_events.Tags()["scalars"] if t.startswith("lr-MuonAdamW/")]
+    assert sorted(t.split("/")[1] for t in tags) == ["embedding", "head", "hidden", "vector"]
+    hidden = [e.value for e in ref_events.Scalars("lr-MuonAdamW/hidden")]
+    assert max(hidden) == pytest.approx(0.02) and hidden[-1] < 0.1 * 0.02 + 1e-9
+
+
+def test_speedrun_stops_at_its_target_and_logs_the_time_to_reach_it(tmp_path, run_cli, tb_events):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 400)
+    out = tmp_path / "out"
+    proc = run_cli.train(
+        [
+            "experiment=speedrun_char_cpu",
+            f"data.source={corpus}",
+            f"paths.output_root={out}",
+            f"paths.data_root={tmp_path / 'data'}",
+            "target_val_loss=3.5",  # a char model passes it within a few steps
+            "trainer.max_steps=40",
+            "trainer.val_check_interval=2",
+            "~callbacks.progress_bar",
+            "+trainer.enable_progress_bar=false",
+        ]
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    (run_dir,) = (out / "speedrun_char_cpu").glob("*/")
+    events = tb_events(run_dir)
+    vals = events.Scalars("val/loss")
+    assert vals[-1].value <= 3.5 and all(v.value > 3.5 for v in vals[:-1])
+    step = vals[-1].step
+    (fit,) = events.Scalars("perf/time_to_target")
+    (process,) = events.Scalars("perf/time_to_target_process")
+    assert 0 < fit.value < process.value  # the process started before fit: imports, data preparation
+    assert f"<= target 3.5000 at step {fit.step}" in text
+    ckpt = _load(run_dir / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == fit.step < 40 and step <= fit.step  # it stopped there

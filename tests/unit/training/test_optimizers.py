@@ -1,0 +1,170 @@
+"""optimizer=muon: every parameter has exactly one role, only 2-D hidden matrices reach Muon, for every attention
+of the zoo, every attention variant and the Llama blocks; MuonAdamW steps exactly as the two PyTorch optimizers
+built by hand; its state dict round-trips (resume), and the module and config wire it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from gptmini.attention import available_attention
+from gptmini.conf_dir import conf_dir
+from gptmini.model import GPT, GPTConfig
+from gptmini.training.optimizers import ROLES, MuonAdamW
+
+VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
+MUON = OmegaConf.to_container(OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"))
+SETTINGS = {k: v for k, v in MUON.items() if not k.startswith("_")}
+
+
+def _tiny(**kw) -> GPT:
+    base = {
+        "vocab_size": 50,
+        "block_size": 16,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_embd": 32,
+        "pad_vocab_multiple": 1,
+    }
+    return GPT(GPTConfig(**{**base, **kw}))
+
+
+def _models() -> dict[str, GPT]:
+    models = {f"attention={n}": _tiny(attention=n) for n in available_attention()}
+    for v in VARIANTS:
+        models[f"variant={v}"] = _tiny(
+            **OmegaConf.to_container(OmegaConf.load(conf_dir() / "attention_variant" / f"{v}.yaml"))
+        )
+    models["llama_tiny"] = GPT(GPTConfig.from_preset("llama_tiny", vocab_size=50))
+    models["relu2_untied"] = _tiny(mlp="relu2", tie_weights=False, position="rope", qk_norm=True)
+    models["attention_only"] = _tiny(mlp="none")
+    return models
+
+
+@pytest.mark.parametrize("name, model", list(_models().items()), ids=list(_models()))
+def test_every_parameter_has_one_role_and_only_hidden_2d_matrices_reach_muon(name, model):
+    roles = model.parameter_roles()
+    assert set(roles) == set(ROLES)
+    ids = [id(p) for ps in roles.values() for p in ps]
+    assert len(ids) == len(set(ids)), "a parameter in two roles"
+    assert set(ids) == {id(p) for p in model.parameters()}, "a parameter in no role"
+    assert all(p.dim() == 2 for p in roles["hidden"])
+    # the hidden matrices are exactly the blocks' attention and MLP weights: no embedding, head, norm or bias
+    hidden = {id(p) for p in roles["hidden"]}
+    names = {n for n, p in model.named_parameters() if id(p) in hidden}
+    assert names and all(n.startswith("blocks.") and n.endswith(("weight", "in_proj_weight")) for n in names)
+    assert not any("norm" in n or "ln_" in n for n in names)
+    assert {id(model.wte.weight)} <= {id(p) for p in roles["embedding"]}
+    # every 2-D block weight of a projection is hidden (the head and embeddings never are)
+    block_2d = {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+    # the exceptions: additive's per-head scoring vectors and einsum's per-head bias tables (not projections)
+    assert {n.rsplit(".", 1)[-1] for n in block_2d - names} <= {"v", "b_q", "b_k", "b_v"}
+    optimizer = MuonAdamW(roles, **copy.deepcopy(SETTINGS))
+    muon_params = {id(p) for g in optimizer.optimizers["muon"].param_groups for p in g["params"]}
+    assert muon_params == hidden
+
+
+def test_untied_head_is_its_own_role_and_a_tied_one_is_the_embedding():
+    untied, tied = _tiny(tie_weights=False).parameter_roles(), _tiny().parameter_roles()
+    assert len(untied["head"]) == 1 and untied["head"][0].shape == (50, 32)
+    assert tied["head"] == []
+
+
+def _params_and_grads(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = _tiny(position="rope", qk_norm=True, tie_weights=False)
+    x = torch.randint(0, 50, (3, 16))
+    _, loss = model(x, x.roll(-1, 1))
+    loss.backward()
+    return model
+
+
+def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
+    a, b = _params_and_grads(), _params_and_grads()
+    opt = MuonAdamW(a.parameter_roles(), **copy.deepcopy(SETTINGS))
+    rb = b.parameter_roles()
+    s = SETTINGS
+    muon = torch.optim.Muon(rb["hidden"], **s["hidden"])
+    adamw = torch.optim.AdamW(
+        [{"params": rb[r], **s[r]} for r in ("embedding", "head", "matrix", "vector") if rb[r]],
+        betas=tuple(s["adamw"]["betas"]),
+        eps=s["adamw"]["eps"],
+    )
+    for _ in range(3):  # the same gradients each step: momentum and moments accumulate alike
+        opt.step()
+        muon.step()
+        adamw.step()
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=n)
+    # the update really went through Muon: a hidden matrix moved by an orthogonalised step, lr-sized
+    assert {g["name"] for g in opt.param_groups} == {"hidden", "embedding", "head", "vector"}
+
+
+def test_state_dict_round_trips_and_the_scheduler_sets_each_inner_optimizers_lr(tmp_path: Path):
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    a = _params_and_grads()
+    opt = MuonAdamW(a.parameter_roles(), **copy.deepcopy(SETTINGS))
+    sched = WarmupStableDecayLR(opt, max_steps=4, decay_fraction=0.5)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    assert opt.optimizers["muon"].param_groups[0]["lr"] == pytest.approx(0.02 * 0.5)
+    assert opt.optimizers["adamw"].param_groups[0]["lr"] == pytest.approx(3e-3 * 0.5)
+    path = tmp_path / "opt.pt"
+    torch.save(opt.state_dict(), path)
+    state = torch.load(path, weights_only=True)  # plain data: checkpoints load with weights_only=True
+    b = _params_and_grads()
+    b.load_state_dict(a.state_dict())
+    opt_b = MuonAdamW(b.parameter_roles(), **copy.deepcopy(SETTINGS))
+    opt_b.load_state_dict(state)
+    assert [g["lr"] for g in opt_b.param_groups] == [g["lr"] for g in opt.param_groups]
+    assert len(opt_b.state) == len(opt.state) == sum(1 for _ in a.parameters())
+    opt.step()
+    opt_b.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="resume with the optimizer the checkpoint was trained with"):
+        opt_b.load_state_dict({"adamw": state["adamw"]})
+
+
+def test_the_module_builds_muon_from_roles_with_the_fused_adamw_kernel():
+    from hydra.utils import instantiate
+
+    from gptmini.training.module import GPTLightningModule
+
+    cfg = _tiny().config.to_dict()
+    module = GPTLightningModule(cfg, optimizer=instantiate(OmegaConf.create(MUON)))
+    optimizer = module.configure_optimizers()
+    assert isinstance(optimizer, MuonAdamW)
+    assert optimizer.optimizers["adamw"].defaults["fused"] is True
+    assert optimizer.optimizers["muon"].param_groups[0]["lr"] == 0.02
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["experiment=shakespeare_char_cpu"],
+            r"optimizer\.betas, optimizer\.lr are not settings of .*MuonAdamW: its settings are per parameter role",
+        ),
+        (["optimizer.hidden.lr=0"], r"optimizer\.hidden\.lr=0 is invalid"),
+        (["optimizer.embedding.weight_decay=-1"], r"optimizer\.embedding\.weight_decay=-1 is invalid"),
+        (["trainer=fsdp"], r"cannot run under FSDP .* Use trainer=ddp"),
+        (
+            ["scheduler=wsd", "scheduler.decay_shape=exp"],
+            r"scheduler\.decay_shape='exp' is invalid: valid shapes are linear, cosine, 1-sqrt",
+        ),
+        (["scheduler=wsd", "scheduler.decay_fraction=1.5"], r"scheduler\.decay_fraction=1\.5 is invalid"),
+    ],
+)
+def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, message):
+    from gptmini.training.config import RunError, validate_config
+
+    cfg = compose_cfg(["debug=smoke", "optimizer=muon", *overrides])
+    with pytest.raises(RunError, match=message):
+        validate_config(cfg)
