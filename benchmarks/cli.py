@@ -34,6 +34,7 @@ from benchmarks.end_to_end import bench_end_to_end
 from benchmarks.generation import bench_generate
 from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
 from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
+from benchmarks.recipe import RECIPE_COLUMNS, bench_recipe
 from benchmarks.summary import (
     ATTENTION_COLUMNS,
     ATTENTION_KEY_COLUMNS,
@@ -123,6 +124,15 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
         elif section == "e2e":
             rows, notes = bench_end_to_end(opts)
             table("e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes)
+        elif section == "recipe":
+            rows, notes = bench_recipe(opts)
+            table(
+                "recipe",
+                "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
+                rows,
+                RECIPE_COLUMNS,
+                notes,
+            )
         elif section == "generate":
             rows, notes = bench_generate(opts)
             table("generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
@@ -168,10 +178,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
     p.add_argument(
         "--tinyshakespeare",
         default=None,
-        help="e2e: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
+        help="e2e and recipe: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
     )
     p.add_argument(
         "--e2e-rounds", type=int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
+    )
+    p.add_argument(
+        "--recipe-seeds", type=int, default=None, help="recipe: seeds per config (default 3; quick: 1)"
+    )
+    p.add_argument(
+        "--recipe-max-steps",
+        type=int,
+        default=None,
+        help="recipe: cap every run at this many steps, for a quick look (default: each config's own length)",
     )
     p.add_argument(
         "--corpus-mb",
@@ -191,7 +210,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         format="%(asctime)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    e2e = {"tinyshakespeare": a.tinyshakespeare, "e2e_rounds": a.e2e_rounds}
+    e2e = {
+        "tinyshakespeare": a.tinyshakespeare,
+        "e2e_rounds": a.e2e_rounds,
+        "recipe_seeds": a.recipe_seeds,
+        "recipe_max_steps": a.recipe_max_steps,
+    }
     return BenchOptions(
         device=device,
         quick=a.quick,

@@ -5,6 +5,7 @@ its target validation loss, logging the time it took."""
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,57 @@ def test_speedrun_stops_at_its_target_and_logs_the_time_to_reach_it(tmp_path, ru
     assert f"<= target 3.5000 at step {fit.step}" in text
     ckpt = _load(run_dir / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == fit.step < 40 and step <= fit.step  # it stopped there
+
+
+def _gpt2_speedrun_tiny(tmp_path: Path, *extra: str) -> list[str]:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 300)
+    return [
+        "experiment=speedrun_gpt2",
+        "hardware=cpu",
+        "trainer=cpu",
+        "data=text",
+        f"data.source={corpus}",
+        "data.num_workers=0",
+        "data.batch_size=2",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.block_size=32",
+        "trainer.max_steps=3",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.val_check_interval=6",
+        "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=1",
+        "compile=false",
+        f"paths.output_root={tmp_path / 'out'}",
+        f"paths.data_root={tmp_path / 'data'}",
+        "~callbacks.progress_bar",
+        "+trainer.enable_progress_bar=false",
+        *extra,
+    ]
+
+
+def test_gpt2_speedrun_composes_and_trains_a_few_steps_on_the_cpu(tmp_path, run_cli, tb_events):
+    proc = run_cli.train(_gpt2_speedrun_tiny(tmp_path))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (run_dir,) = (tmp_path / "out" / "speedrun_gpt2").glob("*/")
+    events = tb_events(run_dir)
+    assert len(events.Scalars("val/loss")) == 1
+    lrs = {
+        t.split("/")[1]: events.Scalars(t)[0].value for t in events.Tags()["scalars"] if t.startswith("lr-")
+    }
+    assert lrs == pytest.approx({"hidden": 0.05, "embedding": 0.6, "head": 0.008, "vector": 0.04})
+    ckpt = _load(run_dir / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 3
+    assert ckpt["hyper_parameters"]["model_config"]["logit_softcap"] == 15.0
+
+
+@pytest.mark.slow
+def test_muon_trains_compiled_in_bf16_with_gradient_accumulation_on_the_cpu(tmp_path, run_cli, tb_events):
+    """What a GPU run of the speedrun does (compile, bf16-mixed, accumulation), on the CPU."""
+    proc = run_cli.train(_gpt2_speedrun_tiny(tmp_path, "compile=true", "trainer.precision=bf16-mixed"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (run_dir,) = (tmp_path / "out" / "speedrun_gpt2").glob("*/")
+    losses = [e.value for e in tb_events(run_dir).Scalars("train/loss")]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)

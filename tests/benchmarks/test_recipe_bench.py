@@ -1,0 +1,82 @@
+"""The time-to-loss benchmark without training: every configuration it runs composes and passes the config
+checks, a run's TensorBoard events are read back into steps and times to the target, and runs summarise into
+one row. (The section itself runs, one capped run, in tests/benchmarks/test_bench.py's quick run.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.recipe import CONFIGS, TARGET, read_run, run_args, summarize
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_every_configuration_composes_and_passes_the_config_checks(config, compose_cfg, tmp_path):
+    from gptmini.training.config import validate_config
+
+    corpus = tmp_path / "input.txt"
+    corpus.write_text("ROMEO: hello\n" * 10)
+    args = [a for a in run_args(config, 1, str(corpus), tmp_path) if not a.startswith(("~", "+", "paths."))]
+    cfg = compose_cfg(args)
+    gpt = validate_config(cfg)
+    assert cfg.target_val_loss == TARGET and cfg.data.source == str(corpus)
+    assert gpt.block_size == 64 and cfg.data.batch_size == 12 and cfg.tokenizer.name == "char"
+    if config.name == "recipe":
+        assert (gpt.position, gpt.qk_norm, gpt.mlp, gpt.zero_init) == ("rope", True, "relu2", True)
+        assert "MuonAdamW" in cfg.optimizer._target_ and "WarmupStableDecay" in cfg.scheduler._target_
+    if config.name == "nanoGPT":
+        assert (gpt.position, gpt.mlp, cfg.trainer.max_steps) == ("learned", "gelu", 2000)
+
+
+def test_a_run_is_read_back_from_its_events(tmp_path: Path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(tmp_path / "tb"))
+    for step, loss in (
+        (49, 2.4),
+        (99, 1.9),
+        (149, 1.88),
+    ):  # logged at the 0-based step of the 50th, 100th, ...
+        w.add_scalar("val/loss", loss, step)
+    w.add_scalar("perf/time_to_target", 7.5, 150)
+    w.add_scalar("perf/time_to_target_process", 12.25, 150)
+    w.close()
+    run = read_run(tmp_path)
+    assert run == {
+        "steps_to_target": 150,
+        "time_to_target_s": 12.25,
+        "time_to_target_fit_s": 7.5,
+        "final_val_loss": pytest.approx(1.88),
+    }
+
+
+def test_runs_summarise_into_medians_of_those_that_reached_the_target():
+    runs = [
+        {
+            "steps_to_target": 300,
+            "time_to_target_s": 10.0,
+            "time_to_target_fit_s": 6.0,
+            "final_val_loss": 1.88,
+            "wall_s": 11.0,
+        },
+        {
+            "steps_to_target": 400,
+            "time_to_target_s": 14.0,
+            "time_to_target_fit_s": 9.0,
+            "final_val_loss": 1.86,
+            "wall_s": 15.0,
+        },
+        {
+            "steps_to_target": None,
+            "time_to_target_s": None,
+            "time_to_target_fit_s": None,
+            "final_val_loss": 1.90,
+            "wall_s": 20.0,
+        },
+    ]
+    row = summarize(CONFIGS[1], runs)
+    assert row["seeds"] == 3 and row["reached"] == 2
+    assert (row["steps_to_target"], row["time_to_target_s"], row["time_to_target_fit_s"]) == (350, 12.0, 7.5)
+    assert row["final_val_loss"] == pytest.approx((1.88 + 1.86 + 1.90) / 3, abs=1e-4)
+    assert row["wall_s"] == 15.0
