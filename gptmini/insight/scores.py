@@ -116,3 +116,34 @@ def head_scores(model: GPT, probes: Probes) -> dict[str, torch.Tensor]:
     """Every score of every head of ``model`` on ``probes``: name -> (n_layer, n_head), on the CPU."""
     text_maps, repeated_maps = probe_maps(model, probes)
     return {k: v.cpu() for k, v in score_patterns(text_maps, repeated_maps, probes.period).items()}
+
+
+# Head types, in order of precedence: a head is the first type whose score reaches its threshold. The thresholds
+# are shares of attention (distance: tokens); an induction head usually also scores as previous-token on text,
+# so induction comes first.
+HEAD_TYPES: tuple[tuple[str, str, float], ...] = (
+    ("induction", "induction", 0.4),
+    ("previous-token", "previous_token", 0.4),
+    ("first-token", "first_token", 0.5),
+)
+LOCAL_DISTANCE = 3.0  # a head whose attention lands on average within this many tokens back is "local"
+OTHER = "other"
+
+
+def head_types(scores: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Each head's type from its scores (``head_scores``): "induction", "previous-token", "first-token" (an
+    attention sink), "local", or "other" (see ``HEAD_TYPES`` and ``LOCAL_DISTANCE``)."""
+    n_layer, n_head = scores["previous_token"].shape
+    out = []
+    for layer in range(n_layer):
+        row = []
+        for head in range(n_head):
+            label = next(
+                (name for name, key, threshold in HEAD_TYPES if float(scores[key][layer, head]) >= threshold),
+                None,
+            )
+            if label is None:
+                label = "local" if float(scores["mean_distance"][layer, head]) <= LOCAL_DISTANCE else OTHER
+            row.append(label)
+        out.append(row)
+    return out

@@ -124,6 +124,8 @@ class HeadInsightLogger(LoggingCallback):
         self.detector = PhaseChangeDetector(induction_threshold, min_rise, icl_drop)
         self.best_val_loss: float | None = None
         self.last_seconds: float | None = None  # how long the last insight pass took
+        # (step, name -> (n_layer, n_head) on the CPU) of the last pass: the ATTENTION tab's head types
+        self.last_scores: tuple[int, dict[str, torch.Tensor]] | None = None
         self._probes: Probes | None = None
         self._curves: list[tuple[str, torch.Tensor]] = []
         self._session_end: Any = None
@@ -225,6 +227,7 @@ class HeadInsightLogger(LoggingCallback):
         finally:
             model.train(was_training)
         icl = icl_score(losses)
+        self.last_scores = (step, scores)
         self._write(writer, step, scores, losses, icl, probes.text.size(1))
         change = self.detector.update(step, scores["induction"], icl)
         if change is not None:

@@ -80,13 +80,19 @@ def test_wheel_ships_configs_every_package_and_nothing_else(wheel):
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "scripts/")) or "/tests/" in n]
 
 
+def _entry_points(text: str, group: str) -> dict[str, str]:
+    """name -> target of one [group] of an entry_points.txt."""
+    lines = text.splitlines()
+    section = lines[lines.index(f"[{group}]") + 1 :]
+    section = section[: next((i for i, line in enumerate(section) if line.startswith("[")), len(section))]
+    return dict(line.split(" = ") for line in section if " = " in line)
+
+
 def test_wheel_declares_the_console_scripts_and_their_targets_exist(wheel):
     whl, _ = wheel
     zf = zipfile.ZipFile(whl)
     (entry_points,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    lines = zf.read(entry_points).decode().splitlines()
-    section = lines[lines.index("[console_scripts]") + 1 :]
-    scripts = dict(line.split(" = ") for line in section if " = " in line)
+    scripts = _entry_points(zf.read(entry_points).decode(), "console_scripts")
     assert set(scripts) == set(SCRIPTS), scripts
     names = set(zf.namelist())
     for name, target in scripts.items():
@@ -94,6 +100,20 @@ def test_wheel_declares_the_console_scripts_and_their_targets_exist(wheel):
         path = f"{module.replace('.', '/')}.py"
         assert path in names, (name, target)
         assert f"\ndef {func}(" in zf.read(path).decode(), (name, target)  # the function the script calls
+
+
+def test_wheel_ships_the_attention_tab_and_registers_it_with_tensorboard(wheel):
+    whl, _ = wheel
+    zf = zipfile.ZipFile(whl)
+    names = set(zf.namelist())
+    static = {
+        p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "gptmini" / "board" / "static").iterdir()
+    }
+    assert static and static <= names, sorted(static - names)  # the tab's ES module, served from package data
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    plugins = _entry_points(zf.read(entry_points).decode(), "tensorboard_plugins")
+    assert plugins == {"gptmini_attention": "gptmini.board.plugin:AttentionLoader"}, plugins
+    assert "\nclass AttentionLoader(" in zf.read("gptmini/board/plugin.py").decode()
 
 
 @pytest.mark.slow

@@ -196,3 +196,13 @@ def test_every_attention_and_option_gives_scores_through_the_probabilities_path(
         assert_close(value, expected[name])
     for name in ("previous_token", "duplicate_token", "induction", "first_token"):
         assert bool(((out[name] >= 0) & (out[name] <= 1 + 1e-6)).all()), name
+
+
+def test_head_types_label_each_constructed_pattern() -> None:
+    from gptmini.insight.scores import head_types
+
+    diagonal = torch.eye(T)  # every query attends to itself: distance 0, no other score
+    patterns = [INDUCTION, PREVIOUS, SINK, diagonal, UNIFORM]
+    stack = torch.stack(patterns)[None, None]  # (n_layer=1, B=1, n_head=5, T, T)
+    labels = head_types(score_patterns(stack, stack, P))
+    assert labels == [["induction", "previous-token", "first-token", "local", "other"]]

@@ -152,3 +152,26 @@ def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"callbacks\.head_insight\.probe_tokens=2 is invalid"):
         HeadInsightLogger(probe_tokens=2)
     assert PhaseChangeDetector().fired is None
+
+
+def test_the_attention_tab_summary_is_labelled_by_the_same_validations_scores(run, tb_events):
+    """The ATTENTION tab's summary (gptmini.training.board) at each validation, its head types those of the
+    insight scalars logged at the same step."""
+    from tensorboard.util import tensor_util
+
+    from gptmini.board.summary import TAG, decode
+    from gptmini.insight.scores import head_types
+
+    run_dir, _ = run
+    ea = tb_events(run_dir)
+    events = ea.Tensors(TAG)
+    assert [e.step for e in events] == [3, 6]
+    header, tri = decode(tensor_util.make_ndarray(events[-1].tensor_proto))
+    assert (header["n_layer"], header["n_head"]) == (2, 2) and tri.shape[:2] == (2, 2)
+    logged = {
+        name: torch.tensor(
+            [[ea.Scalars(f"insight/{name}/layer{la}_head{h}")[-1].value for h in (0, 1)] for la in (0, 1)]
+        )
+        for name in ("previous_token", "induction", "first_token", "mean_distance")
+    }
+    assert header["head_types"] == head_types(logged)

@@ -1,0 +1,339 @@
+"""The TensorBoard backend of the ATTENTION tab: JSON routes over the attention summaries TensorBoard's data
+provider holds, the tab's ES module (package data), and "your own text", which runs the run's checkpoint.
+
+Every route checks its run, tag and step against what the data provider lists; no request names a file: the
+checkpoint of a run is looked up beside that run's event files, inside the log folder TensorBoard was started on.
+Torch is imported on the first own-text request only, so TensorBoard starts as fast as without the plugin."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import mimetypes
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tensorboard import context as tb_context
+from tensorboard import plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from gptmini.board import PLUGIN_NAME
+from gptmini.board.summary import SummaryFormatError, decode
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 2000  # own text: longer requests are refused before tokenizing
+MAX_TEXT_TOKENS = 128  # own text: at most this many tokens (and the model's context)
+MAX_NAME_CHARS = 1000  # run and tag names
+DEFAULT_SAMPLES = (
+    100  # logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
+)
+CHECKPOINT_NAMES = ("last.ckpt", "on_exception.ckpt", "best.ckpt")
+STATIC_FILES = ("index.js", "style.css")
+CACHED_MODELS = 2
+
+Handler = Callable[..., wrappers.Response]
+
+
+class BadRequest(ValueError):
+    """The request names something the data provider does not know, or carries malformed input: HTTP 400."""
+
+    code = 400
+
+
+class NotFound(BadRequest):
+    code = 404
+
+
+class Busy(BadRequest):
+    code = 429
+
+
+def _json(request: wrappers.Request, body: Any, code: int = 200) -> wrappers.Response:
+    return http_util.Respond(request, body, "application/json", code=code)
+
+
+def _route(handler: Handler) -> Handler:
+    """A werkzeug application (method) from ``handler(self, request)``: BadRequest and its kin become JSON
+    errors with their HTTP code."""
+
+    @wrappers.Request.application
+    def app(self: Any, request: wrappers.Request) -> wrappers.Response:
+        try:
+            return handler(self, request)
+        except BadRequest as err:
+            return _json(request, {"error": str(err)}, err.code)
+
+    return app
+
+
+def _arg(request: wrappers.Request, name: str) -> str:
+    value = request.args.get(name)
+    if value is None or value == "":
+        raise BadRequest(f"missing query parameter {name!r}")
+    if len(value) > MAX_NAME_CHARS:
+        raise BadRequest(f"{name} is {len(value)} characters long; at most {MAX_NAME_CHARS}")
+    return value
+
+
+class AttentionPlugin(base_plugin.TBPlugin):
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._provider = context.data_provider
+        self._logdir = context.logdir or ""
+        hint = (context.sampling_hints or {}).get(PLUGIN_NAME)
+        # --samples_per_plugin's 0 means every step
+        self._samples = DEFAULT_SAMPLES if hint is None else hint or 2**31 - 1
+        self._lock = threading.Lock()  # one own-text computation at a time
+        self._models: OrderedDict[tuple[str, int], Any] = OrderedDict()
+
+    # --- TensorBoard's interface ---
+
+    def get_plugin_apps(self) -> dict[str, Any]:
+        return {
+            "/runs": self._runs_route,
+            "/steps": self._steps_route,
+            "/attention": self._attention_route,
+            "/text": self._text_route,
+            **{f"/static/{name}": self._static_route for name in STATIC_FILES},
+        }
+
+    def is_active(self) -> bool:
+        # TensorBoard asks the data provider which plugins have data (data_plugin_names); this is the fallback
+        if self._provider is None:
+            return False
+        return bool(
+            self._provider.list_tensors(tb_context.RequestContext(), experiment_id="", plugin_name=PLUGIN_NAME)
+        )
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(
+            es_module_path="/static/index.js", tab_name="Attention", disable_reload=True
+        )
+
+    # --- what the data provider knows ---
+
+    def _series(self, request: wrappers.Request) -> dict[str, dict[str, Any]]:
+        if self._provider is None:
+            return {}
+        return self._provider.list_tensors(
+            plugin_util.context(request.environ),
+            experiment_id=plugin_util.experiment_id(request.environ),
+            plugin_name=PLUGIN_NAME,
+        )
+
+    def _run(self, request: wrappers.Request, series: dict[str, Any] | None = None) -> str:
+        run = _arg(request, "run")
+        if run not in (series if series is not None else self._series(request)):
+            raise BadRequest(f"unknown run {run!r}: it holds no attention summaries")
+        return run
+
+    def _run_tag(self, request: wrappers.Request) -> tuple[str, str]:
+        series = self._series(request)
+        run = self._run(request, series)
+        tag = _arg(request, "tag")
+        if tag not in series[run]:
+            raise BadRequest(f"unknown tag {tag!r} for run {run!r}; it has {sorted(series[run])}")
+        return run, tag
+
+    def _data(self, request: wrappers.Request, run: str, tag: str) -> list[Any]:
+        found = self._provider.read_tensors(
+            plugin_util.context(request.environ),
+            experiment_id=plugin_util.experiment_id(request.environ),
+            plugin_name=PLUGIN_NAME,
+            downsample=self._samples,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]),
+        )
+        return list(found.get(run, {}).get(tag, []))
+
+    # --- routes ---
+
+    @_route
+    def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
+        series = self._series(request)
+        runs = [
+            {
+                "run": run,
+                "tags": sorted(tags),
+                "has_checkpoint": self._checkpoint(run) is not None,
+            }
+            for run, tags in sorted(series.items())
+        ]
+        return _json(
+            request, {"runs": runs, "max_text_chars": MAX_TEXT_CHARS, "max_text_tokens": MAX_TEXT_TOKENS}
+        )
+
+    @_route
+    def _steps_route(self, request: wrappers.Request) -> wrappers.Response:
+        run, tag = self._run_tag(request)
+        return _json(
+            request, {"run": run, "tag": tag, "steps": [d.step for d in self._data(request, run, tag)]}
+        )
+
+    @_route
+    def _attention_route(self, request: wrappers.Request) -> wrappers.Response:
+        run, tag = self._run_tag(request)
+        raw = _arg(request, "step")
+        try:
+            step = int(raw)
+        except ValueError:
+            raise BadRequest(f"step {raw[:40]!r} is not an integer") from None
+        data = self._data(request, run, tag)
+        datum = next((d for d in data if d.step == step), None)
+        if datum is None:
+            raise BadRequest(
+                f"run {run!r} has no {tag!r} summary at step {step}; steps: {[d.step for d in data]}"
+            )
+        try:
+            header, tri = decode(datum.numpy)
+        except SummaryFormatError as err:
+            raise BadRequest(f"the summary of run {run!r} at step {step} cannot be read: {err}") from None
+        return _json(request, {**header, "run": run, "tag": tag, "step": step, "data": _b64(tri)})
+
+    @_route
+    def _text_route(self, request: wrappers.Request) -> wrappers.Response:
+        if request.method != "POST":
+            raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
+        if request.mimetype != "application/json":
+            raise BadRequest(f"Content-Type must be application/json, not {request.mimetype!r}")
+        if (request.content_length or 0) > 8 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS:
+            raise BadRequest(f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters")
+        try:
+            body = json.loads(request.get_data(as_text=True))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BadRequest(f"the request body is not JSON: {err}") from None
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("run"), str)
+            or not isinstance(body.get("text"), str)
+        ):
+            raise BadRequest('expected a JSON object {"run": "<run>", "text": "<text>"} of two strings')
+        run, text = body["run"], body["text"]
+        if run not in self._series(request):
+            raise BadRequest(f"unknown run {run[:MAX_NAME_CHARS]!r}: it holds no attention summaries")
+        if not text.strip():
+            raise BadRequest("the text is empty: type a sentence")
+        if len(text) > MAX_TEXT_CHARS:
+            raise BadRequest(f"the text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
+        path = self._checkpoint(run)
+        if path is None:
+            raise NotFound(
+                f"run {run!r} has no checkpoint beside its event files ({' or '.join(CHECKPOINT_NAMES)} in its "
+                "checkpoints/ folder): own text needs a run trained with checkpoints"
+            )
+        if not self._lock.acquire(blocking=False):
+            raise Busy("busy: another text is being computed; try again in a moment")
+        try:
+            result = self._own_text(path, text)
+        finally:
+            self._lock.release()
+        return _json(request, {**result, "run": run})
+
+    @_route
+    def _static_route(self, request: wrappers.Request) -> wrappers.Response:
+        name = request.path.rsplit("/", 1)[-1]
+        if name not in STATIC_FILES:  # only the files listed; never a path from the request
+            raise NotFound(f"no static file {name[:80]!r}")
+        content = resources.files("gptmini.board").joinpath("static", name).read_bytes()
+        mimetype = "text/javascript" if name.endswith(".js") else mimetypes.guess_type(name)[0]
+        return http_util.Respond(request, content, mimetype)
+
+    # --- own text ---
+
+    def _checkpoint(self, run: str) -> Path | None:
+        """The newest checkpoint beside ``run``'s event files (the run folder of a gptmini run is the parent of its
+        ``tb/`` folder), only ever inside the log folder TensorBoard reads."""
+        if not self._logdir or "://" in self._logdir:
+            return None
+        root = Path(self._logdir).resolve()
+        folder = (root / run).resolve()
+        if folder != root and root not in folder.parents:
+            return None  # a run name leading out of the log folder
+        run_dir = folder.parent if folder.name == "tb" and folder != root else folder
+        found = [run_dir / "checkpoints" / name for name in CHECKPOINT_NAMES]
+        found = [p for p in found if p.is_file()]
+        return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+    def _own_text(self, path: Path, text: str) -> dict[str, Any]:
+        import torch
+
+        from gptmini.checkpoint import CheckpointError
+        from gptmini.data.tokenizers import encode_known
+
+        try:
+            model, tokenizer, step = self._model(path)
+        except (CheckpointError, ValueError, OSError) as err:
+            raise BadRequest(f"the run's checkpoint cannot be loaded: {err}") from None
+        ids, _unknown = encode_known(tokenizer, text)
+        if not ids:
+            raise BadRequest("the text encodes to no tokens of this run's vocabulary")
+        limit = min(MAX_TEXT_TOKENS, model.config.block_size)
+        if len(ids) > limit:
+            raise BadRequest(f"the text is {len(ids)} tokens long; at most {limit} (this model's limit)")
+        from gptmini.board.summary import quantise
+
+        with torch.inference_mode():
+            maps = model.attention_maps(torch.tensor([ids], dtype=torch.long))[
+                :, 0
+            ]  # (n_layer, n_head, T, T)
+        probs = maps.float().numpy()
+        return {
+            "version": 1,
+            "n_layer": int(probs.shape[0]),
+            "n_head": int(probs.shape[1]),
+            "tokens": [tokenizer.decode([i]) for i in ids],
+            "head_types": None,
+            "scores": {},
+            "step": step,
+            "tag": "own text",
+            "data": _b64(quantise(probs)),
+        }
+
+    def _model(self, path: Path) -> tuple[Any, Any, int | None]:
+        key = (str(path), path.stat().st_mtime_ns)
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
+        loaded = open_checkpoint(path)
+        self._models[key] = loaded
+        while len(self._models) > CACHED_MODELS:
+            self._models.popitem(last=False)
+        return loaded
+
+
+def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
+    """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, loaded with
+    ``weights_only=True``."""
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.inference.sample import tokenizer_for_run
+
+    model, ckpt = model_and_checkpoint(path, map_location="cpu")
+    run_config = dict(ckpt["hyper_parameters"].get("run_config") or {})
+    tokenizer = tokenizer_for_run(run_config, None, (path, ckpt))
+    return model.eval(), tokenizer, ckpt.get("global_step")
+
+
+def _b64(tri: Any) -> str:
+    return base64.b64encode(tri.tobytes()).decode("ascii")
+
+
+class AttentionLoader(base_plugin.TBLoader):
+    """Keeps up to ``DEFAULT_SAMPLES`` logged steps per run (TensorBoard keeps 10 of a tensor series by default)
+    unless ``--samples_per_plugin gptmini_attention=N`` is given."""
+
+    def fix_flags(self, flags: Any) -> None:
+        samples = getattr(flags, "samples_per_plugin", None)
+        if isinstance(samples, dict):
+            samples.setdefault(PLUGIN_NAME, DEFAULT_SAMPLES)
+
+    def load(self, context: base_plugin.TBContext) -> AttentionPlugin | None:
+        return AttentionPlugin(context)

@@ -1,0 +1,94 @@
+"""The ATTENTION tab's data: at each validation, every layer and head's attention on a probe text, written as one
+compact summary (``gptmini.board.summary``) that TensorBoard's ATTENTION tab reads."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from gptmini.board.summary import TAG, AttentionSummary, summary_proto
+from gptmini.insight.scores import head_types
+from gptmini.training.callbacks import LoggingCallback, PromptTokens, _tensorboard, _tokenizer
+from gptmini.training.insight import HeadInsightLogger
+
+log = logging.getLogger(__name__)
+
+# the head scores shown beside each head in the tab (the rest are in the insight grids)
+SHOWN_SCORES = ("previous_token", "induction", "first_token", "mean_distance")
+
+
+class AttentionSummaryLogger(LoggingCallback):
+    """At each validation: the probe text's attention, every layer and head, as one ``gptmini_attention`` summary
+    (tag ``attention/probe``), with each head's type from the head-insight scores of the same validation
+    (``HeadInsightLogger``, listed before this callback; without it the heads go unlabelled).
+
+    ``max_tokens``: probe length (capped at the context). ``last_seconds``/``last_bytes``: cost of the last one."""
+
+    def __init__(
+        self,
+        probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?",
+        max_tokens: int = 64,
+    ) -> None:
+        if max_tokens < 2:
+            raise ValueError(f"callbacks.attention_summary.max_tokens={max_tokens} must be >= 2")
+        self.probe_text = probe_text
+        self.max_tokens = max_tokens
+        self.last_seconds: float | None = None
+        self.last_bytes: int | None = None
+        self._probe = PromptTokens("callbacks.attention_summary.probe_text")
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        writer, tokenizer = _tensorboard(trainer), _tokenizer(trainer)
+        if writer is None or tokenizer is None:
+            return
+        t0 = time.perf_counter()
+        model = pl_module.model
+        ids = self._probe(self.probe_text, tokenizer, trainer, min(self.max_tokens, model.config.block_size))
+        if not ids:
+            return
+        tokens = [tokenizer.decode([i]) for i in ids]  # as they are: the tab shows spaces and newlines
+        summary = probe_summary(model, ids, tokens, self._scores(trainer))
+        proto = summary_proto(summary, TAG)
+        writer.file_writer.add_summary(proto, trainer.global_step)
+        self.last_bytes = proto.ByteSize()
+        self.last_seconds = time.perf_counter() - t0
+
+    @staticmethod
+    def _scores(trainer: L.Trainer) -> dict[str, torch.Tensor] | None:
+        for cb in trainer.callbacks:
+            if isinstance(cb, HeadInsightLogger) and cb.last_scores is not None:
+                step, scores = cb.last_scores
+                if step == trainer.global_step:
+                    return scores
+        return None
+
+
+@torch.no_grad()
+def probe_summary(
+    model: torch.nn.Module, ids: list[int], tokens: list[str], scores: dict[str, torch.Tensor] | None = None
+) -> AttentionSummary:
+    """The attention of ``model`` (a GPT) on ``ids`` as an AttentionSummary; ``scores``: its head scores, for the
+    head types (None: unlabelled)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        maps = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))[:, 0]
+    finally:
+        model.train(was_training)
+    probs = maps.float().cpu().numpy()  # (n_layer, n_head, T, T)
+    return AttentionSummary(
+        tokens=tokens,
+        probs=probs,
+        head_types=head_types(scores) if scores is not None else None,
+        scores={k: [[round(float(v), 3) for v in row] for row in scores[k].tolist()] for k in SHOWN_SCORES}
+        if scores is not None
+        else {},
+    )

@@ -1,0 +1,242 @@
+"""The ATTENTION tab's backend through TensorBoard's own WSGI app and data provider (werkzeug's test client, no
+browser): what each route returns, and that every bad request - a path in the run name, unknown runs, tags and
+steps, huge or malformed text, a run without a checkpoint, a second computation at once - gets one JSON error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from gptmini.board import PLUGIN_NAME
+from gptmini.board.summary import TAG, AttentionSummary, dequantise, summary_proto
+
+PREFIX = f"/data/plugin/{PLUGIN_NAME}"
+TOKENS = ["R", "O", "M", "E"]
+
+
+def _maps(n_layer: int, n_head: int, t: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.tril(rng.random((n_layer, n_head, t, t))) + 1e-3 * np.tril(np.ones((t, t)))
+    return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory, write_checkpoint):
+    """Two runs laid out as training lays them out (<run>/tb/ event files, <run>/checkpoints/): "with_ckpt"
+    (summaries at steps 3 and 6, and a checkpoint of a GPT-2-tokenizer model) and "no_ckpt" (step 3 only)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    root = tmp_path_factory.mktemp("logs")
+    for run, steps in (("with_ckpt", (3, 6)), ("no_ckpt", (3,))):
+        writer = SummaryWriter(str(root / run / "tb"))
+        for step in steps:
+            summary = AttentionSummary(TOKENS, _maps(2, 3, 4, seed=step), [["local"] * 3, ["other"] * 3])
+            writer.file_writer.add_summary(summary_proto(summary), step)
+        writer.add_scalar("train/loss", 1.0, 0)
+        writer.close()
+    write_checkpoint(
+        root / "with_ckpt" / "checkpoints" / "last.ckpt",
+        vocab_size=50257,
+        block_size=16,
+        n_layer=2,
+        n_head=3,
+        n_embd=6,
+        global_step=6,
+    )
+    (root / "outside").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def app(logdir):
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+
+    from gptmini.board.plugin import AttentionLoader
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={PLUGIN_NAME: 0})
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+    context = base_plugin.TBContext(data_provider=provider, logdir=str(logdir), sampling_hints={})
+    plugin = AttentionLoader().load(context)
+    return application.TensorBoardWSGI([plugin], data_provider=provider), plugin
+
+
+@pytest.fixture
+def client(app):
+    from werkzeug.test import Client
+
+    return Client(app[0])
+
+
+def _get(client, route: str, **args):
+    response = client.get(f"{PREFIX}/{route}", query_string=args)
+    return response.status_code, json.loads(response.get_data(as_text=True))
+
+
+def _post(client, body, content_type="application/json"):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    response = client.post(f"{PREFIX}/text", data=data, content_type=content_type)
+    return response.status_code, json.loads(response.get_data(as_text=True))
+
+
+def test_the_tab_is_listed_exactly_when_runs_hold_its_summaries(client, app, tmp_path):
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+
+    from gptmini.board.plugin import AttentionPlugin
+
+    listing = json.loads(client.get("/data/plugins_listing").get_data(as_text=True))
+    assert listing[PLUGIN_NAME]["enabled"] is True
+    assert listing[PLUGIN_NAME]["loading_mechanism"]["module_path"] == f"{PREFIX}/static/index.js"
+    assert app[1].is_active()
+    empty = plugin_event_multiplexer.EventMultiplexer()
+    empty.AddRunsFromDirectory(str(tmp_path))
+    empty.Reload()
+    provider = data_provider.MultiplexerDataProvider(empty, str(tmp_path))
+    assert not AttentionPlugin(
+        base_plugin.TBContext(data_provider=provider, logdir=str(tmp_path))
+    ).is_active()
+
+
+def test_runs_steps_and_attention(client, logdir):
+    code, body = _get(client, "runs")
+    assert code == 200
+    assert body["runs"] == [
+        {"run": "no_ckpt/tb", "tags": [TAG], "has_checkpoint": False},
+        {"run": "with_ckpt/tb", "tags": [TAG], "has_checkpoint": True},
+    ]
+    assert _get(client, "steps", run="with_ckpt/tb", tag=TAG) == (
+        200,
+        {"run": "with_ckpt/tb", "tag": TAG, "steps": [3, 6]},
+    )
+    code, body = _get(client, "attention", run="with_ckpt/tb", tag=TAG, step="6")
+    assert code == 200 and body["tokens"] == TOKENS and (body["n_layer"], body["n_head"]) == (2, 3)
+    assert body["head_types"] == [["local"] * 3, ["other"] * 3]
+    tri = np.frombuffer(base64.b64decode(body["data"]), dtype=np.uint8).reshape(2, 3, 10)
+    np.testing.assert_allclose(dequantise(tri, 4), _maps(2, 3, 4, seed=6), atol=0.5 / 255 + 1e-6)
+
+
+def test_static_files_are_served_and_nothing_else(client):
+    response = client.get(f"{PREFIX}/static/index.js")
+    assert response.status_code == 200 and "javascript" in response.content_type
+    assert b"export async function render" in response.get_data()
+    for name in ("..%2F..%2Fplugin.py", "plugin.py", "../__init__.py"):
+        assert client.get(f"{PREFIX}/static/{name}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("route", "args", "message"),
+    [
+        ("steps", {"run": "../../etc/passwd", "tag": TAG}, "unknown run '../../etc/passwd'"),
+        ("steps", {"run": "/etc", "tag": TAG}, "unknown run '/etc'"),
+        ("steps", {"run": "nope", "tag": TAG}, "unknown run 'nope'"),
+        ("steps", {"tag": TAG}, "missing query parameter 'run'"),
+        ("steps", {"run": "x" * 5000, "tag": TAG}, "at most 1000"),
+        ("steps", {"run": "with_ckpt/tb", "tag": "attention/../x"}, "unknown tag 'attention/../x'"),
+        (
+            "attention",
+            {"run": "with_ckpt/tb", "tag": TAG, "step": "4"},
+            "no 'attention/probe' summary at step 4",
+        ),
+        ("attention", {"run": "with_ckpt/tb", "tag": TAG, "step": "6; rm"}, "is not an integer"),
+        ("attention", {"run": "with_ckpt/tb", "tag": TAG}, "missing query parameter 'step'"),
+    ],
+)
+def test_bad_queries_get_400_with_a_message(client, route, args, message):
+    code, body = _get(client, route, **args)
+    assert code == 400 and message in body["error"]
+
+
+def test_own_text_runs_the_runs_checkpoint(client, logdir):
+    import torch
+
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.tokenizers import build_tokenizer
+
+    code, body = _post(client, {"run": "with_ckpt/tb", "text": "But soft, what light"})
+    assert code == 200, body
+    tokenizer = build_tokenizer("gpt2")
+    ids = tokenizer.encode("But soft, what light")
+    assert body["tokens"] == [tokenizer.decode([i]) for i in ids] and body["step"] == 6
+    model, _ = model_and_checkpoint(logdir / "with_ckpt" / "checkpoints" / "last.ckpt")
+    with torch.no_grad():
+        want = model.attention_maps(torch.tensor([ids]))[:, 0].numpy()
+    t = len(ids)
+    tri = np.frombuffer(base64.b64decode(body["data"]), dtype=np.uint8).reshape(2, 3, t * (t + 1) // 2)
+    np.testing.assert_allclose(dequantise(tri, t), want, atol=0.5 / 255 + 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "code", "message"),
+    [
+        (
+            {"run": "no_ckpt/tb", "text": "hello"},
+            "application/json",
+            404,
+            "run 'no_ckpt/tb' has no checkpoint",
+        ),
+        ({"run": "../with_ckpt/tb", "text": "hi"}, "application/json", 400, "unknown run '../with_ckpt/tb'"),
+        ({"run": "outside", "text": "hi"}, "application/json", 400, "unknown run 'outside'"),
+        (
+            {"run": "with_ckpt/tb", "text": "a" * 2001},
+            "application/json",
+            400,
+            "2001 characters; at most 2000",
+        ),
+        ({"run": "with_ckpt/tb", "text": "a" * 100_000}, "application/json", 400, "request body too large"),
+        (
+            {"run": "with_ckpt/tb", "text": " word" * 40},
+            "application/json",
+            400,
+            "40 tokens long; at most 16",
+        ),
+        ({"run": "with_ckpt/tb", "text": "   "}, "application/json", 400, "the text is empty"),
+        ({"run": "with_ckpt/tb", "text": 5}, "application/json", 400, "two strings"),
+        ('{"run": "with_ckpt/tb", "te', "application/json", 400, "not JSON"),
+        (b"\xff\xfe{", "application/json", 400, "not JSON"),
+        ({"run": "with_ckpt/tb", "text": "hi"}, "text/plain", 400, "Content-Type must be application/json"),
+    ],
+)
+def test_bad_own_text_gets_an_error_with_a_message(client, body, content_type, code, message):
+    got_code, got = _post(client, body, content_type)
+    assert got_code == code and message in got["error"]
+
+
+def test_own_text_by_get_is_refused(client):
+    code, body = _get(client, "text", run="with_ckpt/tb", text="hi")
+    assert code == 400 and "POST" in body["error"]
+
+
+def test_one_computation_at_a_time(client, app):
+    plugin = app[1]
+    started, release = threading.Event(), threading.Event()
+    real = plugin._own_text
+
+    def slow(path, text):
+        started.set()
+        release.wait(10)
+        return real(path, text)
+
+    plugin._own_text = slow
+    try:
+        first: list = []
+        worker = threading.Thread(
+            target=lambda: first.append(_post(client, {"run": "with_ckpt/tb", "text": "hi"}))
+        )
+        worker.start()
+        assert started.wait(10)
+        code, body = _post(client, {"run": "with_ckpt/tb", "text": "hello"})
+        assert code == 429 and "busy" in body["error"]
+        release.set()
+        worker.join(10)
+        assert first[0][0] == 200
+    finally:
+        del plugin._own_text
+    assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200

@@ -1,0 +1,150 @@
+"""The ATTENTION tab's summaries: quantisation within half a level of the probabilities, the header round trip,
+the size budget of a GPT-2-small step, and the training callback's summary read back through TensorBoard's own
+data provider against the model's attention."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from gptmini.board import PLUGIN_NAME
+from gptmini.board.summary import (
+    LEVELS,
+    TAG,
+    AttentionSummary,
+    SummaryFormatError,
+    decode,
+    dequantise,
+    quantise,
+    summary_proto,
+    to_summary,
+)
+
+
+def random_maps(n_layer: int, n_head: int, t: int, seed: int = 0) -> np.ndarray:
+    """Causal softmax rows: (n_layer, n_head, T, T)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(n_layer, n_head, t, t, generator=g)
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1).numpy()
+
+
+def test_quantise_keeps_each_probability_within_half_a_level() -> None:
+    probs = random_maps(2, 3, 9)
+    tri = quantise(probs)
+    assert tri.dtype == np.uint8 and tri.shape == (2, 3, 9 * 10 // 2)
+    back = dequantise(tri, 9)
+    np.testing.assert_allclose(back, probs, atol=0.5 / LEVELS + 1e-7, rtol=0)
+    assert not back[
+        ..., np.triu_indices(9, 1)[0], np.triu_indices(9, 1)[1]
+    ].any()  # nothing above the diagonal
+    # a worked example: row 1 of a 2-token map is [0.25, 0.75] -> levels 64 (63.75) and 191 (191.25)
+    assert quantise(np.array([[[[1.0, 0.0], [0.25, 0.75]]]])).tolist() == [[[255, 64, 191]]]
+
+
+def test_proto_round_trips_tokens_types_and_maps() -> None:
+    from tensorboard.util import tensor_util
+
+    probs = random_maps(2, 2, 5)
+    summary = AttentionSummary(
+        tokens=["R", "O", " ", "\n", "é"],
+        probs=probs,
+        head_types=[["induction", "other"], ["local", "first-token"]],
+        scores={"induction": [[0.9, 0.1], [0.0, 0.2]]},
+    )
+    (value,) = summary_proto(summary).value
+    assert value.tag == TAG and value.metadata.plugin_data.plugin_name == PLUGIN_NAME
+    header, tri = decode(tensor_util.make_ndarray(value.tensor))
+    back = to_summary(header, tri)
+    assert back.tokens == summary.tokens and back.head_types == summary.head_types
+    assert back.scores == {"induction": [[0.9, 0.1], [0.0, 0.2]]}
+    np.testing.assert_allclose(back.probs, probs, atol=0.5 / LEVELS + 1e-7, rtol=0)
+
+
+def test_bad_summaries_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="3 tokens for attention maps over 4 positions"):
+        summary_proto(AttentionSummary(tokens=["a", "b", "c"], probs=random_maps(1, 1, 4)))
+    with pytest.raises(ValueError, match="head_types must be 1 rows of 2 labels"):
+        summary_proto(AttentionSummary(tokens=list("ab"), probs=random_maps(1, 2, 2), head_types=[["x"]]))
+    with pytest.raises(SummaryFormatError, match="version 99"):
+        decode(np.array([b'{"version": 99}', b""], dtype=object))
+    with pytest.raises(SummaryFormatError, match="3 bytes for 1x1 heads over 3 tokens"):
+        decode(
+            np.array([b'{"version":1,"n_layer":1,"n_head":1,"tokens":["a","b","c"]}', b"abc"], dtype=object)
+        )
+
+
+def test_a_gpt2_small_step_fits_the_two_megabyte_budget() -> None:
+    """12 layers x 12 heads on a 64-token probe: the bytes one logged step adds to the event file."""
+    from tensorboard.compat.proto import event_pb2
+
+    tokens = [f" tok{i}" for i in range(64)]
+    types = [["previous-token"] * 12 for _ in range(12)]
+    scores = {k: [[0.123] * 12 for _ in range(12)] for k in ("previous_token", "induction", "first_token")}
+    proto = summary_proto(AttentionSummary(tokens, random_maps(12, 12, 64), types, scores))
+    event = event_pb2.Event(wall_time=1.0, step=1000, summary=proto)
+    size = len(event.SerializeToString()) + 16  # TFRecord framing: length, two CRCs
+    assert 12 * 12 * 64 * 65 // 2 < size <= 2 * 1024 * 1024
+
+
+def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp_path) -> None:
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.context import RequestContext
+
+    from gptmini.data.tokenizers import CharTokenizer
+    from gptmini.insight.scores import head_types
+    from gptmini.model import GPT, GPTConfig
+    from gptmini.training.board import AttentionSummaryLogger
+    from gptmini.training.insight import HeadInsightLogger
+
+    text = "ROMEO: but soft, what light"
+    tokenizer = CharTokenizer.from_text(text)
+    insight = HeadInsightLogger()
+    trainer = SimpleNamespace(
+        sanity_checking=False,
+        loggers=[TensorBoardLogger(str(tmp_path), name="tb", version="")],
+        datamodule=SimpleNamespace(tokenizer=lambda: tokenizer),
+        global_step=3,
+        callbacks=[insight],
+    )
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8)
+    torch.manual_seed(0)
+    module = SimpleNamespace(model=GPT(config).train(), device=torch.device("cpu"))
+    scores = {
+        "previous_token": torch.tensor([[0.9, 0.0], [0.0, 0.0]]),
+        "induction": torch.tensor([[0.0, 0.0], [0.8, 0.0]]),
+        "first_token": torch.tensor([[0.0, 0.7], [0.0, 0.0]]),
+        "mean_distance": torch.tensor([[1.0, 5.0], [2.0, 9.0]]),
+    }
+    logger = AttentionSummaryLogger(probe_text=text, max_tokens=12)
+    insight.last_scores = (2, scores)  # an earlier validation's: not used
+    logger.on_validation_end(trainer, module)
+    trainer.global_step = 6
+    insight.last_scores = (6, scores)
+    logger.on_validation_end(trainer, module)
+    trainer.loggers[0].experiment.flush()
+    assert module.model.training  # put back as it was
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={PLUGIN_NAME: 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    found = provider.read_tensors(RequestContext(), experiment_id="", plugin_name=PLUGIN_NAME, downsample=10)
+    (series,) = found.values()
+    first, second = series[TAG]
+    assert (first.step, second.step) == (3, 6)
+    ids = tokenizer.encode(text[:12])
+    with torch.no_grad():
+        want = module.model.eval().attention_maps(torch.tensor([ids]))[:, 0].numpy()
+    for datum, types in ((first, None), (second, head_types(scores))):
+        header, tri = decode(datum.numpy)
+        got = to_summary(header, tri)
+        assert got.tokens == list(text[:12])
+        assert got.head_types == types
+        np.testing.assert_allclose(got.probs, want, atol=0.5 / LEVELS + 1e-6, rtol=0)
+    assert header["head_types"] == [["previous-token", "first-token"], ["induction", "other"]]
+    assert header["scores"]["induction"] == [[0.0, 0.0], [0.8, 0.0]]
