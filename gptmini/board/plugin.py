@@ -112,7 +112,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         if self._provider is None:
             return False
         return bool(
-            self._provider.list_tensors(tb_context.RequestContext(), experiment_id="", plugin_name=PLUGIN_NAME)
+            self._provider.list_tensors(
+                tb_context.RequestContext(), experiment_id="", plugin_name=PLUGIN_NAME
+            )
         )
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:

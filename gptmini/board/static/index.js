@@ -1,12 +1,612 @@
-// The ATTENTION tab (first cut: lists the runs and their logged steps; the views follow).
-export async function render() {
-  const response = await fetch('runs');
-  const body = await response.json();
-  const list = document.createElement('ul');
-  for (const {run, tags} of body.runs) {
-    const item = document.createElement('li');
-    item.textContent = `${run}: ${tags.join(', ')}`;
-    list.appendChild(item);
+// The ATTENTION tab: gptmini's TensorBoard plugin frontend. One ES module, no dependencies, no network beyond
+// this plugin's own routes (runs, steps, attention, text). TensorBoard loads it in an iframe whose base URL is
+// the plugin's route prefix, and calls render().
+//
+// Views: the model view (every layer x head as a small map, labelled by head type; click one to open it in the
+// head view) and the head view (tokens on two sides, a line from each query to each key it attends to, one
+// colour per head). A step slider over the logged steps, a second run side by side, your own text, and export
+// of the current view as PNG or SVG.
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+// a line is drawn for an attention weight of at least MIN_LEVEL / 255 (the summaries are quantised to 255 levels)
+const MIN_LEVEL = 3;
+const HEAD_COLOURS = [
+  '#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf',
+  '#bcbd22', '#7f7f7f', '#393b79', '#ad494a', '#637939', '#8c6d31', '#843c39', '#7b4173',
+];
+const TYPE_COLOURS = {
+  'induction': '#c2185b',
+  'previous-token': '#1565c0',
+  'first-token': '#6d4c41',
+  'local': '#2e7d32',
+  'other': '#9e9e9e',
+};
+const TYPE_TITLES = {
+  'induction': 'induction',
+  'previous-token': 'previous token',
+  'first-token': 'first token (sink)',
+  'local': 'local',
+  'other': 'other',
+};
+
+const state = {
+  runs: [],            // [{run, tags, has_checkpoint}]
+  limits: {},
+  run: null,
+  compare: '',         // second run ('' = none)
+  tag: null,
+  steps: [],
+  stepIndex: 0,
+  view: 'model',       // 'model' | 'head'
+  layer: 0,
+  heads: null,         // Set of active head indices in the head view
+  text: null,          // own text shown instead of the probe (null: the logged probe)
+  cache: new Map(),    // url -> decoded attention
+};
+
+let ui = {};
+const timings = [];  // render timings, read by the benchmark: [{view, ms, heads, tokens}]
+
+// ---------------------------------------------------------------------------------------------------------
+// data
+
+async function getJSON(url, options) {
+  const response = await fetch(url, options);
+  let body;
+  try {
+    body = await response.json();
+  } catch (err) {
+    throw new Error(`${url}: HTTP ${response.status}`);
   }
-  document.body.appendChild(list);
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
 }
+
+function decodeAttention(body) {
+  const bytes = atob(body.data);
+  const data = new Uint8Array(bytes.length);
+  for (let i = 0; i < bytes.length; i++) data[i] = bytes.charCodeAt(i);
+  const T = body.tokens.length;
+  return {...body, T, tri: T * (T + 1) / 2, data};
+}
+
+// the level (0..255) of attention from query i to key j <= i of head h in layer l
+function level(att, l, h, i, j) {
+  return att.data[(l * att.n_head + h) * att.tri + i * (i + 1) / 2 + j];
+}
+
+async function attention(run, step) {
+  const url = `attention?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}&step=${step}`;
+  if (!state.cache.has(url)) state.cache.set(url, getJSON(url).then(decodeAttention));
+  try {
+    return await state.cache.get(url);
+  } catch (err) {
+    state.cache.delete(url);
+    throw err;
+  }
+}
+
+async function ownText(run, text) {
+  const body = await getJSON('text', {
+    method: 'POST',
+    headers: {'Content-Type': 'application/json'},
+    body: JSON.stringify({run, text}),
+  });
+  return decodeAttention(body);
+}
+
+async function stepsOf(run) {
+  const url = `steps?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
+  return (await getJSON(url)).steps;
+}
+
+// the step of `run` shown beside the primary run's `step`: the same, else the latest before it, else its first
+function nearestStep(steps, step) {
+  let best = steps[0];
+  for (const s of steps) if (s <= step) best = s;
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// small DOM helpers
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'class') node.className = v;
+    else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+function shown(token) {
+  // spaces and newlines made visible, long tokens cut
+  const s = token.replace(/\n/g, '↵').replace(/\t/g, '⇥').replace(/ /g, '·');
+  return s.length > 12 ? s.slice(0, 11) + '…' : s || '∅';
+}
+
+function setStatus(message, isError = false) {
+  ui.status.textContent = message;
+  ui.status.classList.toggle('error', isError);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the model view: every layer x head as a heatmap (rows: queries, columns: keys)
+
+const CELL = 84;  // CSS pixels of one map
+
+function heatmap(att, l, h) {
+  const T = att.T;
+  const canvas = el('canvas', {width: T, height: T, class: 'map'});
+  const ctx = canvas.getContext('2d');
+  const image = ctx.createImageData(T, T);
+  const px = image.data;
+  const base = (l * att.n_head + h) * att.tri;
+  for (let i = 0; i < T; i++) {
+    const row = base + i * (i + 1) / 2;
+    for (let j = 0; j < T; j++) {
+      const o = (i * T + j) * 4;
+      if (j > i) {  // masked: light grey
+        px[o] = 245; px[o + 1] = 245; px[o + 2] = 245; px[o + 3] = 255;
+        continue;
+      }
+      // white -> deep blue, with a square root so that weak attention stays visible
+      const v = Math.sqrt(att.data[row + j] / 255);
+      px[o] = 255 - v * 247;
+      px[o + 1] = 255 - v * 207;
+      px[o + 2] = 255 - v * 148;
+      px[o + 3] = 255;
+    }
+  }
+  ctx.putImageData(image, 0, 0);
+  return canvas;
+}
+
+function headType(att, l, h) {
+  return att.head_types ? att.head_types[l][h] : null;
+}
+
+function scoreText(att, l, h) {
+  const s = att.scores || {};
+  const parts = [];
+  if (s.previous_token) parts.push(`previous-token ${s.previous_token[l][h].toFixed(2)}`);
+  if (s.induction) parts.push(`induction ${s.induction[l][h].toFixed(2)}`);
+  if (s.first_token) parts.push(`first-token ${s.first_token[l][h].toFixed(2)}`);
+  if (s.mean_distance) parts.push(`mean distance ${s.mean_distance[l][h].toFixed(1)}`);
+  return parts.join(', ');
+}
+
+function modelView(att) {
+  const grid = el('div', {class: 'grid'});
+  grid.style.gridTemplateColumns = `auto repeat(${att.n_head}, ${CELL}px)`;
+  grid.append(el('div'));
+  for (let h = 0; h < att.n_head; h++) grid.append(el('div', {class: 'colhead'}, `head ${h}`));
+  for (let l = 0; l < att.n_layer; l++) {
+    grid.append(el('div', {class: 'rowhead'}, `layer ${l}`));
+    for (let h = 0; h < att.n_head; h++) {
+      const type = headType(att, l, h);
+      const cell = el('div', {
+        class: 'cell',
+        'data-layer': l,
+        'data-head': h,
+        title: `layer ${l}, head ${h}${type ? ': ' + TYPE_TITLES[type] : ''}\n${scoreText(att, l, h)}\nclick: head view`,
+        onclick: () => openHead(l, h),
+      });
+      cell.append(heatmap(att, l, h));
+      const label = el('div', {class: 'type'}, type ? TYPE_TITLES[type] : '\u00a0');
+      if (type) label.style.color = TYPE_COLOURS[type];
+      cell.append(label);
+      grid.append(cell);
+    }
+  }
+  return grid;
+}
+
+function openHead(l, h) {
+  state.view = 'head';
+  state.layer = l;
+  state.heads = new Set([h]);
+  draw();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the head view: queries on the left, keys on the right, a line per weight >= MIN_LEVEL, one colour per head
+
+const ROW = 18;
+const TOKEN_W = 110;
+const GAP = 170;
+
+function headView(att) {
+  const T = att.T;
+  const width = 2 * TOKEN_W + GAP;
+  const height = T * ROW + 30;
+  const root = svg('svg', {width, height, viewBox: `0 0 ${width} ${height}`, class: 'headview'});
+  const style = svg('style');
+  style.textContent =
+    'text{font:12px sans-serif;fill:#222}.tok{cursor:default}.tok.hot text{font-weight:bold}' +
+    'text.hdr{font-size:11px;fill:#777}';
+  root.append(style);
+  const hdr = (x, anchor, s) => {
+    const t = svg('text', {x, y: 12, 'text-anchor': anchor, class: 'hdr'});
+    t.textContent = s;
+    root.append(t);
+  };
+  hdr(TOKEN_W - 6, 'end', 'queries (attend from)');
+  hdr(TOKEN_W + GAP + 6, 'start', 'keys (attend to)');
+  const y = (i) => 30 + i * ROW + ROW / 2;
+  const x0 = TOKEN_W, x1 = TOKEN_W + GAP;
+  const lines = svg('g', {class: 'lines'});
+  const heads = [...state.heads].sort((a, b) => a - b);
+  for (const h of heads) {
+    const g = svg('g', {'data-head': h, stroke: HEAD_COLOURS[h % HEAD_COLOURS.length]});
+    for (let i = 0; i < T; i++) {
+      for (let j = 0; j <= i; j++) {
+        const v = level(att, state.layer, h, i, j);
+        if (v < MIN_LEVEL) continue;
+        const w = v / 255;
+        g.append(svg('line', {
+          x1: x0, y1: y(i), x2: x1, y2: y(j),
+          'stroke-width': (0.5 + 2.5 * w).toFixed(2),
+          'stroke-opacity': (0.1 + 0.9 * w).toFixed(3),
+          'data-q': i, 'data-k': j, 'data-w': w.toFixed(3),
+        }));
+      }
+    }
+    lines.append(g);
+  }
+  root.append(lines);
+  const left = svg('g', {class: 'queries'}), right = svg('g', {class: 'keys'});
+  const weightLabels = [];
+  for (let i = 0; i < T; i++) {
+    for (const [side, group, x, anchor] of [['q', left, x0 - 6, 'end'], ['k', right, x1 + 6, 'start']]) {
+      const g = svg('g', {class: `tok tok-${side}`, 'data-i': i});
+      const bar = svg('rect', {x: side === 'q' ? x0 - TOKEN_W : x1, y: y(i) - ROW / 2 + 1, width: 0,
+        height: ROW - 2, fill: '#ffd54f', 'fill-opacity': 0.8});
+      const t = svg('text', {x, y: y(i) + 4, 'text-anchor': anchor});
+      t.textContent = shown(att.tokens[i]);
+      const title = svg('title');
+      title.textContent = `${i}: ${JSON.stringify(att.tokens[i])}`;
+      g.append(bar, t, title);
+      g.addEventListener('mouseenter', () => focus(root, att, side, i, weightLabels));
+      g.addEventListener('mouseleave', () => unfocus(root, weightLabels));
+      group.append(g);
+      weightLabels.push({side, i, bar, text: t});
+    }
+  }
+  root.append(left, right);
+  return root;
+}
+
+// hover: only the lines of the token under the pointer; the other side's tokens show their weights as bars
+function focus(root, att, side, i, labels) {
+  const own = side === 'q' ? 'data-q' : 'data-k';
+  for (const line of root.querySelectorAll('line')) {
+    line.style.display = Number(line.getAttribute(own)) === i ? '' : 'none';
+  }
+  const heads = [...state.heads];
+  const weights = new Map();
+  for (const h of heads) {
+    for (let k = 0; k < att.T; k++) {
+      const [q, key] = side === 'q' ? [i, k] : [k, i];
+      if (key > q) continue;
+      weights.set(k, (weights.get(k) || 0) + level(att, state.layer, h, q, key) / 255 / heads.length);
+    }
+  }
+  const parts = [];
+  for (const label of labels) {
+    const other = side === 'q' ? 'k' : 'q';
+    if (label.side === other && weights.has(label.i)) {
+      const w = weights.get(label.i);
+      label.bar.setAttribute('width', (w * TOKEN_W).toFixed(1));
+      if (w >= 0.005) parts.push([w, label.i]);
+    }
+    if (label.side === side && label.i === i) label.text.parentNode.classList.add('hot');
+  }
+  parts.sort((a, b) => b[0] - a[0]);
+  const verb = side === 'q' ? 'attends to' : 'is attended to by';
+  setStatus(`${JSON.stringify(att.tokens[i])} (${i}) ${verb}: ` +
+    parts.slice(0, 6).map(([w, k]) => `${JSON.stringify(att.tokens[k])} (${k}) ${w.toFixed(2)}`).join(', ') +
+    (heads.length > 1 ? `  (mean over ${heads.length} heads)` : ''));
+}
+
+function unfocus(root, labels) {
+  for (const line of root.querySelectorAll('line')) line.style.display = '';
+  for (const label of labels) {
+    label.bar.setAttribute('width', 0);
+    label.text.parentNode.classList.remove('hot');
+  }
+  setStatus('');
+}
+
+function headControls(att) {
+  const bar = el('div', {class: 'headbar'});
+  const layer = el('select', {class: 'layer-select', onchange: (e) => { state.layer = Number(e.target.value); draw(); }});
+  for (let l = 0; l < att.n_layer; l++) {
+    const o = el('option', {value: l}, `layer ${l}`);
+    if (l === state.layer) o.selected = true;
+    layer.append(o);
+  }
+  bar.append(layer);
+  for (let h = 0; h < att.n_head; h++) {
+    const on = state.heads.has(h);
+    const type = headType(att, state.layer, h);
+    const chip = el('button', {
+      class: 'chip' + (on ? ' on' : ''),
+      'data-head': h,
+      title: `head ${h}${type ? ': ' + TYPE_TITLES[type] : ''} (click: show/hide; double-click: only this one)`,
+      onclick: () => { on ? state.heads.delete(h) : state.heads.add(h); draw(); },
+      ondblclick: () => { state.heads = new Set([h]); draw(); },
+    }, `${h}`);
+    chip.style.setProperty('--c', HEAD_COLOURS[h % HEAD_COLOURS.length]);
+    bar.append(chip);
+  }
+  bar.append(
+    el('button', {class: 'small', onclick: () => { state.heads = new Set([...Array(att.n_head).keys()]); draw(); }}, 'all'),
+    el('button', {class: 'small', onclick: () => { state.heads = new Set(); draw(); }}, 'none'));
+  return bar;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// drawing: one panel per run (the run, and the run compared with it)
+
+async function panelsData() {
+  const runs = [state.run, ...(state.compare ? [state.compare] : [])];
+  if (state.text !== null) {
+    return Promise.all(runs.map(async (run) => {
+      const info = state.runs.find((r) => r.run === run);
+      if (!info.has_checkpoint) return {run, error: 'this run has no checkpoint: own text needs one'};
+      try {
+        return {run, att: await ownText(run, state.text)};
+      } catch (err) {
+        return {run, error: err.message};
+      }
+    }));
+  }
+  const step = state.steps[state.stepIndex];
+  return Promise.all(runs.map(async (run, n) => {
+    try {
+      const s = n === 0 ? step : nearestStep(await stepsOf(run), step);
+      return {run, att: await attention(run, s)};
+    } catch (err) {
+      return {run, error: err.message};
+    }
+  }));
+}
+
+let drawing = 0;
+
+async function draw() {
+  const ticket = ++drawing;
+  let panels;
+  try {
+    panels = await panelsData();
+  } catch (err) {
+    setStatus(err.message, true);
+    return;
+  }
+  if (ticket !== drawing) return;  // a later draw() superseded this one
+  const t0 = performance.now();
+  const first = panels.find((p) => p.att);
+  if (first && (state.heads === null || [...state.heads].some((h) => h >= first.att.n_head))) {
+    state.heads = new Set([...Array(first.att.n_head).keys()]);
+  }
+  if (first && state.layer >= first.att.n_layer) state.layer = 0;
+  ui.view.replaceChildren();
+  if (state.view === 'head' && first) ui.view.append(headControls(first.att));
+  const row = el('div', {class: 'panels'});
+  for (const p of panels) {
+    const title = el('div', {class: 'panel-title'}, p.run);
+    if (p.att) {
+      const what = state.text !== null
+        ? `your text, checkpoint of step ${p.att.step ?? '?'}`
+        : `step ${p.att.step}`;
+      title.append(el('span', {class: 'sub'}, `  ${what} · ${p.att.n_layer} layers × ${p.att.n_head} heads · ${p.att.T} tokens`));
+    }
+    const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
+    if (p.error) panel.append(el('div', {class: 'error'}, p.error));
+    else panel.append(state.view === 'model' ? modelView(p.att) : headView(p.att));
+    row.append(panel);
+  }
+  ui.view.append(row);
+  ui.modelBtn.classList.toggle('on', state.view === 'model');
+  ui.headBtn.classList.toggle('on', state.view === 'head');
+  ui.stepLabel.textContent = state.text !== null ? 'your text' : `step ${state.steps[state.stepIndex] ?? '–'}`;
+  ui.slider.disabled = state.text !== null || state.steps.length < 2;
+  ui.back.hidden = state.text === null;
+  const errors = panels.filter((p) => p.error);
+  if (errors.length) setStatus(errors.map((p) => `${p.run}: ${p.error}`).join('  ·  '), true);
+  else setStatus('');
+  const sync = performance.now() - t0;
+  requestAnimationFrame(() => {
+    const ms = performance.now() - t0;
+    if (first) timings.push({view: state.view, ms, sync, heads: first.att.n_layer * first.att.n_head, tokens: first.att.T});
+    document.body.dataset.rendered = String(ticket);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// export: the current view as SVG or PNG
+
+function currentSVG() {
+  // one SVG holding every panel: the head views as they are, the model view's maps as embedded images
+  const panels = [...ui.view.querySelectorAll('.panel')];
+  const parts = [];
+  let x = 0, height = 0;
+  for (const panel of panels) {
+    const title = panel.querySelector('.panel-title').textContent;
+    const head = panel.querySelector('svg.headview');
+    let w, h, body;
+    if (head) {
+      w = Number(head.getAttribute('width'));
+      h = Number(head.getAttribute('height'));
+      body = new XMLSerializer().serializeToString(head).replace('<svg', `<svg x="${x}" y="24"`);
+    } else {
+      const cells = [...panel.querySelectorAll('.cell')];
+      const nHead = Math.max(...cells.map((c) => Number(c.dataset.head))) + 1;
+      const nLayer = Math.max(...cells.map((c) => Number(c.dataset.layer))) + 1;
+      const cw = CELL + 6, ch = CELL + 20;
+      w = 60 + nHead * cw;
+      h = 20 + nLayer * ch;
+      body = cells.map((c) => {
+        const l = Number(c.dataset.layer), hd = Number(c.dataset.head);
+        const cx = x + 60 + hd * cw, cy = 24 + 20 + l * ch;
+        const type = c.querySelector('.type').textContent.trim();
+        return `<image x="${cx}" y="${cy}" width="${CELL}" height="${CELL}" style="image-rendering:pixelated" ` +
+          `preserveAspectRatio="none" href="${c.querySelector('canvas').toDataURL()}"/>` +
+          `<text x="${cx}" y="${cy + CELL + 12}" font-size="10" font-family="sans-serif" ` +
+          `fill="${TYPE_COLOURS[Object.keys(TYPE_TITLES).find((k) => TYPE_TITLES[k] === type)] || '#999'}">${esc(type)}</text>`;
+      }).join('') +
+        [...Array(nLayer).keys()].map((l) => `<text x="${x}" y="${24 + 20 + l * ch + CELL / 2}" font-size="11" font-family="sans-serif">layer ${l}</text>`).join('') +
+        [...Array(nHead).keys()].map((hd) => `<text x="${x + 60 + hd * cw}" y="${24 + 14}" font-size="11" font-family="sans-serif">head ${hd}</text>`).join('');
+    }
+    parts.push(`<text x="${x}" y="14" font-size="13" font-family="sans-serif" font-weight="bold">${esc(title)}</text>`, body);
+    x += w + 30;
+    height = Math.max(height, h + 24);
+  }
+  return `<svg xmlns="${SVG_NS}" width="${x}" height="${height}" viewBox="0 0 ${x} ${height}">` +
+    `<rect width="100%" height="100%" fill="white"/>${parts.join('')}</svg>`;
+}
+
+function esc(s) {
+  return s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
+}
+
+function download(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = el('a', {href: url, download: name});
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+function fileName(ext) {
+  const what = state.view === 'head' ? `layer${state.layer}` : 'model';
+  const when = state.text !== null ? 'text' : `step${state.steps[state.stepIndex]}`;
+  return `attention-${state.run.replace(/[^\w.-]+/g, '_')}-${what}-${when}.${ext}`;
+}
+
+function saveSVG() {
+  download(new Blob([currentSVG()], {type: 'image/svg+xml'}), fileName('svg'));
+}
+
+async function pngBlob() {
+  const text = currentSVG();
+  const image = new Image();
+  const url = URL.createObjectURL(new Blob([text], {type: 'image/svg+xml'}));
+  await new Promise((resolve, reject) => { image.onload = resolve; image.onerror = reject; image.src = url; });
+  const scale = 2;  // sharp on high-density screens and in documents
+  const canvas = el('canvas', {width: image.width * scale, height: image.height * scale});
+  const ctx = canvas.getContext('2d');
+  ctx.imageSmoothingEnabled = false;
+  ctx.scale(scale, scale);
+  ctx.drawImage(image, 0, 0);
+  URL.revokeObjectURL(url);
+  return new Promise((resolve) => canvas.toBlob(resolve, 'image/png'));
+}
+
+async function savePNG() {
+  try {
+    download(await pngBlob(), fileName('png'));
+  } catch (err) {
+    setStatus(`PNG export failed: ${err.message || err}`, true);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// controls
+
+async function selectRun(run) {
+  state.run = run;
+  const info = state.runs.find((r) => r.run === run);
+  state.tag = info.tags.includes('attention/probe') ? 'attention/probe' : info.tags[0];
+  state.steps = await stepsOf(run);
+  state.stepIndex = state.steps.length - 1;
+  ui.slider.max = Math.max(0, state.steps.length - 1);
+  ui.slider.value = state.stepIndex;
+  ui.ticks.replaceChildren(...state.steps.map((s) => el('option', {value: state.steps.indexOf(s), label: s})));
+  ui.textBtn.disabled = !info.has_checkpoint;
+  ui.textInput.placeholder = info.has_checkpoint
+    ? 'Type a sentence to see this run\'s attention on it'
+    : 'This run has no checkpoint: your own text needs one';
+}
+
+function runSelect(cls, withNone, onchange) {
+  const select = el('select', {class: cls, onchange});
+  if (withNone) select.append(el('option', {value: ''}, '— none —'));
+  for (const r of state.runs) select.append(el('option', {value: r.run}, r.run));
+  return select;
+}
+
+function controls() {
+  ui.runSelect = runSelect('run-select', false, async (e) => { await selectRun(e.target.value); draw(); });
+  ui.compareSelect = runSelect('compare-select', true, (e) => { state.compare = e.target.value; draw(); });
+  ui.modelBtn = el('button', {class: 'tab', onclick: () => { state.view = 'model'; draw(); }}, 'Model view');
+  ui.headBtn = el('button', {class: 'tab', onclick: () => { state.view = 'head'; draw(); }}, 'Head view');
+  ui.ticks = el('datalist', {id: 'step-ticks'});
+  ui.slider = el('input', {type: 'range', min: 0, max: 0, value: 0, step: 1, class: 'step-slider', list: 'step-ticks',
+    oninput: (e) => { state.stepIndex = Number(e.target.value); draw(); }});
+  ui.stepLabel = el('span', {class: 'step-label'}, '');
+  ui.textInput = el('input', {type: 'text', class: 'text-input', maxlength: state.limits.max_text_chars || 2000,
+    onkeydown: (e) => { if (e.key === 'Enter') ui.textBtn.click(); }});
+  ui.textBtn = el('button', {class: 'text-go', onclick: () => {
+    const text = ui.textInput.value;
+    if (!text.trim()) { setStatus('type a sentence first', true); return; }
+    state.text = text;
+    draw();
+  }}, 'Show attention');
+  ui.back = el('button', {class: 'back', hidden: '', onclick: () => { state.text = null; draw(); }}, 'Back to the logged probe');
+  ui.status = el('div', {class: 'status'});
+  const top = el('div', {class: 'bar'},
+    el('label', {}, 'Run ', ui.runSelect),
+    el('label', {}, 'beside ', ui.compareSelect),
+    el('span', {class: 'tabs'}, ui.modelBtn, ui.headBtn),
+    el('span', {class: 'save'}, 'Save ',
+      el('button', {class: 'save-png', onclick: savePNG}, 'PNG'),
+      el('button', {class: 'save-svg', onclick: saveSVG}, 'SVG')));
+  const steps = el('div', {class: 'bar'}, el('span', {class: 'caption'}, 'Logged step'), ui.slider, ui.ticks, ui.stepLabel);
+  const text = el('div', {class: 'bar'}, ui.textInput, ui.textBtn, ui.back);
+  const legend = el('div', {class: 'legend'}, 'Head types: ',
+    ...Object.entries(TYPE_TITLES).map(([k, v]) => {
+      const s = el('span', {class: 'legend-item'}, v);
+      s.style.color = TYPE_COLOURS[k];
+      return s;
+    }),
+    el('span', {class: 'hint'}, ' · rows: queries, columns: keys · click a map for its head view · hover a token in the head view'));
+  return el('div', {class: 'controls'}, top, steps, text, legend, ui.status);
+}
+
+export async function render() {
+  document.head.append(el('link', {rel: 'stylesheet', href: './static/style.css'}));
+  const root = el('div', {class: 'attention-tab'});
+  document.body.append(root);
+  let listing;
+  try {
+    listing = await getJSON('runs');
+  } catch (err) {
+    root.append(el('div', {class: 'error'}, `cannot list the runs: ${err.message}`));
+    return;
+  }
+  state.runs = listing.runs;
+  state.limits = listing;
+  if (!state.runs.length) {
+    root.append(el('div', {class: 'empty'}, 'No run holds attention summaries yet: train with the default callbacks.'));
+    return;
+  }
+  root.append(controls());
+  ui.view = el('div', {class: 'view'});
+  root.append(ui.view);
+  await selectRun(state.runs[0].run);
+  await draw();
+}
+
+// for the browser test and the benchmark
+window.gptminiAttention = {state, timings, currentSVG, pngBlob, draw};
