@@ -52,7 +52,7 @@ test: $(STAMP) ## Fast test suite (what CI runs)
 test-full: $(STAMP) ## Every test, the slow ones too
 	$(PY) -m pytest -q
 
-bench: $(STAMP) ## Benchmarks: attention, training, generation, data (tables in results/)
+bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
 
 bench-gpu: $(STAMP) ## GPU benchmarks vs issue 17's goals (needs CUDA; ARGS="--tinyshakespeare input.txt")

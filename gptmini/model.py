@@ -425,6 +425,11 @@ class GPT(nn.Module):
             params.append(self.lm_head.weight)
         return params
 
+    def stacked_projections(self) -> dict[nn.Parameter, tuple[int, ...]]:
+        """The hidden matrices that stack several projections by rows, with each one's row count, as the blocks'
+        attention modules declare them (``LMAttention.stacked_projections``)."""
+        return {p: rows for block in self.blocks for p, rows in block.attn.stacked_projections().items()}
+
     def parameter_roles(self) -> dict[str, list[nn.Parameter]]:
         """Every trainable parameter once, by what it is (an optimizer may treat each role its own way):
 

@@ -106,6 +106,11 @@ class LMAttention(nn.Module):
         the width (a per-head scoring vector, 3-D per-head tables) stay out."""
         return [m.weight for m in self.modules() if isinstance(m, nn.Linear)]
 
+    def stacked_projections(self) -> dict[nn.Parameter, tuple[int, ...]]:
+        """Hidden matrices that stack several projections by rows (a fused [W_q; W_k; W_v]), with the row count of
+        each: Muon orthogonalises each projection on its own (docs/benchmarks.md, "Training recipe")."""
+        return {}
+
     def get_weights(self) -> AttentionWeights:
         raise NotImplementedError
 

@@ -85,7 +85,7 @@ class CausalSelfAttention(LMAttention):
         self.context_length = context_length
         self.dropout = dropout
         # one matmul instead of three: queries (C) and the keys and values of the kv heads (C_kv each)
-        self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
+        self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)  # [W_q; W_k; W_v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         # RMSNorm over each head's dimensions, one gain vector shared by the heads (as OLMo 2 / Qwen3 do)
         self.q_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
@@ -378,6 +378,9 @@ class CausalSelfAttention(LMAttention):
         if self.sink is not None:
             extra["sink"] = self.sink
         return {name: p for name, p in extra.items() if p is not None}
+
+    def stacked_projections(self) -> dict[nn.Parameter, tuple[int, ...]]:
+        return {self.qkv.weight: (self.n_head * self.head_size, self.kv_dim, self.kv_dim)}
 
     def get_weights(self) -> AttentionWeights:
         weights = AttentionWeights(self.qkv.weight, self.qkv.bias, self.out_proj.weight, self.out_proj.bias)

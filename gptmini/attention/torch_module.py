@@ -62,6 +62,10 @@ class TorchMultiheadAttention(LMAttention):
         # nn.MultiheadAttention keeps its fused q/k/v projection as a bare parameter, not an nn.Linear
         return [self.mha.in_proj_weight, self.mha.out_proj.weight]
 
+    def stacked_projections(self) -> dict[nn.Parameter, tuple[int, ...]]:
+        c = self.mha.embed_dim
+        return {self.mha.in_proj_weight: (c, c, c)}
+
     def get_weights(self) -> AttentionWeights:
         # in_proj stacks [W_q; W_k; W_v] exactly as the canonical layout does
         mha = self.mha

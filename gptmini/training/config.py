@@ -372,7 +372,7 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
         return
     import inspect
 
-    accepted = set(inspect.signature(cls).parameters) - {"roles"}
+    accepted = set(inspect.signature(cls).parameters) - {"roles", "stacked"}
     extra = sorted(k for k in opt if k not in accepted and not str(k).startswith("_"))
     if extra:
         raise RunError(

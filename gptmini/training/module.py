@@ -55,11 +55,12 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer of ``factory`` (a partial from conf/optimizer/) over ``model``'s parameters, with the fastest
     kernel for ``device`` (``optimizer_kernel_kwargs``). An optimizer class that declares
-    ``takes_parameter_roles`` (optimizer=muon) gets the model's parameters by role (``GPT.parameter_roles``);
+    ``takes_parameter_roles`` (optimizer=muon) gets the model's parameters by role (``GPT.parameter_roles``) and
+    its stacked projections (``GPT.stacked_projections``);
     any other gets two groups, weight decay on matrices only (``weight_decay_groups``)."""
     kwargs = optimizer_kernel_kwargs(factory, device, precision)
     if getattr(getattr(factory, "func", factory), "takes_parameter_roles", False):
-        return factory(model.parameter_roles(), **kwargs)
+        return factory(model.parameter_roles(), stacked=model.stacked_projections(), **kwargs)
     return factory(weight_decay_groups(model), **kwargs)
 
 

@@ -8,7 +8,8 @@ holds both inner state dicts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,8 +26,12 @@ class MuonAdamW(torch.optim.Optimizer):
     ``lr`` and ``weight_decay`` (``hidden``: Muon's settings; ``adamw``: AdamW's betas and eps, shared by its
     groups). ``fused``/``foreach`` choose AdamW's kernel, as for plain AdamW.
 
-    Muon orthogonalises each hidden matrix's update as one matrix: a fused [q; k; v] projection is
-    orthogonalised whole, not per projection (docs/benchmarks.md, "Training recipe", compares the two)."""
+    ``stacked``: hidden matrices that stack several projections by rows (a fused [W_q; W_k; W_v]), with each
+    one's row count. Muon orthogonalises each projection's rows on its own: measured against orthogonalising the
+    fused matrix whole, it reached a lower loss in the same steps (docs/benchmarks.md, "Training recipe"). It
+    steps one parameter per projection that shares the fused weight's memory (``torch.optim.Muon`` orthogonalises
+    whole parameters); everything outside the step (clipping, ``zero_grad``, the schedulers) sees the fused
+    weight."""
 
     # built from GPT.parameter_roles(), not from a flat parameter list (GPTLightningModule reads this)
     takes_parameter_roles = True
@@ -42,6 +47,7 @@ class MuonAdamW(torch.optim.Optimizer):
         vector: dict[str, Any],
         fused: bool | None = None,
         foreach: bool | None = None,
+        stacked: dict[nn.Parameter, tuple[int, ...]] | None = None,
     ) -> None:
         unknown = sorted(set(roles) - set(ROLES))
         if unknown:
@@ -56,6 +62,18 @@ class MuonAdamW(torch.optim.Optimizer):
         kernel = {k: v for k, v in (("fused", fused), ("foreach", foreach)) if v is not None}
         adam_defaults = dict(adamw)
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        # per stacked hidden matrix: its projections as parameters viewing its rows (what Muon steps)
+        self._projections: list[tuple[nn.Parameter, list[nn.Parameter]]] = []
+        for p in roles.get("hidden", []):
+            rows = (stacked or {}).get(p)
+            if rows is None:
+                continue
+            if sum(rows) != p.shape[0]:
+                raise ValueError(
+                    f"stacked projections of {sum(rows)} rows do not fill a matrix of shape {tuple(p.shape)}"
+                )
+            views = [nn.Parameter(v) for v in p.detach().split(list(rows))]  # the same memory, not a copy
+            self._projections.append((p, views))
         if roles.get("hidden"):
             muon_settings = dict(hidden)
             if "ns_coefficients" in muon_settings:
@@ -78,6 +96,30 @@ class MuonAdamW(torch.optim.Optimizer):
     # the fused AdamW inside does not unscale float16 gradients itself: GradScaler unscales them first
     _step_supports_amp_scaling = False
 
+    @contextlib.contextmanager
+    def _muon_steps_projections(self) -> Iterator[None]:
+        """Within: Muon's group holds each stacked matrix's projections in its place (with the matching rows of its
+        gradient), so that Muon steps, saves and loads them; outside, the stacked matrices themselves."""
+        muon = self.optimizers.get("muon")
+        if muon is None or not self._projections:
+            yield
+            return
+        owners = muon.param_groups[0]["params"]
+        views = {id(p): parts for p, parts in self._projections}
+        for p, parts in self._projections:
+            grads = (None,) * len(parts) if p.grad is None else p.grad.split([v.shape[0] for v in parts])
+            for v, g in zip(parts, grads, strict=True):
+                v.grad = g
+        muon.param_groups[0]["params"] = [v for p in owners for v in views.get(id(p), [p])]
+        try:
+            yield
+        finally:
+            # (on the group dict Muon holds now: load_state_dict replaces it)
+            muon.param_groups[0]["params"] = owners
+            for _, parts in self._projections:
+                for v in parts:
+                    v.grad = None
+
     @property  # type: ignore[override]
     def state(self) -> dict[torch.Tensor, Any]:
         """Each parameter's state, from the inner optimizer that holds it (the per-parameter dicts themselves,
@@ -98,8 +140,9 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for opt in self.optimizers.values():
-            opt.step()
+        with self._muon_steps_projections():
+            for opt in self.optimizers.values():
+                opt.step()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -107,7 +150,8 @@ class MuonAdamW(torch.optim.Optimizer):
             opt.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+        with self._muon_steps_projections():
+            return {name: opt.state_dict() for name, opt in self.optimizers.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if set(state_dict) != set(self.optimizers):
@@ -115,7 +159,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 f"optimizer state holds {sorted(state_dict)} but this optimizer is {sorted(self.optimizers)}: "
                 "resume with the optimizer the checkpoint was trained with"
             )
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(state_dict[name])
+        with self._muon_steps_projections():
+            for name, opt in self.optimizers.items():
+                opt.load_state_dict(state_dict[name])
         # loading replaced each inner optimizer's group dicts: expose the new ones
         self.param_groups = [g for opt in self.optimizers.values() for g in opt.param_groups]

@@ -189,3 +189,41 @@ def test_muon_trains_compiled_in_bf16_with_gradient_accumulation_on_the_cpu(tmp_
     (run_dir,) = (tmp_path / "out" / "speedrun_gpt2").glob("*/")
     losses = [e.value for e in tb_events(run_dir).Scalars("train/loss")]
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.slow
+def test_muon_under_two_process_ddp_matches_one_process_with_the_same_global_batch(tmp_path, run_cli):
+    """Each rank orthogonalises the same averaged gradient of whole matrices: the weights agree with one process
+    (float32; the difference is the order of the gradient reduction, after Newton-Schulz's rounding)."""
+
+    def train(name: str, *overrides: str) -> dict[str, Any]:
+        proc = run_cli.train(
+            [
+                "debug=smoke",
+                "tokenizer=char",
+                "optimizer=muon",
+                "scheduler=wsd",
+                f"run_name={name}",
+                f"paths.output_root={tmp_path}",
+                f"paths.data_root={tmp_path / 'data'}",
+                "trainer.max_steps=4",
+                "trainer.val_check_interval=4",
+                "trainer.limit_val_batches=2",
+                "trainer.precision=32-true",
+                "~callbacks.text_samples",
+                "~callbacks.attention_maps",
+                "~callbacks.head_insight",
+                *overrides,
+            ]
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        (run_dir,) = (tmp_path / name).iterdir()
+        return _load(run_dir / "checkpoints" / "last.ckpt")
+
+    single = train("single", "data.batch_size=8")
+    ddp = train("ddp", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=4")
+    assert single["global_step"] == ddp["global_step"] == 4
+    for key, value in single["state_dict"].items():
+        torch.testing.assert_close(ddp["state_dict"][key], value, atol=2e-3, rtol=1e-3, msg=key)
+    # rank zero saved both inner optimizers' state
+    assert set(ddp["optimizer_states"][0]) == {"muon", "adamw"}

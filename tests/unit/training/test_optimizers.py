@@ -63,7 +63,9 @@ def test_every_parameter_has_one_role_and_only_hidden_2d_matrices_reach_muon(nam
     block_2d = {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
     # the exceptions: additive's per-head scoring vectors and einsum's per-head bias tables (not projections)
     assert {n.rsplit(".", 1)[-1] for n in block_2d - names} <= {"v", "b_q", "b_k", "b_v"}
-    optimizer = MuonAdamW(roles, **copy.deepcopy(SETTINGS))
+    stacked = model.stacked_projections()
+    assert all(id(p) in hidden and sum(rows) == p.shape[0] for p, rows in stacked.items())
+    optimizer = MuonAdamW(roles, stacked=stacked, **copy.deepcopy(SETTINGS))
     muon_params = {id(p) for g in optimizer.optimizers["muon"].param_groups for p in g["params"]}
     assert muon_params == hidden
 
@@ -84,11 +86,20 @@ def _params_and_grads(seed: int = 0) -> GPT:
 
 
 def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
+    """The oracle: torch.optim.Muon over separate q, k and v matrices (copies of the fused weight's rows, with
+    their rows of its gradient) and the other hidden matrices, torch.optim.AdamW over the rest."""
     a, b = _params_and_grads(), _params_and_grads()
-    opt = MuonAdamW(a.parameter_roles(), **copy.deepcopy(SETTINGS))
-    rb = b.parameter_roles()
+    opt = MuonAdamW(a.parameter_roles(), stacked=a.stacked_projections(), **copy.deepcopy(SETTINGS))
+    rb, stacked = b.parameter_roles(), b.stacked_projections()
+    assert len(stacked) == 2 and all(rows == (32, 32, 32) for rows in stacked.values())  # one qkv per block
+    separate: dict[int, list[torch.nn.Parameter]] = {}
+    for p, rows in stacked.items():
+        parts = [torch.nn.Parameter(w.detach().clone()) for w in p.split(rows)]
+        for part, g in zip(parts, p.grad.split(rows), strict=True):
+            part.grad = g.clone()
+        separate[id(p)] = parts
     s = SETTINGS
-    muon = torch.optim.Muon(rb["hidden"], **s["hidden"])
+    muon = torch.optim.Muon([q for p in rb["hidden"] for q in separate.get(id(p), [p])], **s["hidden"])
     adamw = torch.optim.AdamW(
         [{"params": rb[r], **s[r]} for r in ("embedding", "head", "matrix", "vector") if rb[r]],
         betas=tuple(s["adamw"]["betas"]),
@@ -98,9 +109,18 @@ def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
         opt.step()
         muon.step()
         adamw.step()
+    with torch.no_grad():
+        for p, parts in ((p, separate[id(p)]) for p in stacked):
+            p.copy_(torch.cat(parts))  # the separate projections, stacked back
     for (n, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0, msg=n)
-    # the update really went through Muon: a hidden matrix moved by an orthogonalised step, lr-sized
+    # and orthogonalising per projection is not the same as orthogonalising the stacked matrix whole
+    c = _params_and_grads()
+    MuonAdamW(c.parameter_roles(), **copy.deepcopy(SETTINGS)).step()
+    d = _params_and_grads()
+    MuonAdamW(d.parameter_roles(), stacked=d.stacked_projections(), **copy.deepcopy(SETTINGS)).step()
+    assert not torch.equal(c.blocks[0].attn.qkv.weight, d.blocks[0].attn.qkv.weight)
+    torch.testing.assert_close(c.blocks[0].mlp.c_fc.weight, d.blocks[0].mlp.c_fc.weight, rtol=0, atol=0)
     assert {g["name"] for g in opt.param_groups} == {"hidden", "embedding", "head", "vector"}
 
 
@@ -108,7 +128,7 @@ def test_state_dict_round_trips_and_the_scheduler_sets_each_inner_optimizers_lr(
     from gptmini.training.schedulers import WarmupStableDecayLR
 
     a = _params_and_grads()
-    opt = MuonAdamW(a.parameter_roles(), **copy.deepcopy(SETTINGS))
+    opt = MuonAdamW(a.parameter_roles(), stacked=a.stacked_projections(), **copy.deepcopy(SETTINGS))
     sched = WarmupStableDecayLR(opt, max_steps=4, decay_fraction=0.5)
     for _ in range(3):
         opt.step()
@@ -120,10 +140,15 @@ def test_state_dict_round_trips_and_the_scheduler_sets_each_inner_optimizers_lr(
     state = torch.load(path, weights_only=True)  # plain data: checkpoints load with weights_only=True
     b = _params_and_grads()
     b.load_state_dict(a.state_dict())
-    opt_b = MuonAdamW(b.parameter_roles(), **copy.deepcopy(SETTINGS))
+    opt_b = MuonAdamW(b.parameter_roles(), stacked=b.stacked_projections(), **copy.deepcopy(SETTINGS))
     opt_b.load_state_dict(state)
     assert [g["lr"] for g in opt_b.param_groups] == [g["lr"] for g in opt.param_groups]
-    assert len(opt_b.state) == len(opt.state) == sum(1 for _ in a.parameters())
+    # one state per parameter, the q, k and v of each fused projection apart
+    assert (
+        len(opt_b.state)
+        == len(opt.state)
+        == sum(1 for _ in a.parameters()) + 2 * len(a.stacked_projections())
+    )
     opt.step()
     opt_b.step()
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
@@ -143,6 +168,7 @@ def test_the_module_builds_muon_from_roles_with_the_fused_adamw_kernel():
     assert isinstance(optimizer, MuonAdamW)
     assert optimizer.optimizers["adamw"].defaults["fused"] is True
     assert optimizer.optimizers["muon"].param_groups[0]["lr"] == 0.02
+    assert len(optimizer._projections) == module.config.n_layer  # each block's fused q/k/v, per projection
 
 
 @pytest.mark.parametrize(
