@@ -323,6 +323,18 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(
             f"data.val_fraction={data.val_fraction} is invalid: it must be in [0, 1) (0.1 is a good default)"
         )
+    target = cfg.get("target_val_loss")
+    if target is not None:
+        stoppers = [
+            c
+            for c in (cfg.get("callbacks") or {}).values()
+            if c is not None and c.get("_target_") == "gptmini.training.callbacks.StopAtTargetLoss"
+        ]
+        if not stoppers:
+            raise RunError(
+                f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
+                "callbacks=default): drop target_val_loss or use callbacks=default"
+            )
     seed = cfg.get("seed")
     if not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")

@@ -47,7 +47,8 @@ def weight_decay_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
     """Weight decay on matrices (and embeddings) only; biases and LayerNorm gains are left alone."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # named, so TensorBoard shows each group's learning rate as lr-AdamW/decay and lr-AdamW/no_decay
+    return [{"params": decay, "name": "decay"}, {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
 
 
 def build_optimizer(
