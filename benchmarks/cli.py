@@ -19,6 +19,7 @@ from benchmarks.attention import (
     bench_attention_options,
     plot_attention,
 )
+from benchmarks.board import BOARD_COLUMNS, bench_board
 from benchmarks.common import (
     ALLOC_DEFAULT,
     ALLOC_RETAINED,
@@ -133,6 +134,9 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
                 RECIPE_COLUMNS,
                 notes,
             )
+        elif section == "board":
+            rows, notes = bench_board(opts)
+            table("board", "Attention tab: size, render and own-text timings", rows, BOARD_COLUMNS, notes)
         elif section == "generate":
             rows, notes = bench_generate(opts)
             table("generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)

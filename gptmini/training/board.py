@@ -30,7 +30,10 @@ class AttentionSummaryLogger(LoggingCallback):
 
     def __init__(
         self,
-        probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?",
+        probe_text: str = (
+            "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
+            "But soft, what light through yonder window breaks?"
+        ),
         max_tokens: int = 64,
     ) -> None:
         if max_tokens < 2:

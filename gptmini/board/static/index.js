@@ -334,7 +334,7 @@ function headControls(att) {
     if (l === state.layer) o.selected = true;
     layer.append(o);
   }
-  bar.append(layer);
+  bar.append(layer, el('span', {class: 'caption'}, 'heads'));
   for (let h = 0; h < att.n_head; h++) {
     const on = state.heads.has(h);
     const type = headType(att, state.layer, h);
@@ -344,7 +344,7 @@ function headControls(att) {
       title: `head ${h}${type ? ': ' + TYPE_TITLES[type] : ''} (click: show/hide; double-click: only this one)`,
       onclick: () => { on ? state.heads.delete(h) : state.heads.add(h); draw(); },
       ondblclick: () => { state.heads = new Set([h]); draw(); },
-    }, `${h}`);
+    }, type && type !== 'other' ? `${h} · ${TYPE_TITLES[type]}` : `${h}`);
     chip.style.setProperty('--c', HEAD_COLOURS[h % HEAD_COLOURS.length]);
     bar.append(chip);
   }
