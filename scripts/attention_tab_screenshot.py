@@ -38,8 +38,9 @@ def main() -> int:
     with tensorboard(args.logdir) as url, chrome(width, height) as driver:
         open_tab(driver, url)
         drawn = wait_drawn(driver)
-        if args.run:
-            Select(driver.find_element(By.CSS_SELECTOR, ".run-select")).select_by_value(args.run)
+        runs = Select(driver.find_element(By.CSS_SELECTOR, ".run-select"))
+        if args.run and runs.first_selected_option.get_attribute("value") != args.run:
+            runs.select_by_value(args.run)
             drawn = wait_drawn(driver, drawn)
         if args.beside:
             Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value(args.beside)

@@ -26,7 +26,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from gptmini.board import PLUGIN_NAME
-from gptmini.board.summary import SummaryFormatError, decode
+from gptmini.board.summary import SummaryFormatError, decode, quantise
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +281,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         limit = min(MAX_TEXT_TOKENS, model.config.block_size)
         if len(ids) > limit:
             raise BadRequest(f"the text is {len(ids)} tokens long; at most {limit} (this model's limit)")
-        from gptmini.board.summary import quantise
-
+        # One thread: a forward over a hundred tokens is too small to gain from more, and on a busy machine every
+        # op would wait for the other threads to be scheduled (TensorBoard's process runs no other torch work).
+        torch.set_num_threads(1)
         with torch.inference_mode():
             maps = model.attention_maps(torch.tensor([ids], dtype=torch.long))[
                 :, 0

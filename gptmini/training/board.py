@@ -26,7 +26,8 @@ class AttentionSummaryLogger(LoggingCallback):
     (tag ``attention/probe``), with each head's type from the head-insight scores of the same validation
     (``HeadInsightLogger``, listed before this callback; without it the heads go unlabelled).
 
-    ``max_tokens``: probe length (capped at the context). ``last_seconds``/``last_bytes``: cost of the last one."""
+    ``max_tokens``: probe length (capped at the context). ``last_seconds``/``last_bytes``: cost of the last one;
+    its seconds are also logged as ``perf/attention_summary_seconds``."""
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class AttentionSummaryLogger(LoggingCallback):
         writer.file_writer.add_summary(proto, trainer.global_step)
         self.last_bytes = proto.ByteSize()
         self.last_seconds = time.perf_counter() - t0
+        writer.add_scalar("perf/attention_summary_seconds", self.last_seconds, trainer.global_step)
 
     @staticmethod
     def _scores(trainer: L.Trainer) -> dict[str, torch.Tensor] | None:

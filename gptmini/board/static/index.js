@@ -133,6 +133,10 @@ function shown(token) {
   return s.length > 12 ? s.slice(0, 11) + '…' : s || '∅';
 }
 
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
 function setStatus(message, isError = false) {
   ui.status.textContent = message;
   ui.status.classList.toggle('error', isError);
@@ -186,7 +190,7 @@ function scoreText(att, l, h) {
 
 function modelView(att) {
   const grid = el('div', {class: 'grid'});
-  grid.style.gridTemplateColumns = `auto repeat(${att.n_head}, ${CELL}px)`;
+  grid.style.gridTemplateColumns = `max-content repeat(${att.n_head}, ${CELL}px)`;
   grid.append(el('div'));
   for (let h = 0; h < att.n_head; h++) grid.append(el('div', {class: 'colhead'}, `head ${h}`));
   for (let l = 0; l < att.n_layer; l++) {
@@ -408,7 +412,7 @@ async function draw() {
       const what = state.text !== null
         ? `your text, checkpoint of step ${p.att.step ?? '?'}`
         : `step ${p.att.step}`;
-      title.append(el('span', {class: 'sub'}, `  ${what} · ${p.att.n_layer} layers × ${p.att.n_head} heads · ${p.att.T} tokens`));
+      title.append(el('span', {class: 'sub'}, `  ${what} · ${plural(p.att.n_layer, 'layer')} × ${plural(p.att.n_head, 'head')} · ${plural(p.att.T, 'token')}`));
     }
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));

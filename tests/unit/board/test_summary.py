@@ -128,6 +128,7 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
     logger.on_validation_end(trainer, module)
     trainer.loggers[0].experiment.flush()
     assert module.model.training  # put back as it was
+    assert logger.last_bytes > 2 * 2 * 12 * 13 // 2 and logger.last_seconds > 0
 
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={PLUGIN_NAME: 0})
     multiplexer.AddRunsFromDirectory(str(tmp_path))
