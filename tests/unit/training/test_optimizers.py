@@ -186,7 +186,10 @@ def test_the_module_builds_muon_from_roles_with_the_fused_adamw_kernel():
             r"scheduler\.decay_shape='exp' is invalid: valid shapes are linear, cosine, 1-sqrt",
         ),
         (["scheduler=wsd", "scheduler.decay_fraction=1.5"], r"scheduler\.decay_fraction=1\.5 is invalid"),
-        (["target_val_loss=1.9", "callbacks=none"], r"target_val_loss=1\.9 needs the callback that stops there"),
+        (
+            ["target_val_loss=1.9", "callbacks=none"],
+            r"target_val_loss=1\.9 needs the callback that stops there",
+        ),
     ],
 )
 def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, message):
