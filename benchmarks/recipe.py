@@ -1,7 +1,8 @@
 """Time to nanoGPT's quick-start loss: how long the training command takes, whole process, to reach val/loss <=
 1.8857 on tinyshakespeare characters (``TARGET``: nanoGPT's quick-start value), with nanoGPT's recipe
 (``experiment=shakespeare_char_cpu``), with the full recipe (``experiment=speedrun_char_cpu``) and with the
-recipe minus each ingredient (and plus ReLU², measured not to pay at this scale), over several seeds.
+recipe minus each of its ingredients and plus each speedrun ingredient measured not to pay at this scale
+(ReLU², zero-initialised projections), over several seeds.
 
 Each run is a fresh ``python -m gptmini.training`` process that stops itself at the first validation at or below
 the target (``target_val_loss``), validating on the whole held-out tenth (over 100k tokens). Its time to target is
