@@ -104,9 +104,16 @@ def tensorboard(
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"TensorBoard exited with {proc.returncode}: {_tail(log.name)}")
+            listing = None
             with contextlib.suppress(OSError, ValueError):
-                if get_json(f"{url}/data/plugins_listing", timeout=5).get(PLUGIN_NAME, {}).get("enabled"):
-                    break
+                listing = get_json(f"{url}/data/plugins_listing", timeout=5)
+            if listing is not None and PLUGIN_NAME not in listing:
+                raise RuntimeError(
+                    f"TensorBoard has no {PLUGIN_NAME} plugin: gptmini's tensorboard_plugins entry point is not "
+                    "registered in this environment (pip install -e . registers it)"
+                )
+            if listing is not None and listing[PLUGIN_NAME].get("enabled"):
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the ATTENTION tab was not enabled within {timeout:.0f} s: {_tail(log.name)}"

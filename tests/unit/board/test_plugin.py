@@ -240,3 +240,16 @@ def test_one_computation_at_a_time(client, app):
     finally:
         del plugin._own_text
     assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200
+
+
+def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
+    from types import SimpleNamespace
+
+    from gptmini.board.plugin import DEFAULT_SAMPLES, AttentionLoader
+
+    flags = SimpleNamespace(samples_per_plugin={"images": 5})
+    AttentionLoader().fix_flags(flags)
+    assert flags.samples_per_plugin == {"images": 5, PLUGIN_NAME: DEFAULT_SAMPLES}
+    flags = SimpleNamespace(samples_per_plugin={PLUGIN_NAME: 0})  # --samples_per_plugin gptmini_attention=0
+    AttentionLoader().fix_flags(flags)
+    assert flags.samples_per_plugin == {PLUGIN_NAME: 0}
