@@ -528,15 +528,20 @@ async function savePNG() {
 // ---------------------------------------------------------------------------------------------------------
 // controls
 
+function setSteps(steps, index) {
+  state.steps = steps;
+  state.stepIndex = index;
+  ui.slider.max = Math.max(0, steps.length - 1);
+  ui.slider.value = index;
+  ui.ticks.replaceChildren(...steps.map((s, i) => el('option', {value: i, label: s})));
+}
+
 async function selectRun(run) {
   state.run = run;
   const info = state.runs.find((r) => r.run === run);
   state.tag = info.tags.includes('attention/probe') ? 'attention/probe' : info.tags[0];
-  state.steps = await stepsOf(run);
-  state.stepIndex = state.steps.length - 1;
-  ui.slider.max = Math.max(0, state.steps.length - 1);
-  ui.slider.value = state.stepIndex;
-  ui.ticks.replaceChildren(...state.steps.map((s) => el('option', {value: state.steps.indexOf(s), label: s})));
+  const steps = await stepsOf(run);
+  setSteps(steps, steps.length - 1);
   ui.textBtn.disabled = !info.has_checkpoint;
   ui.textInput.placeholder = info.has_checkpoint
     ? 'Type a sentence to see this run\'s attention on it'
@@ -610,6 +615,25 @@ export async function render() {
   root.append(ui.view);
   await selectRun(state.runs[0].run);
   await draw();
+  setInterval(followTraining, FOLLOW_MS);
+}
+
+// A run still training logs new steps: pick them up; when the newest step was shown, show the new newest.
+const FOLLOW_MS = 30000;
+
+async function followTraining() {
+  if (document.hidden || state.text !== null) return;
+  let steps;
+  try {
+    steps = await stepsOf(state.run);
+  } catch (err) {
+    return;  // the next poll tries again
+  }
+  if (steps.length === state.steps.length) return;
+  const atEnd = state.stepIndex === state.steps.length - 1;
+  const step = state.steps[state.stepIndex];
+  setSteps(steps, atEnd ? steps.length - 1 : Math.max(0, steps.indexOf(step)));
+  if (atEnd) draw();
 }
 
 // for the browser test and the benchmark
