@@ -252,15 +252,17 @@ class AttentionPlugin(base_plugin.TBPlugin):
     # --- own text ---
 
     def _checkpoint(self, run: str) -> Path | None:
-        """The newest checkpoint beside ``run``'s event files (the run folder of a gptmini run is the parent of its
-        ``tb/`` folder), only ever inside the log folder TensorBoard reads."""
+        """The newest checkpoint of ``run``: in ``checkpoints/`` of its run folder, the parent of the ``tb/`` folder
+        that holds its event files (``--logdir`` may be that ``tb/`` folder itself), else beside the events. The
+        folder comes from TensorBoard's own log folder and a run name its data provider listed, never from
+        request text alone; a name leading out of the log folder finds nothing."""
         if not self._logdir or "://" in self._logdir:
             return None
         root = Path(self._logdir).resolve()
         folder = (root / run).resolve()
         if folder != root and root not in folder.parents:
             return None  # a run name leading out of the log folder
-        run_dir = folder.parent if folder.name == "tb" and folder != root else folder
+        run_dir = folder.parent if folder.name == "tb" else folder
         found = [run_dir / "checkpoints" / name for name in CHECKPOINT_NAMES]
         found = [p for p in found if p.is_file()]
         return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None

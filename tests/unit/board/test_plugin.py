@@ -253,3 +253,19 @@ def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
     flags = SimpleNamespace(samples_per_plugin={PLUGIN_NAME: 0})  # --samples_per_plugin gptmini_attention=0
     AttentionLoader().fix_flags(flags)
     assert flags.samples_per_plugin == {PLUGIN_NAME: 0}
+
+
+def test_a_logdir_that_is_one_runs_tb_folder_finds_that_runs_checkpoint(logdir):
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+
+    from gptmini.board.plugin import AttentionPlugin
+
+    tb = logdir / "with_ckpt" / "tb"  # tensorboard --logdir outputs/<run>/<time>/tb
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tb))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tb))
+    plugin = AttentionPlugin(base_plugin.TBContext(data_provider=provider, logdir=str(tb)))
+    assert plugin._checkpoint(".") == logdir / "with_ckpt" / "checkpoints" / "last.ckpt"
+    assert plugin._checkpoint("../no_ckpt/tb") is None  # out of the log folder
