@@ -10,6 +10,8 @@
 const SVG_NS = 'http://www.w3.org/2000/svg';
 // a line is drawn for an attention weight of at least MIN_LEVEL / 255 (the summaries are quantised to 255 levels)
 const MIN_LEVEL = 3;
+// at most this many lines in the head view: beyond, only the strongest weights are drawn (the page stays quick)
+const MAX_LINES = 12000;
 const HEAD_COLOURS = [
   '#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf',
   '#bcbd22', '#7f7f7f', '#393b79', '#ad494a', '#637939', '#8c6d31', '#843c39', '#7b4173',
@@ -249,12 +251,24 @@ function headView(att) {
   const x0 = TOKEN_W, x1 = TOKEN_W + GAP;
   const lines = svg('g', {class: 'lines'});
   const heads = [...state.heads].sort((a, b) => a - b);
+  // every weight of at least MIN_LEVEL, or the strongest MAX_LINES of them (long texts, many heads)
+  let minLevel = MIN_LEVEL;
+  const counts = new Array(256).fill(0);
+  for (const h of heads) {
+    for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) counts[level(att, state.layer, h, i, j)]++;
+  }
+  let total = 0;
+  for (let v = 255; v >= MIN_LEVEL; v--) {
+    if (total + counts[v] > MAX_LINES) { minLevel = v + 1; break; }
+    total += counts[v];
+  }
+  root.dataset.minLevel = minLevel;
   for (const h of heads) {
     const g = svg('g', {'data-head': h, stroke: HEAD_COLOURS[h % HEAD_COLOURS.length]});
     for (let i = 0; i < T; i++) {
       for (let j = 0; j <= i; j++) {
         const v = level(att, state.layer, h, i, j);
-        if (v < MIN_LEVEL) continue;
+        if (v < minLevel) continue;
         const w = v / 255;
         g.append(svg('line', {
           x1: x0, y1: y(i), x2: x1, y2: y(j),
@@ -416,7 +430,15 @@ async function draw() {
     }
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));
-    else panel.append(state.view === 'model' ? modelView(p.att) : headView(p.att));
+    else if (state.view === 'model') panel.append(modelView(p.att));
+    else {
+      const view = headView(p.att);
+      const level = Number(view.dataset.minLevel);
+      if (level > MIN_LEVEL) {
+        title.append(el('span', {class: 'sub thinned'}, ` · lines for weights ≥ ${(level / 255).toFixed(2)} only`));
+      }
+      panel.append(view);
+    }
     row.append(panel);
   }
   ui.view.append(row);
