@@ -494,11 +494,13 @@ function currentSVG() {
         [...Array(nHead).keys()].map((hd) => `<text x="${x + 60 + hd * cw}" y="${24 + 14}" font-size="11" font-family="sans-serif">head ${hd}</text>`).join('');
     }
     parts.push(`<text x="${x}" y="14" font-size="13" font-family="sans-serif" font-weight="bold">${esc(title)}</text>`, body);
+    w = Math.max(w, 7 * title.length);  // the title may be wider than the maps
     x += w + 30;
     height = Math.max(height, h + 24);
   }
-  return `<svg xmlns="${SVG_NS}" width="${x}" height="${height}" viewBox="0 0 ${x} ${height}">` +
-    `<rect width="100%" height="100%" fill="white"/>${parts.join('')}</svg>`;
+  const pad = 12, width = x - 30 + 2 * pad, full = height + 2 * pad;
+  return `<svg xmlns="${SVG_NS}" width="${width}" height="${full}" viewBox="0 0 ${width} ${full}">` +
+    `<rect width="100%" height="100%" fill="white"/><g transform="translate(${pad},${pad})">${parts.join('')}</g></svg>`;
 }
 
 function esc(s) {
