@@ -277,7 +277,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
             model, tokenizer, step = self._model(path)
         except (CheckpointError, ValueError, OSError) as err:
             raise BadRequest(f"the run's checkpoint cannot be loaded: {err}") from None
-        ids, _unknown = encode_known(tokenizer, text)
+        ids, unknown = encode_known(tokenizer, text)  # a char vocabulary lacks some characters: left out
         if not ids:
             raise BadRequest("the text encodes to no tokens of this run's vocabulary")
         limit = min(MAX_TEXT_TOKENS, model.config.block_size)
@@ -300,6 +300,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
             "scores": {},
             "step": step,
             "tag": "own text",
+            "left_out": unknown[:50],
             "data": _b64(quantise(probs)),
         }
 

@@ -60,8 +60,8 @@ def dequantise(tri: np.ndarray, t: int) -> np.ndarray:
     return out
 
 
-def encode(summary: AttentionSummary) -> bytes:
-    """The header (JSON) of ``summary`` followed by nothing: see :func:`summary_proto` for the whole value."""
+def header_bytes(summary: AttentionSummary) -> bytes:
+    """Element [0] of the stored value: the JSON header of ``summary`` (:func:`summary_proto` writes both)."""
     n_layer, n_head, _ = summary.shape
     header = {
         "version": VERSION,
@@ -83,7 +83,7 @@ def summary_proto(summary: AttentionSummary, tag: str = TAG) -> summary_pb2.Summ
         len(summary.head_types) != n_layer or any(len(row) != n_head for row in summary.head_types)
     ):
         raise ValueError(f"head_types must be {n_layer} rows of {n_head} labels")
-    payload = np.array([encode(summary), quantise(summary.probs).tobytes()], dtype=object)
+    payload = np.array([header_bytes(summary), quantise(summary.probs).tobytes()], dtype=object)
     metadata = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
             plugin_name=PLUGIN_NAME, content=json.dumps({"version": VERSION}).encode()

@@ -427,6 +427,10 @@ async function draw() {
         ? `your text, checkpoint of step ${p.att.step ?? '?'}`
         : `step ${p.att.step}`;
       title.append(el('span', {class: 'sub'}, `  ${what} · ${plural(p.att.n_layer, 'layer')} × ${plural(p.att.n_head, 'head')} · ${plural(p.att.T, 'token')}`));
+      if (p.att.left_out && p.att.left_out.length) {
+        title.append(el('span', {class: 'sub thinned'},
+          `  (not in this run's vocabulary, left out: ${p.att.left_out.map((c) => JSON.stringify(c)).join(' ')})`));
+      }
     }
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));

@@ -51,8 +51,8 @@ def logdir(tmp_path_factory, write_checkpoint):
     return root
 
 
-@pytest.fixture(scope="module")
-def app(logdir):
+def _app(logdir):
+    """TensorBoard's WSGI app with this plugin alone over ``logdir``, and the plugin."""
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
@@ -66,6 +66,11 @@ def app(logdir):
     context = base_plugin.TBContext(data_provider=provider, logdir=str(logdir), sampling_hints={})
     plugin = AttentionLoader().load(context)
     return application.TensorBoardWSGI([plugin], data_provider=provider), plugin
+
+
+@pytest.fixture(scope="module")
+def app(logdir):
+    return _app(logdir)
 
 
 @pytest.fixture
@@ -269,3 +274,22 @@ def test_a_logdir_that_is_one_runs_tb_folder_finds_that_runs_checkpoint(logdir):
     plugin = AttentionPlugin(base_plugin.TBContext(data_provider=provider, logdir=str(tb)))
     assert plugin._checkpoint(".") == logdir / "with_ckpt" / "checkpoints" / "last.ckpt"
     assert plugin._checkpoint("../no_ckpt/tb") is None  # out of the log folder
+
+
+def test_own_text_on_a_char_run_says_what_its_vocabulary_left_out(tmp_path, write_checkpoint):
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    from gptmini.data.prepare import prepare
+
+    corpus = tmp_path / "lower.txt"
+    corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)
+    data = prepare(str(corpus), "char", tmp_path / "data").out_dir
+    write_checkpoint(tmp_path / "logs" / "run" / "checkpoints" / "last.ckpt", data_dir=data, block_size=16)
+    writer = SummaryWriter(str(tmp_path / "logs" / "run" / "tb"))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+    writer.close()
+    code, body = _post(Client(_app(tmp_path / "logs")[0]), {"run": "run/tb", "text": "ROMEO: but soft"})
+    assert code == 200, body
+    assert "".join(body["tokens"]) == " but soft"
+    assert body["left_out"] == ["R", "O", "M", "E", ":"]
