@@ -1,12 +1,14 @@
 """Checkpoints: loaded with ``torch.load(weights_only=True)`` only, so a file from elsewhere cannot run code;
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
-previous checkpoint intact; and carrying a checksum of their tensors, written at save time and verified at every
-load, so damage inside a file is refused instead of turning into NaN losses. Also the one rule for which file
+previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
+at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
+another model. Also the one rule for which file
 ``last`` means, in every command (:func:`find_last_checkpoint`)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import pickle
 import zipfile
@@ -67,9 +69,36 @@ def tensor_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return {"algorithm": "sha256", "tensors": count, "bytes": nbytes, "digest": digest.hexdigest()}
 
 
+# What the checksum covers besides the tensors: the settings the weights are read with (model_config: an edited
+# n_head or position setting would read the same tensors as another model), the run's config and data.
+COVERED_SETTINGS = "hyper_parameters"
+
+
+def _canonical(obj: Any) -> Any:
+    """``obj`` as JSON-able plain data, the same before a save and after a load (mapping keys as sorted strings,
+    tuples as lists; tensors, covered by their bytes, as a placeholder)."""
+    if isinstance(obj, Mapping):
+        return [[str(k), _canonical(v)] for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))]
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return "<tensor>"
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return f"<{type(obj).__name__}> {obj}"
+
+
+def settings_checksum(checkpoint: Mapping[str, Any]) -> str:
+    """SHA-256 of the checkpoint's settings (``hyper_parameters``) as canonical JSON."""
+    text = json.dumps(_canonical(checkpoint.get(COVERED_SETTINGS)), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors (what every save writes)."""
-    return {**checkpoint, CHECKSUM_KEY: tensor_checksum(checkpoint)}
+    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors and of its settings (what every save
+    writes)."""
+    record = {**tensor_checksum(checkpoint), "settings_digest": settings_checksum(checkpoint)}
+    return {**checkpoint, CHECKSUM_KEY: record}
 
 
 # (path, size, mtime) of files verified in this process: a resume reads its checkpoint up to three times.
@@ -103,6 +132,13 @@ def verify_checksum(ckpt: Mapping[str, Any], path: str | Path) -> None:
             "the checksum written when it was saved (the file was modified or corrupted on disk); use another "
             "checkpoint (best.ckpt, or an earlier run's last.ckpt)"
         )
+    # (checksums written before the settings were covered have no settings_digest)
+    if "settings_digest" in recorded and settings_checksum(ckpt) != recorded["settings_digest"]:
+        raise CheckpointError(
+            f"{path} was modified: its settings ({COVERED_SETTINGS}: the model's shape and options, the run's "
+            "config) do not match the checksum written when it was saved, so its weights would be read as another "
+            "model; use the checkpoint as training wrote it (best.ckpt, or an earlier run's last.ckpt)"
+        )
     _verified.add(stamp)
 
 
@@ -124,9 +160,15 @@ def load_checkpoint(
     ``verify``: check the tensors against the checksum written at save time. Every failure is one
     CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} is a folder: pass a .ckpt file (commands take a run folder too)"
+        )
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint {path} does not exist: pass the path of a .ckpt file written by training"
+            if not path.exists()
+            else f"checkpoint {path} is not a regular file: pass the path of a .ckpt file written by training"
         )
     # torch.save writes a zip archive; anything else (random bytes, a renamed text file, a truncated copy) is
     # refused here rather than fed to the unpickler, whose errors would only confuse.
@@ -167,6 +209,17 @@ def check_tensors_match(
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``prefix``) are not exactly those of
     a ``GPT(config)``: a file whose saved settings disagree with its weights (edited, or written by another
     tool). The model is built on the meta device: no memory, no initialisation."""
+    shown = _tensor_problems(state_dict, config, prefix)
+    if shown:
+        raise CheckpointError(
+            f"{path} is inconsistent: its saved model settings (n_layer={config.n_layer}, n_embd={config.n_embd}, "
+            f"vocab_size={config.vocab_size}, block_size={config.block_size}) disagree with its tensors ({shown}); "
+            "the file was edited or written by another tool: use a checkpoint written by gptmini training"
+        )
+
+
+def _tensor_problems(state_dict: Mapping[str, Any], config: GPTConfig, prefix: str = "model.") -> str:
+    """How the tensors of ``state_dict`` differ from a ``GPT(config)``'s (empty: they match)."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
     found = {
@@ -184,13 +237,7 @@ def check_tensors_match(
         for k, shape in expected.items()
         if k in found and found[k] != shape
     ]
-    if problems:
-        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        raise CheckpointError(
-            f"{path} is inconsistent: its saved model settings (n_layer={config.n_layer}, n_embd={config.n_embd}, "
-            f"vocab_size={config.vocab_size}, block_size={config.block_size}) disagree with its tensors ({shown}); "
-            "the file was edited or written by another tool: use a checkpoint written by gptmini training"
-        )
+    return "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
 
 
 def model_and_checkpoint(
@@ -206,6 +253,23 @@ def model_and_checkpoint(
     model.load_state_dict(state, strict=False)
     model.eval()
     return model, ckpt
+
+
+def load_weights_into(model: GPT, path: str | Path) -> None:
+    """Loads the weights of the gptmini checkpoint ``path`` (trained or imported) into ``model``, whose settings
+    must give exactly the checkpoint's tensors (CheckpointError naming the differences): fine-tuning starts from
+    them with a fresh optimizer."""
+    ckpt = load_checkpoint(path)
+    problems = _tensor_problems(ckpt["state_dict"], model.config)
+    if problems:
+        saved = _model_config(ckpt, path)
+        keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+        raise CheckpointError(
+            f"model.init_from={path}: its weights do not fit this run's model ({problems}); configure the model "
+            f"as it was saved ({', '.join(f'model.{k}={saved.get(k)}' for k in keys)}, ...)"
+        )
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
 
 
 def model_from_checkpoint(
@@ -311,10 +375,20 @@ def find_last_checkpoint(
 
 
 def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs") -> Path:
-    """``spec`` as the commands take it: a path, or "last" (:func:`find_last_checkpoint` over every run under
+    """``spec`` as the commands take it: a checkpoint file; a run folder (or any folder of runs), meaning its
+    newest ``last.ckpt``/``on_exception.ckpt``; or "last" (:func:`find_last_checkpoint` over every run under
     ``output_root``)."""
     if str(spec) != "last":
-        return Path(spec)
+        path = Path(spec)
+        if not path.is_dir():
+            return path
+        found = find_last_checkpoint(path)
+        if found is None:
+            raise CheckpointError(
+                f"{path} is a folder without a checkpoint (no checkpoints/last.ckpt or on_exception.ckpt under it): "
+                "pass a run folder that holds one, or a .ckpt file"
+            )
+        return found
     found = find_last_checkpoint(output_root)
     if found is None:
         raise CheckpointError(

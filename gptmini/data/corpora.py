@@ -8,6 +8,8 @@ before Lightning is imported use ``EMBEDDED_SOURCES`` and ``is_url`` from here.
 from __future__ import annotations
 
 import codecs
+import collections
+import errno
 import glob
 import gzip
 import hashlib
@@ -15,8 +17,10 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import re
 import shutil
+import stat
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -230,10 +234,17 @@ class Corpus:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def fragments(self, file_hashes: list[str] | None = None, records: bool = True) -> Iterator[Fragment]:
+    def fragments(
+        self,
+        file_hashes: list[str] | None = None,
+        records: bool = True,
+        dropped: collections.Counter[str] | None = None,
+    ) -> Iterator[Fragment]:
         """Every document's text, fragment by fragment, with at most one block or row batch in memory. Empty
         documents are left out. ``file_hashes``: filled with the SHA-256 of each file's bytes, as it is read.
-        ``records=False``: Parquet and Arrow files are only checked (their text column) and hashed, not read."""
+        ``records=False``: Parquet and Arrow files are only checked (their text column) and hashed, not read.
+        ``dropped``: counts the records left out, by reason ("null": the text field is null, "empty")."""
+        dropped = collections.Counter() if dropped is None else dropped
         doc = 0
         last = len(self.files) - 1
         for i, f in enumerate(self.files):
@@ -243,17 +254,31 @@ class Corpus:
             elif f.kind == TEXT:
                 pieces = _read_text(f.path, hasher)
             elif f.kind == JSONL:
-                pieces = _read_jsonl(f.path, self.text_field, hasher)
+                pieces = _read_jsonl(f.path, self.text_field, hasher, dropped)
             else:
                 if hasher is not None:
                     _hash_file(f.path, hasher)
                 reader = _read_parquet if f.kind == PARQUET else _read_arrow
-                pieces = reader(f.path, self.text_field, f.size, records)
+                pieces = reader(f.path, self.text_field, f.size, records, dropped)
             for text, nbytes, end in pieces:
                 yield Fragment(doc, text, nbytes, end)
                 doc += end
             if file_hashes is not None and hasher is not None:
                 file_hashes.append(hasher.hexdigest())
+
+    def changed_files(self) -> list[str]:
+        """The files whose size or modification time differ from when the corpus was resolved (each with what
+        changed): a corpus written to while it is read."""
+        changed = []
+        for f in self.files:
+            try:
+                st = f.path.stat()
+            except OSError as e:
+                changed.append(f"{f.path} ({e.strerror or e})")
+                continue
+            if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+                changed.append(f"{f.path} (size {f.size:,} -> {st.st_size:,} bytes, modified again)")
+        return changed
 
 
 def resolve_source(source: str, download_dir: str | Path | None = None, text_field: str = "text") -> Corpus:
@@ -272,8 +297,47 @@ def resolve_source(source: str, download_dir: str | Path | None = None, text_fie
     return Corpus(source, files, single_text=single, text_field=text_field)
 
 
+def path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a corpus although something is there (None: a regular file or folder, or nothing
+    at all): a symbolic link loop or a link to nothing, a FIFO, a device (``/dev/zero`` never ends), a socket, a
+    permission error. A stream could not be read twice (checked, then tokenized) nor checked for changes."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return (
+                f"is a symbolic link to {os.readlink(path)}, which does not exist"
+                if path.is_symlink()
+                else None
+            )
+        return f"cannot be opened: {e.strerror or e}" + (
+            " (a symbolic link loop)" if e.errno == errno.ELOOP else ""
+        )
+    mode = st.st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    return (
+        f"is {kind}, not a regular file: a corpus is read twice (checked, then tokenized) and checked for changes, "
+        "which a stream cannot be; save it to a file first"
+    )
+
+
 def _source_files(source: str) -> list[tuple[Path, str]]:
     path = Path(source).expanduser()
+    problem = path_problem(path)
+    if problem is not None:
+        raise DataError(f"corpus source {source} {problem}")
     if path.is_file():
         return [(path, file_kind(path) or TEXT)]
     if path.is_dir():
@@ -409,7 +473,13 @@ def _record_text(value: Any, where: str, text_field: str) -> str | None:
     )
 
 
-def _read_jsonl(path: Path, text_field: str, hasher: Any) -> Iterator[tuple[str, int, bool]]:
+def _count_dropped(text: str | None, dropped: collections.Counter[str]) -> None:
+    dropped["null" if text is None else "empty"] += 1
+
+
+def _read_jsonl(
+    path: Path, text_field: str, hasher: Any, dropped: collections.Counter[str]
+) -> Iterator[tuple[str, int, bool]]:
     try:
         raw = open(path, "rb")
     except OSError as e:
@@ -442,6 +512,8 @@ def _read_jsonl(path: Path, text_field: str, hasher: Any) -> Iterator[tuple[str,
                 if text:
                     yield text, counter.count - consumed, True
                     consumed = counter.count
+                else:
+                    _count_dropped(text, dropped)
         except (OSError, EOFError) as e:  # a truncated .gz download fails here, not silently
             raise DataError(f"cannot read {path} after line {lineno}: {e}; is the file complete?") from e
 
@@ -475,7 +547,9 @@ def _text_column(schema: Any, path: Path, text_field: str) -> int:
     return index
 
 
-def _read_parquet(path: Path, text_field: str, size: int, records: bool) -> Iterator[tuple[str, int, bool]]:
+def _read_parquet(
+    path: Path, text_field: str, size: int, records: bool, dropped: collections.Counter[str]
+) -> Iterator[tuple[str, int, bool]]:
     pa = _pyarrow()
     try:
         pf = pa.parquet.ParquetFile(path)
@@ -494,9 +568,13 @@ def _read_parquet(path: Path, text_field: str, size: int, records: bool) -> Iter
             if text:
                 yield text, share, True
                 share = 0
+            else:
+                _count_dropped(text, dropped)
 
 
-def _read_arrow(path: Path, text_field: str, size: int, records: bool) -> Iterator[tuple[str, int, bool]]:
+def _read_arrow(
+    path: Path, text_field: str, size: int, records: bool, dropped: collections.Counter[str]
+) -> Iterator[tuple[str, int, bool]]:
     """Arrow IPC files: the stream format that ``datasets`` writes, or the random-access file format."""
     pa = _pyarrow()
     with pa.memory_map(str(path)) as source:
@@ -526,3 +604,5 @@ def _read_arrow(path: Path, text_field: str, size: int, records: bool) -> Iterat
                     if text:
                         yield text, share, True
                         share = 0
+                    else:
+                        _count_dropped(text, dropped)

@@ -455,11 +455,27 @@ def _prepare_locked(
 
     writer = ShardWriter(folder, dtype, settings["shard_tokens"], state["shards"], on_shard)
     threads = num_threads or default_threads()
+    dropped: collections.Counter[str] = collections.Counter()
     try:
-        documents, chars = _tokenize(corpus, tok, writer, state["resume"], threads, buffer_mb, callback)
+        documents, chars = _tokenize(
+            corpus, tok, writer, state["resume"], threads, buffer_mb, callback, dropped
+        )
         shards = writer.close()
     finally:
         writer.abort()
+    changed = corpus.changed_files()
+    if changed:
+        raise DataError(
+            f"corpus {corpus.source!r} changed while it was being prepared: {'; '.join(changed[:3])}. The prepared "
+            "text would mix two versions, so nothing was replaced; prepare again once the corpus stops changing"
+        )
+    if dropped:
+        log.warning(
+            "%s: left out %s; they hold no text in field %r",
+            corpus.source,
+            " and ".join(f"{n:,} record(s) whose text is {why}" for why, n in sorted(dropped.items())),
+            corpus.text_field,
+        )
     total = sum(int(s["tokens"]) for s in shards)
     if total == 0:
         raise DataError(
@@ -492,6 +508,8 @@ def _prepare_locked(
         "tokens": total,
         "splits": _splits(total, val_fraction),
         "vocab_file": vocab_file,
+        # records without text, left out (by reason: "null", "empty")
+        "dropped_records": dict(sorted(dropped.items())),
     }
     # Commit: one atomic rename of meta.json makes the new shards the data; then the old ones go.
     atomic_write_json(out / META_FILE, meta, sort_keys=True)
@@ -585,6 +603,7 @@ def _tokenize(
     threads: int,
     buffer_mb: int,
     callback: Callable[[PrepareProgress], None] | None,
+    dropped: collections.Counter[str] | None = None,
 ) -> tuple[int, int]:
     """Read, cut, encode (threads) and write the whole stream, from ``resume`` = (document, offset, ids to skip)
     on: the text before it is read again, not encoded. Returns (documents, characters) of the whole corpus."""
@@ -596,7 +615,7 @@ def _tokenize(
     stats = [0, 0, 0]  # documents, characters, bytes read
 
     def fragments() -> Iterator[Fragment]:
-        for frag in corpus.fragments():
+        for frag in corpus.fragments(dropped=dropped):
             stats[0] += frag.end
             stats[1] += len(frag.text)
             stats[2] += frag.nbytes

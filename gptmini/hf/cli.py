@@ -91,15 +91,60 @@ def _export(args: argparse.Namespace) -> None:
     )
 
 
+def _check_import_target(out: Path, force: bool) -> None:
+    if out.is_dir():
+        raise HFWeightsError(
+            f"--out {out} is a folder: pass the checkpoint file to write, e.g. {out / 'model.ckpt'}"
+        )
+    if out.exists() and not force:
+        raise HFWeightsError(
+            f"--out {out} exists: choose another file, or pass --force to replace it (it is replaced only once the "
+            "new checkpoint is complete)"
+        )
+    if out.exists() and not out.is_file():
+        raise HFWeightsError(f"--out {out} exists and is not a regular file")
+
+
+def _imported_run_config(args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:
+    """What the imported checkpoint records of its tokenizer (the commands that sample or show attention need
+    one): the prepared data folder given with --data-dir (its char vocabulary or BPE), GPT-2's BPE when the
+    model's vocabulary is GPT-2's, else nothing (those commands then ask for --data-dir)."""
+    from gptmini.data.prepare import load_meta
+    from gptmini.data.tokenizers import build_tokenizer
+
+    if args.data_dir:
+        meta = load_meta(args.data_dir)
+        if int(meta["vocab_size"]) > vocab_size:
+            raise HFWeightsError(
+                f"--data-dir {args.data_dir} holds a {meta['tokenizer']} vocabulary of {meta['vocab_size']} tokens "
+                f"but the model has {vocab_size}: it is not the vocabulary the model was trained with"
+            )
+        return {
+            "tokenizer": {"name": meta["tokenizer"]},
+            "data": {"data_dir": str(Path(args.data_dir).absolute())},
+        }
+    gpt2 = build_tokenizer("gpt2").vocab_size
+    if gpt2 <= vocab_size <= gpt2 + 128:  # GPT-2's vocabulary, possibly padded
+        return {"tokenizer": {"name": "gpt2"}}
+    log.warning(
+        "the model's vocabulary (%d tokens) is not GPT-2's and no --data-dir was given: the checkpoint records no "
+        "tokenizer, so sampling and attention maps will ask for --data-dir (the prepared folder of its vocabulary)",
+        vocab_size,
+    )
+    return {}
+
+
 def _import(args: argparse.Namespace) -> None:
     from gptmini.checkpoint import CheckpointError, atomic_save
     from gptmini.hf.formats import load_hf_model
 
-    model = load_hf_model(args.hf)
     out = Path(args.out)
+    _check_import_target(out, args.force)  # before reading the model
+    model = load_hf_model(args.hf)
+    run_config = _imported_run_config(args, model.config.vocab_size)
     ckpt = {
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-        "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": {}},
+        "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": run_config},
     }
     try:
         atomic_save(ckpt, out)  # with the checksum every gptmini command verifies
@@ -136,13 +181,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument(
         "--data-dir", help="llama format, char tokenizer: the prepared data folder holding vocab.json"
     )
-    exp.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    exp.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier export in --out (only a folder an export wrote: anything else is refused)",
+    )
     imp = sub.add_parser(
         "import", help="convert a Hugging Face GPT-2 or Llama folder into a gptmini checkpoint file"
     )
     imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
     imp.add_argument(
         "--out", required=True, help="checkpoint file to write (usable with gptmini-sample --ckpt)"
+    )
+    imp.add_argument("--force", action="store_true", help="replace an existing --out file")
+    imp.add_argument(
+        "--data-dir",
+        help="the prepared data folder whose vocabulary the model uses (a char model): recorded in the checkpoint "
+        "for the commands that need its tokenizer",
     )
     args = parser.parse_args(argv)
     if args.command == "export" and args.format == "gpt2" and (args.tokenizer != "auto" or args.data_dir):
@@ -151,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
+    from gptmini.data.errors import DataError
     from gptmini.data.tokenizers import TokenizerError
     from gptmini.hf.tokenizer_files import TokenizerExportError
 
@@ -159,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _export(args)
         else:
             _import(args)
-    except (HFWeightsError, TokenizerError, TokenizerExportError, ImportError) as err:
+    except (HFWeightsError, DataError, TokenizerError, TokenizerExportError, ImportError) as err:
         parser.exit(2, f"error: {err}\n")
     except OSError as err:  # writing the export folder: unwritable, full disk
         parser.exit(2, f"error: cannot write {args.out}: {err.strerror or err}\n")

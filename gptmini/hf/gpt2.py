@@ -504,31 +504,74 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> No
     write_folder(path, fill, overwrite=overwrite)
 
 
+# Written into every export folder: the files the export wrote. ``overwrite`` replaces a folder only when it holds
+# nothing else (an export's own folder), never a run folder, a repository or anything a user put there.
+EXPORT_MANIFEST = "gptmini-export.json"
+# The files of an export written before the manifest existed (recognised without it).
+EXPORT_FILE_NAMES = frozenset(
+    {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", EXPORT_MANIFEST}
+)
+
+
+def _foreign_entries(path: Path) -> list[str]:
+    """What in the folder ``path`` an export did not write: entries its manifest does not list (without a
+    manifest: names an export does not use), and anything that is not a plain file."""
+    listed = set(EXPORT_FILE_NAMES)
+    manifest = path / EXPORT_MANIFEST
+    if manifest.is_file():
+        try:
+            listed = {*json.loads(manifest.read_text(encoding="utf-8")).get("files", []), EXPORT_MANIFEST}
+        except (ValueError, AttributeError, OSError):
+            listed = set(EXPORT_FILE_NAMES)
+    return sorted(
+        p.name + ("/" if p.is_dir() else "")
+        for p in path.iterdir()
+        if p.name not in listed or p.is_symlink() or not p.is_file()
+    )
+
+
 def check_export_target(path: str | Path, overwrite: bool) -> Path:
-    """``path`` as a Path, refused when it is a file, or a non-empty folder without ``overwrite``."""
+    """``path`` as a Path, refused when it is a file, or a non-empty folder without ``overwrite``, or (even with
+    it) a folder holding anything an export did not write."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise HFWeightsError(f"export target {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise HFWeightsError(
-            f"export target {path} exists and is not empty: pass overwrite=True (CLI: --force)"
-        )
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise HFWeightsError(
+                f"export target {path} exists and is not empty: choose a new --out folder, or pass --force to "
+                "replace an earlier export there (overwrite=True)"
+            )
+        foreign = _foreign_entries(path)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise HFWeightsError(
+                f"export target {path} holds files an export did not write ({shown}): --force replaces only an "
+                f"earlier export (its folder lists its files in {EXPORT_MANIFEST}), never anything else; choose a "
+                "new --out folder"
+            )
     return path
 
 
 def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: bool = False) -> None:
     """Write a folder atomically: ``fill`` writes its files into a temporary sibling, which is then renamed to
-    ``path``. A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact."""
+    ``path``. A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact. The
+    folder lists its files in ``EXPORT_MANIFEST``, so that a later ``overwrite`` recognises it."""
     path = check_export_target(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         fill(tmp)
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / EXPORT_MANIFEST).write_text(
+            json.dumps({"written_by": "gptmini", "files": files}, indent=2) + "\n"
+        )
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         for file in tmp.iterdir():
             os.chmod(file, 0o644)  # safetensors writes its file 0600: an export is for others to read
         if path.exists():
+            check_export_target(path, overwrite)  # again: nothing may have been added meanwhile
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
             os.replace(path, old / "export")
             try:

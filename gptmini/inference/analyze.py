@@ -19,11 +19,11 @@ from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_ch
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import check_vocab, load_meta, load_split
 from gptmini.fileio import unwritable_reason
-from gptmini.inference.export_attention import resolve_device
 from gptmini.inference.sample import find_checkpoint, tokenizer_for_run
 from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
+from gptmini.options import resolve_device
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokens, c.vocab_size, c.block_size, args.probe_tokens, args.probe_batch, args.windows, args.seed
         )
         run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
-        tokenizer = tokenizer_for_run(run_config, data_dir, (path, checkpoint))
+        tokenizer = tokenizer_for_run(run_config, data_dir, (path, checkpoint), c.vocab_size)
     except (CheckpointError, DataError, ValueError) as err:
         log.error("error: %s", err)
         return 2

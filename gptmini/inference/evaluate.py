@@ -27,7 +27,9 @@ from gptmini.data.prepare import check_vocab, load_meta, load_split
 from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.inference.sample import find_checkpoint
+from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
+from gptmini.options import positive_int, resolve_device
 
 log = logging.getLogger("gptmini.inference.evaluate")
 
@@ -42,6 +44,10 @@ def evaluate(
     max_batches: int | None = None,
 ) -> dict[str, Any]:
     """Token-weighted mean cross entropy over strided (non-overlapping) windows of a prepared split."""
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"--max-batches {max_batches} is out of range: it must be an integer >= 1")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size} is out of range: it must be an integer >= 1")
     meta = load_meta(data_dir)
     check_vocab(model.config.vocab_size, meta)
     tokens = load_split(data_dir, split, meta)
@@ -56,6 +62,11 @@ def evaluate(
         _, loss = model(x.to(device), y.to(device))
         total += loss.item() * y.numel()
         count += y.numel()
+    if count == 0:
+        raise DataError(
+            f"the {split} split of {data_dir} has no window of {block} tokens to evaluate: use a smaller context "
+            "or a larger split"
+        )
     mean = total / count
     return {
         "data_dir": str(data_dir),
@@ -158,21 +169,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "learned positions cannot and say so). Writes --out (default length_extrapolation.json) and a PNG beside it",
     )
     parser.add_argument(
-        "--max-tokens", type=int, default=None, help="with --context: score about this many tokens per length"
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="with --context: score about this many tokens per length",
     )
     parser.add_argument(
         "--data-dir", default=None, help="prepared data folder (default: the one it trained on)"
     )
     parser.add_argument("--split", default="val", choices=["train", "val"])
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-batches", type=int, default=None, help="evaluate only the first N batches")
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument(
+        "--max-batches", type=positive_int, default=None, help="evaluate only the first N batches"
+    )
     parser.add_argument("--out", default=None, help="also write the result as JSON here")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
     args = parser.parse_args(argv)
+    if args.max_tokens is not None and args.context is None:
+        parser.error("--max-tokens applies with --context (without it, use --max-batches)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     sweep = args.context is not None or len(args.ckpt) > 1
     out = args.out or ("length_extrapolation.json" if sweep else None)
     try:
+        args.device = resolve_device(args.device)
         if out and (reason := unwritable_reason(Path(out).absolute().parent)) is not None:
             raise DataError(f"--out {out} cannot be written: {reason}")
         paths = [
@@ -223,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _load(path: Path, args: argparse.Namespace) -> tuple[GPT, str]:
     model, checkpoint = model_and_checkpoint(path, map_location=args.device)
+    contexts = args.context or [model.config.block_size]
+    per_window = max(forward_bytes(model.config, c, clamp=False) for c in contexts)
+    check_fits("--batch-size", args.batch_size, per_window, args.device, "windows")
     run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
     data_dir = args.data_dir or run_config.get("data", {}).get("data_dir")
     if not data_dir:

@@ -18,13 +18,28 @@ import torch
 from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import unwritable_reason
 from gptmini.inference.sample import encode_prompt, load_for_inference
+from gptmini.options import positive_int, resolve_device
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
 log = logging.getLogger("gptmini.inference.export_attention")
 
 
 def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_tokens: int = 48) -> list[Path]:
-    ids = encode_prompt(tokenizer, text, "--text")[: min(max_tokens, model.config.block_size)]
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens {max_tokens} is out of range: it must be an integer >= 1")
+    ids = encode_prompt(tokenizer, text, "--text")
+    limit = min(max_tokens, model.config.block_size)
+    if len(ids) > limit:
+        why = "--max-tokens" if limit == max_tokens else "the model's context (block_size)"
+        log.warning(
+            "--text is %d tokens: showing the first %d (%s %d)%s",
+            len(ids),
+            limit,
+            why,
+            limit,
+            "; raise --max-tokens to see more" if limit == max_tokens < model.config.block_size else "",
+        )
+        ids = ids[:limit]
     device = next(model.parameters()).device
     maps = model.eval().attention_maps(torch.tensor([ids], device=device))[:, 0]  # (n_layer, n_head, T, T)
     grids, means = attention_figures(maps, token_labels(tokenizer, ids))
@@ -44,19 +59,17 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     return written
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; any other name is kept as given."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-attention", description=__doc__)
     parser.add_argument("--ckpt", default="last")
     parser.add_argument("--text", required=True)
     parser.add_argument("--out", default="attention_png")
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=48,
+        help="tokens of --text shown (at most the model's context); a longer text is cut, and the log says so",
+    )
     parser.add_argument(
         "--device",
         default="auto",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import sys
 import warnings
@@ -21,8 +22,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
+from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.config import (
+    JobFailed,
     RunError,
     check_input_files,
     check_training_memory,
@@ -93,6 +96,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         check_resume_compatible,
         check_trained_data,
         load_checkpoint,
+        remove_stale_temp_files,
     )
     from gptmini.data.prepare import check_block_size, check_vocab, data_identity, load_meta
     from gptmini.training.module import GPTLightningModule
@@ -105,7 +109,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     machine = detect_device()
     trainer_cfg["precision"] = resolve_precision(trainer_cfg, machine, output_vocab(cfg))
     _log_hardware(cfg, machine, trainer_cfg["precision"])
-    callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None and "_target_" in c]
+    named_callbacks = {
+        str(name): instantiate(c) for name, c in cfg.callbacks.items() if c is not None and "_target_" in c
+    }
+    callbacks = list(named_callbacks.values())
     if trainer_cfg.get("enable_model_summary", True):
         from lightning.pytorch.callbacks import ModelSummary
 
@@ -154,6 +161,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.strategy.root_device,
         processes=trainer.num_devices,
     )
+    # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
+    for name, callback in named_callbacks.items():
+        check = getattr(callback, "check_sizes", None)
+        if check is not None:
+            check(gpt_config, trainer.strategy.root_device, f"callbacks.{name}.")
     identity = data_identity(datamodule.data_dir, meta)
     if ckpt_path is not None:
         # The data first: another vocabulary is the cause of a vocab_size difference the shape check would name.
@@ -172,8 +184,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 "resuming on other data: %s; the run will differ from one never interrupted", other_data
             )
         check_resume_compatible(ckpt_path, gpt_config.to_dict(), ckpt=ckpt)
+        # The temp file a save killed midway left beside the checkpoint being resumed (its writer is gone).
+        for stale in remove_stale_temp_files(Path(ckpt_path).parent):
+            log.info("removed %s, left by a save that was interrupted", stale)
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
+    # the number of training processes, which a resume must keep (config.check_resume_plan)
+    run_config["world_size"] = trainer.world_size
     module = GPTLightningModule(
         model_config=gpt_config.to_dict(),
         optimizer=instantiate(cfg.optimizer),
@@ -183,9 +200,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         data_identity=identity,
     )
     if init_from and ckpt_path is None:
-        from gptmini.hf import load_hf_weights
+        if Path(init_from).is_file():  # a gptmini checkpoint: its weights, a fresh optimizer
+            from gptmini.checkpoint import load_weights_into
 
-        load_hf_weights(module.model, init_from)
+            load_weights_into(module.model, init_from)
+        else:
+            from gptmini.hf import load_hf_weights
+
+            load_hf_weights(module.model, init_from)
         log.info("initialised weights from %s", init_from)
     n_params = module.model.num_parameters()
     log.info(
@@ -226,7 +248,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             f"{val:.4f}" if val is not None else "n/a",
             ckpt_dir,
             output_dir / "tb",
-            ckpt_dir / "last.ckpt",
+            shlex.quote(str(ckpt_dir / "last.ckpt")),
         )
     return result
 
@@ -235,7 +257,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "the input is wrong", reported as one line. Classes are taken from modules already
     imported (an instance of a class implies its module was imported), so a bad config that fails in
     validate_config does not pay for importing Lightning here."""
-    errors: list[type[BaseException]] = [ConfigError, RunError, InstantiationException]
+    errors: list[type[BaseException]] = [ConfigError, RunError, SizeError, InstantiationException]
     for module, name in (
         ("gptmini.data.errors", "DataError"),
         ("gptmini.data.tokenizers", "TokenizerError"),
@@ -259,22 +281,46 @@ EXIT_SIGTERM = 143  # 128 + SIGTERM: preemption, on_exception.ckpt saved at a st
 register_configs()
 
 
-def _remove_failed_run_folder(output_dir: Path) -> None:
-    """Removes the folder Hydra created for a run that failed before doing anything, when it holds only Hydra's
-    own files (``.hydra/``, ``train.log``) and empty folders, and its run_name folder if that is left empty: a
-    failed check leaves no run behind. Anything else in it (a checkpoint, TensorBoard events) keeps it."""
+def _run_folder_given() -> bool:
+    """Whether the user named the run folder (``hydra.run.dir``/``hydra.sweep.dir``): a folder that may have
+    existed before this run, unlike the fresh time-stamped one Hydra makes by default."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    keys = (str(o).split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.hydra)
+    return any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
+
+
+def _remove_failed_run_folder(output_dir: Path, keep_folder: bool = False) -> None:
+    """Cleans up after a run that failed before doing anything, when its folder holds only Hydra's own files
+    (``.hydra/``, ``train.log``) and empty folders: a failed check leaves no run behind. The folder goes, and its
+    run_name folder if that is left empty, unless ``keep_folder`` (a folder the user named, which may have existed
+    before: only the files this run wrote go). Anything else in it (a checkpoint, TensorBoard events) keeps it."""
     if not output_dir.is_dir():
         return
     for path in output_dir.rglob("*"):
         rel = path.relative_to(output_dir)
         if not (path.is_dir() or rel.parts[0] == ".hydra" or rel == Path("train.log")):
             return
+    if keep_folder:
+        shutil.rmtree(output_dir / ".hydra", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (output_dir / "train.log").unlink()
+        return
     shutil.rmtree(output_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         output_dir.parent.rmdir()  # only when empty
 
 
-def _hydra_main(cfg: DictConfig) -> float | None:
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
@@ -287,7 +333,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if isinstance(err, InstantiationException) and err.__cause__ is not None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
         log.error("error: %s", msg)
-        _remove_failed_run_folder(Path(cfg.paths.output_dir))
+        _remove_failed_run_folder(Path(cfg.paths.output_dir), keep_folder=_run_folder_given())
+        if _in_sweep():
+            return JobFailed(EXIT_USER_ERROR, msg)  # the sweep goes on; SweepSummary reports it at the end
         sys.exit(EXIT_USER_ERROR)
     except (
         KeyboardInterrupt
@@ -330,6 +378,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         if full_error or not isinstance(err, NonFiniteLossError):
             raise
         log.error("error: %s", err)
+        if _in_sweep():
+            return JobFailed(EXIT_NONFINITE, str(err))
         sys.exit(EXIT_NONFINITE)
     return result["metrics"].get("val/loss")  # for sweepers that optimise a value
 

@@ -12,6 +12,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from gptmini.board.summary import TAG, AttentionSummary, summary_proto
 from gptmini.insight.scores import head_types
+from gptmini.limits import check_fits, forward_bytes
+from gptmini.model import GPTConfig
 from gptmini.training.callbacks import LoggingCallback, PromptTokens, _tensorboard, _tokenizer
 from gptmini.training.insight import HeadInsightLogger
 
@@ -44,6 +46,10 @@ class AttentionSummaryLogger(LoggingCallback):
         self.last_seconds: float | None = None
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
+
+    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
+        per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
+        check_fits(f"{prefix}max_tokens", 1, per_sequence, device, "probe sequence")
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

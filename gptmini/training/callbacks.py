@@ -22,6 +22,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
 from gptmini.data.tokenizers import encode_known
+from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes, generation_bytes
+from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.lightning_compat import request_graceful_stop
 from gptmini.training.render import submit
@@ -80,6 +82,11 @@ class LoggingCallback(L.Callback):
             if name.startswith("on_") and callable(value) and hasattr(L.Callback, name):
                 setattr(cls, name, _guarded(value))
 
+    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
+        """Raises ``gptmini.limits.SizeError`` naming ``prefix`` + the setting when a size setting of this callback
+        cannot fit in the memory of ``device`` for a model of ``config`` (called before training starts; the
+        app passes ``callbacks.<name>.``). Callbacks without size settings keep this no-op."""
+
 
 class PromptTokens:
     """A configured text (probe, prompt) as ids of the run's tokenizer, whatever its vocabulary: characters a
@@ -135,8 +142,12 @@ class AttentionMapLogger(LoggingCallback):
         max_tokens: int = 24,
     ) -> None:
         self.probe_text = probe_text
-        self.max_tokens = max_tokens
+        self.max_tokens = check_positive("callbacks.attention_maps.max_tokens", max_tokens)
         self._probe = PromptTokens("callbacks.attention_maps.probe_text")
+
+    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
+        per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
+        check_fits(f"{prefix}max_tokens", 1, per_sequence, device, "probe sequence")
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -183,11 +194,22 @@ class TextSampleLogger(LoggingCallback):
         seed: int = 1234,
     ) -> None:
         self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = check_positive("callbacks.text_samples.max_new_tokens", max_new_tokens, low=0)
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise SizeError(
+                f"callbacks.text_samples.temperature={temperature!r} is invalid: a finite number >= 0"
+            )
+        if top_k is not None:
+            check_positive("callbacks.text_samples.top_k", top_k)
         self.temperature = temperature
         self.top_k = top_k
         self.seed = seed
         self._prompt = PromptTokens("callbacks.text_samples.prompt")
+
+    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
+        # one sample; its prompt is at most a context
+        fixed = generation_bytes(config, config.block_size)
+        check_fits(f"{prefix}max_new_tokens", self.max_new_tokens, 24, device, "new tokens", fixed=fixed)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

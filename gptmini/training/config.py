@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import sys
 import types
 import typing
@@ -23,8 +24,9 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
 from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
-from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, prepared_folder_name
+from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem, prepared_folder_name
 from gptmini.fileio import unwritable_reason
+from gptmini.limits import device_memory
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.hardware import DeviceFacts, detect_device, register_hardware_configs
 
@@ -221,6 +223,9 @@ def _check_data_source(data: DictConfig) -> None:
             )
         return
     path = Path(source)
+    problem = path_problem(path)
+    if problem is not None:
+        raise RunError(f"data.source={source} {problem}")
     if not path.exists():
         raise RunError(
             f"data.source={source} does not exist: expected 'shakespeare' (embedded), an existing text file, a "
@@ -291,11 +296,21 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(f"trainer.accumulate_grad_batches={accum} is invalid: it must be an integer >= 1")
     val_every = tr.get("val_check_interval")
     if isinstance(val_every, int) and not isinstance(val_every, bool):
-        if val_every <= 0 or val_every > max_steps * accum:
+        if val_every <= 0:
             raise RunError(
-                f"trainer.val_check_interval={val_every} is invalid: it counts training batches and must be in "
-                f"[1, {max_steps * accum}] (trainer.max_steps x trainer.accumulate_grad_batches)"
+                f"trainer.val_check_interval={val_every} is invalid: it counts training batches and must be >= 1"
             )
+        if val_every > max_steps * accum:
+            # A short run of a long recipe (an experiment's interval, trainer.max_steps lowered): scaled down to
+            # one validation at the end rather than refused, and said.
+            log.warning(
+                "trainer.val_check_interval=%d is more than the run's %d training batches (trainer.max_steps x "
+                "trainer.accumulate_grad_batches): validating once, at the end (trainer.val_check_interval=%d)",
+                val_every,
+                max_steps * accum,
+                max_steps * accum,
+            )
+            cfg.trainer.val_check_interval = max_steps * accum
     elif isinstance(val_every, float) and not 0.0 < val_every <= 1.0:
         raise RunError(f"trainer.val_check_interval={val_every} is invalid: a fraction must be in (0, 1]")
     clip = tr.get("gradient_clip_val")
@@ -318,6 +333,13 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(
             f"data.num_workers={data.num_workers} is invalid: it must be >= 0 (0: load in the main process)"
         )
+    for key, low in (("shard_tokens", 1), ("buffer_mb", 1), ("prepare_threads", 1)):
+        value = data.get(key)
+        if value is not None and not (_positive_int(value) and value >= low):
+            raise RunError(
+                f"data.{key}={value} is invalid: it must be an integer >= {low}"
+                + (" (or null: one thread per core, at most 8)" if key == "prepare_threads" else "")
+            )
     val_fraction = float(data.get("val_fraction", 0.1))
     if not 0.0 <= val_fraction < 1.0:
         raise RunError(
@@ -360,12 +382,67 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
 
     if cfg.get("ckpt_path") is not None:
         # Refuse an unsafe or incompatible resume checkpoint now, not after preparing data and building a model.
-        from gptmini.checkpoint import check_resume_compatible
+        from gptmini.checkpoint import check_resume_compatible, load_checkpoint
 
+        path = resolve_ckpt_path(cfg)
+        ckpt = load_checkpoint(path, mmap=True)
+        if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
+            raise RunError(
+                f"ckpt_path={path} holds model weights only (imported from Hugging Face, or not written by a "
+                "training run: no optimizer state, no progress), so there is no run to resume. To train from "
+                f"these weights with a fresh optimizer, start a new run with model.init_from={path} and no ckpt_path"
+            )
         check_resume_compatible(
-            resolve_ckpt_path(cfg), gpt_config.to_dict(), ignore=() if vocab_known else ("vocab_size",)
+            path, gpt_config.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt
         )
+        check_resume_plan(path, ckpt, cfg)
     return gpt_config
+
+
+def _world_size(trainer: Any) -> int | None:
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    if isinstance(devices, int) and not isinstance(devices, bool) and isinstance(nodes, int):
+        return max(devices, 1) * max(nodes, 1)
+    return None  # "auto" or a list: known once the trainer exists
+
+
+def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuses a resume that would not continue the run: a checkpoint already at ``trainer.max_steps`` (nothing
+    would train, and the run would report no validation), or another global batch (``data.batch_size``,
+    ``trainer.accumulate_grad_batches`` or the number of training processes): the resumed data stream and the
+    progress count are positions in batches of the checkpoint's size."""
+    step = int(ckpt.get("global_step") or 0)
+    max_steps = int(cfg.trainer.max_steps)
+    if step >= max_steps:
+        raise RunError(
+            f"checkpoint {path} is already at step {step} and trainer.max_steps={max_steps}: the run is finished "
+            f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
+            f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
+        )
+    saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
+    saved_data, saved_trainer = saved.get("data") or {}, saved.get("trainer") or {}
+    changes = []
+    for key, was, now in (
+        ("data.batch_size", saved_data.get("batch_size"), cfg.data.get("batch_size")),
+        (
+            "trainer.accumulate_grad_batches",
+            saved_trainer.get("accumulate_grad_batches", 1 if saved_trainer else None),
+            cfg.trainer.get("accumulate_grad_batches", 1),
+        ),
+        (
+            "training processes (trainer.devices x trainer.num_nodes)",
+            saved.get("world_size"),
+            _world_size(cfg.trainer),
+        ),
+    ):
+        if was is not None and now is not None and was != now:
+            changes.append(f"{key}: checkpoint {was} vs now {now}")
+    if changes:
+        raise RunError(
+            f"checkpoint {path} was trained with another batch ({'; '.join(changes)}): resuming would continue its "
+            "data stream at the wrong place and count steps against the wrong epoch. Resume with the checkpoint's "
+            "settings, or start a new run without ckpt_path"
+        )
 
 
 def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
@@ -468,29 +545,6 @@ def training_memory_estimate(
     }
 
 
-def device_memory(device: torch.device) -> tuple[int, str] | None:
-    """(bytes, description) of the memory a run on ``device`` can use: the GPU's, or this machine's RAM (its
-    cgroup limit where lower); None when unknown."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return int(props.total_memory), f"the GPU ({props.name})"
-    if device.type != "cpu":
-        return None
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            limit = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit():
-            total = min(total, int(limit))
-        break
-    return total, "this machine's memory"
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
@@ -526,9 +580,17 @@ def check_input_files(cfg: DictConfig) -> None:
     ``validate_config``; kept apart so that configs can be validated without the files existing)."""
     # '???' values are reported by validate_config.
     init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
+    if init_from is not None and Path(init_from).is_file():
+        from gptmini.checkpoint import load_checkpoint
+
+        load_checkpoint(
+            init_from, mmap=True
+        )  # a gptmini checkpoint (trained or imported): refused if not one
+        return _check_data_files(cfg)
     if init_from is not None and not (Path(init_from) / "config.json").is_file():
         raise RunError(
-            f"model.init_from={init_from} is not a Hugging Face GPT-2 or Llama folder (no config.json there): pass "
+            f"model.init_from={init_from} is neither a gptmini checkpoint file nor a Hugging Face GPT-2 or Llama "
+            "folder (no config.json there): pass "
             "a local folder holding config.json and model.safetensors"
         )
     if init_from is not None:
@@ -536,6 +598,10 @@ def check_input_files(cfg: DictConfig) -> None:
 
         # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
         hf_model_type(init_from)
+    _check_data_files(cfg)
+
+
+def _check_data_files(cfg: DictConfig) -> None:
     if "source" in cfg.data and not OmegaConf.is_missing(cfg.data, "source"):
         _check_data_source(cfg.data)
 
@@ -543,10 +609,10 @@ def check_input_files(cfg: DictConfig) -> None:
 # --- resuming ---------------------------------------------------------------------------------------------
 
 
-def find_last_checkpoint(output_root: str | Path, run_name: str, exclude: str | Path | None = None) -> Path:
+def find_last_checkpoint(output_root: str | Path, run_name: str) -> Path:
     """``ckpt_path=last``: :func:`gptmini.checkpoint.find_last_checkpoint`, the one rule every command uses (the
     most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included)."""
-    found = _find_last_checkpoint(output_root, run_name, exclude=exclude)
+    found = _find_last_checkpoint(output_root, run_name)
     if found is None:
         raise RunError(
             f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under "
@@ -557,15 +623,32 @@ def find_last_checkpoint(output_root: str | Path, run_name: str, exclude: str | 
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
+    itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; a run folder: its
+    newest checkpoint; or a file."""
     if cfg.ckpt_path is None:
         return None
     if cfg.ckpt_path == "last":
-        return str(find_last_checkpoint(cfg.paths.output_root, cfg.run_name, exclude=cfg.paths.output_dir))
+        own = _find_last_checkpoint(cfg.paths.output_dir)
+        if own is not None:
+            return str(own)
+        return str(find_last_checkpoint(cfg.paths.output_root, cfg.run_name))
     path = Path(cfg.ckpt_path)
-    if not path.is_file():
+    if path.is_dir():
+        found = _find_last_checkpoint(path)
+        if found is None:
+            raise RunError(
+                f"ckpt_path={cfg.ckpt_path} is a folder without a checkpoint (no checkpoints/last.ckpt or "
+                "on_exception.ckpt under it): pass a run folder that holds one, a .ckpt file, or ckpt_path=last"
+            )
+        return str(found)
+    if not path.exists():
         raise RunError(
-            f"ckpt_path={cfg.ckpt_path} does not exist: pass an existing .ckpt file or ckpt_path=last"
+            f"ckpt_path={cfg.ckpt_path} does not exist: pass an existing .ckpt file, a run folder, or "
+            "ckpt_path=last"
         )
+    if not path.is_file():
+        raise RunError(f"ckpt_path={cfg.ckpt_path} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise RunError(f"ckpt_path={cfg.ckpt_path} is not readable (permissions)")
     return str(path)
@@ -573,12 +656,47 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 
 # --- the run folder -----------------------------------------------------------------------------------------
 
+# A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@-]*")
 
-def _refuse_unwritable(folder: str, key: str) -> None:
-    reason = unwritable_reason(folder)
-    if reason is None:
+
+def check_run_name(name: Any) -> None:
+    """Refuses a ``run_name`` that is not one plain folder name (``../x`` would write outside the output root,
+    and ``last`` could not find it again)."""
+    text = str(name)
+    if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
+        raise RunError(
+            f"run_name={text!r} is invalid: it names one folder under paths.output_root, so it may hold letters, "
+            "digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), e.g. run_name=my_run"
+        )
+
+
+# What a run writes into its folder: one of these there means the folder already holds a run.
+RUN_FILES = (".hydra", "checkpoints", "tb", "train.log")
+
+
+def check_run_folder_free(folder: str | Path, ckpt_path: Any, key: str) -> None:
+    """A new run never writes into a folder that already holds something (another run's checkpoints, logs and
+    TensorBoard events would be mixed with its own, and Lightning would silently resume the old ``last.ckpt``):
+    refused unless the run resumes (``ckpt_path`` set), naming both ways out. An empty folder is used."""
+    path = Path(folder)
+    if ckpt_path is not None or not path.is_dir():
         return
-    err = RunError(f"cannot create the run folder {folder}: {reason}; pass {key}=<a writable folder>")
+    contents = sorted(p.name for p in path.iterdir())
+    if not contents:
+        return
+    held = [name for name in RUN_FILES if name in contents]
+    what = (
+        f"already holds a run ({', '.join(held)})" if held else f"is not empty ({', '.join(contents[:3])}...)"
+    )
+    raise RunError(
+        f"the run folder {folder} {what}: a new run never writes into it. Resume that run with ckpt_path=last "
+        f"{key}={folder} (or ckpt_path={folder}), or start a new run in a folder of its own (another run_name, "
+        f"or leave {key} unset)"
+    )
+
+
+def _refuse(err: RunError) -> None:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     # Hydra has not set up logging yet: the one line goes to stderr as the app's own errors do.
@@ -586,13 +704,86 @@ def _refuse_unwritable(folder: str, key: str) -> None:
     sys.exit(2)  # EXIT_USER_ERROR
 
 
+def _refuse_unwritable(folder: str, key: str) -> None:
+    reason = unwritable_reason(folder)
+    if reason is not None:
+        _refuse(RunError(f"cannot create the run folder {folder}: {reason}; pass {key}=<a writable folder>"))
+
+
+def _one_of_several_processes() -> bool:
+    """This process is one of a distributed launch (torchrun, srun, or a DDP process Lightning started in the
+    first one's run folder): they share one run folder, which the launch names (hydra.run.dir) or the first
+    process checked, so only a lone process checks that its folder is free."""
+
+    def number(var: str, default: int) -> int:
+        try:
+            return int(os.environ.get(var, default))
+        except ValueError:
+            return default
+
+    return (
+        number("WORLD_SIZE", 1) > 1
+        or number("SLURM_NTASKS", 1) > 1
+        or any(number(v, 0) != 0 for v in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
+    )
+
+
+def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
+    try:
+        check_run_name(config.get("run_name"))
+        if not _one_of_several_processes():
+            check_run_folder_free(folder, config.get("ckpt_path"), key)
+    except RunError as err:
+        _refuse(err)
+    _refuse_unwritable(folder, "paths.output_root")
+
+
 class OutputFolderCheck(HydraCallback):
-    """A Hydra callback (``hydra.callbacks`` in conf/train.yaml): a run folder that cannot be created (an
-    unwritable ``paths.output_root``, or a file in its place) fails with one ``error:`` line and exit status 2
-    before Hydra tries to create it (which would end in a traceback)."""
+    """A Hydra callback (``hydra.callbacks`` in conf/train.yaml), run before Hydra creates or writes anything:
+    a ``run_name`` that is not one folder name, a run folder that already holds a run (unless resuming), and a
+    run folder that cannot be created (an unwritable ``paths.output_root``, or a file in its place) each fail with
+    one ``error:`` line and exit status 2, the existing folder untouched."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _refuse_unwritable(str(config.hydra.run.dir), "paths.output_root")
+        _check_run_start(config, str(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _refuse_unwritable(str(config.hydra.sweep.dir), "paths.output_root")
+        _check_run_start(config, str(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+
+# --- sweeps -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """What a sweep job whose run failed returns in place of its val/loss (the app logged the error already): the
+    sweep goes on to its next job, and ``SweepSummary`` reports it at the end."""
+
+    exit_status: int
+    message: str
+
+
+class SweepSummary(HydraCallback):
+    """A Hydra callback (``hydra.callbacks`` in conf/train.yaml): every job of a sweep (``-m``) runs, whichever
+    fail; the sweep ends with one line per failed job (its overrides and error) and the exit status of the first
+    failure (2: invalid input, 3: non-finite loss). Jobs run in this process (Hydra's basic launcher)."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.failed: list[tuple[str, JobFailed]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+
+        self.jobs += 1
+        # (an unexpected exception, status FAILED, is raised by Hydra itself once the sweep's jobs have run)
+        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, JobFailed):
+            self.failed.append((" ".join(job_return.overrides or []), job_return.return_value))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not self.failed:
+            return
+        lines = [f"error: {len(self.failed)} of {self.jobs} sweep jobs failed:"]
+        lines += [f"  [{overrides}] {failure.message}" for overrides, failure in self.failed]
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.exit(self.failed[0][1].exit_status)

@@ -31,6 +31,8 @@ from gptmini.insight import (
 )
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.render import loss_curve, score_grid
+from gptmini.limits import check_fits, forward_bytes
+from gptmini.model import GPTConfig
 from gptmini.training.callbacks import LoggingCallback
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,14 @@ class HeadInsightLogger(LoggingCallback):
         self._probes: Probes | None = None
         self._curves: list[tuple[str, torch.Tensor]] = []
         self._session_end: Any = None
+
+    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
+        # the text and the repeated-token probes together, every layer's attention kept; the loss windows are
+        # full contexts scored a batch at a time
+        per_probe = 2 * forward_bytes(config, self.probe_tokens, attention_maps=True)
+        check_fits(f"{prefix}probe_batch", self.probe_batch, per_probe, device, "probe sequences (x2)")
+        per_window = forward_bytes(config, config.block_size) + 8 * (config.block_size + 1)
+        check_fits(f"{prefix}loss_windows", self.loss_windows, per_window, device, "validation windows")
 
     # --- hooks ---
 

@@ -369,6 +369,13 @@ BAD_INPUT = [
         2,
     ),
     (
+        # a device (or FIFO, or symbolic link loop) was reported as "not found"
+        "device_as_corpus",
+        ["data=text", "data.source=/dev/zero"],
+        r"error: data\.source=/dev/zero is a character device, not a regular file",
+        2,
+    ),
+    (
         "empty_corpus",
         ["data=text", "data.source={empty}"],
         r"error: data\.source=\S*empty\.txt is an empty file",
@@ -430,6 +437,15 @@ BAD_INPUT = [
         ["trainer.devices={too_many_devices}"],
         r"error: trainer\.devices=\d+ on the CPU would start \d+ training processes \(DDP over gloo\) on this "
         r"machine's \d+ CPU cores",
+        2,
+    ),
+    (
+        # a probe of a million sequences, every layer's attention kept: tens of GiB at the first validation
+        "size_setting_beyond_memory",
+        ["callbacks.head_insight.probe_batch=1000000"],
+        r"error: callbacks\.head_insight\.probe_batch=1000000 is too large: 1,000,000 probe sequences \(x2\) would "
+        r"need about [\d,.]+ GiB of memory and this machine's memory has [\d,.]+ GiB .*: use "
+        r"callbacks\.head_insight\.probe_batch=\d+ or less",
         2,
     ),
     (
@@ -566,6 +582,7 @@ def kill_then_resume_runs(ws: Workspace, name: str, fault_args: list[str]) -> tu
     killed = ws.cli.train(ws.args(name, *fault_args))
     if killed.returncode != -signal.SIGKILL:
         return killed, None
+    killed.temp_files = {p: p.stat().st_size for p in (ws.out / name).glob("*/checkpoints/.*.tmp")}
     return killed, ws.cli.train(ws.args(name, "ckpt_path=last"))
 
 
@@ -585,10 +602,15 @@ def test_kill_during_checkpoint_save_keeps_previous_and_resume_is_exact(ws: Work
     """SIGKILL halfway through writing the step-10 checkpoint: last.ckpt still holds step 5, complete; the
     half-written temp file is never mistaken for a checkpoint; resuming from step 5 ends exactly like the
     uninterrupted run (weights, optimizer, scheduler, val loss)."""
-    killed_dir = check_kill_then_resume(ws, "kill_save", ws.jobs["kill_save"].result(), resume_step=5)
-    temps = list((killed_dir / "checkpoints").glob(".last.ckpt.*.tmp"))
-    assert len(temps) == 1 and 0 < temps[0].stat().st_size
-    assert temps[0].stat().st_size < (killed_dir / "checkpoints" / "last.ckpt").stat().st_size
+    runs = ws.jobs["kill_save"].result()
+    killed_dir = check_kill_then_resume(ws, "kill_save", runs, resume_step=5)
+    (temp, size), *others = runs[0].temp_files.items()  # what the kill left, before the resume
+    assert not others and temp.name.startswith(".last.ckpt.") and temp.parent == killed_dir / "checkpoints"
+    assert 0 < size < (killed_dir / "checkpoints" / "last.ckpt").stat().st_size
+    # The resume removed it (its writer is gone), saying so; nothing else of the killed run.
+    assert not temp.exists() and f"removed {temp}, left by a save that was interrupted" in output(runs[1])
+    assert not list((killed_dir / "checkpoints").glob(".*.tmp"))
+    assert (killed_dir / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.slow

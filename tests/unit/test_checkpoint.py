@@ -54,6 +54,30 @@ def test_damage_inside_a_checkpoint_is_refused_naming_the_file(tmp_path, write_c
             load(path)
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda hp: hp["model_config"].update(n_head=1),  # the same tensors read as another model
+        lambda hp: hp["model_config"].update(position="rope"),
+        lambda hp: hp["run_config"].update(seed=7),
+    ],
+    ids=["n_head", "position", "run_config"],
+)
+def test_an_edited_setting_is_refused_like_damaged_tensors(tmp_path, write_checkpoint, edit):
+    """The checksum covers the settings (hyper_parameters) too: editing one and saving the file again without
+    the checksum (as a hand edit does) is refused at load, naming the file."""
+    path = write_checkpoint(tmp_path / "last.ckpt")
+    raw = torch.load(path, weights_only=True)
+    edit(raw["hyper_parameters"])
+    torch.save(raw, path)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))} was modified: its settings"):
+        load_checkpoint(path)
+    # an older checksum that covered the tensors only still verifies them and loads
+    del raw[CHECKSUM_KEY]["settings_digest"]
+    torch.save(raw, path)
+    load_checkpoint(path)
+
+
 def test_a_checkpoint_without_a_checksum_still_loads(tmp_path, write_checkpoint, caplog):
     path = write_checkpoint(tmp_path / "old.ckpt")
     raw = torch.load(path, weights_only=True)

@@ -246,3 +246,65 @@ def test_a_folder_without_write_permission_is_unwritable(tmp_path, monkeypatch) 
     assert unwritable_reason(tmp_path / "new" / "deeper") is None
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # as root, chmod alone would not do
     assert unwritable_reason(tmp_path / "new") == f"{tmp_path} is not writable (permission denied)"
+
+
+# --- run names, run folders, resume plans -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "/abs", ".hidden", "", "-x", "a\\b", "x" * 201])
+def test_a_run_name_must_be_one_plain_folder_name(name) -> None:
+    from gptmini.training.config import check_run_name
+
+    with pytest.raises(
+        RunError, match=r"run_name=.* is invalid: it names one folder under paths\.output_root"
+    ):
+        check_run_name(name)
+
+
+@pytest.mark.parametrize("name", ["default", "my_run", "lr=1e-3,bs=8", "v1.2", "a+b@c"])
+def test_plain_run_names_are_accepted(name) -> None:
+    from gptmini.training.config import check_run_name
+
+    check_run_name(name)
+
+
+def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming(tmp_path) -> None:
+    from gptmini.training.config import check_run_folder_free
+
+    check_run_folder_free(tmp_path / "missing", None, "hydra.run.dir")
+    check_run_folder_free(tmp_path, None, "hydra.run.dir")  # empty
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunError, match=r"is not empty \(notes\.txt\.\.\.\): a new run never writes into it"):
+        check_run_folder_free(tmp_path, None, "hydra.run.dir")
+    check_run_folder_free(tmp_path, "last", "hydra.run.dir")
+
+
+def test_resume_plans_that_cannot_continue_are_refused(compose_cfg, tmp_path) -> None:
+    from gptmini.training.config import check_resume_plan
+
+    ckpt = {
+        "global_step": 10,
+        "hyper_parameters": {
+            "run_config": {
+                "data": {"batch_size": 4},
+                "trainer": {"accumulate_grad_batches": 1},
+                "world_size": 1,
+            }
+        },
+    }
+    check_resume_plan(
+        "c.ckpt", ckpt, compose_cfg(["trainer.max_steps=20", "data.batch_size=4", "trainer=cpu"])
+    )
+    with pytest.raises(RunError, match=r"already at step 10 and trainer\.max_steps=10: the run is finished"):
+        check_resume_plan("c.ckpt", ckpt, compose_cfg(["trainer.max_steps=10", "data.batch_size=4"]))
+    for override, what in (
+        ("data.batch_size=8", r"data\.batch_size: checkpoint 4 vs now 8"),
+        ("trainer.accumulate_grad_batches=2", r"trainer\.accumulate_grad_batches: checkpoint 1 vs now 2"),
+        (
+            "trainer.devices=2",
+            r"training processes \(trainer\.devices x trainer\.num_nodes\): checkpoint 1 vs now 2",
+        ),
+    ):
+        cfg = compose_cfg(["trainer.max_steps=20", "data.batch_size=4", "trainer=cpu", override])
+        with pytest.raises(RunError, match=rf"was trained with another batch \({what}\)"):
+            check_resume_plan("c.ckpt", ckpt, cfg)

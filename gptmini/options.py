@@ -1,0 +1,88 @@
+"""Command-line options checked where they are parsed: numbers finite and in range (argparse ``type=`` functions,
+so a bad value is argparse's one-line usage error, exit status 2, naming the option), and the one rule for
+``--device`` (:func:`resolve_device`), which names the real cause of a device this machine cannot use."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+import torch
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be an integer >= {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+positive_int = int_at_least(1)
+
+
+def finite_float(
+    low: float | None = None, high: float | None = None, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (``low_open``: (low, high])."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        below = low is not None and (value <= low if low_open else value < low)
+        if below or (high is not None and value > high):
+            lo = "-inf" if low is None else f"{low:g}"
+            hi = "inf" if high is None else f"{high:g}"
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: it must be in {'(' if low_open or low is None else '['}{lo}, {hi}"
+                f"{']' if high is not None else ')'}"
+            )
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def resolve_device(spec: str, option: str = "--device") -> str:
+    """``auto``: ``cuda`` when PyTorch sees a GPU, else ``cpu``. Any other value must name a device this machine
+    has (cpu, cuda, cuda:N, mps): else ValueError naming the option, the value and why."""
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{option} {spec!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return spec
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"{option} {spec}: PyTorch sees no CUDA GPU on this machine (a CPU-only build or no driver): "
+                "use --device cpu (or auto)"
+            )
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"{option} {spec}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
+            )
+        return spec
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(
+                f"{option} {spec}: Apple's MPS is not available on this machine: use --device cpu"
+            )
+        return spec
+    raise ValueError(f"{option} {spec}: gptmini's commands run on cpu, cuda or mps, not {device.type}")

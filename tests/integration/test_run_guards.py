@@ -1,0 +1,191 @@
+"""What a training command never does, through the real command line: write into a folder that already holds a
+run (unless asked to resume it), write outside the output root, delete a folder it did not make, start work whose
+stop a sweep at its first failing job, or resume a run it cannot continue."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gptmini.data.prepare import prepare
+
+# A tiny char model, 2 steps, validation at the end, the slow loggers off.
+TINY = [
+    "model=tiny",
+    "tokenizer=char",
+    "trainer=cpu",
+    "data.batch_size=4",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=1",
+    "checkpoint_every_n_steps=1",
+    "trainer.enable_model_summary=false",
+    "~callbacks.attention_maps",
+    "~callbacks.text_samples",
+    "~callbacks.progress_bar",
+    "+trainer.enable_progress_bar=false",
+]
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    prepare("shakespeare", "char", root / "shakespeare_char")
+    return root
+
+
+@pytest.fixture
+def train(run_cli: Any, data_root: Path, tmp_path: Path) -> Any:
+    """``train(*overrides)``: TINY under ``tmp_path/out``; ``overrides`` replace TINY's keys."""
+
+    def _train(*overrides: str) -> subprocess.CompletedProcess:
+        keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        base = [a for a in TINY if a.split("=", 1)[0].lstrip("+~") not in keys]
+        return run_cli.train(
+            [*base, f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={data_root}", *overrides]
+        )
+
+    return _train
+
+
+def check_refused(proc: subprocess.CompletedProcess, pattern: str) -> str:
+    text = output(proc)
+    assert proc.returncode == 2, text[-3000:]
+    assert re.search(pattern, text), text[-3000:]
+    assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1, text[-3000:]
+    assert "done:" not in text
+    return text
+
+
+def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_changes_nothing(train, tmp_path) -> None:
+    """hydra.run.dir naming a finished run's folder: refused before Hydra writes anything (no silent resume of its
+    last.ckpt, no Lightning traceback with another model), naming both ways out; the old run is byte-identical.
+    The final hint quotes the checkpoint path (a space in it)."""
+    run_dir = tmp_path / "my runs" / "first"
+    first = train(f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, output(first)[-3000:]
+    assert f"make sample CKPT='{run_dir}/checkpoints/last.ckpt'" in output(first)
+    before = files(run_dir)
+    assert "checkpoints/last.ckpt" in before and ".hydra/config.yaml" in before
+    # the same command again, with another model (which used to end in a Lightning traceback)
+    again = train(f"hydra.run.dir={run_dir}", "model.n_embd=64")
+    check_refused(
+        again,
+        rf"error: the run folder {re.escape(str(run_dir))} already holds a run \(\.hydra, checkpoints, tb, "
+        rf"train\.log\): a new run never writes into it\. Resume that run with ckpt_path=last "
+        rf"hydra\.run\.dir=.*, or start a new run in a folder of its own",
+    )
+    assert files(run_dir) == before
+
+
+def test_a_failed_start_keeps_a_folder_that_existed_before(train, tmp_path) -> None:
+    empty = tmp_path / "mine"
+    empty.mkdir()
+    check_refused(
+        train(f"hydra.run.dir={empty}", "model.n_head=3"), r"error: model\.n_embd=32 is not divisible"
+    )
+    assert empty.is_dir() and not any(
+        empty.iterdir()
+    )  # what the run wrote (.hydra, train.log) went, not the folder
+
+
+def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_written(
+    run_cli, data_root, tmp_path
+) -> None:
+    """run_name=../../escape wrote outside the output root (and `last` could not find it); other names: unit tests
+    (tests/unit/training/test_config.py)."""
+    name, out = "../../escape", tmp_path / "root" / "out"
+    proc = run_cli.train(["model=tiny", "tokenizer=char", f"run_name={name}", f"paths.output_root={out}"])
+    check_refused(
+        proc, rf"error: run_name='{re.escape(name)}' is invalid: it names one folder under paths\.output_root"
+    )
+    assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
+
+
+def test_a_sweep_runs_every_job_and_ends_with_the_failures(run_cli, data_root, tmp_path) -> None:
+    """`-m model.attention=bogus,sdpa`: the bogus job fails with its one line, the next job still runs (and its
+    validation interval, longer than the 1-step run, is scaled down instead of refused); the sweep ends with a
+    summary of the failed jobs and exit status 2."""
+    out = tmp_path / "out"
+    proc = run_cli.train(
+        [
+            "-m",
+            "debug=smoke",
+            "tokenizer=char",
+            "model.attention=bogus,sdpa",
+            "trainer.max_steps=1",
+            "~callbacks.text_samples",
+            "~callbacks.attention_maps",
+            f"paths.output_root={out}",
+            f"paths.data_root={data_root}",
+        ]
+    )
+    text = output(proc)
+    assert proc.returncode == 2, text[-3000:]
+    assert "Traceback" not in text
+    assert re.search(
+        r"error: 1 of 2 sweep jobs failed:\n  \[debug=smoke tokenizer=char model\.attention=bogus [^\]]*\] "
+        r"model\.attention='bogus' is not a causal attention implementation",
+        text,
+    ), text[-3000:]
+    assert "trainer.val_check_interval=3 is more than the run's 1 training batches" in text
+    (sweep,) = (out / "smoke").glob("multirun_*")
+    (job,) = [p for p in sweep.iterdir() if p.is_dir() and "sdpa" in p.name]
+    assert (job / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_or_with_another_batch_is_refused_and_in_place_resume_works(
+    train, tmp_path
+) -> None:
+    run_dir = tmp_path / "run"
+    assert train(f"hydra.run.dir={run_dir}").returncode == 0
+    before = files(run_dir)
+    # a run folder as ckpt_path: its last checkpoint; the run is finished
+    check_refused(
+        train("run_name=again", f"ckpt_path={run_dir}"),
+        rf"error: checkpoint {re.escape(str(run_dir))}/checkpoints/last\.ckpt is already at step 2 and "
+        r"trainer\.max_steps=2: the run is finished and resuming would train nothing\. To train on, resume with a "
+        r"larger trainer\.max_steps \(e\.g\. trainer\.max_steps=4\)",
+    )
+    check_refused(
+        train("run_name=again", f"ckpt_path={run_dir}", "trainer.max_steps=4", "data.batch_size=8"),
+        r"was trained with another batch \(data\.batch_size: checkpoint 4 vs now 8\)",
+    )
+    assert files(run_dir) == before
+    assert not (tmp_path / "out" / "again").exists()
+    # resuming in place: ckpt_path=last finds the folder's own checkpoint
+    resumed = train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=4")
+    assert resumed.returncode == 0, output(resumed)[-3000:]
+    assert f"resuming from {run_dir}/checkpoints/last.ckpt" in output(resumed)
+    assert "done: 4 steps" in output(resumed)
+
+
+@pytest.mark.slow
+def test_the_attention_zoo_runs_with_a_short_max_steps(run_cli, data_root, tmp_path) -> None:
+    """experiment=attention_zoo's validation interval (250) is scaled to a 2-step run instead of refused."""
+    proc = run_cli.train(
+        [
+            "experiment=attention_zoo",
+            "hydra.sweeper.params.attention_variant=rope",
+            "trainer.max_steps=2",
+            "trainer.limit_val_batches=1",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.data_root={data_root}",
+        ]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    (ckpt,) = (tmp_path / "out" / "attention_zoo").glob("multirun_*/*/checkpoints/last.ckpt")
+    assert "trainer.val_check_interval=250 is more than the run's 2 training batches" in output(proc)

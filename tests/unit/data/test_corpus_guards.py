@@ -1,0 +1,103 @@
+"""Corpora that cannot be prepared as they are say why (a symbolic link loop, a FIFO, a device), records without
+text are counted and reported, and a corpus that changes while it is prepared is refused, keeping the data that
+was there."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from gptmini.data import prepare as prep
+from gptmini.data.corpora import path_problem
+from gptmini.data.errors import DataError
+from gptmini.data.prepare import load_meta, prepare
+
+TEXT = "".join(f"Line {i}: some words, and more words.\n" for i in range(300))
+
+
+def special_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    loop = tmp_path / "loop.txt"
+    loop.symlink_to(loop)
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to(tmp_path / "gone.txt")
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    return {
+        "symlink_loop": (
+            loop,
+            r"cannot be opened: Too many levels of symbolic links \(a symbolic link loop\)",
+        ),
+        "dangling_link": (
+            dangling,
+            rf"is a symbolic link to {re.escape(str(tmp_path))}/gone\.txt, which does not",
+        ),
+        "fifo": (fifo, r"is a FIFO \(named pipe\), not a regular file: .* save it to a file first"),
+        "dev_zero": (Path("/dev/zero"), r"is a character device, not a regular file"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["symlink_loop", "dangling_link", "fifo", "dev_zero"])
+def test_a_corpus_that_is_not_a_file_names_the_real_cause(tmp_path, caplog, kind) -> None:
+    path, cause = special_paths(tmp_path)[kind]
+    assert re.fullmatch(cause + ".*", path_problem(path) or "")
+    # the prepare command line (gptmini-prepare) reports it in one line, exit status 2, reading nothing
+    with caplog.at_level(logging.ERROR):
+        assert prep.main(["--source", str(path), "--tokenizer", "char", "--out", str(tmp_path / "o")]) == 2
+    assert re.search(rf"corpus source {re.escape(str(path))} {cause}", caplog.text), caplog.text
+    assert "not found" not in caplog.text
+
+
+def test_regular_files_and_folders_and_missing_paths_have_no_problem(tmp_path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    assert path_problem(tmp_path / "a.txt") is None and path_problem(tmp_path) is None
+    assert path_problem(tmp_path / "missing.txt") is None  # "does not exist" is the callers' own message
+
+
+def test_records_without_text_are_counted_and_reported(tmp_path, caplog) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    rows = [{"text": TEXT}, {"text": None}, {"text": ""}, {"text": None}, {"text": "more text\n" * 50}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING):
+        result = prepare(str(corpus), "char", tmp_path / "o")
+    assert result.meta["documents"] == 2
+    assert result.meta["dropped_records"] == {"empty": 1, "null": 2}
+    assert (
+        f"{corpus}: left out 1 record(s) whose text is empty and 2 record(s) whose text is null; they hold no "
+        "text in field 'text'" in caplog.text
+    )
+
+
+def test_null_rows_of_a_parquet_file_are_counted(tmp_path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": [TEXT, None, "other text\n" * 40, None, None]}), corpus)
+    result = prepare(str(corpus), "char", tmp_path / "o")
+    assert result.meta["documents"] == 2 and result.meta["dropped_records"] == {"null": 3}
+
+
+def test_a_corpus_changing_while_it_is_prepared_is_refused_and_the_old_data_kept(tmp_path) -> None:
+    corpus = tmp_path / "live.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "o"
+    before = prepare(str(corpus), "char", out).meta
+    corpus.write_text(TEXT + "a second version\n")  # a new version: prepared again...
+
+    def append_once(progress: prep.PrepareProgress) -> None:
+        if progress.phase == "tokenizing" and not appended:
+            appended.append(True)
+            with open(corpus, "a") as f:  # ...and written to while that runs
+                f.write("a third version\n" * 10)
+
+    appended: list[bool] = []
+    with pytest.raises(
+        DataError, match=rf"corpus '{re.escape(str(corpus))}' changed while it was being prepared"
+    ):
+        prepare(str(corpus), "char", out, progress=append_once)
+    assert appended and load_meta(out) == before  # the data prepared before is still the data
