@@ -211,7 +211,13 @@ def exported(tmp_path_factory):
 
 def test_export_roundtrip_is_exact(exported):
     model, path = exported
-    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "config.json",
+        "gptmini-export.json",
+        "model.safetensors",
+    ]
+    manifest = json.loads((path / "gptmini-export.json").read_text())  # what --force may later replace
+    assert manifest["files"] == ["config.json", "model.safetensors"]
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"]
     assert cfg["vocab_size"] == V and cfg["bos_token_id"] is None and cfg["activation_function"] == "gelu_new"

@@ -345,7 +345,13 @@ def test_cli_exports_a_char_llama_run_that_transformers_loads_tokenizes_and_gene
     )
     assert main(["export", "--format", "llama", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     files = sorted(p.name for p in (tmp_path / "hf").iterdir())
-    assert files == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert files == [
+        "config.json",
+        "gptmini-export.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert {(tmp_path / "hf" / f).stat().st_mode & 0o777 for f in files} == {0o644}  # readable by others
     ours, _ = model_from_checkpoint(ckpt)
     chars = load_tokenizer(data_dir)
@@ -408,7 +414,11 @@ def test_cli_refuses_unsupported_models_and_missing_vocabularies_writing_nothing
         )
         == 0
     )
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "config.json",
+        "gptmini-export.json",
+        "model.safetensors",
+    ]
 
 
 @pytest.mark.slow
