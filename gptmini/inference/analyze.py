@@ -23,6 +23,7 @@ from gptmini.inference.sample import find_checkpoint, tokenizer_for_run
 from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
+from gptmini.limits import check_fits, forward_bytes
 from gptmini.options import resolve_device
 from gptmini.viz import token_labels
 
@@ -93,6 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = find_checkpoint(args.ckpt)
         model, checkpoint, data_dir = _load(path, args.data_dir, resolve_device(args.device))
         c = model.config
+        device = next(model.parameters()).device
+        per_probe = 2 * forward_bytes(c, args.probe_tokens, attention_maps=True)
+        check_fits("--probe-batch", args.probe_batch, per_probe, device, "probe sequences (x2)")
+        check_fits("--windows", args.windows, 8 * (c.block_size + 1), device, "windows")
+        per_window = forward_bytes(c, c.block_size, attention_maps=True)
+        check_fits("--batch-size", args.batch_size, per_window, device, "windows")
         tokens = load_split(data_dir, args.split, load_meta(data_dir))
         probes = make_probes(
             tokens, c.vocab_size, c.block_size, args.probe_tokens, args.probe_batch, args.windows, args.seed

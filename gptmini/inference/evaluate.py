@@ -14,6 +14,7 @@ import logging
 import math
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.device = resolve_device(args.device)
         if out and (reason := unwritable_reason(Path(out).absolute().parent)) is not None:
             raise DataError(f"--out {out} cannot be written: {reason}")
+        if out and (Path(out).is_dir() or zipfile.is_zipfile(out) if Path(out).exists() else False):
+            # the result is a small JSON file: never written over a folder or a checkpoint
+            raise DataError(f"--out {out} is a folder or a checkpoint: name a .json file for the result")
         paths = [
             find_checkpoint(spec) for spec in args.ckpt
         ]  # every checkpoint found before any is evaluated

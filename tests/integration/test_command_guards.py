@@ -360,6 +360,32 @@ def test_sizes_beyond_memory_are_refused_naming_the_option(world, capsys, caplog
     )
 
 
+def test_eval_out_never_overwrites_a_checkpoint_or_a_folder(world, capsys, caplog) -> None:
+    before = world["ckpt"].read_bytes()
+    for target in (world["ckpt"], world["run"]):
+        refused(
+            eval_main,
+            ["--ckpt", str(world["ckpt"]), "--out", str(target)],
+            r"is a folder or a checkpoint: name a \.json file",
+            capsys,
+            caplog,
+        )
+    assert world["ckpt"].read_bytes() == before
+
+
+def test_analyze_sizes_beyond_memory_are_refused(world, tmp_path, capsys, caplog) -> None:
+    from gptmini.inference.analyze import main as analyze_main
+
+    refused(
+        analyze_main,
+        ["--ckpt", str(world["ckpt"]), "--probe-batch", "10000000000", "--out", str(tmp_path / "r")],
+        r"error: --probe-batch=10000000000 is too large: .* use --probe-batch=\d+ or less",
+        capsys,
+        caplog,
+    )
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_attention_export_says_when_it_cuts_the_text(world, tmp_path, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         assert (
