@@ -305,6 +305,7 @@ def test_numeric_options_out_of_range_are_one_usage_error(
     refused(main, ["--ckpt", str(world["ckpt"]), *extra, *argv], pattern, capsys, caplog)
 
 
+@pytest.mark.slow  # the same parser in-process is in the fast suite (above)
 def test_nan_temperature_through_the_process(world, run_cli) -> None:
     proc = run_cli("gptmini.inference.sample", ["--ckpt", str(world["ckpt"]), "--temperature", "nan"])
     assert proc.returncode == 2 and "argument --temperature: nan is not a finite number" in proc.stderr

@@ -90,6 +90,7 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_changes_nothing(tr
     assert files(run_dir) == before
 
 
+@pytest.mark.slow  # (the unit test of _remove_failed_run_folder runs in the fast suite)
 def test_a_failed_start_keeps_a_folder_that_existed_before(train, tmp_path) -> None:
     empty = tmp_path / "mine"
     empty.mkdir()

@@ -50,3 +50,13 @@ def test_only_a_run_folder_holding_nothing_but_hydras_files_is_removed(tmp_path)
     (kept / "checkpoints" / "last.ckpt").write_bytes(b"x")
     app._remove_failed_run_folder(kept)
     assert (kept / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_folder_the_user_named_keeps_existing_after_a_failed_start(tmp_path):
+    named = tmp_path / "mine"  # hydra.run.dir=mine, an empty folder before the run
+    (named / ".hydra").mkdir(parents=True)
+    (named / ".hydra" / "config.yaml").write_text("{}")
+    (named / "train.log").write_text("error: ...\n")
+    app._remove_failed_run_folder(named, keep_folder=True)
+    assert named.is_dir() and list(named.iterdir()) == []  # what the run wrote went, the folder stays
+    assert tmp_path.is_dir()
