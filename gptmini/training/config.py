@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import re
 import sys
@@ -244,6 +245,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         hint = " (e.g. model.init_from=/path/to/hf/gpt2)" if "model.init_from" in missing else ""
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
 
+    _check_finite(cfg)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("init_from", None)
     vocab_known = model["vocab_size"] is not None
@@ -443,6 +445,30 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             "data stream at the wrong place and count steps against the wrong epoch. Resume with the checkpoint's "
             "settings, or start a new run without ckpt_path"
         )
+
+
+# The config groups whose numbers must be finite (a NaN or inf learning rate, weight decay, clipping value, RoPE
+# base or target loss trained into NaNs, or never stopped, without a word).
+NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbacks", "perf")
+
+
+def _check_finite(cfg: DictConfig) -> None:
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise RunError(f"{key}={node} is invalid: it must be a finite number")
+
+    for group in NUMERIC_GROUPS:
+        if group in cfg and cfg[group] is not None:
+            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
+    target = cfg.get("target_val_loss")
+    if isinstance(target, float) and not math.isfinite(target):
+        raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
 def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:

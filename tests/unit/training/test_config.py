@@ -4,6 +4,8 @@ any work. (What runs the real entry point is in tests/integration/test_train.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -308,3 +310,18 @@ def test_resume_plans_that_cannot_continue_are_refused(compose_cfg, tmp_path) ->
         cfg = compose_cfg(["trainer.max_steps=20", "data.batch_size=4", "trainer=cpu", override])
         with pytest.raises(RunError, match=rf"was trained with another batch \({what}\)"):
             check_resume_plan("c.ckpt", ckpt, cfg)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optimizer.lr=inf", "optimizer.lr=inf"),
+        ("optimizer.weight_decay=nan", "optimizer.weight_decay=nan"),
+        ("trainer.gradient_clip_val=inf", "trainer.gradient_clip_val=inf"),
+        ("model.rope_base=inf", "model.rope_base=inf"),
+        ("target_val_loss=nan", "target_val_loss=nan"),
+    ],
+)
+def test_non_finite_numbers_are_refused_naming_the_key(compose_cfg, override, key) -> None:
+    with pytest.raises(RunError, match=rf"^{re.escape(key)} is invalid: .*finite"):
+        validate_config(compose_cfg(["model=tiny", "tokenizer=char", override]))
