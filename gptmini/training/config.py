@@ -335,12 +335,15 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(
             f"data.num_workers={data.num_workers} is invalid: it must be >= 0 (0: load in the main process)"
         )
-    for key, low in (("shard_tokens", 1), ("buffer_mb", 1), ("prepare_threads", 1)):
+    for key, low in (("shard_tokens", 1), ("buffer_mb", 1), ("prepare_threads", 1), ("val_stride", 1)):
         value = data.get(key)
         if value is not None and not (_positive_int(value) and value >= low):
             raise RunError(
                 f"data.{key}={value} is invalid: it must be an integer >= {low}"
-                + (" (or null: one thread per core, at most 8)" if key == "prepare_threads" else "")
+                + {
+                    "prepare_threads": " (or null: one thread per core, at most 8)",
+                    "val_stride": " (or null: non-overlapping windows, stride = block_size)",
+                }.get(key, "")
             )
     val_fraction = float(data.get("val_fraction", 0.1))
     if not 0.0 <= val_fraction < 1.0:

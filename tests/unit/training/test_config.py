@@ -325,3 +325,14 @@ def test_resume_plans_that_cannot_continue_are_refused(compose_cfg, tmp_path) ->
 def test_non_finite_numbers_are_refused_naming_the_key(compose_cfg, override, key) -> None:
     with pytest.raises(RunError, match=rf"^{re.escape(key)} is invalid: .*finite"):
         validate_config(compose_cfg(["model=tiny", "tokenizer=char", override]))
+
+
+@pytest.mark.parametrize(
+    "override", ["data.val_stride=0", "data.shard_tokens=0", "data.buffer_mb=-1", "data.prepare_threads=0"]
+)
+def test_data_sizes_below_one_are_refused_naming_the_key(compose_cfg, override) -> None:
+    key, value = override.split("=")
+    with pytest.raises(
+        RunError, match=rf"^{re.escape(key)}={re.escape(value)} is invalid: it must be an integer >= 1"
+    ):
+        validate_config(compose_cfg(["model=tiny", "tokenizer=char", override]))
