@@ -355,6 +355,7 @@ def prepare(
     if num_threads is not None and num_threads < 1:
         raise DataError(f"num_threads must be >= 1 (or None: one per core, at most 8), got {num_threads}")
     out = Path(out_dir) if out_dir is not None else default_out_dir(source, tokenizer)
+    _check_out_folder(out)
     corpus = resolve_source(source, download_dir=out / "raw", text_field=text_field)
     settings = _settings(corpus, tokenizer, shard_tokens)
 
@@ -377,6 +378,25 @@ def prepare(
             f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
             "space or point paths.data_root (gptmini-prepare: --out) at a writable folder"
         ) from e
+
+
+def _check_out_folder(out: Path) -> None:
+    """A preparation writes only into a folder of its own: new, empty, or one it prepared before (meta.json or
+    shards there). Anything else is refused: its stale-shard and legacy-file clean-up must never touch files a
+    preparation did not write (a model folder's vocab.json, say)."""
+    if out.exists() and not out.is_dir():
+        raise DataError(
+            f"the prepared-data folder {out} is a file: pass a folder (new, or one prepared before)"
+        )
+    if not out.is_dir() or (out / META_FILE).is_file() or any(out.glob(SHARD_PREFIX + "*")):
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_FILE, "raw"))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise DataError(
+            f"the prepared-data folder {out} holds files a preparation did not write ({shown}): pass a new or "
+            "empty folder (or one prepared before)"
+        )
 
 
 def _prepare_locked(

@@ -101,3 +101,19 @@ def test_a_corpus_changing_while_it_is_prepared_is_refused_and_the_old_data_kept
     ):
         prepare(str(corpus), "char", out, progress=append_once)
     assert appended and load_meta(out) == before  # the data prepared before is still the data
+
+
+def test_prepare_writes_only_into_a_folder_of_its_own(tmp_path, caplog) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT)
+    model = tmp_path / "hf_model"  # e.g. a Hugging Face GPT-2 folder, whose vocab.json a cleanup could take
+    model.mkdir()
+    (model / "vocab.json").write_text("{}")
+    (model / "config.json").write_text("{}")
+    with caplog.at_level(logging.ERROR):
+        assert prep.main(["--source", str(corpus), "--tokenizer", "char", "--out", str(model)]) == 2
+    assert "holds files a preparation did not write (config.json, vocab.json)" in caplog.text
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "vocab.json"]
+    out = tmp_path / "prepared"
+    prepare(str(corpus), "char", out)
+    prepare(str(corpus), "char", out, force=True)  # its own folder: prepared again
