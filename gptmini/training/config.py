@@ -446,7 +446,7 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
         raise RunError(
             f"checkpoint {path} was trained with another batch ({'; '.join(changes)}): resuming would continue its "
             "data stream at the wrong place and count steps against the wrong epoch. Resume with the checkpoint's "
-            "settings, or start a new run without ckpt_path"
+            f"settings, or start a new run from its weights (a fresh optimizer and schedule) with model.init_from={path}"
         )
 
 
