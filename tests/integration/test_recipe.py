@@ -184,7 +184,9 @@ def test_gpt2_speedrun_composes_and_trains_a_few_steps_on_the_cpu(tmp_path, run_
 @pytest.mark.slow
 def test_muon_trains_compiled_in_bf16_with_gradient_accumulation_on_the_cpu(tmp_path, run_cli, tb_events):
     """What a GPU run of the speedrun does (compile, bf16-mixed, accumulation), on the CPU."""
-    proc = run_cli.train(_gpt2_speedrun_tiny(tmp_path, "compile=true", "trainer.precision=bf16-mixed"))
+    proc = run_cli.train(
+        _gpt2_speedrun_tiny(tmp_path, "compile=true", "trainer.precision=bf16-mixed"), timeout=900
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     (run_dir,) = (tmp_path / "out" / "speedrun_gpt2").glob("*/")
     losses = [e.value for e in tb_events(run_dir).Scalars("train/loss")]
@@ -214,7 +216,8 @@ def test_muon_under_two_process_ddp_matches_one_process_with_the_same_global_bat
                 "~callbacks.attention_maps",
                 "~callbacks.head_insight",
                 *overrides,
-            ]
+            ],
+            timeout=900,  # two processes on a busy machine's cores
         )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         (run_dir,) = (tmp_path / name).iterdir()
