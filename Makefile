@@ -32,19 +32,19 @@ data: $(STAMP) ## Prepare the data `make train` reads, without training; same AR
 	$(PY) scripts/prepare_data.py $(ARGS)
 
 train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides via ARGS="key=value ..."
-	$(PY) -m gptmini.training $(ARGS)
+	$(VENV)/bin/gptmini train $(ARGS)
 
 sample: $(STAMP) ## Generate from a checkpoint: CKPT=path|last PROMPT="..." ARGS="--max-new-tokens 200"
-	$(PY) scripts/sample.py --ckpt "$(CKPT)" --prompt "$(PROMPT)" $(ARGS)
+	$(VENV)/bin/gptmini sample --ckpt "$(CKPT)" --prompt "$(PROMPT)" $(ARGS)
 
 attention: $(STAMP) ## Export attention maps of a checkpoint as PNG: CKPT=path|last TEXT="..."
-	$(PY) scripts/export_attention.py --ckpt "$(CKPT)" --text "$(TEXT)" $(ARGS)
+	$(VENV)/bin/gptmini attention --ckpt "$(CKPT)" --text "$(TEXT)" $(ARGS)
 
 analyze: $(STAMP) ## Head report of a checkpoint (report.html + report.json): CKPT=path|last ARGS="--out DIR"
-	$(PY) -m gptmini.analyze --ckpt "$(CKPT)" $(ARGS)
+	$(VENV)/bin/gptmini analyze --ckpt "$(CKPT)" $(ARGS)
 
 tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/
-	$(VENV)/bin/tensorboard --logdir outputs --port 6006
+	$(VENV)/bin/gptmini board --logdir outputs --port 6006
 
 test: $(STAMP) ## Fast test suite (what CI runs)
 	$(PY) -m pytest -m "not slow" -q

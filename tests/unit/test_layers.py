@@ -10,12 +10,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gptmini"
 
 # lowest first; a module may import from its own layer or any lower one
 LAYERS = [
-    ("gptmini.fileio", "gptmini.conf_dir", "gptmini.attention", "gptmini.lm_loss"),
-    ("gptmini.model",),
+    ("gptmini.fileio", "gptmini.conf_dir", "gptmini.options", "gptmini.attention", "gptmini.lm_loss"),
+    ("gptmini.model", "gptmini.limits"),
     ("gptmini.data",),
     ("gptmini.checkpoint", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
     ("gptmini.inference", "gptmini.evaluate", "gptmini.analyze"),
-    ("gptmini.training",),
+    ("gptmini.training", "gptmini.board"),
+    ("gptmini.cli",),
 ]
 
 

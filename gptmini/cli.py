@@ -1,0 +1,139 @@
+"""The ``gptmini`` command: one entry point whose subcommands are gptmini's tools.
+
+Each subcommand hands the rest of the command line, untouched, to the tool behind it, so ``gptmini train``
+takes Hydra overrides, ``-m`` (multirun), ``--cfg job`` and Hydra's ``--help`` exactly as
+``python -m gptmini.training`` does. Tools are imported only when chosen: ``gptmini --help`` starts in
+well under the time torch takes to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import gptmini
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    summary: str
+    run: Callable[[str, list[str]], int]
+
+
+def _argv_tool(module: str, prefix: Sequence[str] = ()) -> Callable[[str, list[str]], int]:
+    """A tool whose ``main(argv)`` parses its own arguments (argparse); ``prefix`` goes before the user's."""
+
+    def run(prog: str, argv: list[str]) -> int:
+        main = importlib.import_module(module).main
+        return int(main([*prefix, *argv]) or 0)
+
+    return run
+
+
+def _train(prog: str, argv: list[str]) -> int:
+    from gptmini.training.app import main
+
+    # Hydra reads sys.argv itself; its help and error lines name the program by sys.argv[0].
+    saved = sys.argv
+    sys.argv = [prog, *argv]
+    try:
+        main()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def _board(prog: str, argv: list[str]) -> int:
+    from tensorboard import main as tensorboard_main
+
+    # TensorBoard's own command line; the runs folder unless the user names one.
+    if not any(a == "--logdir" or a.startswith("--logdir=") or a == "--help" for a in argv):
+        argv = ["--logdir", "outputs", *argv]
+    saved = sys.argv
+    sys.argv = [prog, *argv]
+    try:
+        return int(tensorboard_main.run_main() or 0)
+    finally:
+        sys.argv = saved
+
+
+def _bench(prog: str, argv: list[str]) -> int:
+    # The benchmarks live beside the package in a source checkout (benchmarks/); a wheel does not ship them.
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "cli.py").is_file():
+        sys.stderr.write(
+            "error: `gptmini bench` runs the benchmarks of a source checkout (its benchmarks/ folder), and this "
+            f"gptmini is installed without one ({root}): clone the repository and run `gptmini bench` there\n"
+        )
+        return 2
+    # A process of its own, in the checkout: the package never imports the benchmarks.
+    return subprocess.call([sys.executable, "-m", "benchmarks", *argv], cwd=root)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "train": Subcommand("train a model (Hydra overrides, -m for sweeps, --cfg job, --help)", _train),
+    "data": Subcommand("prepare a corpus into token shards", _argv_tool("gptmini.data.prepare")),
+    "sample": Subcommand("continue a prompt with a checkpoint", _argv_tool("gptmini.inference.sample")),
+    "eval": Subcommand(
+        "validation loss and perplexity of a checkpoint", _argv_tool("gptmini.inference.evaluate")
+    ),
+    "attention": Subcommand(
+        "export a checkpoint's attention maps as PNG files", _argv_tool("gptmini.inference.export_attention")
+    ),
+    "analyze": Subcommand(
+        "head report of a checkpoint (HTML + JSON)", _argv_tool("gptmini.inference.analyze")
+    ),
+    "export": Subcommand(
+        "write a checkpoint as a Hugging Face GPT-2 or Llama folder", _argv_tool("gptmini.hf.cli", ["export"])
+    ),
+    "import": Subcommand(
+        "turn a Hugging Face GPT-2 or Llama folder into a checkpoint",
+        _argv_tool("gptmini.hf.cli", ["import"]),
+    ),
+    "bench": Subcommand("run the benchmarks (source checkout)", _bench),
+    "board": Subcommand("TensorBoard on the runs folder (outputs/), with the ATTENTION tab", _board),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = [
+        "usage: gptmini [--version] [--help] COMMAND [ARGS...]",
+        "",
+        "A small GPT training pipeline centred on causal multi-head attention.",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in SUBCOMMANDS.items()]
+    lines += ["", "`gptmini COMMAND --help` explains each command."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        sys.stdout.write(f"gptmini {gptmini.__version__}\n")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        sys.stderr.write(
+            f"error: {name!r} is not a gptmini command; choose one of {', '.join(SUBCOMMANDS)} "
+            "(`gptmini --help` says what each does)\n"
+        )
+        return 2
+    try:
+        return SUBCOMMANDS[name].run(f"gptmini {name}", rest)
+    except SystemExit as stop:  # argparse's --help and usage errors, Hydra's exits
+        code = stop.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
