@@ -22,6 +22,7 @@ SOURCES = ("pyproject.toml", "README.md", "gptmini", "conf")  # what the build r
 
 
 SCRIPTS = (
+    "gptmini",
     "gptmini-train",
     "gptmini-sample",
     "gptmini-eval",
