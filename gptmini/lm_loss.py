@@ -18,7 +18,7 @@ from torch import Tensor
 # logits. Measured on the default model's step, float32 and bf16 autocast, against chunks of 64 to 1,024 rows.
 CHUNK_ELEMENTS = 512 * 50304
 # below this vocabulary the logits are small and one fused cross entropy is as fast or faster (the crossover
-# measured on the quick-start model's step; `make bench`'s lm_loss table, README "Benchmarks")
+# measured on the quick-start model's step; `make bench`'s lm_loss table, docs/benchmarks.md)
 MIN_VOCAB = 2048
 
 

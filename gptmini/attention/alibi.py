@@ -11,7 +11,7 @@ from torch import Tensor
 # ALiBi's masks (every path but FlexAttention's in-kernel bias) hold -inf where the bias would fall below this: keys
 # more than -FLOOR / slope tokens back. Such a key's weight is below e^-80 of the nearest key's unless its logit
 # beats that key's by tens of nats, so nothing a float32 row sum can hold is lost; left finite, their exponentials
-# are denormal numbers, which x86 CPUs compute many times slower (README, "Benchmarks").
+# are denormal numbers, which x86 CPUs compute many times slower (docs/benchmarks.md).
 ALIBI_BIAS_FLOOR = -80.0
 
 

@@ -3,7 +3,7 @@ each with a learned gain, so attention logits cannot grow without bound.
 
 ``F.rms_norm`` is a composite of small operations on the CPU, and autograd differentiates each of them; the
 function here does the same arithmetic with a hand-written backward in fewer, larger operations, which is what
-the option costs at training sizes (README, "Benchmarks"). Tests hold it to ``F.rms_norm`` and to a NumPy reference, values and gradients."""
+the option costs at training sizes (docs/benchmarks.md). Tests hold it to ``F.rms_norm`` and to a NumPy reference, values and gradients."""
 
 from __future__ import annotations
 

@@ -271,7 +271,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-# Exit statuses (documented in the README, "Resuming and failures").
+# Exit statuses (documented in docs/training.md, "Resuming and failures").
 EXIT_USER_ERROR = 2  # invalid config or input; nothing was trained
 EXIT_NONFINITE = 3  # the loss became NaN/inf; the last good checkpoint is kept
 EXIT_SIGINT = 130  # 128 + SIGINT: Ctrl-C, on_exception.ckpt saved at a step boundary

@@ -153,7 +153,7 @@ def _on_gpu(accelerator: str, device: DeviceFacts) -> bool:
 
 
 # With AMX, bf16 pays on a CPU where the output layer's products dominate the step: on the default model the step
-# measured slower in bf16 below this vocabulary and faster from it (README, "What the default run does")
+# measured slower in bf16 below this vocabulary and faster from it (docs/training.md, "What the default run does")
 CPU_BF16_MIN_VOCAB = 8192
 
 
@@ -177,7 +177,7 @@ def resolve_precision(
     """``trainer.precision`` made concrete for ``device`` (default: this machine's first GPU, else the CPU):
     "auto" -> bf16-mixed where matmuls run natively in bf16: a GPU from Ampere on, and a CPU with AMX tiles when
     the model's output layer is large (``vocab_size`` of at least ``CPU_BF16_MIN_VOCAB``; None: unknown, taken as
-    small), where its products gain more than the model's small ones lose (README, "What the default run does");
+    small), where its products gain more than the model's small ones lose (docs/training.md, "What the default run does");
     else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))

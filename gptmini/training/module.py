@@ -27,7 +27,7 @@ def optimizer_kernel_kwargs(
     ``trainer.precision``, unless the config already chose one.
 
     CUDA and CPU: ``fused=True``, one kernel for the whole update (on a CPU a vectorised loop over each
-    parameter's elements instead of a dozen multi-tensor passes: README, "Benchmarks"). float16 AMP
+    parameter's elements instead of a dozen multi-tensor passes: docs/benchmarks.md). float16 AMP
     (``16-mixed``) takes the multi-tensor ``foreach=True`` path instead: its GradScaler must unscale the gradients
     before they are clipped, which a fused step would do only inside itself (Lightning refuses to clip then).
     Other devices: ``foreach=True``; PyTorch picks the per-parameter loop by default."""

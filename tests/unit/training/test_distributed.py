@@ -65,8 +65,8 @@ def test_the_ddp_config_builds_a_gloo_trainer_on_cpu_processes(compose_cfg):
 
 
 def _readme_command(repo_root, launcher: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """The README line starting with ``launcher``: its launcher flags, its Hydra overrides, all its words."""
-    text = (repo_root / "README.md").read_text()
+    """The line of docs/training.md starting with ``launcher``: its launcher flags, its Hydra overrides, all its words."""
+    text = (repo_root / "docs" / "training.md").read_text()
     (line,) = [ln for ln in text.splitlines() if ln.startswith(launcher + " ")]
     flags, overrides = {}, {}
     words = shlex.split(line)
