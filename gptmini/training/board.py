@@ -12,9 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from gptmini.board.summary import TAG, AttentionSummary, summary_proto
 from gptmini.insight.scores import head_types
-from gptmini.limits import check_fits, forward_bytes
-from gptmini.model import GPTConfig
-from gptmini.training.callbacks import LoggingCallback, PromptTokens, _tensorboard, _tokenizer
+from gptmini.training.callbacks import ProbeTextCallback, PromptTokens
 from gptmini.training.insight import HeadInsightLogger
 
 log = logging.getLogger(__name__)
@@ -23,7 +21,7 @@ log = logging.getLogger(__name__)
 SHOWN_SCORES = ("previous_token", "induction", "first_token", "mean_distance")
 
 
-class AttentionSummaryLogger(LoggingCallback):
+class AttentionSummaryLogger(ProbeTextCallback):
     """At each validation: the probe text's attention, every layer and head, as one ``gptmini_attention`` summary
     (tag ``attention/probe``), with each head's type from the head-insight scores of the same validation
     (``HeadInsightLogger``, listed before this callback; without it the heads go unlabelled).
@@ -47,22 +45,14 @@ class AttentionSummaryLogger(LoggingCallback):
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
 
-    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
-        per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
-        check_fits(f"{prefix}max_tokens", 1, per_sequence, device, "probe sequence")
-
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        writer, tokenizer = _tensorboard(trainer), _tokenizer(trainer)
-        if writer is None or tokenizer is None:
-            return
         t0 = time.perf_counter()
-        model = pl_module.model
-        ids = self._probe(self.probe_text, tokenizer, trainer, min(self.max_tokens, model.config.block_size))
-        if not ids:
+        probe = self.probe_ids(trainer, pl_module)
+        if probe is None:
             return
+        writer, tokenizer, ids = probe
+        model = pl_module.model
         tokens = [tokenizer.decode([i]) for i in ids]  # as they are: the tab shows spaces and newlines
         summary = probe_summary(model, ids, tokens, self._scores(trainer))
         proto = summary_proto(summary, TAG)

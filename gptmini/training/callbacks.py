@@ -131,7 +131,33 @@ class PromptTokens:
         return []
 
 
-class AttentionMapLogger(LoggingCallback):
+class ProbeTextCallback(LoggingCallback):
+    """Base of the callbacks that run a fixed probe text through the model at each validation (the attention maps
+    and the ATTENTION tab's summary): its size check, and the probe's token ids with the writer and tokenizer."""
+
+    probe_text: str
+    max_tokens: int
+    _probe: PromptTokens
+
+    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
+        per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
+        check_fits(f"{prefix}max_tokens", 1, per_sequence, device, "probe sequence")
+
+    def probe_ids(
+        self, trainer: L.Trainer, pl_module: L.LightningModule
+    ) -> tuple[Any, Any, list[int]] | None:
+        """(TensorBoard writer, tokenizer, probe ids), or None when there is nothing to log to or with."""
+        if trainer.sanity_checking:
+            return None
+        writer, tokenizer = _tensorboard(trainer), _tokenizer(trainer)
+        if writer is None or tokenizer is None:
+            return None
+        block_size = pl_module.model.config.block_size
+        ids = self._probe(self.probe_text, tokenizer, trainer, min(self.max_tokens, block_size))
+        return (writer, tokenizer, ids) if ids else None
+
+
+class AttentionMapLogger(ProbeTextCallback):
     """At each validation, runs a fixed probe text through the model's explicit attention path and logs, for
     every layer, a grid of head heatmaps, the head-averaged map and each head's entropy. Nothing runs during
     ordinary training steps."""
@@ -145,21 +171,13 @@ class AttentionMapLogger(LoggingCallback):
         self.max_tokens = check_positive("callbacks.attention_maps.max_tokens", max_tokens)
         self._probe = PromptTokens("callbacks.attention_maps.probe_text")
 
-    def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
-        per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
-        check_fits(f"{prefix}max_tokens", 1, per_sequence, device, "probe sequence")
-
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        probe = self.probe_ids(trainer, pl_module)
+        if probe is None:
             return
-        writer, tokenizer = _tensorboard(trainer), _tokenizer(trainer)
-        if writer is None or tokenizer is None:
-            return
+        writer, tokenizer, ids = probe
         model = pl_module.model
-        ids = self._probe(self.probe_text, tokenizer, trainer, min(self.max_tokens, model.config.block_size))
-        if not ids:
-            return
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
         was_training = model.training
         model.eval()
