@@ -9,10 +9,10 @@ Hugging Face GPT-2 stores its projections as ``Conv1D`` weights of shape (in, ou
 writes) or not (the original ``openai-community/gpt2`` files); both are accepted. Nothing here downloads:
 fetch a model first, e.g. ``hf download openai-community/gpt2 --local-dir gpt2``.
 
-CLI (``gptmini.hf.cli``; ``--format llama`` for Llama-style models, ``gptmini.hf.llama``)::
+The command line is ``gptmini.hf.cli`` (``--format llama`` for Llama-style models, ``gptmini.hf.llama``)::
 
-    python -m gptmini.hf export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
-    python -m gptmini.hf import --hf gpt2 --out gpt2.ckpt
+    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
+    gptmini import --hf gpt2 --out gpt2.ckpt
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch import Tensor
 from gptmini.attention import ATTENTION_REGISTRY, AttentionWeights, available_attention
 from gptmini.model import GPT, GPTConfig
 
-__all__ = ["HFWeightsError", "load_hf_gpt2", "load_hf_weights", "save_hf_gpt2", "main"]
+__all__ = ["HFWeightsError", "load_hf_gpt2", "load_hf_weights", "save_hf_gpt2"]
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -585,19 +585,3 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: b
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-# ---------------------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The ``python -m gptmini.hf`` command line (``gptmini.hf.cli``), every format."""
-    from gptmini.hf.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.hf.gpt2 import main as hf_main
+from gptmini.hf.cli import main as hf_main
 from gptmini.inference import evaluate, export_attention, sample
 
 
