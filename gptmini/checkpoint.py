@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -374,28 +375,49 @@ def find_last_checkpoint(
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
 
 
-def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs") -> Path:
+def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
     """``spec`` as the commands take it: a checkpoint file; a run folder (or any folder of runs), meaning its
-    newest ``last.ckpt``/``on_exception.ckpt``; or "last" (:func:`find_last_checkpoint` over every run under
-    ``output_root``)."""
-    if str(spec) != "last":
-        path = Path(spec)
-        if not path.is_dir():
-            return path
+    newest ``last.ckpt``/``on_exception.ckpt``; a run name, the folder of that name under ``output_root`` (the
+    same); or "last" (:func:`find_last_checkpoint` over every run under ``output_root``). ``option`` names the
+    setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path`` (a training setting)."""
+    named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
+    if str(spec) == "last":
+        found = find_last_checkpoint(output_root)
+        if found is None:
+            raise CheckpointError(
+                f"no last.ckpt or on_exception.ckpt found under {output_root}/: train first (gptmini train) or "
+                f"pass {option} PATH"
+            )
+        return found
+    path = Path(spec)
+    if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
+        run = Path(output_root) / path  # a run name
+        path = run if run.is_dir() else path
+    if path.is_dir():
         found = find_last_checkpoint(path)
         if found is None:
             raise CheckpointError(
-                f"{path} is a folder without a checkpoint (no checkpoints/last.ckpt or on_exception.ckpt under it): "
-                "pass a run folder that holds one, or a .ckpt file"
+                f"{named}: {path} is a folder without a checkpoint (no checkpoints/last.ckpt or on_exception.ckpt "
+                "under it): pass a run folder that holds one, a .ckpt file, or 'last'"
             )
         return found
-    found = find_last_checkpoint(output_root)
-    if found is None:
-        raise CheckpointError(
-            f"no last.ckpt or on_exception.ckpt found under {output_root}/: train first (make train) or pass "
-            "--ckpt PATH"
+    if not path.exists():
+        root = Path(output_root)
+        runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        there = (
+            f"its runs: {', '.join(runs[:10])}{', ...' if len(runs) > 10 else ''}"
+            if runs
+            else ("which holds no runs" if root.is_dir() else "no such folder")
         )
-    return found
+        raise CheckpointError(
+            f"{named} does not exist: pass a .ckpt file written by training, a run folder, a run name under "
+            f"{root}/ ({there}), or 'last'"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
+    return path
 
 
 # --- atomic saving ---------------------------------------------------------------------------------------------

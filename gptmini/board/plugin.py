@@ -317,15 +317,12 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
 
 def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
-    """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, loaded with
-    ``weights_only=True``."""
-    from gptmini.checkpoint import model_and_checkpoint
-    from gptmini.inference.sample import tokenizer_for_run
+    """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, opened as every command
+    opens one (:func:`gptmini.run.open_run`: ``weights_only=True``, checksum verified)."""
+    from gptmini.run import open_run
 
-    model, ckpt = model_and_checkpoint(path, map_location="cpu")
-    run_config = dict(ckpt["hyper_parameters"].get("run_config") or {})
-    tokenizer = tokenizer_for_run(run_config, None, (path, ckpt))
-    return model.eval(), tokenizer, ckpt.get("global_step")
+    run = open_run(path, device="cpu")
+    return run.model, run.tokenizer, run.step
 
 
 def _b64(tri: Any) -> str:

@@ -69,11 +69,12 @@ def export_tokenizer(
 
 
 def _export(args: argparse.Namespace) -> None:
-    from gptmini.checkpoint import CheckpointError, model_and_checkpoint, resolve_checkpoint
+    from gptmini.checkpoint import CheckpointError
+    from gptmini.run import open_run
 
     try:
-        ckpt_path = resolve_checkpoint(args.ckpt)
-        model, ckpt = model_and_checkpoint(ckpt_path)
+        run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
+        model, ckpt_path = run.model, run.path
         if args.format == "gpt2":
             save_hf_gpt2(model, args.out, overwrite=args.force)
             files = "config.json, model.safetensors"
@@ -81,8 +82,9 @@ def _export(args: argparse.Namespace) -> None:
             from gptmini.hf.llama import check_llama_model, save_hf_llama
 
             check_llama_model(model.config)  # before looking for a tokenizer: the model is the first question
-            run_config = dict(ckpt["hyper_parameters"].get("run_config") or {})
-            tokenizer = export_tokenizer(args.tokenizer, run_config, args.data_dir, (ckpt_path, ckpt))
+            tokenizer = export_tokenizer(
+                args.tokenizer, run.config, args.data_dir, (run.path, run.checkpoint)
+            )
             files = ", ".join(save_hf_llama(model, args.out, tokenizer=tokenizer, overwrite=args.force))
     except CheckpointError as err:
         raise HFWeightsError(str(err)) from None

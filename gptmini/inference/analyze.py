@@ -1,7 +1,7 @@
 """The head report of a checkpoint: which heads look at the previous token, copy, do induction, park on the first
 token, which matter (mean ablation), and the loss by position in the context.
 
-``python -m gptmini.analyze --ckpt last --out head_report/`` writes ``report.html`` (self-contained: images
+``gptmini analyze --ckpt last --out head_report/`` writes ``report.html`` (self-contained: images
 inline, opens in any browser without a server) and ``report.json`` (one record per head: ``layer``, ``head`` and
 every score by name).
 """
@@ -13,18 +13,16 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint
+from gptmini.checkpoint import CheckpointError
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import check_vocab, load_meta, load_split
+from gptmini.data.prepare import load_split
 from gptmini.fileio import unwritable_reason
-from gptmini.inference.sample import find_checkpoint, tokenizer_for_run
 from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
-from gptmini.options import resolve_device
+from gptmini.run import open_run
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")
@@ -42,7 +40,12 @@ def _positive(text: str) -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gptmini-analyze", description=__doc__)
-    p.add_argument("--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/")
+    p.add_argument(
+        "--ckpt",
+        default="last",
+        help="a checkpoint file, a run folder or run name (its newest checkpoint), or 'last' (the newest of any run "
+        "under outputs/)",
+    )
     p.add_argument("--out", default="head_report", help="folder for report.html and report.json")
     p.add_argument("--data-dir", default=None, help="prepared data folder (default: the one it trained on)")
     p.add_argument("--split", default="val", choices=["train", "val"])
@@ -61,28 +64,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _load(path: Path, data_dir: str | None, device: str) -> tuple[Any, dict[str, Any], str]:
-    model, checkpoint = model_and_checkpoint(path, map_location=device)
-    run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
-    folder = data_dir or run_config.get("data", {}).get("data_dir")
-    if not folder:
-        raise DataError(f"checkpoint {path} does not name its data folder: pass --data-dir")
-    meta = load_meta(folder)
-    check_vocab(model.config.vocab_size, meta)
-    note = check_trained_data(
-        path,
-        checkpoint,
-        folder,
-        meta,
-        other_data="warn" if data_dir else "refuse",
-        fix="it was re-prepared since; prepare the original corpus again, or pass --data-dir to analyze on this "
-        "data on purpose",
-    )
-    if note:
-        log.info("note: %s", note)
-    return model.to(device), checkpoint, folder
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -91,21 +72,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # before any work: a report that cannot be written is known now, and nothing in --out is touched
         if (reason := unwritable_reason(Path(args.out).absolute())) is not None:
             raise DataError(f"--out {args.out} cannot be written: {reason}")
-        path = find_checkpoint(args.ckpt)
-        model, checkpoint, data_dir = _load(path, args.data_dir, resolve_device(args.device))
-        c = model.config
-        device = next(model.parameters()).device
+        run = open_run(args.ckpt, args.device, args.data_dir)
+        model, path, c = run.model, run.path, run.model.config
+        data_dir, meta = run.data_folder(args.data_dir, "analyze")
+        device = run.device
         per_probe = 2 * forward_bytes(c, args.probe_tokens, attention_maps=True)
         check_fits("--probe-batch", args.probe_batch, per_probe, device, "probe sequences (x2)")
         check_fits("--windows", args.windows, 8 * (c.block_size + 1), device, "windows")
         per_window = forward_bytes(c, c.block_size, attention_maps=True)
         check_fits("--batch-size", args.batch_size, per_window, device, "windows")
-        tokens = load_split(data_dir, args.split, load_meta(data_dir))
+        tokens = load_split(data_dir, args.split, meta)
         probes = make_probes(
             tokens, c.vocab_size, c.block_size, args.probe_tokens, args.probe_batch, args.windows, args.seed
         )
-        run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
-        tokenizer = tokenizer_for_run(run_config, data_dir, (path, checkpoint), c.vocab_size)
     except (CheckpointError, DataError, ValueError) as err:
         log.error("error: %s", err)
         return 2
@@ -122,11 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     analysis = analyze(model, probes, ablate=not args.no_ablation, batch_size=args.batch_size)
     analysis.summary["about"] = {
         "checkpoint": str(path),
-        "step": checkpoint.get("global_step"),
+        "step": run.step,
         "data": f"{data_dir} ({args.split} split)",
         "attention": c.attention,
     }
-    labels = token_labels(tokenizer, analysis.text_ids)
+    labels = token_labels(run.tokenizer, analysis.text_ids)
     try:
         json_path, html_path = write_report(analysis, args.out, labels, title=f"Head report: {path}")
     except OSError as err:

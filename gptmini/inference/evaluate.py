@@ -2,8 +2,8 @@
 ``--context``, at several context lengths, longer than training included (length extrapolation), for one
 checkpoint or several side by side, as JSON and a PNG of loss against context length.
 
-``python -m gptmini.evaluate --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
-``python -m gptmini.evaluate --ckpt a/last.ckpt b/last.ckpt --context 64,128,256,512 --out lengths.json``
+``gptmini eval --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
+``gptmini eval --ckpt a/last.ckpt b/last.ckpt --context 64,128,256,512 --out lengths.json``
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint
+from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import check_vocab, load_meta, load_split
 from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
-from gptmini.inference.sample import find_checkpoint
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import positive_int, resolve_device
+from gptmini.run import LoadedRun, open_run
 
 log = logging.getLogger("gptmini.inference.evaluate")
 
@@ -149,18 +149,14 @@ def _contexts(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def _run_name(path: Path) -> str:
-    # outputs/<run>/<time or sweep job>/checkpoints/last.ckpt -> the job folder names the run
-    return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-eval", description=__doc__)
     parser.add_argument(
         "--ckpt",
         nargs="+",
         default=["last"],
-        help="checkpoint path(s), or 'last' for the newest under outputs/; several are compared side by side",
+        help="checkpoint file(s), run folder(s) or run name(s) (each its newest checkpoint), or 'last' (the newest "
+        "of any run under outputs/); several are compared side by side",
     )
     parser.add_argument(
         "--context",
@@ -198,12 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out and (Path(out).is_dir() or zipfile.is_zipfile(out) if Path(out).exists() else False):
             # the result is a small JSON file: never written over a folder or a checkpoint
             raise DataError(f"--out {out} is a folder or a checkpoint: name a .json file for the result")
-        paths = [
-            find_checkpoint(spec) for spec in args.ckpt
-        ]  # every checkpoint found before any is evaluated
+        # every checkpoint found before any is evaluated
+        paths = [resolve_checkpoint(spec) for spec in args.ckpt]
         runs = []
         for path in paths:
-            model, data_dir = _load(path, args)
+            run, data_dir = _open(path, args)
+            model = run.model
             if not sweep:
                 result = evaluate(
                     model, data_dir, args.split, args.batch_size, max_batches=args.max_batches
@@ -216,11 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     result["tokens"],
                 )
                 return _emit(result, out)
-            log.info("%s (%s):", path, _run_name(path))
+            log.info("%s (%s):", path, run.name)
             contexts = args.context or [model.config.block_size]
             runs.append(
                 {
-                    "name": _run_name(path),
+                    "name": run.name,
                     "checkpoint": str(path),
                     "data_dir": str(data_dir),
                     "split": args.split,
@@ -244,36 +240,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _emit({"runs": runs}, out)
 
 
-def _load(path: Path, args: argparse.Namespace) -> tuple[GPT, str]:
-    model, checkpoint = model_and_checkpoint(path, map_location=args.device)
-    contexts = args.context or [model.config.block_size]
-    per_window = max(forward_bytes(model.config, c, clamp=False) for c in contexts)
+def _open(path: Path, args: argparse.Namespace) -> tuple[LoadedRun, str]:
+    """The run at ``path`` and the prepared folder to evaluate it on, every size and data check done."""
+    run = open_run(path, args.device, tokenizer=False)
+    contexts = args.context or [run.model.config.block_size]
+    per_window = max(forward_bytes(run.model.config, c, clamp=False) for c in contexts)
     check_fits("--batch-size", args.batch_size, per_window, args.device, "windows")
-    run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
-    data_dir = args.data_dir or run_config.get("data", {}).get("data_dir")
-    if not data_dir:
-        raise DataError(f"checkpoint {path} does not name its data folder: pass --data-dir")
-    meta = load_meta(data_dir)
     # The folder it trained on must still hold that data (a folder re-prepared from another corpus would give
     # a wrong loss, silently); other data given explicitly with --data-dir is evaluated, with a note.
-    other = check_trained_data(
-        path,
-        checkpoint,
-        data_dir,
-        meta,
-        other_data="warn" if args.data_dir else "refuse",
-        fix="it was re-prepared since; prepare the original corpus again, or pass --data-dir to evaluate on "
-        "this data on purpose",
-    )
-    if other:
-        log.info("note: %s", other)
-    trained_with = run_config.get("tokenizer", {}).get("name")
-    if trained_with and meta.get("tokenizer") != trained_with:
-        raise DataError(
-            f"{data_dir} was tokenized with {meta.get('tokenizer')!r} but the checkpoint was trained with "
-            f"{trained_with!r}: prepare the corpus with --tokenizer {trained_with}"
-        )
-    return model.to(args.device), data_dir
+    data_dir, _ = run.data_folder(args.data_dir, "evaluate")
+    return run, data_dir
 
 
 def _emit(result: dict[str, Any], out: str | None) -> int:

@@ -1,6 +1,6 @@
 """Attention maps of a checkpoint for a given text, as PNG files (one grid of heads and one mean map per layer).
 
-``python -m gptmini.inference.export_attention --ckpt last --text "ROMEO: But soft" --out attention_png/``
+``gptmini attention --ckpt last --text "ROMEO: But soft" --out attention_png/``
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import torch
 
 from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import unwritable_reason
-from gptmini.inference.sample import encode_prompt, load_for_inference
-from gptmini.options import positive_int, resolve_device
+from gptmini.inference.sample import encode_prompt
+from gptmini.options import positive_int
+from gptmini.run import open_run
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
 log = logging.getLogger("gptmini.inference.export_attention")
@@ -61,7 +62,12 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-attention", description=__doc__)
-    parser.add_argument("--ckpt", default="last")
+    parser.add_argument(
+        "--ckpt",
+        default="last",
+        help="a checkpoint file, a run folder or run name (its newest checkpoint), or 'last' (the newest of any run "
+        "under outputs/)",
+    )
     parser.add_argument("--text", required=True)
     parser.add_argument("--out", default="attention_png")
     parser.add_argument(
@@ -81,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if (reason := unwritable_reason(args.out)) is not None:
             raise ValueError(f"--out {args.out} cannot be written: {reason}")
-        model, tokenizer = load_for_inference(args.ckpt, resolve_device(args.device), args.data_dir)
-        files = export_attention(model, tokenizer, args.text, args.out, args.max_tokens)
+        run = open_run(args.ckpt, args.device, args.data_dir)
+        files = export_attention(run.model, run.tokenizer, args.text, args.out, args.max_tokens)
     except (CheckpointError, ValueError) as err:
         log.error("error: %s", err)
         return 2

@@ -1,4 +1,4 @@
-"""Generate text from a training checkpoint: ``python -m gptmini.inference.sample --ckpt last --prompt "ROMEO:"``."""
+"""Generate text from a training checkpoint: ``gptmini sample --ckpt last --prompt "ROMEO:"``."""
 
 from __future__ import annotations
 
@@ -6,93 +6,16 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint, resolve_checkpoint
+from gptmini.checkpoint import CheckpointError
 from gptmini.limits import check_fits, generation_bytes
-from gptmini.model import GPT
-from gptmini.options import finite_float, int_at_least, positive_int, resolve_device
+from gptmini.options import finite_float, int_at_least, positive_int
+from gptmini.run import open_run
 
 log = logging.getLogger("gptmini.inference.sample")
-
-
-def find_checkpoint(spec: str, output_root: str | Path = "outputs") -> Path:
-    """``spec`` is a path, or "last" (``gptmini.checkpoint.find_last_checkpoint``: the most recently written
-    last.ckpt or on_exception.ckpt of any run under ``output_root``, the rule of every command)."""
-    return resolve_checkpoint(spec, output_root)
-
-
-def tokenizer_for_run(
-    run_config: dict[str, Any],
-    data_dir: str | Path | None = None,
-    checkpoint: tuple[Path, dict[str, Any]] | None = None,
-    model_vocab: int | None = None,
-) -> Any:
-    """The tokenizer a checkpoint was trained with: from its prepared data folder (char vocab) or by name.
-    ``checkpoint`` (path, dict): refuse a folder tokenized otherwise than the data the checkpoint recorded.
-    ``model_vocab``: the model's vocabulary; a tokenizer with more ids than that is refused (its ids would index
-    past the embedding), and a checkpoint that records no tokenizer (imported) gets GPT-2's BPE only when the
-    model's vocabulary holds it."""
-    tokenizer = _tokenizer_for_run(run_config, data_dir, checkpoint, model_vocab)
-    if model_vocab is not None and tokenizer.vocab_size > model_vocab:
-        raise CheckpointError(
-            f"the tokenizer ({tokenizer.name}, {tokenizer.vocab_size} tokens) has more tokens than the model's "
-            f"vocabulary ({model_vocab}): it is not the one the checkpoint was trained with; pass --data-dir with "
-            "the prepared data folder it was trained on"
-        )
-    return tokenizer
-
-
-def _tokenizer_for_run(
-    run_config: dict[str, Any],
-    data_dir: str | Path | None,
-    checkpoint: tuple[Path, dict[str, Any]] | None,
-    model_vocab: int | None,
-) -> Any:
-    from gptmini.data.prepare import load_tokenizer
-    from gptmini.data.tokenizers import build_tokenizer
-
-    folder = Path(data_dir) if data_dir else Path(run_config.get("data", {}).get("data_dir", ""))
-    if (folder / "meta.json").is_file():
-        if checkpoint is not None:
-            check_trained_data(
-                *checkpoint,
-                folder,
-                other_data="allow",
-                fix="pass --data-dir with the prepared folder it was trained on",
-            )
-        return load_tokenizer(folder)
-    name = run_config.get("tokenizer", {}).get("name")
-    if name is None:  # a checkpoint not written by training (imported from Hugging Face): nothing recorded
-        where = f"checkpoint {checkpoint[0]}" if checkpoint is not None else "the checkpoint"
-        gpt2 = build_tokenizer("gpt2")
-        if model_vocab is not None and model_vocab < gpt2.vocab_size:
-            raise CheckpointError(
-                f"{where} records no tokenizer (imported, not trained by gptmini) and its vocabulary "
-                f"({model_vocab} tokens) is smaller than GPT-2's ({gpt2.vocab_size}): pass --data-dir with the "
-                "prepared data folder whose vocabulary it uses (e.g. data/<corpus>_char), or import it again "
-                "with --data-dir to record it"
-            )
-        log.warning("%s records no tokenizer: using GPT-2's BPE (pass --data-dir for another)", where)
-        return gpt2
-    if name == "char":
-        raise CheckpointError(
-            f"the checkpoint uses the char tokenizer but its vocabulary ({folder}/vocab.json) is missing: pass "
-            "--data-dir pointing at the prepared data folder it was trained on"
-        )
-    return build_tokenizer(name)
-
-
-def load_for_inference(ckpt: str, device: str, data_dir: str | None = None) -> tuple[GPT, Any]:
-    path = find_checkpoint(ckpt)
-    model, checkpoint = model_and_checkpoint(path, map_location=device)
-    run_config = dict(checkpoint["hyper_parameters"].get("run_config") or {})
-    tokenizer = tokenizer_for_run(run_config, data_dir, (path, checkpoint), model.config.vocab_size)
-    log.info("loaded %s (%s parameters)", path, f"{model.num_parameters():,}")
-    return model.to(device), tokenizer
 
 
 def encode_prompt(tokenizer: Any, text: str, option: str) -> list[int]:
@@ -152,7 +75,10 @@ def check_generation_sizes(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptmini-sample", description=__doc__)
     parser.add_argument(
-        "--ckpt", default="last", help="checkpoint path, or 'last' for the newest under outputs/"
+        "--ckpt",
+        default="last",
+        help="a checkpoint file, a run folder or run name (its newest checkpoint), or 'last' (the newest of any run "
+        "under outputs/)",
     )
     parser.add_argument("--prompt", default="\n", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int_at_least(0), default=200)
@@ -167,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        device = resolve_device(args.device)
-        model, tokenizer = load_for_inference(args.ckpt, device, args.data_dir)
+        run = open_run(args.ckpt, args.device, args.data_dir)
+        model, tokenizer, device = run.model, run.tokenizer, run.device
         ids = encode_prompt(tokenizer, args.prompt, "--prompt")
         check_generation_sizes(model.config, len(ids), args.max_new_tokens, args.num_samples, device)
         idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)

@@ -32,6 +32,7 @@ from gptmini.training.config import (
     output_vocab,
     register_configs,
     resolve_ckpt_path,
+    resolve_init_from,
     resolve_precision,
     validate_config,
 )
@@ -200,15 +201,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         data_identity=identity,
     )
     if init_from and ckpt_path is None:
-        if Path(init_from).is_file():  # a gptmini checkpoint: its weights, a fresh optimizer
+        kind, source = resolve_init_from(init_from, cfg.paths.output_root)
+        if kind == "checkpoint":  # a gptmini checkpoint: its weights, a fresh optimizer
             from gptmini.checkpoint import load_weights_into
 
-            load_weights_into(module.model, init_from)
+            load_weights_into(module.model, source)
         else:
             from gptmini.hf import load_hf_weights
 
-            load_hf_weights(module.model, init_from)
-        log.info("initialised weights from %s", init_from)
+            load_hf_weights(module.model, source)
+        log.info("initialised weights from %s", source)
     n_params = module.model.num_parameters()
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, attention=%s), tokenizer %s (vocab %d)",

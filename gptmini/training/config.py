@@ -17,13 +17,14 @@ import types
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
+from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem, prepared_folder_name
 from gptmini.fileio import unwritable_reason
@@ -609,24 +610,17 @@ def check_input_files(cfg: DictConfig) -> None:
     ``validate_config``; kept apart so that configs can be validated without the files existing)."""
     # '???' values are reported by validate_config.
     init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
-    if init_from is not None and Path(init_from).is_file():
-        from gptmini.checkpoint import load_checkpoint
-
-        load_checkpoint(
-            init_from, mmap=True
-        )  # a gptmini checkpoint (trained or imported): refused if not one
-        return _check_data_files(cfg)
-    if init_from is not None and not (Path(init_from) / "config.json").is_file():
-        raise RunError(
-            f"model.init_from={init_from} is neither a gptmini checkpoint file nor a Hugging Face GPT-2 or Llama "
-            "folder (no config.json there): pass "
-            "a local folder holding config.json and model.safetensors"
-        )
     if init_from is not None:
-        from gptmini.hf.formats import hf_model_type
+        kind, path = resolve_init_from(init_from, cfg.paths.output_root)
+        if kind == "checkpoint":
+            from gptmini.checkpoint import load_checkpoint
 
-        # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
-        hf_model_type(init_from)
+            load_checkpoint(path, mmap=True)  # a gptmini checkpoint (trained or imported): refused if not one
+        else:
+            from gptmini.hf.formats import hf_model_type
+
+            # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
+            hf_model_type(path)
     _check_data_files(cfg)
 
 
@@ -653,8 +647,9 @@ def find_last_checkpoint(output_root: str | Path, run_name: str) -> Path:
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
-    itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; a run folder: its
-    newest checkpoint; or a file."""
+    itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
+    :func:`gptmini.checkpoint.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
+    a run name under ``paths.output_root``: its newest checkpoint)."""
     if cfg.ckpt_path is None:
         return None
     if cfg.ckpt_path == "last":
@@ -662,25 +657,23 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
         if own is not None:
             return str(own)
         return str(find_last_checkpoint(cfg.paths.output_root, cfg.run_name))
-    path = Path(cfg.ckpt_path)
-    if path.is_dir():
-        found = _find_last_checkpoint(path)
-        if found is None:
-            raise RunError(
-                f"ckpt_path={cfg.ckpt_path} is a folder without a checkpoint (no checkpoints/last.ckpt or "
-                "on_exception.ckpt under it): pass a run folder that holds one, a .ckpt file, or ckpt_path=last"
-            )
-        return str(found)
-    if not path.exists():
+    try:  # a file, a run folder or a run name, as every command opens one
+        return str(resolve_checkpoint(cfg.ckpt_path, cfg.paths.output_root, option="ckpt_path"))
+    except CheckpointError as err:
+        raise RunError(str(err)) from None
+
+
+def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
+    """``model.init_from``: a Hugging Face GPT-2 or Llama folder (it holds config.json), else a gptmini
+    checkpoint as every command opens one (a file, a run folder, a run name under ``output_root``)."""
+    if (Path(init_from) / "config.json").is_file():
+        return "hf", str(init_from)
+    try:
+        return "checkpoint", str(resolve_checkpoint(init_from, output_root, option="model.init_from"))
+    except CheckpointError as err:
         raise RunError(
-            f"ckpt_path={cfg.ckpt_path} does not exist: pass an existing .ckpt file, a run folder, or "
-            "ckpt_path=last"
-        )
-    if not path.is_file():
-        raise RunError(f"ckpt_path={cfg.ckpt_path} is not a regular file: pass a .ckpt file or a run folder")
-    if not os.access(path, os.R_OK):
-        raise RunError(f"ckpt_path={cfg.ckpt_path} is not readable (permissions)")
-    return str(path)
+            f"{err} (or a local Hugging Face GPT-2 or Llama folder holding config.json and model.safetensors)"
+        ) from None
 
 
 # --- the run folder -----------------------------------------------------------------------------------------

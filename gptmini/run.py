@@ -1,0 +1,160 @@
+"""Opening a trained run: the one way every command (sample, eval, attention, analyze, export) and the ATTENTION
+tab's own text turn what the user named into a model to run.
+
+``open_run(spec)`` takes a checkpoint file, a run folder (its newest ``last.ckpt``/``on_exception.ckpt``), a run
+name (a folder of the runs folder, ``outputs/``) or ``last`` (the newest checkpoint of any run), the rule of
+:func:`gptmini.checkpoint.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
+chosen device, the tokenizer it was trained with, the run's config and the checkpoint's metadata. The checkpoint
+is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.checkpoint.load_checkpoint`), and the
+device is checked by :func:`gptmini.options.resolve_device` before any file is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint, resolve_checkpoint
+from gptmini.data.errors import DataError
+from gptmini.data.prepare import check_vocab, load_meta, load_tokenizer
+from gptmini.data.tokenizers import Tokenizer, build_tokenizer
+from gptmini.model import GPT
+from gptmini.options import resolve_device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    path: Path  # the checkpoint file read
+    model: GPT  # in eval mode, on ``device``
+    tokenizer: Tokenizer | None  # None when open_run was asked for none
+    config: dict[str, Any]  # the run's resolved training config ({} for an imported checkpoint)
+    checkpoint: dict[str, Any]  # the whole checkpoint: global_step, hyper_parameters (data_identity), ...
+    device: str  # resolved: "cpu", "cuda", "cuda:1", ...
+
+    @property
+    def step(self) -> int | None:
+        return self.checkpoint.get("global_step")
+
+    @property
+    def name(self) -> str:
+        """The folder that names the run: outputs/<run>/<time or sweep job>/checkpoints/last.ckpt gives the job
+        folder; a file elsewhere gives its stem."""
+        return self.path.parent.parent.name if self.path.parent.name == "checkpoints" else self.path.stem
+
+    def data_folder(self, data_dir: str | Path | None, purpose: str) -> tuple[str, dict[str, Any]]:
+        """The prepared data folder to read with this model, and its metadata: ``data_dir`` when given (other
+        data than the run trained on is allowed, with a note in the log), else the one the run recorded, which
+        must still hold that data. Another tokenization than the run's is refused either way. ``purpose`` ("evaluate") ends
+        the fix of a refusal."""
+        folder = data_dir or (self.config.get("data") or {}).get("data_dir")
+        if not folder:
+            raise DataError(f"checkpoint {self.path} does not name its data folder: pass --data-dir")
+        meta = load_meta(folder)
+        # The data first: another vocabulary is the cause of a vocab_size difference check_vocab would name.
+        note = check_trained_data(
+            self.path,
+            self.checkpoint,
+            folder,
+            meta,
+            other_data="warn" if data_dir else "refuse",
+            fix=f"it was re-prepared since; prepare the original corpus again, or pass --data-dir to {purpose} "
+            "on this data on purpose",
+        )
+        if note:
+            log.info("note: %s", note)
+        trained_with = (self.config.get("tokenizer") or {}).get("name")
+        if trained_with and meta.get("tokenizer") != trained_with:
+            raise DataError(
+                f"{folder} was tokenized with {meta.get('tokenizer')!r} but the checkpoint was trained with "
+                f"{trained_with!r}: prepare the corpus with --tokenizer {trained_with}"
+            )
+        check_vocab(self.model.config.vocab_size, meta)
+        return str(folder), meta
+
+
+def open_run(
+    spec: str | Path,
+    device: str = "auto",
+    data_dir: str | Path | None = None,
+    output_root: str | Path = "outputs",
+    tokenizer: bool = True,
+) -> LoadedRun:
+    """The run ``spec`` names (a checkpoint file, a run folder, a run name under ``output_root``, or ``last``),
+    loaded on ``device`` (auto, cpu, cuda, cuda:N, mps). ``data_dir``: the
+    prepared data folder whose vocabulary the tokenizer is read from, when it moved or the checkpoint records
+    none; ``tokenizer=False`` skips the tokenizer (commands that only need the weights). Raises ValueError for a
+    bad device, CheckpointError for a file that is missing, not a checkpoint, damaged or inconsistent, and for a
+    tokenizer that cannot be the model's."""
+    device = resolve_device(device)  # before any file is read
+    path = resolve_checkpoint(spec, output_root)
+    model, checkpoint = model_and_checkpoint(path, map_location=device)
+    config = dict((checkpoint.get("hyper_parameters") or {}).get("run_config") or {})
+    tok = (
+        tokenizer_for_run(config, data_dir, (path, checkpoint), model.config.vocab_size)
+        if tokenizer
+        else None
+    )
+    log.info("loaded %s (%s parameters)", path, f"{model.num_parameters():,}")
+    return LoadedRun(path, model.to(device).eval(), tok, config, checkpoint, device)
+
+
+def tokenizer_for_run(
+    run_config: dict[str, Any],
+    data_dir: str | Path | None = None,
+    checkpoint: tuple[Path, dict[str, Any]] | None = None,
+    model_vocab: int | None = None,
+) -> Tokenizer:
+    """The tokenizer a checkpoint was trained with: from its prepared data folder (char vocab) or by name.
+    ``checkpoint`` (path, dict): refuse a folder tokenized otherwise than the data the checkpoint recorded.
+    ``model_vocab``: the model's vocabulary; a tokenizer with more ids than that is refused (its ids would index
+    past the embedding), and a checkpoint that records no tokenizer (imported) gets GPT-2's BPE only when the
+    model's vocabulary holds it."""
+    tokenizer = _tokenizer_for_run(run_config, data_dir, checkpoint, model_vocab)
+    if model_vocab is not None and tokenizer.vocab_size > model_vocab:
+        raise CheckpointError(
+            f"the tokenizer ({tokenizer.name}, {tokenizer.vocab_size} tokens) has more tokens than the model's "
+            f"vocabulary ({model_vocab}): it is not the one the checkpoint was trained with; pass --data-dir with "
+            "the prepared data folder it was trained on"
+        )
+    return tokenizer
+
+
+def _tokenizer_for_run(
+    run_config: dict[str, Any],
+    data_dir: str | Path | None,
+    checkpoint: tuple[Path, dict[str, Any]] | None,
+    model_vocab: int | None,
+) -> Tokenizer:
+    folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
+    if (folder / "meta.json").is_file():
+        if checkpoint is not None:
+            check_trained_data(
+                *checkpoint,
+                folder,
+                other_data="allow",
+                fix="pass --data-dir with the prepared folder it was trained on",
+            )
+        return load_tokenizer(folder)
+    name = (run_config.get("tokenizer") or {}).get("name")
+    if name is None:  # a checkpoint not written by training (imported from Hugging Face): nothing recorded
+        where = f"checkpoint {checkpoint[0]}" if checkpoint is not None else "the checkpoint"
+        gpt2 = build_tokenizer("gpt2")
+        if model_vocab is not None and model_vocab < gpt2.vocab_size:
+            raise CheckpointError(
+                f"{where} records no tokenizer (imported, not trained by gptmini) and its vocabulary "
+                f"({model_vocab} tokens) is smaller than GPT-2's ({gpt2.vocab_size}): pass --data-dir with the "
+                "prepared data folder whose vocabulary it uses (e.g. data/<corpus>_char), or import it again "
+                "with --data-dir to record it"
+            )
+        log.warning("%s records no tokenizer: using GPT-2's BPE (pass --data-dir for another)", where)
+        return gpt2
+    if name == "char":
+        raise CheckpointError(
+            f"the checkpoint uses the char tokenizer but its vocabulary ({folder}/vocab.json) is missing: pass "
+            "--data-dir pointing at the prepared data folder it was trained on"
+        )
+    return build_tokenizer(name)
