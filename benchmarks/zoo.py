@@ -127,7 +127,7 @@ def _job_variant(job: Path) -> str | None:
 
 def zoo_table(multirun: Path, contexts_factor: int = 4) -> list[dict[str, Any]]:
     """Each job of an attention_zoo multirun: its final validation loss (from its log of the run) and its loss
-    at the training context and at ``contexts_factor`` times it (gptmini.evaluate, in a subprocess)."""
+    at the training context and at ``contexts_factor`` times it (`gptmini eval`, in a subprocess)."""
     rows = []
     for ckpt in sorted(multirun.rglob("checkpoints/last.ckpt")):
         job = ckpt.parent.parent
@@ -137,7 +137,7 @@ def zoo_table(multirun: Path, contexts_factor: int = 4) -> list[dict[str, Any]]:
             block = OmegaConf.load(f).model.block_size
         out = job / "length_extrapolation.json"
         contexts = f"{block},{contexts_factor * block}"
-        cmd = [sys.executable, "-m", "gptmini.evaluate", "--ckpt", str(ckpt), "--context", contexts]
+        cmd = [sys.executable, "-m", "gptmini.cli", "eval", "--ckpt", str(ckpt), "--context", contexts]
         subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True)
         results = {r["context"]: r for r in json.loads(out.read_text())["runs"][0]["results"]}
         rows.append(

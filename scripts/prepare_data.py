@@ -8,7 +8,7 @@ characters where ``hardware=auto`` picks the GPU defaults). Examples::
     python scripts/prepare_data.py data=fineweb data.source=/data/fineweb/sample/10BT
     python scripts/prepare_data.py experiment=shakespeare_char_cpu
 
-Arguments starting with ``-`` are ``gptmini-prepare``'s instead (``--source``, ``--tokenizer``, ``--out``, ...).
+Arguments starting with ``-`` are ``gptmini data``'s instead (``--source``, ``--tokenizer``, ``--out``, ...).
 """
 
 from __future__ import annotations

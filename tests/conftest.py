@@ -19,7 +19,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
-# The training entry point (also `gptmini.training.app` and the console script `gptmini-train`).
+# The training entry point (also `gptmini.training.app` and the command `gptmini train`).
 TRAIN_MODULE = "gptmini.training"
 
 

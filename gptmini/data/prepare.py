@@ -376,7 +376,7 @@ def prepare(
     except OSError as e:
         raise DataError(
             f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
-            "space or point paths.data_root (gptmini-prepare: --out) at a writable folder"
+            "space or point paths.data_root (gptmini data: --out) at a writable folder"
         ) from e
 
 
@@ -709,7 +709,7 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(
             f"{path} not found: {data_dir} is not a prepared data folder (or its prepare was interrupted); "
-            f"run `gptmini-prepare --source <corpus> --out {data_dir}`"
+            f"run `gptmini data --source <corpus> --out {data_dir}`"
         )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
@@ -908,7 +908,7 @@ def cli_logging(verbose: bool = False) -> tuple[Callable[[PrepareProgress], None
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="gptmini-prepare",
+        prog="gptmini data",
         description="Tokenize a corpus into token shards + meta.json (streamed, resumable).",
     )
     parser.add_argument(

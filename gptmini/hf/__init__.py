@@ -1,4 +1,4 @@
-"""Hugging Face weights in and out (``python -m gptmini.hf export|import``): GPT-2 (``gpt2``) and Llama
+"""Hugging Face weights in and out (``gptmini export|import``, ``gptmini.hf.cli``): GPT-2 (``gpt2``) and Llama
 (``llama``) folders. ``load_hf_weights`` and ``load_hf_model`` read either, by the folder's ``model_type``."""
 
 from gptmini.hf.formats import load_hf_model, load_hf_weights

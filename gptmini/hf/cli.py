@@ -1,8 +1,8 @@
-"""``python -m gptmini.hf``: training checkpoints to Hugging Face folders and back.
+"""``gptmini export`` and ``gptmini import``: training checkpoints to Hugging Face folders and back.
 
-    python -m gptmini.hf export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
-    python -m gptmini.hf export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|none]
-    python -m gptmini.hf import --hf DIR --out model.ckpt    # a GPT-2 or Llama folder, by its config.json
+    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
+    gptmini export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|none]
+    gptmini import --hf DIR --out model.ckpt    # a GPT-2 or Llama folder, by its config.json
 
 ``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights; ``--format llama`` writes
 ``LlamaForCausalLM`` weights and the run's tokenizer (``AutoTokenizer`` loads it), read from the checkpoint's
@@ -157,14 +157,15 @@ def _import(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gptmini.hf", description="gptmini models in Hugging Face formats (GPT-2, Llama)"
+        prog="gptmini", description="gptmini models in Hugging Face formats (GPT-2, Llama)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face folder")
     exp.add_argument(
         "--ckpt",
         required=True,
-        help="a .ckpt written by gptmini training, or 'last' (the newest under outputs/)",
+        help="a .ckpt written by gptmini training (or imported), a run folder or run name (its newest checkpoint), "
+        "or 'last' (the newest of any run under outputs/)",
     )
     exp.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
     exp.add_argument(
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
     imp.add_argument(
-        "--out", required=True, help="checkpoint file to write (usable with gptmini-sample --ckpt)"
+        "--out", required=True, help="checkpoint file to write (usable with gptmini sample --ckpt)"
     )
     imp.add_argument("--force", action="store_true", help="replace an existing --out file")
     imp.add_argument(

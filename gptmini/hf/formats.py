@@ -1,5 +1,5 @@
 """Which Hugging Face format a folder holds (its ``config.json``'s ``model_type``), and loading by it: what
-``model.init_from=DIR`` and ``python -m gptmini.hf import`` use, for GPT-2 and Llama folders alike."""
+``model.init_from=DIR`` and ``gptmini import`` use, for GPT-2 and Llama folders alike."""
 
 from __future__ import annotations
 

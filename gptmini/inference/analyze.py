@@ -39,7 +39,7 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gptmini-analyze", description=__doc__)
+    p = argparse.ArgumentParser(prog="gptmini analyze", description=__doc__)
     p.add_argument(
         "--ckpt",
         default="last",

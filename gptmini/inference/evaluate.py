@@ -150,7 +150,7 @@ def _contexts(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gptmini-eval", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__)
     parser.add_argument(
         "--ckpt",
         nargs="+",

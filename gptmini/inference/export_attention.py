@@ -61,7 +61,7 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gptmini-attention", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gptmini attention", description=__doc__)
     parser.add_argument(
         "--ckpt",
         default="last",

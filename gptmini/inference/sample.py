@@ -73,7 +73,7 @@ def check_generation_sizes(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gptmini-sample", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gptmini sample", description=__doc__)
     parser.add_argument(
         "--ckpt",
         default="last",

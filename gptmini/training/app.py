@@ -1,4 +1,4 @@
-"""The Hydra app: ``gptmini-train [overrides]`` (or ``python -m gptmini.training``).
+"""The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``).
 
 Order of work: check the config (cheap) -> prepare the data -> build the model -> fit. Known user errors end
 the run with one line naming the key and the fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.

@@ -85,8 +85,8 @@ def test_evaluation_runs_past_the_training_length(zoo_run, run_cli, tmp_path):
     _, run_dir = zoo_run
     out = tmp_path / "lengths.json"
     proc = run_cli(
-        "gptmini.evaluate",
-        ["--ckpt", run_dir / "checkpoints" / "last.ckpt", "--context", "32,128", "--out", out],
+        "gptmini.cli",
+        ["eval", "--ckpt", run_dir / "checkpoints" / "last.ckpt", "--context", "32,128", "--out", out],
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = json.loads(out.read_text())["runs"]

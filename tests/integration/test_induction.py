@@ -80,7 +80,9 @@ def test_two_layers_form_an_induction_head_in_a_reported_phase_change(run_cli, c
 
     # the report of the final checkpoint: induction heads, the top one matters
     report_dir = tmp_path / "report"
-    proc = run_cli("gptmini.analyze", ["--ckpt", run_dir / "checkpoints" / "last.ckpt", "--out", report_dir])
+    proc = run_cli(
+        "gptmini.cli", ["analyze", "--ckpt", run_dir / "checkpoints" / "last.ckpt", "--out", report_dir]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
     top = report["top_heads"]["induction"][0]

@@ -1,4 +1,4 @@
-"""Preparing a corpus in its own process, as ``gptmini-prepare`` runs: killed with SIGKILL in the middle (twice),
+"""Preparing a corpus in its own process, as ``gptmini data`` runs: killed with SIGKILL in the middle (twice),
 a rerun resumes after the last finished shard and ends with exactly the bytes of an uninterrupted preparation;
 and peak memory does not grow with the corpus."""
 

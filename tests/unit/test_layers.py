@@ -14,7 +14,7 @@ LAYERS = [
     ("gptmini.model", "gptmini.limits"),
     ("gptmini.data",),
     ("gptmini.checkpoint", "gptmini.run", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
-    ("gptmini.inference", "gptmini.evaluate", "gptmini.analyze"),
+    ("gptmini.inference",),
     ("gptmini.training", "gptmini.board"),
     ("gptmini.cli",),
 ]

@@ -45,7 +45,7 @@ def special_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 def test_a_corpus_that_is_not_a_file_names_the_real_cause(tmp_path, caplog, kind) -> None:
     path, cause = special_paths(tmp_path)[kind]
     assert re.fullmatch(cause + ".*", path_problem(path) or "")
-    # the prepare command line (gptmini-prepare) reports it in one line, exit status 2, reading nothing
+    # the prepare command line (`gptmini data`) reports it in one line, exit status 2, reading nothing
     with caplog.at_level(logging.ERROR):
         assert prep.main(["--source", str(path), "--tokenizer", "char", "--out", str(tmp_path / "o")]) == 2
     assert re.search(rf"corpus source {re.escape(str(path))} {cause}", caplog.text), caplog.text

@@ -1,5 +1,5 @@
 """Encoding a corpus into token shards, the up-to-date check, resuming, the prepared folder's validation, and the
-``gptmini-prepare`` CLI."""
+``gptmini data`` command line."""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""``python -m gptmini.analyze``: the head report of a checkpoint, on the data it was trained on."""
+"""``gptmini analyze``: the head report of a checkpoint, on the data it was trained on."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""gptmini-eval evaluates a checkpoint on the data it was trained on, or refuses: a prepared folder re-prepared
+"""``gptmini eval`` evaluates a checkpoint on the data it was trained on, or refuses: a prepared folder re-prepared
 from another corpus since gave a wrong loss with exit status 0 (issue 19, item 2)."""
 
 from __future__ import annotations

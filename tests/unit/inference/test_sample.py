@@ -1,4 +1,4 @@
-"""gptmini-sample: prompts adapt to the checkpoint's vocabulary, decoding is inside the error handling, and a
+"""``gptmini sample``: prompts adapt to the checkpoint's vocabulary, decoding is inside the error handling, and a
 prepared folder tokenized otherwise than the checkpoint's data is refused (issue 19, items 1, 2 and 9)."""
 
 from __future__ import annotations

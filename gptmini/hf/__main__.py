@@ -1,3 +1,0 @@
-from gptmini.hf.cli import main
-
-raise SystemExit(main())
