@@ -91,7 +91,7 @@ def test_the_readme_srun_line_gives_lightning_what_slurm_detection_needs(repo_ro
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     flags, overrides, words = _readme_command(repo_root, "srun")
-    assert words[len(flags) + 1].endswith("gptmini-train")  # the flags, then the program
+    assert words[len(flags) + 1].endswith("/gptmini") and words[len(flags) + 2] == "train"  # flags, program
     nodes, per_node = flags["nodes"], flags["ntasks_per_node"]
     _check_overrides(overrides, nodes, per_node)
     # what srun sets for the task of global rank 9 (node 1, local rank 1)
@@ -100,7 +100,7 @@ def test_the_readme_srun_line_gives_lightning_what_slurm_detection_needs(repo_ro
         "SLURM_NTASKS": str(world),
         "SLURM_NTASKS_PER_NODE": per_node,
         "SLURM_NNODES": nodes,
-        "SLURM_JOB_NAME": "gptmini-train",
+        "SLURM_JOB_NAME": "gptmini",
         "SLURM_JOB_ID": "4242",
         "SLURM_PROCID": "9",
         "SLURM_LOCALID": "1",
