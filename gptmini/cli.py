@@ -135,5 +135,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
 
 
+# The console scripts of the previous release: one more release as aliases of the subcommands (pyproject.toml).
+OLD_SCRIPTS = {
+    "gptmini-train": "train",
+    "gptmini-sample": "sample",
+    "gptmini-prepare": "data",
+    "gptmini-attention": "attention",
+    "gptmini-eval": "eval",
+    "gptmini-analyze": "analyze",
+}
+
+
+def _say_new_spelling(name: str) -> str:
+    sub = OLD_SCRIPTS[name]
+    sys.stderr.write(f"{name} is now `gptmini {sub}`; this alias goes in the next release\n")
+    return sub
+
+
+def _old_script(name: str) -> int:
+    return main([_say_new_spelling(name), *sys.argv[1:]])
+
+
+def old_train() -> int:
+    from gptmini.training.app import main as train
+
+    _say_new_spelling("gptmini-train")
+    # The training app itself, with sys.argv as it came: Lightning starts the other processes of a one-node DDP
+    # run by running sys.argv[0] again with sys.argv[1:], so that must stay this script.
+    train()
+    return 0
+
+
+def old_sample() -> int:
+    return _old_script("gptmini-sample")
+
+
+def old_prepare() -> int:
+    return _old_script("gptmini-prepare")
+
+
+def old_attention() -> int:
+    return _old_script("gptmini-attention")
+
+
+def old_eval() -> int:
+    return _old_script("gptmini-eval")
+
+
+def old_analyze() -> int:
+    return _old_script("gptmini-analyze")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

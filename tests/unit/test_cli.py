@@ -65,3 +65,62 @@ def test_train_passes_hydra_arguments_through(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "max_steps: 3" in proc.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+def test_the_old_scripts_are_aliases_that_name_the_new_spelling(monkeypatch, capsys):
+    import importlib
+
+    from gptmini.cli import OLD_SCRIPTS, Subcommand
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    old = {name: target for name, target in scripts["scripts"].items() if name != "gptmini"}
+    assert (
+        set(old)
+        == set(OLD_SCRIPTS)
+        == {f"gptmini-{n}" for n in ("train", "sample", "prepare", "attention", "eval", "analyze")}
+    )
+    for name, target in old.items():
+        if name == "gptmini-train":
+            continue  # below: the training app itself, with its argv untouched
+        module, function = target.split(":")
+        alias = getattr(importlib.import_module(module), function)
+        sub = OLD_SCRIPTS[name]
+        seen = []
+        monkeypatch.setitem(
+            SUBCOMMANDS, sub, Subcommand("", lambda prog, argv, seen=seen: seen.append((prog, argv)) or 7)
+        )
+        monkeypatch.setattr(sys, "argv", [f"/venv/bin/{name}", "a=1", "--b", "c"])
+        assert alias() == 7
+        assert seen == [(f"gptmini {sub}", ["a=1", "--b", "c"])]  # the same arguments, to the subcommand
+        assert (
+            capsys.readouterr().err == f"{name} is now `gptmini {sub}`; this alias goes in the next release\n"
+        )
+
+
+def test_an_old_script_runs_the_subcommand_itself(monkeypatch, capsys):
+    from gptmini.cli import old_sample
+
+    monkeypatch.setattr(sys, "argv", ["gptmini-sample", "--help"])
+    assert old_sample() == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "gptmini-sample is now `gptmini sample`" in captured.err
+    assert captured.out.startswith("usage: gptmini sample") and "--temperature" in captured.out
+
+
+def test_the_old_train_script_runs_the_training_app_with_its_own_argv(monkeypatch, capsys):
+    import gptmini.training.app
+    from gptmini.cli import old_train
+
+    seen = []
+    monkeypatch.setattr(gptmini.training.app, "main", lambda: seen.append(list(sys.argv)))
+    argv = ["/venv/bin/gptmini-train", "trainer=ddp", "trainer.devices=2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert old_train() == 0
+    # the script itself stays sys.argv[0]: Lightning runs it again for the other processes of a DDP run
+    assert seen == [argv]
+    assert (
+        capsys.readouterr().err
+        == "gptmini-train is now `gptmini train`; this alias goes in the next release\n"
+    )
