@@ -1,6 +1,7 @@
 """The checkpoint commands (sample, eval, attention, Hugging Face export and import) on bad input: each refusal
 is one line naming the option and the fix, exit status 2, no traceback, nothing deleted or overwritten. Most
-cases call each command's ``main(argv)`` (the command line, parsed as a user's); a few run it as a process."""
+cases call ``gptmini.cli.main([command, *argv])`` (the command line, parsed as a user's); a few run it as a
+process."""
 
 from __future__ import annotations
 
@@ -12,11 +13,17 @@ from typing import Any
 
 import pytest
 
+from gptmini.cli import main as gptmini
 from gptmini.data.prepare import prepare
-from gptmini.hf.cli import main as hf_main
-from gptmini.inference.evaluate import main as eval_main
-from gptmini.inference.export_attention import main as attention_main
-from gptmini.inference.sample import main as sample_main
+
+
+def command(sub: str) -> Any:
+    """``gptmini SUB ARGV...``, as the ``gptmini`` command runs it: ``command(sub)(argv)`` gives its exit status."""
+    return lambda argv: gptmini([sub, *argv])
+
+
+hf_main = gptmini  # its argv starts with the subcommand: export or import
+eval_main, attention_main, sample_main = command("eval"), command("attention"), command("sample")
 
 LLAMA = {"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 16, "block_size": 16, "bias": False}
 LLAMA |= {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "pad_vocab_multiple": 1}
@@ -307,7 +314,7 @@ def test_numeric_options_out_of_range_are_one_usage_error(
 
 @pytest.mark.slow  # the same parser in-process is in the fast suite (above)
 def test_nan_temperature_through_the_process(world, run_cli) -> None:
-    proc = run_cli("gptmini.inference.sample", ["--ckpt", str(world["ckpt"]), "--temperature", "nan"])
+    proc = run_cli("gptmini.cli", ["sample", "--ckpt", str(world["ckpt"]), "--temperature", "nan"])
     assert proc.returncode == 2 and "argument --temperature: nan is not a finite number" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -375,8 +382,7 @@ def test_eval_out_never_overwrites_a_checkpoint_or_a_folder(world, capsys, caplo
 
 
 def test_analyze_sizes_beyond_memory_are_refused(world, tmp_path, capsys, caplog) -> None:
-    from gptmini.inference.analyze import main as analyze_main
-
+    analyze_main = command("analyze")
     refused(
         analyze_main,
         ["--ckpt", str(world["ckpt"]), "--probe-batch", "10000000000", "--out", str(tmp_path / "r")],
