@@ -48,8 +48,8 @@ class LoadedRun:
     def data_folder(self, data_dir: str | Path | None, purpose: str) -> tuple[str, dict[str, Any]]:
         """The prepared data folder to read with this model, and its metadata: ``data_dir`` when given (other
         data than the run trained on is allowed, with a note in the log), else the one the run recorded, which
-        must still hold that data. Another tokenization than the run's is refused either way. ``purpose`` ("evaluate") ends
-        the fix of a refusal."""
+        must still hold that data. Another tokenization than the run's is refused either way. ``purpose``
+        ("evaluate") ends the fix of a refusal."""
         folder = data_dir or (self.config.get("data") or {}).get("data_dir")
         if not folder:
             raise DataError(f"checkpoint {self.path} does not name its data folder: pass --data-dir")
@@ -84,11 +84,11 @@ def open_run(
     tokenizer: bool = True,
 ) -> LoadedRun:
     """The run ``spec`` names (a checkpoint file, a run folder, a run name under ``output_root``, or ``last``),
-    loaded on ``device`` (auto, cpu, cuda, cuda:N, mps). ``data_dir``: the
-    prepared data folder whose vocabulary the tokenizer is read from, when it moved or the checkpoint records
-    none; ``tokenizer=False`` skips the tokenizer (commands that only need the weights). Raises ValueError for a
-    bad device, CheckpointError for a file that is missing, not a checkpoint, damaged or inconsistent, and for a
-    tokenizer that cannot be the model's."""
+    loaded on ``device`` (auto, cpu, cuda, cuda:N, mps). ``data_dir``: the prepared data folder whose vocabulary
+    the tokenizer is read from, when it moved or the checkpoint records none; ``tokenizer=False`` skips the
+    tokenizer (commands that only need the weights). Raises ValueError for a bad device, CheckpointError for a
+    file that is missing, not a checkpoint, damaged or inconsistent, and for a tokenizer that cannot be the
+    model's."""
     device = resolve_device(device)  # before any file is read
     path = resolve_checkpoint(spec, output_root)
     model, checkpoint = model_and_checkpoint(path, map_location=device)
