@@ -2,13 +2,14 @@
 
 Each subcommand hands the rest of the command line, untouched, to the tool behind it, so ``gptmini train``
 takes Hydra overrides, ``-m`` (multirun), ``--cfg job`` and Hydra's ``--help`` exactly as
-``python -m gptmini.training`` does. Tools are imported only when chosen: ``gptmini --help`` starts in
+``python -m gptmini.training`` does (it becomes that process). Tools are imported only when chosen: ``gptmini --help`` starts in
 well under the time torch takes to import.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -35,16 +36,17 @@ def _argv_tool(module: str, prefix: Sequence[str] = ()) -> Callable[[str, list[s
 
 
 def _train(prog: str, argv: list[str]) -> int:
-    from gptmini.training.app import main
-
-    # Hydra reads sys.argv itself; its help and error lines name the program by sys.argv[0].
-    saved = sys.argv
-    sys.argv = [prog, *argv]
-    try:
-        main()
-    finally:
-        sys.argv = saved
-    return 0
+    """``python -m gptmini.training ARGV`` in place of this process (same process id, so signals and the exit
+    status are the training run's own). Not in this process: Hydra reads sys.argv itself, and Lightning starts
+    the other processes of a one-node DDP run by running this process's program again with sys.argv[1:], which
+    must then be the training module, not ``gptmini`` (whose first argument is the subcommand)."""
+    cmd = [sys.executable, "-m", "gptmini.training", *argv]
+    if os.name != "posix":  # no exec that keeps the process (Windows): run it and wait
+        return subprocess.call(cmd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
 
 
 def _board(prog: str, argv: list[str]) -> int:
@@ -146,24 +148,14 @@ OLD_SCRIPTS = {
 }
 
 
-def _say_new_spelling(name: str) -> str:
+def _old_script(name: str) -> int:
     sub = OLD_SCRIPTS[name]
     sys.stderr.write(f"{name} is now `gptmini {sub}`; this alias goes in the next release\n")
-    return sub
-
-
-def _old_script(name: str) -> int:
-    return main([_say_new_spelling(name), *sys.argv[1:]])
+    return main([sub, *sys.argv[1:]])
 
 
 def old_train() -> int:
-    from gptmini.training.app import main as train
-
-    _say_new_spelling("gptmini-train")
-    # The training app itself, with sys.argv as it came: Lightning starts the other processes of a one-node DDP
-    # run by running sys.argv[0] again with sys.argv[1:], so that must stay this script.
-    train()
-    return 0
+    return _old_script("gptmini-train")
 
 
 def old_sample() -> int:

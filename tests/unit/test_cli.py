@@ -82,8 +82,6 @@ def test_the_old_scripts_are_aliases_that_name_the_new_spelling(monkeypatch, cap
         == {f"gptmini-{n}" for n in ("train", "sample", "prepare", "attention", "eval", "analyze")}
     )
     for name, target in old.items():
-        if name == "gptmini-train":
-            continue  # below: the training app itself, with its argv untouched
         module, function = target.split(":")
         alias = getattr(importlib.import_module(module), function)
         sub = OLD_SCRIPTS[name]
@@ -109,18 +107,49 @@ def test_an_old_script_runs_the_subcommand_itself(monkeypatch, capsys):
     assert captured.out.startswith("usage: gptmini sample") and "--temperature" in captured.out
 
 
-def test_the_old_train_script_runs_the_training_app_with_its_own_argv(monkeypatch, capsys):
-    import gptmini.training.app
-    from gptmini.cli import old_train
-
+def test_train_becomes_the_training_module_with_its_argv_untouched(monkeypatch):
+    # Lightning starts the other processes of a one-node DDP run by running the program again with sys.argv[1:]:
+    # that program must be the training module itself (the slow test below runs such a run)
     seen = []
-    monkeypatch.setattr(gptmini.training.app, "main", lambda: seen.append(list(sys.argv)))
-    argv = ["/venv/bin/gptmini-train", "trainer=ddp", "trainer.devices=2"]
-    monkeypatch.setattr(sys, "argv", argv)
-    assert old_train() == 0
-    # the script itself stays sys.argv[0]: Lightning runs it again for the other processes of a DDP run
-    assert seen == [argv]
-    assert (
-        capsys.readouterr().err
-        == "gptmini-train is now `gptmini train`; this alias goes in the next release\n"
+
+    def execv(path, args):
+        seen.append((path, args))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execv", execv)
+    assert main(["train", "trainer=ddp", "-m", "--cfg", "job"]) == 0
+    assert seen == [
+        (sys.executable, [sys.executable, "-m", "gptmini.training", "trainer=ddp", "-m", "--cfg", "job"])
+    ]
+
+
+@pytest.mark.slow
+def test_train_runs_a_two_process_ddp_run(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gptmini.cli",
+            "train",
+            "debug=smoke",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+            "trainer.max_steps=2",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.data_root={tmp_path / 'data'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(gptmini.__file__).resolve().parent.parent),
+            "OMP_NUM_THREADS": "1",
+        },
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "out" / "smoke").iterdir()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
