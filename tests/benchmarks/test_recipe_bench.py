@@ -21,7 +21,9 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
     cfg = compose_cfg(args)
     gpt = validate_config(cfg)
     assert cfg.target_val_loss == TARGET and cfg.data.source == str(corpus)
-    assert gpt.block_size == 64 and cfg.data.batch_size == 12 and cfg.tokenizer.name == "char"
+    assert gpt.block_size == 64 and cfg.tokenizer.name == "char"
+    # nanoGPT's quick start trains on batches of 12; the speedrun and its ablations on batches of 24
+    assert cfg.data.batch_size == (12 if config.name == "nanoGPT" else 24)
     if config.name == "recipe":
         assert (gpt.position, gpt.qk_norm, gpt.mlp, gpt.zero_init) == ("rope", True, "gelu", False)
         assert "MuonAdamW" in cfg.optimizer._target_ and "WarmupStableDecay" in cfg.scheduler._target_
