@@ -521,7 +521,8 @@ class NonFiniteLossGuard(L.Callback):
         lr_text = f" (the learning rate was {lr:.3g} at this step)" if isinstance(lr, float) else ""
         raise NonFiniteLossError(
             f"training loss became {loss.detach().float().mean().item()} at step {trainer.global_step}; the run "
-            f"stopped without saving these weights and {kept}. Lower optimizer.lr{lr_text}, raise "
+            f"stopped without saving these weights and {kept}. Lower the learning rate{lr_text} "
+            "(optimizer.lr; with optimizer=muon optimizer.hidden.lr and optimizer.embedding.lr), raise "
             "scheduler.warmup_steps or set trainer.gradient_clip_val, check the data, then resume with "
             "ckpt_path=last or start over"
         )
@@ -532,8 +533,9 @@ class NonFiniteLossGuard(L.Callback):
         if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
             raise NonFiniteLossError(
                 f"the weights became non-finite (NaN/inf) at step {trainer.global_step}; refusing to save them, "
-                f"so the last good checkpoint ({_last_checkpoint(trainer) or 'none yet'}) was kept. Lower "
-                "optimizer.lr or set trainer.gradient_clip_val"
+                f"so the last good checkpoint ({_last_checkpoint(trainer) or 'none yet'}) was kept. Lower the "
+                "learning rate (optimizer.lr; with optimizer=muon optimizer.hidden.lr and optimizer.embedding.lr) "
+                "or set trainer.gradient_clip_val"
             )
         self.last_saved_step = trainer.global_step
 

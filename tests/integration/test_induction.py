@@ -30,6 +30,7 @@ RECIPE = [
     "model.mlp=none",
     "model.position=rope",
     "data.batch_size=32",
+    "optimizer=adamw",
     "optimizer.lr=3e-3",
     "optimizer.weight_decay=0",
     "scheduler=constant",

@@ -250,7 +250,7 @@ def ws(
         kill_then_resume_runs, ws, "kill_save", [fault("kill_mid_write", 10, "save")]
     )
     ws.jobs["nan"] = pool.submit(
-        ws.cli.train, ws.args("nan", "optimizer.lr=1e6", "checkpoint_every_n_steps=1")
+        ws.cli.train, ws.args("nan", "optimizer=adamw", "optimizer.lr=1e6", "checkpoint_every_n_steps=1")
     )
     ws.jobs["signals"] = pool.submit(signal_runs, ws)
     ws.jobs["disk_full"] = pool.submit(ws.cli.train, ws.args("disk_full", fault("disk_full", 15, "save")))
@@ -285,6 +285,22 @@ def ws(
     return ws
 
 
+def assert_identical(a: Any, b: Any, where: str) -> None:
+    """``a`` and ``b`` are the same nested state (dicts, lists, tensors bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=where)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
 def assert_same_as_reference(ws: Workspace, run_dir: Path) -> None:
     """The run in ``run_dir`` ended exactly where the uninterrupted reference run did."""
     ref = load(ws.ref_dir / "checkpoints" / "last.ckpt")
@@ -293,13 +309,7 @@ def assert_same_as_reference(ws: Workspace, run_dir: Path) -> None:
     assert got["state_dict"].keys() == ref["state_dict"].keys()
     for k in ref["state_dict"]:
         torch.testing.assert_close(got["state_dict"][k], ref["state_dict"][k], rtol=0, atol=0, msg=k)
-    for a, b in zip(
-        got["optimizer_states"][0]["state"].values(),
-        ref["optimizer_states"][0]["state"].values(),
-        strict=True,
-    ):
-        for key in a:
-            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    assert_identical(got["optimizer_states"], ref["optimizer_states"], "optimizer_states")
     assert got["lr_schedulers"] == ref["lr_schedulers"]
     assert (
         ws.events(run_dir).Scalars("val/loss")[-1].value
@@ -326,8 +336,8 @@ BAD_INPUT = [
     ),
     (
         "zero_lr",
-        ["optimizer.lr=0"],
-        r"error: optimizer\.lr=0(\.0)? is invalid: the learning rate must be > 0",
+        ["optimizer.hidden.lr=0"],
+        r"error: optimizer\.hidden\.lr=0(\.0)? is invalid: the learning rate must be > 0",
         2,
     ),
     (
@@ -722,7 +732,7 @@ def test_signal_then_resume_is_exact(ws: Workspace, action: str) -> None:
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(ws: Workspace) -> None:
-    name, proc = "nan", ws.jobs["nan"].result()  # optimizer.lr=1e6 checkpoint_every_n_steps=1
+    name, proc = "nan", ws.jobs["nan"].result()  # optimizer=adamw optimizer.lr=1e6 checkpoint_every_n_steps=1
     text = output(proc)
     assert proc.returncode == 3, text[-3000:]
     assert "Traceback" not in text
@@ -730,7 +740,8 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
     # became NaN/inf in an optimizer step, caught when the next checkpoint would have saved them.
     loss_nan = re.search(
         r"error: training loss became (nan|inf|-inf) at step (\d+); the run stopped without saving these "
-        r"weights and the last good checkpoint is \S+last\.ckpt \(step (\d+)\)\. Lower optimizer\.lr",
+        r"weights and the last good checkpoint is \S+last\.ckpt \(step (\d+)\)\. Lower the learning rate .*"
+        r"\(optimizer\.lr; with optimizer=muon optimizer\.hidden\.lr and optimizer\.embedding\.lr\)",
         text,
     )
     weights_nan = re.search(

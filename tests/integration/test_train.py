@@ -41,7 +41,8 @@ def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run,
     tags = ea.Tags()
     for tag in ("train/loss", "val/loss", "val/ppl", "train/grad_norm", "perf/tokens_per_sec"):
         assert tag in tags["scalars"], (tag, tags["scalars"])
-    assert any(t.startswith("lr-AdamW") for t in tags["scalars"])
+    # the default recipe: one learning-rate curve per parameter role (Muon for the hidden matrices)
+    assert {"lr-MuonAdamW/hidden", "lr-MuonAdamW/embedding"} <= set(tags["scalars"]), tags["scalars"]
     val = ea.Scalars("val/loss")
     assert len(val) == 2 and val[0].step < val[1].step  # validations after steps 3 and 6
     ppl = ea.Scalars("val/ppl")
@@ -195,6 +196,7 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
             f"model.init_from={tmp_path / 'gpt2-tiny'}",
             "trainer.max_steps=1",
             "trainer.val_check_interval=1",
+            "optimizer=adamw",
             "optimizer.lr=1e-9",
             "scheduler=constant",
             f"paths.output_root={tmp_path}/outputs",

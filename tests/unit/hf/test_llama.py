@@ -440,6 +440,7 @@ def test_training_starts_from_a_transformers_llama_folder(tmp_path, run_cli):
             f"model.init_from={tmp_path / 'llama-tiny'}",
             "trainer.max_steps=1",
             "trainer.val_check_interval=1",
+            "optimizer=adamw",
             "optimizer.lr=1e-9",
             "scheduler=constant",
             f"paths.output_root={tmp_path}/outputs",

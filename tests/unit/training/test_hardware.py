@@ -355,11 +355,13 @@ def test_the_cpu_default_is_unchanged(compose_cfg, machine):
     assert _plain(cfg) == _plain(compose_cfg(["hardware=cpu"]))
     m = cfg.model
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 128, 0.0)
-    assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps, cfg.optimizer.lr) == (
-        "gpt2",
-        8,
-        800,
-        2e-3,
+    assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps) == ("gpt2", 8, 800)
+    # the recipe: Muon on the hidden matrices, AdamW on the rest, warmup-stable-decay
+    assert "MuonAdamW" in cfg.optimizer._target_ and "WarmupStableDecay" in cfg.scheduler._target_
+    assert (cfg.optimizer.hidden.lr, cfg.optimizer.embedding.lr, cfg.scheduler.decay_fraction) == (
+        0.02,
+        3e-3,
+        0.3,
     )
     assert (cfg.run_name, cfg.compile, cfg.trainer.accelerator, cfg.trainer.precision) == (
         "default",
@@ -367,7 +369,7 @@ def test_the_cpu_default_is_unchanged(compose_cfg, machine):
         "auto",
         "auto",
     )
-    assert (cfg.trainer.val_check_interval, cfg.scheduler.warmup_steps, cfg.seed) == (100, 50, 1337)
+    assert (cfg.trainer.val_check_interval, cfg.scheduler.warmup_steps, cfg.seed) == (100, 0, 1337)
 
 
 def test_a_gpu_machine_defaults_to_the_gpu_sized_run(compose_cfg, machine):

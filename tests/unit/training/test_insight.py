@@ -106,7 +106,7 @@ def test_the_hparams_tab_gets_the_config_and_the_loss_and_speed_metrics(run, tb_
     hparams = start.session_start_info.hparams
     assert hparams["model.attention"].string_value == "sdpa"
     assert hparams["model.n_layer"].number_value == 2
-    assert hparams["optimizer.lr"].number_value == pytest.approx(2e-3)
+    assert hparams["optimizer.hidden.lr"].number_value == pytest.approx(0.02)  # the default, Muon's
     assert not [k for k in hparams if k.startswith(("paths.", "callbacks.", "logger."))]
     end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"])
     assert end.session_end_info.status == 1  # STATUS_SUCCESS, written when training finished
