@@ -11,13 +11,14 @@ One module per family, in teaching order:
 - ``sdpa``: the production path, fused QKV + ``scaled_dot_product_attention`` with a KV cache (``sdpa``);
 - ``torch_module``: PyTorch's ``nn.MultiheadAttention`` (``torch``).
 
-``base`` holds the interface they share (``LMAttention``: capabilities as class attributes, weights in and
-out as ``AttentionWeights``), ``kv_cache`` the cache, ``registry`` the names. Adding a mechanism: one module
-in this folder with an ``LMAttention`` subclass and one ``@register_attention("name")`` on it; every module
-here is imported (so registered) when the package is.
+``base`` holds the interface they share (``LMAttention``: capabilities as class attributes, weights in and out
+as ``AttentionWeights``), ``kv_cache`` the cache, ``registry`` the names, ``checks`` the shape checks. Adding
+a mechanism: one module in this folder with an ``LMAttention`` subclass and one
+``@register_attention("name")`` on it; every module here is imported (so registered) when the package is.
 """
 
-from gptmini.attention.base import AttentionWeights, LMAttention, causal_probs, check_heads, check_length
+from gptmini.attention.base import AttentionWeights, LMAttention, causal_probs
+from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import (
     ATTENTION_REGISTRY,

@@ -17,6 +17,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from gptmini.attention.kv_cache import KVCache
+from gptmini.attention.registry import ATTENTION_REGISTRY, available_attention
 
 
 @dataclass
@@ -119,8 +120,6 @@ class LMAttention(nn.Module):
 
     def reject_cache(self, kv_cache: KVCache | None) -> None:
         if kv_cache is not None and not self.supports_kv_cache:
-            from gptmini.attention.registry import ATTENTION_REGISTRY, available_attention
-
             cached = [n for n in available_attention() if ATTENTION_REGISTRY[n].supports_kv_cache]
             raise ValueError(
                 f"{type(self).__name__} does not support a KV cache (supports_kv_cache=False); "
@@ -129,21 +128,6 @@ class LMAttention(nn.Module):
 
 
 # --- helpers shared by the implementations ---------------------------------------------------------------
-
-
-def check_length(num_tokens: int, context_length: int, start: int = 0) -> None:
-    # Plain ints only: no tensor is read, so this never forces a device sync.
-    if start + num_tokens > context_length:
-        if start:
-            raise ValueError(
-                f"{start} cached + {num_tokens} new tokens exceed context_length={context_length}"
-            )
-        raise ValueError(f"input has T={num_tokens} tokens but context_length={context_length}")
-
-
-def check_heads(d_model: int, n_head: int) -> None:
-    if n_head <= 0 or d_model % n_head != 0:
-        raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
 
 
 def causal_probs(q: Tensor, k: Tensor) -> Tensor:

@@ -12,11 +12,10 @@ from torch import Tensor
 from gptmini.attention.base import (
     AttentionWeights,
     LMAttention,
-    check_heads,
-    check_length,
     copy_param,
     set_out_proj,
 )
+from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
 

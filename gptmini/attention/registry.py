@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import torch.nn as nn
 
+from gptmini.attention.checks import check_heads
+
 T = TypeVar("T")
 
 # name -> class (or, for the weightless book mechanism, function); causal or not, as each declares
@@ -68,8 +70,6 @@ def build_attention(
     **options: Any,
 ) -> nn.Module:
     """An instance of ``name``; ``options`` (e.g. ``n_kv_head``) must be among those its class declares."""
-    from gptmini.attention.base import check_heads
-
     cls = attention_class(name)
     check_heads(d_model, n_head)
     unsupported = sorted(set(options) - cls.options)

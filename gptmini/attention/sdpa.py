@@ -17,11 +17,11 @@ from gptmini.attention.base import (
     AttentionWeights,
     LMAttention,
     causal_probs,
-    check_heads,
     copy_param,
     set_fused_qkv,
     set_out_proj,
 )
+from gptmini.attention.checks import check_heads
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.qk_norm import head_rms_norm
 from gptmini.attention.registry import register_attention

@@ -11,11 +11,10 @@ from gptmini.attention.base import (
     AttentionWeights,
     LMAttention,
     causal_probs,
-    check_heads,
-    check_length,
     set_fused_qkv,
     set_out_proj,
 )
+from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
 
