@@ -402,29 +402,15 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.end_to_end bare ...``: the bare loop, which the benchmark starts as its own process.
+    The benchmark itself is a section of the benchmarks' one command line (``python -m benchmarks --only e2e``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bare"]:
-        return bare_loop(argv[1:])
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.end_to_end",
-        description="the whole quick-start run through the command line against the bare loop "
-        "(same as `python -m benchmarks --only e2e`)",
-    )
-    p.add_argument("--quick", action="store_true", help="6 steps instead of 2000 (a smoke test)")
-    p.add_argument("--rounds", type=int, default=None, help="runs of each path (default 2; quick: 1)")
-    p.add_argument(
-        "--tinyshakespeare", default=None, help="train on this file instead of the embedded corpus"
-    )
-    p.add_argument("--out", type=Path, default=Path("results"))
-    a = p.parse_args(argv)
-    from benchmarks.cli import main as bench_main
-
-    args = ["--only", "e2e", "--out", str(a.out)] + (["--quick"] if a.quick else [])
-    if a.rounds is not None:
-        args += ["--e2e-rounds", str(a.rounds)]
-    if a.tinyshakespeare:
-        args += ["--tinyshakespeare", a.tinyshakespeare]
-    return bench_main(args)
+    if argv[:1] != ["bare"]:
+        sys.exit(
+            "usage: python -m benchmarks.end_to_end bare --data-dir DIR --timeline FILE [...] (the bare loop the "
+            "benchmark starts); to run the benchmark: python -m benchmarks --only e2e [--quick] [--e2e-rounds N]"
+        )
+    return bare_loop(argv[1:])
 
 
 if __name__ == "__main__":
