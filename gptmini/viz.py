@@ -1,10 +1,21 @@
-"""Attention heatmaps with the tokens on the axes: matplotlib figures for PNG export, and the same grids drawn
-directly as RGB arrays (NumPy + Pillow, tens of milliseconds instead of seconds) for TensorBoard during training."""
+"""Every image gptmini draws, as pure functions of their inputs (no global plotting state), safe on any thread.
+
+- Drawn directly as RGB arrays with NumPy and Pillow, without importing matplotlib (the training process draws
+  these at every validation): :func:`heatmap_grid` and :func:`attention_images` (attention maps with the tokens
+  on the axes), :func:`score_grid` (a layers x heads grid of one head score), :func:`loss_curve` (loss by
+  position in the context); :func:`png` encodes any of them.
+- matplotlib figures, for files a person opens: :func:`attention_figures` (the attention maps ``gptmini
+  attention`` exports as PNG) and :func:`pattern_panels` (the attention patterns of the head report).
+
+One colour map for all of them, viridis (:func:`viridis`) on a fixed scale the caller gives, and one font, DejaVu
+Sans.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +23,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+# score_grid: the cell area's longer side in pixels: the whole image fits TensorBoard's default image card
+GRID_SIDE = 400
+# cells at most this many times taller than wide, or wider than tall (1 layer of 12 heads: a strip, not a bar)
+MAX_CELL_ASPECT = 4.0
 
 
 def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
@@ -24,19 +40,15 @@ def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
 
 def attention_figures(maps: torch.Tensor, labels: list[str]) -> tuple[list[Any], list[Any]]:
     """For (n_layer, n_head, T, T) probabilities: per layer, a grid of head heatmaps and a head-averaged map,
-    with the tokens written on the axes (rows: queries, columns: keys)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; figures are rendered to images
-    import matplotlib.pyplot as plt
-
+    with the tokens written on the axes (rows: queries, columns: keys), as matplotlib figures (``savefig``)."""
     n_layer, n_head, t, _ = maps.shape
     cols = min(n_head, 4)
     rows = math.ceil(n_head / cols)
     size = max(3.0, 0.22 * t)
     grids, means = [], []
     for layer in range(n_layer):
-        fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size), squeeze=False)
+        fig = _figure(cols * size, rows * size)
+        axes = fig.subplots(rows, cols, squeeze=False)
         for h in range(rows * cols):
             ax = axes[h // cols][h % cols]
             if h >= n_head:
@@ -45,21 +57,48 @@ def attention_figures(maps: torch.Tensor, labels: list[str]) -> tuple[list[Any],
             _heatmap(ax, maps[layer, h], labels, f"layer {layer} head {h}")
         fig.tight_layout()
         grids.append(fig)
-        fig, ax = plt.subplots(figsize=(size, size))
-        _heatmap(ax, maps[layer].mean(0), labels, f"layer {layer}, mean over heads")
+        fig = _figure(size, size)
+        _heatmap(fig.add_subplot(), maps[layer].mean(0), labels, f"layer {layer}, mean over heads")
         fig.tight_layout()
         means.append(fig)
     return grids, means
 
 
-def _heatmap(ax: Any, probs: torch.Tensor, labels: list[str], title: str) -> None:
-    ax.imshow(probs.float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-    ax.set_title(title, fontsize=9)
-    ticks = range(len(labels))
-    ax.set_xticks(ticks, labels, rotation=90, fontsize=6)
-    ax.set_yticks(ticks, labels, fontsize=6)
+def _heatmap(
+    ax: Any, probs: torch.Tensor | np.ndarray, labels: Sequence[str] | None, title: str, text: int = 6
+) -> None:
+    """Probabilities (T, T) on [0, 1] into ``ax``: rows queries, columns keys, a token per tick when given."""
+    ax.imshow(_numpy(probs), cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_title(title, fontsize=text + 3)
+    if labels is not None:
+        ticks = range(len(labels))
+        ax.set_xticks(ticks, labels, rotation=90, fontsize=text)
+        ax.set_yticks(ticks, labels, fontsize=text)
+    else:
+        ax.tick_params(labelsize=text + 1)
     ax.set_xlabel("key", fontsize=7)
     ax.set_ylabel("query", fontsize=7)
+
+
+def _figure(width: float, height: float) -> Any:
+    """A matplotlib figure of its own (the object API, not pyplot: no global state, nothing to close)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _to_array(fig: Any) -> np.ndarray:
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().float().cpu().numpy()
+    return np.asarray(values, dtype=np.float32)
 
 
 def attention_entropy(maps: torch.Tensor) -> torch.Tensor:
@@ -133,7 +172,7 @@ def heatmap_grid(
     Pillow (no torch, no matplotlib): safe to run on a background thread."""
     from PIL import Image, ImageDraw
 
-    values = panels.detach().float().cpu().numpy() if isinstance(panels, torch.Tensor) else np.asarray(panels)
+    values = _numpy(panels)
     n, r, c = values.shape
     if len(titles) != n or len(row_labels) != r or len(col_labels) != c:
         raise ValueError(
@@ -179,7 +218,7 @@ def attention_images(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """For (n_layer, n_head, T, T) probabilities: per layer, (grid of head heatmaps, head-averaged map) as RGB
     arrays, the same panels as :func:`attention_figures` draws with matplotlib."""
-    values = maps.detach().float().cpu().numpy() if isinstance(maps, torch.Tensor) else np.asarray(maps)
+    values = _numpy(maps)
     n_layer, n_head = values.shape[:2]
     out = []
     for layer in range(n_layer):
@@ -191,3 +230,160 @@ def attention_images(
         )
         out.append((heads, mean))
     return out
+
+
+# --- head scores and loss by position (the head report, the insight callback) -----------------------------
+
+
+def _colour(value: float, vmin: float, vmax: float) -> tuple[int, int, int]:
+    if not np.isfinite(value):
+        return (200, 200, 200)  # no score: grey, written "-"
+    r, g, b = viridis(np.asarray(0.0 if vmax <= vmin else (value - vmin) / (vmax - vmin)))
+    return int(r), int(g), int(b)
+
+
+def _ink(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
+    # black text on light cells, white on dark ones
+    return (0, 0, 0) if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else (255, 255, 255)
+
+
+def score_grid(
+    values: torch.Tensor | np.ndarray,
+    title: str,
+    vmin: float,
+    vmax: float,
+    fmt: str = "{:.2f}",
+    subtitle: str = "",
+) -> np.ndarray:
+    """A layers x heads grid (rows: layers, columns: heads) coloured on the fixed scale [vmin, vmax], the value
+    written in each cell, a colour bar on the right: (H, W, 3) uint8. The cell area is near-square whatever the
+    shape (cells stretch, within ``MAX_CELL_ASPECT``)."""
+    from PIL import Image, ImageDraw
+
+    v = np.asarray(values, dtype=np.float64)
+    n_layer, n_head = v.shape
+    cell_w = GRID_SIDE / n_head
+    cell_h = GRID_SIDE / n_layer
+    cell_h = min(cell_h, cell_w * MAX_CELL_ASPECT)
+    cell_w = min(cell_w, cell_h * MAX_CELL_ASPECT)
+    cell_w, cell_h = int(cell_w), int(cell_h)
+    size = int(min(cell_h * 0.38, cell_w / 3.2, 16))
+    cell_font, label_font, title_font = _font(max(size, 7)), _font(11), _font(13)
+    left, top, bar = 34, 38 + (16 if subtitle else 0), 58
+    width, height = left + n_head * cell_w + bar, top + n_layer * cell_h + 8
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((4, 2), title, fill="black", font=title_font)
+    if subtitle:
+        draw.text((4, 18), subtitle, fill=(90, 90, 90), font=label_font)
+    label_every = max(
+        1, round(n_head / max(1, (n_head * cell_w) // 24))
+    )  # column labels ~24 px apart at least
+    for h in range(0, n_head, label_every):
+        draw.text((left + (h + 0.5) * cell_w, top - 3), f"H{h}", fill="black", font=label_font, anchor="md")
+    for layer in range(n_layer):
+        y0 = top + layer * cell_h
+        draw.text((left - 4, y0 + cell_h / 2), f"L{layer}", fill="black", font=label_font, anchor="rm")
+        for h in range(n_head):
+            x0 = left + h * cell_w
+            rgb = _colour(v[layer, h], vmin, vmax)
+            draw.rectangle([x0, y0, x0 + cell_w - 1, y0 + cell_h - 1], fill=rgb, outline="white")
+            if size >= 7:
+                text = fmt.format(v[layer, h]) if np.isfinite(v[layer, h]) else "-"
+                draw.text(
+                    (x0 + cell_w / 2, y0 + cell_h / 2), text, fill=_ink(rgb), font=cell_font, anchor="mm"
+                )
+    # colour bar: the fixed scale, vmax at the top
+    x0, y0, y1 = left + n_head * cell_w + 10, top, top + n_layer * cell_h - 1
+    ramp = viridis(np.linspace(1.0, 0.0, y1 - y0 + 1))  # (rows, 3), top row: vmax
+    img.paste(Image.fromarray(np.repeat(ramp[:, None, :], 13, axis=1)), (x0, y0))
+    draw.text((x0 + 15, y0), fmt.format(vmax), fill="black", font=label_font, anchor="lt")
+    draw.text((x0 + 15, y1), fmt.format(vmin), fill="black", font=label_font, anchor="lb")
+    return np.asarray(img)
+
+
+def _nice_step(span: float, target: int = 5) -> float:
+    """A round tick step (1, 2 or 5 times a power of ten) giving about ``target`` ticks over ``span``."""
+    raw = max(span, 1e-9) / target
+    power = 10 ** np.floor(np.log10(raw))
+    return float(next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
+
+
+def loss_curve(
+    curves: Sequence[tuple[str, torch.Tensor | np.ndarray]],
+    bands: tuple[tuple[int, int], tuple[int, int]],
+    icl: float | None = None,
+) -> np.ndarray:
+    """Validation loss against position in the context for (label, losses) pairs, oldest first: the newest curve
+    bold in blue over up to 6 earlier ones in grey (darker = newer, so the curve is seen to change), the early
+    (green) and late (red) ICL bands shaded: (H, W, 3) uint8. Drawn with Pillow like the grids: a matplotlib
+    figure costs ten times as much, at every validation."""
+    from PIL import Image, ImageDraw
+
+    shown = [(label, np.asarray(y, dtype=np.float64)) for label, y in list(curves)[-7:]]
+    width, height, left, right, top, bottom = 520, 360, 52, 14, 46, 38
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    font, small = _font(12), _font(10)
+    t = max(len(y) for _, y in shown)
+    values = np.concatenate([y[np.isfinite(y)] for _, y in shown] or [np.zeros(1)])
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+    pad = max(hi - lo, 1e-3) * 0.06
+    lo, hi = lo - pad, hi + pad
+    x0, x1, y0, y1 = left, width - right, top, height - bottom  # the plot area
+
+    def px(i: float) -> float:
+        return x0 + (x1 - x0) * i / max(1, t - 1)
+
+    def py(v: float) -> float:
+        return y1 - (y1 - y0) * (v - lo) / (hi - lo)
+
+    for (b0, b1), colour in zip(bands, ((220, 240, 220), (248, 222, 222)), strict=True):
+        draw.rectangle([px(b0 - 0.5), y0, px(b1 - 0.5), y1], fill=colour)
+    ystep = _nice_step(hi - lo)
+    decimals = max(0, -int(np.floor(np.log10(ystep))))
+    for v in np.arange(np.ceil(lo / ystep) * ystep, hi, ystep):
+        draw.line([x0, py(v), x1, py(v)], fill=(232, 232, 232))
+        label = round(float(v), decimals) + 0.0  # + 0.0: no "-0"
+        draw.text((x0 - 4, py(v)), f"{label:.{decimals}f}", "black", small, "rm")
+    for i in np.arange(0, t, _nice_step(t - 1, 8)):
+        draw.line([px(i), y1, px(i), y1 + 3], fill="black")
+        draw.text((px(i), y1 + 5), f"{int(i)}", "black", small, "mt")
+    draw.rectangle([x0, y0, x1, y1], outline=(120, 120, 120))
+    for k, (_, y) in enumerate(shown):
+        newest = k == len(shown) - 1
+        grey = int(215 - 110 * (k + 1) / len(shown))
+        points = [(px(i), py(v)) for i, v in enumerate(y) if np.isfinite(v)]
+        draw.line(points, fill=(31, 119, 180) if newest else (grey, grey, grey), width=2 if newest else 1)
+    title = "validation loss (nats) by position in the context"
+    draw.text((width / 2, 4), title, "black", font, "mt")
+    sub = f"{shown[-1][0]} (blue)" + (f"; ICL score late - early {icl:+.3f} nats" if icl is not None else "")
+    draw.text((width / 2, 22), sub, (60, 60, 60), small, "mt")
+    draw.text(
+        (x1, height - 4), "position (tokens); green: early band, red: late band", (60, 60, 60), small, "rb"
+    )
+    return np.asarray(img)
+
+
+def pattern_panels(
+    maps: Sequence[torch.Tensor], titles: Sequence[str], labels: Sequence[str] | None = None
+) -> np.ndarray:
+    """Attention patterns (T, T) side by side (rows: queries, columns: keys; probabilities on [0, 1]), with the
+    tokens on the axes when there are few enough to read: (H, W, 3) uint8."""
+    n = len(maps)
+    fig = _figure(3.2 * n, 3.4)
+    for i, (probs, title) in enumerate(zip(maps, titles, strict=True)):
+        t = probs.shape[-1]
+        shown = list(labels[:t]) if labels is not None and t <= 40 else None
+        _heatmap(fig.add_subplot(1, n, i + 1), probs, shown, title, text=5)
+    fig.tight_layout()
+    return _to_array(fig)
+
+
+def png(image: np.ndarray) -> bytes:
+    """An (H, W, 3) uint8 image as PNG bytes."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", optimize=False)
+    return buf.getvalue()

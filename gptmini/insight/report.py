@@ -17,9 +17,9 @@ from gptmini.fileio import atomic_write_json, atomic_write_text
 from gptmini.insight.ablation import mean_ablation
 from gptmini.insight.icl import icl_bands, icl_score, loss_by_position
 from gptmini.insight.probes import Probes
-from gptmini.insight.render import loss_curve, pattern_panels, png, score_grid
 from gptmini.insight.scores import SCORES, probe_maps, score_patterns
 from gptmini.model import GPT
+from gptmini.viz import loss_curve, pattern_panels, png, score_grid
 
 ABLATION = "ablation_loss_delta"
 TOP_K = 3

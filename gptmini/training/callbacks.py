@@ -25,8 +25,8 @@ from gptmini.data.tokenizers import encode_known
 from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes, generation_bytes
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
+from gptmini.training.background import submit
 from gptmini.training.lightning_compat import request_graceful_stop
-from gptmini.training.render import submit
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
 log = logging.getLogger(__name__)

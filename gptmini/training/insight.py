@@ -30,10 +30,10 @@ from gptmini.insight import (
     loss_by_position,
 )
 from gptmini.insight.probes import check_probe_settings, make_probes
-from gptmini.insight.render import loss_curve, score_grid
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
 from gptmini.training.callbacks import LoggingCallback
+from gptmini.viz import loss_curve, score_grid
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 
 from gptmini.insight import SCORES, make_probes
-from gptmini.insight.render import _colormap, score_grid
 from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.model import GPT, GPTConfig
+from gptmini.viz import score_grid, viridis
 
 
 def _cell_colour(image: np.ndarray, n_layer: int, n_head: int, layer: int, head: int) -> tuple[int, ...]:
@@ -31,20 +31,25 @@ def _cell_colour(image: np.ndarray, n_layer: int, n_head: int, layer: int, head:
 
 
 def test_the_colour_scale_is_fixed_and_the_grid_near_square():
-    lut = _colormap()
+    low, high = (tuple(viridis(np.array(v))) for v in (0.0, 1.0))
     values = torch.tensor([[0.0, 1.0, 0.5], [0.25, 0.75, 1.0]])
     image = score_grid(values, "induction score", 0.0, 1.0)
     assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
-    assert _cell_colour(image, 2, 3, 0, 0) == tuple(lut[0])
-    assert _cell_colour(image, 2, 3, 0, 1) == tuple(lut[255])
+    assert _cell_colour(image, 2, 3, 0, 0) == low
+    assert _cell_colour(image, 2, 3, 0, 1) == high
     # the same value is the same colour whatever the other values (no rescaling to the data)
     other = score_grid(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 1.0]]), "x", 0.0, 1.0)
-    assert _cell_colour(other, 2, 3, 1, 2) == tuple(lut[255])
+    assert _cell_colour(other, 2, 3, 1, 2) == high
     for shape in [(12, 12), (4, 4), (2, 8), (6, 2)]:
         h, w, _ = score_grid(torch.rand(shape), "x", 0.0, 1.0).shape
         assert 0.75 < w / h < 1.35, shape  # fits a square TensorBoard card
     h, w, _ = score_grid(torch.rand(1, 12), "x", 0.0, 1.0).shape
     assert w / h < 4  # one layer: a strip, not a one-pixel-high bar
+
+
+def test_a_head_without_a_score_is_a_grey_cell_not_an_error():
+    image = score_grid(np.array([[0.0, np.nan, 1.0]]), "x", 0.0, 1.0)
+    assert np.all(image == (200, 200, 200), axis=-1).sum() > 100  # one cell's worth of grey
 
 
 @pytest.fixture(scope="module")

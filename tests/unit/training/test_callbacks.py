@@ -124,7 +124,7 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
 
     from PIL import Image
 
-    from gptmini.training.render import BackgroundWork
+    from gptmini.training.background import BackgroundWork
     from gptmini.viz import attention_images, token_labels
 
     tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
