@@ -1,7 +1,7 @@
 """What the heads learn, live: head-type scores, the loss by position and the ICL score at every validation, the
 induction phase change, and the run's hyperparameters for TensorBoard's HPARAMS tab.
 
-All of it runs at validation (and once before the first step, as the baseline), never in a training step: one
+All of it runs at validation (and once for the untrained model, as the baseline), never in a training step: one
 batched pass of the fixed probes through the model's explicit attention path, one forward over fixed validation
 windows, and images drawn with Pillow. The computations and the drawing live in ``gptmini.insight``.
 """
@@ -9,6 +9,7 @@ windows, and images drawn with Pillow. The computations and the drawing live in 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import time
@@ -95,9 +96,9 @@ def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
 
 
 class HeadInsightLogger(LoggingCallback):
-    """At each validation (and before the first step): every head's scores as one grid image per score
-    (``insight/grid/<score>``, layers x heads, fixed colour scale) and as per-head scalars
-    (``insight/<score>/layerL_headH``, charted per layer in CUSTOM SCALARS), the loss by position
+    """At each validation (and once for the untrained model, the baseline, logged as step 0): every head's
+    scores as one grid image per score (``insight/grid/<score>``, layers x heads, fixed colour scale) and as
+    per-head scalars (``insight/<score>/layerL_headH``, charted per layer in CUSTOM SCALARS), the loss by position
     (``insight/loss_by_position``) and ``insight/icl_score``; the induction phase change, once, in the log and as
     ``insight/phase_change`` text. Also ``val/best_loss``, and at the start the run's hyperparameters with the
     ``HPARAM_METRICS`` for the HPARAMS tab (``log_hparams``).
@@ -131,6 +132,8 @@ class HeadInsightLogger(LoggingCallback):
         self._probes: Probes | None = None
         self._curves: list[tuple[str, torch.Tensor]] = []
         self._session_end: Any = None
+        # a copy of the untrained model, scored at the first validation (or the end of training)
+        self._untrained: torch.nn.Module | None = None
 
     def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
         # the text and the repeated-token probes together, every layer's attention kept; the loss windows are
@@ -150,12 +153,17 @@ class HeadInsightLogger(LoggingCallback):
         writer.add_custom_scalars(custom_scalars_layout(pl_module.model.config.n_layer))
         if self.log_hparams:
             self._write_hparams(writer, pl_module)
-        if trainer.global_step == 0:  # the untrained model: the baseline the phase change is measured from
-            self._insight(trainer, pl_module, writer)
+        if trainer.global_step == 0:
+            # the untrained model is the baseline the phase change is measured from; it is scored later, on a
+            # copy taken now, so that the first training step does not wait for a pass over the probes (whose
+            # first forward also pays the kernels' one-time set-up)
+            self._untrained = copy.deepcopy(pl_module.model).requires_grad_(False)
 
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = _tensorboard(trainer)
+        if writer is not None:
+            self._score_untrained(trainer, pl_module, writer)  # a run that ended before its first validation
         if writer is not None and self._session_end is not None:
             writer.file_writer.add_summary(self._session_end)
             writer.flush()
@@ -171,6 +179,7 @@ class HeadInsightLogger(LoggingCallback):
         if val is not None and math.isfinite(float(val)):
             self.best_val_loss = min(float(val), self.best_val_loss or math.inf)
             writer.add_scalar("val/best_loss", self.best_val_loss, trainer.global_step)
+        self._score_untrained(trainer, pl_module, writer)
         self._insight(trainer, pl_module, writer)
 
     # --- state: a resumed run keeps its best loss and does not report the phase change twice ---
@@ -205,15 +214,27 @@ class HeadInsightLogger(LoggingCallback):
             self._probes = probes.to(pl_module.device)
         return self._probes
 
-    def _insight(self, trainer: L.Trainer, pl_module: L.LightningModule, writer: Any) -> None:
+    def _score_untrained(self, trainer: L.Trainer, pl_module: L.LightningModule, writer: Any) -> None:
+        model, self._untrained = self._untrained, None
+        if model is not None:
+            self._insight(trainer, pl_module, writer, model=model, step=0)
+
+    def _insight(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        writer: Any,
+        model: torch.nn.Module | None = None,
+        step: int | None = None,
+    ) -> None:
         probes = self._probe_data(trainer, pl_module)
         if probes is not None:
             # the run's precision (bf16 autocast on GPUs), as in the validation steps
             self.insight_pass(
-                pl_module.model,
+                pl_module.model if model is None else model,
                 probes,
                 writer,
-                trainer.global_step,
+                trainer.global_step if step is None else step,
                 trainer.precision_plugin.forward_context(),
             )
 

@@ -175,3 +175,50 @@ def test_the_attention_tab_summary_is_labelled_by_the_same_validations_scores(ru
         for name in ("previous_token", "induction", "first_token", "mean_distance")
     }
     assert header["head_types"] == head_types(logged)
+
+
+def test_the_untrained_baseline_is_scored_later_on_the_weights_of_step_0(tmp_path, tb_events):
+    """The first training step does not wait for the baseline pass: at the start of training the callback keeps a
+    copy of the untrained model and scores it (as step 0) at the first validation, after the weights changed."""
+    import copy
+    import types
+
+    import numpy as np
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from gptmini.insight import head_scores
+    from gptmini.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    untrained = copy.deepcopy(model)  # the oracle's copy, taken by the test
+    tokens = np.random.default_rng(0).integers(0, 20, 4000).astype(np.uint16)
+    logger = TensorBoardLogger(str(tmp_path), name="", version="tb")
+    trainer = types.SimpleNamespace(
+        global_step=0,
+        loggers=[logger],
+        sanity_checking=False,
+        callback_metrics={},
+        datamodule=types.SimpleNamespace(val_dataset=types.SimpleNamespace(tokens=tokens)),
+        precision_plugin=types.SimpleNamespace(forward_context=__import__("contextlib").nullcontext),
+    )
+    pl_module = types.SimpleNamespace(model=model, device=torch.device("cpu"), hparams={})
+    callback = HeadInsightLogger(probe_tokens=12, probe_batch=2, loss_windows=4, log_hparams=False)
+
+    callback.on_train_start(trainer, pl_module)
+    assert callback.last_scores is None  # nothing scored before the first step
+    with torch.no_grad():  # "training": every weight moves
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    trainer.global_step, trainer.callback_metrics = 5, {"val/loss": torch.tensor(2.5)}
+    callback.on_validation_end(trainer, pl_module)
+    logger.experiment.flush()
+
+    ea = tb_events(tmp_path)
+    got = {e.step: e.value for e in ea.Scalars("insight/induction/layer1_head0")}
+    probes = callback._probes
+    want_0 = head_scores(untrained, probes)["induction"][1, 0].item()
+    want_5 = head_scores(model, probes)["induction"][1, 0].item()
+    assert want_0 != want_5  # the two weight sets score differently: the check below can tell them apart
+    assert got == pytest.approx({0: want_0, 5: want_5}, rel=1e-6)
+    assert callback.last_scores[0] == 5  # the ATTENTION tab labels heads by the validation's own scores
