@@ -347,7 +347,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from gptmini.data.prepare import load_meta, load_split
+    from gptmini.data.reader import load_meta, load_split
     from gptmini.data.windows import RandomWindowDataset, StreamSampler, StridedWindowDataset
     from gptmini.model import GPT, GPTConfig
     from gptmini.training.allocator import retain_freed_memory

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # The checkpoint's own entry holding the checksum of its tensors (plain data: loads with weights_only=True).
 CHECKSUM_KEY = "gptmini_checksum"
-# The hyper-parameter recording which prepared data a run trained on (gptmini.data.prepare.data_identity).
+# The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
 # The files ``last`` chooses among (see find_last_checkpoint).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
@@ -322,7 +322,7 @@ def check_trained_data(
     (``hyper_parameters.data_identity``). Another tokenization (another char vocabulary: the ids would mean other
     text) is always refused; other data with the same tokenizer is refused, returned as a warning text, or
     allowed, per ``other_data``. ``fix`` ends a refusal. Checkpoints that record nothing are not compared."""
-    from gptmini.data.prepare import data_identity
+    from gptmini.data.reader import data_identity
 
     recorded = (ckpt.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
     if not isinstance(recorded, Mapping) or "fingerprint" not in recorded:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint, resolve_checkpoint
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import check_vocab, load_meta, load_tokenizer
+from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
 from gptmini.data.tokenizers import Tokenizer, build_tokenizer
 from gptmini.model import GPT
 from gptmini.options import resolve_device

@@ -30,7 +30,8 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
 
     from gptmini.conf_dir import conf_dir
     from gptmini.data.errors import DataError
-    from gptmini.data.prepare import cli_logging, load_meta
+    from gptmini.data.prepare import cli_logging
+    from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import TokenizerError
     from gptmini.training.config import RunError, check_input_files, register_configs
 

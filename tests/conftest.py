@@ -162,7 +162,7 @@ def write_checkpoint() -> Callable[..., Path]:
 
         hyper: dict[str, Any] = {"run_config": {}}
         if data_dir is not None:
-            from gptmini.data.prepare import data_identity, load_meta
+            from gptmini.data.reader import data_identity, load_meta
 
             meta = load_meta(data_dir)
             vocab_size = meta["vocab_size"]

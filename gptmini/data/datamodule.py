@@ -15,15 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gptmini.data.corpora import default_out_dir
-from gptmini.data.prepare import (
-    DEFAULT_BUFFER_MB,
-    DEFAULT_SHARD_TOKENS,
-    PrepareProgress,
-    load_meta,
-    load_split,
-    load_tokenizer,
-    prepare,
-)
+from gptmini.data.prepare import DEFAULT_BUFFER_MB, DEFAULT_SHARD_TOKENS, PrepareProgress, prepare
+from gptmini.data.reader import load_meta, load_split, load_tokenizer
 from gptmini.data.tokenizers import Tokenizer
 from gptmini.data.windows import RandomWindowDataset, ShardSampler, StreamSampler, StridedWindowDataset
 

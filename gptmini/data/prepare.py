@@ -1,10 +1,5 @@
-"""Corpus -> token shards + meta.json, streamed at constant memory and resumable; and loading them back, validated.
-
-Prepared layout (see data/README.md): ``meta.json`` is the index, written last and atomically, and the only proof
-that a folder is complete. It names a folder ``tokens-<inputs>/`` of fixed-size shards ``shard_000000.bin``, ...:
-raw little-endian token arrays (uint16 when the vocabulary fits, else uint32) that ``np.memmap`` opens in place.
-The shards hold one token stream (each document followed by the tokenizer's end-of-text token) and the splits are
-ranges of it, nanoGPT's rule: train the first ``1 - val_fraction`` of the tokens, val the rest.
+"""Corpus -> token shards + meta.json, streamed at constant memory and resumable: the writer of a prepared data
+folder (its layout, and reading it back, validated: ``gptmini.data.reader``).
 
 Preparing reads the corpus twice, piece by piece: a check of every file (UTF-8, JSON, columns; SHA-256 of its
 bytes; the character set for ``char``) that stops on bad input before any tokenizing, then the tokenizing, by a
@@ -47,7 +42,8 @@ from gptmini.data.corpora import (
     resolve_source,
 )
 from gptmini.data.errors import DataError
-from gptmini.data.shards import ShardWriter, TokenStream
+from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
+from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
     CharTokenizer,
     Tokenizer,
@@ -65,16 +61,12 @@ except ImportError:  # pragma: no cover - Windows
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-META_FILE = "meta.json"
 VOCAB_FILE = "vocab.json"
 PROGRESS_FILE = "progress.json"
 LOCK_FILE = ".lock"
 SHARD_PREFIX = "tokens-"
 # What format_version 1 kept at the top of the folder; removed when the folder is prepared again.
 LEGACY_FILES = ("train.bin", "val.bin", VOCAB_FILE)
-SPLITS = ("train", "val")
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # A piece of text encoded at once: ~64k characters, cut where the ids cannot change (see _CUT).
 CHUNK_CHARS = 1 << 16
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's and modded-nanogpt's FineWeb shards: 200 MB of uint16
@@ -228,7 +220,7 @@ class _Reporter:
             )
 
 
-# ------------------------------------------------------------------------------------- prepare / load
+# -------------------------------------------------------------------------------------------- prepare
 
 
 @dataclass(frozen=True)
@@ -285,7 +277,7 @@ def _freshness(
             (str(f.path), f.kind, f.size) for f in corpus.files
         ]:
             return None, []
-        _checked_shards(out, meta)
+        checked_shards(out, meta)
         if meta.get("vocab_file") and not (out / meta["vocab_file"]).is_file():
             return None, []
     except (DataError, KeyError, TypeError):
@@ -701,148 +693,6 @@ def _tokenize(
         pool.shutdown(wait=True, cancel_futures=True)
     report(stats[0], writer.tokens, corpus.total_bytes, force=True)
     return stats[0], stats[1]
-
-
-def load_meta(data_dir: str | Path) -> dict[str, Any]:
-    data_dir = Path(data_dir)
-    path = data_dir / META_FILE
-    if not path.is_file():
-        raise DataError(
-            f"{path} not found: {data_dir} is not a prepared data folder (or its prepare was interrupted); "
-            f"run `gptmini data --source <corpus> --out {data_dir}`"
-        )
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path} is not readable JSON ({e}); re-run prepare with --force") from e
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-        version = meta.get("format_version") if isinstance(meta, dict) else None
-        raise DataError(
-            f"{path} has format_version {version!r}, expected {FORMAT_VERSION}; re-run prepare (training does it "
-            "by itself) or prepare with --force"
-        )
-    if meta.get("dtype") not in DTYPES:
-        raise DataError(
-            f"{path} names dtype {meta.get('dtype')!r}; expected one of {sorted(DTYPES)}: re-run prepare --force"
-        )
-    if (
-        not isinstance(meta.get("splits"), dict)
-        or not isinstance(meta.get("vocab_size"), int)
-        or not isinstance(meta.get("shards"), list)
-        or not isinstance(meta.get("shard_dir"), str)
-    ):
-        raise DataError(
-            f"{path} lacks 'splits', 'shards', 'shard_dir' or 'vocab_size'; re-run prepare with --force"
-        )
-    return meta
-
-
-def _checked_shards(data_dir: Path, meta: Mapping[str, Any]) -> list[tuple[Path, int]]:
-    """Every shard's path and token count, each file's size checked against meta.json (a ``stat`` each)."""
-    itemsize = DTYPES[meta["dtype"]].itemsize
-    shards = []
-    for info in meta["shards"]:
-        path = data_dir / meta["shard_dir"] / info["file"]
-        try:
-            actual = path.stat().st_size
-        except OSError as e:
-            raise DataError(f"{path} is missing ({e.strerror or e}); re-run prepare with --force") from e
-        expected = int(info["tokens"]) * itemsize
-        if actual != expected:
-            raise DataError(
-                f"{path} has {actual} bytes but meta.json says {info['tokens']} {meta['dtype']} tokens "
-                f"({expected} bytes): the file is truncated or stale; re-run prepare with --force"
-            )
-        shards.append((path, int(info["tokens"])))
-    return shards
-
-
-def load_split(
-    data_dir: str | Path, split: str, meta: Mapping[str, Any] | None = None
-) -> np.ndarray | TokenStream:
-    """A split's tokens, validated against meta.json: a read-only ``np.memmap`` when they lie in one shard (every
-    corpus under ``shard_tokens``), else a ``TokenStream`` over the shards (same indexing and slicing)."""
-    data_dir = Path(data_dir)
-    meta = load_meta(data_dir) if meta is None else meta
-    info = meta["splits"].get(split)
-    if not isinstance(info, dict) or not isinstance(info.get("tokens"), int):
-        raise DataError(
-            f"{data_dir / META_FILE} has no split {split!r}; valid splits: {sorted(meta['splits'])}"
-        )
-    shards = _checked_shards(data_dir, meta)
-    dtype = DTYPES[meta["dtype"]]
-    start, n = int(info["start"]), int(info["tokens"])
-    if n == 0:  # mmap cannot map an empty range
-        return np.empty(0, dtype=dtype)
-    bounds = np.concatenate([[0], np.cumsum([t for _, t in shards])])
-    first = int(np.searchsorted(bounds, start, side="right")) - 1
-    if start + n <= bounds[first + 1]:
-        offset = (start - int(bounds[first])) * dtype.itemsize
-        return np.memmap(shards[first][0], dtype=dtype, mode="r", offset=offset, shape=(n,))
-    return TokenStream([p for p, _ in shards], [t for _, t in shards], dtype, start, n)
-
-
-def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Tokenizer:
-    """The tokenizer a prepared folder was made with (char vocab read from its vocab.json)."""
-    data_dir = Path(data_dir)
-    meta = load_meta(data_dir) if meta is None else meta
-    vocab = data_dir / meta["vocab_file"] if meta.get("vocab_file") else None
-    return build_tokenizer(meta["tokenizer"], vocab)
-
-
-def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
-    """Refuse a context longer than a split can fill (the same check the window datasets make), from meta.json
-    alone: before any model is built or any token is read."""
-    for split in SPLITS:
-        tokens = int(meta["splits"].get(split, {}).get("tokens", 0))
-        if (split == "train" or tokens > 0) and tokens < block_size + 1:
-            fix = "a larger val_fraction" if split == "val" else "a smaller val_fraction"
-            raise DataError(
-                f"split {split!r} has {tokens} tokens but block_size={block_size} needs at least "
-                f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
-            )
-
-
-def _fingerprint(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What a checkpoint records about the prepared data it was trained on (plain JSON data):
-    ``tokenizer_fingerprint`` changes with the tokenizer (for ``char``, with its exact vocabulary: ids mean other
-    characters), ``fingerprint`` with anything in the token files (corpus text, tokenizer, split)."""
-    data_dir = Path(data_dir)
-    meta = load_meta(data_dir) if meta is None else meta
-    tokenizer: dict[str, Any] = {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"]}
-    if meta.get("vocab_file"):
-        tokenizer["chars"] = "".join(CharTokenizer.load(data_dir / meta["vocab_file"]).chars)
-    tokenizer_fingerprint = _fingerprint(tokenizer)
-    data = {
-        "tokenizer": tokenizer_fingerprint,
-        "source_sha256": meta.get("source_sha256"),
-        "val_fraction": meta.get("val_fraction"),
-        "dtype": meta.get("dtype"),
-        "splits": {s: info.get("tokens") for s, info in sorted(meta["splits"].items())},
-    }
-    return {
-        "fingerprint": _fingerprint(data),
-        "tokenizer_fingerprint": tokenizer_fingerprint,
-        "data_dir": str(data_dir),
-        "source": meta.get("source"),
-        "tokenizer": meta["tokenizer"],
-        "vocab_size": int(meta["vocab_size"]),
-    }
-
-
-def check_vocab(model_vocab_size: int, meta: Mapping[str, Any]) -> None:
-    """Refuse a model whose embedding table cannot hold every token id of the prepared data."""
-    need = int(meta["vocab_size"])
-    if model_vocab_size < need:
-        raise DataError(
-            f"model vocab_size {model_vocab_size} is smaller than tokenizer {meta.get('tokenizer')!r} "
-            f"vocab_size {need}; set the model's vocab_size >= {need} "
-            f"(e.g. {math.ceil(need / 64) * 64}, a multiple of 64 for speed)"
-        )
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -33,7 +33,7 @@ def export_tokenizer(
     warning, for a checkpoint that records none), ``none`` writes none. Raises HFWeightsError when a ``char``
     vocabulary cannot be found or is not the one the checkpoint was trained with."""
     from gptmini.checkpoint import check_trained_data
-    from gptmini.data.prepare import load_tokenizer
+    from gptmini.data.reader import load_tokenizer
     from gptmini.data.tokenizers import build_tokenizer
 
     if choice == "none":
@@ -111,7 +111,7 @@ def _imported_run_config(args: argparse.Namespace, vocab_size: int) -> dict[str,
     """What the imported checkpoint records of its tokenizer (the commands that sample or show attention need
     one): the prepared data folder given with --data-dir (its char vocabulary or BPE), GPT-2's BPE when the
     model's vocabulary is GPT-2's, else nothing (those commands then ask for --data-dir)."""
-    from gptmini.data.prepare import load_meta
+    from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import build_tokenizer
 
     if args.data_dir:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gptmini.checkpoint import CheckpointError
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import load_split
+from gptmini.data.reader import load_split
 from gptmini.fileio import unwritable_reason
 from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes

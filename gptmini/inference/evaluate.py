@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import check_vocab, load_meta, load_split
+from gptmini.data.reader import check_vocab, load_meta, load_split
 from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes

@@ -99,7 +99,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         load_checkpoint,
         remove_stale_temp_files,
     )
-    from gptmini.data.prepare import check_block_size, check_vocab, data_identity, load_meta
+    from gptmini.data.reader import check_block_size, check_vocab, data_identity, load_meta
     from gptmini.training.module import GPTLightningModule
 
     ckpt_path = resolve_ckpt_path(cfg)

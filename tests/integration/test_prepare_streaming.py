@@ -17,7 +17,8 @@ import pytest
 
 from gptmini.data.corpora import shakespeare_text
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import load_meta, prepare
+from gptmini.data.prepare import prepare
+from gptmini.data.reader import load_meta
 
 SHARD_TOKENS = 4_000
 

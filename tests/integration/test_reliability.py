@@ -826,7 +826,8 @@ def test_checkpoint_with_pickled_code_is_refused_and_never_runs(ws: Workspace) -
 def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, tmp_path) -> None:
     import json
 
-    from gptmini.data.prepare import DataError, load_meta, load_split
+    from gptmini.data.errors import DataError
+    from gptmini.data.reader import load_meta, load_split
 
     good = ws.data_root / "shakespeare_char"
     truncated = tmp_path / "truncated"
@@ -866,7 +867,7 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
 def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
     """The training command re-tokenizes a prepared folder whose shard disagrees with meta.json instead of
     reading it (prepared data is a cache of the corpus)."""
-    from gptmini.data.prepare import load_meta
+    from gptmini.data.reader import load_meta
 
     data_root = tmp_path / "data"
     shutil.copytree(ws.data_root / "shakespeare_char", data_root / "shakespeare_char")

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from gptmini.checkpoint import CheckpointError, load_checkpoint
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import load_meta, load_split, prepare
+from gptmini.data.prepare import prepare
+from gptmini.data.reader import load_meta, load_split
 from gptmini.model import GPT, GPTConfig
 from gptmini.run import LoadedRun, open_run, tokenizer_for_run
 
@@ -189,7 +190,7 @@ def test_the_data_folder_is_the_recorded_one_or_the_one_given(world, tmp_path, w
 
 
 def test_sample_generates_what_the_checkpoint_generates(world, capsys, caplog):
-    from gptmini.data.prepare import load_tokenizer
+    from gptmini.data.reader import load_tokenizer
     from gptmini.inference.sample import main
 
     with caplog.at_level(logging.INFO):

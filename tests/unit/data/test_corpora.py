@@ -11,7 +11,8 @@ import pytest
 from gptmini.data import corpora
 from gptmini.data.corpora import is_url, resolve_source, shakespeare_text, source_name
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import load_split, load_tokenizer, prepare
+from gptmini.data.prepare import prepare
+from gptmini.data.reader import load_split, load_tokenizer
 from gptmini.data.tokenizers import gpt2_encoding
 
 SMALL = "".join(f"SPEAKER {i % 7}:\nLine number {i}, with words; and more words!\n\n" for i in range(400))

@@ -15,7 +15,8 @@ import pytest
 from gptmini.data import prepare as prep
 from gptmini.data.corpora import path_problem
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import load_meta, prepare
+from gptmini.data.prepare import prepare
+from gptmini.data.reader import load_meta
 
 TEXT = "".join(f"Line {i}: some words, and more words.\n" for i in range(300))
 

@@ -17,14 +17,8 @@ from gptmini.data import corpora
 from gptmini.data import prepare as prep  # the module, for monkeypatching its globals
 from gptmini.data.corpora import Fragment, shakespeare_text
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import (
-    check_vocab,
-    data_identity,
-    load_meta,
-    load_split,
-    load_tokenizer,
-    prepare,
-)
+from gptmini.data.prepare import prepare
+from gptmini.data.reader import check_vocab, data_identity, load_meta, load_split, load_tokenizer
 from gptmini.data.shards import ShardWriter, TokenStream
 from gptmini.data.tokenizers import TiktokenTokenizer, gpt2_encoding
 
@@ -395,9 +389,11 @@ def test_cli(corpus, tmp_path, caplog):
 def test_package_exports_the_light_api_without_torch_or_lightning():
     # A fresh interpreter: this one has torch loaded already. The CLI and the config checks rely on this.
     code = (
-        "import sys, gptmini.data.corpora, gptmini.data.prepare\n"
-        "from gptmini.data.prepare import DataError, load_split, prepare\n"
-        "assert callable(prepare) and DataError is sys.modules['gptmini.data.errors'].DataError\n"
+        "import sys, gptmini.data.corpora, gptmini.data.prepare, gptmini.data.reader\n"
+        "from gptmini.data.prepare import DataError, prepare\n"
+        "from gptmini.data.reader import load_split\n"
+        "assert callable(prepare) and callable(load_split)\n"
+        "assert DataError is sys.modules['gptmini.data.errors'].DataError\n"
         "assert not {'torch', 'lightning'} & set(sys.modules), sorted({'torch', 'lightning'} & set(sys.modules))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

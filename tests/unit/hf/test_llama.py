@@ -16,7 +16,8 @@ from torch.testing import assert_close  # noqa: E402
 
 from gptmini.attention.rope import apply_rope, rope_tables  # noqa: E402
 from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
-from gptmini.data.prepare import load_tokenizer, prepare  # noqa: E402
+from gptmini.data.prepare import prepare  # noqa: E402
+from gptmini.data.reader import load_tokenizer  # noqa: E402
 from gptmini.data.tokenizers import build_tokenizer  # noqa: E402
 from gptmini.hf import load_hf_model, load_hf_weights  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402

@@ -9,7 +9,8 @@ import torch
 from torch.testing import assert_close
 
 from gptmini.checkpoint import model_and_checkpoint
-from gptmini.data.prepare import load_split, prepare
+from gptmini.data.prepare import prepare
+from gptmini.data.reader import load_split
 from gptmini.inference.analyze import main
 from gptmini.insight import SCORES, head_scores, make_probes
 from gptmini.insight.report import ABLATION

@@ -74,7 +74,7 @@ def test_context_sweep_runs_past_the_training_length_where_positions_allow(
     import matplotlib.image
 
     from gptmini.checkpoint import model_and_checkpoint
-    from gptmini.data.prepare import load_meta, load_split
+    from gptmini.data.reader import load_meta, load_split
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("to be, or not to be: that is the question. " * 80)
