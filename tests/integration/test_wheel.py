@@ -1,12 +1,13 @@
 """The wheel a user gets from ``pip install .``: it carries the Hydra configs (conf/ -> gptmini/conf/), every
 package and the console scripts, and nothing of the repository besides (tests, benchmarks, scripts).
 
-The fast test builds the wheel and reads its file list. The slow one installs it into a fresh virtual
-environment and runs the console scripts from a folder outside the repository, where only the installed
-package can be found."""
+The fast tests build the wheel and read its file list. The slow one installs it into a fresh virtual
+environment and, in an empty folder outside the repository where only the installed package can be found, runs
+``gptmini train debug=smoke`` and samples from the run by name."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -117,11 +118,16 @@ def test_wheel_ships_the_attention_tab_and_registers_it_with_tensorboard(wheel):
     assert "\nclass AttentionLoader(" in zf.read("gptmini/board/plugin.py").decode()
 
 
-@pytest.mark.slow
-def test_installed_wheel_trains_and_samples_outside_the_repository(wheel, tmp_path):
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A fresh virtual environment with the wheel installed: its ``bin/`` folder. Only gptmini comes from the
+    wheel; its dependencies (torch, Lightning, ...) are this interpreter's, seen through a .pth file appended
+    after the new environment's own site-packages, so nothing is downloaded. The folders a .pth file lists are
+    added to sys.path as they are (the .pth files inside them are not run), so this interpreter's editable
+    gptmini cannot be imported there."""
     whl, _ = wheel
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", venv], check=True, timeout=120)
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -129,11 +135,9 @@ def test_installed_wheel_trains_and_samples_outside_the_repository(wheel, tmp_pa
         text=True,
         check=True,
     ).stdout.strip()
-    # The dependencies (torch, Lightning, ...) come from this interpreter's site-packages, appended after the
-    # new environment's own: no download. pip itself is found there too.
-    dev = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    dev = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}  # pip is found there too
     Path(purelib, "_gptmini_test_deps.pth").write_text("\n".join(sorted(dev)) + "\n")
-    # --ignore-installed: this interpreter's own (editable) gptmini is visible and must be neither reused
+    # --ignore-installed: this interpreter's own (editable) gptmini is visible to pip and must be neither reused
     # nor uninstalled.
     install = subprocess.run(
         [python, "-m", "pip", "install", "--no-deps", "--ignore-installed", "--no-index", whl],
@@ -142,36 +146,72 @@ def test_installed_wheel_trains_and_samples_outside_the_repository(wheel, tmp_pa
         timeout=300,
     )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return venv / "bin"
 
-    work = tmp_path / "work"  # not the repository: only the installed package can be imported here
+
+@pytest.mark.slow
+def test_gptmini_train_debug_smoke_works_from_the_wheel_in_an_empty_folder(installed, tmp_path):
+    # not the repository, and nothing in it: only the installed package can be found
+    work = tmp_path / "empty"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "HYDRA_FULL_ERROR")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")
 
     def run(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(a) for a in argv], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
         )
 
+    # which folders on the new interpreter's sys.path hold a gptmini package: the first one wins
     where = run(
-        python, "-c", "import gptmini, gptmini.conf_dir as c; print(gptmini.__file__); print(c.conf_dir())"
+        installed / "python",
+        "-c",
+        "import json, os, sys, gptmini, gptmini.conf_dir as c; print(json.dumps([gptmini.__file__, str(c.conf_dir()), "
+        "[p for p in sys.path if os.path.isdir(os.path.join(p or os.getcwd(), 'gptmini'))]]))",
     )
     assert where.returncode == 0, where.stderr[-3000:]
-    module_file, conf = where.stdout.split()
-    assert Path(module_file).is_relative_to(venv) and Path(conf) == Path(module_file).parent / "conf", (
-        where.stdout
-    )
+    module_file, conf, holders = json.loads(where.stdout)
+    venv = installed.parent
+    assert Path(module_file).is_relative_to(venv), where.stdout  # the wheel's copy, not the repository's
+    assert Path(conf) == Path(module_file).parent / "conf", where.stdout  # the configs shipped inside it
+    assert holders and Path(holders[0]).is_relative_to(venv), holders
+    assert str(REPO_ROOT) not in holders and not work.is_relative_to(REPO_ROOT), holders
 
-    bin_dir = venv / "bin"
-    train = run(bin_dir / "gptmini-train", "debug=smoke", f"paths.output_root={tmp_path / 'out'}")
+    version = run(installed / "gptmini", "--version")
+    assert version.returncode == 0 and version.stdout.strip().startswith("gptmini "), version.stderr
+    listing = run(installed / "gptmini", "--help")
+    for command in (
+        "train",
+        "data",
+        "sample",
+        "eval",
+        "attention",
+        "analyze",
+        "export",
+        "import",
+        "bench",
+        "board",
+    ):
+        assert f"\n  {command} " in listing.stdout, (command, listing.stdout)
+
+    train = run(installed / "gptmini", "train", "debug=smoke")
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    (run_dir,) = (tmp_path / "out" / "smoke").iterdir()
-    assert (run_dir / "train.log").is_file() and "done: 6 steps" in (run_dir / "train.log").read_text()
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    assert ckpt.is_file()
+    # everything it wrote is in the folder it ran in: the prepared corpus and the run
+    assert sorted(p.name for p in work.iterdir()) == ["data", "outputs"], sorted(work.iterdir())
+    (run_dir,) = (work / "outputs" / "smoke").iterdir()
+    assert "done: 6 steps" in (run_dir / "train.log").read_text()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
-    for script in ("gptmini-sample", "gptmini-eval", "gptmini-attention", "gptmini-prepare"):
-        help_ = run(bin_dir / script, "--help")
-        assert help_.returncode == 0 and "usage:" in help_.stdout, (script, help_.stderr[-2000:])
-    sample = run(bin_dir / "gptmini-sample", "--ckpt", ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "4")
+    for command in ("sample", "eval", "attention", "data", "analyze"):
+        help_ = run(installed / "gptmini", command, "--help")
+        assert help_.returncode == 0 and "usage: gptmini" in help_.stdout, (command, help_.stderr[-2000:])
+    # the run is found by name under outputs/, as a user in this folder would name it
+    sample = run(
+        installed / "gptmini", "sample", "--ckpt", "smoke", "--prompt", "ROMEO:", "--max-new-tokens", "4"
+    )
     assert sample.returncode == 0 and "ROMEO:" in sample.stdout, sample.stderr[-3000:]
+    # the previous release's spelling still works, and says the new one
+    old = run(installed / "gptmini-sample", "--prompt", "ROMEO:", "--max-new-tokens", "2")
+    assert old.returncode == 0 and "ROMEO:" in old.stdout and "gptmini sample" in old.stderr, old.stderr[
+        -3000:
+    ]
