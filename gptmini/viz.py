@@ -5,10 +5,11 @@
   on the axes), :func:`score_grid` (a layers x heads grid of one head score), :func:`loss_curve` (loss by
   position in the context); :func:`png` encodes any of them.
 - matplotlib figures, for files a person opens: :func:`attention_figures` (the attention maps ``gptmini
-  attention`` exports as PNG) and :func:`pattern_panels` (the attention patterns of the head report).
+  attention`` exports as PNG), :func:`pattern_panels` (the attention patterns of the head report) and
+  :func:`context_sweep_figure` (loss against context length, ``gptmini eval --context``).
 
-One colour map for all of them, viridis (:func:`viridis`) on a fixed scale the caller gives, and one font, DejaVu
-Sans.
+Every heatmap and grid has the one colour map, viridis (:func:`viridis`), on a fixed scale the caller gives; every
+image has the one font, DejaVu Sans.
 """
 
 from __future__ import annotations
@@ -64,6 +65,33 @@ def attention_figures(maps: torch.Tensor, labels: list[str]) -> tuple[list[Any],
     return grids, means
 
 
+def context_sweep_figure(runs: Sequence[dict[str, Any]]) -> Any:
+    """Loss against context length (``gptmini eval --context``), one line per run (``name``, ``split``,
+    ``block_size`` and ``results``: rows of ``context`` and ``loss``, None where skipped); a hollow ring where a
+    run sits at its own training context. A matplotlib figure (``savefig``)."""
+    fig = _figure(6.4, 4.2, dpi=120)
+    ax = fig.add_subplot()
+    for run in runs:
+        points = [(r["context"], r["loss"]) for r in run["results"] if r["loss"] is not None]
+        if not points:
+            continue
+        xs, ys = [c for c, _ in points], [loss for _, loss in points]
+        (line,) = ax.plot(xs, ys, marker="o", label=run["name"])
+        trained = [p for p in points if p[0] == run["block_size"]]
+        if trained:
+            ax.plot(*trained[0], marker="o", markersize=11, fillstyle="none", color=line.get_color())
+    ax.set_xscale("log", base=2)
+    contexts = sorted({r["context"] for run in runs for r in run["results"]})
+    ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.set_xlabel("context length (tokens); ring: the training context")
+    ax.set_ylabel(f"{runs[0]['split']} loss")
+    ax.set_title("Length extrapolation")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def _heatmap(
     ax: Any, probs: torch.Tensor | np.ndarray, labels: Sequence[str] | None, title: str, text: int = 6
 ) -> None:
@@ -80,12 +108,12 @@ def _heatmap(
     ax.set_ylabel("query", fontsize=7)
 
 
-def _figure(width: float, height: float) -> Any:
+def _figure(width: float, height: float, dpi: int = 100) -> Any:
     """A matplotlib figure of its own (the object API, not pyplot: no global state, nothing to close)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     return fig
 

@@ -31,6 +31,7 @@ from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import positive_int, resolve_device
 from gptmini.run import LoadedRun, open_run
+from gptmini.viz import context_sweep_figure
 
 log = logging.getLogger("gptmini.inference.evaluate")
 
@@ -105,36 +106,12 @@ def context_sweep(
 
 
 def plot_context_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """Loss against context length, one line per run; each run's training context marked on its line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-    for run in runs:
-        points = [(r["context"], r["loss"]) for r in run["results"] if r["loss"] is not None]
-        if not points:
-            continue
-        xs, ys = [c for c, _ in points], [loss for _, loss in points]
-        (line,) = ax.plot(xs, ys, marker="o", label=run["name"])
-        trained = [p for p in points if p[0] == run["block_size"]]
-        if trained:  # a hollow ring where the run sits at its own training length
-            ax.plot(*trained[0], marker="o", markersize=11, fillstyle="none", color=line.get_color())
-    ax.set_xscale("log", base=2)
-    contexts = sorted({r["context"] for run in runs for r in run["results"]})
-    ax.set_xticks(contexts, [str(c) for c in contexts])
-    ax.set_xlabel("context length (tokens); ring: the training context")
-    ax.set_ylabel(f"{runs[0]['split']} loss")
-    ax.set_title("Length extrapolation")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    """The sweep's chart (``gptmini.viz.context_sweep_figure``) as a PNG; an existing plot is replaced whole or
+    not at all."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(path).with_name(Path(path).name + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)  # atomic: an existing plot is replaced whole or not at all
+    context_sweep_figure(runs).savefig(tmp)
+    tmp.replace(path)
 
 
 def _contexts(text: str) -> list[int]:
