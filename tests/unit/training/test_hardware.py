@@ -355,7 +355,7 @@ def test_the_cpu_default_is_unchanged(compose_cfg, machine):
     assert _plain(cfg) == _plain(compose_cfg(["hardware=cpu"]))
     m = cfg.model
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 128, 0.0)
-    assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps) == ("gpt2", 8, 800)
+    assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps) == ("gpt2", 8, 700)
     # the recipe: Muon on the hidden matrices, AdamW on the rest, warmup-stable-decay
     assert "MuonAdamW" in cfg.optimizer._target_ and "WarmupStableDecay" in cfg.scheduler._target_
     assert (cfg.optimizer.hidden.lr, cfg.optimizer.embedding.lr, cfg.scheduler.decay_fraction) == (
