@@ -92,3 +92,15 @@ def test_the_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path, monkeyp
         "use-1",
     }
     assert [b.split(":")[0] for b in broken_links(page)] == ["missing.md", "other.md#use-2", "#nope"]
+
+
+def test_the_configuration_page_names_every_group_and_option():
+    """docs/configuration.md's table of groups is conf/'s folders, each with every option it holds."""
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", page, re.M))
+    conf = ROOT / "conf"
+    groups = {p.name: {f.stem for f in p.glob("*.yaml")} for p in conf.iterdir() if p.is_dir()}
+    groups["hardware"].add("auto")  # registered in code (gptmini/training/hardware.py), not a file
+    assert set(rows) == set(groups)
+    for group, options in groups.items():
+        assert set(re.findall(r"`(\w+)`", rows[group])) == options, group

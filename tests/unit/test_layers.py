@@ -64,3 +64,14 @@ def test_the_package_never_imports_the_benchmarks_or_tests():
 
 def test_a_higher_layer_import_is_caught():
     assert _layer("gptmini.training.app") > _layer("gptmini.model") > _layer("gptmini.attention.sdpa")
+
+
+def test_the_architecture_page_lists_the_layers_as_the_code_does():
+    """docs/architecture.md's layer table is LAYERS: same layers, in order, each with the same modules."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", page, re.M)
+    assert [int(n) for n, _ in rows] == list(range(len(LAYERS)))
+    for (_, modules), layer in zip(rows, LAYERS, strict=True):
+        assert re.findall(r"`([\w.]+)`", modules) == list(layer)
