@@ -26,19 +26,33 @@ def _positive(value: str) -> bool:
     return math.isfinite(x) and x > 0
 
 
+# The quick run of every section but e2e, which starts real training processes (gptmini's and the bare loop's):
+# its quick run is test_the_end_to_end_section_writes_its_table (slow); its parts are tested in
+# test_end_to_end.py.
+FAST_SECTIONS = tuple(s for s in common.SECTIONS if s != "e2e")
+
+
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     opts = common.BenchOptions(device="cpu", quick=True, compile=False, out=out)
-    results = cli.run(opts)
+    results = cli.run(opts, only=FAST_SECTIONS)
     return out, results
+
+
+@pytest.mark.slow
+def test_the_end_to_end_section_writes_its_table(tmp_path):
+    opts = common.BenchOptions(device="cpu", quick=True, compile=False, out=tmp_path)
+    results = cli.run(opts, only=("e2e",))
+    assert set(results) == {"e2e"} and results["e2e"]
+    assert (tmp_path / "e2e.md").read_text().startswith("## ") and (tmp_path / "e2e.csv").is_file()
 
 
 def test_quick_run_writes_every_file(quick_results):
     out, results = quick_results
     extra = {"attention_key", "attention_options", "attention_zoo", "insight", "lm_loss"}
-    assert set(results) == {*common.SECTIONS, *extra}
-    for name in (*common.SECTIONS, *extra):
+    assert set(results) == {*FAST_SECTIONS, *extra}
+    for name in (*FAST_SECTIONS, *extra):
         assert (out / f"{name}.md").is_file()
         assert (out / f"{name}.csv").is_file()
         assert (out / f"{name}.md").read_text().startswith("## ")

@@ -69,6 +69,11 @@ def _assert_equal(a: Any, b: Any, where: str) -> None:
         assert a == b, where
 
 
+# slow: the default run is Muon + WSD, so the fast reliability test
+# test_kill_during_checkpoint_save_keeps_previous_and_resume_is_exact already checks a killed Muon + WSD run
+# resumes bit-identical (weights, both optimizers' states, scheduler, val loss, with dropout); this one adds an
+# untied head, so that every AdamW role is present
+@pytest.mark.slow
 def test_muon_with_wsd_killed_and_resumed_ends_bit_identical(tmp_path, run_cli, tb_events):
     from concurrent.futures import ThreadPoolExecutor
 

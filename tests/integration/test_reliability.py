@@ -329,24 +329,6 @@ BAD_INPUT = [
         2,
     ),
     (
-        "zero_layers",
-        ["model.n_layer=0"],
-        r"error: model\.n_layer=0 is invalid: it must be a positive integer",
-        2,
-    ),
-    (
-        "zero_lr",
-        ["optimizer.hidden.lr=0"],
-        r"error: optimizer\.hidden\.lr=0(\.0)? is invalid: the learning rate must be > 0",
-        2,
-    ),
-    (
-        "dropout_one",
-        ["model.dropout=1.0"],
-        r"error: model\.dropout=1\.0 is invalid: it must be in \[0, 1\)",
-        2,
-    ),
-    (
         "unknown_attention",
         ["model.attention=flash"],
         r"error: model\.attention='flash' is not a causal attention implementation; valid names: .*sdpa",
@@ -367,34 +349,15 @@ BAD_INPUT = [
         2,
     ),
     (
-        "vocab_smaller_than_tokenizer",
-        ["model.vocab_size=10"],
-        r"error: model vocab_size 10 is smaller than tokenizer 'char' vocab_size \d+; set the model's vocab_size >= \d+",
-        2,
-    ),
-    (
         "missing_corpus",
         ["data=text", "data.source={missing}"],
         r"error: data\.source=\S*missing\.txt does not exist: expected 'shakespeare'",
         2,
     ),
     (
-        # a device (or FIFO, or symbolic link loop) was reported as "not found"
-        "device_as_corpus",
-        ["data=text", "data.source=/dev/zero"],
-        r"error: data\.source=/dev/zero is a character device, not a regular file",
-        2,
-    ),
-    (
         "empty_corpus",
         ["data=text", "data.source={empty}"],
         r"error: data\.source=\S*empty\.txt is an empty file",
-        2,
-    ),
-    (
-        "undecodable_corpus",
-        ["data=text", "data.source={latin1}"],
-        r"error: \S*latin1\.txt is not valid UTF-8: byte offset \d+ .*iconv",
         2,
     ),
     (
@@ -407,12 +370,6 @@ BAD_INPUT = [
         "pickled_code_checkpoint",
         ["ckpt_path={evil}"],
         r"error: refusing to load \S*evil\.ckpt: it contains pickled Python objects",
-        2,
-    ),
-    (
-        "gpu_without_gpu",
-        ["trainer=gpu"],
-        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu",
         2,
     ),
     (
@@ -435,39 +392,12 @@ BAD_INPUT = [
         r"paths\.output_root=<a writable folder>",
         2,
     ),
-    (
-        "unwritable_data_root",
-        ["paths.data_root={a_file}/data"],
-        r"error: the prepared-data folder \S*a_file/data/shakespeare_char cannot be created: \S*a_file is a file, "
-        r"not a folder; pass paths\.data_root=",
-        2,
-    ),
-    (
-        "more_cpu_devices_than_cores",
-        ["trainer.devices={too_many_devices}"],
-        r"error: trainer\.devices=\d+ on the CPU would start \d+ training processes \(DDP over gloo\) on this "
-        r"machine's \d+ CPU cores",
-        2,
-    ),
-    (
-        # a probe of a million sequences, every layer's attention kept: tens of GiB at the first validation
-        "size_setting_beyond_memory",
-        ["callbacks.head_insight.probe_batch=1000000"],
-        r"error: callbacks\.head_insight\.probe_batch=1000000 is too large: 1,000,000 probe sequences \(x2\) would "
-        r"need about [\d,.]+ GiB of memory and this machine's memory has [\d,.]+ GiB .*: use "
-        r"callbacks\.head_insight\.probe_batch=\d+ or less",
-        2,
-    ),
-    (
-        # the logits alone are 4096 x 100,000 x 128 floats, twice (419 GB); the activations more
-        "step_does_not_fit_in_memory",
-        ["model.block_size=100000", "data.batch_size=4096"],
-        r"error: model\.block_size=100000 with data\.batch_size=4096 needs at least [\d,.]+ GiB of memory for one "
-        r"training step \(activations: [\d,.]+ GiB\) but this machine's memory has [\d,.]+ GiB",
-        2,
-    ),
 ]
-# More of the same, in the slow suite (each case costs a Python + torch start-up, ~3 s of CPU).
+# More of the same, in the slow suite (each case costs a Python + torch start-up, ~2 s of CPU). Each check of
+# these cases is also tested in-process by the unit tests of the module that makes it (test_model: shapes and
+# dropout; test_config: vocabulary, GPU, devices, memory, folders; test_optimizers: Muon's per-role learning
+# rates; test_limits: size settings; test_corpora / test_corpus_guards: undecodable text and device files); the
+# fast table above keeps one case of each kind through the real command line.
 BAD_INPUT_MORE = [
     (
         "negative_width",
@@ -510,6 +440,80 @@ BAD_INPUT_MORE = [
         "fp16_on_cpu",
         ["trainer.precision=16-mixed"],
         r"error: trainer\.precision=16-mixed \(float16 AMP\) needs a CUDA GPU",
+        2,
+    ),
+    (
+        "zero_layers",
+        ["model.n_layer=0"],
+        r"error: model\.n_layer=0 is invalid: it must be a positive integer",
+        2,
+    ),
+    (
+        "zero_lr",
+        ["optimizer.hidden.lr=0"],
+        r"error: optimizer\.hidden\.lr=0(\.0)? is invalid: the learning rate must be > 0",
+        2,
+    ),
+    (
+        "dropout_one",
+        ["model.dropout=1.0"],
+        r"error: model\.dropout=1\.0 is invalid: it must be in \[0, 1\)",
+        2,
+    ),
+    (
+        "vocab_smaller_than_tokenizer",
+        ["model.vocab_size=10"],
+        r"error: model vocab_size 10 is smaller than tokenizer 'char' vocab_size \d+; set the model's vocab_size >= \d+",
+        2,
+    ),
+    (
+        # a device (or FIFO, or symbolic link loop) was reported as "not found"
+        "device_as_corpus",
+        ["data=text", "data.source=/dev/zero"],
+        r"error: data\.source=/dev/zero is a character device, not a regular file",
+        2,
+    ),
+    (
+        "undecodable_corpus",
+        ["data=text", "data.source={latin1}"],
+        r"error: \S*latin1\.txt is not valid UTF-8: byte offset \d+ .*iconv",
+        2,
+    ),
+    (
+        "gpu_without_gpu",
+        ["trainer=gpu"],
+        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu",
+        2,
+    ),
+    (
+        "unwritable_data_root",
+        ["paths.data_root={a_file}/data"],
+        r"error: the prepared-data folder \S*a_file/data/shakespeare_char cannot be created: \S*a_file is a file, "
+        r"not a folder; pass paths\.data_root=",
+        2,
+    ),
+    (
+        "more_cpu_devices_than_cores",
+        ["trainer.devices={too_many_devices}"],
+        r"error: trainer\.devices=\d+ on the CPU would start \d+ training processes \(DDP over gloo\) on this "
+        r"machine's \d+ CPU cores",
+        2,
+    ),
+    (
+        # a probe of a million sequences, every layer's attention kept: tens of GiB at the first validation
+        "size_setting_beyond_memory",
+        ["callbacks.head_insight.probe_batch=1000000"],
+        r"error: callbacks\.head_insight\.probe_batch=1000000 is too large: 1,000,000 probe sequences \(x2\) would "
+        r"need about [\d,.]+ GiB of memory and this machine's memory has [\d,.]+ GiB .*: use "
+        r"callbacks\.head_insight\.probe_batch=\d+ or less",
+        2,
+    ),
+    (
+        # the logits alone are 4096 x 100,000 x 128 floats, twice (419 GB); the activations more
+        "step_does_not_fit_in_memory",
+        ["model.block_size=100000", "data.batch_size=4096"],
+        r"error: model\.block_size=100000 with data\.batch_size=4096 needs at least [\d,.]+ GiB of memory for one "
+        r"training step \(activations: [\d,.]+ GiB\) but this machine's memory has [\d,.]+ GiB",
         2,
     ),
 ]
@@ -564,7 +568,7 @@ def test_more_bad_input_fails_with_one_clear_message(ws: Workspace) -> None:
 
 
 def test_bad_input_table_is_large_enough() -> None:
-    assert len(BAD_INPUT) >= 15 and len(BAD_INPUT) + len(BAD_INPUT_MORE) >= 24
+    assert len(BAD_INPUT) >= 12 and len(BAD_INPUT) + len(BAD_INPUT_MORE) >= 32
 
 
 def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
