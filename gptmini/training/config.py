@@ -332,9 +332,17 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     data = cfg.data
     if not _positive_int(data.get("batch_size", 1)):
         raise RunError(f"data.batch_size={data.get('batch_size')} is invalid: it must be an integer >= 1")
-    if int(data.get("num_workers", 0)) < 0:
+    workers = data.get("num_workers", 0)
+    if not (_positive_int(workers) or workers == 0):
         raise RunError(
-            f"data.num_workers={data.num_workers} is invalid: it must be >= 0 (0: load in the main process)"
+            f"data.num_workers={workers} is invalid: it must be an integer >= 0 (0: load in the main process)"
+        )
+    if workers > max_loader_workers():
+        # each worker is a process holding its own copy of the loader's state: far more of them than cores
+        # only costs memory and start-up (and enough of them exhaust the machine's processes)
+        raise RunError(
+            f"data.num_workers={workers} is more than this machine can use: at most {max_loader_workers()} "
+            f"loader processes here ({cpu_cores()} usable CPU cores x 4); lower it (0 loads in the main process)"
         )
     for key, low in (("shard_tokens", 1), ("buffer_mb", 1), ("prepare_threads", 1), ("val_stride", 1)):
         value = data.get(key)
@@ -515,6 +523,11 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
             "orthogonalises each whole matrix, which FSDP shards across devices. Use trainer=ddp, or "
             "optimizer=adamw with FSDP"
         )
+
+
+def max_loader_workers() -> int:
+    """The most data-loader processes a run may ask for: four per usable core, and never fewer than 8."""
+    return max(8, 4 * cpu_cores())
 
 
 def cpu_cores() -> int:

@@ -342,3 +342,25 @@ def test_data_sizes_below_one_are_refused_naming_the_key(compose_cfg, override) 
         RunError, match=rf"^{re.escape(key)}={re.escape(value)} is invalid: it must be an integer >= 1"
     ):
         validate_config(compose_cfg(["model=tiny", "tokenizer=char", *override.split()]))
+
+
+def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch) -> None:
+    """data.num_workers is refused beyond four loader processes per usable core (at least 8), before any work;
+    negative counts too."""
+    from gptmini.training import config
+
+    monkeypatch.setattr(config, "cpu_cores", lambda: 3)
+    base = ["model=tiny", "tokenizer=char"]
+    validate_config(compose_cfg([*base, "data.num_workers=12"]))  # 4 x 3 cores: allowed
+    with pytest.raises(
+        RunError,
+        match=r"^data\.num_workers=13 is more than this machine can use: at most 12 loader processes here "
+        r"\(3 usable CPU cores x 4\); lower it \(0 loads in the main process\)",
+    ):
+        validate_config(compose_cfg([*base, "data.num_workers=13"]))
+    monkeypatch.setattr(config, "cpu_cores", lambda: 1)
+    validate_config(compose_cfg([*base, "data.num_workers=8"]))  # never fewer than 8
+    with pytest.raises(RunError, match=r"^data\.num_workers=1000000 is more than this machine can use"):
+        validate_config(compose_cfg([*base, "data.num_workers=1000000"]))
+    with pytest.raises(RunError, match=r"^data\.num_workers=-1 is invalid: it must be an integer >= 0"):
+        validate_config(compose_cfg([*base, "data.num_workers=-1"]))
