@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_reliability import assert_identical  # the same exactness check as the fast kill/resume tests
 
 # optimizer=muon + scheduler=wsd on the tiny model (untied head: every AdamW role is present), dropout so the RNG
 # state matters; 20 steps, a periodic checkpoint every 5, validation every 10, the decay over the last half
@@ -54,21 +55,6 @@ def _load(path: Path) -> dict[str, Any]:
     return load_checkpoint(path)
 
 
-def _assert_equal(a: Any, b: Any, where: str) -> None:
-    if isinstance(a, torch.Tensor):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=where)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _assert_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 # slow: the default run is Muon + WSD, so the fast reliability test
 # test_kill_during_checkpoint_save_keeps_previous_and_resume_is_exact already checks a killed Muon + WSD run
 # resumes bit-identical (weights, both optimizers' states, scheduler, val loss, with dropout); this one adds an
@@ -95,11 +81,11 @@ def test_muon_with_wsd_killed_and_resumed_ends_bit_identical(tmp_path, run_cli, 
     assert _load(killed_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
     want, got = (_load(d / "checkpoints" / "last.ckpt") for d in (ref_dir, resumed_dir))
     assert got["global_step"] == want["global_step"] == 20
-    _assert_equal(got["state_dict"], want["state_dict"], "state_dict")
+    assert_identical(got["state_dict"], want["state_dict"], "state_dict")
     (opt_want,), (opt_got,) = want["optimizer_states"], got["optimizer_states"]
     assert set(opt_want) == {"muon", "adamw"}
     assert len(opt_want["muon"]["state"]) > 0 and len(opt_want["adamw"]["state"]) > 0
-    _assert_equal(opt_got, opt_want, "optimizer_states")
+    assert_identical(opt_got, opt_want, "optimizer_states")
     assert got["lr_schedulers"] == want["lr_schedulers"]
     ref_events, resumed_events = tb_events(ref_dir), tb_events(resumed_dir)
     assert resumed_events.Scalars("val/loss")[-1].value == ref_events.Scalars("val/loss")[-1].value
