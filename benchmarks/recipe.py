@@ -57,7 +57,9 @@ CONFIGS = (
     ),
     RecipeConfig("- rope+qk_norm", (SPEEDRUN, "attention_variant=learned"), "learned positions, no QK-norm"),
     RecipeConfig(
-        "- zero_init", (SPEEDRUN, "model.zero_init=false"), "GPT-2's initialisation of the projections"
+        "+ zero_init",
+        (SPEEDRUN, "model.zero_init=true"),
+        "zero-initialised output projections (modded-nanogpt's) in place of GPT-2's initialisation",
     ),
     RecipeConfig(
         "+ relu2",

@@ -33,6 +33,31 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
         assert (gpt.position, gpt.mlp, cfg.trainer.max_steps) == ("learned", "gelu", 2000)
 
 
+def test_every_ablation_changes_the_recipe(compose_cfg, tmp_path):
+    # an ablation that composes to the recipe itself would time the recipe twice under another name
+    from omegaconf import OmegaConf
+
+    from gptmini.training.config import validate_config
+
+    corpus = tmp_path / "input.txt"
+    corpus.write_text("ROMEO: hello\n" * 10)
+
+    def trained(config) -> tuple:
+        args = [
+            a for a in run_args(config, 1, str(corpus), tmp_path) if not a.startswith(("~", "+", "paths."))
+        ]
+        cfg = compose_cfg(args)
+        gpt = validate_config(cfg)
+        return gpt, *(
+            OmegaConf.to_container(cfg[k], resolve=True) for k in ("optimizer", "scheduler", "data")
+        )
+
+    recipe = trained(next(c for c in CONFIGS if c.name == "recipe"))
+    for config in CONFIGS:
+        if config.name != "recipe":
+            assert trained(config) != recipe, f"{config.name!r} trains the recipe unchanged"
+
+
 def test_a_run_is_read_back_from_its_events(tmp_path: Path):
     from torch.utils.tensorboard import SummaryWriter
 
