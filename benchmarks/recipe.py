@@ -50,7 +50,9 @@ CONFIGS = (
     ),
     RecipeConfig("recipe", (SPEEDRUN,), "experiment=speedrun_char_cpu"),
     RecipeConfig(
-        "- muon", (SPEEDRUN, "optimizer=adamw", "optimizer.lr=3e-3"), "AdamW 3e-3 for every parameter"
+        "- muon",
+        (SPEEDRUN, "optimizer=adamw", "optimizer.lr=3e-3", "~optimizer.hidden"),
+        "AdamW 3e-3 for every parameter",
     ),
     RecipeConfig(
         "- wsd", (SPEEDRUN, "scheduler=warmup_cosine"), "warmup-cosine (50 warmup steps, floor 0.1)"

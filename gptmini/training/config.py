@@ -483,6 +483,10 @@ def _check_finite(cfg: DictConfig) -> None:
         raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
+# the parameter roles of a role-built optimizer's settings (optimizer.hidden.lr, ...)
+ROLE_KEYS = ("hidden", "embedding", "head", "matrix", "vector")
+
+
 def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
     """An optimizer built from the model's parameter roles (``optimizer=muon``): its settings are per role, each
     role's lr and weight decay valid, and the strategy one it can run under."""
@@ -495,10 +499,11 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
         cls = get_class(str(target))
     except Exception:  # noqa: BLE001 - an unknown target is reported when it is instantiated
         return
-    if not getattr(cls, "takes_parameter_roles", False):
-        return
     import inspect
 
+    if not getattr(cls, "takes_parameter_roles", False):
+        _check_plain_optimizer(opt, str(target), set(inspect.signature(cls).parameters) - {"params"})
+        return
     accepted = set(inspect.signature(cls).parameters) - {"roles", "stacked"}
     extra = sorted(k for k in opt if k not in accepted and not str(k).startswith("_"))
     if extra:
@@ -509,7 +514,7 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
             "optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an experiment written for optimizer=adamw sets "
             "optimizer.lr)"
         )
-    for role in ("hidden", "embedding", "head", "matrix", "vector"):
+    for role in ROLE_KEYS:
         group = opt.get(role) or {}
         if "lr" in group and not float(group.lr) > 0:
             raise RunError(f"optimizer.{role}.lr={group.lr} is invalid: the learning rate must be > 0")
@@ -523,6 +528,26 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
             "orthogonalises each whole matrix, which FSDP shards across devices. Use trainer=ddp, or "
             "optimizer=adamw with FSDP"
         )
+
+
+def _check_plain_optimizer(opt: DictConfig, target: str, accepted: set[str]) -> None:
+    """A plain optimizer (``optimizer=adamw``) takes its constructor's keywords only: a per-role group left by an
+    experiment written for ``optimizer=muon`` (``optimizer.hidden.lr``) would otherwise reach the constructor."""
+    extra = sorted(str(k) for k in opt if k not in accepted and not str(k).startswith("_"))
+    if not extra:
+        return
+    roles = [k for k in extra if k in ROLE_KEYS]
+    one = len(extra) == 1
+    hint = (
+        f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
+        f"optimizer=muon, or drop {'it' if one else 'them'} ({' '.join(f'~optimizer.{k}' for k in roles)})"
+        if roles
+        else f"its settings are {', '.join(sorted(accepted))}"
+    )
+    raise RunError(
+        f"{', '.join(f'optimizer.{k}' for k in extra)} {'is not a setting' if one else 'are not settings'} of "
+        f"{target}: {hint}"
+    )
 
 
 def max_loader_workers() -> int:

@@ -198,3 +198,45 @@ def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, m
     cfg = compose_cfg(["debug=smoke", "optimizer=muon", *overrides])
     with pytest.raises(RunError, match=message):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # the speedrun sets Muon's learning rate; swapping its optimizer for AdamW left optimizer.hidden in the
+        # AdamW partial, which failed inside configure_optimizers with a traceback
+        (
+            ["experiment=speedrun_char_cpu", "data.source=${paths.data_root}/input.txt"],
+            r"optimizer\.hidden is not a setting of torch\.optim\.AdamW: it is a per-role setting of "
+            r"optimizer=muon: use optimizer=muon, or drop it \(~optimizer\.hidden\)",
+        ),
+        (
+            ["+optimizer.hidden.lr=0.02", "+optimizer.head.lr=1e-3"],
+            r"optimizer\.head, optimizer\.hidden are not settings of torch\.optim\.AdamW: they are per-role "
+            r"settings .* \(~optimizer\.head ~optimizer\.hidden\)",
+        ),
+        (
+            ["+optimizer.momentum=0.9"],
+            r"optimizer\.momentum is not a setting of torch\.optim\.AdamW: its settings are ",
+        ),
+    ],
+)
+def test_a_plain_optimizer_refuses_keys_its_constructor_does_not_take(compose_cfg, overrides, message):
+    from gptmini.training.config import RunError, validate_config
+
+    cfg = compose_cfg(["debug=smoke", *overrides, "optimizer=adamw"])
+    with pytest.raises(RunError, match=message):
+        validate_config(cfg)
+
+
+def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
+    from gptmini.training.config import validate_config
+
+    validate_config(
+        compose_cfg(["debug=smoke", "optimizer=adamw", "+optimizer.amsgrad=true", "+optimizer.fused=true"])
+    )
+    validate_config(
+        compose_cfg(
+            ["experiment=speedrun_char_cpu", "data.source=x.txt", "optimizer=adamw", "~optimizer.hidden"]
+        )
+    )
