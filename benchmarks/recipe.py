@@ -55,7 +55,9 @@ CONFIGS = (
         "AdamW 3e-3 for every parameter",
     ),
     RecipeConfig(
-        "- wsd", (SPEEDRUN, "scheduler=warmup_cosine"), "warmup-cosine (50 warmup steps, floor 0.1)"
+        "- wsd",
+        (SPEEDRUN, "scheduler=warmup_cosine", "scheduler.warmup_steps=50", "~scheduler.decay_fraction"),
+        "warmup-cosine (50 warmup steps, floor 0.1)",
     ),
     RecipeConfig("- rope+qk_norm", (SPEEDRUN, "attention_variant=learned"), "learned positions, no QK-norm"),
     RecipeConfig(

@@ -272,6 +272,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     _check_role_optimizer(opt, cfg.trainer)
     sched = cfg.get("scheduler")
     if sched is not None:
+        _check_constructor_keys(sched, "scheduler")
         if "decay_shape" in sched or "decay_fraction" in sched:
             from gptmini.training.schedulers import check_wsd
 
@@ -502,7 +503,7 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
     import inspect
 
     if not getattr(cls, "takes_parameter_roles", False):
-        _check_plain_optimizer(opt, str(target), set(inspect.signature(cls).parameters) - {"params"})
+        _check_constructor_keys(opt, "optimizer")
         return
     accepted = set(inspect.signature(cls).parameters) - {"roles", "stacked"}
     extra = sorted(k for k in opt if k not in accepted and not str(k).startswith("_"))
@@ -530,22 +531,37 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
         )
 
 
-def _check_plain_optimizer(opt: DictConfig, target: str, accepted: set[str]) -> None:
-    """A plain optimizer (``optimizer=adamw``) takes its constructor's keywords only: a per-role group left by an
-    experiment written for ``optimizer=muon`` (``optimizer.hidden.lr``) would otherwise reach the constructor."""
-    extra = sorted(str(k) for k in opt if k not in accepted and not str(k).startswith("_"))
+def _check_constructor_keys(node: DictConfig, group: str) -> None:
+    """A partial built from ``group`` (``optimizer=adamw``, every scheduler) takes its constructor's keywords only: a
+    key left by an experiment written for another choice of the group (the speedrun's ``optimizer.hidden.lr`` or
+    ``scheduler.decay_fraction`` under ``optimizer=adamw scheduler=warmup_cosine``) would otherwise reach the
+    constructor and fail in the middle of the start with a traceback."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    target = str(node.get("_target_") or "")
+    try:
+        params = inspect.signature(get_class(target)).parameters
+    except Exception:  # noqa: BLE001 - an unknown target is reported when it is instantiated
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = set(params) - {"params", "optimizer"}
+    extra = sorted(str(k) for k in node if k not in accepted and not str(k).startswith("_"))
     if not extra:
         return
-    roles = [k for k in extra if k in ROLE_KEYS]
     one = len(extra) == 1
-    hint = (
-        f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
-        f"optimizer=muon, or drop {'it' if one else 'them'} ({' '.join(f'~optimizer.{k}' for k in roles)})"
-        if roles
-        else f"its settings are {', '.join(sorted(accepted))}"
-    )
+    drop = " ".join(f"~{group}.{k}" for k in extra)
+    if group == "optimizer" and all(k in ROLE_KEYS for k in extra):
+        hint = (
+            f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
+            f"optimizer=muon, or drop {'it' if one else 'them'} ({drop})"
+        )
+    else:
+        hint = f"its settings are {', '.join(sorted(accepted))}; drop {'it' if one else 'them'} ({drop})"
     raise RunError(
-        f"{', '.join(f'optimizer.{k}' for k in extra)} {'is not a setting' if one else 'are not settings'} of "
+        f"{', '.join(f'{group}.{k}' for k in extra)} {'is not a setting' if one else 'are not settings'} of "
         f"{target}: {hint}"
     )
 

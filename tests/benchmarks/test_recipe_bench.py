@@ -38,6 +38,17 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
         assert gpt.mlp == "relu2"
     if config.name == "nanoGPT":
         assert (gpt.position, gpt.mlp, cfg.trainer.max_steps) == ("learned", "gelu", 2000)
+    # and builds its optimizer and schedule as the training command does (the speedrun's Muon and WSD keys under
+    # optimizer=adamw or scheduler=warmup_cosine once failed only here, in a real run)
+    from hydra.utils import instantiate
+
+    from gptmini.training.module import GPTLightningModule
+
+    module = GPTLightningModule(
+        model_config=gpt.to_dict(), optimizer=instantiate(cfg.optimizer), scheduler=instantiate(cfg.scheduler)
+    )
+    built = module.configure_optimizers()
+    assert built["lr_scheduler"]["scheduler"].optimizer is built["optimizer"]
 
 
 def test_every_ablation_changes_the_recipe(compose_cfg, tmp_path):

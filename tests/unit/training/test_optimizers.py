@@ -229,6 +229,26 @@ def test_a_plain_optimizer_refuses_keys_its_constructor_does_not_take(compose_cf
         validate_config(cfg)
 
 
+@pytest.mark.parametrize("scheduler", ["warmup_cosine", "wsd"])
+def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, scheduler):
+    from gptmini.training.config import RunError, validate_config
+
+    # the speedrun's WSD settings (decay_fraction) under scheduler=warmup_cosine failed with a TypeError traceback
+    if scheduler == "warmup_cosine":
+        overrides, message = (
+            ["experiment=speedrun_char_cpu", "data.source=x.txt", "scheduler=warmup_cosine"],
+            r"scheduler\.decay_fraction is not a setting of gptmini\.training\.schedulers\.WarmupCosineLR: its "
+            r"settings are .*max_steps, min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
+        )
+    else:
+        overrides, message = (
+            ["debug=smoke", "scheduler=wsd", "+scheduler.cycles=2"],
+            r"scheduler\.cycles is not a setting of gptmini\.training\.schedulers\.WarmupStableDecayLR",
+        )
+    with pytest.raises(RunError, match=message):
+        validate_config(compose_cfg(overrides))
+
+
 def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
     from gptmini.training.config import validate_config
 
