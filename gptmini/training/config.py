@@ -269,6 +269,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         )
     if "weight_decay" in opt and float(opt.weight_decay) < 0:
         raise RunError(f"optimizer.weight_decay={opt.weight_decay} is invalid: it must be >= 0")
+    _check_constructor_keys(opt, "optimizer")
     _check_role_optimizer(opt, cfg.trainer)
     sched = cfg.get("scheduler")
     if sched is not None:
@@ -500,11 +501,10 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
         cls = get_class(str(target))
     except Exception:  # noqa: BLE001 - an unknown target is reported when it is instantiated
         return
+    if not getattr(cls, "takes_parameter_roles", False):
+        return
     import inspect
 
-    if not getattr(cls, "takes_parameter_roles", False):
-        _check_constructor_keys(opt, "optimizer")
-        return
     accepted = set(inspect.signature(cls).parameters) - {"roles", "stacked"}
     extra = sorted(k for k in opt if k not in accepted and not str(k).startswith("_"))
     if extra:
@@ -542,9 +542,12 @@ def _check_constructor_keys(node: DictConfig, group: str) -> None:
 
     target = str(node.get("_target_") or "")
     try:
-        params = inspect.signature(get_class(target)).parameters
+        cls = get_class(target)
     except Exception:  # noqa: BLE001 - an unknown target is reported when it is instantiated
         return
+    if getattr(cls, "takes_parameter_roles", False):
+        return  # settings per parameter role: _check_role_optimizer
+    params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     accepted = set(params) - {"params", "optimizer"}

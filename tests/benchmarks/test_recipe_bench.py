@@ -14,8 +14,8 @@ from benchmarks.recipe import CONFIGS, TARGET, read_run, run_args, summarize
 RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
-def test_every_configuration_composes_and_passes_the_config_checks(config, compose_cfg, tmp_path):
+def _composed(config, compose_cfg, tmp_path: Path):
+    """``config``'s training config as its run composes it (on a small corpus), and its checked model config."""
     from gptmini.training.config import validate_config
 
     corpus = tmp_path / "input.txt"
@@ -26,7 +26,13 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
         if a not in RUN_ONLY and not a.startswith("paths.")
     ]
     cfg = compose_cfg(args)
-    gpt = validate_config(cfg)
+    return cfg, validate_config(cfg)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_every_configuration_composes_and_passes_the_config_checks(config, compose_cfg, tmp_path):
+    cfg, gpt = _composed(config, compose_cfg, tmp_path)
+    corpus = tmp_path / "input.txt"
     assert cfg.target_val_loss == TARGET and cfg.data.source == str(corpus)
     assert gpt.block_size == 64 and cfg.tokenizer.name == "char"
     # nanoGPT's quick start trains on batches of 12; the speedrun and its ablations on batches of 24
@@ -55,19 +61,8 @@ def test_every_ablation_changes_the_recipe(compose_cfg, tmp_path):
     # an ablation that composes to the recipe itself would time the recipe twice under another name
     from omegaconf import OmegaConf
 
-    from gptmini.training.config import validate_config
-
-    corpus = tmp_path / "input.txt"
-    corpus.write_text("ROMEO: hello\n" * 10)
-
     def trained(config) -> tuple:
-        args = [
-            a
-            for a in run_args(config, 1, str(corpus), tmp_path)
-            if a not in RUN_ONLY and not a.startswith("paths.")
-        ]
-        cfg = compose_cfg(args)
-        gpt = validate_config(cfg)
+        cfg, gpt = _composed(config, compose_cfg, tmp_path)
         return gpt, *(
             OmegaConf.to_container(cfg[k], resolve=True) for k in ("optimizer", "scheduler", "data")
         )
