@@ -12,7 +12,7 @@ PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-gpu lint format clean
+.PHONY: help install data train sample attention analyze tensorboard test test-full bench gpu-check lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
@@ -55,7 +55,7 @@ test-full: $(STAMP) ## Every test, the slow ones too
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
 
-bench-gpu: $(STAMP) ## GPU benchmarks vs issue 17's goals (needs CUDA; ARGS="--tinyshakespeare input.txt")
+gpu-check: $(STAMP) ## The GPU proof: default run vs nanoGPT's recipe, GPT-2 124M step, attention options (results/gpu.md)
 	$(PY) -m benchmarks.gpu $(ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check
