@@ -10,6 +10,8 @@ CUDA (``make bench`` is the CPU benchmark). Sections (``--only``; the first thre
   same steps through Lightning): tokens/s and MFU against the GPU's datasheet peak;
 - ``flex``: one GPT-2-shaped forward + backward (T = 1024, bf16) with each attention option; the options that
   change the scores (ALiBi, a window, a sink) run on FlexAttention on a GPU, and the table says which kernel ran;
+- ``muon``: one optimizer step on the GPU default's model: ``torch.optim.Muon``'s loop over the hidden matrices,
+  gptmini's ``BatchedMuon`` (the same update, one batched Newton-Schulz per shape) and fused AdamW;
 - ``attention``, ``decode``, ``shakespeare_char``: attention implementations at T = 1024/4096, KV-cache decoding,
   and nanoGPT's shakespeare_char to val/loss <= 1.47 (``--tinyshakespeare PATH``; nothing is downloaded).
 
@@ -25,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +41,8 @@ from gptmini.fileio import atomic_write_text
 from gptmini.model import GPT, GPTConfig
 from gptmini.training import hardware
 
-SECTIONS = ("default", "gpt2", "flex", "attention", "decode", "shakespeare_char")
-DEFAULT_SECTIONS = ("default", "gpt2", "flex")
+SECTIONS = ("default", "gpt2", "flex", "muon", "attention", "decode", "shakespeare_char")
+DEFAULT_SECTIONS = ("default", "gpt2", "flex", "muon")
 
 # nanoGPT's shakespeare_char figure: val/loss 1.4697 on tinyshakespeare
 CHAR_TARGET = 1.47
@@ -61,6 +63,7 @@ DEFAULT_COLUMNS = [
     "seconds_to_reference",
     "note",
 ]
+MUON_COLUMNS = ["optimizer", "step_ms", "vs_adamw", "matrices", "note"]
 FLEX_COLUMNS = ["option", "kernel", "fwd_bwd_ms", "tokens_per_s", "vs_sdpa", "note"]
 ATTENTION_COLUMNS = ["impl", "seq_len", "fwd_ms", "fwd_bwd_ms", "peak_mem_mib", "repeats", "note"]
 GPT2_COLUMNS = ["path", "tokens_per_s", "step_ms", "mfu", "steps", "peak_mem_gib", "compile_s"]
@@ -488,6 +491,41 @@ def bench_flex(s: GpuSetup, seed: int = 1337) -> list[dict[str, Any]]:
     return rows
 
 
+# --- Muon's step ----------------------------------------------------------------------------------------------
+
+
+def _optimizers(model: GPT, device: str) -> dict[str, Callable[[], torch.optim.Optimizer]]:
+    from gptmini.training.optimizers import BatchedMuon
+
+    hidden = model.parameter_roles()["hidden"]
+    kernel = {"fused": True} if device.startswith("cuda") else {}
+    return {
+        "torch.optim.Muon": lambda: torch.optim.Muon(hidden, lr=0.02),
+        "BatchedMuon": lambda: BatchedMuon(hidden, lr=0.02),
+        "AdamW (fused on a GPU)": lambda: torch.optim.AdamW(hidden, lr=1e-3, **kernel),
+    }
+
+
+def bench_muon(s: GpuSetup, seed: int = 1337) -> list[dict[str, Any]]:
+    """One optimizer step over the hidden matrices of the GPU default's model (the baby GPT), gradients given."""
+    torch.manual_seed(seed)
+    config = s.flex if s.device == "cpu" else GPTConfig.from_preset("baby", vocab_size=128)
+    model = GPT(config).to(s.device)
+    hidden = model.parameter_roles()["hidden"]
+    for p in hidden:
+        p.grad = torch.randn_like(p)
+    rows = []
+    for name, make in _optimizers(model, s.device).items():
+        opt = make()
+        opt.step()  # the state is created on the first step
+        seconds = median_time(opt.step, max(3, s.flex_repeats), s.device)[0]
+        rows.append({"optimizer": name, "step_ms": seconds * 1e3, "matrices": len(hidden), "note": ""})
+    adamw = rows[-1]["step_ms"]
+    for r in rows:
+        r["vs_adamw"] = r["step_ms"] / adamw
+    return rows
+
+
 # --- the one table ---------------------------------------------------------------------------------------------
 
 
@@ -528,6 +566,12 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
             r.get("fwd_bwd_ms"),
             f"kernel {r.get('kernel', '—')}; {num(r.get('vs_sdpa'), '.2f')}x sdpa; {r.get('note', '')}",
         )
+    for r in results.get("muon", []):
+        add(
+            f"optimizer step, {r['optimizer']}: ms",
+            r.get("step_ms"),
+            f"{num(r.get('vs_adamw'), '.2f')}x AdamW",
+        )
     for r in results.get("decode", []):
         if r["kv_cache"]:
             add("decode with the KV cache: tokens/s", r["tokens_per_s"], f"{r['speedup']:.1f}x uncached")
@@ -548,6 +592,7 @@ SECTION_COLUMNS = {
     "default": DEFAULT_COLUMNS,
     "gpt2": GPT2_COLUMNS,
     "flex": FLEX_COLUMNS,
+    "muon": MUON_COLUMNS,
     "attention": ATTENTION_COLUMNS,
     "decode": DECODE_COLUMNS,
     "shakespeare_char": CHAR_COLUMNS,
@@ -632,6 +677,8 @@ def run_section(section: str, a: argparse.Namespace, s: GpuSetup, peak: float | 
         return bench_gpt2(s, peak, a.seed)
     if section == "flex":
         return bench_flex(s, a.seed)
+    if section == "muon":
+        return bench_muon(s, a.seed)
     if section == "attention":
         return bench_attention_gpu(s, a.seed)
     if section == "decode":

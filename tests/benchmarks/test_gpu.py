@@ -50,7 +50,7 @@ def test_bad_arguments_are_refused_before_anything_runs(args, tmp_path, monkeypa
 
 def test_the_default_sections_are_the_proof():
     a = gpu.parse_args([])
-    assert a.only == ["default", "gpt2", "flex"] and a.default_steps > 0
+    assert a.only == ["default", "gpt2", "flex", "muon"] and a.default_steps > 0
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,7 @@ def quick_results():
         "flex": gpu.bench_flex(s),
         "attention": gpu.bench_attention_gpu(s),
         "decode": gpu.bench_decode(s),
+        "muon": gpu.bench_muon(s),
     }
 
 
@@ -225,3 +226,10 @@ def test_the_default_section_runs_the_training_command_and_reads_its_events(tmp_
         assert r["wall_s"] > 0
     # the same command, the same seed: each reaches the other's final loss
     assert rows[0]["seconds_to_reference"] is not None
+
+
+def test_the_muon_section_times_the_three_optimizers(quick_results):
+    rows = {r["optimizer"]: r for r in quick_results["muon"]}
+    assert list(rows) == ["torch.optim.Muon", "BatchedMuon", "AdamW (fused on a GPU)"]
+    assert all(r["step_ms"] > 0 and r["matrices"] > 0 for r in rows.values())
+    assert rows["AdamW (fused on a GPU)"]["vs_adamw"] == 1.0
