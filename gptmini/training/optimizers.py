@@ -181,8 +181,12 @@ class MuonAdamW(torch.optim.Optimizer):
         owners = muon.param_groups[0]["params"]
         views = {id(p): parts for p, parts in self._projections}
         for p, parts in self._projections:
-            grads = (None,) * len(parts) if p.grad is None else p.grad.split([v.shape[0] for v in parts])
-            for v, g in zip(parts, grads, strict=True):
+            rows = [v.shape[0] for v in parts]
+            grads = (None,) * len(parts) if p.grad is None else p.grad.split(rows)
+            for v, w, g in zip(parts, p.detach().split(rows), grads, strict=True):
+                # the rows of the weight as it is now: moving the module (Lightning moves it to the CPU after
+                # fit, before the final checkpoint) gives its parameters new storage, which older views miss
+                v.data = w
                 v.grad = g
         muon.param_groups[0]["params"] = [v for p in owners for v in views.get(id(p), [p])]
         try:

@@ -291,7 +291,9 @@ def test_batched_muon_steps_as_torch_muon(nesterov, adjust_lr_fn):
     c = [torch.nn.Parameter(p.detach().clone()) for p in a]
     reloaded = torch.optim.Muon(c, **settings)
     reloaded.load_state_dict(batched.state_dict())
-    torch.testing.assert_close(reloaded.state[c[0]]["momentum_buffer"], batched.state[a[0]]["momentum_buffer"])
+    torch.testing.assert_close(
+        reloaded.state[c[0]]["momentum_buffer"], batched.state[a[0]]["momentum_buffer"]
+    )
 
 
 def test_newton_schulz_orthogonalises_each_matrix_of_the_stack():
@@ -307,3 +309,24 @@ def test_newton_schulz_orthogonalises_each_matrix_of_the_stack():
     assert s.min() > 0.6 and s.max() < 1.3, s
     tall = newton_schulz(g.mT, (3.4445, -4.7750, 2.0315), 5, 1e-7).float()
     torch.testing.assert_close(tall, out.mT)
+
+
+def test_muon_adamw_follows_a_model_moved_after_it_was_built():
+    """Lightning moves the module to the CPU after fit and then saves the final checkpoint: the stacked
+    projections Muon steps must be the moved weight's rows, not views of the storage it had before."""
+    model = _params_and_grads()
+    opt = MuonAdamW(model.parameter_roles(), stacked=model.stacked_projections(), **copy.deepcopy(SETTINGS))
+    opt.step()
+    model.to(torch.float64)  # new storage for every parameter, as a move to another device gives
+    for state in opt.state.values():  # and the state follows, as Lightning moves it with the module
+        for k, v in state.items():
+            if torch.is_tensor(v) and v.is_floating_point():
+                state[k] = v.to(torch.float64)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    state = opt.state_dict()  # failed: a float32 view given the moved float64 gradient
+    assert state["muon"]["state"]
+    qkv = model.blocks[0].attn.qkv.weight
+    before = qkv.detach().clone()
+    opt.step()
+    assert not torch.equal(qkv, before)  # the step reached the moved weight itself
