@@ -84,7 +84,7 @@ def _timed(device: str, fn: Any, *args: Any) -> float:
 def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
 
-    from gptmini.training.insight import HeadInsightLogger
+    from gptmini.training.insight_logging import HeadInsightLogger
 
     dev, s, c = opts.device, setup.train, setup.train.model
     torch.manual_seed(opts.seed)
