@@ -32,12 +32,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         model.train(was_training)
 
 
-def shared_probe(pl_module: Any, own: ValidationProbe) -> ValidationProbe:
-    """The probe ``pl_module`` shares among the validation's loggers (``validation_probe``), else ``own``."""
-    probe = getattr(pl_module, "validation_probe", None)
-    return probe if isinstance(probe, ValidationProbe) else own
-
-
 class ValidationProbe:
     """The probe sequences of one validation and their attention, computed once.
 
@@ -124,3 +118,9 @@ class ValidationProbe:
             repeated = maps[:, first + b_text :, :, :r, :r]  # (n_layer, B_rep, n_head, 2P, 2P)
             scores = score_patterns(text, repeated, probes.period)
             self._scores = {k: v.cpu() for k, v in scores.items()}
+
+
+def shared_probe(pl_module: Any, own: ValidationProbe) -> ValidationProbe:
+    """The probe ``pl_module`` shares among the validation's loggers (``validation_probe``), else ``own``."""
+    probe = getattr(pl_module, "validation_probe", None)
+    return probe if isinstance(probe, ValidationProbe) else own
