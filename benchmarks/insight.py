@@ -1,13 +1,21 @@
-"""What the head insight costs: one insight pass (scores on the probes, the loss by position, every image and
-scalar written to TensorBoard) against the training time between two validations, at each run's default
-validation cadence. The goal: at most 5% of training time."""
+"""What a validation adds besides its loss, against the training time between two validations at each run's
+default validation cadence; the goal: at most 5% of training time. Two measurements:
+
+- the head insight alone: one insight pass (scores on the probes, the loss by position, every image and scalar
+  written to TensorBoard);
+- the validation extras: every logger of conf/callbacks/default.yaml that runs at a validation (attention maps,
+  head insight, the ATTENTION tab's summary, the text sample), driven through their own hooks as a validation
+  drives them, with the one attention pass they share (``gptmini.training.probe``)."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,7 +37,13 @@ INSIGHT_COLUMNS = [
     "share_pct",
     "target_pct",
     "met",
+    "extras_ms",
+    "extras_pct",
+    "extras_met",
+    "passes_per_validation",
 ]
+# the 65 characters of the Shakespeare char corpus (experiment=shakespeare_char_cpu, the GPU default)
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TARGET_SHARE = 0.05
 
 
@@ -81,10 +95,52 @@ def _timed(device: str, fn: Any, *args: Any) -> float:
     return time.perf_counter() - t0
 
 
+def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Callable[[int], None], Any]:
+    """``extras(step)``: what the default loggers add to a validation at ``step``, through their own hooks as
+    Lightning calls them (every ``on_validation_epoch_end``, then every ``on_validation_end``), on a stand-in
+    trainer (a TensorBoard logger in ``logdir``, the validation ``tokens``, the run's tokenizer); and the
+    ``ValidationProbe`` they share. Without the background thread: the images are drawn inside the timing."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from gptmini.data.tokenizers import CharTokenizer, TiktokenTokenizer
+    from gptmini.training.callbacks import AttentionMapLogger, TextSampleLogger
+    from gptmini.training.insight_logging import HeadInsightLogger
+    from gptmini.training.probe import ValidationProbe
+    from gptmini.training.summary_logging import AttentionSummaryLogger
+
+    vocab = model.config.vocab_size
+    tokenizer = CharTokenizer(sorted(CHARS)) if vocab == len(CHARS) else TiktokenTokenizer("gpt2")
+    loggers = [AttentionMapLogger(), HeadInsightLogger(log_hparams=False), AttentionSummaryLogger()]
+    loggers.append(TextSampleLogger())
+    trainer = SimpleNamespace(
+        sanity_checking=False,
+        loggers=[TensorBoardLogger(logdir, name="", version="extras")],
+        datamodule=SimpleNamespace(tokenizer=tokenizer, val_dataset=SimpleNamespace(tokens=tokens)),
+        callbacks=[],  # no BackgroundWork: drawing runs inside the timing
+        callback_metrics={},
+        precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext),
+        global_step=0,
+    )
+    probe = ValidationProbe()
+    module = SimpleNamespace(model=model, device=next(model.parameters()).device, validation_probe=probe)
+
+    def extras(step: int) -> None:
+        trainer.global_step = step
+        for logger in loggers:
+            logger.on_validation_epoch_end(trainer, module)
+        for logger in loggers:
+            logger.on_validation_end(trainer, module)
+        trainer.loggers[0].experiment.flush()
+        if loggers[2].last_seconds is None or loggers[1].last_scores is None:
+            raise RuntimeError("a validation logger failed (see the warning above): nothing to time")
+
+    return extras, probe
+
+
 def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
 
-    from gptmini.training.insight import HeadInsightLogger
+    from gptmini.training.insight_logging import HeadInsightLogger
 
     dev, s, c = opts.device, setup.train, setup.train.model
     torch.manual_seed(opts.seed)
@@ -93,15 +149,19 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
     tokens = np.random.default_rng(opts.seed).integers(0, c.vocab_size, size=200_000)
     probes = make_probes(tokens, c.vocab_size, c.block_size).to(dev)
     logger = HeadInsightLogger()
-    step_times, pass_times, score_times, loss_times = [], [], [], []
+    step_times, pass_times, score_times, loss_times, extras_times = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="gptmini-bench-insight-") as tmp:
         writer = SummaryWriter(tmp)
+        extras, probe = validation_extras(model, tokens, tmp)
         first = _timed(dev, logger.insight_pass, model, probes, writer, 0)  # also pays imports, fonts
+        extras(0)  # warm-up: the loggers' probes, the sampler's first call
         run_bare_loop(model, _batches(s, 2, dev, opts.seed), s, dev)  # warm-up
+        passes = probe.passes
         for r in range(rounds):
             ends = run_bare_loop(model, _batches(s, setup.steps_per_round + 1, dev, opts.seed + r), s, dev)
             step_times += [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
             pass_times.append(_timed(dev, logger.insight_pass, model, probes, writer, r + 1))
+            extras_times.append(_timed(dev, extras, r + 1))
             model.eval()
             score_times.append(_timed(dev, head_scores, model, probes))
             loss_times.append(_timed(dev, loss_by_position, model, probes.windows))
@@ -109,6 +169,8 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
     step = statistics.median(step_times)
     pass_s = statistics.median(pass_times)
     share = pass_s / (setup.val_every * step)
+    extras_s = statistics.median(extras_times)
+    extras_share = extras_s / (setup.val_every * step)
     log.info(
         "insight %s: pass %.0f ms vs %d steps of %.1f ms: %.2f%%",
         setup.name,
@@ -128,6 +190,10 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
         "share_pct": 100 * share,
         "target_pct": 100 * TARGET_SHARE,
         "met": share <= TARGET_SHARE,
+        "extras_ms": extras_s * 1e3,
+        "extras_pct": 100 * extras_share,
+        "extras_met": extras_share <= TARGET_SHARE,
+        "passes_per_validation": (probe.passes - passes) / rounds,
     }
 
 
@@ -143,5 +209,10 @@ def bench_insight(opts: BenchOptions, rounds: int = 3) -> tuple[list[dict[str, A
         "at each run's default validation cadence; step_ms: bare training step (forward, backward, clip, AdamW)",
         "first_pass_ms: the run's first pass (before step 0), which also pays one-off imports (matplotlib) and "
         "font loading",
+        "extras_ms: everything the default loggers add to a validation (attention maps with their images, head "
+        "insight, the ATTENTION tab's summary, a 100-token text sample), through their own hooks, with the one "
+        "attention pass they share; the images drawn inside the timing (a run draws them on a background "
+        "thread). extras_pct: extras_ms / (val_every x step_ms); passes_per_validation: the attention passes "
+        "each validation ran (1: the probes of every logger in one batch)",
     ]
     return rows, notes

@@ -375,7 +375,7 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:
-        from gptmini.training.callbacks import NonFiniteLossError
+        from gptmini.training.guards import NonFiniteLossError
 
         if full_error or not isinstance(err, NonFiniteLossError):
             raise

@@ -366,7 +366,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         stoppers = [
             c
             for c in (cfg.get("callbacks") or {}).values()
-            if c is not None and c.get("_target_") == "gptmini.training.callbacks.StopAtTargetLoss"
+            if c is not None and c.get("_target_") == "gptmini.training.guards.StopAtTargetLoss"
         ]
         if not stoppers:
             raise RunError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ from torchmetrics.aggregation import MeanMetric
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.config import FLOAT16_AMP
 from gptmini.training.hardware import DeviceFacts
+from gptmini.training.probe import ValidationProbe
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 # device types whose fused AdamW kernel gptmini picks (PyTorch has one for CUDA and, since 2.4, for the CPU)
@@ -86,6 +88,8 @@ class GPTLightningModule(L.LightningModule):
         self.scheduler_factory = scheduler
         self.compile_model = compile
         self.val_loss = MeanMetric()
+        # the attention of each validation's probes, computed once for every logger that reads it
+        self.validation_probe = ValidationProbe(self._forward_context)
         self.flops_per_batch = 0  # read by ThroughputMonitor
         self._flops_per_token: dict[
             int, float
@@ -124,6 +128,14 @@ class GPTLightningModule(L.LightningModule):
         self.val_loss.reset()
         self.log("val/loss", val_loss, prog_bar=True)
         self.log("val/ppl", torch.exp(val_loss))
+        # Lightning's documented "step" key sets the step these are logged at: the optimizer steps taken, as the
+        # callbacks log (samples, insight, the ATTENTION tab), instead of Lightning's count of batches stepped
+        # before this one (one less during training)
+        self.log("step", float(self.trainer.global_step))
+
+    def _forward_context(self) -> contextlib.AbstractContextManager:
+        # the run's precision (bf16 autocast on GPUs), as in the validation steps
+        return self.trainer.precision_plugin.forward_context()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Pre-clipping global gradient norm, only on logging steps.

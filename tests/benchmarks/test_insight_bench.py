@@ -1,4 +1,5 @@
-"""The head-insight cost benchmark (``benchmarks/insight.py``, part of ``make bench``'s train section)."""
+"""The validation-cost benchmark (``benchmarks/insight.py``, part of ``make bench``'s train section): head insight
+alone and every default logger of a validation together."""
 
 from __future__ import annotations
 
@@ -18,4 +19,9 @@ def test_the_quick_insight_benchmark_reports_the_share_of_training_time():
     assert row["scores_ms"] + row["loss_ms"] < row["pass_ms"]  # the pass includes both, and the drawing
     assert row["share_pct"] == pytest.approx(100 * row["pass_ms"] / (row["val_every"] * row["step_ms"]))
     assert row["met"] == (row["share_pct"] <= row["target_pct"])
+    # every default logger of a validation, on one attention pass
+    assert row["passes_per_validation"] == 1
+    assert row["extras_ms"] > row["scores_ms"]
+    assert row["extras_pct"] == pytest.approx(100 * row["extras_ms"] / (row["val_every"] * row["step_ms"]))
+    assert row["extras_met"] == (row["extras_pct"] <= row["target_pct"])
     assert any("share_pct" in n for n in notes)

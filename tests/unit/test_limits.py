@@ -10,9 +10,9 @@ import torch
 
 from gptmini.limits import SizeError, check_fits, forward_bytes, generation_bytes
 from gptmini.model import GPTConfig
-from gptmini.training.board import AttentionSummaryLogger
 from gptmini.training.callbacks import AttentionMapLogger, TextSampleLogger
-from gptmini.training.insight import HeadInsightLogger
+from gptmini.training.insight_logging import HeadInsightLogger
+from gptmini.training.summary_logging import AttentionSummaryLogger
 
 GIB = 2**30
 CONFIG = GPTConfig(vocab_size=65, block_size=128, n_layer=2, n_head=4, n_embd=32)

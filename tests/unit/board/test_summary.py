@@ -98,22 +98,27 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
     from gptmini.data.tokenizers import CharTokenizer
     from gptmini.insight.scores import head_types
     from gptmini.model import GPT, GPTConfig
-    from gptmini.training.board import AttentionSummaryLogger
-    from gptmini.training.insight import HeadInsightLogger
+    from gptmini.training.probe import ValidationProbe
+    from gptmini.training.summary_logging import AttentionSummaryLogger
 
     text = "ROMEO: but soft, what light"
     tokenizer = CharTokenizer.from_text(text)
-    insight = HeadInsightLogger()
+
+    class ScoredProbe(ValidationProbe):  # the validation's attention pass, with head scores at step 6 alone
+        def head_scores(self, model, step):
+            return scores if step == 6 else None
+
     trainer = SimpleNamespace(
         sanity_checking=False,
         loggers=[TensorBoardLogger(str(tmp_path), name="tb", version="")],
         datamodule=SimpleNamespace(tokenizer=lambda: tokenizer),
         global_step=3,
-        callbacks=[insight],
     )
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8)
     torch.manual_seed(0)
-    module = SimpleNamespace(model=GPT(config).train(), device=torch.device("cpu"))
+    module = SimpleNamespace(
+        model=GPT(config).train(), device=torch.device("cpu"), validation_probe=ScoredProbe()
+    )
     scores = {
         "previous_token": torch.tensor([[0.9, 0.0], [0.0, 0.0]]),
         "induction": torch.tensor([[0.0, 0.0], [0.8, 0.0]]),
@@ -121,10 +126,8 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
         "mean_distance": torch.tensor([[1.0, 5.0], [2.0, 9.0]]),
     }
     logger = AttentionSummaryLogger(probe_text=text, max_tokens=12)
-    insight.last_scores = (2, scores)  # an earlier validation's: not used
     logger.on_validation_end(trainer, module)
     trainer.global_step = 6
-    insight.last_scores = (6, scores)
     logger.on_validation_end(trainer, module)
     trainer.loggers[0].experiment.flush()
     assert module.model.training  # put back as it was

@@ -1,6 +1,6 @@
 """The logging callbacks never stop a training run: probe texts and prompts adapt to the run's vocabulary (a char
 vocabulary of a lower-case corpus lacks the "R" of the built-in "ROMEO:"), and any exception in a logging hook is
-reported once while training goes on (issue 19, item 1)."""
+reported once while training goes on."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
-    from gptmini.training.callbacks import NonFiniteLossError, NonFiniteLossGuard
+    from gptmini.training.guards import NonFiniteLossError, NonFiniteLossGuard
     from gptmini.training.module import GPTLightningModule
 
     class SlowIO(TorchCheckpointIO):

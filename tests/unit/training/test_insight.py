@@ -11,7 +11,12 @@ import torch
 
 from gptmini.insight import SCORES, PhaseChangeDetector
 from gptmini.insight.probes import repeated_segments_text
-from gptmini.training.insight import HPARAM_METRICS, HeadInsightLogger, custom_scalars_layout, flat_hparams
+from gptmini.training.insight_logging import (
+    HPARAM_METRICS,
+    HeadInsightLogger,
+    custom_scalars_layout,
+    flat_hparams,
+)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +160,7 @@ def test_bad_settings_are_refused_by_name():
 
 
 def test_the_attention_tab_summary_is_labelled_by_the_same_validations_scores(run, tb_events):
-    """The ATTENTION tab's summary (gptmini.training.board) at each validation, its head types those of the
+    """The ATTENTION tab's summary (gptmini.training.summary_logging) at each validation, its head types those of the
     insight scalars logged at the same step."""
     from tensorboard.util import tensor_util
 

@@ -1,9 +1,10 @@
 """What the heads learn, live: head-type scores, the loss by position and the ICL score at every validation, the
 induction phase change, and the run's hyperparameters for TensorBoard's HPARAMS tab.
 
-All of it runs at validation (and once for the untrained model, as the baseline), never in a training step: one
-batched pass of the fixed probes through the model's explicit attention path, one forward over fixed validation
-windows, and images drawn with Pillow. The computations and the drawing live in ``gptmini.insight``.
+All of it runs at validation (and once for the untrained model, as the baseline), never in a training step: the
+fixed probes' attention from the validation's one pass through the model's explicit attention path
+(``gptmini.training.probe``, shared with the attention maps and the ATTENTION tab's summary), one forward over fixed
+validation windows, and images drawn with Pillow. The computations and the drawing live in ``gptmini.insight``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from gptmini.insight import (
@@ -33,7 +33,8 @@ from gptmini.insight import (
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
-from gptmini.training.callbacks import LoggingCallback
+from gptmini.training.callbacks import LoggingCallback, tensorboard_writer
+from gptmini.training.probe import ValidationProbe, eval_mode, shared_probe
 from gptmini.viz import loss_curve, score_grid
 
 log = logging.getLogger(__name__)
@@ -68,14 +69,6 @@ def flat_hparams(run_config: Mapping[str, Any], prefix: str = "") -> dict[str, b
         else:
             out[name] = str(value)
     return out
-
-
-def _tensorboard(trainer: L.Trainer) -> Any | None:
-    """The SummaryWriter of the trainer's TensorBoard logger, if it has one."""
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            return logger.experiment
-    return None
 
 
 def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
@@ -127,8 +120,9 @@ class HeadInsightLogger(LoggingCallback):
         self.detector = PhaseChangeDetector(induction_threshold, min_rise, icl_drop)
         self.best_val_loss: float | None = None
         self.last_seconds: float | None = None  # how long the last insight pass took
-        # (step, name -> (n_layer, n_head) on the CPU) of the last pass: the ATTENTION tab's head types
+        # (step, name -> (n_layer, n_head) on the CPU) of the last pass
         self.last_scores: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._own_probe = ValidationProbe()  # used when the LightningModule shares none
         self._probes: Probes | None = None
         self._curves: list[tuple[str, torch.Tensor]] = []
         self._session_end: Any = None
@@ -147,7 +141,7 @@ class HeadInsightLogger(LoggingCallback):
 
     @rank_zero_only
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        writer = _tensorboard(trainer)
+        writer = tensorboard_writer(trainer)
         if writer is None:
             return
         writer.add_custom_scalars(custom_scalars_layout(pl_module.model.config.n_layer))
@@ -161,7 +155,7 @@ class HeadInsightLogger(LoggingCallback):
 
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        writer = _tensorboard(trainer)
+        writer = tensorboard_writer(trainer)
         if writer is not None:
             self._score_untrained(trainer, pl_module, writer)  # a run that ended before its first validation
         if writer is not None and self._session_end is not None:
@@ -169,10 +163,19 @@ class HeadInsightLogger(LoggingCallback):
             writer.flush()
 
     @rank_zero_only
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # asks the validation's one attention pass for the head scores (see gptmini.training.probe)
+        if trainer.sanity_checking or tensorboard_writer(trainer) is None:
+            return
+        probes = self._probe_data(trainer, pl_module)
+        if probes is not None:
+            shared_probe(pl_module, self._own_probe).scores(trainer.global_step, probes)
+
+    @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        writer = _tensorboard(trainer)
+        writer = tensorboard_writer(trainer)
         if writer is None:
             return
         val = trainer.callback_metrics.get("val/loss")
@@ -228,15 +231,22 @@ class HeadInsightLogger(LoggingCallback):
         step: int | None = None,
     ) -> None:
         probes = self._probe_data(trainer, pl_module)
-        if probes is not None:
-            # the run's precision (bf16 autocast on GPUs), as in the validation steps
-            self.insight_pass(
-                pl_module.model if model is None else model,
-                probes,
-                writer,
-                trainer.global_step if step is None else step,
-                trainer.precision_plugin.forward_context(),
-            )
+        if probes is None:
+            return
+        scores = None
+        if model is None:  # the validation's model: its scores come from the validation's one attention pass
+            probe = shared_probe(pl_module, self._own_probe)
+            probe.scores(trainer.global_step, probes)
+            scores = probe.head_scores(pl_module.model, trainer.global_step)
+        # the run's precision (bf16 autocast on GPUs), as in the validation steps
+        self.insight_pass(
+            pl_module.model if model is None else model,
+            probes,
+            writer,
+            trainer.global_step if step is None else step,
+            trainer.precision_plugin.forward_context(),
+            scores,
+        )
 
     def insight_pass(
         self,
@@ -245,20 +255,18 @@ class HeadInsightLogger(LoggingCallback):
         writer: Any,
         step: int,
         precision: contextlib.AbstractContextManager | None = None,
+        scores: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        """Score every head of ``model`` on ``probes`` and log it all to ``writer`` (a SummaryWriter) at ``step``:
-        the whole of what a validation adds (``make bench`` times it)."""
+        """Log every head's scores on ``probes`` and the loss by position of ``model`` to ``writer`` (a
+        SummaryWriter) at ``step``: what head insight adds to a validation (``make bench`` times it). ``scores``:
+        the heads' scores from the validation's attention pass (``ValidationProbe``); None: scored here."""
         t0 = time.perf_counter()
-        was_training = model.training
-        model.eval()
-        try:
-            with precision or contextlib.nullcontext():
+        with eval_mode(model), precision or contextlib.nullcontext():
+            if scores is None:
                 scores = head_scores(model, probes)  # name -> (n_layer, n_head)
-                losses = loss_by_position(model, probes.windows)  # (T,)
-        finally:
-            model.train(was_training)
+            losses = loss_by_position(model, probes.windows)  # (T,)
         icl = icl_score(losses)
-        self.last_scores = (step, scores)
+        self.last_scores = (step, dict(scores))
         self._write(writer, step, scores, losses, icl, probes.text.size(1))
         change = self.detector.update(step, scores["induction"], icl)
         if change is not None:

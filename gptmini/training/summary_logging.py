@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from gptmini.board.summary import TAG, AttentionSummary, summary_proto
 from gptmini.insight.scores import head_types
 from gptmini.training.callbacks import ProbeTextCallback, PromptTokens
-from gptmini.training.insight import HeadInsightLogger
+from gptmini.training.probe import ValidationProbe, eval_mode, shared_probe
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,9 @@ SHOWN_SCORES = ("previous_token", "induction", "first_token", "mean_distance")
 
 class AttentionSummaryLogger(ProbeTextCallback):
     """At each validation: the probe text's attention, every layer and head, as one ``gptmini_attention`` summary
-    (tag ``attention/probe``), with each head's type from the head-insight scores of the same validation
-    (``HeadInsightLogger``, listed before this callback; without it the heads go unlabelled).
+    (tag ``attention/probe``), with each head's type from the head scores of the same validation (from the
+    validation's one attention pass, when ``HeadInsightLogger`` asks for them; without it the heads go
+    unlabelled).
 
     ``max_tokens``: probe length (capped at the context). ``last_seconds``/``last_bytes``: cost of the last one;
     its seconds are also logged as ``perf/attention_summary_seconds``."""
@@ -44,31 +45,37 @@ class AttentionSummaryLogger(ProbeTextCallback):
         self.last_seconds: float | None = None
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
+        self._own_probe = ValidationProbe()
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         t0 = time.perf_counter()
-        probe = self.probe_ids(trainer, pl_module)
+        probe = self.probe_maps(trainer, pl_module)
         if probe is None:
             return
-        writer, tokenizer, ids = probe
-        model = pl_module.model
+        writer, tokenizer, ids, maps = probe
+        scores = shared_probe(pl_module, self._own_probe).head_scores(pl_module.model, trainer.global_step)
         tokens = [tokenizer.decode([i]) for i in ids]  # as they are: the tab shows spaces and newlines
-        summary = probe_summary(model, ids, tokens, self._scores(trainer))
-        proto = summary_proto(summary, TAG)
+        proto = summary_proto(attention_summary(maps, tokens, scores), TAG)
         writer.file_writer.add_summary(proto, trainer.global_step)
         self.last_bytes = proto.ByteSize()
         self.last_seconds = time.perf_counter() - t0
         writer.add_scalar("perf/attention_summary_seconds", self.last_seconds, trainer.global_step)
 
-    @staticmethod
-    def _scores(trainer: L.Trainer) -> dict[str, torch.Tensor] | None:
-        for cb in trainer.callbacks:
-            if isinstance(cb, HeadInsightLogger) and cb.last_scores is not None:
-                step, scores = cb.last_scores
-                if step == trainer.global_step:
-                    return scores
-        return None
+
+def attention_summary(
+    maps: torch.Tensor, tokens: list[str], scores: dict[str, torch.Tensor] | None = None
+) -> AttentionSummary:
+    """The attention ``maps`` (n_layer, n_head, T, T) on ``tokens`` as an AttentionSummary; ``scores``: the
+    heads' scores, for the head types (None: unlabelled)."""
+    return AttentionSummary(
+        tokens=tokens,
+        probs=maps.float().cpu().numpy(),
+        head_types=head_types(scores) if scores is not None else None,
+        scores={k: [[round(float(v), 3) for v in row] for row in scores[k].tolist()] for k in SHOWN_SCORES}
+        if scores is not None
+        else {},
+    )
 
 
 @torch.no_grad()
@@ -78,18 +85,6 @@ def probe_summary(
     """The attention of ``model`` (a GPT) on ``ids`` as an AttentionSummary; ``scores``: its head scores, for the
     head types (None: unlabelled)."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         maps = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))[:, 0]
-    finally:
-        model.train(was_training)
-    probs = maps.float().cpu().numpy()  # (n_layer, n_head, T, T)
-    return AttentionSummary(
-        tokens=tokens,
-        probs=probs,
-        head_types=head_types(scores) if scores is not None else None,
-        scores={k: [[round(float(v), 3) for v in row] for row in scores[k].tolist()] for k in SHOWN_SCORES}
-        if scores is not None
-        else {},
-    )
+    return attention_summary(maps, tokens, scores)

@@ -1,0 +1,341 @@
+"""Guards of a training run: callbacks that stop it, save it or make it exact rather than log — a non-finite loss
+stops the run without saving its weights, an interrupted run saves a checkpoint to resume from, every step's
+randomness is a function of the step (exact resume), and the run ends once it reaches a target validation loss."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+
+from gptmini.training.lightning_compat import request_graceful_stop
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/inf loss; the run stops without saving the bad weights."""
+
+
+def _last_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest checkpoint file a ModelCheckpoint of this trainer has written (or restored), if any."""
+    # Checkpoints are written in the background (AsyncCheckpointIO): wait for the writes in flight, so that one
+    # requested a step ago counts (a write that failed raises its error here). The executor restarts on demand.
+    trainer.strategy.checkpoint_io.teardown()
+    paths = [
+        Path(p)
+        for cb in trainer.checkpoint_callbacks
+        for p in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", ""))
+        if p and Path(p).is_file()
+    ]
+    return str(max(paths, key=lambda p: p.stat().st_mtime)) if paths else None
+
+
+class NonFiniteLossGuard(L.Callback):
+    """Stops the run at the first non-finite training loss, naming the step, and refuses to write a checkpoint
+    whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
+
+    Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
+    last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing
+    either. ``_hydra_main`` reports the error and exits with status 3."""
+
+    def __init__(self, check_every_n_steps: int = 1) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(
+                f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps} must be >= 1"
+            )
+        self.check_every_n_steps = check_every_n_steps
+        self.last_saved_step: int | None = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step % self.check_every_n_steps != 0:
+            return
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None or bool(torch.isfinite(loss.detach()).all()):
+            return
+        last = _last_checkpoint(trainer)
+        kept = (
+            f"the last good checkpoint is {last}"
+            + (f" (step {self.last_saved_step})" if self.last_saved_step is not None else "")
+            if last
+            else "no checkpoint had been saved by this run yet"
+        )
+        lr = trainer.optimizers[0].param_groups[0].get("lr") if trainer.optimizers else None
+        lr_text = f" (the learning rate was {lr:.3g} at this step)" if isinstance(lr, float) else ""
+        raise NonFiniteLossError(
+            f"training loss became {loss.detach().float().mean().item()} at step {trainer.global_step}; the run "
+            f"stopped without saving these weights and {kept}. Lower the learning rate{lr_text} "
+            "(optimizer.lr; with optimizer=muon optimizer.hidden.lr and optimizer.embedding.lr), raise "
+            "scheduler.warmup_steps or set trainer.gradient_clip_val, check the data, then resume with "
+            "ckpt_path=last or start over"
+        )
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
+            raise NonFiniteLossError(
+                f"the weights became non-finite (NaN/inf) at step {trainer.global_step}; refusing to save them, "
+                f"so the last good checkpoint ({_last_checkpoint(trainer) or 'none yet'}) was kept. Lower the "
+                "learning rate (optimizer.lr; with optimizer=muon optimizer.hidden.lr and optimizer.embedding.lr) "
+                "or set trainer.gradient_clip_val"
+            )
+        self.last_saved_step = trainer.global_step
+
+
+class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
+    """Saves ``on_exception.ckpt`` when the run is interrupted (Ctrl-C, SIGTERM/preemption, a crash) so that
+    ``ckpt_path=last`` resumes from there.
+
+    - SIGTERM: Lightning notes it and stops at the next batch boundary (``SIGTERMException``), so the saved state
+      is a consistent end-of-step state. ``_hydra_main`` exits with 143 (128 + 15).
+    - Ctrl-C (SIGINT) is handled the same way while fitting: the first one finishes the current step, saves and
+      exits with 130; a second one stops at once and saves nothing (the state may be mid-step), leaving the
+      last periodic ``last.ckpt``.
+    - Nothing is saved after a non-finite loss (the weights are not worth keeping), after a failed checkpoint
+      save (full disk, unwritable folder: it would fail the same way), or before the first step of the run (an
+      untrained model would otherwise become the "newest" checkpoint of the run_name).
+    - A failure while saving is logged and never hides the original exception."""
+
+    def __init__(self, dirpath: str | Path, filename: str = "on_exception") -> None:
+        super().__init__(dirpath, filename)
+        self._previous_sigint: Any = None
+        self._sigint_installed = False
+        self.interrupted_by: int | None = None
+
+    # --- Ctrl-C -> graceful stop at the next batch boundary, like SIGTERM ---
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return
+        self.interrupted_by = None
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self.interrupted_by is not None:
+                raise KeyboardInterrupt
+            self.interrupted_by = signal.SIGINT
+            log.warning(
+                "Ctrl-C: finishing step %d, then saving %s and exiting (press Ctrl-C again to stop at once "
+                "without saving)",
+                trainer.global_step + 1,
+                self.ckpt_path,
+            )
+            request_graceful_stop(trainer)
+
+        self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
+        self._sigint_installed = True
+
+    def _restore_sigint(self) -> None:
+        if self._sigint_installed:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._sigint_installed = False
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_sigint()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_sigint()
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if isinstance(exception, SIGTERMException):
+            exception.signum = (
+                self.interrupted_by or signal.SIGTERM
+            )  # read by _hydra_main for the exit status
+        if isinstance(exception, NonFiniteLossError):
+            return
+        from gptmini.checkpoint import CheckpointSaveError
+
+        if isinstance(exception, CheckpointSaveError):
+            return  # a checkpoint could not be written (full disk...): another save would fail the same way
+        if isinstance(exception, KeyboardInterrupt):
+            log.warning(
+                "stopped at once (second Ctrl-C) without saving: the state may be mid-step. The last periodic "
+                "checkpoint is %s",
+                _last_checkpoint(trainer) or "none (no step was checkpointed yet)",
+            )
+            return
+        if trainer.global_step == 0:
+            log.info("run stopped before its first step (%s): nothing to save", type(exception).__name__)
+            return
+        name = signal.Signals(exception.signum).name if isinstance(exception, SIGTERMException) else None
+        log.warning(
+            "run %s at step %d: saving %s",
+            f"interrupted by {name}" if name else f"failed ({type(exception).__name__})",
+            trainer.global_step,
+            self.ckpt_path,
+        )
+        try:
+            super().on_exception(trainer, pl_module, exception)
+        except Exception as err:  # never mask the original exception
+            log.error("could not save %s: %s", self.ckpt_path, err)
+
+
+def _derived_seed(*parts: int) -> int:
+    """A 63-bit seed that is a pure function of ``parts`` (well mixed: neighbouring steps are unrelated)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class RNGStateCallback(L.Callback):
+    """Exact resume of everything random in a training step (dropout masks), which Lightning does not restore.
+
+    - Before every training batch, the global RNGs (torch CPU and CUDA, numpy, python ``random``) are seeded
+      from ``(seed, global_step, batch_idx, global_rank)``. The randomness of step N thus depends on nothing but
+      N: not on how many draws happened before (a DataLoader draws a seed from the global RNG each time an
+      iterator is created, e.g. once per validation and once more after resuming), so a resumed run makes the
+      same draws as one never interrupted.
+    - The RNG states themselves are also stored in the checkpoint (tensors and plain numbers: loadable with
+      ``torch.load(weights_only=True)``) and restored on load, so randomness outside training steps continues
+      the saved streams.
+    """
+
+    def __init__(self, seed: int = 1337, reseed_every_step: bool = True) -> None:
+        self.seed = int(seed)
+        self.reseed_every_step = reseed_every_step
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.reseed_every_step:
+            return
+        seed = _derived_seed(self.seed, trainer.global_step, batch_idx, trainer.global_rank)
+        if pl_module.device.type == "cpu":
+            # The CPU generator is all a CPU step draws from; torch.manual_seed also visits every other device
+            # type's generators, 0.1 ms a step (more than the rest of this hook).
+            torch.default_generator.manual_seed(seed)
+        else:
+            torch.manual_seed(seed)  # CPU and every CUDA device
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = random.getstate()
+        _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state: dict[str, Any] = {
+            "seed": self.seed,
+            "torch": torch.get_rng_state(),
+            "python": {
+                "version": version,
+                "state": torch.tensor(internal, dtype=torch.int64),
+                "gauss": gauss,
+            },
+            "numpy": {
+                "keys": torch.from_numpy(keys.astype(np.int64)),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "torch" in state_dict:
+            torch.set_rng_state(state_dict["torch"].cpu())
+        py = state_dict.get("python")
+        if py is not None:
+            random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+        npy = state_dict.get("numpy")
+        if npy is not None:
+            np.random.set_state(
+                (
+                    "MT19937",
+                    npy["keys"].numpy().astype(np.uint32),
+                    int(npy["pos"]),
+                    int(npy["has_gauss"]),
+                    float(npy["cached_gaussian"]),
+                )
+            )
+        cuda = state_dict.get("cuda")
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+        if int(state_dict.get("seed", self.seed)) != self.seed:
+            log.warning(
+                "resuming with seed=%d but the checkpoint was trained with seed=%s: dropout masks from here on "
+                "differ from the original run",
+                self.seed,
+                state_dict.get("seed"),
+            )
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self.state_key not in (checkpoint.get("callbacks") or {}):
+            log.warning(
+                "the checkpoint holds no RNG state (older gptmini?): the resumed run is not bit-exact"
+            )
+
+
+def process_start_time() -> float | None:
+    """When this process started, as a ``time.time()`` value (Linux: from /proc); None where unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
+
+
+class StopAtTargetLoss(L.Callback):
+    """Ends training at the first validation whose val/loss is at or below ``target`` (null: never), logs
+    ``perf/time_to_target`` (seconds since ``fit`` started: training and validation, data and model already
+    set up) and ``perf/time_to_target_process`` (seconds since the process started: imports and data
+    preparation too), and says so in one log line. Time spent before a resume is not counted."""
+
+    def __init__(self, target: float | None = None) -> None:
+        if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target)):
+            raise ValueError(f"target_val_loss={target!r} is invalid: a number, or null for no target")
+        self.target = target
+        self.reached_at: int | None = None
+        self._fit_start: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start = time.time()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.target is None or trainer.sanity_checking or self.reached_at is not None:
+            return
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is None or not float(loss) <= self.target:
+            return
+        now = time.time()
+        since_fit = now - (self._fit_start or now)
+        started = process_start_time()
+        since_process = None if started is None else now - started
+        self.reached_at = trainer.global_step
+        trainer.should_stop = True
+        metrics = {"perf/time_to_target": since_fit}
+        if since_process is not None:
+            metrics["perf/time_to_target_process"] = since_process
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        if trainer.is_global_zero:
+            log.info(
+                "reached val/loss %.4f <= target %.4f at step %d: %.1f s after fit start, %s after process start; "
+                "stopping",
+                float(loss),
+                self.target,
+                trainer.global_step,
+                since_fit,
+                "unknown" if since_process is None else f"{since_process:.1f} s",
+            )
