@@ -195,7 +195,8 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
             400,
             "2001 characters; at most 2000",
         ),
-        ({"run": "with_ckpt/tb", "text": "a" * 100_000}, "application/json", 400, "request body too large"),
+        ({"run": "with_ckpt/tb", "text": "a" * 100_000}, "application/json", 413, "request body too large"),
+        ("[" * 5000 + "]" * 5000, "application/json", 400, "nested too deeply"),
         (
             {"run": "with_ckpt/tb", "text": " word" * 40},
             "application/json",
@@ -219,17 +220,23 @@ def test_own_text_by_get_is_refused(client):
     assert code == 400 and "POST" in body["error"]
 
 
-def test_one_computation_at_a_time(client, app):
-    plugin = app[1]
+def _slowed(plugin):
+    """Makes the plugin's computation wait for the returned event; (started, release)."""
     started, release = threading.Event(), threading.Event()
     real = plugin._own_text
 
-    def slow(path, text):
+    def slow(*args):
         started.set()
         release.wait(10)
-        return real(path, text)
+        return real(*args)
 
     plugin._own_text = slow
+    return started, release
+
+
+def test_a_second_text_waits_for_the_first_and_both_are_answered(client, app):
+    plugin = app[1]
+    started, release = _slowed(plugin)
     try:
         first: list = []
         worker = threading.Thread(
@@ -237,14 +244,39 @@ def test_one_computation_at_a_time(client, app):
         )
         worker.start()
         assert started.wait(10)
+        threading.Timer(0.5, release.set).start()  # the first finishes while the second waits
+        code, body = _post(client, {"run": "with_ckpt/tb", "text": "hello"})
+        assert code == 200, body
+        worker.join(10)
+        assert first[0][0] == 200
+    finally:
+        release.set()
+        del plugin._own_text
+
+
+def test_a_text_that_waits_too_long_is_told_busy(client, app):
+    plugin = app[1]
+    started, release = _slowed(plugin)
+    plugin.wait_seconds = 0.2
+    try:
+        worker = threading.Thread(target=lambda: _post(client, {"run": "with_ckpt/tb", "text": "hi"}))
+        worker.start()
+        assert started.wait(10)
         code, body = _post(client, {"run": "with_ckpt/tb", "text": "hello"})
         assert code == 429 and "busy" in body["error"]
         release.set()
         worker.join(10)
-        assert first[0][0] == 200
     finally:
+        release.set()
         del plugin._own_text
+        plugin.wait_seconds = plugin_module().WAIT_SECONDS
     assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200
+
+
+def plugin_module():
+    from gptmini.board import plugin
+
+    return plugin
 
 
 def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
