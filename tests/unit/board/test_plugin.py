@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gptmini.board import PLUGIN_NAME
-from gptmini.board.summary import TAG, AttentionSummary, dequantise, summary_proto
+from gptmini.board.summary import TAG, AttentionSummary, dequantise, encode, summary_proto
 
 PREFIX = f"/data/plugin/{PLUGIN_NAME}"
 TOKENS = ["R", "O", "M", "E"]
@@ -176,6 +176,10 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
     t = len(ids)
     tri = np.frombuffer(base64.b64decode(body["data"]), dtype=np.uint8).reshape(2, 3, t * (t + 1) // 2)
     np.testing.assert_allclose(dequantise(tri, t), want, atol=0.5 / 255 + 1e-6)
+    # encoded as training encodes its probe: the same header, the same bytes
+    header, want_tri = encode(AttentionSummary(body["tokens"], want))
+    assert {k: body[k] for k in header} == header
+    assert np.abs(tri.astype(int) - want_tri.astype(int)).max() <= 1  # float rounding at a level's midpoint
 
 
 @pytest.mark.parametrize(
@@ -325,3 +329,35 @@ def test_own_text_on_a_char_run_says_what_its_vocabulary_left_out(tmp_path, writ
     assert code == 200, body
     assert "".join(body["tokens"]) == " but soft"
     assert body["left_out"] == ["R", "O", "M", "E", ":"]
+
+
+def test_own_text_without_the_runs_vocabulary_says_what_the_user_can_do(tmp_path, write_checkpoint):
+    """The tab has no --data-dir to pass: its refusal names the folder the run recorded and how to restore it."""
+    import shutil
+
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    from gptmini.data.prepare import prepare
+
+    corpus = tmp_path / "lower.txt"
+    corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)
+    data = prepare(str(corpus), "char", tmp_path / "data").out_dir
+    write_checkpoint(tmp_path / "logs" / "run" / "checkpoints" / "last.ckpt", data_dir=data, block_size=16)
+    writer = SummaryWriter(str(tmp_path / "logs" / "run" / "tb"))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+    writer.close()
+    shutil.rmtree(data)
+    code, body = _post(Client(_app(tmp_path / "logs")[0]), {"run": "run/tb", "text": "but soft"})
+    assert code == 400, body
+    assert f"prepared data folder it recorded ({data})" in body["error"]
+    assert "Prepare the run's corpus again into that folder" in body["error"]
+    assert "pass --data-dir" not in body["error"]
+
+
+def test_board_help_says_what_gptmini_adds_before_tensorboards_help(run_cli):
+    done = run_cli("gptmini.cli", ["board", "--help"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert "ATTENTION tab" in first and "--logdir outputs" in first
+    assert "--logdir" in done.stdout.split(first, 1)[1]  # TensorBoard's own options follow
