@@ -239,7 +239,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         # of another run. A request waits for the one before it rather than being turned away.
         model, tokenizer, step = self._model(run, path)
         if not self._lock.acquire(timeout=self.wait_seconds):
-            raise Busy(f"busy: another text has been computed for {self.wait_seconds:.0f} s; try again later")
+            raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
         try:
             result = self._own_text(model, tokenizer, text)
         finally:
@@ -289,10 +289,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         # One thread: a forward over a hundred tokens is too small to gain from more, and on a busy machine every
         # op would wait for the other threads to be scheduled (TensorBoard's process runs no other torch work).
         torch.set_num_threads(1)
+        x = torch.tensor([ids], dtype=torch.long)  # (1, T)
         with torch.inference_mode():
-            maps = model.attention_maps(torch.tensor([ids], dtype=torch.long))[
-                :, 0
-            ]  # (n_layer, n_head, T, T)
+            maps = model.attention_maps(x)[:, 0]  # (n_layer, n_head, T, T)
         tokens = [tokenizer.decode([i]) for i in ids]
         header, tri = encode(AttentionSummary(tokens, maps.float().numpy()))  # as training encodes its probe
         return {**header, "tag": "own text", "left_out": unknown[:50], "data": _b64(tri)}

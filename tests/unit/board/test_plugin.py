@@ -361,3 +361,31 @@ def test_board_help_says_what_gptmini_adds_before_tensorboards_help(run_cli):
     first = done.stdout.splitlines()[0]
     assert "ATTENTION tab" in first and "--logdir outputs" in first
     assert "--logdir" in done.stdout.split(first, 1)[1]  # TensorBoard's own options follow
+
+
+def test_a_refused_checkpoint_is_answered_while_another_text_is_computed(tmp_path, write_checkpoint):
+    """Checkpoints load (or are refused) outside the computation's lock: a run whose file is not a checkpoint
+    gets its own error at once, not "busy", while another run's text is being computed."""
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    for run in ("good", "bad"):
+        writer = SummaryWriter(str(tmp_path / run / "tb"))
+        writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+        writer.close()
+    write_checkpoint(tmp_path / "good" / "checkpoints" / "last.ckpt", vocab_size=50257, block_size=16)
+    (tmp_path / "bad" / "checkpoints").mkdir()
+    (tmp_path / "bad" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really an archive")
+    app, plugin = _app(tmp_path)
+    client = Client(app)
+    started, release = _slowed(plugin)
+    try:
+        worker = threading.Thread(target=lambda: _post(client, {"run": "good/tb", "text": "hi"}))
+        worker.start()
+        assert started.wait(10)
+        code, body = _post(client, {"run": "bad/tb", "text": "hello"})
+        assert code == 400 and "the checkpoint of run 'bad/tb' cannot be loaded" in body["error"], body
+        assert "is not a gptmini checkpoint" in body["error"]
+    finally:
+        release.set()
+        worker.join(10)
