@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -115,14 +116,13 @@ def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
         "n_head": n_head,
         "tokens": list(summary.tokens),
         "head_types": summary.head_types,
-        "scores": dict(summary.scores or {}),
+        # a score that is not a number (a diverged model) is stored as null: JSON has no NaN
+        "scores": {
+            name: [[float(x) if _finite(x) else None for x in row] for row in grid]
+            for name, grid in (summary.scores or {}).items()
+        },
     }
     return header, quantise(summary.probs)
-
-
-def header_bytes(summary: AttentionSummary) -> bytes:
-    """Element [0] of the stored value: the JSON header of ``summary`` (:func:`summary_proto` writes both)."""
-    return json.dumps(encode(summary)[0], separators=(",", ":")).encode()
 
 
 def summary_proto(summary: AttentionSummary, tag: str = TAG) -> summary_pb2.Summary:
@@ -153,7 +153,7 @@ def decode(value: Any) -> tuple[dict[str, Any], np.ndarray]:
         header = json.loads(arr[0].decode())
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise SummaryFormatError(f"unreadable header: {type(err).__name__}") from None
-    header = check_header(header)
+    header = _check_header(header)
     n_layer, n_head, t = header["n_layer"], header["n_head"], len(header["tokens"])
     tri = np.frombuffer(arr[1], dtype=np.uint8)
     if tri.size != n_layer * n_head * t * (t + 1) // 2:
@@ -161,7 +161,7 @@ def decode(value: Any) -> tuple[dict[str, Any], np.ndarray]:
     return header, tri.reshape(n_layer, n_head, t * (t + 1) // 2)
 
 
-def check_header(header: Any) -> dict[str, Any]:
+def _check_header(header: Any) -> dict[str, Any]:
     """The header of a stored summary, every field checked (type and range): a clean copy holding ``HEADER_KEYS``
     (head_types None and scores {} when absent). SummaryFormatError naming the first bad field."""
     if not isinstance(header, dict):
@@ -188,9 +188,9 @@ def check_header(header: Any) -> dict[str, Any]:
     if not isinstance(scores, dict):
         raise SummaryFormatError(f"scores must be an object, not {_short(scores)}")
     for name, grid in scores.items():
-        if not _grid(grid, n_layer, n_head, _finite):
+        if not _grid(grid, n_layer, n_head, lambda x: x is None or _finite(x)):
             raise SummaryFormatError(
-                f"scores[{_short(name)}] must be {n_layer} rows of {n_head} finite numbers"
+                f"scores[{_short(name)}] must be {n_layer} rows of {n_head} finite numbers (or null)"
             )
     return {
         "version": VERSION,
@@ -211,7 +211,8 @@ def _count(header: dict[str, Any], key: str, most: int) -> int:
 
 
 def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    # NumPy's scalars are numbers.Real too; true and false are no scores
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(x)
 
 
 def _grid(grid: Any, rows: int, cols: int, ok: Any) -> bool:

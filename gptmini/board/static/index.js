@@ -204,10 +204,12 @@ function headType(att, l, h) {
 function scoreText(att, l, h) {
   const s = att.scores || {};
   const parts = [];
-  if (s.previous_token) parts.push(`previous-token ${s.previous_token[l][h].toFixed(2)}`);
-  if (s.induction) parts.push(`induction ${s.induction[l][h].toFixed(2)}`);
-  if (s.first_token) parts.push(`first-token ${s.first_token[l][h].toFixed(2)}`);
-  if (s.mean_distance) parts.push(`mean distance ${s.mean_distance[l][h].toFixed(1)}`);
+  // a score is null where the model gave no number (a diverged run)
+  const value = (grid, digits) => (grid[l][h] === null ? '–' : grid[l][h].toFixed(digits));
+  if (s.previous_token) parts.push(`previous-token ${value(s.previous_token, 2)}`);
+  if (s.induction) parts.push(`induction ${value(s.induction, 2)}`);
+  if (s.first_token) parts.push(`first-token ${value(s.first_token, 2)}`);
+  if (s.mean_distance) parts.push(`mean distance ${value(s.mean_distance, 1)}`);
   return parts.join(', ');
 }
 

@@ -206,7 +206,7 @@ def test_the_page_repeats_none_of_the_contract() -> None:
         ),
         (
             {"version": 1, "n_layer": 1, "n_head": 1, "tokens": ["a"], "scores": {"x": [[True]]}},
-            "scores['x'] must be 1 rows of 1 finite numbers",
+            "scores['x'] must be 1 rows of 1 finite numbers (or null)",
         ),
     ],
 )
@@ -248,3 +248,12 @@ def test_the_default_probe_holds_both_copies_of_its_line_at_character_level_too(
     for tokenizer in (CharTokenizer(sorted(set(conf.probe_text))), build_tokenizer("gpt2")):
         shown = tokenizer.decode(tokenizer.encode(conf.probe_text)[: conf.max_tokens])
         assert shown.count(line) == 2, (tokenizer, shown)
+
+
+def test_a_score_that_is_not_a_number_is_stored_as_null_and_read_back() -> None:
+    from tensorboard.util import tensor_util
+
+    summary = AttentionSummary(list("ab"), random_maps(1, 2, 2), scores={"induction": [[float("nan"), 0.5]]})
+    (value,) = summary_proto(summary).value
+    header, _ = decode(tensor_util.make_ndarray(value.tensor))
+    assert header["scores"] == {"induction": [[None, 0.5]]}
