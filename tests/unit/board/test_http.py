@@ -146,6 +146,21 @@ def test_a_chunked_body_is_held_to_the_limit_while_it_is_read(board):
     assert "request body too large" in json.loads(body)["error"]
 
 
+def test_a_chunked_body_within_the_limit_is_read(board):
+    def chunks():
+        yield b'{"run": "a/tb", '
+        yield b'"text": "But soft"}'
+
+    code, _, body = _raw_post(
+        board,
+        chunks(),
+        {"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+        encode_chunked=True,
+    )
+    assert code == 200, body[:300]
+    assert json.loads(body)["run"] == "a/tb"
+
+
 def test_a_deeply_nested_body_gets_a_json_error(board):
     nested = b"[" * 6000 + b"]" * 6000  # under the size limit, deeper than Python's parser recurses
     code, content_type, body = _raw_post(board, nested, {"Content-Type": "application/json"})
