@@ -185,7 +185,7 @@ function heatmap(att, l, h) {
         px[o] = 245; px[o + 1] = 245; px[o + 2] = 245; px[o + 3] = 255;
         continue;
       }
-      // white -> deep blue, with a square root so that weak attention stays visible
+      // white -> deep blue (RGBA bytes), with a square root so that weak attention stays visible
       const v = Math.sqrt(att.data[row + j] / LEVELS());
       px[o] = 255 - v * 247;
       px[o + 1] = 255 - v * 207;
@@ -260,7 +260,7 @@ function openHead(l, h) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// the head view: queries on the left, keys on the right, a line per weight >= MIN_LEVEL, one colour per head
+// the head view: queries on the left, keys on the right, a line per weight >= MIN_WEIGHT, one colour per head
 
 const ROW = 18;
 const TOKEN_W = 110;
