@@ -53,7 +53,14 @@ def _board(prog: str, argv: list[str]) -> int:
     from tensorboard import main as tensorboard_main
 
     # TensorBoard's own command line; the runs folder unless the user names one.
-    if not any(a == "--logdir" or a.startswith("--logdir=") or a == "--help" for a in argv):
+    if "--help" in argv or "-h" in argv:
+        sys.stdout.write(
+            f"{prog}: TensorBoard with gptmini's ATTENTION tab (every layer and head's attention at each "
+            "validation, runs side by side, your own text; docs/attention-tab.md). gptmini adds --logdir outputs "
+            "(the runs folder) unless you pass --logdir; every other option is TensorBoard's own:\n\n"
+        )
+        sys.stdout.flush()
+    elif not any(a == "--logdir" or a.startswith("--logdir=") for a in argv):
         argv = ["--logdir", "outputs", *argv]
     saved = sys.argv
     sys.argv = [prog, *argv]

@@ -26,13 +26,17 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from gptmini.board import PLUGIN_NAME
-from gptmini.board.summary import SummaryFormatError, decode, quantise
+from gptmini.board.summary import AttentionSummary, SummaryFormatError, contract, decode, encode
 
 log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 2000  # own text: longer requests are refused before tokenizing
 MAX_TEXT_TOKENS = 128  # own text: at most this many tokens (and the model's context)
 MAX_NAME_CHARS = 1000  # run and tag names
+# own text: the most bytes of a request body read (a character is at most 6 bytes as a JSON \u escape); the body is
+# read up to this bound whatever its headers say, so a chunked body without Content-Length is held to it too
+MAX_BODY_BYTES = 6 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS
+WAIT_SECONDS = 30.0  # own text: how long a request waits for the one computed before it
 DEFAULT_SAMPLES = (
     100  # logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
 )
@@ -51,6 +55,10 @@ class BadRequest(ValueError):
 
 class NotFound(BadRequest):
     code = 404
+
+
+class TooLarge(BadRequest):
+    code = 413
 
 
 class Busy(BadRequest):
@@ -94,12 +102,18 @@ class AttentionPlugin(base_plugin.TBPlugin):
         # --samples_per_plugin's 0 means every step
         self._samples = DEFAULT_SAMPLES if hint is None else hint or 2**31 - 1
         self._lock = threading.Lock()  # one own-text computation at a time
-        self._models: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._load_lock = (
+            threading.Lock()
+        )  # one checkpoint loaded at a time (each may take the model's memory)
+        self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
+        self.wait_seconds = WAIT_SECONDS
+        self._models: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     # --- TensorBoard's interface ---
 
     def get_plugin_apps(self) -> dict[str, Any]:
         return {
+            "/contract": self._contract_route,
             "/runs": self._runs_route,
             "/steps": self._steps_route,
             "/attention": self._attention_route,
@@ -160,6 +174,11 @@ class AttentionPlugin(base_plugin.TBPlugin):
     # --- routes ---
 
     @_route
+    def _contract_route(self, request: wrappers.Request) -> wrappers.Response:
+        limits = {"max_text_chars": MAX_TEXT_CHARS, "max_text_tokens": MAX_TEXT_TOKENS}
+        return _json(request, {**contract(), **limits})
+
+    @_route
     def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
         series = self._series(request)
         runs = [
@@ -203,23 +222,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     @_route
     def _text_route(self, request: wrappers.Request) -> wrappers.Response:
-        if request.method != "POST":
-            raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
-        if request.mimetype != "application/json":
-            raise BadRequest(f"Content-Type must be application/json, not {request.mimetype!r}")
-        if (request.content_length or 0) > 8 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS:
-            raise BadRequest(f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters")
-        try:
-            body = json.loads(request.get_data(as_text=True))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BadRequest(f"the request body is not JSON: {err}") from None
-        if (
-            not isinstance(body, dict)
-            or not isinstance(body.get("run"), str)
-            or not isinstance(body.get("text"), str)
-        ):
-            raise BadRequest('expected a JSON object {"run": "<run>", "text": "<text>"} of two strings')
-        run, text = body["run"], body["text"]
+        run, text = _text_request(request)
         if run not in self._series(request):
             raise BadRequest(f"unknown run {run[:MAX_NAME_CHARS]!r}: it holds no attention summaries")
         if not text.strip():
@@ -230,15 +233,18 @@ class AttentionPlugin(base_plugin.TBPlugin):
         if path is None:
             raise NotFound(
                 f"run {run!r} has no checkpoint beside its event files ({' or '.join(CHECKPOINT_NAMES)} in its "
-                "checkpoints/ folder): own text needs a run trained with checkpoints"
+                "checkpoints/ folder, inside the log folder): own text needs a run trained with checkpoints"
             )
-        if not self._lock.acquire(blocking=False):
-            raise Busy("busy: another text is being computed; try again in a moment")
+        # Loaded (or refused) before the computation's lock: a slow or refused checkpoint never holds up the text
+        # of another run. A request waits for the one before it rather than being turned away.
+        model, tokenizer, step = self._model(run, path)
+        if not self._lock.acquire(timeout=self.wait_seconds):
+            raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
         try:
-            result = self._own_text(path, text)
+            result = self._own_text(model, tokenizer, text)
         finally:
             self._lock.release()
-        return _json(request, {**result, "run": run})
+        return _json(request, {**result, "run": run, "step": step})
 
     @_route
     def _static_route(self, request: wrappers.Request) -> wrappers.Response:
@@ -255,28 +261,25 @@ class AttentionPlugin(base_plugin.TBPlugin):
         """The newest checkpoint of ``run``: in ``checkpoints/`` of its run folder, the parent of the ``tb/`` folder
         that holds its event files (``--logdir`` may be that ``tb/`` folder itself), else beside the events. The
         folder comes from TensorBoard's own log folder and a run name its data provider listed, never from
-        request text alone; a name leading out of the log folder finds nothing."""
+        request text alone. Every path is resolved (symlinks followed) and must stay inside the log folder's run
+        folder: a name or a link leading out of it finds nothing."""
         if not self._logdir or "://" in self._logdir:
             return None
         root = Path(self._logdir).resolve()
         folder = (root / run).resolve()
-        if folder != root and root not in folder.parents:
+        if not _inside(folder, root):
             return None  # a run name leading out of the log folder
+        # the run folder may be the log folder's parent when --logdir is one run's tb/ folder
         run_dir = folder.parent if folder.name == "tb" else folder
-        found = [run_dir / "checkpoints" / name for name in CHECKPOINT_NAMES]
-        found = [p for p in found if p.is_file()]
+        found = [(run_dir / "checkpoints" / name) for name in CHECKPOINT_NAMES]
+        found = [p for p in found if p.is_file() and _inside(p.resolve(), run_dir)]
         return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
-    def _own_text(self, path: Path, text: str) -> dict[str, Any]:
+    def _own_text(self, model: Any, tokenizer: Any, text: str) -> dict[str, Any]:
         import torch
 
-        from gptmini.checkpoint import CheckpointError
         from gptmini.data.tokenizers import encode_known
 
-        try:
-            model, tokenizer, step = self._model(path)
-        except (CheckpointError, ValueError, OSError) as err:
-            raise BadRequest(f"the run's checkpoint cannot be loaded: {err}") from None
         ids, unknown = encode_known(tokenizer, text)  # a char vocabulary lacks some characters: left out
         if not ids:
             raise BadRequest("the text encodes to no tokens of this run's vocabulary")
@@ -286,43 +289,109 @@ class AttentionPlugin(base_plugin.TBPlugin):
         # One thread: a forward over a hundred tokens is too small to gain from more, and on a busy machine every
         # op would wait for the other threads to be scheduled (TensorBoard's process runs no other torch work).
         torch.set_num_threads(1)
+        x = torch.tensor([ids], dtype=torch.long)  # (1, T)
         with torch.inference_mode():
-            maps = model.attention_maps(torch.tensor([ids], dtype=torch.long))[
-                :, 0
-            ]  # (n_layer, n_head, T, T)
-        probs = maps.float().numpy()
-        return {
-            "version": 1,
-            "n_layer": int(probs.shape[0]),
-            "n_head": int(probs.shape[1]),
-            "tokens": [tokenizer.decode([i]) for i in ids],
-            "head_types": None,
-            "scores": {},
-            "step": step,
-            "tag": "own text",
-            "left_out": unknown[:50],
-            "data": _b64(quantise(probs)),
-        }
+            maps = model.attention_maps(x)[:, 0]  # (n_layer, n_head, T, T)
+        tokens = [tokenizer.decode([i]) for i in ids]
+        header, tri = encode(AttentionSummary(tokens, maps.float().numpy()))  # as training encodes its probe
+        return {**header, "tag": "own text", "left_out": unknown[:50], "data": _b64(tri)}
 
-    def _model(self, path: Path) -> tuple[Any, Any, int | None]:
-        key = (str(path), path.stat().st_mtime_ns)
-        if key in self._models:
-            self._models.move_to_end(key)
-            return self._models[key]
-        loaded = open_checkpoint(path)
-        self._models[key] = loaded
-        while len(self._models) > CACHED_MODELS:
-            self._models.popitem(last=False)
+    def _model(self, run: str, path: Path) -> tuple[Any, Any, int | None]:
+        """The cached (model, tokenizer, step) of ``path``, loaded again whenever the file changed in any way
+        (its inode change time moves with every write, even one that restores the modification time), and its
+        checksum verified again at every load."""
+        from gptmini.checkpoint import CheckpointError
+        from gptmini.data.errors import DataError
+
+        st = path.stat()
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with self._cache_lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+        with self._load_lock:
+            try:
+                loaded = open_checkpoint(path)
+            except TokenizerMissing as err:
+                raise BadRequest(f"run {run!r}: {err}") from None
+            except (CheckpointError, DataError, ValueError, OSError) as err:
+                raise BadRequest(f"the checkpoint of run {run!r} cannot be loaded: {err}") from None
+        with self._cache_lock:
+            self._models[key] = loaded
+            while len(self._models) > CACHED_MODELS:
+                self._models.popitem(last=False)
         return loaded
+
+
+class TokenizerMissing(ValueError):
+    """The vocabulary a run was trained with cannot be found for its checkpoint."""
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _text_request(request: wrappers.Request) -> tuple[str, str]:
+    """(run, text) of an own-text request. The body is read up to MAX_BODY_BYTES + 1 bytes, never more, whatever
+    its headers say (a chunked body has no Content-Length)."""
+    if request.method != "POST":
+        raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
+    if request.mimetype != "application/json":
+        raise BadRequest(f"Content-Type must be application/json, not {request.mimetype!r}")
+    too_large = TooLarge(f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters")
+    if (request.content_length or 0) > MAX_BODY_BYTES:
+        raise too_large
+    raw = request.stream.read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        raise too_large
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(f"the request body is not JSON: {err}") from None
+    except RecursionError:
+        raise BadRequest(
+            'the request body is nested too deeply: send {"run": "<run>", "text": "<text>"}'
+        ) from None
+    if (
+        not isinstance(body, dict)
+        or not isinstance(body.get("run"), str)
+        or not isinstance(body.get("text"), str)
+    ):
+        raise BadRequest('expected a JSON object {"run": "<run>", "text": "<text>"} of two strings')
+    return body["run"], body["text"]
 
 
 def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
     """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, opened as every command
-    opens one (:func:`gptmini.run.open_run`: ``weights_only=True``, checksum verified)."""
-    from gptmini.run import open_run
+    opens one (:func:`gptmini.run.open_run`: ``weights_only=True``, checksum verified). The checksum is verified
+    here again: the loader skips a file it verified before in this process when its size and modification time
+    are unchanged, and the tab reloads a file exactly when it changed. TokenizerMissing when the run's
+    vocabulary cannot be found (its refusal is worded for the tab, which has no --data-dir)."""
+    from gptmini.checkpoint import CHECKSUM_KEY, CheckpointError, tensor_checksum
+    from gptmini.data.errors import DataError
+    from gptmini.run import open_run, tokenizer_for_run
 
-    run = open_run(path, device="cpu")
-    return run.model, run.tokenizer, run.step
+    run = open_run(path, device="cpu", tokenizer=False)
+    recorded = run.checkpoint.get(CHECKSUM_KEY)
+    if isinstance(recorded, dict) and tensor_checksum(run.checkpoint)["digest"] != recorded.get("digest"):
+        raise CheckpointError(
+            f"{path} is damaged: its tensors do not match the checksum written when it was saved (the file was "
+            "modified or corrupted on disk); own text needs the checkpoint as training wrote it"
+        )
+    try:
+        tokenizer = tokenizer_for_run(
+            run.config, None, (run.path, run.checkpoint), run.model.config.vocab_size
+        )
+    except (CheckpointError, DataError) as err:
+        folder = (run.config.get("data") or {}).get("data_dir")
+        log.warning("own text for %s: %s", path, err)  # the command line's wording, in TensorBoard's log
+        raise TokenizerMissing(
+            "own text needs the vocabulary this run was trained with, from the prepared data folder it recorded "
+            f"({folder or 'none recorded'}), which does not hold it. Prepare the run's "
+            "corpus again into that folder; the tab reads no other folder, but gptmini sample --ckpt "
+            f"{path} --data-dir <folder> can"
+        ) from None
+    return run.model, tokenizer, run.step
 
 
 def _b64(tri: Any) -> str:

@@ -32,10 +32,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
 
     def __init__(
         self,
-        probe_text: str = (
-            "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
-            "But soft, what light through yonder window breaks?"
-        ),
+        probe_text: str = "But soft, what light?\nIt is the east.\nBut soft, what light?",
         max_tokens: int = 64,
     ) -> None:
         if max_tokens < 2:

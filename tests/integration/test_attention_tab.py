@@ -2,7 +2,8 @@
 patterns, the tab opened in headless Chromium. The head view draws one line per attention weight of a head (so a
 previous-token pattern draws one line per token, a uniform one a line per causal pair), the step slider changes
 what is drawn, hovering a token keeps its lines alone, a second run shows side by side, own text runs the run's
-checkpoint, and the view exports as SVG and PNG.
+checkpoint, and the view exports as SVG and PNG. A second run of another shape is drawn with its own layers and
+heads; own text runs for both runs shown; export works while a panel shows an error.
 
 Runs whenever Chromium, chromedriver and selenium are installed (Debian: apt-get install chromium
 chromium-driver; pip install -e '.[dev]'), else is skipped with the reason."""
@@ -36,29 +37,42 @@ def uniform(n_layer: int, n_head: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, write_checkpoint):
     """ "a/tb": previous-token attention at step 10, uniform at step 20, and a checkpoint; "b/tb": uniform at
-    step 10 only, no checkpoint. 2 layers x 3 heads."""
+    step 10 only, no checkpoint; both 2 layers x 3 heads. "c/tb": another shape, 1 layer x 4 heads, previous-token
+    attention at steps 10 and 20, and a checkpoint of that shape."""
     from torch.utils.tensorboard import SummaryWriter
 
     from gptmini.board.summary import AttentionSummary, summary_proto
 
     root = tmp_path_factory.mktemp("board")
     types = [["previous-token", "local", "other"], ["first-token", "induction", "other"]]
-    for run, patterns in (("a", {10: previous_token, 20: uniform}), ("b", {10: uniform})):
+    runs = (
+        ("a", (2, 3), {10: previous_token, 20: uniform}, types),
+        ("b", (2, 3), {10: uniform}, types),
+        ("c", (1, 4), {10: previous_token, 20: previous_token}, [["local"] * 4]),
+    )
+    for run, (n_layer, n_head), patterns, run_types in runs:
         writer = SummaryWriter(str(root / run / "tb"))
         for step, pattern in patterns.items():
-            summary = AttentionSummary(TOKENS, pattern(2, 3), types)
+            summary = AttentionSummary(TOKENS, pattern(n_layer, n_head), run_types)
             writer.file_writer.add_summary(summary_proto(summary), step)
         writer.close()
-    write_checkpoint(
-        root / "a" / "checkpoints" / "last.ckpt",
-        vocab_size=50257,
-        block_size=16,
-        n_layer=2,
-        n_head=3,
-        n_embd=6,
-        global_step=20,
-    )
+    for run, n_layer, n_head in (("a", 2, 3), ("c", 1, 4)):
+        write_checkpoint(
+            root / run / "checkpoints" / "last.ckpt",
+            vocab_size=50257,
+            block_size=16,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=8 if n_head == 4 else 6,
+            global_step=20,
+        )
     return root
+
+
+@pytest.fixture(scope="module")
+def board(logdir, repo_root):
+    with tensorboard(logdir, env={"PYTHONPATH": str(repo_root)}) as url:
+        yield url
 
 
 def _count(driver, css: str) -> int:
@@ -71,7 +85,7 @@ def _visible_lines(driver) -> int:
     )
 
 
-def test_the_tab_draws_scrubs_compares_and_takes_your_text(logdir, repo_root):
+def test_the_tab_draws_scrubs_compares_and_takes_your_text(board):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -79,8 +93,8 @@ def test_the_tab_draws_scrubs_compares_and_takes_your_text(logdir, repo_root):
 
     from gptmini.data.tokenizers import build_tokenizer
 
-    with tensorboard(logdir, env={"PYTHONPATH": str(repo_root)}) as url, chrome() as driver:
-        open_tab(driver, url)
+    with chrome() as driver:
+        open_tab(driver, board)
         # the model view: every head of the latest step (20) of the first run, labelled by type
         assert _count(driver, ".cell canvas.map") == 6
         labels = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".cell .type")]
@@ -141,3 +155,113 @@ def test_the_tab_draws_scrubs_compares_and_takes_your_text(logdir, repo_root):
         driver.find_element(By.CSS_SELECTOR, "button.back").click()
         wait_drawn(driver, drawn)
         assert _count(driver, ".tok-q") == T
+
+
+def _select(driver, css: str, value: str, drawn: int) -> int:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.CSS_SELECTOR, css)).select_by_value(value)
+    return wait_drawn(driver, drawn)
+
+
+def _drawn(driver) -> int:
+    return int(driver.execute_script("return Number(document.body.dataset.rendered)"))
+
+
+def test_a_run_of_another_shape_beside_is_drawn_with_its_own_layers_and_heads(board):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
+        # the model view: each run's own grid, 2 x 3 and 1 x 4
+        assert _count(driver, ".panel[data-run='a/tb'] .cell") == 6
+        assert _count(driver, ".panel[data-run='c/tb'] .cell") == 4
+        assert _count(driver, ".panel[data-run='c/tb'] .cell[data-layer='1']") == 0
+
+        # hovering a map names its query, its key and the weight between them (c: previous-token at step 20)
+        canvas = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='c/tb'] .cell[data-head='2'] canvas")
+        size = canvas.size["height"]
+        row = size / T  # query 4, key 3: offsets from the map's centre
+        ActionChains(driver).move_to_element_with_offset(
+            canvas, int(3.5 * row - size / 2), int(4.5 * row - size / 2)
+        ).perform()
+        status = driver.find_element(By.CSS_SELECTOR, ".status").text
+        assert status == 'layer 0, head 2: query " soft" (4) → key " But" (3): 1.00', status
+
+        # the head view, every head: run a draws its 3 heads, run c its 4 (previous-token: a line per query)
+        driver.find_element(
+            By.CSS_SELECTOR, ".panel[data-run='a/tb'] .cell[data-layer='0'][data-head='0']"
+        ).click()
+        drawn = wait_drawn(driver, drawn)
+        driver.find_element(By.XPATH, "//button[text()='all']").click()
+        drawn = wait_drawn(driver, drawn)
+        assert _count(driver, ".chip") == 4
+        assert _count(driver, ".panel[data-run='a/tb'] svg.headview g[data-head]") == 3
+        assert _count(driver, ".panel[data-run='c/tb'] svg.headview g[data-head]") == 4
+        assert _count(driver, ".panel[data-run='c/tb'] svg.headview line") == 4 * T
+        assert _count(driver, ".panel[data-run='a/tb'] svg.headview line") == 3 * T * (T + 1) // 2
+        title = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='a/tb'] .panel-title").text
+        assert "this run has 3 heads: head 3 not in it" in title
+
+        # layer 1, which run c lacks: c says so and draws nothing; no line anywhere is malformed
+        drawn = _select(driver, ".layer-select", "1", drawn)
+        note = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='c/tb'] .note").text
+        assert note == "this run has 1 layer: layer 1 is not in it"
+        assert _count(driver, ".panel[data-run='c/tb'] line") == 0
+        assert _count(driver, ".panel[data-run='a/tb'] svg.headview line") == 3 * T * (T + 1) // 2
+        assert _count(driver, 'line[stroke-width="NaN"]') == 0
+        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+        assert "layer 1 is not in it" in svg and "NaN" not in svg
+
+
+def test_own_text_for_two_runs_and_export_beside_an_error(board):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from gptmini.data.tokenizers import build_tokenizer
+
+    text = "But soft, what light"
+    n = len(build_tokenizer("gpt2").encode(text))
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
+        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+        drawn = wait_drawn(driver, drawn)
+        # both runs ran the text on their own checkpoints, each panel with its own heads
+        assert _count(driver, ".panel .error") == 0, driver.find_element(By.CSS_SELECTOR, ".status").text
+        for run, shape, cells in (("a/tb", "2 layers × 3 heads", 6), ("c/tb", "1 layer × 4 heads", 4)):
+            title = driver.find_element(By.CSS_SELECTOR, f".panel[data-run='{run}'] .panel-title").text
+            assert f"your text, checkpoint of step 20 · {shape} · {n} tokens" in title, title
+            assert _count(driver, f".panel[data-run='{run}'] .cell canvas.map") == cells
+
+        # run b beside has no checkpoint: its panel says so, and the view still exports, its message included
+        drawn = _select(driver, ".compare-select", "b/tb", drawn)
+        error = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='b/tb'] .error").text
+        assert "no checkpoint" in error
+        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+        assert svg.startswith("<svg") and svg.count("<image ") == 6 and "no checkpoint" in svg
+        png_size = driver.execute_async_script(
+            "const done = arguments[0]; window.gptminiAttention.pngBlob().then(b => done(b.size), e => done(-1))"
+        )
+        assert png_size > 1000
+        driver.find_element(By.CSS_SELECTOR, ".save-svg").click()
+        assert "export failed" not in driver.find_element(By.CSS_SELECTOR, ".status").text
+        # the head view beside the error exports too
+        driver.find_element(
+            By.CSS_SELECTOR, ".panel[data-run='a/tb'] .cell[data-layer='0'][data-head='0']"
+        ).click()
+        drawn = wait_drawn(driver, drawn)
+        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+        assert svg.count("<line ") == _count(driver, "svg.headview line") > 0 and "no checkpoint" in svg
+
+        # text over the limit is not cut silently: the tab says how long it is and what the limit is
+        driver.execute_script(
+            "const box = document.querySelector('.text-input'); box.value = 'a'.repeat(2001);"
+            "box.dispatchEvent(new Event('input'));"
+        )
+        assert "2001 characters; at most 2000" in driver.find_element(By.CSS_SELECTOR, ".status").text
+        driver.find_element(By.CSS_SELECTOR, ".text-go").click()
+        assert "2001 characters; at most 2000" in driver.find_element(By.CSS_SELECTOR, ".status").text

@@ -6,34 +6,29 @@
 // head view) and the head view (tokens on two sides, a line from each query to each key it attends to, one
 // colour per head). A step slider over the logged steps, a second run side by side, your own text, and export
 // of the current view as PNG or SVG.
+//
+// What the summaries mean - their tag, version, quantisation levels, byte layout, header keys, the head types with
+// their titles and colours - is not written here: the page reads it from the backend's `contract` route, which
+// serves gptmini.board.summary's own constants, and refuses data of another version or layout.
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
-// a line is drawn for an attention weight of at least MIN_LEVEL / 255 (the summaries are quantised to 255 levels)
-const MIN_LEVEL = 3;
+// the layout of the bytes this page reads (the contract names the one the backend writes; another is refused)
+const LAYOUT = 'layer-head-tril-rows';
+// a line is drawn for an attention weight of at least MIN_WEIGHT (about 1%)
+const MIN_WEIGHT = 0.01;
 // at most this many lines in the head view: beyond, only the strongest weights are drawn (the page stays quick)
 const MAX_LINES = 12000;
 const HEAD_COLOURS = [
   '#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#17becf',
   '#bcbd22', '#7f7f7f', '#393b79', '#ad494a', '#637939', '#8c6d31', '#843c39', '#7b4173',
 ];
-const TYPE_COLOURS = {
-  'induction': '#c2185b',
-  'previous-token': '#1565c0',
-  'first-token': '#6d4c41',
-  'local': '#2e7d32',
-  'other': '#9e9e9e',
-};
-const TYPE_TITLES = {
-  'induction': 'induction',
-  'previous-token': 'previous token',
-  'first-token': 'first token (sink)',
-  'local': 'local',
-  'other': 'other',
-};
+// from the contract: head type name -> title and colour
+const TYPE_COLOURS = {};
+const TYPE_TITLES = {};
 
 const state = {
+  contract: null,      // gptmini.board.summary.contract() and the own-text limits, from the backend
   runs: [],            // [{run, tags, has_checkpoint}]
-  limits: {},
   run: null,
   compare: '',         // second run ('' = none)
   tag: null,
@@ -64,15 +59,41 @@ async function getJSON(url, options) {
   return body;
 }
 
+async function loadContract() {
+  const contract = await getJSON('contract');
+  if (contract.layout !== LAYOUT) {
+    throw new Error(`the backend writes summaries in layout ${contract.layout}; this page reads ${LAYOUT}`);
+  }
+  for (const {name, title, colour} of contract.head_types) {
+    TYPE_TITLES[name] = title;
+    TYPE_COLOURS[name] = colour;
+  }
+  state.contract = contract;
+}
+
+const LEVELS = () => state.contract.levels;
+
+// a response of the attention or text route, checked against the contract and against its own shape: every panel
+// is read with its own run's layer and head counts, never another panel's
 function decodeAttention(body) {
+  const c = state.contract;
+  if (body.version !== c.version) throw new Error(`summary version ${body.version}; this page reads ${c.version}`);
+  const count = (x) => Number.isInteger(x) && x > 0;
+  if (!count(body.n_layer) || !count(body.n_head) || !Array.isArray(body.tokens) || !body.tokens.length) {
+    throw new Error('the summary has no valid n_layer, n_head and tokens');
+  }
   const bytes = atob(body.data);
   const data = new Uint8Array(bytes.length);
   for (let i = 0; i < bytes.length; i++) data[i] = bytes.charCodeAt(i);
   const T = body.tokens.length;
-  return {...body, T, tri: T * (T + 1) / 2, data};
+  const tri = T * (T + 1) / 2;
+  if (data.length !== body.n_layer * body.n_head * tri) {
+    throw new Error(`${data.length} bytes for ${body.n_layer} × ${body.n_head} heads over ${T} tokens`);
+  }
+  return {...body, T, tri, data};
 }
 
-// the level (0..255) of attention from query i to key j <= i of head h in layer l
+// the level (0..LEVELS) of attention from query i to key j <= i of head h in layer l
 function level(att, l, h, i, j) {
   return att.data[(l * att.n_head + h) * att.tri + i * (i + 1) / 2 + j];
 }
@@ -164,8 +185,8 @@ function heatmap(att, l, h) {
         px[o] = 245; px[o + 1] = 245; px[o + 2] = 245; px[o + 3] = 255;
         continue;
       }
-      // white -> deep blue, with a square root so that weak attention stays visible
-      const v = Math.sqrt(att.data[row + j] / 255);
+      // white -> deep blue (RGBA bytes), with a square root so that weak attention stays visible
+      const v = Math.sqrt(att.data[row + j] / LEVELS());
       px[o] = 255 - v * 247;
       px[o + 1] = 255 - v * 207;
       px[o + 2] = 255 - v * 148;
@@ -183,10 +204,12 @@ function headType(att, l, h) {
 function scoreText(att, l, h) {
   const s = att.scores || {};
   const parts = [];
-  if (s.previous_token) parts.push(`previous-token ${s.previous_token[l][h].toFixed(2)}`);
-  if (s.induction) parts.push(`induction ${s.induction[l][h].toFixed(2)}`);
-  if (s.first_token) parts.push(`first-token ${s.first_token[l][h].toFixed(2)}`);
-  if (s.mean_distance) parts.push(`mean distance ${s.mean_distance[l][h].toFixed(1)}`);
+  // a score is null where the model gave no number (a diverged run)
+  const value = (grid, digits) => (grid[l][h] === null ? '–' : grid[l][h].toFixed(digits));
+  if (s.previous_token) parts.push(`previous-token ${value(s.previous_token, 2)}`);
+  if (s.induction) parts.push(`induction ${value(s.induction, 2)}`);
+  if (s.first_token) parts.push(`first-token ${value(s.first_token, 2)}`);
+  if (s.mean_distance) parts.push(`mean distance ${value(s.mean_distance, 1)}`);
   return parts.join(', ');
 }
 
@@ -206,7 +229,10 @@ function modelView(att) {
         title: `layer ${l}, head ${h}${type ? ': ' + TYPE_TITLES[type] : ''}\n${scoreText(att, l, h)}\nclick: head view`,
         onclick: () => openHead(l, h),
       });
-      cell.append(heatmap(att, l, h));
+      const map = heatmap(att, l, h);
+      map.addEventListener('mousemove', (e) => hoverMap(att, l, h, map, e));
+      map.addEventListener('mouseleave', () => setStatus(''));
+      cell.append(map);
       const label = el('div', {class: 'type'}, type ? TYPE_TITLES[type] : '\u00a0');
       if (type) label.style.color = TYPE_COLOURS[type];
       cell.append(label);
@@ -214,6 +240,16 @@ function modelView(att) {
     }
   }
   return grid;
+}
+
+// hover a map: the query and key under the pointer, by token, and the weight between them
+function hoverMap(att, l, h, map, event) {
+  const box = map.getBoundingClientRect();
+  const i = Math.min(att.T - 1, Math.floor((event.clientY - box.top) / box.height * att.T));
+  const j = Math.min(att.T - 1, Math.floor((event.clientX - box.left) / box.width * att.T));
+  const where = `layer ${l}, head ${h}: query ${JSON.stringify(att.tokens[i])} (${i}) → key ${JSON.stringify(att.tokens[j])} (${j})`;
+  setStatus(j > i ? `${where}: masked (a query sees only earlier keys)`
+    : `${where}: ${(level(att, l, h, i, j) / LEVELS()).toFixed(2)}`);
 }
 
 function openHead(l, h) {
@@ -224,12 +260,13 @@ function openHead(l, h) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// the head view: queries on the left, keys on the right, a line per weight >= MIN_LEVEL, one colour per head
+// the head view: queries on the left, keys on the right, a line per weight >= MIN_WEIGHT, one colour per head
 
 const ROW = 18;
 const TOKEN_W = 110;
 const GAP = 170;
 
+// the head view of one panel, with that panel's own heads: heads picked beyond its count are not drawn
 function headView(att) {
   const T = att.T;
   const width = 2 * TOKEN_W + GAP;
@@ -250,15 +287,17 @@ function headView(att) {
   const y = (i) => 30 + i * ROW + ROW / 2;
   const x0 = TOKEN_W, x1 = TOKEN_W + GAP;
   const lines = svg('g', {class: 'lines'});
-  const heads = [...state.heads].sort((a, b) => a - b);
-  // every weight of at least MIN_LEVEL, or the strongest MAX_LINES of them (long texts, many heads)
-  let minLevel = MIN_LEVEL;
-  const counts = new Array(256).fill(0);
+  const heads = panelHeads(att);
+  // every weight of at least MIN_WEIGHT, or the strongest MAX_LINES of them (long texts, many heads)
+  const levels = LEVELS();
+  const floor = Math.round(MIN_WEIGHT * levels);
+  let minLevel = floor;
+  const counts = new Array(levels + 1).fill(0);
   for (const h of heads) {
     for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) counts[level(att, state.layer, h, i, j)]++;
   }
   let total = 0;
-  for (let v = 255; v >= MIN_LEVEL; v--) {
+  for (let v = levels; v >= floor; v--) {
     if (total + counts[v] > MAX_LINES) { minLevel = v + 1; break; }
     total += counts[v];
   }
@@ -269,7 +308,7 @@ function headView(att) {
       for (let j = 0; j <= i; j++) {
         const v = level(att, state.layer, h, i, j);
         if (v < minLevel) continue;
-        const w = v / 255;
+        const w = v / levels;
         g.append(svg('line', {
           x1: x0, y1: y(i), x2: x1, y2: y(j),
           'stroke-width': (0.5 + 2.5 * w).toFixed(2),
@@ -309,13 +348,13 @@ function focus(root, att, side, i, labels) {
   for (const line of root.querySelectorAll('line')) {
     line.style.display = Number(line.getAttribute(own)) === i ? '' : 'none';
   }
-  const heads = [...state.heads];
+  const heads = panelHeads(att);
   const weights = new Map();
   for (const h of heads) {
     for (let k = 0; k < att.T; k++) {
       const [q, key] = side === 'q' ? [i, k] : [k, i];
       if (key > q) continue;
-      weights.set(k, (weights.get(k) || 0) + level(att, state.layer, h, q, key) / 255 / heads.length);
+      weights.set(k, (weights.get(k) || 0) + level(att, state.layer, h, q, key) / LEVELS() / heads.length);
     }
   }
   const parts = [];
@@ -335,6 +374,11 @@ function focus(root, att, side, i, labels) {
     (heads.length > 1 ? `  (mean over ${heads.length} heads)` : ''));
 }
 
+// the heads picked that this panel's run has
+function panelHeads(att) {
+  return [...state.heads].filter((h) => h < att.n_head).sort((a, b) => a - b);
+}
+
 function unfocus(root, labels) {
   for (const line of root.querySelectorAll('line')) line.style.display = '';
   for (const label of labels) {
@@ -344,30 +388,32 @@ function unfocus(root, labels) {
   setStatus('');
 }
 
-function headControls(att) {
+// the layer and head pickers, over the largest counts of the panels shown (a panel draws the ones its run has);
+// the head types named are the first panel's
+function headControls(att, nLayer, nHead) {
   const bar = el('div', {class: 'headbar'});
   const layer = el('select', {class: 'layer-select', onchange: (e) => { state.layer = Number(e.target.value); draw(); }});
-  for (let l = 0; l < att.n_layer; l++) {
+  for (let l = 0; l < nLayer; l++) {
     const o = el('option', {value: l}, `layer ${l}`);
     if (l === state.layer) o.selected = true;
     layer.append(o);
   }
   bar.append(layer, el('span', {class: 'caption'}, 'heads'));
-  for (let h = 0; h < att.n_head; h++) {
+  for (let h = 0; h < nHead; h++) {
     const on = state.heads.has(h);
-    const type = headType(att, state.layer, h);
+    const type = h < att.n_head && state.layer < att.n_layer ? headType(att, state.layer, h) : null;
     const chip = el('button', {
       class: 'chip' + (on ? ' on' : ''),
       'data-head': h,
       title: `head ${h}${type ? ': ' + TYPE_TITLES[type] : ''} (click: show/hide; double-click: only this one)`,
       onclick: () => { on ? state.heads.delete(h) : state.heads.add(h); draw(); },
       ondblclick: () => { state.heads = new Set([h]); draw(); },
-    }, type && type !== 'other' ? `${h} · ${TYPE_TITLES[type]}` : `${h}`);
+    }, type && type !== state.contract.default_type ? `${h} · ${TYPE_TITLES[type]}` : `${h}`);
     chip.style.setProperty('--c', HEAD_COLOURS[h % HEAD_COLOURS.length]);
     bar.append(chip);
   }
   bar.append(
-    el('button', {class: 'small', onclick: () => { state.heads = new Set([...Array(att.n_head).keys()]); draw(); }}, 'all'),
+    el('button', {class: 'small', onclick: () => { state.heads = new Set([...Array(nHead).keys()]); draw(); }}, 'all'),
     el('button', {class: 'small', onclick: () => { state.heads = new Set(); draw(); }}, 'none'));
   return bar;
 }
@@ -378,15 +424,21 @@ function headControls(att) {
 async function panelsData() {
   const runs = [state.run, ...(state.compare ? [state.compare] : [])];
   if (state.text !== null) {
-    return Promise.all(runs.map(async (run) => {
+    // one run after the other: the backend computes one text at a time
+    const panels = [];
+    for (const run of runs) {
       const info = state.runs.find((r) => r.run === run);
-      if (!info.has_checkpoint) return {run, error: 'this run has no checkpoint: own text needs one'};
-      try {
-        return {run, att: await ownText(run, state.text)};
-      } catch (err) {
-        return {run, error: err.message};
+      if (!info.has_checkpoint) {
+        panels.push({run, error: 'this run has no checkpoint: own text needs one'});
+        continue;
       }
-    }));
+      try {
+        panels.push({run, att: await ownText(run, state.text)});
+      } catch (err) {
+        panels.push({run, error: err.message});
+      }
+    }
+    return panels;
   }
   const step = state.steps[state.stepIndex];
   return Promise.all(runs.map(async (run, n) => {
@@ -413,12 +465,15 @@ async function draw() {
   if (ticket !== drawing) return;  // a later draw() superseded this one
   const t0 = performance.now();
   const first = panels.find((p) => p.att);
-  if (first && (state.heads === null || [...state.heads].some((h) => h >= first.att.n_head))) {
-    state.heads = new Set([...Array(first.att.n_head).keys()]);
+  const shapes = panels.filter((p) => p.att).map((p) => p.att);
+  const nLayer = Math.max(0, ...shapes.map((a) => a.n_layer));
+  const nHead = Math.max(0, ...shapes.map((a) => a.n_head));
+  if (first && (state.heads === null || [...state.heads].some((h) => h >= nHead))) {
+    state.heads = new Set([...Array(nHead).keys()]);
   }
-  if (first && state.layer >= first.att.n_layer) state.layer = 0;
+  if (first && state.layer >= nLayer) state.layer = 0;
   ui.view.replaceChildren();
-  if (state.view === 'head' && first) ui.view.append(headControls(first.att));
+  if (state.view === 'head' && first) ui.view.append(headControls(first.att, nLayer, nHead));
   const row = el('div', {class: 'panels'});
   for (const p of panels) {
     const title = el('div', {class: 'panel-title'}, p.run);
@@ -435,11 +490,19 @@ async function draw() {
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));
     else if (state.view === 'model') panel.append(modelView(p.att));
-    else {
+    else if (state.layer >= p.att.n_layer) {
+      panel.append(el('div', {class: 'note'},
+        `this run has ${plural(p.att.n_layer, 'layer')}: layer ${state.layer} is not in it`));
+    } else {
       const view = headView(p.att);
       const level = Number(view.dataset.minLevel);
-      if (level > MIN_LEVEL) {
-        title.append(el('span', {class: 'sub thinned'}, ` · lines for weights ≥ ${(level / 255).toFixed(2)} only`));
+      const missing = [...state.heads].filter((h) => h >= p.att.n_head);
+      if (missing.length) {
+        title.append(el('span', {class: 'sub thinned'},
+          ` · this run has ${plural(p.att.n_head, 'head')}: ${missing.length > 1 ? 'heads' : 'head'} ${missing.sort((a, b) => a - b).join(', ')} not in it`));
+      }
+      if (level > Math.round(MIN_WEIGHT * LEVELS())) {
+        title.append(el('span', {class: 'sub thinned'}, ` · lines for weights ≥ ${(level / LEVELS()).toFixed(2)} only`));
       }
       panel.append(view);
     }
@@ -473,13 +536,20 @@ function currentSVG() {
   for (const panel of panels) {
     const title = panel.querySelector('.panel-title').textContent;
     const head = panel.querySelector('svg.headview');
+    const cells = [...panel.querySelectorAll('.cell')];
     let w, h, body;
-    if (head) {
+    if (!head && !cells.length) {
+      // a panel without maps (an error, or a layer its run lacks): its message, as text
+      const message = panel.querySelector('.error, .note');
+      const text = message ? message.textContent : '';
+      w = Math.min(600, 7 * text.length);
+      h = 30;
+      body = `<text x="${x}" y="${24 + 16}" font-size="12" font-family="sans-serif" fill="${message && message.classList.contains('error') ? '#b00020' : '#555'}">${esc(text)}</text>`;
+    } else if (head) {
       w = Number(head.getAttribute('width'));
       h = Number(head.getAttribute('height'));
       body = new XMLSerializer().serializeToString(head).replace('<svg', `<svg x="${x}" y="24"`);
     } else {
-      const cells = [...panel.querySelectorAll('.cell')];
       const nHead = Math.max(...cells.map((c) => Number(c.dataset.head))) + 1;
       const nLayer = Math.max(...cells.map((c) => Number(c.dataset.layer))) + 1;
       const cw = CELL + 6, ch = CELL + 20;
@@ -527,7 +597,11 @@ function fileName(ext) {
 }
 
 function saveSVG() {
-  download(new Blob([currentSVG()], {type: 'image/svg+xml'}), fileName('svg'));
+  try {
+    download(new Blob([currentSVG()], {type: 'image/svg+xml'}), fileName('svg'));
+  } catch (err) {
+    setStatus(`SVG export failed: ${err.message || err}`, true);
+  }
 }
 
 async function pngBlob() {
@@ -567,7 +641,7 @@ function setSteps(steps, index) {
 async function selectRun(run) {
   state.run = run;
   const info = state.runs.find((r) => r.run === run);
-  state.tag = info.tags.includes('attention/probe') ? 'attention/probe' : info.tags[0];
+  state.tag = info.tags.includes(state.contract.tag) ? state.contract.tag : info.tags[0];
   const steps = await stepsOf(run);
   setSteps(steps, steps.length - 1);
   ui.textBtn.disabled = !info.has_checkpoint;
@@ -592,11 +666,21 @@ function controls() {
   ui.slider = el('input', {type: 'range', min: 0, max: 0, value: 0, step: 1, class: 'step-slider', list: 'step-ticks',
     oninput: (e) => { state.stepIndex = Number(e.target.value); draw(); }});
   ui.stepLabel = el('span', {class: 'step-label'}, '');
-  ui.textInput = el('input', {type: 'text', class: 'text-input', maxlength: state.limits.max_text_chars || 2000,
-    onkeydown: (e) => { if (e.key === 'Enter') ui.textBtn.click(); }});
+  // no maxlength: the box would cut a longer paste without a word; the length is said instead
+  const maxChars = state.contract.max_text_chars;
+  ui.textInput = el('input', {type: 'text', class: 'text-input',
+    onkeydown: (e) => { if (e.key === 'Enter') ui.textBtn.click(); },
+    oninput: () => {
+      const n = ui.textInput.value.length;
+      if (n > maxChars) setStatus(`your text has ${n} characters; at most ${maxChars} (and ${state.contract.max_text_tokens} tokens) are shown`, true);
+    }});
   ui.textBtn = el('button', {class: 'text-go', onclick: () => {
     const text = ui.textInput.value;
     if (!text.trim()) { setStatus('type a sentence first', true); return; }
+    if (text.length > maxChars) {
+      setStatus(`your text has ${text.length} characters; at most ${maxChars}: shorten it`, true);
+      return;
+    }
     state.text = text;
     draw();
   }}, 'Show attention');
@@ -617,7 +701,7 @@ function controls() {
       s.style.color = TYPE_COLOURS[k];
       return s;
     }),
-    el('span', {class: 'hint'}, ' · rows: queries, columns: keys · click a map for its head view · hover a token in the head view'));
+    el('span', {class: 'hint'}, ' · rows: queries, columns: keys · hover a map for its tokens and weights, click it for its head view · hover a token in the head view'));
   return el('div', {class: 'controls'}, top, steps, text, legend, ui.status);
 }
 
@@ -627,13 +711,13 @@ export async function render() {
   document.body.append(root);
   let listing;
   try {
+    await loadContract();
     listing = await getJSON('runs');
   } catch (err) {
-    root.append(el('div', {class: 'error'}, `cannot list the runs: ${err.message}`));
+    root.append(el('div', {class: 'error'}, `cannot read the runs: ${err.message}`));
     return;
   }
   state.runs = listing.runs;
-  state.limits = listing;
   if (!state.runs.length) {
     root.append(el('div', {class: 'empty'}, 'No run holds attention summaries yet: train with the default callbacks.'));
     return;

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gptmini.board import PLUGIN_NAME
-from gptmini.board.summary import TAG, AttentionSummary, dequantise, summary_proto
+from gptmini.board.summary import TAG, AttentionSummary, dequantise, encode, summary_proto
 
 PREFIX = f"/data/plugin/{PLUGIN_NAME}"
 TOKENS = ["R", "O", "M", "E"]
@@ -176,6 +176,10 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
     t = len(ids)
     tri = np.frombuffer(base64.b64decode(body["data"]), dtype=np.uint8).reshape(2, 3, t * (t + 1) // 2)
     np.testing.assert_allclose(dequantise(tri, t), want, atol=0.5 / 255 + 1e-6)
+    # encoded as training encodes its probe: the same header, the same bytes
+    header, want_tri = encode(AttentionSummary(body["tokens"], want))
+    assert {k: body[k] for k in header} == header
+    assert np.abs(tri.astype(int) - want_tri.astype(int)).max() <= 1  # float rounding at a level's midpoint
 
 
 @pytest.mark.parametrize(
@@ -195,7 +199,8 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
             400,
             "2001 characters; at most 2000",
         ),
-        ({"run": "with_ckpt/tb", "text": "a" * 100_000}, "application/json", 400, "request body too large"),
+        ({"run": "with_ckpt/tb", "text": "a" * 100_000}, "application/json", 413, "request body too large"),
+        ("[" * 5000 + "]" * 5000, "application/json", 400, "nested too deeply"),
         (
             {"run": "with_ckpt/tb", "text": " word" * 40},
             "application/json",
@@ -219,17 +224,23 @@ def test_own_text_by_get_is_refused(client):
     assert code == 400 and "POST" in body["error"]
 
 
-def test_one_computation_at_a_time(client, app):
-    plugin = app[1]
+def _slowed(plugin):
+    """Makes the plugin's computation wait for the returned event; (started, release)."""
     started, release = threading.Event(), threading.Event()
     real = plugin._own_text
 
-    def slow(path, text):
+    def slow(*args):
         started.set()
         release.wait(10)
-        return real(path, text)
+        return real(*args)
 
     plugin._own_text = slow
+    return started, release
+
+
+def test_a_second_text_waits_for_the_first_and_both_are_answered(client, app):
+    plugin = app[1]
+    started, release = _slowed(plugin)
     try:
         first: list = []
         worker = threading.Thread(
@@ -237,14 +248,39 @@ def test_one_computation_at_a_time(client, app):
         )
         worker.start()
         assert started.wait(10)
+        threading.Timer(0.5, release.set).start()  # the first finishes while the second waits
+        code, body = _post(client, {"run": "with_ckpt/tb", "text": "hello"})
+        assert code == 200, body
+        worker.join(10)
+        assert first[0][0] == 200
+    finally:
+        release.set()
+        del plugin._own_text
+
+
+def test_a_text_that_waits_too_long_is_told_busy(client, app):
+    plugin = app[1]
+    started, release = _slowed(plugin)
+    plugin.wait_seconds = 0.2
+    try:
+        worker = threading.Thread(target=lambda: _post(client, {"run": "with_ckpt/tb", "text": "hi"}))
+        worker.start()
+        assert started.wait(10)
         code, body = _post(client, {"run": "with_ckpt/tb", "text": "hello"})
         assert code == 429 and "busy" in body["error"]
         release.set()
         worker.join(10)
-        assert first[0][0] == 200
     finally:
+        release.set()
         del plugin._own_text
+        plugin.wait_seconds = plugin_module().WAIT_SECONDS
     assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200
+
+
+def plugin_module():
+    from gptmini.board import plugin
+
+    return plugin
 
 
 def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
@@ -293,3 +329,63 @@ def test_own_text_on_a_char_run_says_what_its_vocabulary_left_out(tmp_path, writ
     assert code == 200, body
     assert "".join(body["tokens"]) == " but soft"
     assert body["left_out"] == ["R", "O", "M", "E", ":"]
+
+
+def test_own_text_without_the_runs_vocabulary_says_what_the_user_can_do(tmp_path, write_checkpoint):
+    """The tab has no --data-dir to pass: its refusal names the folder the run recorded and how to restore it."""
+    import shutil
+
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    from gptmini.data.prepare import prepare
+
+    corpus = tmp_path / "lower.txt"
+    corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)
+    data = prepare(str(corpus), "char", tmp_path / "data").out_dir
+    write_checkpoint(tmp_path / "logs" / "run" / "checkpoints" / "last.ckpt", data_dir=data, block_size=16)
+    writer = SummaryWriter(str(tmp_path / "logs" / "run" / "tb"))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+    writer.close()
+    shutil.rmtree(data)
+    code, body = _post(Client(_app(tmp_path / "logs")[0]), {"run": "run/tb", "text": "but soft"})
+    assert code == 400, body
+    assert f"prepared data folder it recorded ({data})" in body["error"]
+    assert "Prepare the run's corpus again into that folder" in body["error"]
+    assert "pass --data-dir" not in body["error"]
+
+
+def test_board_help_says_what_gptmini_adds_before_tensorboards_help(run_cli):
+    done = run_cli("gptmini.cli", ["board", "--help"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert "ATTENTION tab" in first and "--logdir outputs" in first
+    assert "--logdir" in done.stdout.split(first, 1)[1]  # TensorBoard's own options follow
+
+
+def test_a_refused_checkpoint_is_answered_while_another_text_is_computed(tmp_path, write_checkpoint):
+    """Checkpoints load (or are refused) outside the computation's lock: a run whose file is not a checkpoint
+    gets its own error at once, not "busy", while another run's text is being computed."""
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    for run in ("good", "bad"):
+        writer = SummaryWriter(str(tmp_path / run / "tb"))
+        writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+        writer.close()
+    write_checkpoint(tmp_path / "good" / "checkpoints" / "last.ckpt", vocab_size=50257, block_size=16)
+    (tmp_path / "bad" / "checkpoints").mkdir()
+    (tmp_path / "bad" / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really an archive")
+    app, plugin = _app(tmp_path)
+    client = Client(app)
+    started, release = _slowed(plugin)
+    try:
+        worker = threading.Thread(target=lambda: _post(client, {"run": "good/tb", "text": "hi"}))
+        worker.start()
+        assert started.wait(10)
+        code, body = _post(client, {"run": "bad/tb", "text": "hello"})
+        assert code == 400 and "the checkpoint of run 'bad/tb' cannot be loaded" in body["error"], body
+        assert "is not a gptmini checkpoint" in body["error"]
+    finally:
+        release.set()
+        worker.join(10)

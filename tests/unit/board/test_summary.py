@@ -4,6 +4,7 @@ data provider against the model's attention."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -152,3 +153,110 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
         np.testing.assert_allclose(got.probs, want, atol=0.5 / LEVELS + 1e-6, rtol=0)
     assert header["head_types"] == [["previous-token", "first-token"], ["induction", "other"]]
     assert header["scores"]["induction"] == [[0.0, 0.0], [0.8, 0.0]]
+
+
+def test_the_head_types_are_the_ones_insight_gives_in_its_order() -> None:
+    from gptmini.board.summary import HEAD_TYPES, contract
+    from gptmini.insight import scores
+
+    names = [name for name, _, _ in HEAD_TYPES]
+    assert names == [name for name, _, _ in scores.HEAD_TYPES] + ["local", scores.OTHER]
+    assert contract()["default_type"] == scores.OTHER
+    # every label head_types can give is one of them: a head of each kind, from scores that make it so
+    made = scores.head_types(
+        {
+            "induction": torch.tensor([[0.9, 0.0, 0.0, 0.0, 0.0]]),
+            "previous_token": torch.tensor([[0.0, 0.9, 0.0, 0.0, 0.0]]),
+            "first_token": torch.tensor([[0.0, 0.0, 0.9, 0.0, 0.0]]),
+            "mean_distance": torch.tensor([[9.0, 9.0, 9.0, 1.0, 9.0]]),
+        }
+    )
+    assert made == [names]
+
+
+def test_the_page_repeats_none_of_the_contract() -> None:
+    """The tab's page reads the tag, levels, version and head types from the contract route: none of them is
+    written in it (colours in hex, type names in quotes, the tag, a division by the level count)."""
+    import re
+    from importlib import resources
+
+    from gptmini.board.summary import HEAD_TYPES, contract
+
+    page = resources.files("gptmini.board").joinpath("static", "index.js").read_text()
+    for name, _, colour in HEAD_TYPES:
+        assert f"'{name}'" not in page and f'"{name}"' not in page and colour not in page.lower()
+    assert TAG not in page
+    assert not re.search(rf"/\s*{LEVELS}\b", page)
+    assert contract()["layout"] in page  # the one layout the page reads, checked against the contract's
+    plugin = resources.files("gptmini.board").joinpath("plugin.py").read_text()
+    assert '"version"' not in plugin  # own text's header comes from summary.encode
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ([1, 2], "the header is a JSON list"),
+        ({"version": 1, "n_layer": 0, "n_head": 1, "tokens": ["a"]}, "n_layer must be an integer from 1"),
+        ({"version": 1, "n_layer": 1, "n_head": 1, "tokens": []}, "tokens must be a list of 1 to"),
+        ({"version": 1, "n_layer": 1, "n_head": 1, "tokens": "ab"}, "tokens must be a list"),
+        (
+            {"version": 1, "n_layer": 1, "n_head": 2, "tokens": ["a"], "head_types": [["local"]]},
+            "head_types must be null or 1 rows of 2",
+        ),
+        (
+            {"version": 1, "n_layer": 1, "n_head": 1, "tokens": ["a"], "scores": [1]},
+            "scores must be an object",
+        ),
+        (
+            {"version": 1, "n_layer": 1, "n_head": 1, "tokens": ["a"], "scores": {"x": [[True]]}},
+            "scores['x'] must be 1 rows of 1 finite numbers (or null)",
+        ),
+    ],
+)
+def test_every_header_field_is_checked(header, message) -> None:
+    import json
+
+    with pytest.raises(SummaryFormatError, match=re.escape(message)):
+        decode(np.array([json.dumps(header).encode(), b"\0"], dtype=object))
+
+
+def test_a_decoded_header_holds_the_contracts_keys_only() -> None:
+    import json
+
+    from gptmini.board.summary import HEADER_KEYS
+
+    header = {"version": 1, "n_layer": 1, "n_head": 1, "tokens": ["a"], "extra": "<script>"}
+    got, tri = decode(np.array([json.dumps(header).encode(), b"\7"], dtype=object))
+    assert tuple(got) == HEADER_KEYS and got["head_types"] is None and got["scores"] == {}
+    assert tri.tolist() == [[[7]]]
+
+
+def test_encode_refuses_a_head_type_the_page_cannot_name() -> None:
+    with pytest.raises(ValueError, match="'sideways'.*which is no head type"):
+        summary_proto(AttentionSummary(list("ab"), random_maps(1, 1, 2), head_types=[["sideways"]]))
+
+
+def test_the_default_probe_holds_both_copies_of_its_line_at_character_level_too(repo_root) -> None:
+    """Induction shows in the second copy of the probe's repeated line: the probe cut to max_tokens holds both
+    copies with a character vocabulary (one token per character) as with GPT-2's BPE."""
+    from omegaconf import OmegaConf
+
+    from gptmini.data.tokenizers import CharTokenizer, build_tokenizer
+    from gptmini.training.summary_logging import AttentionSummaryLogger
+
+    conf = OmegaConf.load(repo_root / "conf" / "callbacks" / "default.yaml").attention_summary
+    default = AttentionSummaryLogger()
+    assert (conf.probe_text, conf.max_tokens) == (default.probe_text, default.max_tokens)
+    line = conf.probe_text.split("\n")[0]
+    for tokenizer in (CharTokenizer(sorted(set(conf.probe_text))), build_tokenizer("gpt2")):
+        shown = tokenizer.decode(tokenizer.encode(conf.probe_text)[: conf.max_tokens])
+        assert shown.count(line) == 2, (tokenizer, shown)
+
+
+def test_a_score_that_is_not_a_number_is_stored_as_null_and_read_back() -> None:
+    from tensorboard.util import tensor_util
+
+    summary = AttentionSummary(list("ab"), random_maps(1, 2, 2), scores={"induction": [[float("nan"), 0.5]]})
+    (value,) = summary_proto(summary).value
+    header, _ = decode(tensor_util.make_ndarray(value.tensor))
+    assert header["scores"] == {"induction": [[None, 0.5]]}
