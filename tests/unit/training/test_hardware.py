@@ -379,8 +379,11 @@ def test_a_gpu_machine_defaults_to_the_gpu_sized_run(compose_cfg, machine):
     assert _plain(cfg) == _plain(compose_cfg(["hardware=gpu"]))
     m = cfg.model
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size) == (6, 6, 384, 256)
-    assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps) == ("char", 128, 10000)
+    assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps) == ("char", 128, 5000)
     assert (cfg.run_name, cfg.compile, cfg.trainer.accelerator) == ("default_gpu", True, "gpu")
+    # the recipe, as on the CPU
+    assert cfg.optimizer._target_ == cpu_default.optimizer._target_ == "gptmini.training.optimizers.MuonAdamW"
+    assert cfg.scheduler._target_ == cpu_default.scheduler._target_
     assert resolve_precision(_plain(cfg.trainer), H100) == "bf16-mixed"
     # it logs everything the CPU default logs
     assert cfg.callbacks.keys() == cpu_default.callbacks.keys() and cfg.logger == cpu_default.logger
