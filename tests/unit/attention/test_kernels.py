@@ -26,6 +26,8 @@ from gptmini.attention.kernels import (
 B, NH, HS = 2, 4, 8
 REFERENCE = ExplicitKernel()
 CPU = torch.device("cpu")
+# FlexAttention trains only on a CUDA device: there it joins the forward-and-backward cases
+CUDA = torch.cuda.is_available()
 
 
 def _subsets(features: frozenset[str]) -> list[frozenset[str]]:
@@ -33,7 +35,9 @@ def _subsets(features: frozenset[str]) -> list[frozenset[str]]:
     return [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
 
 
-def _case(features: frozenset[str], T: int = 7, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def _case(
+    features: frozenset[str], T: int = 7, seed: int = 0, device: str = "cpu"
+) -> tuple[torch.Tensor, ...]:
     """q (B, nh, T, hs) and k, v (B, n_kv, S, hs) with S = T plus 5 cached keys under "cache", and the sink."""
     g = torch.Generator().manual_seed(seed)
     kv_heads = 2 if "gqa" in features else NH
@@ -41,13 +45,13 @@ def _case(features: frozenset[str], T: int = 7, seed: int = 0) -> tuple[torch.Te
     q = torch.randn(B, NH, T, HS, generator=g)
     k, v = (torch.randn(B, kv_heads, S, HS, generator=g) for _ in range(2))
     sink = torch.randn(NH, generator=g)
-    return q, k, v, sink
+    return tuple(t.to(device) for t in (q, k, v, sink))
 
 
 def _scores(features: frozenset[str], sink: torch.Tensor, start: int, dropout: float = 0.0) -> Scores:
     return Scores(
         n_head=NH,
-        slopes=alibi_slopes(NH) if "alibi" in features else None,
+        slopes=alibi_slopes(NH).to(sink.device) if "alibi" in features else None,
         window=3 if "window" in features else None,
         sink=sink if "sink" in features else None,
         start=start,
@@ -62,26 +66,31 @@ def _run(kernel: AttentionKernel, q, k, v, sink, features, grad: bool) -> tuple[
     out = kernel(q, k, v, _scores(features, sink, k.shape[-2] - q.shape[-2]))
     if not grad:
         return out.detach(), []
-    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
     return out.detach(), [t.grad for t in leaves]
 
 
 def _cases(can_train: bool) -> list:
+    # (kernel, features, device): every kernel but the reference, on a CPU; on a CUDA device too, where FlexAttention
+    # trains (can_train: the cases checked forward and backward)
     cases = []
-    for kernel in (ChunkedKernel(queries=3) if k.name == "chunked" else k for k in KERNELS):
-        if kernel.name == "explicit" or ("flex" == kernel.name) == can_train:
+    devices = ["cpu", "cuda"] if CUDA else ["cpu"]
+    for device, kernel in itertools.product(devices, KERNELS):
+        if kernel.name == "chunked":
+            kernel = ChunkedKernel(queries=3)
+        trains = kernel.name != "flex" or device == "cuda"
+        if kernel.name == "explicit" or trains != can_train:
             continue
         for features in _subsets(kernel.supports - {"dropout"}):
-            cases.append(
-                pytest.param(kernel, features, id=f"{kernel.name}:{'+'.join(sorted(features)) or 'plain'}")
-            )
+            name = f"{device}:{kernel.name}:{'+'.join(sorted(features)) or 'plain'}"
+            cases.append(pytest.param(kernel, features, device, id=name))
     return cases
 
 
-@pytest.mark.parametrize(("kernel", "features"), _cases(can_train=True))
-def test_each_kernel_equals_the_explicit_reference_for_each_feature_it_declares(kernel, features):
+@pytest.mark.parametrize(("kernel", "features", "device"), _cases(can_train=True))
+def test_each_kernel_equals_the_explicit_reference_for_each_feature_it_declares(kernel, features, device):
     # T=7 with the chunked kernel in chunks of 3: chunks from key 0, whole ones sharing a window's mask, a ragged one
-    q, k, v, sink = _case(features)
+    q, k, v, sink = _case(features, device=device)
     out, grads = _run(kernel, q, k, v, sink, features, grad=True)
     ref, ref_grads = _run(REFERENCE, q, k, v, sink, features, grad=True)
     assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -92,10 +101,10 @@ def test_each_kernel_equals_the_explicit_reference_for_each_feature_it_declares(
             assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize(("kernel", "features"), _cases(can_train=False))
-def test_flex_attention_equals_the_explicit_reference_forward_on_a_cpu(kernel, features):
-    # a CPU's FlexAttention has no backward: its eager reference, forward (the GPU tests check its gradients)
-    q, k, v, sink = _case(features, T=9)
+@pytest.mark.parametrize(("kernel", "features", "device"), _cases(can_train=False))
+def test_flex_attention_equals_the_explicit_reference_forward_on_a_cpu(kernel, features, device):
+    # a CPU's FlexAttention has no backward: its eager reference, forward (on a CUDA device it is checked both ways)
+    q, k, v, sink = _case(features, T=9, device=device)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention says it is unfused: here it is a reference
         out, _ = _run(kernel, q, k, v, sink, features, grad=False)
