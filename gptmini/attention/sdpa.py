@@ -169,8 +169,8 @@ class CausalSelfAttention(LMAttention):
 
     @property
     def changes_scores(self) -> bool:
-        # options that SDPA's is_causal cannot express: they need a mask, a score_mod or a sink
-        return self.alibi_slopes is not None or self.sliding_window is not None or self.sink is not None
+        # options that SDPA's is_causal cannot express: ALiBi, a window, a sink
+        return self.scores().changes_scores
 
     @property
     def features(self) -> frozenset[str]:
