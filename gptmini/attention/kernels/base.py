@@ -97,6 +97,14 @@ class AttentionKernel:
     name: ClassVar[str]
     supports: ClassVar[frozenset[str]] = frozenset()
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = sorted(cls.supports - FEATURES)
+        if unknown:  # a misspelt feature would silently never match a call
+            raise TypeError(
+                f"{cls.__qualname__}.supports names unknown features {unknown}; known: {', '.join(sorted(FEATURES))}"
+            )
+
     def covers(self, features: frozenset[str]) -> bool:
         return features <= self.supports
 

@@ -209,3 +209,13 @@ def test_a_new_kernel_joins_by_declaring_what_it_supports():
     q, k, v, sink = _case(frozenset({"window", "cache"}))
     dispatch(q, k, v, _scores(frozenset({"window", "cache"}), sink, k.shape[-2] - q.shape[-2]))
     assert calls == [3]
+
+
+def test_a_kernel_declares_only_known_features():
+    with pytest.raises(
+        TypeError, match=r"Misspelt.supports names unknown features \['windows'\]; known: alibi"
+    ):
+
+        class Misspelt(AttentionKernel):
+            name = "misspelt"
+            supports = frozenset({"windows", "gqa"})
