@@ -14,9 +14,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-gpu lint format clean
 
-help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
-		/^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+help: ## Show this help (target names in colour on a terminal only)
+	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
+		/^[a-zA-Z_-]+:.*## / {printf "  %s%-12s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -55,7 +56,7 @@ test-full: $(STAMP) ## Every test, the slow ones too
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
 
-bench-gpu: $(STAMP) ## GPU benchmarks vs issue 17's goals (needs CUDA; ARGS="--tinyshakespeare input.txt")
+bench-gpu: $(STAMP) ## GPU benchmarks into results/gpu.md (needs CUDA; ARGS="--tinyshakespeare input.txt")
 	$(PY) -m benchmarks.gpu $(ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check

@@ -154,6 +154,7 @@ def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg)
 
 def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None:
     import gptmini.training.config as config
+    from gptmini.training import hardware
     from gptmini.training.hardware import DeviceFacts
 
     v100 = DeviceFacts(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False, count=1)
@@ -168,14 +169,14 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None
     from gptmini.training.hardware import register_hardware_configs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(config, "detect_device", lambda: v100)
+    monkeypatch.setattr(hardware, "detect_device", lambda: v100)
     monkeypatch.setattr(config, "register_hardware_configs", lambda: register_hardware_configs(DeviceFacts()))
     cfg = compose_cfg(["trainer=gpu", "trainer.precision=bf16-true"])
     with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
         validate_config(cfg)
 
 
-# --- checks of the machine a run is on (issue 19, items 5-7) ----------------------------------------------------
+# --- checks of the machine a run is on ------------------------------------------------------------------------
 
 
 def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
@@ -347,9 +348,9 @@ def test_data_sizes_below_one_are_refused_naming_the_key(compose_cfg, override) 
 def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch) -> None:
     """data.num_workers is refused beyond four loader processes per usable core (at least 8), before any work;
     negative counts too."""
-    from gptmini.training import config
+    from gptmini.training import hardware
 
-    monkeypatch.setattr(config, "cpu_cores", lambda: 3)
+    monkeypatch.setattr(hardware, "cpu_cores", lambda: 3)
     base = ["model=tiny", "tokenizer=char"]
     validate_config(compose_cfg([*base, "data.num_workers=12"]))  # 4 x 3 cores: allowed
     with pytest.raises(
@@ -358,7 +359,7 @@ def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch
         r"\(3 usable CPU cores x 4\); lower it \(0 loads in the main process\)",
     ):
         validate_config(compose_cfg([*base, "data.num_workers=13"]))
-    monkeypatch.setattr(config, "cpu_cores", lambda: 1)
+    monkeypatch.setattr(hardware, "cpu_cores", lambda: 1)
     validate_config(compose_cfg([*base, "data.num_workers=8"]))  # never fewer than 8
     with pytest.raises(RunError, match=r"^data\.num_workers=1000000 is more than this machine can use"):
         validate_config(compose_cfg([*base, "data.num_workers=1000000"]))
