@@ -249,7 +249,7 @@ def report(trainer: Any, output_dir: Path) -> dict[str, Any]:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "the input is wrong", reported as one line. Classes are taken from modules already
     imported (an instance of a class implies its module was imported), so a bad config that fails in
-    validate_config does not pay for importing Lightning here."""
+    plan_run does not pay for importing Lightning here."""
     errors: list[type[BaseException]] = [ConfigError, RunError, SizeError, InstantiationException]
     for module, name in (
         ("gptmini.data.errors", "DataError"),

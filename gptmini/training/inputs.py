@@ -14,8 +14,8 @@ from gptmini.training.resume import resolve_init_from
 
 def check_input_files(cfg: DictConfig) -> None:
     """The files a run reads, checked before anything else runs (the command line calls this before
-    ``validate_config``; kept apart so that configs can be validated without the files existing)."""
-    # '???' values are reported by validate_config.
+    ``plan_run``; kept apart so that configs can be checked without the files existing)."""
+    # "???" values are reported by plan_run.
     init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
     if init_from is not None:
         kind, path = resolve_init_from(init_from, cfg.paths.output_root)

@@ -54,7 +54,9 @@ class RunPlan:
     val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
     ckpt_path: str | None  # the checkpoint a resumed run starts from
     resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
-    init_from: str | None  # model.init_from: the weights a fresh run starts from (checked with the input files)
+    init_from: (
+        str | None
+    )  # model.init_from: the weights a fresh run starts from (checked with the input files)
 
     @property
     def training_batches(self) -> int:
