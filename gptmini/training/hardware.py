@@ -1,11 +1,11 @@
 """The device a run trains on, written down as plain facts (``DeviceFacts``), and what gptmini decides from them:
 which defaults a run starts from (``hardware=auto`` -> ``cpu`` or ``gpu``), the precision ``auto`` stands for
-(``config.resolve_precision``), the AdamW kernel (``module.optimizer_kernel_kwargs``) and the peak FLOP/s behind
+(``resolve_precision``), the AdamW kernel (``module.optimizer_kernel_kwargs``) and the peak FLOP/s behind
 ``perf/mfu`` (``peak_flops``).
 
 Every decision takes the facts as an argument, defaulting to this machine's, so each GPU branch runs in a CPU test
 with a GPU's facts written down (``DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", ...)``) instead of
-patching torch. Nothing here imports Lightning at module level (``config`` imports this module, and a bad config
+patching torch. Nothing here imports Lightning at module level (the run plan imports this module, and a bad config
 must fail before Lightning is imported)."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from gptmini.training.errors import RunError
 
 
 @dataclass(frozen=True)
@@ -316,8 +318,6 @@ def resolve_precision(
     the model's output layer is large (``vocab_size`` of at least ``CPU_BF16_MIN_VOCAB``; None: unknown, taken as
     small), where its products gain more than the model's small ones lose (docs/training.md, "What the default run
     does"); else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
-    from gptmini.training.errors import RunError
-
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
     if precision not in PRECISIONS:

@@ -128,7 +128,7 @@ def _model_config(cfg: DictConfig) -> tuple[GPTConfig, bool]:
 def _check_optimizer_under_trainer(node: DictConfig, optimizer: Any, trainer: TrainerSchema) -> None:
     """An optimizer the trainer's strategy or precision cannot run: one that orthogonalises whole matrices under
     FSDP, and a fused AdamW step under float16 AMP with clipping."""
-    if optimizer is not None and getattr(optimizer, "shards_matrices", True) is False:
+    if optimizer is not None and not getattr(optimizer, "runs_under_fsdp", True):
         if "fsdp" in trainer.strategy_name:
             target = str(node.get("_target_"))
             raise RunError(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, ClassVar, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
@@ -220,7 +220,14 @@ def typed_group(cfg: DictConfig, group: str) -> Any:
         raise _unknown_keys(schema, group, target, extra)
     try:
         typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
-    except OmegaConfBaseException as err:
+    except ConfigKeyError as err:  # a key a nested settings node (optimizer.hidden, ...) does not have
+        key = f"{group}.{err.full_key}"
+        owner = key.rsplit(".", 1)[0]
+        known = settings(err.object_type) if dataclasses.is_dataclass(err.object_type) else []
+        raise RunError(
+            f"{key} is not a setting of {owner}: its settings are {', '.join(known)}; drop it (~{key})"
+        ) from None
+    except OmegaConfBaseException as err:  # a value of the wrong type
         key = f"{group}.{err.full_key}" if err.full_key else group
         value = getattr(err, "value", None)
         shown = f"={value!r}" if value is not None else ""
@@ -317,8 +324,8 @@ class MuonAdamWSchema:
     vector: RoleSchema = field(default_factory=RoleSchema)
     fused: Optional[bool] = None
     foreach: Optional[bool] = None
-    # built from the model's parameter roles: it shards no matrix, so it cannot run under FSDP
-    shards_matrices: ClassVar[bool] = False
+    # Muon orthogonalises each whole matrix, which FSDP shards across devices
+    runs_under_fsdp: ClassVar[bool] = False
 
     @staticmethod
     def unknown_hint(extra: list[str], drop: str) -> str:
@@ -528,7 +535,3 @@ class TrainerSchema:
         if isinstance(devices, int) and not isinstance(devices, bool):
             return max(devices, 1) * max(nodes, 1)
         return None
-
-
-def as_dict(typed: Any) -> dict[str, Any]:
-    return dataclasses.asdict(typed)
