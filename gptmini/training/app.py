@@ -1,7 +1,8 @@
 """The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``).
 
-Order of work: check the config (cheap) -> prepare the data -> build the model -> fit. Known user errors end
-the run with one line naming the key and the fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
+Order of work (``train``): plan (every check, cheap, before Lightning is imported) -> build the trainer, the data
+(prepared) and the module -> fit -> report. Known user errors end the run with one line naming the key and the
+fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
 """
 
 from __future__ import annotations
