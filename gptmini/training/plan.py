@@ -165,7 +165,7 @@ def _precision(cfg: DictConfig, trainer: TrainerSchema, device: DeviceFacts) -> 
     matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there)."""
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise RunError(
-            "trainer.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu"
+            "trainer.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=default or trainer=cpu"
         )
     settings = {"precision": trainer.precision, "accelerator": trainer.accelerator}
     cpu_bf16 = trainer.precision == "auto" and device.bf16 and not device.is_cuda
