@@ -1,5 +1,5 @@
 """``make bench-gpu`` (``python -m benchmarks.gpu``): one command that measures a CUDA GPU, in about 10 minutes on
-one H100, against the goals of issue 17. It refuses to run on a machine without CUDA (``make bench`` is the CPU
+one H100, against its goals on one H100 (``GOALS``). It refuses to run on a machine without CUDA (``make bench`` is the CPU
 benchmark). Sections (``--only``):
 
 - ``attention``: forward+backward of every registered implementation (plus the bare fused-QKV + SDPA module and
@@ -40,7 +40,7 @@ from gptmini.training import hardware
 
 SECTIONS = ("attention", "gpt2", "decode", "shakespeare_char")
 
-# The goals of issue 17 on one H100.
+# The goals on one H100.
 GOALS = {
     "gpt2_mfu": 0.50,  # GPT-2 124M, compiled, bf16, T = 1024
     "char_seconds": 90.0,  # shakespeare_char to val <= 1.47 (tinyshakespeare)
@@ -370,9 +370,7 @@ def write_results(
         if name in columns
     ]
     header = "# gptmini on a GPU\n\n" + "\n".join(f"- {k}: {v}" for k, v in info.items()) + "\n\n"
-    goals = write_table(
-        out, "gpu", "Goals (issue 17, one H100)", goal_rows(results, tinyshakespeare), GOAL_COLUMNS
-    )
+    goals = write_table(out, "gpu", "Goals (one H100)", goal_rows(results, tinyshakespeare), GOAL_COLUMNS)
     md = header + goals + "\n" + "\n".join(sections)
     atomic_write_text(out / "gpu.md", md)
     return md
