@@ -23,7 +23,7 @@ from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
 log = logging.getLogger("gptmini.hf")
 
 EXPORT_FORMATS = ("gpt2", "llama")
-TOKENIZER_CHOICES = ("auto", "gpt2", "char", "none")
+TOKENIZER_CHOICES = ("auto", "gpt2", "char", "bpe", "none")
 
 
 def export_tokenizer(
@@ -34,7 +34,7 @@ def export_tokenizer(
     vocabulary cannot be found or is not the one the checkpoint was trained with."""
     from gptmini.checkpoint import check_trained_data
     from gptmini.data.reader import load_tokenizer
-    from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.data.tokenizers import SAVED_TOKENIZERS, build_tokenizer
 
     if choice == "none":
         return None
@@ -50,12 +50,12 @@ def export_tokenizer(
         raise HFWeightsError(
             f"--tokenizer {name}: the checkpoint was trained with the {recorded!r} tokenizer (use --tokenizer auto)"
         )
-    if name != "char":
+    if name not in SAVED_TOKENIZERS:
         return build_tokenizer(name)
     folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
     if not (folder / "meta.json").is_file():
         raise HFWeightsError(
-            f"the char vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
+            f"the {name} vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
             "prepared data folder the checkpoint was trained on, or --tokenizer none"
         )
     # another char vocabulary would give the ids other characters: refused, naming both
@@ -63,8 +63,8 @@ def export_tokenizer(
         *checkpoint, folder, other_data="allow", fix="pass --data-dir with the folder it was trained on"
     )
     tokenizer = load_tokenizer(folder)
-    if tokenizer.name != "char":
-        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not 'char'")
+    if tokenizer.name != name:
+        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not {name!r}")
     return tokenizer
 
 
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="llama format: the tokenizer files to write (auto: the one the run trained with)",
     )
     exp.add_argument(
-        "--data-dir", help="llama format, char tokenizer: the prepared data folder holding vocab.json"
+        "--data-dir", help="llama format, char or bpe tokenizer: the prepared data folder holding its vocabulary"
     )
     exp.add_argument(
         "--force",

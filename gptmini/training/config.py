@@ -63,6 +63,9 @@ ModelSchema = _model_schema()
 @dataclass
 class TokenizerSchema:
     name: str = "gpt2"
+    # tokenizer=bpe only (null for the others): the vocabulary to train and the bound on its training text
+    vocab_size: Optional[int] = None
+    train_bytes: Optional[int] = None
 
 
 @dataclass
@@ -167,6 +170,8 @@ def output_vocab(cfg: DictConfig) -> int | None:
     name = str(cfg.tokenizer.name)
     if name == "char":
         return None
+    if name == "bpe":
+        return cfg.tokenizer.get("vocab_size")
     from gptmini.data.tokenizers import build_tokenizer
 
     return build_tokenizer(name).vocab_size
@@ -261,6 +266,14 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(
             f"tokenizer.name={tokenizer!r} is unknown: valid names are {', '.join(available_tokenizers())}"
         )
+    if tokenizer == "bpe":
+        from gptmini.data.bpe import check_settings
+        from gptmini.data.tokenizers import TokenizerError
+
+        try:
+            check_settings(cfg.tokenizer.get("vocab_size"), cfg.tokenizer.get("train_bytes"))
+        except TokenizerError as e:
+            raise RunError(str(e)) from None
 
     opt = cfg.optimizer
     if "lr" in opt and not float(opt.lr) > 0:
