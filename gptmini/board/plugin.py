@@ -295,7 +295,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
             "version": 1,
             "n_layer": int(probs.shape[0]),
             "n_head": int(probs.shape[1]),
-            "tokens": [tokenizer.decode([i]) for i in ids],
+            "tokens": [tokenizer.token_text(i) for i in ids],
             "head_types": None,
             "scores": {},
             "step": step,

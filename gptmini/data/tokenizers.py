@@ -59,6 +59,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def token_text(self, i: int) -> str: ...
+
     def to_dict(self) -> dict[str, Any]: ...
 
     def token_bytes(self) -> np.ndarray: ...
@@ -196,6 +198,15 @@ class TiktokenTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode(list(ids))
 
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        """The bytes ``ids`` stand for (a byte-level token may hold part of a character)."""
+        return self._enc.decode_bytes(list(ids))
+
+    def token_text(self, i: int) -> str:
+        """One token as a label: its text, with the bytes of a character it holds only part of as ``\\xNN``
+        (a byte-level BPE splits a rare character over tokens; decoding one alone would show U+FFFD)."""
+        return self._enc.decode_single_token_bytes(i).decode("utf-8", "backslashreplace")
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "tiktoken", "name": self.name, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
 
@@ -272,6 +283,10 @@ class CharTokenizer:
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def token_text(self, i: int) -> str:
+        """One token as a label: its character."""
+        return self.decode([i])
 
     def decode(self, ids: Sequence[int]) -> str:
         try:

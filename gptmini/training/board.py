@@ -53,7 +53,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
             return
         writer, tokenizer, ids = probe
         model = pl_module.model
-        tokens = [tokenizer.decode([i]) for i in ids]  # as they are: the tab shows spaces and newlines
+        tokens = [tokenizer.token_text(i) for i in ids]  # as they are: the tab shows spaces and newlines
         summary = probe_summary(model, ids, tokens, self._scores(trainer))
         proto = summary_proto(summary, TAG)
         writer.file_writer.add_summary(proto, trainer.global_step)
