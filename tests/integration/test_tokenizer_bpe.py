@@ -121,7 +121,7 @@ def test_sample_eval_and_attention_with_the_trained_bpe(bpe_run, run_cli, tmp_pa
     tok = load_tokenizer(data_dir)
     ids = tok.encode("Привет, мир!")
     assert "\ufffd" not in "".join(labels) and len(labels) == len(ids)
-    for label, i in zip(labels, ids):
+    for label, i in zip(labels, ids, strict=True):
         raw = tok.decode_bytes([i])
         try:
             assert label.replace("·", " ") == raw.decode("utf-8")
