@@ -182,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="llama format: the tokenizer files to write (auto: the one the run trained with)",
     )
     exp.add_argument(
-        "--data-dir", help="llama format, char or bpe tokenizer: the prepared data folder holding its vocabulary"
+        "--data-dir",
+        help="llama format, char or bpe tokenizer: the prepared data folder holding its vocabulary",
     )
     exp.add_argument(
         "--force",

@@ -59,7 +59,11 @@ def _chars(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
 
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's printable stand-in for each byte, in which byte-level BPE files spell their tokens."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     others = [b for b in range(256) if b not in printable]
     return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
 
