@@ -37,9 +37,14 @@ log = logging.getLogger(__name__)
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
 # tiktoken's ids are uint32 in the shards
 MAX_VOCAB = 1 << 32
-# Text the trainer reads at most, by default: its memory grows with the number of distinct pre-tokens in the sample
-# (a word-count table), not with the sample's length, and its time with the length.
-DEFAULT_TRAIN_BYTES = 200_000_000
+# Text the trainer reads at most, by default. Its memory is the text in flight (TRAIN_BUFFER pieces of at most
+# PIECE_CHARS characters) plus a count per distinct pre-token of the sample (docs/data.md): it grows with the sample's
+# vocabulary, not its length; its time grows with the length.
+DEFAULT_TRAIN_BYTES = 100_000_000
+# The sample goes to the trainer in pieces of at most this many characters, cut after whitespace where there is
+# some, TRAIN_BUFFER pieces at a time: at most 64 Mi characters in flight, whatever the corpus's blocks or rows.
+PIECE_CHARS = 1 << 16
+TRAIN_BUFFER = 1024
 DEFAULT_VOCAB = 8192
 # Held-out tokens the bytes-per-token report reads at most.
 REPORT_TOKENS = 2_000_000
@@ -92,14 +97,27 @@ def training_sample(
         if read_source >= stop_source or taken >= train_bytes:
             return
         read_source += frag.nbytes
-        data = frag.text.encode("utf-8", "surrogatepass")
-        if taken + len(data) > train_bytes:
-            # cut at a character boundary: a partial character would be a byte the text never holds
-            data = data[: train_bytes - taken]
-            yield data.decode("utf-8", "ignore")
-            return
-        taken += len(data)
-        yield frag.text
+        for piece in _pieces(frag.text):
+            data = piece.encode("utf-8", "surrogatepass")
+            if taken + len(data) > train_bytes:
+                # cut at a character boundary: a partial character would be a byte the text never holds
+                yield data[: train_bytes - taken].decode("utf-8", "ignore")
+                return
+            taken += len(data)
+            yield piece
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """``text`` in pieces of at most ``PIECE_CHARS`` characters, each cut after its last whitespace character
+    when it has one (so few words are split between two pieces)."""
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        end = start + PIECE_CHARS
+        space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+        cut = space + 1 if space > start else end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, pattern: str = GPT4_PAT_STR) -> BPETokenizer:
@@ -114,7 +132,12 @@ def train_bpe(texts: Iterable[str], vocab_size: int, pattern: str = GPT4_PAT_STR
     level = trainer_log.level
     trainer_log.setLevel(logging.DEBUG if log.isEnabledFor(logging.DEBUG) else logging.WARNING)
     try:
-        trainer.train_from_iterator(iter(texts), vocab_size=vocab_size - len(SPECIAL_TOKENS), pattern=pattern)
+        trainer.train_from_iterator(
+            iter(texts),
+            vocab_size=vocab_size - len(SPECIAL_TOKENS),
+            buffer_size=TRAIN_BUFFER,
+            pattern=pattern,
+        )
     finally:
         trainer_log.setLevel(level)
     ranks = sorted(

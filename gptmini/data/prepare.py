@@ -795,7 +795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--train-bytes",
         type=int,
         default=None,
-        help="--tokenizer bpe: bytes of training text the tokenizer learns from, at most (default 200000000)",
+        help="--tokenizer bpe: bytes of training text the tokenizer learns from, at most (default 100000000)",
     )
     parser.add_argument(
         "--out", default=None, help="output folder (default: data/<source name>_<source hash>_<tokenizer>)"

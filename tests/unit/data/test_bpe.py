@@ -9,6 +9,7 @@ import pytest
 
 from gptmini.data.bpe import (
     MIN_VOCAB,
+    PIECE_CHARS,
     check_settings,
     compare_with_gpt2,
     train_bpe,
@@ -157,6 +158,15 @@ def test_training_sample_stops_at_its_bounds():
     assert "".join(training_sample(frags, 100, 1000, 0.4)) == "ααα" * 10
     # a byte bound cuts at a character boundary (α is two bytes)
     assert "".join(training_sample(frags, 100, 5, 0.0)) == "αα"
+
+
+
+def test_training_sample_goes_in_bounded_pieces_cut_after_whitespace():
+    text = ("word " * 40_000) + "x" * 200_000  # 200k characters with spaces, then 200k without
+    pieces = list(training_sample([Fragment(0, text, len(text), True)], len(text), 10**9, 0.0))
+    assert "".join(pieces) == text
+    assert max(len(p) for p in pieces) <= PIECE_CHARS
+    assert all(p.endswith(" ") for p in pieces[:3])  # no word split while there are spaces
 
 
 @pytest.fixture
