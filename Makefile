@@ -12,7 +12,7 @@ PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-gpu lint format clean
+.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-tokenizers bench-gpu lint format clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
@@ -54,6 +54,9 @@ test-full: $(STAMP) ## Every test, the slow ones too
 
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
+
+bench-tokenizers: $(STAMP) ## Tokenizers by bits per byte at equal training time (ARGS="--seconds 300", "--quick")
+	$(PY) -m benchmarks.tokenizers $(ARGS)
 
 bench-gpu: $(STAMP) ## GPU benchmarks vs issue 17's goals (needs CUDA; ARGS="--tinyshakespeare input.txt")
 	$(PY) -m benchmarks.gpu $(ARGS)
