@@ -96,6 +96,33 @@ def test_bpe_run_logs_bits_per_byte_of_the_validation_bytes(bpe_run, tb_events):
     assert ckpt["hyper_parameters"]["data_identity"]["tokenizer"] == "bpe"
 
 
+def test_resume_reuses_the_saved_tokenizer(bpe_run, run_cli):
+    root, run_dir, data_dir = bpe_run
+    (saved,) = data_dir.glob("tokens-*/bpe.json")
+    before = saved.stat().st_mtime_ns
+    proc = run_cli.train(
+        [
+            "debug=smoke",
+            "run_name=bpe",
+            "ckpt_path=last",
+            "trainer.max_steps=9",
+            "data=text",
+            f"data.source={root / 'multi.txt'}",
+            "tokenizer=bpe",
+            "tokenizer.vocab_size=400",
+            "model=llama_tiny",
+            f"paths.output_root={root}/outputs",
+            f"paths.data_root={root}/data",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training a byte-level BPE" not in proc.stdout + proc.stderr  # the data was up to date
+    assert saved.stat().st_mtime_ns == before
+    resumed = max((root / "outputs" / "bpe").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    assert resumed != run_dir
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 9
+
+
 def test_sample_eval_and_attention_with_the_trained_bpe(bpe_run, run_cli, tmp_path):
     _, run_dir, data_dir = bpe_run
     ckpt = run_dir / "checkpoints" / "last.ckpt"
