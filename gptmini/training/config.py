@@ -274,6 +274,12 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
             check_settings(cfg.tokenizer.get("vocab_size"), cfg.tokenizer.get("train_bytes"))
         except TokenizerError as e:
             raise RunError(str(e)) from None
+    for key in ("vocab_size", "train_bytes"):
+        if tokenizer != "bpe" and cfg.tokenizer.get(key) is not None:
+            raise RunError(
+                f"tokenizer.{key}={cfg.tokenizer.get(key)} applies to tokenizer=bpe only, not "
+                f"tokenizer={tokenizer}: drop it, or train a BPE with tokenizer=bpe tokenizer.{key}=..."
+            )
 
     opt = cfg.optimizer
     if "lr" in opt and not float(opt.lr) > 0:

@@ -222,3 +222,30 @@ def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, run_cli):
     out = proc.stdout + proc.stderr
     assert "tokenizer.vocab_size=100 is out of range" in out and "Traceback" not in out
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["tokenizer=bpe", "tokenizer.vocab_size=256"], "tokenizer.vocab_size=256 is out of range"),
+        (["tokenizer=bpe", "tokenizer.train_bytes=0"], "tokenizer.train_bytes=0 is invalid"),
+        (["tokenizer=gpt2", "tokenizer.vocab_size=4096"], "applies to tokenizer=bpe only"),
+        (["tokenizer=char", "tokenizer.train_bytes=1000"], "applies to tokenizer=bpe only"),
+    ],
+)
+def test_config_checks_name_the_tokenizer_key(overrides, message, compose_cfg):
+    from gptmini.training.config import RunError, validate_config
+
+    with pytest.raises(RunError, match=message):
+        validate_config(compose_cfg(overrides))
+
+
+def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):
+    from gptmini.training.config import output_vocab, validate_config
+
+    cfg = compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
+    validate_config(cfg)
+    assert (cfg.data.tokenizer_vocab_size, cfg.data.tokenizer_train_bytes) == (4096, 100_000_000)
+    assert output_vocab(cfg) == 4096
+    default = compose_cfg([])
+    assert default.data.tokenizer_vocab_size is None and default.data.tokenizer_train_bytes is None
