@@ -1,13 +1,13 @@
 """``gptmini export`` and ``gptmini import``: training checkpoints to Hugging Face folders and back.
 
-    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
-    gptmini export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|none]
+    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force] [--tokenizer none|auto|...]
+    gptmini export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|bpe|none]
     gptmini import --hf DIR --out model.ckpt    # a GPT-2 or Llama folder, by its config.json
 
-``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights; ``--format llama`` writes
-``LlamaForCausalLM`` weights and the run's tokenizer (``AutoTokenizer`` loads it), read from the checkpoint's
-run settings: the GPT-2 BPE, or the ``char`` vocabulary of the prepared data folder it was trained on
-(``--data-dir`` when that folder has moved).
+``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights (and, with ``--tokenizer auto``, the run's
+tokenizer files); ``--format llama`` writes ``LlamaForCausalLM`` weights and the run's tokenizer
+(``AutoTokenizer`` loads it), read from the checkpoint's run settings: the GPT-2 BPE, or the ``char`` vocabulary
+or trained BPE of the prepared data folder it was trained on (``--data-dir`` when that folder has moved).
 """
 
 from __future__ import annotations
@@ -76,8 +76,10 @@ def _export(args: argparse.Namespace) -> None:
         run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
         model, ckpt_path = run.model, run.path
         if args.format == "gpt2":
-            save_hf_gpt2(model, args.out, overwrite=args.force)
-            files = "config.json, model.safetensors"
+            tokenizer = export_tokenizer(
+                args.tokenizer, run.config, args.data_dir, (run.path, run.checkpoint)
+            )
+            files = ", ".join(save_hf_gpt2(model, args.out, overwrite=args.force, tokenizer=tokenizer))
         else:
             from gptmini.hf.llama import check_llama_model, save_hf_llama
 
@@ -178,12 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument(
         "--tokenizer",
         choices=TOKENIZER_CHOICES,
-        default="auto",
-        help="llama format: the tokenizer files to write (auto: the one the run trained with)",
+        default=None,
+        help="the tokenizer files to write (auto: the one the run trained with; default: auto for --format llama, "
+        "none for --format gpt2)",
     )
     exp.add_argument(
         "--data-dir",
-        help="llama format, char or bpe tokenizer: the prepared data folder holding its vocabulary",
+        help="char or bpe tokenizer: the prepared data folder holding its vocabulary",
     )
     exp.add_argument(
         "--force",
@@ -204,9 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "for the commands that need its tokenizer",
     )
     args = parser.parse_args(argv)
-    if args.command == "export" and args.format == "gpt2" and (args.tokenizer != "auto" or args.data_dir):
+    if args.command == "export" and args.tokenizer is None:
+        args.tokenizer = "auto" if args.format == "llama" else "none"
+    if args.command == "export" and args.tokenizer == "none" and args.data_dir:
         parser.error(
-            "--tokenizer and --data-dir apply to --format llama (a GPT-2 export has no tokenizer files)"
+            "--data-dir finds a tokenizer's vocabulary: pass --tokenizer auto (or char, bpe) with it"
         )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

@@ -183,6 +183,30 @@ def test_llama_export_tokenizer_gives_the_same_ids_and_imports_back(bpe_run, tmp
     assert again.tokenizer.name == "bpe" and again.tokenizer.encode(text) == ids
 
 
+def test_gpt2_export_with_the_trained_bpe(bpe_run, tmp_path, write_checkpoint):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    transformers = pytest.importorskip("transformers")
+    from gptmini.checkpoint import model_from_checkpoint
+    from gptmini.hf.cli import main
+
+    _, _, data_dir = bpe_run
+    ckpt = write_checkpoint(tmp_path / "gpt2.ckpt", data_dir=data_dir, block_size=32, n_embd=16)
+    # GPT-2 exports write weights alone unless asked for the tokenizer
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "bare")]) == 0
+    assert not (tmp_path / "bare" / "tokenizer.json").exists()
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf"), "--tokenizer", "auto"]) == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ours = load_tokenizer(data_dir)
+    text = _corpus(10, seed=5) + "ASCII too, 42!\n"
+    ids = ours.encode(text)
+    assert hf_tok(text)["input_ids"] == ids and hf_tok.decode(ids) == text
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.eos_token_id == ours.eot_id
+    model, _ = model_from_checkpoint(ckpt)
+    x = torch.tensor([ids[:32]])
+    torch.testing.assert_close(hf(x).logits[..., : ours.vocab_size], model(x)[0][..., : ours.vocab_size])
+
+
 @pytest.mark.parametrize("tokenizer", ["char", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_char_and_gpt2_runs_log_bits_per_byte(tokenizer, tmp_path, run_cli, tb_events):
     """ASCII text: for characters a token is a byte, so bits per byte is the loss over ln 2."""
