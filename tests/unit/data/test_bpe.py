@@ -160,7 +160,6 @@ def test_training_sample_stops_at_its_bounds():
     assert "".join(training_sample(frags, 100, 5, 0.0)) == "αα"
 
 
-
 def test_training_sample_goes_in_bounded_pieces_cut_after_whitespace():
     text = ("word " * 40_000) + "x" * 200_000  # 200k characters with spaces, then 200k without
     pieces = list(training_sample([Fragment(0, text, len(text), True)], len(text), 10**9, 0.0))
