@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from gptmini.data.errors import DataError
 from gptmini.data.reader import load_meta, load_split, load_tokenizer
 from gptmini.data.tokenizers import (
     BPE_FORMAT,
@@ -195,7 +196,10 @@ def trained_bpe(corpus: Any, settings: Mapping[str, Any], saved: Path | None = N
     sample = training_sample(
         corpus.fragments(), corpus.total_bytes, settings["train_bytes"], settings["val_fraction"]
     )
-    return train_bpe(sample, settings["vocab_size"], settings["pattern"])
+    try:
+        return train_bpe(sample, settings["vocab_size"], settings["pattern"])
+    except TokenizerError as e:  # the corpus cannot give that vocabulary: bad input, found before tokenizing
+        raise DataError(str(e)) from None
 
 
 def log_compression(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, float] | None:

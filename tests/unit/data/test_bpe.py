@@ -214,7 +214,12 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
         prepare(str(binary), "bpe", tmp_path / "b", tokenizer_options={"vocab_size": 300})
     with pytest.raises(TokenizerError, match="at least 257"):
         prepare(str(binary), "bpe", tmp_path / "v", tokenizer_options={"vocab_size": 200})
-    assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists() and not (tmp_path / "v").exists()
+    small = tmp_path / "small.txt"
+    small.write_text("abc abd abc\n" * 10)
+    with pytest.raises(DataError, match=r"vocab_size=5000 is more than the training text supports"):
+        prepare(str(small), "bpe", tmp_path / "s", tokenizer_options={"vocab_size": 5000})
+    for name in "ebvs":
+        assert not (tmp_path / name).exists(), name  # no folder left behind
 
 
 def test_bytes_per_token_against_gpt2(corpus, tmp_path):
