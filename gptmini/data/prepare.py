@@ -821,6 +821,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.tokenizer != "bpe" and (args.vocab_size is not None or args.train_bytes is not None):
+        parser.error(
+            f"--vocab-size and --train-bytes train --tokenizer bpe, not --tokenizer {args.tokenizer}"
+        )
     callback, shown = cli_logging(args.verbose)
     try:
         with shown:

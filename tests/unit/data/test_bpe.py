@@ -237,3 +237,20 @@ def test_bytes_per_token_against_gpt2(corpus, tmp_path):
     # trained on this very mix of scripts, the small BPE packs more bytes in a token than GPT-2's
     assert report["bytes_per_token"] > report["gpt2_bytes_per_token"]
     assert load_meta(out)["tokenizer_spec"]["kind"] == "bpe"
+
+
+def test_cli_trains_reports_and_refuses_bpe_flags_elsewhere(corpus, tmp_path, caplog):
+    from gptmini.data.prepare import main
+
+    caplog.set_level("INFO")
+    out = tmp_path / "cli"
+    assert (
+        main(["--source", str(corpus), "--tokenizer", "bpe", "--vocab-size", "300", "--out", str(out)]) == 0
+    )
+    assert load_meta(out)["vocab_size"] == 300
+    assert "bytes per token with this bpe tokenizer" in caplog.text and "with GPT-2's BPE" in caplog.text
+    assert main(["--source", str(corpus), "--tokenizer", "bpe", "--vocab-size", "99", "--out", str(out)]) == 2
+    assert "vocab_size=99 is out of range" in caplog.text
+    with pytest.raises(SystemExit) as exc:
+        main(["--source", str(corpus), "--tokenizer", "gpt2", "--vocab-size", "300"])
+    assert exc.value.code == 2
