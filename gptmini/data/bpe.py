@@ -51,9 +51,9 @@ DEFAULT_VOCAB = 8192
 REPORT_TOKENS = 2_000_000
 
 
-def check_settings(vocab_size: Any, train_bytes: Any, key: str = "tokenizer.") -> None:
-    """Refuse a vocabulary or sample bound the trainer cannot use, naming the key (``tokenizer.`` for a run's
-    config, ``--`` for the command line)."""
+def check_settings(vocab_size: Any, train_bytes: Any) -> None:
+    """Refuse a vocabulary or sample bound the trainer cannot use, naming the config key."""
+    key = "tokenizer."
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TokenizerError(
             f"{key}vocab_size={vocab_size!r} is not an integer: the bpe tokenizer needs a vocabulary size, "
@@ -97,8 +97,11 @@ def training_sample(
     for frag in fragments:
         if read_source >= stop_source or taken >= train_bytes:
             return
+        text, left = frag.text, stop_source - read_source
+        if frag.nbytes > left:  # the held-out part starts inside this block: its share of the text before
+            text = text[: len(text) * left // frag.nbytes]
         read_source += frag.nbytes
-        for piece in _pieces(frag.text):
+        for piece in _pieces(text):
             data = piece.encode("utf-8", "surrogatepass")
             if taken + len(data) > train_bytes:
                 # cut at a character boundary: a partial character would be a byte the text never holds

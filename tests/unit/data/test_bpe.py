@@ -156,6 +156,8 @@ def test_training_sample_stops_at_its_bounds():
     assert "".join(training_sample(frags, 100, 1000, 0.0)) == "ααα" * 10 + "b" * 40
     # the held-out tail is never read: 40% held out leaves the first fragment (60 bytes) only
     assert "".join(training_sample(frags, 100, 1000, 0.4)) == "ααα" * 10
+    # a block holding the start of the held-out part is cut there
+    assert "".join(training_sample([Fragment(0, "a" * 100, 100, True)], 100, 1000, 0.1)) == "a" * 90
     # a byte bound cuts at a character boundary (α is two bytes)
     assert "".join(training_sample(frags, 100, 5, 0.0)) == "αα"
 
