@@ -334,8 +334,9 @@ def prepare(
     ``val_fraction`` only re-splits. Memory stays within the interpreter's own plus about ``buffer_mb`` (text
     and ids in flight between the reader and the tokenizer threads; plus one Parquet row group being decoded),
     whatever the corpus size. ``tokenizer_options``: ``vocab_size`` and ``train_bytes`` of ``tokenizer="bpe"``
-    (``gptmini.data.bpe``), trained here on the corpus's training text. A killed preparation resumes at its last finished shard; a write that fails (full
-    disk, unwritable folder) raises DataError, and the previous data stays as it was until the new is complete.
+    (``gptmini.data.bpe``), trained here on the corpus's training text. A killed preparation resumes at its last
+    finished shard; a write that fails (full disk, unwritable folder) raises DataError, and the previous data
+    stays as it was until the new is complete.
     """
     t0 = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
