@@ -12,7 +12,7 @@ PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention analyze tensorboard test test-full bench gpu-check lint format clean
+.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-tokenizers gpu-check lint format clean
 
 help: ## Show this help (target names in colour on a terminal only)
 	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
@@ -55,6 +55,9 @@ test-full: $(STAMP) ## Every test, the slow ones too
 
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
+
+bench-tokenizers: $(STAMP) ## Tokenizers by bits per byte at equal training time (ARGS="--seconds 300", "--quick")
+	$(PY) -m benchmarks.tokenizers $(ARGS)
 
 gpu-check: $(STAMP) ## The GPU proof: default run vs nanoGPT's recipe, GPT-2 124M step, attention options (results/gpu.md)
 	$(PY) -m benchmarks.gpu $(ARGS)

@@ -77,7 +77,11 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_missing(cfg)
     check_finite(cfg)
     model, vocab_known = _model_config(cfg)
-    TokenizerSchema(name=str(cfg.tokenizer.name)).check()
+    TokenizerSchema(
+        name=str(cfg.tokenizer.name),
+        vocab_size=cfg.tokenizer.get("vocab_size"),
+        train_bytes=cfg.tokenizer.get("train_bytes"),
+    ).check()
     optimizer = typed_group(cfg, "optimizer")
     scheduler = typed_group(cfg, "scheduler")
     trainer: TrainerSchema = typed_group(cfg, "trainer") or TrainerSchema()
@@ -155,6 +159,8 @@ def output_vocab(cfg: DictConfig) -> int | None:
     name = str(cfg.tokenizer.name)
     if name == "char":
         return None
+    if name == "bpe":
+        return cfg.tokenizer.get("vocab_size")  # the vocabulary it will be trained to
     from gptmini.data.tokenizers import build_tokenizer
 
     return build_tokenizer(name).vocab_size

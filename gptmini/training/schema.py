@@ -69,14 +69,31 @@ ModelSchema = _model_schema()
 @dataclass
 class TokenizerSchema:
     name: str = "gpt2"
+    # tokenizer=bpe only (null for the others): the vocabulary to train and the bound on its training text
+    vocab_size: Optional[int] = None
+    train_bytes: Optional[int] = None
 
     def check(self) -> None:
-        from gptmini.data.tokenizers import available_tokenizers
+        from gptmini.data.tokenizers import TokenizerError, available_tokenizers
 
         if self.name not in available_tokenizers():
             raise RunError(
                 f"tokenizer.name={self.name!r} is unknown: valid names are {', '.join(available_tokenizers())}"
             )
+        if self.name == "bpe":
+            from gptmini.data.bpe import check_settings
+
+            try:
+                check_settings(self.vocab_size, self.train_bytes)
+            except TokenizerError as e:
+                raise RunError(str(e)) from None
+            return
+        for key in ("vocab_size", "train_bytes"):
+            if getattr(self, key) is not None:
+                raise RunError(
+                    f"tokenizer.{key}={getattr(self, key)} applies to tokenizer=bpe only, not "
+                    f"tokenizer={self.name}: drop it, or train a BPE with tokenizer=bpe tokenizer.{key}=..."
+                )
 
 
 @dataclass
@@ -431,6 +448,9 @@ class DataSchema:
     shard_tokens: int = 100_000_000
     buffer_mb: int = 64
     prepare_threads: Optional[int] = None
+    # tokenizer=bpe's settings, as the tokenizer group gives them (checked there)
+    tokenizer_vocab_size: Optional[int] = None
+    tokenizer_train_bytes: Optional[int] = None
 
     def check(self, key: str) -> None:
         from gptmini.training import hardware
