@@ -13,8 +13,8 @@ import gptmini
 from gptmini import __version__
 from gptmini.cli import SUBCOMMANDS, main
 
-# The subcommands issue 29 names, exactly.
-EXPECTED = ["train", "data", "sample", "eval", "attention", "analyze", "export", "import", "bench", "board"]
+# gptmini's subcommands, exactly, in the order `gptmini --help` lists them.
+EXPECTED = ["train", "data", "runs", "sample", "eval", "attention", "analyze", "export", "import", "bench", "board"]
 
 
 def test_help_lists_every_subcommand_with_one_line(capsys):
