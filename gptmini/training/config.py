@@ -378,8 +378,16 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
 
     if str(tr.get("accelerator", "auto")) in ("gpu", "cuda") and not torch.cuda.is_available():
+        from hydra.core.hydra_config import HydraConfig
+
+        # hardware=gpu (or an experiment naming it) sets trainer=gpu: name what the user chose
+        chosen = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
         raise RunError(
-            "trainer.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu"
+            "no CUDA GPU here, and hardware=gpu asks for one (conf/hardware/gpu.yaml): use hardware=cpu, or run on "
+            "a machine with a CUDA GPU"
+            if chosen == "gpu"
+            else "no CUDA GPU here, and trainer.accelerator=gpu asks for one: use trainer=auto or trainer=cpu, or "
+            "run on a machine with a CUDA GPU"
         )
     resolve_precision(OmegaConf.to_container(tr, resolve=True))
     _check_cpu_devices(tr)

@@ -161,6 +161,7 @@ def test_torchrun_processes_share_one_run_folder(tmp_path, run_cli, tb_events):
             "-m",
             run_cli.train_module,
             "debug=smoke",
+            "callbacks=default",  # last.ckpt and best.ckpt, which only rank zero writes
             "tokenizer=char",
             "trainer=ddp",
             "trainer.accelerator=cpu",

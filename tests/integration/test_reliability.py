@@ -482,7 +482,8 @@ BAD_INPUT_MORE = [
     (
         "gpu_without_gpu",
         ["trainer=gpu"],
-        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu",
+        r"error: no CUDA GPU here, and trainer\.accelerator=gpu asks for one: use trainer=auto or trainer=cpu, or "
+        r"run on a machine with a CUDA GPU",
         2,
     ),
     (
