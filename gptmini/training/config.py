@@ -383,11 +383,11 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         # hardware=gpu (or an experiment naming it) sets trainer=gpu: name what the user chose
         chosen = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
         raise RunError(
-            "no CUDA GPU here, and hardware=gpu asks for one (conf/hardware/gpu.yaml): use hardware=cpu, or run on "
-            "a machine with a CUDA GPU"
+            "hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine (conf/hardware/gpu.yaml): "
+            "use hardware=cpu, or run on a machine with a CUDA GPU"
             if chosen == "gpu"
-            else "no CUDA GPU here, and trainer.accelerator=gpu asks for one: use trainer=auto or trainer=cpu, or "
-            "run on a machine with a CUDA GPU"
+            else "trainer.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
+            "trainer=auto or trainer=cpu, or run on a machine with a CUDA GPU"
         )
     resolve_precision(OmegaConf.to_container(tr, resolve=True))
     _check_cpu_devices(tr)

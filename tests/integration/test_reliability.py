@@ -482,8 +482,8 @@ BAD_INPUT_MORE = [
     (
         "gpu_without_gpu",
         ["trainer=gpu"],
-        r"error: no CUDA GPU here, and trainer\.accelerator=gpu asks for one: use trainer=auto or trainer=cpu, or "
-        r"run on a machine with a CUDA GPU",
+        r"error: trainer\.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
+        r"trainer=auto or trainer=cpu, or run on a machine with a CUDA GPU",
         2,
     ),
     (

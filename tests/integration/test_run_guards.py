@@ -200,8 +200,8 @@ def test_hardware_gpu_without_a_gpu_names_hardware_and_the_fix(run_cli, tmp_path
     assert proc.returncode == 2
     (line,) = [ln for ln in output(proc).splitlines() if "error:" in ln]
     assert line.endswith(
-        "error: no CUDA GPU here, and hardware=gpu asks for one (conf/hardware/gpu.yaml): use hardware=cpu, or run "
-        "on a machine with a CUDA GPU"
+        "error: hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine "
+        "(conf/hardware/gpu.yaml): use hardware=cpu, or run on a machine with a CUDA GPU"
     )
     assert "Traceback" not in output(proc)
     assert not list((tmp_path / "outputs").rglob("*.*"))  # no run left behind
