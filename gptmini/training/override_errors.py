@@ -17,7 +17,7 @@ from typing import Any
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 # Hydra's own exit status for these errors, kept (docs/configuration.md)
 EXIT_HYDRA_ERROR = 1
@@ -27,8 +27,12 @@ _SET_BY_GPTMINI = "GPTMINI_RESTATES_HYDRA_ERRORS"
 
 
 def _override(argv: Sequence[str], key: str) -> str:
-    """The command-line override of ``key`` as typed (``optimizer.lr=inf``), else ``key``."""
-    return next((a for a in argv if a.lstrip("+~").split("=", 1)[0] == key), key)
+    """The command-line override of ``key`` or of a key below it, as typed (``optimizer.lr=inf``), else ``key``."""
+    for arg in argv:
+        name = arg.lstrip("+~").split("=", 1)[0]
+        if name == key or name.startswith(key + "."):
+            return arg
+    return key
 
 
 def _settings_named(node: Any, leaf: str, prefix: str) -> list[str]:
@@ -62,10 +66,10 @@ def _unknown_key(err: ConfigCompositionException, argv: Sequence[str]) -> str | 
             "(`gptmini train --cfg job` prints every setting)"
         )
     keys = ", ".join(str(k) for k in parent.keys() if not str(k).startswith("_"))
-    return (
-        f"{override}: {where} (its settings: {keys}): fix the key (`gptmini train --cfg job` prints every setting); "
-        f"only a key the config lacks on purpose is added, with +{override.lstrip('+')}"
-    )
+    fix = f"{override}: {where} (its settings: {keys}): fix the key (`gptmini train --cfg job` prints every setting)"
+    if OmegaConf.get_type(parent) is dict:  # an open group (no schema) takes new keys, on purpose
+        fix += f"; only a key the config lacks on purpose is added, with +{override.lstrip('+')}"
+    return fix
 
 
 def _bad_value(err: ConfigCompositionException, argv: Sequence[str]) -> str | None:

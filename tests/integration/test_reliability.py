@@ -341,7 +341,12 @@ BAD_INPUT = [
         2,
     ),
     ("unknown_experiment", ["experiment=nope"], r"Could not find 'experiment/nope'", 1),
-    ("unknown_key", ["model.n_embdd=64"], r"Key 'n_embdd' not in 'ModelSchema'", 1),
+    (
+        "unknown_key",
+        ["model.n_embdd=64"],
+        r"error: model\.n_embdd=64: model has no setting 'n_embdd' \(its settings: .*n_embd, .*\): fix the key",
+        1,
+    ),
     (
         "block_size_exceeds_split",
         ["data=text", "data.source={small}", "model.block_size=256"],

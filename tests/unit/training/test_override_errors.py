@@ -45,3 +45,14 @@ def test_hydra_full_error_keeps_hydras_own_report(run_cli, tmp_path):
     )
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr and "Could not override 'optimizer.lr'" in proc.stderr
+
+
+def test_a_typed_group_is_not_offered_a_new_key(run_cli, tmp_path):
+    """model has a schema: a key it lacks cannot be added, so the line does not suggest +model.n_embdd."""
+    proc = run_cli.train(["model.n_embdd=64", f"paths.output_root={tmp_path}/outputs"])
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(
+        "error: model.n_embdd=64: model has no setting 'n_embdd' (its settings: vocab_size, "
+    )
+    assert " n_embd, " in line and "+model" not in line
+    assert line.endswith("fix the key (`gptmini train --cfg job` prints every setting)")
