@@ -38,6 +38,9 @@ class RunInfo:
     state: str  # "finished", "resumable" or "no checkpoint"
     checkpoint: str | None  # the file a resume (or --ckpt with this folder) reads
     modified: float  # seconds since the epoch: the newest file of the run
+    overrides: tuple[
+        str, ...
+    ] = ()  # the command line's overrides that set what the run trains (not its folders)
 
     def steps(self) -> str:
         done = "-" if self.steps_done is None else str(self.steps_done)
@@ -52,6 +55,22 @@ def _config(folder: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+# Overrides that place a run rather than change what it trains (as hydra.job.config.override_dirname leaves out).
+_PLACING = ("run_name", "ckpt_path", "paths.", "hydra.")
+
+
+def _overrides(folder: Path) -> tuple[str, ...]:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return ()
+    if not isinstance(loaded, list):
+        return ()
+    return tuple(str(o) for o in loaded if not str(o).lstrip("+~").startswith(_PLACING))
 
 
 def _checkpoint(folder: Path) -> Path | None:
@@ -136,6 +155,7 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         state=state,
         checkpoint=str(ckpt) if ckpt is not None else None,
         modified=modified,
+        overrides=_overrides(folder),
     )
 
 
@@ -161,7 +181,7 @@ def human_size(n: int) -> str:
 
 def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
     """The runs as an aligned table; the folder that ``--ckpt last`` opens is marked with ``*``."""
-    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER")
+    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "OVERRIDES", "FOLDER")
     rows = [header]
     for r in runs:
         marked = last is not None and r.checkpoint is not None and Path(r.checkpoint) == last
@@ -173,6 +193,7 @@ def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
                 f"{r.state} (sweep job)" if r.sweep_job else r.state,
+                " ".join(r.overrides) or "-",
                 r.folder,
             )
         )
@@ -185,9 +206,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptmini runs",
         description="List the training runs under the runs folder, newest first: name, steps done/planned, the "
-        "last val/loss, size on disk, and whether each finished, can be resumed (ckpt_path=<its folder>) or left "
-        "no checkpoint. The row marked * is the one `--ckpt last` opens. --ckpt (sample, eval, attention, "
-        f"analyze, export) takes {CKPT_RULE}.",
+        "last val/loss, size on disk, whether each finished, can be resumed (ckpt_path=<its folder>) or left no "
+        "checkpoint, and the overrides it was started with. The row marked * is the one `--ckpt last` opens. "
+        f"--ckpt (sample, eval, attention, analyze, export) takes {CKPT_RULE}.",
         formatter_class=HelpFormatter,
     )
     p.add_argument(

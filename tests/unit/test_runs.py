@@ -29,6 +29,9 @@ def _run(
     (folder / ".hydra" / "config.yaml").write_text(
         f"run_name: {name}\ntrainer:\n  max_steps: {planned}\n", encoding="utf-8"
     )
+    (folder / ".hydra" / "overrides.yaml").write_text(
+        f"- trainer.max_steps={planned}\n- run_name={name}\n- paths.output_root={root}\n", encoding="utf-8"
+    )
     if val:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -124,7 +127,7 @@ def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, r
     proc = run_cli("gptmini.cli", ["runs", "--runs-dir", out])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER"]
+    assert lines[0].split() == ["NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "OVERRIDES", "FOLDER"]
     folders = [line.split()[-1] for line in lines[1:]]
     assert folders == [str(made[k]) for k in ("failed", "job", "cut", "done")]
     failed, job, cut, done = lines[1:]
@@ -132,12 +135,15 @@ def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, r
     assert "3/3" in job and "10.5400" in job and "finished (sweep job)" in job and not job.startswith("*")
     assert cut.startswith("*") and "300/700" in cut and "6.1000" in cut and "resumable" in cut
     assert "700/700" in done and "4.9570" in done and "finished" in done
+    # the overrides that set what each run trains, not those that place it (run_name, paths.*)
+    assert " trainer.max_steps=700 " in done and "run_name=" not in done and "paths." not in done
 
     proc = run_cli("gptmini.cli", ["runs", "--runs-dir", out, "char", "--json"])
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(proc.stdout)
     assert row["name"] == "char" and row["state"] == "no checkpoint" and row["steps_planned"] == 50
     assert row["size_bytes"] > 0
+    assert row["overrides"] == ["trainer.max_steps=50"]
 
 
 def test_gptmini_runs_without_a_runs_folder_says_so(tmp_path, run_cli):
