@@ -30,6 +30,13 @@ CHECKSUM_KEY = "gptmini_checksum"
 DATA_IDENTITY_KEY = "data_identity"
 # The files ``last`` chooses among (see find_last_checkpoint).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
+# What --ckpt takes, in every command's --help (resolve_checkpoint).
+CKPT_RULE = (
+    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
+    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
+    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
+    "`gptmini runs` lists them"
+)
 
 
 class CheckpointError(ValueError):
@@ -353,12 +360,16 @@ def check_trained_data(
 
 
 def find_last_checkpoint(
-    output_root: str | Path, run_name: str | None = None, exclude: str | Path | None = None
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
 ) -> Path | None:
-    """The rule for ``last``, in every command: of the ``last.ckpt`` and ``on_exception.ckpt`` files in any
-    ``checkpoints/`` folder under ``output_root/run_name`` (single runs and multirun jobs alike; every run when
-    ``run_name`` is None), the one written most recently (modification time; ties: the later path). None when
-    there is none. ``exclude``: a folder to leave out (a resumed run's own, still empty, folder).
+    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
+    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
+    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
+    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
+    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
 
     Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
     previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
@@ -368,25 +379,39 @@ def find_last_checkpoint(
         p
         for name in LAST_NAMES
         for p in root.glob(f"**/checkpoints/{name}")
-        if p.is_file() and (skip is None or skip not in p.resolve().parents)
+        if p.is_file()
+        and (skip is None or skip not in p.resolve().parents)
+        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
     ]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
 
 
+def is_sweep_job(relative: Path) -> bool:
+    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
+    return any(part.startswith("multirun_") for part in relative.parts)
+
+
+def _sweep_only(root: Path) -> str:
+    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
+    job = find_last_checkpoint(root)
+    return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
+
+
 def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
-    """``spec`` as the commands take it: a checkpoint file; a run folder (or any folder of runs), meaning its
-    newest ``last.ckpt``/``on_exception.ckpt``; a run name, the folder of that name under ``output_root`` (the
-    same); or "last" (:func:`find_last_checkpoint` over every run under ``output_root``). ``option`` names the
-    setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path`` (a training setting)."""
+    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
+    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
+    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
+    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
+    (a training setting)."""
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     if str(spec) == "last":
-        found = find_last_checkpoint(output_root)
+        found = find_last_checkpoint(output_root, sweep_jobs=False)
         if found is None:
             raise CheckpointError(
-                f"no last.ckpt or on_exception.ckpt found under {output_root}/: train first (gptmini train) or "
-                f"pass {option} PATH"
+                f"no last.ckpt or on_exception.ckpt found under {output_root}/"
+                f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
         return found
     path = Path(spec)
@@ -394,11 +419,12 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         run = Path(output_root) / path  # a run name
         path = run if run.is_dir() else path
     if path.is_dir():
-        found = find_last_checkpoint(path)
+        found = find_last_checkpoint(path, sweep_jobs=False)
         if found is None:
             raise CheckpointError(
-                f"{named}: {path} is a folder without a checkpoint (no checkpoints/last.ckpt or on_exception.ckpt "
-                "under it): pass a run folder that holds one, a .ckpt file, or 'last'"
+                f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
+                f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
+                "or 'last'"
             )
         return found
     if not path.exists():

@@ -86,3 +86,8 @@ def resolve_device(spec: str, option: str = "--device") -> str:
             )
         return spec
     raise ValueError(f"{option} {spec}: gptmini's commands run on cpu, cuda or mps, not {device.type}")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every command's ``--help``: the description as written (its paragraphs and example lines), and each
+    option's default after its help."""

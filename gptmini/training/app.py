@@ -18,7 +18,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -386,7 +385,9 @@ def main() -> None:
     except FileNotFoundError as err:
         sys.stderr.write(f"error: {err}\n")
         sys.exit(EXIT_USER_ERROR)
-    hydra.main(version_base="1.3", config_path=config_path, config_name="train")(_hydra_main)()
+    from gptmini.training.override_errors import run_hydra
+
+    run_hydra(_hydra_main, config_path)  # Hydra's command-line errors as one line
 
 
 if __name__ == "__main__":

@@ -170,8 +170,16 @@ def _precision(cfg: DictConfig, trainer: TrainerSchema, device: DeviceFacts) -> 
     """The GPU a run asks for exists, and ``trainer.precision`` made concrete for ``device`` (the vocabulary
     matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there)."""
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        from hydra.core.hydra_config import HydraConfig
+
+        # hardware=gpu (or an experiment naming it) sets trainer=gpu: name what the user chose
+        chosen = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
         raise RunError(
-            "trainer.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=default or trainer=cpu"
+            "hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine (conf/hardware/gpu.yaml): "
+            "use hardware=cpu, or run on a machine with a CUDA GPU"
+            if chosen == "gpu"
+            else "trainer.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
+            "trainer=default or trainer=cpu, or run on a machine with a CUDA GPU"
         )
     settings = {"precision": trainer.precision, "accelerator": trainer.accelerator}
     cpu_bf16 = trainer.precision == "auto" and device.bf16 and not device.is_cuda

@@ -341,7 +341,12 @@ BAD_INPUT = [
         2,
     ),
     ("unknown_experiment", ["experiment=nope"], r"Could not find 'experiment/nope'", 1),
-    ("unknown_key", ["model.n_embdd=64"], r"Key 'n_embdd' not in 'ModelSchema'", 1),
+    (
+        "unknown_key",
+        ["model.n_embdd=64"],
+        r"error: model\.n_embdd=64: model has no setting 'n_embdd' \(its settings: .*n_embd, .*\): fix the key",
+        1,
+    ),
     (
         "block_size_exceeds_split",
         ["data=text", "data.source={small}", "model.block_size=256"],
@@ -482,7 +487,8 @@ BAD_INPUT_MORE = [
     (
         "gpu_without_gpu",
         ["trainer=gpu"],
-        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=default or trainer=cpu",
+        r"error: trainer\.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
+        r"trainer=default or trainer=cpu, or run on a machine with a CUDA GPU",
         2,
     ),
     (
