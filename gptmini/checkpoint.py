@@ -175,6 +175,7 @@ def load_checkpoint(
     # refused here rather than fed to the unpickler, whose errors would only confuse.
     if not zipfile.is_zipfile(path):
         raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
+    _check_archive_sizes(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -193,6 +194,29 @@ def load_checkpoint(
     if verify:
         verify_checksum(ckpt, path)
     return ckpt
+
+
+# Slack over the archive's own size that its entries may declare in all: zip headers are counted in the file
+# size but not in the entries', so stored (uncompressed) entries always sum to less than the file.
+ARCHIVE_SLACK = 1 << 16
+
+
+def _check_archive_sizes(path: Path) -> None:
+    """Refuse an archive whose entries declare more bytes than the file holds, before ``torch.load`` inflates any:
+    ``torch.save`` stores entries uncompressed, so only a crafted (compressed) file can declare more, and a few
+    megabytes of deflated zeros would otherwise become gigabytes of memory."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise _not_a_checkpoint(path, f"unreadable archive: {err}") from None
+    size = path.stat().st_size
+    if declared > size + ARCHIVE_SLACK:
+        raise _not_a_checkpoint(
+            path,
+            f"its entries declare {declared:,} bytes uncompressed in a file of {size:,} bytes (torch.save stores "
+            "them uncompressed): a compressed or crafted archive, refused before anything is inflated",
+        )
 
 
 def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:

@@ -108,10 +108,15 @@ class TokenDataModule(L.LightningDataModule):
         train = load_split(self.data_dir, "train", self.meta)
         # Default: one "epoch" draws as many windows as it takes to see ~every train token once.
         num = self.train_samples or max(self.batch_size, math.ceil(len(train) / self.block_size))
-        self.train_dataset = RandomWindowDataset(train, self.block_size, num, seed=self.seed, name="train")
+        vocab = int(self.meta["vocab_size"])
+        self.train_dataset = RandomWindowDataset(
+            train, self.block_size, num, seed=self.seed, name="train", vocab_size=vocab
+        )
         if self.meta["splits"]["val"]["tokens"] > 0:
             val = load_split(self.data_dir, "val", self.meta)
-            self.val_dataset = StridedWindowDataset(val, self.block_size, self.val_stride, name="val")
+            self.val_dataset = StridedWindowDataset(
+                val, self.block_size, self.val_stride, name="val", vocab_size=vocab
+            )
 
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.data_dir, self.meta)

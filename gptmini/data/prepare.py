@@ -43,6 +43,7 @@ from gptmini.data.corpora import (
 )
 from gptmini.data.errors import DataError
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
+from gptmini.data.schema import SHARD_PREFIX, check_progress
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
     CharTokenizer,
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 VOCAB_FILE = "vocab.json"
 PROGRESS_FILE = "progress.json"
 LOCK_FILE = ".lock"
-SHARD_PREFIX = "tokens-"
 # What format_version 1 kept at the top of the folder; removed when the folder is prepared again.
 LEGACY_FILES = ("train.bin", "val.bin", VOCAB_FILE)
 # A piece of text encoded at once: ~64k characters, cut where the ids cannot change (see _CUT).
@@ -432,7 +432,7 @@ def _prepare_locked(
         name += "-2"
     folder = out / name
     for stale in out.glob(SHARD_PREFIX + "*"):  # earlier preparations, interrupted or replaced
-        if stale.name not in (live, name) and stale.is_dir():
+        if stale.name not in (live, name) and stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
     state = None if force else _resume_state(folder, name)
     if state is not None:
@@ -526,7 +526,7 @@ def _prepare_locked(
     # Commit: one atomic rename of meta.json makes the new shards the data; then the old ones go.
     atomic_write_json(out / META_FILE, meta, sort_keys=True)
     (folder / PROGRESS_FILE).unlink(missing_ok=True)
-    if live and live != name:
+    if live and live != name and not (out / live).is_symlink():  # live: a validated name inside ``out``
         shutil.rmtree(out / live, ignore_errors=True)
     for legacy in LEGACY_FILES:
         (out / legacy).unlink(missing_ok=True)
@@ -538,14 +538,14 @@ def _resume_state(folder: Path, name: str) -> dict[str, Any] | None:
     """The progress of an interrupted preparation of these very inputs, if its finished shards are all there;
     else None."""
     try:
-        state = json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8"))
+        state = check_progress(json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8")), folder)
         itemsize = DTYPES[state["dtype"]].itemsize
-        if state.get("inputs") != name:
+        if state["inputs"] != name or folder.is_symlink():
             return None
         for s in state["shards"]:
             if (folder / s["file"]).stat().st_size != int(s["tokens"]) * itemsize:
                 return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):  # DataError included: a damaged record is prepared again from the start
         return None
     return state
 

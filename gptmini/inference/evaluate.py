@@ -54,7 +54,8 @@ def evaluate(
     check_vocab(model.config.vocab_size, meta)
     tokens = load_split(data_dir, split, meta)
     block = block_size or model.config.block_size
-    loader = DataLoader(StridedWindowDataset(tokens, block, name=split), batch_size=batch_size)
+    windows = StridedWindowDataset(tokens, block, name=split, vocab_size=int(meta["vocab_size"]))
+    loader = DataLoader(windows, batch_size=batch_size)
     device = next(model.parameters()).device
     model.eval()
     total, count, t0 = 0.0, 0, time.perf_counter()
