@@ -175,6 +175,7 @@ def download(url: str, dest_dir: str | Path, timeout: float = 60.0) -> Path:
 # --------------------------------------------------------------------------------------- files of a source
 
 TEXT, JSONL, PARQUET, ARROW, PLAY = "text", "jsonl", "parquet", "arrow", "play"
+SOURCE_KINDS = (TEXT, JSONL, PARQUET, ARROW, PLAY)  # what meta.json records of each file
 # What a folder contributes, by file name ending; a single file or a glob match of any other name is text.
 FOLDER_KINDS = {".txt": TEXT, ".jsonl": JSONL, ".jsonl.gz": JSONL, ".parquet": PARQUET, ".arrow": ARROW}
 # Raw bytes read at a time from text and JSONL files.

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gptmini.data.corpora import SOURCE_KINDS
 from gptmini.data.errors import DataError
 from gptmini.data.tokenizers import available_tokenizers
 
@@ -27,7 +28,6 @@ SHARD_PREFIX = "tokens-"
 SHARD_DIR = re.compile(r"tokens-[0-9a-z][0-9a-z_-]{0,62}")
 SHARD_FILE = re.compile(r"shard_\d{6}\.bin")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-SOURCE_KINDS = ("text", "jsonl", "parquet", "arrow")
 FIX = "re-run prepare with --force (gptmini data --force; training re-prepares by itself)"
 
 # A check: the value -> what is wrong with it (e.g. "must be an integer >= 0"), or None.

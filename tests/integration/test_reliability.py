@@ -848,7 +848,7 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
     meta = json.loads((wrong_dtype / "meta.json").read_text())
     meta["dtype"] = "float32"
     (wrong_dtype / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match=r"names dtype 'float32'; expected one of \['uint16', 'uint32'\]"):
+    with pytest.raises(DataError, match=r"field 'dtype' is 'float32', but must be one of \['uint16', 'uint32'\]"):
         load_meta(wrong_dtype)
     # Through a command line: sampling with that folder as the tokenizer's data is refused.
     proc = ws.cli(
@@ -863,7 +863,7 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
         ],
         timeout=120,
     )
-    assert proc.returncode == 2 and "names dtype 'float32'" in output(proc), output(proc)
+    assert proc.returncode == 2 and "field 'dtype' is 'float32'" in output(proc), output(proc)
     assert "Traceback" not in output(proc)
 
 

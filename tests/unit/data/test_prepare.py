@@ -355,7 +355,7 @@ def test_size_and_dtype_mismatch_refused(corpus, tmp_path):
     with pytest.raises(DataError, match=r"shard_000000\.bin has \d+ bytes but meta\.json says \d+ uint16"):
         load_split(out, "train")
     (out / "meta.json").write_text(json.dumps({**meta, "dtype": "float32"}))
-    with pytest.raises(DataError, match="dtype 'float32'"):
+    with pytest.raises(DataError, match="field 'dtype' is 'float32'"):
         load_split(out, "val")
     (out / "meta.json").write_text(json.dumps({**meta, "format_version": 1}))
     with pytest.raises(DataError, match="format_version 1, expected 2; re-run prepare"):
