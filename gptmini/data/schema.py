@@ -177,7 +177,9 @@ PROGRESS_FIELDS: dict[str, Check] = {
         {
             "file_sha256": list_of(text(SHA256), 1),
             "text_sha256": text(SHA256, optional=True),
-            "chars": optional(list_of(lambda c: None if isinstance(c, str) and len(c) == 1 else bad(c, "a character"))),
+            "chars": optional(
+                list_of(lambda c: None if isinstance(c, str) and len(c) == 1 else bad(c, "a character"))
+            ),
         }
     ),
     "shards": SHARDS,
@@ -189,7 +191,12 @@ def inside(folder: Path, relative: str, what: str, file: Path) -> Path:
     """``folder / relative``, refused (DataError naming ``file`` and ``what``) unless it is a plain relative path
     that stays inside ``folder`` once every symlink is resolved."""
     parts = Path(relative).parts
-    if not relative or Path(relative).is_absolute() or any(p in ("..", ".") for p in parts) or "\0" in relative:
+    if (
+        not relative
+        or Path(relative).is_absolute()
+        or any(p in ("..", ".") for p in parts)
+        or "\0" in relative
+    ):
         raise DataError(f"{file}: {what} {relative!r} is not a path inside {folder}; {FIX}")
     path = folder / relative
     base = os.path.realpath(folder)

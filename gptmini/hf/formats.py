@@ -42,7 +42,7 @@ def hf_model_type(path: str | Path) -> str:
     except (OSError, json.JSONDecodeError) as err:
         raise HFWeightsError(f"{path / CONFIG_FILE} is not readable JSON: {err}") from None
     model_type = cfg.get("model_type", "gpt2") if isinstance(cfg, dict) else None
-    if model_type not in FORMATS:
+    if not isinstance(model_type, str) or model_type not in FORMATS:
         raise HFWeightsError(
             f"{path / CONFIG_FILE}: model_type={model_type!r} is not a format gptmini reads: "
             + ", ".join(f"{name} ({f.architecture})" for name, f in FORMATS.items())

@@ -122,9 +122,53 @@ def read_config_json(path: Path, holds: str) -> dict[str, Any]:
     return cfg
 
 
+# JSON types by name, for the config.json fields each format reads (a bool is no number here).
+NUMBER, INTEGER, STRING, BOOLEAN, NULL, OBJECT = "number", "integer", "string", "boolean", "null", "object"
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    NUMBER: lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    INTEGER: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    STRING: lambda v: isinstance(v, str),
+    BOOLEAN: lambda v: isinstance(v, bool),
+    NULL: lambda v: v is None,
+    OBJECT: lambda v: isinstance(v, dict),
+}
+
+
+def check_json_types(
+    cfg: dict[str, Any], types: dict[str, tuple[str, ...]], bad: Callable[[str], Exception]
+) -> None:
+    """Every field of ``types`` that ``cfg`` holds is of one of its JSON types (absent fields take their
+    defaults); else ``bad(message)`` naming the field, its value and the types it may have."""
+    for key, allowed in types.items():
+        if key in cfg and not any(_JSON_TYPES[t](cfg[key]) for t in allowed):
+            shown = repr(cfg[key])
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise bad(f"{key}={shown} is not {' or '.join(allowed)}")
+
+
+GPT2_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
+    "model_type": (STRING,),
+    "n_embd": (INTEGER,),
+    "n_layer": (INTEGER,),
+    "n_head": (INTEGER,),
+    "vocab_size": (INTEGER,),
+    "n_positions": (INTEGER,),
+    "n_ctx": (INTEGER,),
+    "activation_function": (STRING,),
+    "n_inner": (INTEGER, NULL),
+    "layer_norm_epsilon": (NUMBER,),
+    "scale_attn_by_inverse_layer_idx": (BOOLEAN,),
+    "scale_attn_weights": (BOOLEAN,),
+    "add_cross_attention": (BOOLEAN,),
+    "tie_word_embeddings": (BOOLEAN,),
+}
+
+
 def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
     def bad(msg: str) -> HFWeightsError:
         return HFWeightsError(f"{where}: {msg}; gptmini only loads the original GPT-2 architecture")
+
+    check_json_types(cfg, GPT2_CONFIG_TYPES, bad)
 
     model_type = cfg.get("model_type", "gpt2")
     if model_type != "gpt2":

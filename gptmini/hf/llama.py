@@ -31,13 +31,20 @@ from torch import Tensor
 
 from gptmini.attention import AttentionWeights
 from gptmini.hf.gpt2 import (
+    BOOLEAN,
     CONFIG_FILE,
+    INTEGER,
+    NULL,
+    NUMBER,
+    OBJECT,
     SAFETENSORS_FILE,
+    STRING,
     HFWeightsError,
     _read_tensors,
     _safetensors_torch,
     _weight_files,
     check_export_target,
+    check_json_types,
     read_config_json,
     write_folder,
     wrong_shapes,
@@ -286,11 +293,43 @@ def _rope_theta(cfg: dict[str, Any], bad: Any) -> float:
     return float(theta)
 
 
+LLAMA_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
+    "model_type": (STRING,),
+    "hidden_size": (INTEGER,),
+    "intermediate_size": (INTEGER,),
+    "num_hidden_layers": (INTEGER,),
+    "num_attention_heads": (INTEGER,),
+    "vocab_size": (INTEGER,),
+    "max_position_embeddings": (INTEGER,),
+    "num_key_value_heads": (INTEGER, NULL),
+    "head_dim": (INTEGER, NULL),
+    "hidden_act": (STRING,),
+    "attention_bias": (BOOLEAN,),
+    "mlp_bias": (BOOLEAN,),
+    "rms_norm_eps": (NUMBER,),
+    "tie_word_embeddings": (BOOLEAN,),
+    "rope_theta": (NUMBER,),
+    "partial_rotary_factor": (NUMBER,),
+    "rope_parameters": (OBJECT, NULL),
+    "rope_scaling": (OBJECT, NULL),
+}
+ROPE_TYPES: dict[str, tuple[str, ...]] = {
+    "rope_type": (STRING,),
+    "type": (STRING,),
+    "rope_theta": (NUMBER,),
+    "partial_rotary_factor": (NUMBER,),
+}
+
+
 def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
     def bad(msg: str) -> HFWeightsError:
         return HFWeightsError(
             f"{where}: {msg}; gptmini loads the Llama architecture as LlamaForCausalLM defines it"
         )
+
+    check_json_types(cfg, LLAMA_CONFIG_TYPES, bad)
+    for group in ("rope_parameters", "rope_scaling"):
+        check_json_types(cfg.get(group) or {}, ROPE_TYPES, lambda m, g=group: bad(f"{g}.{m}"))
 
     if cfg.get("model_type") != "llama":
         raise bad(f"model_type={cfg.get('model_type')!r} is not 'llama'")

@@ -43,7 +43,9 @@ def victim_folder(tmp_path):
 
 
 def tree(folder):
-    return sorted((p.relative_to(folder).as_posix(), p.read_bytes()) for p in folder.rglob("*") if p.is_file())
+    return sorted(
+        (p.relative_to(folder).as_posix(), p.read_bytes()) for p in folder.rglob("*") if p.is_file()
+    )
 
 
 CRAFTED = {
@@ -54,7 +56,10 @@ CRAFTED = {
         lambda m: m["shards"][0].update(file="../../victim/precious.txt"),
         r"field 'shards' item 0 field 'file' is '\.\./\.\./victim/precious\.txt'",
     ),
-    "vocab_file_outside": (lambda m: m.update(vocab_file="../victim/vocab.json"), r"vocab_file is <shard_dir>"),
+    "vocab_file_outside": (
+        lambda m: m.update(vocab_file="../victim/vocab.json"),
+        r"vocab_file is <shard_dir>",
+    ),
     "dtype": (lambda m: m.update(dtype="float32"), r"field 'dtype' is 'float32', but must be one of"),
     "vocab_size_string": (lambda m: m.update(vocab_size="65"), r"field 'vocab_size' is '65'"),
     "vocab_size_beyond_dtype": (lambda m: m.update(vocab_size=70000), r"vocab_size fits the dtype"),
@@ -150,7 +155,9 @@ def test_a_damaged_progress_record_starts_the_preparation_again(prepared, tmp_pa
     (folder / "progress.json").write_text(json.dumps(record))
     result = prepare(str(corpus), "char", out)
     assert result.meta["shards"] == fresh.meta["shards"] and tree(victim) == before
-    assert np.array_equal(np.asarray(load_split(out, "train")), np.asarray(load_split(tmp_path / "fresh", "train")))
+    assert np.array_equal(
+        np.asarray(load_split(out, "train")), np.asarray(load_split(tmp_path / "fresh", "train"))
+    )
 
 
 # --- token ids beyond the vocabulary --------------------------------------------------------------------------
@@ -172,14 +179,18 @@ def test_every_window_served_is_checked_against_the_vocabulary(dataset):
     tokens = np.arange(64, dtype=np.uint16) % 10
     tokens[40] = 10
     windows = (
-        dataset(tokens, 8, 200, vocab_size=10) if dataset is RandomWindowDataset else dataset(tokens, 8, vocab_size=10)
+        dataset(tokens, 8, 200, vocab_size=10)
+        if dataset is RandomWindowDataset
+        else dataset(tokens, 8, vocab_size=10)
     )
     served = 0
     for i in range(len(windows)):
         try:
             x, y = windows[i]
         except DataError as err:
-            assert re.search(r"holds token id 10 in tokens \[\d+, \d+\), but the vocabulary has 10 ids", str(err))
+            assert re.search(
+                r"holds token id 10 in tokens \[\d+, \d+\), but the vocabulary has 10 ids", str(err)
+            )
             continue
         assert int(max(x.max(), y.max())) < 10
         served += 1
