@@ -161,6 +161,9 @@ def load_checkpoint(
     ``verify``: check the tensors against the checksum written at save time. Every failure is one
     CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
+    too_long = fileio.name_too_long(path)
+    if too_long:
+        raise CheckpointError(f"checkpoint {str(path)[:80]}...: {too_long}; pass a shorter path")
     if path.is_dir():
         raise CheckpointError(
             f"checkpoint {path} is a folder: pass a .ckpt file (commands take a run folder too)"
@@ -405,6 +408,10 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
     same); or "last" (:func:`find_last_checkpoint` over every run under ``output_root``). ``option`` names the
     setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path`` (a training setting)."""
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
+    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
+        too_long = fileio.name_too_long(value)
+        if too_long:
+            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
         found = find_last_checkpoint(output_root)
         if found is None:
@@ -425,6 +432,10 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 "under it): pass a run folder that holds one, a .ckpt file, or 'last'"
             )
         return found
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(
+            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
+        )
     if not path.exists():
         root = Path(output_root)
         runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

@@ -53,6 +53,28 @@ def remove_stale_temp_files(folder: str | Path, pattern: str = ".*.tmp") -> list
     return removed
 
 
+# The longest file name (one path component) and path that POSIX filesystems take, in bytes; longer ones fail
+# with ENAMETOOLONG in the first call that touches them (even ``exists``).
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def name_too_long(path: str | Path) -> str | None:
+    """Why ``path`` is too long for the filesystem (a component over ``NAME_MAX`` bytes, or the whole over
+    ``PATH_MAX``), or None: checked on the text, so nothing is touched."""
+    text = os.fspath(path)
+    for part in Path(text).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            return (
+                f"its name {part[:24]!r}... is {size} bytes long, over the filesystem's limit of {NAME_MAX}"
+            )
+    size = len(os.fsencode(text))
+    if size >= PATH_MAX:
+        return f"it is {size} bytes long, over the filesystem's limit of {PATH_MAX - 1}"
+    return None
+
+
 def unwritable_reason(folder: str | Path) -> str | None:
     """Why files cannot be created in ``folder`` (to be created with its parents if missing), or None when they
     can: checked on its nearest existing ancestor, so nothing is created here."""

@@ -66,6 +66,8 @@ def resolve_device(spec: str, option: str = "--device") -> str:
     except (RuntimeError, ValueError):
         raise ValueError(f"{option} {spec!r} is not a device: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cpu":
+        if device.index not in (None, 0):
+            raise ValueError(f"{option} {spec}: the CPU is one device, cpu (or cpu:0): use --device cpu")
         return spec
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

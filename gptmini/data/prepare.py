@@ -53,7 +53,7 @@ from gptmini.data.tokenizers import (
     build_tokenizer,
     default_threads,
 )
-from gptmini.fileio import atomic_write_json, fsync_dir, remove_stale_temp_files
+from gptmini.fileio import atomic_write_json, fsync_dir, name_too_long, remove_stale_temp_files
 
 try:  # POSIX: one preparation of a folder at a time, across processes and (on shared storage) nodes
     import fcntl
@@ -376,6 +376,12 @@ def _check_out_folder(out: Path) -> None:
     """A preparation writes only into a folder of its own: new, empty, or one it prepared before (meta.json or
     shards there). Anything else is refused: its stale-shard and legacy-file clean-up must never touch files a
     preparation did not write (a model folder's vocab.json, say)."""
+    too_long = name_too_long(out / META_FILE)
+    if too_long:
+        raise DataError(
+            f"the prepared-data folder {str(out)[:80]}...: {too_long}; pass a shorter path (gptmini data: --out, "
+            "training: paths.data_root)"
+        )
     if out.exists() and not out.is_dir():
         raise DataError(
             f"the prepared-data folder {out} is a file: pass a folder (new, or one prepared before)"

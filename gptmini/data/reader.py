@@ -26,6 +26,7 @@ from gptmini.data.errors import DataError
 from gptmini.data.schema import FORMAT_VERSION, META_FILE, SPLITS, check_meta, inside
 from gptmini.data.shards import TokenStream
 from gptmini.data.tokenizers import CharTokenizer, Tokenizer, build_tokenizer
+from gptmini.fileio import name_too_long
 
 __all__ = ["DTYPES", "FORMAT_VERSION", "META_FILE", "SPLITS", "load_meta", "load_split", "load_tokenizer"]
 
@@ -36,6 +37,9 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
     """meta.json of ``data_dir``, every field validated (``gptmini.data.schema``): DataError if any is wrong."""
     data_dir = Path(data_dir)
     path = data_dir / META_FILE
+    too_long = name_too_long(path)
+    if too_long:
+        raise DataError(f"the data folder {str(data_dir)[:80]}...: {too_long}; pass a shorter path")
     if not path.is_file():
         raise DataError(
             f"{path} not found: {data_dir} is not a prepared data folder (or its prepare was interrupted); "

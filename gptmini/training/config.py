@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem, prepared_folder_name
-from gptmini.fileio import unwritable_reason
+from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.limits import device_memory
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.hardware import DeviceFacts, detect_device, register_hardware_configs
@@ -723,7 +723,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
     """``model.init_from``: a Hugging Face GPT-2 or Llama folder (it holds config.json), else a gptmini
     checkpoint as every command opens one (a file, a run folder, a run name under ``output_root``)."""
-    if (Path(init_from) / "config.json").is_file():
+    if name_too_long(init_from) is None and (Path(init_from) / "config.json").is_file():
         return "hf", str(init_from)
     try:
         return "checkpoint", str(resolve_checkpoint(init_from, output_root, option="model.init_from"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -274,6 +275,13 @@ def ws(
         f.seek(info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.file_size // 2)
         f.write(b"\xff" * 8)
     (root / "text.ckpt").write_text("a text file renamed .ckpt\n" * 100)
+    # prepared data whose train shard holds an id beyond the char vocabulary (a damaged or foreign shard)
+    shutil.copytree(data_root / "shakespeare_char", root / "bad_ids" / "shakespeare_char")
+    bad_meta = json.loads((root / "bad_ids" / "shakespeare_char" / "meta.json").read_text())
+    shard = root / "bad_ids" / "shakespeare_char" / bad_meta["shard_dir"] / "shard_000000.bin"
+    with open(shard, "r+b") as f:
+        f.seek(2 * 100)
+        f.write((60000).to_bytes(2, "little"))
     (root / "a_file").write_text("")  # in place of a folder: nothing can be created under it, even by root
     ws.jobs["evil_sample"] = pool.submit(
         ws.cli, "gptmini.inference.sample", ["--ckpt", str(evil), "--max-new-tokens", "5"]
@@ -509,6 +517,32 @@ BAD_INPUT_MORE = [
         2,
     ),
     (
+        "ckpt_path_name_too_long",
+        ["ckpt_path=/tmp/" + "x" * 300],
+        r"error: ckpt_path=/tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the filesystem's limit of 255; "
+        r"pass a shorter path",
+        2,
+    ),
+    (
+        "init_from_name_too_long",
+        ["model.init_from=/tmp/" + "x" * 300],
+        r"error: model\.init_from=/tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long",
+        2,
+    ),
+    (
+        "data_root_name_too_long",
+        ["paths.data_root=/tmp/" + "x" * 300],
+        r"error: the prepared-data folder /tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the "
+        r"filesystem's limit of 255; pass a shorter path",
+        2,
+    ),
+    (
+        "token_ids_beyond_the_vocabulary",
+        ["paths.data_root={bad_ids_root}"],
+        r"error: split 'train' of \S+ holds token id 60000 at token 100, but the vocabulary has \d+ ids",
+        2,
+    ),
+    (
         # the logits alone are 4096 x 100,000 x 128 floats, twice (419 GB); the activations more
         "step_does_not_fit_in_memory",
         ["model.block_size=100000", "data.batch_size=4096"],
@@ -524,6 +558,7 @@ def _fill(arg: str, ws: Workspace) -> str:
     names.update(ref_ckpt=str(ws.ref_dir / "checkpoints" / "last.ckpt"), evil=str(ws.evil))
     names.update(damaged=str(ws.root / "damaged.ckpt"), text_ckpt=str(ws.root / "text.ckpt"))
     names.update(a_file=str(ws.root / "a_file"), too_many_devices=str(len(os.sched_getaffinity(0)) + 1))
+    names.update(bad_ids_root=str(ws.root / "bad_ids"))
     return arg.format(**names)
 
 
@@ -848,7 +883,9 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
     meta = json.loads((wrong_dtype / "meta.json").read_text())
     meta["dtype"] = "float32"
     (wrong_dtype / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match=r"field 'dtype' is 'float32', but must be one of \['uint16', 'uint32'\]"):
+    with pytest.raises(
+        DataError, match=r"field 'dtype' is 'float32', but must be one of \['uint16', 'uint32'\]"
+    ):
         load_meta(wrong_dtype)
     # Through a command line: sampling with that folder as the tokenizer's data is refused.
     proc = ws.cli(
