@@ -48,6 +48,8 @@ from benchmarks.summary import (
 )
 from benchmarks.training import bench_train
 from benchmarks.zoo import ZOO_COLUMNS, bench_attention_zoo
+from gptmini.fileio import unwritable_reason
+from gptmini.options import positive_int, seed_int
 
 
 def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[dict[str, Any]]]:
@@ -153,6 +155,11 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
     return results
 
 
+def _sizes(text: str) -> list[int]:
+    """``--corpus-mb``: comma-separated positive integers."""
+    return [positive_int(part.strip()) for part in text.split(",")]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[str]]:
     p = argparse.ArgumentParser(
         prog="bench",
@@ -178,26 +185,30 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         help="keep freed memory in the process as training does (retain_freed_memory=true); "
         "--no-retain-memory measures glibc's default behaviour",
     )
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=seed_int, default=1337)
     p.add_argument(
         "--tinyshakespeare",
         default=None,
         help="e2e and recipe: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
     )
     p.add_argument(
-        "--e2e-rounds", type=int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
+        "--e2e-rounds", type=positive_int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
     )
     p.add_argument(
-        "--recipe-seeds", type=int, default=None, help="recipe: seeds per config (default 3; quick: 1)"
+        "--recipe-seeds",
+        type=positive_int,
+        default=None,
+        help="recipe: seeds per config (default 3; quick: 1)",
     )
     p.add_argument(
         "--recipe-max-steps",
-        type=int,
+        type=positive_int,
         default=None,
         help="recipe: cap every run at this many steps, for a quick look (default: each config's own length)",
     )
     p.add_argument(
         "--corpus-mb",
+        type=_sizes,
         default=None,
         help="data: sizes of the generated corpora to prepare, MB, comma-separated (default 100; none with "
         "--quick), e.g. 300,1000 for issue 18's goals",
@@ -205,6 +216,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: PyTorch sees no CUDA GPU on this machine: use --device cpu (or leave it out)")
+    unwritable = unwritable_reason(a.out)
+    if unwritable or (a.out.exists() and not a.out.is_dir()):
+        p.error(f"--out {a.out}: {unwritable or 'it is a file'}; pass a folder the tables can be written to")
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = sorted(set(only) - set(SECTIONS))
     if bad:
@@ -227,7 +243,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         out=a.out,
         seed=a.seed,
         retain_memory=a.retain_memory,
-        extra=({"corpus_mb": [int(mb) for mb in a.corpus_mb.split(",")]} if a.corpus_mb else {})
+        extra=({"corpus_mb": a.corpus_mb} if a.corpus_mb else {})
         | {k: v for k, v in e2e.items() if v is not None},
     ), only
 

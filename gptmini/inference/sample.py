@@ -12,7 +12,7 @@ import torch
 
 from gptmini.checkpoint import CheckpointError
 from gptmini.limits import check_fits, generation_bytes
-from gptmini.options import finite_float, int_at_least, positive_int
+from gptmini.options import finite_float, int_at_least, positive_int, seed_int
 from gptmini.run import open_run
 
 log = logging.getLogger("gptmini.inference.sample")
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top-k", type=positive_int, default=200)
     parser.add_argument("--top-p", type=finite_float(0.0, 1.0, low_open=True), default=None)
     parser.add_argument("--num-samples", type=positive_int, default=1)
-    parser.add_argument("--seed", type=int_at_least(0), default=1337)
+    parser.add_argument("--seed", type=seed_int, default=1337)
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
     parser.add_argument("--data-dir", default=None, help="prepared data folder (char vocab), if moved")
     parser.add_argument("--no-cache", action="store_true", help="generate without the key/value cache")
