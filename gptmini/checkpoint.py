@@ -419,6 +419,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/: train first (gptmini train) or "
                 f"pass {option} PATH"
             )
+        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
@@ -431,6 +432,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"{named}: {path} is a folder without a checkpoint (no checkpoints/last.ckpt or on_exception.ckpt "
                 "under it): pass a run folder that holds one, a .ckpt file, or 'last'"
             )
+        remove_stale_temp_files(found.parent)
         return found
     if path.is_symlink() and not path.exists():
         raise CheckpointError(
@@ -452,6 +454,8 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
+    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
+    remove_stale_temp_files(path.parent)
     return path
 
 

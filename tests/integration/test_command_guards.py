@@ -154,6 +154,29 @@ def test_import_out_never_overwrites_without_force(world, tmp_path, capsys, capl
     )
     assert hf_main(["import", "--hf", str(world["llama_hf"]), "--out", str(out), "--force"]) == 0
     assert out.read_bytes() != b"precious"
+    assert hf_main(["import", "--hf", str(world["llama_hf"]), "--out", str(out), "--force"]) == 0  # its own
+
+
+def test_import_force_never_replaces_a_resumable_training_checkpoint(world, tmp_path, capsys, caplog) -> None:
+    import torch
+
+    from gptmini.checkpoint import atomic_save
+
+    ckpt = torch.load(world["ckpt"], weights_only=True)
+    ckpt.pop("gptmini_checksum", None)
+    ckpt |= {"optimizer_states": [{"state": {}, "param_groups": []}], "loops": {"fit_loop": {}}}
+    resumable = tmp_path / "last.ckpt"
+    atomic_save(ckpt, resumable)
+    before = resumable.read_bytes()
+    refused(
+        hf_main,
+        ["import", "--hf", str(world["llama_hf"]), "--out", str(resumable), "--force"],
+        r"is a training checkpoint \(resumable: optimizer state and loop progress\), which an import would replace "
+        r"by weights only",
+        capsys,
+        caplog,
+    )
+    assert resumable.read_bytes() == before
 
 
 # --- 6, 7: an imported char-vocabulary checkpoint -------------------------------------------------------------
@@ -381,7 +404,7 @@ def test_eval_out_never_overwrites_a_checkpoint_or_a_folder(world, capsys, caplo
             capsys,
             caplog,
         )
-    assert world["ckpt"].read_bytes() == before
+    assert resumable.read_bytes() == before
 
 
 def test_analyze_sizes_beyond_memory_are_refused(world, tmp_path, capsys, caplog) -> None:
@@ -472,3 +495,22 @@ def test_a_symlink_loop_as_checkpoint_is_named_as_one(world, tmp_path, capsys, c
     loop = tmp_path / "loop.ckpt"
     loop.symlink_to(loop)
     refused(sample_main, ["--ckpt", str(loop)], r"is a symlink that leads nowhere \(a loop", capsys, caplog)
+
+
+def test_opening_a_run_removes_the_temp_file_of_a_save_killed_mid_write(world, capsys, caplog) -> None:
+    """A kill during the run's last save (its final best.ckpt) leaves a temp file that no later save in that
+    folder would clear; the next command that opens the run does, once its writer is gone."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = world["ckpt"].parent
+    stale = folder / f".best.ckpt.{gone.pid}.0123abcd.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    live = folder / ".best.ckpt.1.0123abcd.tmp"  # pid 1 is alive: a save in progress is never touched
+    live.write_bytes(b"being written")
+    with caplog.at_level(logging.INFO):
+        assert sample_main(["--ckpt", str(world["run"]), "--max-new-tokens", "2"]) == 0
+    assert not stale.exists() and live.exists()
+    live.unlink()

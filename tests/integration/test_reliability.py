@@ -931,3 +931,34 @@ def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
     meta = load_meta(data_root / "shakespeare_char")  # re-prepared: whole shards again, wherever they now lie
     rebuilt = data_root / "shakespeare_char" / meta["shard_dir"] / meta["shards"][0]["file"]
     assert rebuilt.stat().st_size == good_size
+
+
+def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_data_folder(
+    ws: Workspace, tmp_path
+) -> None:
+    """meta.json's shard_dir named the folder a re-preparation removed afterwards, and the files read as data."""
+    data_root = tmp_path / "data"
+    shutil.copytree(ws.data_root / "shakespeare_char", data_root / "shakespeare_char")
+    victim = tmp_path / "victim"
+    (victim / "inner").mkdir(parents=True)
+    (victim / "precious.txt").write_text("keep me")
+    (victim / "inner" / "shard_000000.bin").write_bytes(b"\x00" * 4096)
+    meta_file = data_root / "shakespeare_char" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["shard_dir"] = "../../victim"
+    meta_file.write_text(json.dumps(meta))
+    proc = ws.cli.train(
+        [
+            *RUN,
+            "run_name=crafted_meta",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.data_root={data_root}",
+            "trainer.max_steps=1",
+            "trainer.val_check_interval=1",
+        ]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]  # re-prepared inside its own folder, then trained
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert (victim / "inner" / "shard_000000.bin").read_bytes() == b"\x00" * 4096
+    rebuilt = json.loads(meta_file.read_text())["shard_dir"]
+    assert re.fullmatch(r"tokens-[0-9a-f]{12}", rebuilt) and (data_root / "shakespeare_char" / rebuilt).is_dir()
