@@ -377,10 +377,40 @@ def _source_files(source: str) -> list[tuple[Path, str]]:
 # ------------------------------------------------------------------------------------------------ readers
 
 
+# Byte-order marks, longest first (UTF-32's little-endian mark begins with UTF-16's)
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32le"),
+    (codecs.BOM_UTF32_BE, "utf-32be"),
+    (codecs.BOM_UTF16_LE, "utf-16le"),
+    (codecs.BOM_UTF16_BE, "utf-16be"),
+)
+
+
+def guess_encoding(head: bytes) -> str:
+    """The encoding the first bytes of a file that is not UTF-8 most likely are in, for the hint: a byte-order
+    mark's; UTF-16 when every other byte is zero (ASCII text in UTF-16); else latin1."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    pairs = head[: len(head) // 2 * 2]
+    if len(pairs) >= 4:
+        even, odd = pairs[0::2], pairs[1::2]
+        if odd.count(0) > 0.4 * len(odd) and even.count(0) == 0:
+            return "utf-16le"
+        if even.count(0) > 0.4 * len(even) and odd.count(0) == 0:
+            return "utf-16be"
+    return "latin1"
+
+
 def _utf8_error(path: Path, offset: int, bad: bytes, reason: str) -> DataError:
+    try:
+        with open(path, "rb") as f:
+            encoding = guess_encoding(f.read(4096))
+    except OSError:
+        encoding = "latin1"
     return DataError(
-        f"{path} is not valid UTF-8: byte offset {offset} ({bad!r}: {reason}); convert it, e.g. "
-        f"`iconv -f latin1 -t utf-8 {path} > fixed.txt`"
+        f"{path} is not valid UTF-8: byte offset {offset} ({bad!r}: {reason}); it looks like {encoding}: convert "
+        f"it, e.g. `iconv -f {encoding} -t utf-8 {path} > fixed.txt`"
     )
 
 
