@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
+from gptmini.hf.common import HFWeightsError
+from gptmini.hf.gpt2 import save_hf_gpt2
 
 log = logging.getLogger("gptmini.hf")
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from gptmini.attention import AttentionWeights
-from gptmini.hf.gpt2 import (
+from gptmini.hf.common import (
     BOOLEAN,
     CONFIG_FILE,
     INTEGER,
@@ -40,12 +40,12 @@ from gptmini.hf.gpt2 import (
     SAFETENSORS_FILE,
     STRING,
     HFWeightsError,
-    _read_tensors,
-    _safetensors_torch,
-    _weight_files,
     check_export_target,
     check_json_types,
     read_config_json,
+    read_tensors,
+    safetensors_torch,
+    weight_files,
     write_folder,
     wrong_shapes,
 )
@@ -246,7 +246,7 @@ def save_hf_llama(
     only with ``overwrite=True``."""
     check_llama_model(model.config, "export")
     path = check_export_target(path, overwrite)
-    st = _safetensors_torch()
+    st = safetensors_torch()
     bos = eos = None
     if tokenizer is not None:
         from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
@@ -420,8 +420,8 @@ def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tenso
     """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
     when tied)."""
     state: dict[str, Tensor] = {}
-    for file in _weight_files(path):
-        state.update(_read_tensors(file))
+    for file in weight_files(path):
+        state.update(read_tensors(file))
     for key in [k for k in state if _IGNORED.match(k)]:
         del state[key]
     lm_head = state.pop("lm_head.weight", None)
