@@ -781,6 +781,10 @@ def _one_of_several_processes() -> bool:
 def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
     try:
         check_run_name(config.get("run_name"))
+        if name_too_long(folder):
+            raise RunError(
+                f"the run folder {folder[:80]}...: {name_too_long(folder)}; pass a shorter paths.output_root (or {key})"
+            )
         if not _one_of_several_processes():
             check_run_folder_free(folder, config.get("ckpt_path"), key)
     except RunError as err:

@@ -530,6 +530,13 @@ BAD_INPUT_MORE = [
         2,
     ),
     (
+        "output_root_name_too_long",
+        ["paths.output_root=/tmp/" + "x" * 300],
+        r"error: the run folder /tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the filesystem's limit "
+        r"of 255; pass a shorter paths\.output_root \(or hydra\.run\.dir\)",
+        2,
+    ),
+    (
         "data_root_name_too_long",
         ["paths.data_root=/tmp/" + "x" * 300],
         r"error: the prepared-data folder /tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the "
@@ -961,4 +968,6 @@ def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_dat
     assert (victim / "precious.txt").read_text() == "keep me"
     assert (victim / "inner" / "shard_000000.bin").read_bytes() == b"\x00" * 4096
     rebuilt = json.loads(meta_file.read_text())["shard_dir"]
-    assert re.fullmatch(r"tokens-[0-9a-f]{12}", rebuilt) and (data_root / "shakespeare_char" / rebuilt).is_dir()
+    assert (
+        re.fullmatch(r"tokens-[0-9a-f]{12}", rebuilt) and (data_root / "shakespeare_char" / rebuilt).is_dir()
+    )
