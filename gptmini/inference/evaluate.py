@@ -127,7 +127,7 @@ def _contexts(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__)
     parser.add_argument(
         "--ckpt",
@@ -159,6 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=None, help="also write the result as JSON here")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.max_tokens is not None and args.context is None:
         parser.error("--max-tokens applies with --context (without it, use --max-batches)")
