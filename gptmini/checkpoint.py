@@ -337,6 +337,20 @@ def check_resume_compatible(
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
 
 
+def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
+    """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
+    config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
+    (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
+    saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
+    was, now = saved.get("_target_"), optimizer.get("_target_")
+    if was and now and was != now:
+        raise CheckpointError(
+            f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "
+            "state cannot be loaded into another optimizer. Resume with the optimizer it was trained with (the "
+            f"optimizer=... it started with), or start a new run from its weights with model.init_from={path}"
+        )
+
+
 def check_trained_data(
     path: str | Path,
     ckpt: Mapping[str, Any],

@@ -398,7 +398,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
 
     if cfg.get("ckpt_path") is not None:
         # Refuse an unsafe or incompatible resume checkpoint now, not after preparing data and building a model.
-        from gptmini.checkpoint import check_resume_compatible, load_checkpoint
+        from gptmini.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
 
         path = resolve_ckpt_path(cfg)
         ckpt = load_checkpoint(path, mmap=True)
@@ -411,6 +411,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         check_resume_compatible(
             path, gpt_config.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt
         )
+        check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
         check_resume_plan(path, ckpt, cfg)
     return gpt_config
 

@@ -375,6 +375,14 @@ BAD_INPUT = [
         2,
     ),
     (
+        # its Muon state would not load into AdamW: a KeyError traceback, and an on_exception.ckpt written
+        "resume_with_another_optimizer",
+        ["ckpt_path={ref_ckpt}", "optimizer=adamw", "trainer.max_steps=40"],
+        r"error: ckpt_path=\S*last\.ckpt was trained with the optimizer gptmini\.training\.optimizers\.MuonAdamW, and "
+        r"this run builds torch\.optim\.AdamW: its saved optimizer state cannot be loaded",
+        2,
+    ),
+    (
         "pickled_code_checkpoint",
         ["ckpt_path={evil}"],
         r"error: refusing to load \S*evil\.ckpt: it contains pickled Python objects",
