@@ -7,7 +7,7 @@ raw little-endian token arrays (uint16 when the vocabulary fits, else uint32) th
 The shards hold one token stream (each document followed by the tokenizer's end-of-text token) and the splits are
 ranges of it, nanoGPT's rule: train the first ``1 - val_fraction`` of the tokens, val the rest.
 
-Every reader checks what it relies on (meta.json's format version and fields, each shard's size) and raises one
+Every reader checks what it relies on (every field of meta.json, by ``gptmini.data.schema``; each shard's size) and raises one
 ``DataError`` naming the file and the fix. NumPy only: opening data imports neither torch nor the writer.
 """
 

@@ -30,7 +30,7 @@ SHARD_FILE = re.compile(r"shard_\d{6}\.bin")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 FIX = "re-run prepare with --force (gptmini data --force; training re-prepares by itself)"
 
-# A check: the value -> what is wrong with it (e.g. "must be an integer >= 0"), or None.
+# A check: the value -> what is wrong with it (``bad``: "is -1, but must be an integer in [0, inf]"), or None.
 Check = Callable[[Any], str | None]
 
 
@@ -122,7 +122,7 @@ def dict_of(value: Check) -> Check:
     return check
 
 
-SHARDS = list_of(mapping({"file": text(SHARD_FILE), "tokens": integer(1)}))
+SHARD = mapping({"file": text(SHARD_FILE), "tokens": integer(1)})
 SPLIT = mapping({"start": integer(0), "tokens": integer(0)})
 SETTINGS = mapping(
     {
@@ -162,7 +162,7 @@ META_FIELDS: dict[str, Check] = {
     "dtype": one_of(lambda: DTYPE_LIMITS),
     "val_fraction": fraction,
     "shard_dir": text(SHARD_DIR),
-    "shards": list_of(mapping({"file": text(SHARD_FILE), "tokens": integer(1)}), 1),
+    "shards": list_of(SHARD, 1),
     "tokens": integer(1),
     "splits": mapping({s: SPLIT for s in SPLITS}),
     "vocab_file": text(optional=True),
@@ -182,7 +182,7 @@ PROGRESS_FIELDS: dict[str, Check] = {
             ),
         }
     ),
-    "shards": SHARDS,
+    "shards": list_of(SHARD),
     "resume": optional(list_of(integer(0), 3)),
 }
 
@@ -232,8 +232,13 @@ def check_meta(meta: Any, data_dir: Path) -> dict[str, Any]:
             s["start"] + s["tokens"] <= meta["tokens"] for s in meta["splits"].values()
         ),
         "tokenizer is the settings' tokenizer": meta["tokenizer"] == meta["settings"]["tokenizer"],
-        "vocab_file is <shard_dir>/vocab.json (char) or null": meta["vocab_file"]
-        in ((f"{meta['shard_dir']}/vocab.json",) if meta["tokenizer"] == "char" else (None,)),
+        # a tokenizer's files (char's vocab.json) are written beside the shards they encode
+        "vocab_file is null or a file in <shard_dir>/": meta["vocab_file"] is None
+        or (
+            meta["vocab_file"].startswith(meta["shard_dir"] + "/")
+            and "/" not in meta["vocab_file"][len(meta["shard_dir"]) + 1 :]
+        ),
+        "the char tokenizer has a vocab_file": meta["tokenizer"] != "char" or meta["vocab_file"] is not None,
     }
     broken = [rule for rule, ok in relations.items() if not ok]
     if broken:
