@@ -1,7 +1,9 @@
 """Upper bounds of the size settings: a probe batch, a sample length, an evaluation's batches, an attention export.
 Each is checked, before any work, against the memory the work would need (derived from the model's shape) and the
 memory of the machine (or GPU) it runs on: a setting beyond it fails with one message naming the setting, what it
-would need and the largest value that fits, instead of the process being killed for memory minutes later.
+would need and the largest value that fits, instead of the process being killed for memory minutes later. The
+training step itself: an upper bound of what it adds (``training_step_bytes``, checked against real steps in the
+tests), compared with the memory this process may still take (``process_memory``).
 
 Nothing here imports Lightning: the commands call these checks within the time it takes to import torch."""
 
@@ -144,11 +146,8 @@ def process_memory(device: torch.device | str) -> tuple[int, str] | None:
     device = torch.device(device)
     if device.type != "cpu":
         return device_memory(device)
-    room = [
-        (n, what)
-        for n, what in ((_meminfo_available(), "available memory"), (_cgroup_room(), "its cgroup's room"))
-    ]
-    known = [(n, what) for n, what in room if n is not None]
+    candidates = ((_meminfo_available(), "available memory"), (_cgroup_room(), "its cgroup's room"))
+    known = [(n, what) for n, what in candidates if n is not None]
     if not known:
         return None
     n, what = min(known)
