@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem, prepared_folder_name
-from gptmini.fileio import name_too_long, unwritable_reason
+from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
 from gptmini.limits import check_training_step, training_step_bytes
 from gptmini.model import GPTConfig
 from gptmini.training.hardware import DeviceFacts, detect_device, register_hardware_configs
@@ -733,7 +733,7 @@ def check_run_folder_free(folder: str | Path, ckpt_path: Any, key: str) -> None:
     path = Path(folder)
     if ckpt_path is not None or not path.is_dir():
         return
-    contents = sorted(p.name for p in path.iterdir())
+    contents = sorted(p.name for p in path.iterdir() if p.name != RUN_LOCK)
     if not contents:
         return
     held = [name for name in RUN_FILES if name in contents]
@@ -786,11 +786,22 @@ def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
             raise RunError(
                 f"the run folder {folder[:80]}...: {name_too_long(folder)}; pass a shorter paths.output_root (or {key})"
             )
-        if not _one_of_several_processes():
-            check_run_folder_free(folder, config.get("ckpt_path"), key)
     except RunError as err:
         _refuse(err)
     _refuse_unwritable(folder, "paths.output_root")
+    if _one_of_several_processes():
+        return
+    try:
+        check_run_folder_free(folder, config.get("ckpt_path"), key)
+        # one run at a time in a folder: of two started together (both found it free), the second is refused here
+        holder = hold_folder(folder)
+        if holder is not None:
+            raise RunError(
+                f"another gptmini run (process {holder}) is training in the run folder {folder}: wait for it to "
+                f"end, or start this run in a folder of its own (another run_name, or leave {key} unset)"
+            )
+    except RunError as err:
+        _refuse(err)
 
 
 class OutputFolderCheck(HydraCallback):

@@ -979,3 +979,38 @@ def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_dat
     assert (
         re.fullmatch(r"tokens-[0-9a-f]{12}", rebuilt) and (data_root / "shakespeare_char" / rebuilt).is_dir()
     )
+
+
+def test_two_runs_started_together_in_one_folder_never_both_train(run_cli, tmp_path) -> None:
+    """Both found the folder free and trained into it (two checkpoints, two event files, one log overwritten):
+    the run folder is held by one run at a time (a lock file created with O_EXCL, removed when the run ends)."""
+    from gptmini.data.prepare import prepare
+
+    prepare("shakespeare", "char", tmp_path / "data" / "shakespeare_char")
+    folder = tmp_path / "shared"
+    args = [
+        *RUN,
+        "run_name=together",
+        f"paths.output_root={tmp_path / 'out'}",
+        f"paths.data_root={tmp_path / 'data'}",
+        f"hydra.run.dir={folder}",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+    ]
+    procs = [
+        run_cli.popen(run_cli.train_module, args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], outs
+    refused = outs[[p.returncode for p in procs].index(2)]
+    assert re.search(
+        r"error: (another gptmini run \(process \d+\) is training in the run folder \S*shared|the run folder \S*shared "
+        r"already holds a run)",
+        refused,
+    ), refused
+    assert "Traceback" not in refused
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]  # no -v1
+    assert len(list((folder / "tb").rglob("events.out.tfevents.*"))) == 1
+    assert not (folder / ".gptmini-run.lock").exists()  # released when the run ended
