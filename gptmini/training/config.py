@@ -384,6 +384,11 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     resolve_precision(OmegaConf.to_container(tr, resolve=True))
     _check_cpu_devices(tr)
     data_dir = data.get("data_dir")
+    if data_dir and name_too_long(data_dir):
+        raise RunError(
+            f"the prepared-data folder {str(data_dir)[:80]}...: {name_too_long(data_dir)}; pass a shorter path "
+            "(paths.data_root or data.data_dir)"
+        )
     if data_dir and not (Path(data_dir) / "meta.json").is_file():
         reason = unwritable_reason(data_dir)
         if reason is not None:
