@@ -100,6 +100,10 @@ class TokenDataModule(L.LightningDataModule):
             progress=progress,
         )
         log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
+        # the token files checked (sizes, and ids against the vocabulary) before any model is built or step run
+        for split, info in result.meta["splits"].items():
+            if info["tokens"] > 0:
+                load_split(self.data_dir, split, result.meta)
 
     def setup(self, stage: str | None = None) -> None:
         if self.meta is not None and self.train_dataset is not None:

@@ -562,7 +562,7 @@ BAD_INPUT_MORE = [
         "step_does_not_fit_in_memory",
         ["model.block_size=100000", "data.batch_size=4096"],
         r"error: model\.block_size=100000 with data\.batch_size=4096 needs about [\d,.]+ GiB of memory for one "
-        r"training step \(activations: [\d,.]+ GiB\) but this machine \([^)]*\) has [\d,.]+ GiB",
+        r"training step \((activations|attention scores): [\d,.]+ GiB\) but this machine \([^)]*\) has [\d,.]+ GiB",
         2,
     ),
 ]
