@@ -404,7 +404,7 @@ def test_eval_out_never_overwrites_a_checkpoint_or_a_folder(world, capsys, caplo
             capsys,
             caplog,
         )
-    assert resumable.read_bytes() == before
+    assert world["ckpt"].read_bytes() == before
 
 
 def test_analyze_sizes_beyond_memory_are_refused(world, tmp_path, capsys, caplog) -> None:
