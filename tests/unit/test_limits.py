@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from gptmini.limits import (
-    FRAMEWORK_BYTES,
     SizeError,
     check_fits,
     check_training_step,
