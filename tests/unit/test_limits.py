@@ -162,5 +162,7 @@ def test_the_training_step_is_compared_with_the_memory_this_process_may_take() -
     fits = (available[0] - (one - (two - one))) // (two - one)  # sequences whose step fits, by the estimate
     assert fits > 2
     check_training_step(config, fits // 2, "32-true", "cpu", available=available)
-    with pytest.raises(SizeError, match=r"needs about [\d,.]+ GiB of memory for one training step \(activations"):
+    with pytest.raises(
+        SizeError, match=r"needs about [\d,.]+ GiB of memory for one training step \(activations"
+    ):
         check_training_step(config, 2 * fits, "32-true", "cpu", available=available)
