@@ -168,6 +168,9 @@ def load_checkpoint(
     ``verify``: check the tensors against the checksum written at save time. Every failure is one
     CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
+    too_long = fileio.name_too_long(path)
+    if too_long:
+        raise CheckpointError(f"checkpoint {str(path)[:80]}...: {too_long}; pass a shorter path")
     if path.is_dir():
         raise CheckpointError(
             f"checkpoint {path} is a folder: pass a .ckpt file (commands take a run folder too)"
@@ -182,6 +185,7 @@ def load_checkpoint(
     # refused here rather than fed to the unpickler, whose errors would only confuse.
     if not zipfile.is_zipfile(path):
         raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
+    _check_archive_sizes(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -200,6 +204,29 @@ def load_checkpoint(
     if verify:
         verify_checksum(ckpt, path)
     return ckpt
+
+
+# Slack over the archive's own size that its entries may declare in all: zip headers are counted in the file
+# size but not in the entries', so stored (uncompressed) entries always sum to less than the file.
+ARCHIVE_SLACK = 1 << 16
+
+
+def _check_archive_sizes(path: Path) -> None:
+    """Refuse an archive whose entries declare more bytes than the file holds, before ``torch.load`` inflates any:
+    ``torch.save`` stores entries uncompressed, so only a crafted (compressed) file can declare more, and a few
+    megabytes of deflated zeros would otherwise become gigabytes of memory."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise _not_a_checkpoint(path, f"unreadable archive: {err}") from None
+    size = path.stat().st_size
+    if declared > size + ARCHIVE_SLACK:
+        raise _not_a_checkpoint(
+            path,
+            f"its entries declare {declared:,} bytes uncompressed in a file of {size:,} bytes (torch.save stores "
+            "them uncompressed): a compressed or crafted archive, refused before anything is inflated",
+        )
 
 
 def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
@@ -317,6 +344,20 @@ def check_resume_compatible(
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
 
 
+def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
+    """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
+    config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
+    (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
+    saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
+    was, now = saved.get("_target_"), optimizer.get("_target_")
+    if was and now and was != now:
+        raise CheckpointError(
+            f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "
+            "state cannot be loaded into another optimizer. Resume with the optimizer it was trained with (the "
+            f"optimizer=... it started with), or start a new run from its weights with model.init_from={path}"
+        )
+
+
 def check_trained_data(
     path: str | Path,
     ckpt: Mapping[str, Any],
@@ -406,6 +447,10 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
     ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
     (a training setting)."""
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
+    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
+        too_long = fileio.name_too_long(value)
+        if too_long:
+            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
         found = find_last_checkpoint(output_root, sweep_jobs=False)
         if found is None:
@@ -413,6 +458,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
                 f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
+        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
@@ -426,7 +472,12 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
                 "or 'last'"
             )
+        remove_stale_temp_files(found.parent)
         return found
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(
+            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
+        )
     if not path.exists():
         root = Path(output_root)
         runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
@@ -443,6 +494,8 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
+    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
+    remove_stale_temp_files(path.parent)
     return path
 
 

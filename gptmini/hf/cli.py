@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gptmini.checkpoint import CKPT_RULE
-from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
+from gptmini.hf.common import HFWeightsError
+from gptmini.hf.gpt2 import save_hf_gpt2
 from gptmini.options import HelpFormatter
 
 log = logging.getLogger("gptmini.hf")
@@ -109,6 +110,21 @@ def _check_import_target(out: Path, force: bool) -> None:
         )
     if out.exists() and not out.is_file():
         raise HFWeightsError(f"--out {out} exists and is not a regular file")
+    if out.exists() and _is_training_checkpoint(out):
+        raise HFWeightsError(
+            f"--out {out} is a training checkpoint (resumable: optimizer state and loop progress), which an import "
+            "would replace by weights only: --force replaces an earlier import or another file; choose another --out"
+        )
+
+
+def _is_training_checkpoint(path: Path) -> bool:
+    from gptmini.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        ckpt = load_checkpoint(path, mmap=True, verify=False)
+    except CheckpointError:
+        return False
+    return bool(ckpt.get("optimizer_states") or ckpt.get("loops"))
 
 
 def _imported_run_config(args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:

@@ -22,23 +22,13 @@ from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
-from gptmini.options import HelpFormatter
+from gptmini.options import HelpFormatter, positive_int, seed_int
 from gptmini.run import open_run
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")
 # what write_report puts in --out
 REPORT_FILES = ("report.html", "report.json")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -52,17 +42,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="replace the report an earlier run wrote in --out")
     p.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
     p.add_argument("--split", default="val", choices=["train", "val"], help="the split probed")
-    p.add_argument("--probe-tokens", type=_positive, default=128, help="length of each probe sequence")
-    p.add_argument("--probe-batch", type=_positive, default=4, help="sequences per probe")
+    p.add_argument("--probe-tokens", type=positive_int, default=128, help="length of each probe sequence")
+    p.add_argument("--probe-batch", type=positive_int, default=4, help="sequences per probe")
     p.add_argument(
         "--windows",
-        type=_positive,
+        type=positive_int,
         default=32,
         help="validation windows for the loss by position and ablation",
     )
-    p.add_argument("--seed", type=int, default=1234, help="seed of the random-token probe")
+    p.add_argument("--seed", type=seed_int, default=1234, help="seed of the random-token probe")
     p.add_argument("--no-ablation", action="store_true", help="skip mean ablation (n_layer * n_head passes)")
-    p.add_argument("--batch-size", type=_positive, default=8, help="windows per forward pass")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass")
     p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, ...")
     return p.parse_args(argv)
 

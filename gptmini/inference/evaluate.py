@@ -57,7 +57,8 @@ def evaluate(
     tokens = load_split(data_dir, split, meta)
     token_bytes = torch.from_numpy(load_tokenizer(data_dir, meta).token_bytes())
     block = block_size or model.config.block_size
-    loader = DataLoader(StridedWindowDataset(tokens, block, name=split), batch_size=batch_size)
+    windows = StridedWindowDataset(tokens, block, name=split, vocab_size=int(meta["vocab_size"]))
+    loader = DataLoader(windows, batch_size=batch_size)
     device = next(model.parameters()).device
     model.eval()
     total, count, nbytes, t0 = 0.0, 0, 0, time.perf_counter()
@@ -131,7 +132,7 @@ def _contexts(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
         "--ckpt",
@@ -161,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=None, help="also write the result as JSON here (None: the log only)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.max_tokens is not None and args.context is None:
         parser.error("--max-tokens applies with --context (without it, use --max-batches)")

@@ -12,7 +12,7 @@ import torch
 
 from gptmini.checkpoint import CKPT_RULE, CheckpointError
 from gptmini.limits import check_fits, generation_bytes
-from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int
+from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
 from gptmini.run import open_run
 
 log = logging.getLogger("gptmini.inference.sample")
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="nucleus sampling: among the likeliest tokens whose probabilities add up to p (None: off)",
     )
     parser.add_argument("--num-samples", type=positive_int, default=1, help="samples to generate")
-    parser.add_argument("--seed", type=int_at_least(0), default=1337, help="seed of the sampling")
+    parser.add_argument("--seed", type=seed_int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
     parser.add_argument(
         "--data-dir",

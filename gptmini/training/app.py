@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
+from gptmini.fileio import RUN_LOCK
 from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.config import register_configs
@@ -294,12 +295,13 @@ def _remove_failed_run_folder(output_dir: Path, keep_folder: bool = False) -> No
         return
     for path in output_dir.rglob("*"):
         rel = path.relative_to(output_dir)
-        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel == Path("train.log")):
+        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel in (Path("train.log"), Path(RUN_LOCK))):
             return
     if keep_folder:
         shutil.rmtree(output_dir / ".hydra", ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (output_dir / "train.log").unlink()
+        for own in ("train.log", RUN_LOCK):
+            with contextlib.suppress(OSError):
+                (output_dir / own).unlink()
         return
     shutil.rmtree(output_dir, ignore_errors=True)
     with contextlib.suppress(OSError):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.fileio import unwritable_reason
+from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
@@ -218,6 +218,11 @@ def _check_cpu_processes(trainer: TrainerSchema, device: DeviceFacts) -> None:
 
 
 def _check_data_dir(data_dir: Any) -> None:
+    if data_dir and name_too_long(data_dir):
+        raise RunError(
+            f"the prepared-data folder {str(data_dir)[:80]}...: {name_too_long(data_dir)}; pass a shorter path "
+            "(paths.data_root or data.data_dir)"
+        )
     if data_dir and not (Path(data_dir) / "meta.json").is_file():
         reason = unwritable_reason(data_dir)
         if reason is not None:
