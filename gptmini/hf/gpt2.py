@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from gptmini.attention import ATTENTION_REGISTRY, AttentionWeights, available_attention
+from gptmini.ingredients import hf_inexpressible
 from gptmini.model import GPT, GPTConfig
 
 __all__ = ["HFWeightsError", "load_hf_gpt2", "load_hf_weights", "save_hf_gpt2"]
@@ -290,6 +291,11 @@ def _check_model(model: GPT, what: str) -> None:
         raise HFWeightsError(
             f"cannot {what} GPT-2 weights with model.logit_softcap={c.logit_softcap}: GPT-2 has no logit "
             "soft-capping (use model.logit_softcap=null)"
+        )
+    if (ingredient := hf_inexpressible(c)) is not None:
+        raise HFWeightsError(
+            f"cannot {what} GPT-2 weights with model.{ingredient[0]}={ingredient[1]}: a GPT-2 checkpoint has no "
+            f"weights for it (train without model.{ingredient[0]})"
         )
     options = c.attention_options()
     if options:

@@ -252,6 +252,9 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     vocab_known = model["vocab_size"] is not None
     if not vocab_known:
         model["vocab_size"] = 50257  # placeholder until the tokenizer is known; checked again later
+        if model.get("bigram_embed") and str(cfg.tokenizer.name) == "char":
+            # an exact bigram table is sized by the corpus's characters, known once the data is prepared
+            model["vocab_size"] = 256
     gpt_config = GPTConfig.from_dict(model)
 
     tokenizer = str(cfg.tokenizer.name)
