@@ -378,3 +378,48 @@ def test_hugging_face_exports_refuse_the_input_ingredients(ingredient, tmp_path)
     ):
         save_hf_gpt2(GPT(_config(**setting)), tmp_path / "gpt2")
     assert not (tmp_path / "llama").exists() and not (tmp_path / "gpt2").exists()
+
+
+SMOKE_OPTIONS = {
+    "value_embeds": ["model.value_embeds=1"],
+    "smear_gate": ["model.smear_gate=true"],
+    "bigram_exact": ["model.bigram_embed=true"],
+    "bigram_hashed": ["model.bigram_embed=true", "model.bigram_buckets=1000"],
+    "normuon": ["optimizer.hidden.normuon=true"],
+    "cautious_wd": ["optimizer.hidden.weight_decay=0.1", "optimizer.hidden.cautious_weight_decay=true"],
+    "momentum_warmup": ["optimizer.hidden.momentum_warmup_steps=4"],
+}
+
+
+@pytest.mark.parametrize("option", list(SMOKE_OPTIONS))
+def test_each_ingredient_composes_with_debug_smoke_and_the_zoo_and_trains_a_step(option, compose_cfg):
+    """debug=smoke's config with the option and the best attention variant passes the config checks and builds the
+    module, optimizer and schedule as the training command does; one step changes the ingredient's weights. (The
+    real command line runs in tests/integration/test_ingredients_runs.py, marked slow.)"""
+    from hydra.utils import instantiate
+
+    from gptmini.training.config import validate_config
+    from gptmini.training.module import GPTLightningModule
+
+    cfg = compose_cfg(["debug=smoke", "tokenizer=char", "attention_variant=best", *SMOKE_OPTIONS[option]])
+    gpt = validate_config(cfg)
+    module = GPTLightningModule(
+        model_config={**gpt.to_dict(), "vocab_size": 40},
+        optimizer=instantiate(cfg.optimizer),
+        scheduler=instantiate(cfg.scheduler),
+    )
+    built = module.configure_optimizers()
+    model, opt = module.model, built["optimizer"]
+    _randomised(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(0, 40, (2, 16))
+    _, loss = model(idx, idx.roll(-1, 1))
+    loss.backward()
+    opt.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    ours = {n for n in before if n.startswith(("value_embeds.", "smear.", "bigram."))}
+    assert ours <= changed and "blocks.0.attn.qkv.weight" in changed
+    if option in ("normuon", "momentum_warmup"):
+        muon = opt.optimizers["muon"]
+        assert all(s["step"] == 1 for s in muon.state.values())
+        assert ("second_momentum_buffer" in next(iter(muon.state.values()))) == (option == "normuon")
