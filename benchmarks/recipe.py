@@ -2,8 +2,8 @@
 1.8857 on tinyshakespeare characters (``TARGET``: nanoGPT's quick-start value), with nanoGPT's recipe
 (``experiment=shakespeare_char_cpu``), with the full recipe (``experiment=speedrun_char_cpu``) and with the
 recipe minus each of its ingredients and plus each speedrun ingredient it does not use (ReLU², zero-initialised
-projections, value embeddings, the smear gate, the bigram embedding, NorMuon, cautious weight decay, momentum warmup),
-over several seeds.
+projections, value embeddings, the smear gate, the bigram embedding, NorMuon, cautious weight decay, momentum
+warmup, weight averaging), over several seeds.
 
 Each run is a fresh ``python -m gptmini.training`` process that stops itself at the first validation at or below
 the target (``target_val_loss``), validating on the whole held-out tenth (over 100k tokens). Its time to target is
@@ -100,6 +100,11 @@ CONFIGS = (
         "+ momentum_warmup",
         (SPEEDRUN, "optimizer.hidden.momentum_warmup_steps=50"),
         "Muon's momentum ramped from 0.85 to 0.95 over the first 50 steps (modded-nanogpt)",
+    ),
+    RecipeConfig(
+        "+ ema",
+        (SPEEDRUN, "callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.95}"),
+        "validation on an exponential moving average of the weights (decay 0.95 per step)",
     ),
 )
 

@@ -293,6 +293,7 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
         if "min_lr_ratio" in sched and not 0.0 <= float(sched.min_lr_ratio) <= 1.0:
             raise RunError(f"scheduler.min_lr_ratio={sched.min_lr_ratio} is invalid: it must be in [0, 1]")
 
+    _check_ema((cfg.get("callbacks") or {}).get("ema"))
     tr = cfg.trainer
     max_steps = tr.get("max_steps", -1)
     if not _positive_int(max_steps):
@@ -539,6 +540,25 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
             "orthogonalises each whole matrix, which FSDP shards across devices. Use trainer=ddp, or "
             "optimizer=adamw with FSDP"
         )
+
+
+def _check_ema(ema: Any) -> None:
+    # callbacks.ema (an EMA of the weights): its decay and start step, before any work
+    if not isinstance(ema, DictConfig) or "_target_" not in ema:
+        return
+    from hydra.utils import get_class
+
+    from gptmini.training.ema import EMAWeightAveraging, check_ema
+
+    try:
+        cls = get_class(str(ema._target_))
+    except Exception:  # noqa: BLE001 - an unknown target is reported when it is instantiated
+        return
+    if isinstance(cls, type) and issubclass(cls, EMAWeightAveraging):
+        try:
+            check_ema(ema.get("decay", 0.99), ema.get("start_step", 0))
+        except ValueError as err:
+            raise RunError(str(err)) from None
 
 
 def _check_constructor_keys(node: DictConfig, group: str) -> None:

@@ -50,6 +50,7 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
         "+ normuon": cfg.optimizer.get("hidden", {}).get("normuon", False),
         "+ cautious_wd": cfg.optimizer.get("hidden", {}).get("cautious_weight_decay", False),
         "+ momentum_warmup": cfg.optimizer.get("hidden", {}).get("momentum_warmup_steps", 0) > 0,
+        "+ ema": cfg.callbacks.get("ema") is not None,
     }
     assert {name for name, on in ingredients.items() if on} == ({config.name} & set(ingredients))
     if config.name == "nanoGPT":
@@ -73,8 +74,10 @@ def test_every_ablation_changes_the_recipe(compose_cfg, tmp_path):
 
     def trained(config) -> tuple:
         cfg, gpt = _composed(config, compose_cfg, tmp_path)
-        return gpt, *(
-            OmegaConf.to_container(cfg[k], resolve=True) for k in ("optimizer", "scheduler", "data")
+        return (
+            gpt,
+            cfg.callbacks.get("ema"),
+            *(OmegaConf.to_container(cfg[k], resolve=True) for k in ("optimizer", "scheduler", "data")),
         )
 
     recipe = trained(next(c for c in CONFIGS if c.name == "recipe"))

@@ -1,6 +1,7 @@
 """The speedrun ingredients through the real command line: ``debug=smoke`` runs with each one, and a run with all of
-them (the model's and Muon's), killed and resumed, ends bit-identical to one never interrupted: the ingredients'
-weights, the NorMuon buffers and the momentum warmup's step count are all in the checkpoint."""
+them (the model's, Muon's and the weight average), killed and resumed, ends bit-identical to one never interrupted:
+the ingredients' weights, the NorMuon buffers, the momentum warmup's step count and the average are all in the
+checkpoint."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ OPTIONS = {
     "normuon": ["optimizer.hidden.normuon=true"],
     "cautious_wd": ["optimizer.hidden.weight_decay=0.1", "optimizer.hidden.cautious_weight_decay=true"],
     "momentum_warmup": ["optimizer.hidden.momentum_warmup_steps=4"],
+    "ema": ["callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.9}"],
 }
 QUIET = [
     "~callbacks.progress_bar",
@@ -76,6 +78,7 @@ def test_all_ingredients_killed_and_resumed_end_bit_identical(tmp_path, run_cli)
         "optimizer.hidden.weight_decay=0.1",
         "optimizer.hidden.cautious_weight_decay=true",
         "optimizer.hidden.momentum_warmup_steps=8",
+        "callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.8}",
         "trainer.max_steps=10",
         "trainer.val_check_interval=5",
         "checkpoint_every_n_steps=3",
@@ -101,7 +104,9 @@ def test_all_ingredients_killed_and_resumed_end_bit_identical(tmp_path, run_cli)
     want, got = (_load(d / "checkpoints" / "last.ckpt") for d in (ref_dir, resumed_dir))
     assert got["global_step"] == want["global_step"] == 10
     assert any(k.startswith("model.bigram.") for k in want["state_dict"])
-    assert_identical(got["state_dict"], want["state_dict"], "state_dict")
+    assert_identical(got["state_dict"], want["state_dict"], "state_dict")  # the average
+    assert_identical(got["current_model_state"], want["current_model_state"], "current_model_state")
+    assert_identical(got["averaging_state"], want["averaging_state"], "averaging_state")
     (opt_want,), (opt_got,) = want["optimizer_states"], got["optimizer_states"]
     muon_state = opt_want["muon"]["state"]
     assert all("second_momentum_buffer" in s and s["step"] == 10 for s in muon_state.values())
