@@ -135,13 +135,13 @@ class CausalSelfAttention(LMAttention):
         # split, not slicing: a split's backward is one concatenation, a slice's a zero-filled copy per slice
         if self.q_norm is None and not self.rope:
             q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)
-            v = v if values is None else v + values
+            v = v if values is None else v + values.to(v.dtype)
             q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
             k, v = (t.view(B, T, self.n_kv_head, self.head_size) for t in (k, v))  # (B, T, n_kv, hs)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         heads = self.n_head + self.n_kv_head
         qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)
-        v = v if values is None else v + values
+        v = v if values is None else v + values.to(v.dtype)
         qk = qk.view(B, T, heads, self.head_size)  # (B, T, nh + n_kv, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size)  # (B, T, n_kv, hs)
         if self.q_norm is not None:

@@ -89,7 +89,7 @@ def test_all_ingredients_killed_and_resumed_end_bit_identical(tmp_path, run_cli)
         f"paths.data_root={data_root}",
         *QUIET,
     ]
-    fault = "+callbacks.fault={_target_:test_reliability.FaultInjector,action:kill,step:7,where:batch_end}"
+    fault = "+callbacks.fault={_target_:test_reliability.FaultInjector,action:kill,step:8,where:batch_end}"
     with ThreadPoolExecutor(2) as pool:
         ref = pool.submit(run_cli.train, [*base, "run_name=ref"])
         killed = pool.submit(run_cli.train, [*base, "run_name=killed", fault])
@@ -100,7 +100,8 @@ def test_all_ingredients_killed_and_resumed_end_bit_identical(tmp_path, run_cli)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     (ref_dir,) = (out / "ref").glob("*/")
     killed_dir, resumed_dir = sorted((out / "killed").glob("*/"))
-    assert _load(killed_dir / "checkpoints" / "last.ckpt")["global_step"] == 6
+    # checkpoints are written in the background: the kill may come before step 6's save has landed
+    assert _load(killed_dir / "checkpoints" / "last.ckpt")["global_step"] in (3, 6)
     want, got = (_load(d / "checkpoints" / "last.ckpt") for d in (ref_dir, resumed_dir))
     assert got["global_step"] == want["global_step"] == 10
     assert any(k.startswith("model.bigram.") for k in want["state_dict"])

@@ -42,6 +42,8 @@ def _models() -> dict[str, GPT]:
     models["llama_tiny"] = GPT(GPTConfig.from_preset("llama_tiny", vocab_size=50))
     models["relu2_untied"] = _tiny(mlp="relu2", tie_weights=False, position="rope", qk_norm=True)
     models["attention_only"] = _tiny(mlp="none")
+    # the input ingredients' tables are embeddings, their gates AdamW matrices and vectors: none reaches Muon
+    models["ingredients"] = _tiny(value_embeds=1, smear_gate=True, bigram_embed=True, n_kv_head=2)
     return models
 
 
