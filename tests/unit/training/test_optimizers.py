@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.optimizers import ROLES, MuonAdamW
+from gptmini.training.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
 
 VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
 MUON = OmegaConf.to_container(OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"))
@@ -101,7 +101,10 @@ def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
             part.grad = g.clone()
         separate[id(p)] = parts
     s = SETTINGS
-    muon = torch.optim.Muon([q for p in rb["hidden"] for q in separate.get(id(p), [p])], **s["hidden"])
+    # BatchedMuon's own options are all off in conf/optimizer/muon.yaml: plain Muon, which takes none of them
+    assert all(s["hidden"][k] == v for k, v in MUON_OPTIONS.items())
+    plain = {k: v for k, v in s["hidden"].items() if k not in MUON_OPTIONS}
+    muon = torch.optim.Muon([q for p in rb["hidden"] for q in separate.get(id(p), [p])], **plain)
     adamw = torch.optim.AdamW(
         [{"params": rb[r], **s[r]} for r in ("embedding", "head", "matrix", "vector") if rb[r]],
         betas=tuple(s["adamw"]["betas"]),
