@@ -519,13 +519,12 @@ def _check_role_optimizer(opt: DictConfig, tr: DictConfig) -> None:
             "optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an experiment written for optimizer=adamw sets "
             "optimizer.lr)"
         )
-    if isinstance(opt.get("hidden"), DictConfig):
-        from gptmini.training.optimizers import check_muon_options
+    from gptmini.training.optimizers import check_role_settings
 
-        try:
-            check_muon_options(OmegaConf.to_container(opt.hidden, resolve=True))
-        except ValueError as err:
-            raise RunError(str(err)) from None
+    try:
+        check_role_settings(OmegaConf.to_container(opt, resolve=True))
+    except ValueError as err:
+        raise RunError(str(err)) from None
     for role in ROLE_KEYS:
         group = opt.get(role) or {}
         if "lr" in group and not float(group.lr) > 0:

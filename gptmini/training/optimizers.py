@@ -196,6 +196,38 @@ class BatchedMuon(torch.optim.Muon):
                 p.add_(o, alpha=-step)
 
 
+def check_role_settings(settings: Mapping[str, Any]) -> None:
+    """Raises ValueError naming the first invalid setting of a ``MuonAdamW`` config (also run at config time): Muon's
+    options under ``hidden``, and ``cautious_weight_decay`` of each AdamW role."""
+    if isinstance(settings.get("hidden"), Mapping):
+        check_muon_options(settings["hidden"])
+    for role in ADAMW_ROLES:
+        value = (settings.get(role) or {}).get("cautious_weight_decay", False)
+        if not isinstance(value, bool):
+            raise ValueError(f"optimizer.{role}.cautious_weight_decay={value!r} is invalid: true or false")
+
+
+def cautious_adamw_step(adamw: torch.optim.Optimizer) -> None:
+    """``adamw.step()``, with cautious weight decay in the groups that set ``cautious_weight_decay``: the decoupled
+    decay (``lr * weight_decay`` of the weight before the step) only where the Adam step moves the weight towards
+    zero. The step runs without decay in those groups; the direction it took (before minus after) gives the mask."""
+    cautious = [g for g in adamw.param_groups if g.get("cautious_weight_decay") and g["weight_decay"] > 0]
+    saved = []
+    for g in cautious:
+        params = [p for p in g["params"] if p.grad is not None]
+        saved.append((g, g["weight_decay"], params, [p.detach().clone() for p in params]))
+        g["weight_decay"] = 0.0
+    try:
+        adamw.step()
+    finally:
+        for g, decay, _, _ in saved:
+            g["weight_decay"] = decay
+    with torch.no_grad():
+        for g, decay, params, before in saved:
+            for p, b in zip(params, before, strict=True):
+                p.sub_(b * ((b - p) * b > 0), alpha=g["lr"] * decay)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon (Jordan et al.; ``BatchedMuon``: ``torch.optim.Muon`` batched by shape) on the ``hidden`` matrices and
     ``torch.optim.AdamW`` on the embeddings, the LM head, other matrices and vectors, each role one named parameter
@@ -225,6 +257,9 @@ class MuonAdamW(torch.optim.Optimizer):
         foreach: bool | None = None,
         stacked: dict[nn.Parameter, tuple[int, ...]] | None = None,
     ) -> None:
+        check_role_settings(
+            {"hidden": hidden, "embedding": embedding, "head": head, "matrix": matrix, "vector": vector}
+        )
         unknown = sorted(set(roles) - set(ROLES))
         if unknown:
             raise ValueError(f"unknown parameter role(s) {unknown}: expected {', '.join(ROLES)}")
@@ -321,8 +356,10 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         with self._muon_steps_projections():
-            for opt in self.optimizers.values():
-                opt.step()
+            if "muon" in self.optimizers:
+                self.optimizers["muon"].step()
+        if "adamw" in self.optimizers:
+            cautious_adamw_step(self.optimizers["adamw"])
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -519,3 +519,56 @@ def test_bad_muon_options_fail_at_config_time(compose_cfg, override, message):
 
     with pytest.raises(RunError, match=message):
         validate_config(compose_cfg(["debug=smoke", "optimizer=muon", override]))
+
+
+def test_cautious_weight_decay_of_an_adamw_role_steps_as_the_formula():
+    """An AdamW role with cautious weight decay against Adam written out in float64: the decay (lr * wd * weight)
+    only where the Adam step and the weight have the same sign; the other roles keep AdamW's plain decay."""
+    torch.manual_seed(0)
+    cautious_w, plain_w = torch.randn(6, 5), torch.randn(7)
+    cautious, plain = torch.nn.Parameter(cautious_w.clone()), torch.nn.Parameter(plain_w.clone())
+    settings = copy.deepcopy(SETTINGS)
+    settings["matrix"] = {"lr": 0.05, "weight_decay": 0.5, "cautious_weight_decay": True}
+    settings["vector"] = {"lr": 0.05, "weight_decay": 0.5}
+    opt = MuonAdamW({"matrix": [cautious], "vector": [plain]}, **settings)
+    grads = [(torch.randn(6, 5), torch.randn(7)) for _ in range(3)]
+    for gc, gp in grads:
+        cautious.grad, plain.grad = gc.clone(), gp.clone()
+        opt.step()
+    beta1, beta2 = settings["adamw"]["betas"]
+    eps = settings["adamw"]["eps"]
+
+    def adam(w, gs, is_cautious):
+        p, m, v = (
+            w.double().clone(),
+            torch.zeros_like(w, dtype=torch.float64),
+            torch.zeros_like(w, dtype=torch.float64),
+        )
+        for t, g in enumerate(gs, start=1):
+            g = g.double()
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g * g
+            step = 0.05 * (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + eps)
+            mask = (step * p > 0).double() if is_cautious else torch.ones_like(p)
+            p = p - 0.05 * 0.5 * p * mask - step
+        return p
+
+    want_cautious = adam(cautious_w, [g for g, _ in grads], True)
+    torch.testing.assert_close(cautious.double(), want_cautious, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        plain.double(), adam(plain_w, [g for _, g in grads], False), rtol=1e-5, atol=1e-6
+    )
+    assert not torch.allclose(want_cautious, adam(cautious_w, [g for g, _ in grads], False))
+    # the setting is the group's own: saved with it, and the decay is back in place after the step
+    group = opt.optimizers["adamw"].param_groups[0]
+    assert group["cautious_weight_decay"] is True and group["weight_decay"] == 0.5
+
+
+def test_a_bad_adamw_role_cautious_setting_fails_at_config_time(compose_cfg):
+    from gptmini.training.config import RunError, validate_config
+
+    cfg = compose_cfg(["debug=smoke", "optimizer=muon", "+optimizer.matrix.cautious_weight_decay=3"])
+    with pytest.raises(
+        RunError, match=r"optimizer\.matrix\.cautious_weight_decay=3 is invalid: true or false"
+    ):
+        validate_config(cfg)
