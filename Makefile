@@ -12,11 +12,12 @@ PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention analyze tensorboard test test-full bench gpu-check lint format clean
+.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-tokenizers gpu-check lint format clean
 
-help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
-		/^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+help: ## Show this help (target names in colour on a terminal only)
+	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
+		/^[a-zA-Z_-]+:.*## / {printf "  %s%-12s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -54,6 +55,9 @@ test-full: $(STAMP) ## Every test, the slow ones too
 
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
+
+bench-tokenizers: $(STAMP) ## Tokenizers by bits per byte at equal training time (ARGS="--seconds 300", "--quick")
+	$(PY) -m benchmarks.tokenizers $(ARGS)
 
 gpu-check: $(STAMP) ## The GPU proof: default run vs nanoGPT's recipe, GPT-2 124M step, attention options (results/gpu.md)
 	$(PY) -m benchmarks.gpu $(ARGS)

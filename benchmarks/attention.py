@@ -28,7 +28,8 @@ from benchmarks.common import (
     quiet_stderr,
     sync,
 )
-from gptmini.attention import MultiHeadAttention, available_attention, build_attention
+from gptmini.attention import available_attention, build_attention
+from gptmini.attention.teaching import MultiHeadAttention
 from gptmini.fileio import atomic_write_bytes
 
 
@@ -459,10 +460,11 @@ OPTION_VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 REFERENCE_VARIANTS = ("sdpa", "alibi", "window256", "attn_sink")
-# the path a variant took before its current default, timed beside it: (variant, forced path)
+# the kernel a variant ran before its current default, timed beside it: (variant, kernel asked for)
 FORMER_PATHS = (("alibi", "mask"), ("window256", "mask"))
-# the kernel column for each CausalSelfAttention.score_path
-PATH_KERNELS = {
+# the kernel column for each kernel CausalSelfAttention.kernel_for names
+KERNEL_LABELS = {
+    "causal": "sdpa",
     "flex": "flex",
     "mask": "sdpa + float mask",
     "chunked": "sdpa per query chunk + float mask",
@@ -476,8 +478,10 @@ def former_path_rows() -> dict[str, tuple[str, str]]:
     return {f"{name} ({path} path)": (name, path) for name, path in FORMER_PATHS}
 
 
-def _option_module(options: dict[str, Any], d_model: int, n_head: int, T: int) -> nn.Module:
-    options = {k: (n_head // 4 if v == "quarter" else v) for k, v in options.items()}
+def _option_module(
+    options: dict[str, Any], d_model: int, n_head: int, T: int, kernel: str = "auto"
+) -> nn.Module:
+    options = {k: (n_head // 4 if v == "quarter" else v) for k, v in options.items()} | {"kernel": kernel}
     if options.get("sliding_window", 0) >= T:
         options["sliding_window"] = T // 4  # binding at every length the table runs
     return build_attention("sdpa", d_model, n_head, T, 0.0, False, **options)
@@ -508,9 +512,8 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
             ref = _option_module(options, s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype).train()
             modules[f"{name} (explicit reference)"] = _Reference(ref)
     for row_name, (name, path) in former_path_rows().items():
-        former = _option_module(OPTION_VARIANTS[name], s.d_model, s.n_head, T).to(device=dev, dtype=s.dtype)
-        former.path = path
-        modules[row_name] = former.train()
+        former = _option_module(OPTION_VARIANTS[name], s.d_model, s.n_head, T, kernel=path)
+        modules[row_name] = former.to(device=dev, dtype=s.dtype).train()
 
     def step(m: nn.Module) -> None:
         m.zero_grad(set_to_none=True)
@@ -522,9 +525,8 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
     rows = []
     for n, m in modules.items():
         inner = getattr(m, "inner", m)
-        kernel = "explicit softmax" if n.endswith("(explicit reference)") else "sdpa"
-        if getattr(inner, "changes_scores", False) and kernel == "sdpa":
-            kernel = PATH_KERNELS[inner.score_path(T, x.device)]
+        reference = n.endswith("(explicit reference)")
+        kernel = "explicit softmax" if reference else KERNEL_LABELS[inner.kernel_for(T, x.device).name]
         rows.append(
             {
                 "variant": n,
@@ -553,7 +555,7 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
         "additive float mask for ALiBi and windows (on a long CPU sequence per chunk of queries, on the "
         "keys they can see), and for a sink one more key whose score an extra head "
         "dimension carries ('sink slot'), or the explicit softmax on short CPU sequences (CausalSelfAttention."
-        "score_path). 'explicit reference' rows run the explicit path the maps read (scores, mask, softmax, "
+        "kernel_for). 'explicit reference' rows run the explicit path the maps read (scores, mask, softmax, "
         "weights . values): the baseline a fast path must beat",
         "gqa: n_kv_head = n_head / 4; window256: sliding_window 256 (T / 4 in --quick); "
         "kv_cache_bytes_per_token: per layer, keys and values, this dtype",

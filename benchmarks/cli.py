@@ -200,7 +200,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         "--corpus-mb",
         default=None,
         help="data: sizes of the generated corpora to prepare, MB, comma-separated (default 100; none with "
-        "--quick), e.g. 300,1000 for issue 18's goals",
+        "--quick), e.g. 300,1000 for the large-corpus goals",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)

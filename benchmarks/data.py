@@ -129,7 +129,7 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
     return rows + corpus_rows, notes + corpus_notes
 
 
-# Goals for a generated corpus (issue 18).
+# Goals for a generated corpus.
 CORPUS_PEAK_RSS_GIB = 1.0
 CORPUS_THROUGHPUT_VS_TIKTOKEN = 0.9
 CORPUS_CHECK_S = 0.2

@@ -436,12 +436,11 @@ FLEX_OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def attention_kernel(model: GPT, T: int, device: str) -> str:
-    """Which kernel an uncached training forward of ``T`` tokens runs: the score path of the first attention layer
-    whose options change the scores, else SDPA's causal kernel."""
-    for module in model.modules():
-        if getattr(module, "changes_scores", False):
-            return module.score_path(T, torch.device(device))
-    return "sdpa (is_causal)"
+    """The kernel (``gptmini.attention.kernels``) an uncached training forward of ``T`` tokens runs."""
+    from gptmini.attention import CausalSelfAttention
+
+    layer = next(m for m in model.modules() if isinstance(m, CausalSelfAttention))
+    return layer.kernel_for(T, torch.device(device)).name
 
 
 def _flex_row(

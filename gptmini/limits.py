@@ -7,7 +7,6 @@ Nothing here imports Lightning: the commands call these checks within the time i
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -106,12 +105,3 @@ def check_fits(
         f"{knob}={value} is too large: {value:,} {unit}would need about {gib(need)} of memory and "
         f"{available[1]} has {gib(available[0])} (one setting may use at most {MEMORY_SHARE:.0%} of it): {fix}"
     )
-
-
-def max_fitting(bytes_per_unit: int, device: torch.device | str = "cpu") -> int:
-    """How many units of ``bytes_per_unit`` fit in ``MEMORY_SHARE`` of the device's memory (unbounded: a large
-    number when the memory is unknown)."""
-    available = device_memory(device)
-    if available is None:
-        return 2**62
-    return max(0, math.floor(available[0] * MEMORY_SHARE / max(1, bytes_per_unit)))

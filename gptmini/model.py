@@ -15,8 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptmini import ingredients, lm_loss
+from gptmini import generation, ingredients, lm_loss
 from gptmini.attention import KVCache, attention_class, available_attention, build_attention
+from gptmini.feed_forward import FEED_FORWARDS
 
 
 class ConfigError(ValueError):
@@ -287,63 +288,6 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return cap * torch.tanh(logits / cap)
 
 
-class MLP(nn.Module):
-    """GPT-2's feed-forward sublayer: Linear, GELU (tanh-approximated, as GPT-2's, unless
-    ``config.gelu_approximate`` is "none"), Linear."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.gelu = nn.GELU(approximate=config.gelu_approximate)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        # the 2-D weights an orthogonalising optimizer (Muon) may take: see GPT.parameter_roles
-        return [self.c_fc.weight, self.c_proj.weight]
-
-
-class ReLU2MLP(nn.Module):
-    """modded-nanogpt's feed-forward sublayer: Linear, squared ReLU (So et al., Primer), Linear."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.relu(self.c_fc(x)).square()))  # (B, T, C)
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        return [self.c_fc.weight, self.c_proj.weight]
-
-
-class SwiGLU(nn.Module):
-    """Llama's gated feed-forward sublayer (Shazeer 2020): ``c_proj(silu(w_gate(x)) * w_up(x))``.
-
-    The output projection keeps GPT-2's name ``c_proj`` so initialisation scales it as a residual projection."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.w_gate = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.w_up = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))  # (B, T, C)
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        return [self.w_gate.weight, self.w_up.weight, self.c_proj.weight]
-
-
-_MLP_CLASSES: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``; with ``mlp=none`` only the
     attention sublayer (``ln_2`` and ``mlp`` are None)."""
@@ -362,7 +306,7 @@ class Block(nn.Module):
         )
         has_mlp = config.mlp != "none"
         self.ln_2 = build_norm(config) if has_mlp else None
-        self.mlp = _MLP_CLASSES[config.mlp](config) if has_mlp else None
+        self.mlp = FEED_FORWARDS[config.mlp](config) if has_mlp else None
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -623,83 +567,9 @@ class GPT(nn.Module):
             for _ in range(c.n_layer)
         ]
 
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_token: int | None = None,
-        use_cache: bool = True,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Continue ``idx`` (B, T) by up to ``max_new_tokens`` tokens; ``temperature=0`` is greedy decoding.
-
-        With the key/value cache each step feeds only the newest token. When the sequence outgrows
-        ``block_size`` the cache is rebuilt from the last half block (the uncached path crops to the last
-        ``block_size`` tokens instead), so the two agree exactly only within ``block_size``."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
-        if top_k is not None and top_k <= 0:
-            raise ValueError(f"top_k={top_k} must be a positive integer or None")
-        if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p={top_p} must be in (0, 1] or None")
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(
-                f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}"
-            )
-        block_size = self.config.block_size
-        cached = use_cache and self.supports_kv_cache
-        caches = self.new_kv_caches(idx.size(0)) if cached else None
-        finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-        fresh = idx[:, -block_size:]  # tokens not yet in the cache
-        for _ in range(max_new_tokens):
-            if cached:
-                if caches[0].pos + fresh.size(1) > block_size:
-                    for c in caches:
-                        c.reset()
-                    fresh = idx[:, -(block_size // 2) :]
-                h = self.hidden_states(fresh, caches)
-            else:
-                h = self.hidden_states(idx[:, -block_size:])
-            logits = self.logits(h[:, -1, :]).float()  # (B, Vp)
-            next_id = self._sample(logits, temperature, top_k, top_p, generator)  # (B, 1)
-            if eos_token is not None:
-                next_id = torch.where(finished[:, None], torch.full_like(next_id, eos_token), next_id)
-                finished |= next_id[:, 0] == eos_token
-            idx = torch.cat((idx, next_id), dim=1)
-            fresh = next_id
-            if eos_token is not None and bool(finished.all()):
-                break
-        return idx
-
-    @staticmethod
-    def _sample(
-        logits: torch.Tensor,
-        temperature: float,
-        top_k: int | None,
-        top_p: float | None,
-        generator: torch.Generator | None,
-    ) -> torch.Tensor:
-        if temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)
-        logits = logits / temperature
-        if top_k is not None:
-            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if top_p is not None and top_p < 1.0:
-            sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-            cumprobs = sorted_logits.softmax(-1).cumsum(-1)
-            # Drop a token when the tokens ranked above it already hold top_p of the mass (keeps at least one).
-            drop_sorted = (cumprobs - sorted_logits.softmax(-1)) >= top_p
-            drop = drop_sorted.scatter(1, sorted_idx, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
-        probs = logits.softmax(dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=generator)
+    # model.generate(idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_token=None, use_cache=True,
+    # generator=None): the decoding loop and sampling live in gptmini.generation
+    generate = generation.generate
 
     # --- accounting -------------------------------------------------------------------------------------
 

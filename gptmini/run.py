@@ -19,7 +19,7 @@ from typing import Any
 from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint, resolve_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
-from gptmini.data.tokenizers import Tokenizer, build_tokenizer
+from gptmini.data.tokenizers import SAVED_TOKENIZERS, Tokenizer, build_tokenizer
 from gptmini.model import GPT
 from gptmini.options import resolve_device
 
@@ -152,9 +152,9 @@ def _tokenizer_for_run(
             )
         log.warning("%s records no tokenizer: using GPT-2's BPE (pass --data-dir for another)", where)
         return gpt2
-    if name == "char":
+    if name in SAVED_TOKENIZERS:
         raise CheckpointError(
-            f"the checkpoint uses the char tokenizer but its vocabulary ({folder}/vocab.json) is missing: pass "
-            "--data-dir pointing at the prepared data folder it was trained on"
+            f"the checkpoint uses the {name} tokenizer but its prepared data folder ({folder}), which holds its "
+            "vocabulary, is missing: pass --data-dir pointing at the prepared data folder it was trained on"
         )
     return build_tokenizer(name)

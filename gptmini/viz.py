@@ -34,7 +34,7 @@ MAX_CELL_ASPECT = 4.0
 def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
     labels = []
     for i in ids:
-        s = tokenizer.decode([i]).replace("\n", "\\n").replace(" ", "·")
+        s = tokenizer.token_text(i).replace("\n", "\\n").replace(" ", "·")
         labels.append(s if len(s) <= 10 else s[:9] + "…")
     return labels
 

@@ -1,4 +1,4 @@
-"""Thin wrapper: see gptmini/export_attention.py."""
+"""Thin wrapper: see gptmini/inference/export_attention.py."""
 
 import sys
 

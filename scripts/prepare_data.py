@@ -67,6 +67,10 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
         f"{meta['splits']['val']['tokens']:,}",
         datamodule.data_dir,
     )
+    if meta["tokenizer"] == "bpe":  # the trained tokenizer against GPT-2's, on the held-out text
+        from gptmini.data.bpe import log_compression
+
+        log_compression(datamodule.data_dir, meta)
     return 0
 
 

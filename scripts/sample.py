@@ -1,4 +1,4 @@
-"""Thin wrapper: see gptmini/sample.py."""
+"""Thin wrapper: see gptmini/inference/sample.py."""
 
 import sys
 

@@ -292,7 +292,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         x = torch.tensor([ids], dtype=torch.long)  # (1, T)
         with torch.inference_mode():
             maps = model.attention_maps(x)[:, 0]  # (n_layer, n_head, T, T)
-        tokens = [tokenizer.decode([i]) for i in ids]
+        tokens = [tokenizer.token_text(i) for i in ids]
         header, tri = encode(AttentionSummary(tokens, maps.float().numpy()))  # as training encodes its probe
         return {**header, "tag": "own text", "left_out": unknown[:50], "data": _b64(tri)}
 

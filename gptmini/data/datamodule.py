@@ -53,6 +53,8 @@ class TokenDataModule(L.LightningDataModule):
         shard_tokens: int = DEFAULT_SHARD_TOKENS,
         buffer_mb: int = DEFAULT_BUFFER_MB,
         prepare_threads: int | None = None,
+        tokenizer_vocab_size: int | None = None,
+        tokenizer_train_bytes: int | None = None,
     ) -> None:
         super().__init__()
         # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
@@ -74,9 +76,12 @@ class TokenDataModule(L.LightningDataModule):
         self.shard_tokens = shard_tokens
         self.buffer_mb = buffer_mb
         self.prepare_threads = prepare_threads
+        # tokenizer=bpe: the vocabulary to train and the bound on its training text (gptmini.data.bpe)
+        self.tokenizer_options = {"vocab_size": tokenizer_vocab_size, "train_bytes": tokenizer_train_bytes}
         self.meta: dict[str, Any] | None = None
         self.train_dataset: RandomWindowDataset | None = None
         self.val_dataset: StridedWindowDataset | None = None
+        self._token_bytes: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -98,6 +103,7 @@ class TokenDataModule(L.LightningDataModule):
             shard_tokens=self.shard_tokens,
             buffer_mb=self.buffer_mb,
             progress=progress,
+            tokenizer_options=self.tokenizer_options,
         )
         log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
 
@@ -115,6 +121,12 @@ class TokenDataModule(L.LightningDataModule):
 
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.data_dir, self.meta)
+
+    def token_bytes(self) -> torch.Tensor:
+        """The UTF-8 bytes each token id stands for (0 for special tokens): validation's bits per byte."""
+        if self._token_bytes is None:
+            self._token_bytes = torch.from_numpy(self.tokenizer().token_bytes())
+        return self._token_bytes
 
     def _loader(self, dataset: Dataset, **kwargs: Any) -> DataLoader:
         return DataLoader(

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from gptmini.data.bpe import bpe_settings, log_compression, trained_bpe
 from gptmini.data.corpora import (
     ARROW,
     EMBEDDED_SOURCES,
@@ -45,6 +46,8 @@ from gptmini.data.errors import DataError
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
+    BPE_FILE,
+    BPETokenizer,
     CharTokenizer,
     Tokenizer,
     TokenizerError,
@@ -239,10 +242,13 @@ class PreparedData:
         return int(self.meta["splits"]["val"]["tokens"])
 
 
-def _settings(corpus: Corpus, tokenizer: str, shard_tokens: int) -> dict[str, Any]:
-    """Everything besides the files that decides the token stream and its shards."""
+def _settings(
+    corpus: Corpus, tokenizer: str, shard_tokens: int, bpe: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Everything besides the files that decides the token stream and its shards (``bpe``: a trained BPE's
+    settings, so that it is trained again exactly when they change)."""
     records = any(f.kind in (JSONL, PARQUET, ARROW) for f in corpus.files)
-    return {
+    return ({"bpe": dict(bpe)} if bpe is not None else {}) | {
         "format_version": FORMAT_VERSION,
         "tokenizer": tokenizer,
         "single_text": corpus.single_text,
@@ -318,6 +324,7 @@ def prepare(
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     buffer_mb: int = DEFAULT_BUFFER_MB,
     progress: Callable[[PrepareProgress], None] | None = None,
+    tokenizer_options: Mapping[str, Any] | None = None,
 ) -> PreparedData:
     """Tokenize ``source`` once into ``out_dir`` (default ``data/<source name>_<hash of the source>_<tokenizer>``,
     see ``corpora.prepared_folder_name``); skip if current.
@@ -326,8 +333,10 @@ def prepare(
     it was prepared (a file whose time changed but not its size is hashed and compared). A changed
     ``val_fraction`` only re-splits. Memory stays within the interpreter's own plus about ``buffer_mb`` (text
     and ids in flight between the reader and the tokenizer threads; plus one Parquet row group being decoded),
-    whatever the corpus size. A killed preparation resumes at its last finished shard; a write that fails (full
-    disk, unwritable folder) raises DataError, and the previous data stays as it was until the new is complete.
+    whatever the corpus size. ``tokenizer_options``: ``vocab_size`` and ``train_bytes`` of ``tokenizer="bpe"``
+    (``gptmini.data.bpe``), trained here on the corpus's training text. A killed preparation resumes at its last
+    finished shard; a write that fails (full disk, unwritable folder) raises DataError, and the previous data
+    stays as it was until the new is complete.
     """
     t0 = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
@@ -346,10 +355,16 @@ def prepare(
         )
     if num_threads is not None and num_threads < 1:
         raise DataError(f"num_threads must be >= 1 (or None: one per core, at most 8), got {num_threads}")
+    options = dict(tokenizer_options or {})
+    bpe = (
+        bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)
+        if tokenizer == "bpe"
+        else None
+    )
     out = Path(out_dir) if out_dir is not None else default_out_dir(source, tokenizer)
     _check_out_folder(out)
     corpus = resolve_source(source, download_dir=out / "raw", text_field=text_field)
-    settings = _settings(corpus, tokenizer, shard_tokens)
+    settings = _settings(corpus, tokenizer, shard_tokens, bpe)
 
     if not force:
         meta, touched = _freshness(out, corpus, settings)
@@ -450,15 +465,19 @@ def _prepare_locked(
         raise DataError(
             f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
         )
-    tok: Tokenizer = (
-        CharTokenizer(scan["chars"])
-        if settings["tokenizer"] == "char"
-        else build_tokenizer(settings["tokenizer"])
-    )
+    tok: Tokenizer
+    if settings["tokenizer"] == "char":
+        tok = CharTokenizer(scan["chars"])
+    elif "bpe" in settings:  # trained on the corpus, before any tokenizing (a resumed one reads it back)
+        tok = trained_bpe(corpus, settings["bpe"], folder / BPE_FILE if state is not None else None)
+    else:
+        tok = build_tokenizer(settings["tokenizer"])
     dtype = token_dtype(tok.vocab_size)
     if state is None:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
+        if isinstance(tok, BPETokenizer):
+            tok.save(folder / BPE_FILE)
         state = {"inputs": name, "dtype": dtype.name, "scan": scan, "shards": [], "resume": None}
         atomic_write_json(folder / PROGRESS_FILE, state)
 
@@ -499,6 +518,8 @@ def _prepare_locked(
     if isinstance(tok, CharTokenizer):
         vocab_file = f"{name}/{VOCAB_FILE}"
         tok.save(out / vocab_file)
+    elif isinstance(tok, BPETokenizer):  # saved before tokenizing
+        vocab_file = f"{name}/{BPE_FILE}"
     meta = {
         "format_version": FORMAT_VERSION,
         "source": corpus.source,
@@ -769,6 +790,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(available_tokenizers())}")
     parser.add_argument(
+        "--vocab-size", type=int, default=None, help="--tokenizer bpe: tokens to train (default 8192)"
+    )
+    parser.add_argument(
+        "--train-bytes",
+        type=int,
+        default=None,
+        help="--tokenizer bpe: bytes of training text the tokenizer learns from, at most (default 100000000)",
+    )
+    parser.add_argument(
         "--out", default=None, help="output folder (default: data/<source name>_<source hash>_<tokenizer>)"
     )
     parser.add_argument(
@@ -792,6 +822,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.tokenizer != "bpe" and (args.vocab_size is not None or args.train_bytes is not None):
+        parser.error(
+            f"--vocab-size and --train-bytes train --tokenizer bpe, not --tokenizer {args.tokenizer}"
+        )
     callback, shown = cli_logging(args.verbose)
     try:
         with shown:
@@ -806,7 +840,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shard_tokens=args.shard_tokens,
                 buffer_mb=args.buffer_mb,
                 progress=callback,
+                tokenizer_options={"vocab_size": args.vocab_size, "train_bytes": args.train_bytes},
             )
+            if args.tokenizer == "bpe":
+                log_compression(result.out_dir, result.meta)
     except (DataError, TokenizerError) as e:
         log.error("error: %s", e)
         return 2

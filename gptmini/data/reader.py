@@ -24,7 +24,7 @@ import numpy as np
 
 from gptmini.data.errors import DataError
 from gptmini.data.shards import TokenStream
-from gptmini.data.tokenizers import CharTokenizer, Tokenizer, build_tokenizer
+from gptmini.data.tokenizers import Tokenizer, build_tokenizer
 
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
@@ -112,11 +112,12 @@ def load_split(
 
 
 def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Tokenizer:
-    """The tokenizer a prepared folder was made with (char vocab read from its vocab.json)."""
+    """The tokenizer a prepared folder was made with (char vocab or trained BPE read from its ``vocab_file``,
+    checked against what meta.json records of it)."""
     data_dir = Path(data_dir)
     meta = load_meta(data_dir) if meta is None else meta
     vocab = data_dir / meta["vocab_file"] if meta.get("vocab_file") else None
-    return build_tokenizer(meta["tokenizer"], vocab)
+    return build_tokenizer(meta["tokenizer"], vocab, meta.get("tokenizer_spec"))
 
 
 def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
@@ -143,8 +144,8 @@ def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -
     data_dir = Path(data_dir)
     meta = load_meta(data_dir) if meta is None else meta
     tokenizer: dict[str, Any] = {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"]}
-    if meta.get("vocab_file"):
-        tokenizer["chars"] = "".join(CharTokenizer.load(data_dir / meta["vocab_file"]).chars)
+    if meta.get("vocab_file"):  # char: its characters; bpe: its ranks' digest
+        tokenizer |= load_tokenizer(data_dir, meta).identity()
     tokenizer_fingerprint = _fingerprint(tokenizer)
     data = {
         "tokenizer": tokenizer_fingerprint,

@@ -1,7 +1,9 @@
-"""Tokenizers: GPT-2 BPE via tiktoken (offline), other tiktoken encodings, and a character-level one."""
+"""Tokenizers: GPT-2 BPE via tiktoken (offline), other tiktoken encodings, a byte-level BPE trained on the corpus
+(``gptmini.data.bpe`` trains it; tiktoken encodes it), and a character-level one."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import importlib.util
@@ -9,7 +11,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
@@ -28,6 +30,15 @@ GPT2_FILES_SHA256 = {
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
 }
 CHAR_VOCAB_FORMAT = 1
+BPE_FORMAT = 1
+BPE_FILE = "bpe.json"
+SPECIAL_TOKENS = (ENDOFTEXT,)
+# GPT-4's pre-tokenisation (rustbpe's default; a test checks they agree): letters with one leading non-letter,
+# numbers of up to three digits, punctuation runs, newlines apart from other whitespace. It never joins a non-space
+# with a following space, nor a letter or digit with a following newline: the cut points preparation relies on.
+GPT4_PAT_STR = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+# Tokenizers whose vocabulary is saved with the prepared data (``vocab_file`` in meta.json), not known by name.
+SAVED_TOKENIZERS = ("char", "bpe")
 
 
 class TokenizerError(ValueError):
@@ -48,7 +59,13 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def token_text(self, i: int) -> str: ...
+
     def to_dict(self) -> dict[str, Any]: ...
+
+    def token_bytes(self) -> np.ndarray: ...
+
+    def identity(self) -> dict[str, Any]: ...
 
 
 def default_threads() -> int:
@@ -162,6 +179,7 @@ class TiktokenTokenizer:
         self.name = encoding
         self.vocab_size = self._enc.n_vocab
         self.eot_id: int | None = self._enc._special_tokens.get(ENDOFTEXT)
+        self._token_bytes: np.ndarray | None = None
 
     # disallowed_special=() everywhere: a corpus that literally contains "<|endoftext|>" (web text often
     # does) is tokenized as plain text instead of raising, and can never inject a real document break.
@@ -180,8 +198,35 @@ class TiktokenTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode(list(ids))
 
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        """The bytes ``ids`` stand for (a byte-level token may hold part of a character)."""
+        return self._enc.decode_bytes(list(ids))
+
+    def token_text(self, i: int) -> str:
+        """One token as a label: its text, with the bytes of a character it holds only part of as ``\\xNN``
+        (a byte-level BPE splits a rare character over tokens; decoding one alone would show U+FFFD)."""
+        return self._enc.decode_single_token_bytes(i).decode("utf-8", "backslashreplace")
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "tiktoken", "name": self.name, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
+
+    def token_bytes(self) -> np.ndarray:
+        """The UTF-8 bytes each id stands for (int64, one per id; 0 for a special token): what bits per byte
+        divides by."""
+        if self._token_bytes is None:
+            special = {self._enc.encode_single_token(t) for t in self._enc.special_tokens_set}
+            self._token_bytes = np.array(
+                [
+                    0 if i in special else len(self._enc.decode_single_token_bytes(i))
+                    for i in range(self.vocab_size)
+                ],
+                dtype=np.int64,
+            )
+        return self._token_bytes
+
+    def identity(self) -> dict[str, Any]:
+        """What beyond its name and size decides which text an id stands for (nothing: the name fixes it)."""
+        return {}
 
     def __repr__(self) -> str:
         return f"TiktokenTokenizer({self.name!r})"
@@ -239,6 +284,10 @@ class CharTokenizer:
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def token_text(self, i: int) -> str:
+        """One token as a label: its character."""
+        return self.decode([i])
+
     def decode(self, ids: Sequence[int]) -> str:
         try:
             return "".join(self.chars[i] for i in ids)
@@ -248,6 +297,12 @@ class CharTokenizer:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "char", "name": self.name, "vocab_size": self.vocab_size, "eot_id": None}
+
+    def token_bytes(self) -> np.ndarray:
+        return np.array([len(c.encode("utf-8", "surrogatepass")) for c in self.chars], dtype=np.int64)
+
+    def identity(self) -> dict[str, Any]:
+        return {"chars": "".join(self.chars)}
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -280,6 +335,103 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
+def _b64(token: bytes) -> str:
+    return base64.b64encode(token).decode("ascii")
+
+
+class BPETokenizer(TiktokenTokenizer):
+    """A trained byte-level BPE, encoded by tiktoken: ``tokens[i]`` is the bytes of id ``i``; the special tokens
+    follow them."""
+
+    name = "bpe"
+
+    def __init__(self, tokens: Sequence[bytes], pattern: str = GPT4_PAT_STR) -> None:
+        tokens = list(tokens)
+        if sorted(tokens[:256]) != [bytes([b]) for b in range(256)] or len(set(tokens)) != len(tokens):
+            raise TokenizerError(
+                "a byte-level BPE's first 256 tokens must be the 256 single bytes, all distinct"
+            )
+        self.tokens, self.pattern = tokens, pattern
+        special = {s: len(tokens) + i for i, s in enumerate(SPECIAL_TOKENS)}
+        self._enc = tiktoken.Encoding(
+            name="gptmini-bpe",
+            pat_str=pattern,
+            mergeable_ranks={t: i for i, t in enumerate(tokens)},
+            special_tokens=special,
+        )
+        self.vocab_size = self._enc.n_vocab
+        self.eot_id = special[ENDOFTEXT]
+        self._token_bytes = None
+        self._payload = {
+            "format_version": BPE_FORMAT,
+            "kind": "bpe",
+            "pattern": pattern,
+            "special_tokens": special,
+            "tokens": [_b64(t) for t in tokens],
+        }
+        self.sha256 = hashlib.sha256(json.dumps(self._payload, sort_keys=True).encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "bpe",
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "eot_id": self.eot_id,
+            "sha256": self.sha256,
+        }
+
+    def identity(self) -> dict[str, Any]:
+        return {"sha256": self.sha256}
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_json(Path(path), self._payload, ensure_ascii=True, indent=0)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        path = Path(path)
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise TokenizerError(
+                f"trained BPE {path} not found; prepare the data with --tokenizer bpe"
+            ) from e
+        except (OSError, ValueError) as e:
+            raise TokenizerError(
+                f"trained BPE {path} is unreadable ({e}); re-run prepare with --force"
+            ) from e
+        if not isinstance(payload, dict) or payload.get("kind") != "bpe":
+            raise TokenizerError(f"{path} is not a trained BPE file; re-run prepare with --force")
+        if payload.get("format_version") != BPE_FORMAT:
+            raise TokenizerError(
+                f"{path} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
+                "prepare with --force"
+            )
+        try:
+            tokens = [base64.b64decode(t, validate=True) for t in payload["tokens"]]
+            tok = cls(tokens, str(payload["pattern"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise TokenizerError(f"{path} is damaged ({e}); re-run prepare with --force") from e
+        if payload.get("special_tokens") != tok._payload["special_tokens"]:
+            raise TokenizerError(f"{path} has unexpected special tokens; re-run prepare with --force")
+        return tok
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokenizer:
+    """The BPE saved at ``path``, refused when it is not the one ``spec`` (meta.json's ``tokenizer_spec``)
+    records: the shards' ids would mean other text."""
+    tok = BPETokenizer.load(path)
+    if spec and (spec.get("sha256"), spec.get("vocab_size")) != (tok.sha256, tok.vocab_size):
+        raise TokenizerError(
+            f"{path} is not the tokenizer its data was prepared with (meta.json records {spec.get('vocab_size')} "
+            f"tokens, sha256 {str(spec.get('sha256'))[:12]}; the file has {tok.vocab_size}, {tok.sha256[:12]}): "
+            "re-run prepare with --force"
+        )
+    return tok
+
+
 def encode_known(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[str]]:
     """The ids of ``text`` without the characters ``tokenizer`` cannot encode (a char vocabulary built from a
     corpus that lacks them), and those characters (distinct, in order of appearance). For prompts and probe
@@ -299,11 +451,21 @@ def encode_known(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[str]]
 
 
 def available_tokenizers() -> list[str]:
-    return ["gpt2", "char", *sorted(n for n in tiktoken.list_encoding_names() if n != "gpt2")]
+    return ["gpt2", "char", "bpe", *sorted(n for n in tiktoken.list_encoding_names() if n != "gpt2")]
 
 
-def build_tokenizer(name: str = "gpt2", vocab_path: str | Path | None = None) -> Tokenizer:
-    """``gpt2`` (offline), ``char`` (needs ``vocab_path``), or any other tiktoken encoding name."""
+def build_tokenizer(
+    name: str = "gpt2", vocab_path: str | Path | None = None, spec: Mapping[str, Any] | None = None
+) -> Tokenizer:
+    """``gpt2`` (offline), ``char`` or ``bpe`` (read from ``vocab_path``, the file saved with the prepared data;
+    ``spec``: what meta.json records of it, checked), or any other tiktoken encoding name."""
+    if name == "bpe":
+        if vocab_path is None:
+            raise TokenizerError(
+                "the bpe tokenizer needs vocab_path (the bpe.json written by prepare); prepare the data with "
+                "--tokenizer bpe"
+            )
+        return load_recorded(vocab_path, spec)
     if name == "char":
         if vocab_path is None:
             raise TokenizerError(

@@ -1,13 +1,13 @@
 """``gptmini export`` and ``gptmini import``: training checkpoints to Hugging Face folders and back.
 
-    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
-    gptmini export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|none]
+    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force] [--tokenizer none|auto|...]
+    gptmini export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|bpe|none]
     gptmini import --hf DIR --out model.ckpt    # a GPT-2 or Llama folder, by its config.json
 
-``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights; ``--format llama`` writes
-``LlamaForCausalLM`` weights and the run's tokenizer (``AutoTokenizer`` loads it), read from the checkpoint's
-run settings: the GPT-2 BPE, or the ``char`` vocabulary of the prepared data folder it was trained on
-(``--data-dir`` when that folder has moved).
+``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights (and, with ``--tokenizer auto``, the run's
+tokenizer files); ``--format llama`` writes ``LlamaForCausalLM`` weights and the run's tokenizer
+(``AutoTokenizer`` loads it), read from the checkpoint's run settings: the GPT-2 BPE, or the ``char`` vocabulary
+or trained BPE of the prepared data folder it was trained on (``--data-dir`` when that folder has moved).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
 log = logging.getLogger("gptmini.hf")
 
 EXPORT_FORMATS = ("gpt2", "llama")
-TOKENIZER_CHOICES = ("auto", "gpt2", "char", "none")
+TOKENIZER_CHOICES = ("auto", "gpt2", "char", "bpe", "none")
 
 
 def export_tokenizer(
@@ -34,7 +34,7 @@ def export_tokenizer(
     vocabulary cannot be found or is not the one the checkpoint was trained with."""
     from gptmini.checkpoint import check_trained_data
     from gptmini.data.reader import load_tokenizer
-    from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.data.tokenizers import SAVED_TOKENIZERS, build_tokenizer
 
     if choice == "none":
         return None
@@ -50,12 +50,12 @@ def export_tokenizer(
         raise HFWeightsError(
             f"--tokenizer {name}: the checkpoint was trained with the {recorded!r} tokenizer (use --tokenizer auto)"
         )
-    if name != "char":
+    if name not in SAVED_TOKENIZERS:
         return build_tokenizer(name)
     folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
     if not (folder / "meta.json").is_file():
         raise HFWeightsError(
-            f"the char vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
+            f"the {name} vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
             "prepared data folder the checkpoint was trained on, or --tokenizer none"
         )
     # another char vocabulary would give the ids other characters: refused, naming both
@@ -63,8 +63,8 @@ def export_tokenizer(
         *checkpoint, folder, other_data="allow", fix="pass --data-dir with the folder it was trained on"
     )
     tokenizer = load_tokenizer(folder)
-    if tokenizer.name != "char":
-        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not 'char'")
+    if tokenizer.name != name:
+        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not {name!r}")
     return tokenizer
 
 
@@ -76,8 +76,10 @@ def _export(args: argparse.Namespace) -> None:
         run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
         model, ckpt_path = run.model, run.path
         if args.format == "gpt2":
-            save_hf_gpt2(model, args.out, overwrite=args.force)
-            files = "config.json, model.safetensors"
+            tokenizer = export_tokenizer(
+                args.tokenizer, run.config, args.data_dir, (run.path, run.checkpoint)
+            )
+            files = ", ".join(save_hf_gpt2(model, args.out, overwrite=args.force, tokenizer=tokenizer))
         else:
             from gptmini.hf.llama import check_llama_model, save_hf_llama
 
@@ -178,11 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp.add_argument(
         "--tokenizer",
         choices=TOKENIZER_CHOICES,
-        default="auto",
-        help="llama format: the tokenizer files to write (auto: the one the run trained with)",
+        default=None,
+        help="the tokenizer files to write (auto: the one the run trained with; default: auto for --format llama, "
+        "none for --format gpt2)",
     )
     exp.add_argument(
-        "--data-dir", help="llama format, char tokenizer: the prepared data folder holding vocab.json"
+        "--data-dir",
+        help="char or bpe tokenizer: the prepared data folder holding its vocabulary",
     )
     exp.add_argument(
         "--force",
@@ -203,9 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "for the commands that need its tokenizer",
     )
     args = parser.parse_args(argv)
-    if args.command == "export" and args.format == "gpt2" and (args.tokenizer != "auto" or args.data_dir):
+    if args.command == "export" and args.tokenizer is None:
+        args.tokenizer = "auto" if args.format == "llama" else "none"
+    if args.command == "export" and args.tokenizer == "none" and args.data_dir:
         parser.error(
-            "--tokenizer and --data-dir apply to --format llama (a GPT-2 export has no tokenizer files)"
+            "--data-dir finds a tokenizer's vocabulary: pass --tokenizer auto (or char, bpe) with it"
         )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

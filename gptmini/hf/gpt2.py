@@ -423,9 +423,10 @@ def load_hf_weights(model: GPT, path: str | Path) -> None:
     _copy_into(model, cfg, state)
 
 
-def _hf_config_dict(model: GPT) -> dict[str, Any]:
+def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
     c = model.config
-    eot = GPT2_EOT if c.vocab_size > GPT2_EOT else None
+    if eot is None:  # no tokenizer given: GPT-2's <|endoftext|> when the vocabulary holds it
+        eot = GPT2_EOT if c.vocab_size > GPT2_EOT else None
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -489,25 +490,43 @@ def _hf_state(model: GPT) -> dict[str, Tensor]:
     return {"transformer." + k: v for k, v in state.items()}
 
 
-def save_hf_gpt2(model: GPT, path: str | Path, *, overwrite: bool = False) -> None:
+def save_hf_gpt2(
+    model: GPT, path: str | Path, *, overwrite: bool = False, tokenizer: Any | None = None
+) -> list[str]:
     """Export ``model`` as a Hugging Face GPT-2 folder: ``config.json`` + ``model.safetensors`` (float32).
 
     Loadable by ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and by ``load_hf_gpt2``. The folder is
     written under a temporary name and renamed into place, so a failed export never leaves a half-written
     folder; an existing non-empty folder is replaced (all its contents) only with ``overwrite=True``.
-    A model without biases is exported with zero biases (the same function). Tokenizer files are not written."""
+    A model without biases is exported with zero biases (the same function). With ``tokenizer`` (a gptmini
+    tokenizer) its ``tokenizer.json`` + ``tokenizer_config.json`` too, as a Llama export writes them. Returns the
+    file names written."""
     _check_model(model, "export")
     if not model.config.tie_weights:
         raise HFWeightsError(
             "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
         )
     st = _safetensors_torch()
+    if tokenizer is not None:
+        from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
+
+        check_exportable(tokenizer)
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise HFWeightsError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}: it "
+                "was trained with another tokenizer (pass the one it was trained with, or --tokenizer none)"
+            )
+    written = [CONFIG_FILE, SAFETENSORS_FILE]
 
     def fill(tmp: Path) -> None:
         st.save_file(_hf_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(json.dumps(_hf_config_dict(model), indent=2) + "\n")
+        eot = tokenizer.eot_id if tokenizer is not None else None
+        (tmp / CONFIG_FILE).write_text(json.dumps(_hf_config_dict(model, eot), indent=2) + "\n")
+        if tokenizer is not None:
+            written.extend(write_tokenizer_files(tokenizer, tmp, model.config.block_size))
 
     write_folder(path, fill, overwrite=overwrite)
+    return written
 
 
 # Written into every export folder: the files the export wrote. ``overwrite`` replaces a folder only when it holds

@@ -57,8 +57,55 @@ def _chars(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
     return hf, {}
 
 
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, in which byte-level BPE files spell their tokens."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    others = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+
+
+def _trained_bpe(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
+    """A trained BPE's ranks as Hugging Face's vocabulary and merges: every split of a token into two tokens of
+    lower rank is a merge, ordered by the token's rank (then the parts'), so merging by priority yields the
+    tokens tiktoken's lowest-rank-first merging does (tests compare the ids)."""
+    tk = _tokenizers()
+    spell = _byte_to_unicode()
+    ranks = {t: i for i, t in enumerate(tokenizer.tokens)}
+    merges = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = ranks.get(token[:cut]), ranks.get(token[cut:])
+            if left is not None and right is not None and left < rank and right < rank:
+                merges.append((rank, left, right, token[:cut], token[cut:]))
+    merges.sort()
+
+    def text(token: bytes) -> str:
+        return "".join(spell[b] for b in token)
+
+    vocab = {text(t): i for t, i in ranks.items()}
+    model = tk.models.BPE(vocab, [(text(a), text(b)) for *_, a, b in merges], ignore_merges=False)
+    hf = tk.Tokenizer(model)
+    hf.pre_tokenizer = tk.pre_tokenizers.Sequence(
+        [
+            tk.pre_tokenizers.Split(tk.Regex(tokenizer.pattern), behavior="isolated"),
+            tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    hf.decoder = tk.decoders.ByteLevel()
+    hf.add_special_tokens([tk.AddedToken(ENDOFTEXT, special=True)])
+    return hf, {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
+
+
 # by gptmini tokenizer name: a function giving the tokenizers.Tokenizer and its special tokens
-_BUILDERS: dict[str, Callable[[Tokenizer], tuple[Any, dict[str, str]]]] = {"gpt2": _gpt2_bpe, "char": _chars}
+_BUILDERS: dict[str, Callable[[Tokenizer], tuple[Any, dict[str, str]]]] = {
+    "gpt2": _gpt2_bpe,
+    "char": _chars,
+    "bpe": _trained_bpe,
+}
 
 
 def exportable_tokenizers() -> list[str]:

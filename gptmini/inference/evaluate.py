@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.data.errors import DataError
-from gptmini.data.reader import check_vocab, load_meta, load_split
+from gptmini.data.reader import check_vocab, load_meta, load_split, load_tokenizer
 from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
@@ -45,7 +45,9 @@ def evaluate(
     block_size: int | None = None,
     max_batches: int | None = None,
 ) -> dict[str, Any]:
-    """Token-weighted mean cross entropy over strided (non-overlapping) windows of a prepared split."""
+    """Token-weighted mean cross entropy over strided (non-overlapping) windows of a prepared split, and bits per
+    byte: the summed nats over ln 2 times the UTF-8 bytes the scored tokens stand for (comparable across
+    tokenizers)."""
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"--max-batches {max_batches} is out of range: it must be an integer >= 1")
     if batch_size < 1:
@@ -53,17 +55,19 @@ def evaluate(
     meta = load_meta(data_dir)
     check_vocab(model.config.vocab_size, meta)
     tokens = load_split(data_dir, split, meta)
+    token_bytes = torch.from_numpy(load_tokenizer(data_dir, meta).token_bytes())
     block = block_size or model.config.block_size
     loader = DataLoader(StridedWindowDataset(tokens, block, name=split), batch_size=batch_size)
     device = next(model.parameters()).device
     model.eval()
-    total, count, t0 = 0.0, 0, time.perf_counter()
+    total, count, nbytes, t0 = 0.0, 0, 0, time.perf_counter()
     for i, (x, y) in enumerate(loader):
         if max_batches is not None and i >= max_batches:
             break
         _, loss = model(x.to(device), y.to(device))
         total += loss.item() * y.numel()
         count += y.numel()
+        nbytes += int(token_bytes[y].sum())
     if count == 0:
         raise DataError(
             f"the {split} split of {data_dir} has no window of {block} tokens to evaluate: use a smaller context "
@@ -77,6 +81,7 @@ def evaluate(
         "block_size": block,
         "loss": mean,
         "ppl": math.exp(mean),
+        "bpb": total / (math.log(2) * nbytes) if nbytes else None,
         "seconds": round(time.perf_counter() - t0, 3),
     }
 
@@ -182,10 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     model, data_dir, args.split, args.batch_size, max_batches=args.max_batches
                 ) | {"checkpoint": str(path)}
                 log.info(
-                    "%s loss %.4f, perplexity %.2f over %d tokens",
+                    "%s loss %.4f, perplexity %.2f, %.4f bits per byte over %d tokens",
                     args.split,
                     result["loss"],
                     result["ppl"],
+                    result["bpb"] if result["bpb"] is not None else float("nan"),
                     result["tokens"],
                 )
                 return _emit(result, out)

@@ -1,12 +1,14 @@
 """The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``).
 
-Order of work: check the config (cheap) -> prepare the data -> build the model -> fit. Known user errors end
-the run with one line naming the key and the fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
+Order of work (``train``): plan (every check, cheap, before Lightning is imported) -> build the trainer, the data
+(prepared) and the module -> fit -> report. Known user errors end the run with one line naming the key and the
+fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -24,19 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 from gptmini.conf_dir import conf_dir
 from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
-from gptmini.training.config import (
-    JobFailed,
-    RunError,
-    check_input_files,
-    check_training_memory,
-    output_vocab,
-    register_configs,
-    resolve_ckpt_path,
-    resolve_init_from,
-    resolve_precision,
-    validate_config,
-)
-from gptmini.training.hardware import DeviceFacts, detect_device, hardware_summary
+from gptmini.training.config import register_configs
+from gptmini.training.errors import RunError
+from gptmini.training.hardware import DeviceFacts, hardware_summary
+from gptmini.training.inputs import check_input_files
+from gptmini.training.memory import check_training_memory
+from gptmini.training.plan import RunPlan, plan_run
+from gptmini.training.resume import check_resumed_data, resolve_init_from
+from gptmini.training.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.app")
 
@@ -81,40 +78,49 @@ def _log_hardware(cfg: DictConfig, machine: DeviceFacts, precision: str) -> None
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
+    """plan -> build (trainer, data, module) -> fit -> report."""
     # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
-    gpt_config = validate_config(cfg)
+    plan = plan_run(cfg)
     if cfg.retain_freed_memory:
         from gptmini.training.allocator import retain_freed_memory
 
         retain_freed_memory()  # before the first large allocation
-
     import lightning as L
 
     _quiet_lightning()
-
-    from gptmini.checkpoint import (
-        AtomicCheckpointIO,
-        check_resume_compatible,
-        check_trained_data,
-        load_checkpoint,
-        remove_stale_temp_files,
-    )
-    from gptmini.data.reader import check_block_size, check_vocab, data_identity, load_meta
-    from gptmini.training.module import GPTLightningModule
-
-    ckpt_path = resolve_ckpt_path(cfg)
     L.seed_everything(cfg.seed, workers=True)
+    _log_hardware(cfg, plan.device, plan.precision)
+    trainer, named_callbacks = build_trainer(cfg, plan)
+    datamodule, gpt_config = build_data(cfg, plan, trainer)
+    # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
+    device = trainer.strategy.root_device
+    check_training_memory(
+        gpt_config, cfg.data.batch_size, plan.precision, device, processes=trainer.num_devices
+    )
+    # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
+    for name, callback in named_callbacks.items():
+        check = getattr(callback, "check_sizes", None)
+        if check is not None:
+            check(gpt_config, device, f"callbacks.{name}.")
+    module = build_module(cfg, plan, trainer, datamodule, gpt_config)
     output_dir = Path(cfg.paths.output_dir)
+    fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
+    return report(trainer, output_dir)
 
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    machine = detect_device()
-    trainer_cfg["precision"] = resolve_precision(trainer_cfg, machine, output_vocab(cfg))
-    _log_hardware(cfg, machine, trainer_cfg["precision"])
-    named_callbacks = {
+
+def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
+    """The Lightning Trainer of ``cfg.trainer`` with the plan's values, its callbacks and loggers; and the
+    callbacks by their config name."""
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    from gptmini.checkpoint import AtomicCheckpointIO
+
+    trainer_cfg = {**OmegaConf.to_container(cfg.trainer, resolve=True), **plan.trainer_overrides()}
+    named = {
         str(name): instantiate(c) for name, c in cfg.callbacks.items() if c is not None and "_target_" in c
     }
-    callbacks = list(named_callbacks.values())
-    if trainer_cfg.get("enable_model_summary", True):
+    callbacks = list(named.values())
+    if plan.trainer.enable_model_summary:
         from lightning.pytorch.callbacks import ModelSummary
 
         from gptmini.training.callbacks import ParameterSummary
@@ -126,9 +132,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Either way Lightning adds no summary of its own (nor logs that it skipped one).
     trainer_cfg["enable_model_summary"] = False
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None and "_target_" in c]
-    from lightning.pytorch.plugins.io import AsyncCheckpointIO
-
-    trainer: L.Trainer = instantiate(
+    trainer = instantiate(
         trainer_cfg,
         callbacks=callbacks,
         logger=loggers or False,
@@ -138,59 +142,36 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         # stops the run at the next save or at the end.
         plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
     )
+    return trainer, named
 
-    # Prepare the data (cheap when already prepared) so the tokenizer's vocabulary sizes the model.
-    global_batches = cfg.trainer.max_steps * trainer.accumulate_grad_batches
-    datamodule = instantiate(
-        cfg.data, train_samples=global_batches * cfg.data.batch_size * trainer.world_size
-    )
+
+def build_data(cfg: DictConfig, plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
+    """The DataModule, its data prepared (cheap when already prepared), and the model's config with the
+    tokenizer's vocabulary, checked against the prepared data (and the resume checkpoint, when resuming)."""
+    from gptmini.data.reader import check_block_size, check_vocab, load_meta
+
+    samples = plan.training_batches * cfg.data.batch_size * trainer.world_size
+    datamodule = instantiate(cfg.data, train_samples=samples)
     datamodule.prepare_data()
-    tokenizer_vocab = datamodule.vocab_size
-    model_dict = OmegaConf.to_container(cfg.model, resolve=True)
-    init_from = model_dict.pop("init_from", None)
-    if model_dict["vocab_size"] is None:
-        model_dict["vocab_size"] = tokenizer_vocab
+    vocab = plan.model.vocab_size if plan.vocab_known else datamodule.vocab_size
     meta = load_meta(datamodule.data_dir)
-    check_vocab(model_dict["vocab_size"], meta)
-    check_block_size(model_dict["block_size"], meta)
-    gpt_config = GPTConfig.from_dict(model_dict)
-    # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
-    check_training_memory(
-        gpt_config,
-        cfg.data.batch_size,
-        trainer_cfg["precision"],
-        trainer.strategy.root_device,
-        processes=trainer.num_devices,
-    )
-    # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
-    for name, callback in named_callbacks.items():
-        check = getattr(callback, "check_sizes", None)
-        if check is not None:
-            check(gpt_config, trainer.strategy.root_device, f"callbacks.{name}.")
-    identity = data_identity(datamodule.data_dir, meta)
-    if ckpt_path is not None:
-        # The data first: another vocabulary is the cause of a vocab_size difference the shape check would name.
-        # read once here: validate_config verified this file moments ago, Lightning verifies it again on load
-        ckpt = load_checkpoint(ckpt_path, mmap=True, verify=False)
-        other_data = check_trained_data(
-            ckpt_path,
-            ckpt,
-            datamodule.data_dir,
-            meta,
-            other_data="warn",
-            fix="resume with the data settings it was trained on, or start a new run without ckpt_path",
-        )
-        if other_data:
-            log.warning(
-                "resuming on other data: %s; the run will differ from one never interrupted", other_data
-            )
-        check_resume_compatible(ckpt_path, gpt_config.to_dict(), ckpt=ckpt)
-        # The temp file a save killed midway left beside the checkpoint being resumed (its writer is gone).
-        for stale in remove_stale_temp_files(Path(ckpt_path).parent):
-            log.info("removed %s, left by a save that was interrupted", stale)
+    check_vocab(vocab, meta)
+    check_block_size(plan.model.block_size, meta)
+    gpt_config = dataclasses.replace(plan.model, vocab_size=vocab)
+    if plan.resume is not None:
+        check_resumed_data(plan.ckpt_path, plan.resume, datamodule.data_dir, meta, gpt_config)
+    return datamodule, gpt_config
+
+
+def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
+    """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
+    the starting weights of ``model.init_from``."""
+    from gptmini.data.reader import data_identity, load_meta
+    from gptmini.training.module import GPTLightningModule
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
-    # the number of training processes, which a resume must keep (config.check_resume_plan)
+    run_config["trainer"]["val_check_interval"] = plan.val_check_interval
+    # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
     module = GPTLightningModule(
         model_config=gpt_config.to_dict(),
@@ -198,49 +179,54 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         scheduler=instantiate(cfg.scheduler) if cfg.scheduler is not None else None,
         compile=cfg.compile,
         run_config=run_config,
-        data_identity=identity,
+        data_identity=data_identity(datamodule.data_dir, load_meta(datamodule.data_dir)),
     )
-    if init_from and ckpt_path is None:
-        kind, source = resolve_init_from(init_from, cfg.paths.output_root)
-        if kind == "checkpoint":  # a gptmini checkpoint: its weights, a fresh optimizer
-            from gptmini.checkpoint import load_weights_into
-
-            load_weights_into(module.model, source)
-        else:
-            from gptmini.hf import load_hf_weights
-
-            load_hf_weights(module.model, source)
-        log.info("initialised weights from %s", source)
-    n_params = module.model.num_parameters()
+    if plan.init_from is not None:
+        _load_initial_weights(module.model, *resolve_init_from(plan.init_from, cfg.paths.output_root))
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, attention=%s), tokenizer %s (vocab %d)",
-        f"{n_params:,}",
+        f"{module.model.num_parameters():,}",
         gpt_config.n_layer,
         gpt_config.n_head,
         gpt_config.n_embd,
         gpt_config.attention,
         cfg.tokenizer.name,
-        tokenizer_vocab,
+        datamodule.vocab_size,
     )
+    return module
 
-    if ckpt_path:
-        log.info("resuming from %s", ckpt_path)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)
-    ckpt_dir = output_dir / "checkpoints"
+
+def _load_initial_weights(model: Any, kind: str, source: str) -> None:
+    if kind == "checkpoint":  # a gptmini checkpoint: its weights, a fresh optimizer
+        from gptmini.checkpoint import load_weights_into
+
+        load_weights_into(model, source)
+    else:
+        from gptmini.hf import load_hf_weights
+
+        load_hf_weights(model, source)
+    log.info("initialised weights from %s", source)
+
+
+def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -> None:
+    """Trains; a finished run's final state is its last.ckpt, written before the run is reported done."""
+    if plan.ckpt_path:
+        log.info("resuming from %s", plan.ckpt_path)
+    resuming = plan.ckpt_path is not None
+    trainer.fit(
+        module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if resuming else None
+    )
     if trainer.state.finished and not trainer.interrupted:
         # The periodic "last" save runs every checkpoint_every_n_steps; make last.ckpt the final state.
-        trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # full state: resumable
+        trainer.save_checkpoint(last, weights_only=False)  # full state: resumable
     # Waits for the background writes (raising the error of one that failed) before the run is reported done.
     trainer.strategy.checkpoint_io.teardown()
 
+
+def report(trainer: Any, output_dir: Path) -> dict[str, Any]:
+    """What the run reached: its folder, checkpoints, step and final metrics (logged on the first process)."""
+    ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    result = {
-        "output_dir": str(output_dir),
-        "checkpoint": str(ckpt_dir / "last.ckpt"),
-        "best_checkpoint": str(ckpt_dir / "best.ckpt"),
-        "global_step": trainer.global_step,
-        "metrics": metrics,
-    }
     if trainer.is_global_zero:
         val = metrics.get("val/loss")
         log.info(
@@ -252,13 +238,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             output_dir / "tb",
             shlex.quote(str(ckpt_dir / "last.ckpt")),
         )
-    return result
+    return {
+        "output_dir": str(output_dir),
+        "checkpoint": str(ckpt_dir / "last.ckpt"),
+        "best_checkpoint": str(ckpt_dir / "best.ckpt"),
+        "global_step": trainer.global_step,
+        "metrics": metrics,
+    }
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "the input is wrong", reported as one line. Classes are taken from modules already
     imported (an instance of a class implies its module was imported), so a bad config that fails in
-    validate_config does not pay for importing Lightning here."""
+    plan_run does not pay for importing Lightning here."""
     errors: list[type[BaseException]] = [ConfigError, RunError, SizeError, InstantiationException]
     for module, name in (
         ("gptmini.data.errors", "DataError"),

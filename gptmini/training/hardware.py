@@ -1,20 +1,23 @@
 """The device a run trains on, written down as plain facts (``DeviceFacts``), and what gptmini decides from them:
 which defaults a run starts from (``hardware=auto`` -> ``cpu`` or ``gpu``), the precision ``auto`` stands for
-(``config.resolve_precision``), the AdamW kernel (``module.optimizer_kernel_kwargs``) and the peak FLOP/s behind
+(``resolve_precision``), the AdamW kernel (``module.optimizer_kernel_kwargs``) and the peak FLOP/s behind
 ``perf/mfu`` (``peak_flops``).
 
 Every decision takes the facts as an argument, defaulting to this machine's, so each GPU branch runs in a CPU test
 with a GPU's facts written down (``DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", ...)``) instead of
-patching torch. Nothing here imports Lightning at module level (``config`` imports this module, and a bad config
+patching torch. Nothing here imports Lightning at module level (the run plan imports this module, and a bad config
 must fail before Lightning is imported)."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from gptmini.training.errors import RunError
 
 
 @dataclass(frozen=True)
@@ -260,3 +263,81 @@ def peak_flops(facts: DeviceFacts, dtype: str, override: float | None = None) ->
         return PeakFlops(flops, dtype, f"gptmini's table ({entry.label}, {entry.source})")
     flops = _lightning_peak(facts, dtype)
     return PeakFlops(flops, dtype, f"Lightning's table ({facts.name})" if flops else "no table")
+
+
+# --- the CPU's share -------------------------------------------------------------------------------------------
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def max_loader_workers() -> int:
+    """The most data-loader processes a run may ask for: four per usable core, and never fewer than 8."""
+    return max(8, 4 * cpu_cores())
+
+
+# --- trainer.precision=auto ------------------------------------------------------------------------------------
+
+# Lightning's accepted precision inputs (lightning.fabric.connector._PRECISION_INPUT), plus our "auto".
+PRECISIONS = (
+    "auto",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "32",
+    "16",
+    "bf16",
+    "64",
+)
+# float16 autocast, whose GradScaler keeps the gradients scaled until the optimizer step
+FLOAT16_AMP = ("16-mixed", "16")
+# With AMX, bf16 pays on a CPU where the output layer's products dominate the step: on the default model the step
+# measured slower in bf16 below this vocabulary and faster from it (docs/training.md, "What the default run does")
+CPU_BF16_MIN_VOCAB = 8192
+
+
+def on_gpu(accelerator: str, device: DeviceFacts) -> bool:
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
+
+
+def resolve_precision(
+    trainer_cfg: dict[str, Any], device: DeviceFacts | None = None, vocab_size: int | None = None
+) -> str:
+    """``trainer.precision`` made concrete for ``device`` (default: this machine's first GPU, else the CPU):
+    "auto" -> bf16-mixed where matmuls run natively in bf16: a GPU from Ampere on, and a CPU with AMX tiles when
+    the model's output layer is large (``vocab_size`` of at least ``CPU_BF16_MIN_VOCAB``; None: unknown, taken as
+    small), where its products gain more than the model's small ones lose (docs/training.md, "What the default run
+    does"); else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
+    precision = str(trainer_cfg.get("precision", "auto"))
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    if precision not in PRECISIONS:
+        raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(PRECISIONS)}")
+    device = detect_device() if device is None else device
+    gpu = on_gpu(accelerator, device)
+    if precision == "auto":
+        if gpu:
+            return "bf16-mixed" if device.bf16 else "32-true"
+        # a CPU without AMX emulates bf16, slowly; a CPU run on a GPU machine keeps float32
+        large_output = vocab_size is not None and vocab_size >= CPU_BF16_MIN_VOCAB
+        return "bf16-mixed" if device.bf16 and not device.is_cuda and large_output else "32-true"
+    if precision.startswith("bf16") and gpu and not device.bf16:
+        raise RunError(
+            f"trainer.precision={precision} is not supported by this GPU ({device.name}): "
+            "use trainer.precision=16-mixed or 32-true"
+        )
+    if precision in FLOAT16_AMP and not gpu:
+        raise RunError(
+            f"trainer.precision={precision} (float16 AMP) needs a CUDA GPU and this run is on the CPU: "
+            "use trainer.precision=bf16-mixed or 32-true"
+        )
+    return precision

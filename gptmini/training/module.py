@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,9 @@ class GPTLightningModule(L.LightningModule):
         self.val_loss = MeanMetric()
         # the attention of each validation's probes, computed once for every logger that reads it
         self.validation_probe = ValidationProbe(self._forward_context)
+        # bits per byte: comparable across tokenizers (val/loss is per token of each one's own vocabulary)
+        self.val_bpb = MeanMetric()
+        self._byte_table: torch.Tensor | None = None  # UTF-8 bytes per token id, from the datamodule
         self.flops_per_batch = 0  # read by ThroughputMonitor
         self._flops_per_token: dict[
             int, float
@@ -122,12 +126,31 @@ class GPTLightningModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch)
         self.val_loss.update(loss, weight=batch[0].numel())  # token-weighted mean, reduced across ranks
+        nbytes = self._target_bytes(batch[1])
+        if nbytes is not None:
+            # the batch's nats / (ln 2 x the bytes its targets stand for), weighted by those bytes: the mean over
+            # the pass is sum(nats) / (ln 2 x sum(bytes)); special tokens cost nats and stand for no bytes
+            nats = loss * batch[1].numel()
+            self.val_bpb.update(nats / (math.log(2) * nbytes.clamp(min=1)), weight=nbytes)
+
+    def _target_bytes(self, targets: torch.Tensor) -> torch.Tensor | None:
+        """The UTF-8 bytes the target ids stand for (a 0-dim tensor on their device); None without a datamodule
+        that knows its tokenizer's bytes."""
+        if self._byte_table is None:
+            token_bytes = getattr(self.trainer.datamodule, "token_bytes", None)
+            if token_bytes is None:
+                return None
+            self._byte_table = token_bytes().to(targets.device)
+        return self._byte_table[targets].sum()
 
     def on_validation_epoch_end(self) -> None:
         val_loss = self.val_loss.compute()
         self.val_loss.reset()
         self.log("val/loss", val_loss, prog_bar=True)
         self.log("val/ppl", torch.exp(val_loss))
+        if self.val_bpb.update_called:
+            self.log("val/bpb", self.val_bpb.compute())
+            self.val_bpb.reset()
         # Lightning's documented "step" key sets the step these are logged at: the optimizer steps taken, as the
         # callbacks log (samples, insight, the ATTENTION tab), instead of Lightning's count of batches stepped
         # before this one (one less during training)

@@ -52,7 +52,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
             return
         writer, tokenizer, ids, maps = probe
         scores = shared_probe(pl_module, self._own_probe).head_scores(pl_module.model, trainer.global_step)
-        tokens = [tokenizer.decode([i]) for i in ids]  # as they are: the tab shows spaces and newlines
+        tokens = [tokenizer.token_text(i) for i in ids]  # as they are: the tab shows spaces and newlines
         proto = summary_proto(attention_summary(maps, tokens, scores), TAG)
         writer.file_writer.add_summary(proto, trainer.global_step)
         self.last_bytes = proto.ByteSize()

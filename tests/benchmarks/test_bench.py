@@ -12,7 +12,7 @@ import pytest
 from benchmarks import attention, cli, common, summary, training
 from benchmarks.lm_loss import LM_LOSS_COLUMNS
 from gptmini.attention import available_attention
-from gptmini.attention.sdpa import CHUNK_QUERIES
+from gptmini.attention.kernels.chunked import CHUNK_QUERIES
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:

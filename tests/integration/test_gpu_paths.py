@@ -208,7 +208,7 @@ def test_flex_attention_matches_the_explicit_path_forward_and_backward_on_a_gpu(
         x.grad = None
         (path(x) * upstream).sum().backward()
         results.append((path(x).detach(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]))
-    assert module.score_path(200, x.device) == "flex"  # the fast path above was FlexAttention
+    assert module.kernel_for(200, x.device).name == "flex"  # the fast path above was FlexAttention
     (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = results
     assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5)
@@ -230,15 +230,14 @@ def test_compiled_flex_attention_matches_the_explicit_path_on_the_cpu(options):
 
     from torch.testing import assert_close
 
-    import gptmini.attention.sdpa as sdpa_module
+    import gptmini.attention.kernels.flex as flex_module
     from gptmini.attention import build_attention
 
     torch.manual_seed(0)
-    module = build_attention("sdpa", 64, 4, 256, **options).eval()
-    module.path = "flex"
+    module = build_attention("sdpa", 64, 4, 256, kernel="flex", **options).eval()
     x = torch.randn(2, 200, 64)  # not a multiple of the 128 block size
-    compiled = mock.Mock(wraps=sdpa_module._compiled_flex())
-    with torch.no_grad(), mock.patch.object(sdpa_module, "_eager_flex", return_value=compiled):
+    compiled = mock.Mock(wraps=flex_module.compiled_flex())
+    with torch.no_grad(), mock.patch.object(flex_module, "eager_flex", return_value=compiled):
         fast = module(x)
     assert compiled.call_count == 1
     assert_close(fast, module.reference_forward(x).detach(), atol=1e-5, rtol=1e-5)

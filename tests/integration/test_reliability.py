@@ -482,7 +482,7 @@ BAD_INPUT_MORE = [
     (
         "gpu_without_gpu",
         ["trainer=gpu"],
-        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=auto or trainer=cpu",
+        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=default or trainer=cpu",
         2,
     ),
     (

@@ -39,7 +39,7 @@ def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run,
     _, run_dir, _ = smoke_run
     ea = tb_events(run_dir)
     tags = ea.Tags()
-    for tag in ("train/loss", "val/loss", "val/ppl", "train/grad_norm", "perf/tokens_per_sec"):
+    for tag in ("train/loss", "val/loss", "val/ppl", "val/bpb", "train/grad_norm", "perf/tokens_per_sec"):
         assert tag in tags["scalars"], (tag, tags["scalars"])
     # the default recipe: one learning-rate curve per parameter role (Muon for the hidden matrices)
     assert {"lr-MuonAdamW/hidden", "lr-MuonAdamW/embedding"} <= set(tags["scalars"]), tags["scalars"]

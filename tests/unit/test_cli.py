@@ -13,7 +13,7 @@ import gptmini
 from gptmini import __version__
 from gptmini.cli import SUBCOMMANDS, main
 
-# The subcommands issue 29 names, exactly.
+# The subcommands the command line promises (README.md's table), exactly.
 EXPECTED = ["train", "data", "sample", "eval", "attention", "analyze", "export", "import", "bench", "board"]
 
 

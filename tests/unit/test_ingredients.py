@@ -423,3 +423,30 @@ def test_each_ingredient_composes_with_debug_smoke_and_the_zoo_and_trains_a_step
         muon = opt.optimizers["muon"]
         assert all(s["step"] == 1 for s in muon.state.values())
         assert ("second_momentum_buffer" in next(iter(muon.state.values()))) == (option == "normuon")
+
+
+@pytest.mark.parametrize(
+    "tokenizer, vocab",
+    [
+        (["tokenizer=char"], 256),
+        (["tokenizer=bpe", "tokenizer.vocab_size=512"], 512),
+        (["tokenizer=gpt2"], None),
+    ],
+)
+def test_an_exact_bigram_table_is_planned_with_the_tokenizers_vocabulary(compose_cfg, tokenizer, vocab):
+    """Before the data is prepared, an exact bigram table is checked against a vocabulary near the tokenizer's
+    (char: 256 stands in; a BPE to be trained: its size), not GPT-2's 50257, whose table is refused."""
+    from gptmini.training.config import RunError, plan_run
+    from gptmini.training.plan import VOCAB_PLACEHOLDER
+
+    cfg = compose_cfg(["debug=smoke", *tokenizer, "model.bigram_embed=true"])
+    if vocab is None:
+        with pytest.raises((ConfigError, RunError), match=r"model\.vocab_size=50257 needs an exact table"):
+            plan_run(cfg)
+        hashed = plan_run(
+            compose_cfg(["debug=smoke", *tokenizer, "model.bigram_embed=true", "model.bigram_buckets=64"])
+        )
+        assert hashed.model.vocab_size == VOCAB_PLACEHOLDER
+        return
+    plan = plan_run(cfg)
+    assert not plan.vocab_known and plan.model.vocab_size == vocab

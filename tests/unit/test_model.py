@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gptmini.attention import available_attention
+from gptmini.generation import sample
 from gptmini.model import GPT, ConfigError, GPTConfig
 
 
@@ -258,14 +259,14 @@ def test_top_k_restricts_samples_to_the_k_most_likely():
     torch.manual_seed(0)
     logits = torch.randn(1, 50).repeat(2000, 1)
     allowed = set(torch.topk(logits[0], 5).indices.tolist())
-    samples = GPT._sample(logits, 1.0, 5, None, torch.Generator().manual_seed(0))
+    samples = sample(logits, 1.0, 5, None, torch.Generator().manual_seed(0))
     assert set(samples.flatten().tolist()) <= allowed
     assert len(set(samples.flatten().tolist())) == 5
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(3000, 1)
-    samples = GPT._sample(logits, 1.0, None, 0.75, torch.Generator().manual_seed(0))
+    samples = sample(logits, 1.0, None, 0.75, torch.Generator().manual_seed(0))
     assert set(samples.flatten().tolist()) == {0, 1}
 
 

@@ -14,19 +14,17 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from torch.testing import assert_close
-
-from gptmini.attention import (
-    ATTENTION_REGISTRY,
-    AttentionWeights,
-    KVCache,
-    build_attention,
+from numpy_reference import (
     numpy_additive_multihead_attention,
     numpy_multihead_attention,
     numpy_rms_norm,
     numpy_rope,
     numpy_softmax,
 )
+from torch.testing import assert_close
+
+from gptmini.attention import ATTENTION_REGISTRY, AttentionWeights, KVCache, build_attention
+from gptmini.attention.kernels import KERNELS, ChunkedKernel, FlexKernel
 from gptmini.model import GPT, GPTConfig
 
 D_MODEL, N_HEAD, CONTEXT = 32, 4, 12
@@ -45,7 +43,7 @@ OPTION_VALUES: dict[str, list[Any]] = {
 
 def configurations(name: str) -> list[dict[str, Any]]:
     """Plain attention, each option the implementation declares on its own, then all of them together."""
-    options = sorted(ATTENTION_REGISTRY[name].options)
+    options = sorted(ATTENTION_REGISTRY[name].options & OPTION_VALUES.keys())
     configs = [{}] + [{opt: value} for opt in options for value in OPTION_VALUES[opt]]
     if len(options) > 1:
         together = {opt: OPTION_VALUES[opt][0] for opt in options}
@@ -187,7 +185,9 @@ def numpy_oracle(
             *args, _np(w.extra["v"]), _np(w.out_weight).T, **common
         )
     else:
-        pytest.fail(f"no NumPy oracle for scoring={scoring!r}: add one to gptmini.attention.numpy_reference")
+        pytest.fail(
+            f"no NumPy oracle for scoring={scoring!r}: add one to tests/unit/attention/numpy_reference.py"
+        )
     return torch.from_numpy(out).float(), torch.from_numpy(probs).float()
 
 
@@ -375,51 +375,54 @@ def fast_and_reference(module: torch.nn.Module, x: torch.Tensor, upstream: torch
     return results
 
 
+def cpu_kernels(name: str, options: dict[str, Any]) -> list[Any]:
+    """What ``kernel=`` can ask for to train these options on a CPU: the automatic choice, then every kernel that
+    supports them (FlexAttention has no CPU backward), the chunked one in chunks of 3 of the 10 queries (chunks whose
+    keys start at 0, whole ones sharing a window's mask, a ragged last one)."""
+    if "kernel" not in ATTENTION_REGISTRY[name].options:
+        return [None]
+    features = make(name, options).features
+    kernels = [k if k.name != "chunked" else ChunkedKernel(queries=3) for k in KERNELS if k.name != "flex"]
+    return [None, *(k for k in kernels if k.covers(features))]
+
+
 def check_fast_path_matches_reference(name: str, options: dict[str, Any]) -> None:
-    # the fused training path and the explicit one whose probabilities are plotted: forward and backward
-    module = make(name, options).train()  # dropout 0: training mode changes nothing but which kernel may run
-    w = random_weights(module, seed=6)
-    module.set_weights(w)
+    # the fused training path and the explicit one whose probabilities are plotted: forward and backward, with
+    # every kernel that can run these options
     x = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(7), requires_grad=True)
     upstream = torch.randn(2, 10, D_MODEL, generator=torch.Generator().manual_seed(8))
-    # every way a CPU trains score-changing options, each forced in turn (the default picks one by length)
-    paths: list[str | None] = [None]
-    if getattr(module, "changes_scores", False):
-        paths += ["mask", "explicit"]
-        if options.get("attn_sink") and not (options.get("alibi") or options.get("sliding_window")):
-            paths.append("sink_slot")
-        if not options.get("attn_sink"):
-            paths.append("chunked")
-    for forced in paths:
-        if forced is not None:
-            module.path = forced
-        if forced == "chunked":
-            # chunks of 3 of the 10 queries: ones whose keys start at 0, whole ones sharing a window's mask, a
-            # ragged last one
-            module.chunk_queries = 3
+    w = random_weights(make(name, options), seed=6)
+    for kernel in cpu_kernels(name, options):
+        chosen = {} if kernel is None else {"kernel": kernel}
+        module = make(name, options | chosen).train()  # dropout 0: training changes nothing but the kernel
+        module.set_weights(w)
+        if kernel is not None:  # the kernel asked for is the one that runs
+            assert module.kernel_for(10, torch.device("cpu")) is kernel
         (fast, fast_dx, fast_grads), (ref, ref_dx, ref_grads) = fast_and_reference(module, x, upstream)
-        assert_close(fast, ref, atol=1e-5, rtol=1e-5, msg=f"path {forced}")
-        assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5, msg=f"path {forced}")
+        assert_close(fast, ref, atol=1e-5, rtol=1e-5, msg=f"kernel {kernel}")
+        assert_close(fast_dx, ref_dx, atol=1e-5, rtol=1e-5, msg=f"kernel {kernel}")
         for pname, ref_grad in ref_grads.items():
             # 1e-5 of the gradient's scale: a key bias's gradient is zero in exact arithmetic (softmax cancels
             # it) and float32 rounding of sums over ~30-sized terms leaves about 1e-5 there, in either path
             scale = max(1.0, ref_grad.abs().max().item())
             assert_close(
-                fast_grads[pname], ref_grad, atol=1e-5 * scale, rtol=1e-5, msg=f"{pname}, path {forced}"
+                fast_grads[pname], ref_grad, atol=1e-5 * scale, rtol=1e-5, msg=f"{pname}, kernel {kernel}"
             )
-    if getattr(module, "changes_scores", False):
+    if "kernel" in ATTENTION_REGISTRY[name].options and make(name, options).changes_scores:
         # FlexAttention (score_mod / block_mask): forward only on a CPU, whose FlexAttention has no backward;
         # tests/integration/test_gpu_paths.py checks its gradients on a GPU
-        import gptmini.attention.sdpa as sdpa_module
+        import gptmini.attention.kernels.flex as flex_module
 
-        module.eval().path = "flex"
+        module = make(name, options | {"kernel": "flex"}).eval()
+        module.set_weights(w)
         with (
             torch.no_grad(),
             warnings.catch_warnings(),  # eager FlexAttention says it is unfused: here it is a reference
-            mock.patch.object(sdpa_module, "flex_attend", wraps=sdpa_module.flex_attend) as flex,
+            mock.patch.object(flex_module, "flex_attend", wraps=flex_module.flex_attend) as flex,
         ):
             warnings.simplefilter("ignore")
-            assert_close(module(x), ref, atol=1e-5, rtol=1e-5)
+            assert_close(module(x), module.reference_forward(x), atol=1e-5, rtol=1e-5)
+        assert isinstance(module.kernel_for(10, torch.device("cpu")), FlexKernel)
         assert flex.call_count == 1
 
 

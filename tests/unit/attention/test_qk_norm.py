@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from numpy_reference import numpy_rms_norm
 from torch.testing import assert_close
 
-from gptmini.attention.numpy_reference import numpy_rms_norm
 from gptmini.attention.qk_norm import head_rms_norm
 
 COUNTS = (4, 2)  # four query heads, then two key heads

@@ -9,22 +9,20 @@ import torch.nn as nn
 from attention_matrix import CHECKS, CONTEXT, D_MODEL, N_HEAD, make
 from torch import Tensor
 
+import gptmini.attention
 from gptmini.attention import (
     ATTENTION_REGISTRY,
-    AdditiveSelfAttention,
     AttentionWeights,
-    CausalAttention,
     CausalSelfAttention,
     KVCache,
     LMAttention,
-    MultiHeadAttention,
     available_attention,
     build_attention,
-    check_heads,
-    check_length,
     register_attention,
     unregister_attention,
 )
+from gptmini.attention.checks import check_heads, check_length
+from gptmini.attention.teaching import AdditiveSelfAttention, CausalAttention, MultiHeadAttention
 from gptmini.model import GPT, ConfigError, GPTConfig
 
 
@@ -48,11 +46,40 @@ def test_every_module_of_the_package_is_imported_so_its_registrations_happen():
     import sys
     from pathlib import Path
 
-    import gptmini.attention as package
+    root = Path(gptmini.attention.__file__).parent
+    modules = {".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.py")}
+    modules = {m.removesuffix(".__init__") for m in modules} - {"__init__"}
+    assert modules >= {"teaching.textbook", "teaching.einsum", "teaching.additive", "sdpa", "torch_module"}
+    assert modules >= {
+        "kernels.causal",
+        "kernels.flex",
+        "kernels.chunked",
+        "kernels.masked",
+        "kernels.explicit",
+    }
+    assert all(f"gptmini.attention.{m}" in sys.modules for m in modules), modules - {
+        m.removeprefix("gptmini.attention.") for m in sys.modules
+    }
 
-    modules = {p.stem for p in Path(package.__file__).parent.glob("*.py")} - {"__init__"}
-    assert modules >= {"textbook", "numpy_reference", "einsum", "additive", "sdpa", "torch_module"}
-    assert all(f"gptmini.attention.{m}" in sys.modules for m in modules)
+
+def test_the_package_exports_its_public_api_only():
+    # the registry, the interface a mechanism implements, the production mechanism and its kernel choice; the
+    # book's mechanisms are gptmini.attention.teaching's, the kernels gptmini.attention.kernels'
+    assert sorted(gptmini.attention.__all__) == [
+        "ATTENTION_REGISTRY",
+        "AttentionKernel",
+        "AttentionWeights",
+        "CausalSelfAttention",
+        "KVCache",
+        "LMAttention",
+        "attention_class",
+        "available_attention",
+        "available_kernels",
+        "build_attention",
+        "register_attention",
+        "unregister_attention",
+    ]
+    assert all(hasattr(gptmini.attention, name) for name in gptmini.attention.__all__)
 
 
 def test_unknown_name_lists_valid_names():

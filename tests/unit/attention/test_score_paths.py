@@ -1,6 +1,7 @@
-"""How model.attention=sdpa trains ALiBi, windows and sinks on a CPU: which path it picks by length, and that
-the picked path is the function the explicit reference computes, at lengths either side of the switch.
-(tests/unit/attention/attention_matrix.py forces every path on every option combination at a short length.)"""
+"""How model.attention=sdpa trains ALiBi, windows and sinks on a CPU: which kernel the dispatch picks by length,
+and that the picked kernel is the function the explicit reference computes, at lengths either side of the switch.
+(tests/unit/attention/attention_matrix.py asks for every kernel on every option combination at a short length;
+test_kernels.py holds each kernel against the explicit one for each feature it declares.)"""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from attention_matrix import fast_and_reference
+from attention_matrix import cpu_kernels, fast_and_reference
 from torch.testing import assert_close
 
-from gptmini.attention import build_attention
-from gptmini.attention.sdpa import CHUNK_QUERIES, EXPLICIT_SINK_MAX_LEN
+from gptmini.attention import KVCache, build_attention
+from gptmini.attention.kernels.chunked import CHUNK_QUERIES, ChunkedKernel
+from gptmini.attention.kernels.explicit import EXPLICIT_SINK_MAX_LEN
 
 CPU = torch.device("cpu")
 SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
@@ -33,10 +35,11 @@ SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
 )
 def test_cpu_path_by_length(options: dict[str, Any], short: str, long: str):
     module = build_attention("sdpa", 32, 4, 256, **options)
-    assert module.score_path(SHORT, CPU) == short
-    assert module.score_path(LONG, CPU) == long
-    module.path = "explicit"  # an explicit choice wins
-    assert module.score_path(LONG, CPU) == "explicit"
+    assert module.kernel_for(SHORT, CPU).name == short
+    assert module.kernel_for(LONG, CPU).name == long
+    assert module.kernel_for(1, CPU, cached=True).name == "mask"  # decoding: the mask that takes the cache
+    chosen = build_attention("sdpa", 32, 4, 256, kernel="explicit", **options)  # a kernel asked for wins
+    assert chosen.kernel_for(LONG, CPU).name == "explicit"
 
 
 def assert_default_path_is_the_reference(
@@ -80,10 +83,10 @@ def test_default_path_equals_the_reference_either_side_of_the_switch(T: int, opt
 )
 def test_alibi_and_windows_on_a_long_sequence_train_in_chunks(options: dict[str, Any]):
     module = build_attention("sdpa", 32, 4, 4096, **options)
-    assert module.score_path(2 * CHUNK_QUERIES - 1, CPU) == "mask"
-    assert module.score_path(2 * CHUNK_QUERIES, CPU) == "chunked"
+    assert module.kernel_for(2 * CHUNK_QUERIES - 1, CPU).name == "mask"
+    assert module.kernel_for(2 * CHUNK_QUERIES, CPU).name == "chunked"
     with_sink = build_attention("sdpa", 32, 4, 4096, attn_sink=True, **options)
-    assert with_sink.score_path(4 * CHUNK_QUERIES, CPU) == "mask"
+    assert with_sink.kernel_for(4 * CHUNK_QUERIES, CPU).name == "mask"
     # the chunked default at a length where it is the default (2 chunks and a ragged third), forward and backward
     torch.manual_seed(0)
     module.train()
@@ -91,24 +94,43 @@ def test_alibi_and_windows_on_a_long_sequence_train_in_chunks(options: dict[str,
     x = torch.randn(1, T, 32, requires_grad=True)
     upstream = torch.randn(1, T, 32)
     assert_default_path_is_the_reference(module, x, upstream)
-    chunks = module._chunks(T, CPU)
+    chunks = module.kernel_for(T, CPU).chunks(T, CPU, module.scores())
     assert [(a, b) for a, b, _, _ in chunks] == [(0, 256), (256, 512), (512, T)]
     window = options.get("sliding_window", T)
     assert [k0 for _, _, k0, _ in chunks] == [max(0, a - window + 1) for a, _, _, _ in chunks]
 
 
-def test_the_chunked_path_refuses_a_sink():
-    module = build_attention("sdpa", 32, 4, 256, attn_sink=True, sliding_window=4)
-    module.path = "chunked"
-    with pytest.raises(ValueError, match="chunked path takes no sink"):
-        module(torch.randn(1, 6, 32))
+def test_a_kernel_asked_for_must_support_the_options():
+    with pytest.raises(ValueError, match=r"^attention kernel 'chunked' does not support sink; kernels that"):
+        build_attention("sdpa", 32, 4, 256, attn_sink=True, sliding_window=4, kernel="chunked")
+    with pytest.raises(
+        ValueError, match=r"kernel 'sink_slot' does not support alibi; .*: flex, explicit, mask \(or auto\)"
+    ):
+        build_attention("sdpa", 32, 4, 256, attn_sink=True, alibi=True, kernel="sink_slot")
+    with pytest.raises(
+        ValueError, match=r"^unknown attention kernel 'fast'; valid kernels: auto, causal, flex"
+    ):
+        build_attention("sdpa", 32, 4, 256, kernel="fast")
 
 
-def test_sink_slot_refuses_scores_it_cannot_hold():
-    module = build_attention("sdpa", 32, 4, 256, attn_sink=True, alibi=True)
-    module.path = "sink_slot"
-    with pytest.raises(ValueError, match="sink slot path takes plain causal scores"):
-        module(torch.randn(1, 6, 32))
+def test_a_kernel_asked_for_runs_only_the_calls_it_supports():
+    # chunked has no cache: decoding falls back to the automatic choice, and still equals the uncached forward
+    torch.manual_seed(0)
+    module = build_attention("sdpa", 32, 4, 64, alibi=True, kernel=ChunkedKernel(queries=2)).eval()
+    assert module.kernel_for(6, CPU).name == "chunked"
+    assert module.kernel_for(1, CPU, cached=True).name == "mask"
+    x = torch.randn(1, 6, 32)
+    cache = KVCache(1, 4, 64, 8)
+    with torch.no_grad():
+        steps = torch.cat(
+            [
+                module(x[:, :4], kv_cache=cache),
+                module(x[:, 4:5], kv_cache=cache),
+                module(x[:, 5:], kv_cache=cache),
+            ],
+            dim=1,
+        )
+        assert_close(steps, module(x), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -123,27 +145,27 @@ def test_sink_slot_refuses_scores_it_cannot_hold():
     ],
     ids=lambda o: "+".join(o),
 )
-def test_every_cpu_path_trains_under_bf16_autocast(options: dict[str, Any]):
-    # bf16-mixed is the CPU default where AMX multiplies bf16: every path must take bf16 activations forward and
+def test_every_cpu_kernel_trains_under_bf16_autocast(options: dict[str, Any]):
+    # bf16-mixed is the CPU default where AMX multiplies bf16: every kernel must take bf16 activations forward and
     # backward and stay within bf16's rounding of the float32 result
     torch.manual_seed(0)
-    module = build_attention("sdpa", 32, 4, 64, **options).train()
-    if module.sink is not None:
+    reference = build_attention("sdpa", 32, 4, 64, **options).train()
+    if reference.sink is not None:
         with torch.no_grad():
-            module.sink.copy_(torch.randn(4))
+            reference.sink.copy_(torch.randn(4))
     x = torch.randn(2, 12, 32)
-    expected = module.reference_forward(x).detach()
-    paths = [None]
-    if module.changes_scores:
-        paths += ["mask", "explicit"] + (["sink_slot"] if set(options) == {"attn_sink"} else [])
-        paths += ["chunked"] if "attn_sink" not in options else []
-    module.chunk_queries = 5  # three chunks of the 12 queries on the chunked path
-    for path in paths:
-        module.path = path
-        module.zero_grad()
+    expected = reference.reference_forward(x).detach()
+    for kernel in cpu_kernels("sdpa", options):
+        if isinstance(kernel, ChunkedKernel):
+            kernel = ChunkedKernel(queries=5)  # three chunks of the 12 queries
+        module = build_attention(
+            "sdpa", 32, 4, 64, **options, **({} if kernel is None else {"kernel": kernel})
+        )
+        module.load_state_dict(reference.state_dict())
+        module.train()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = module(x)
         out.float().square().mean().backward()
-        assert_close(out.float(), expected, atol=5e-2, rtol=5e-2, msg=f"path {path}")
+        assert_close(out.float(), expected, atol=5e-2, rtol=5e-2, msg=f"kernel {kernel}")
         for name, p in module.named_parameters():
             assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name

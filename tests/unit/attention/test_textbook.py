@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gptmini.attention import (
+from gptmini.attention.teaching import (
     BahdanauAttention,
     CausalAttention,
     MultiHeadAttention,

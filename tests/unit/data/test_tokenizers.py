@@ -159,5 +159,5 @@ def test_corrupted_gpt2_files_are_refused(monkeypatch, tmp_path):
 
 def test_available_names_are_tiktoken_names():
     names = tk.available_tokenizers()
-    assert names[:2] == ["gpt2", "char"]
-    assert set(names) - {"char"} == set(tiktoken.list_encoding_names())
+    assert names[:3] == ["gpt2", "char", "bpe"]
+    assert set(names) - {"char", "bpe"} == set(tiktoken.list_encoding_names())

@@ -1,6 +1,5 @@
 """What every command that reads a checkpoint (sample, evaluate, attention export, Hugging Face export) says
-about a file it cannot use: one ``error:`` line naming the file, exit status 2, no traceback (issue 19, items
-3 and 4)."""
+about a file it cannot use: one ``error:`` line naming the file, exit status 2, no traceback."""
 
 from __future__ import annotations
 

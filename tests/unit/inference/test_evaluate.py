@@ -1,5 +1,5 @@
 """``gptmini eval`` evaluates a checkpoint on the data it was trained on, or refuses: a prepared folder re-prepared
-from another corpus since gave a wrong loss with exit status 0 (issue 19, item 2)."""
+from another corpus since gave a wrong loss with exit status 0."""
 
 from __future__ import annotations
 

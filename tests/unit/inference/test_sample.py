@@ -1,5 +1,5 @@
 """``gptmini sample``: prompts adapt to the checkpoint's vocabulary, decoding is inside the error handling, and a
-prepared folder tokenized otherwise than the checkpoint's data is refused (issue 19, items 1, 2 and 9)."""
+prepared folder tokenized otherwise than the checkpoint's data is refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training command's own behaviour around a run (issue 19, item 9): a broken install without configs says so
+"""The training command's own behaviour around a run: a broken install without configs says so
 in one line, even for --help; a run that fails its checks leaves no run folder behind."""
 
 from __future__ import annotations

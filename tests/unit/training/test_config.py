@@ -154,6 +154,7 @@ def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg)
 
 def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None:
     import gptmini.training.config as config
+    from gptmini.training import hardware
     from gptmini.training.hardware import DeviceFacts
 
     v100 = DeviceFacts(type="cuda", name="Tesla V100-SXM2-16GB", capability=(7, 0), bf16=False, count=1)
@@ -168,14 +169,14 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None
     from gptmini.training.hardware import register_hardware_configs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(config, "detect_device", lambda: v100)
+    monkeypatch.setattr(hardware, "detect_device", lambda: v100)
     monkeypatch.setattr(config, "register_hardware_configs", lambda: register_hardware_configs(DeviceFacts()))
     cfg = compose_cfg(["trainer=gpu", "trainer.precision=bf16-true"])
     with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
         validate_config(cfg)
 
 
-# --- checks of the machine a run is on (issue 19, items 5-7) ----------------------------------------------------
+# --- checks of the machine a run is on ------------------------------------------------------------------------
 
 
 def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
@@ -347,9 +348,9 @@ def test_data_sizes_below_one_are_refused_naming_the_key(compose_cfg, override) 
 def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch) -> None:
     """data.num_workers is refused beyond four loader processes per usable core (at least 8), before any work;
     negative counts too."""
-    from gptmini.training import config
+    from gptmini.training import hardware
 
-    monkeypatch.setattr(config, "cpu_cores", lambda: 3)
+    monkeypatch.setattr(hardware, "cpu_cores", lambda: 3)
     base = ["model=tiny", "tokenizer=char"]
     validate_config(compose_cfg([*base, "data.num_workers=12"]))  # 4 x 3 cores: allowed
     with pytest.raises(
@@ -358,9 +359,113 @@ def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch
         r"\(3 usable CPU cores x 4\); lower it \(0 loads in the main process\)",
     ):
         validate_config(compose_cfg([*base, "data.num_workers=13"]))
-    monkeypatch.setattr(config, "cpu_cores", lambda: 1)
+    monkeypatch.setattr(hardware, "cpu_cores", lambda: 1)
     validate_config(compose_cfg([*base, "data.num_workers=8"]))  # never fewer than 8
     with pytest.raises(RunError, match=r"^data\.num_workers=1000000 is more than this machine can use"):
         validate_config(compose_cfg([*base, "data.num_workers=1000000"]))
     with pytest.raises(RunError, match=r"^data\.num_workers=-1 is invalid: it must be an integer >= 0"):
         validate_config(compose_cfg([*base, "data.num_workers=-1"]))
+
+
+# --- the run plan: what the checks derive, the config unchanged ------------------------------------------------
+
+
+def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog) -> None:
+    """A validation interval longer than the run is scaled down in the plan (and said); the composed config keeps
+    what the user wrote, and the plan cannot be changed afterwards."""
+    import dataclasses
+
+    from gptmini.training.plan import plan_run
+
+    cfg = compose_cfg(
+        ["debug=smoke", "tokenizer=char", "trainer.max_steps=2", "trainer.accumulate_grad_batches=2"]
+    )
+    before = OmegaConf.to_container(cfg)
+    plan = plan_run(cfg)
+    assert OmegaConf.to_container(cfg) == before
+    assert (cfg.trainer.val_check_interval, plan.val_check_interval, plan.training_batches) == (3, 3, 4)
+    plan = plan_run(compose_cfg(["debug=smoke", "tokenizer=char", "trainer.max_steps=2"]))
+    assert plan.val_check_interval == 2 and plan.trainer_overrides()["val_check_interval"] == 2
+    assert "trainer.val_check_interval=3 is more than the run's 2 training batches" in caplog.text
+    assert plan.precision == "32-true" and plan.trainer.max_steps == 2 and plan.resume is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.precision = "bf16-mixed"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data.batch_size=four"],
+            r"^data\.batch_size='four' is invalid: Value 'four' of type 'str' could not be",
+        ),
+        (["trainer.log_every_n_steps=1.5"], r"^trainer\.log_every_n_steps=1\.5 is invalid: .*Integer"),
+        (
+            ["+trainer.max_stepz=3"],
+            r"^trainer\.max_stepz is not a setting of lightning\.pytorch\.Trainer: its settings are .*max_steps.*; "
+            r"drop it \(~trainer\.max_stepz\)",
+        ),
+        (
+            ["+optimizer.hidden.momentun=0.9"],
+            r"^optimizer\.hidden\.momentun is not a setting of optimizer\.hidden: its settings are adjust_lr_fn, eps, "
+            r"lr, momentum, nesterov, ns_steps, weight_decay; drop it \(~optimizer\.hidden\.momentun\)",
+        ),
+        (
+            ["+data.shuffle=true"],
+            r"^data\.shuffle is not a setting of gptmini\.data\.datamodule\.TokenDataModule",
+        ),
+        (
+            ["scheduler=constant", "scheduler.warmup_steps=-1"],
+            r"^scheduler\.warmup_steps=-1 is invalid: it must be >= 0",
+        ),
+    ],
+)
+def test_each_group_s_schema_refuses_a_bad_key_or_type_in_one_line(compose_cfg, overrides, message) -> None:
+    with pytest.raises(RunError, match=message) as err:
+        validate_config(compose_cfg(["model=tiny", "tokenizer=char", *overrides]))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("group", ["data", "optimizer", "scheduler", "trainer"])
+def test_every_option_of_an_instantiated_group_has_a_schema(group, compose_cfg, tmp_path) -> None:
+    """A new option adds its schema (docs/configuration.md, "Adding an option"): without one, its keys would go
+    unchecked until the object is built."""
+    from gptmini.training.schema import OPTION_SCHEMAS
+
+    for option in _options(group):
+        extra = [f"data.source={tmp_path}/corpus.txt"] if (group, option) == ("data", "text") else []
+        node = compose_cfg([f"{group}={option}", *extra])[group]
+        assert (group, node._target_) in OPTION_SCHEMAS, f"{group}={option} ({node._target_}) has no schema"
+
+
+def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkeypatch) -> None:
+    """The resume checkpoint is read (and its checksum verified) once, by the plan, which keeps it for the checks
+    once the data is prepared; only Lightning's own load reads it again."""
+    import gptmini.checkpoint as checkpoint
+    from gptmini.model import GPT
+    from gptmini.training.plan import plan_run
+
+    path = tmp_path / "c.ckpt"
+    overrides = ["model=tiny", "tokenizer=char", "model.vocab_size=16", "trainer=cpu", "trainer.max_steps=20"]
+    cfg = compose_cfg([*overrides, f"ckpt_path={path}"])
+    model = OmegaConf.to_container(cfg.model)
+    model.pop("init_from")
+    config = GPTConfig.from_dict(model)
+    state = {f"model.{k}": v for k, v in GPT(config).state_dict().items()}
+    hyper = {"model_config": config.to_dict(), "run_config": {}}
+    checkpoint.atomic_save(
+        {
+            "state_dict": state,
+            "hyper_parameters": hyper,
+            "global_step": 5,
+            "pytorch-lightning_version": "2.6.0",
+            "optimizer_states": [],
+        },
+        path,
+    )
+    reads = []
+    real = checkpoint.load_checkpoint
+    monkeypatch.setattr(checkpoint, "load_checkpoint", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    plan = plan_run(cfg)
+    assert reads == [str(path)]
+    assert plan.ckpt_path == str(path) and plan.resume["global_step"] == 5 and plan.init_from is None

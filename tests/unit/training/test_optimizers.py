@@ -510,7 +510,7 @@ def test_muon_options_resume_exactly_from_a_saved_state(tmp_path: Path):
         ),
         (
             "+optimizer.hidden.normuon_beta=0.9",
-            r"optimizer\.hidden\.normuon_beta is not a Muon setting: valid",
+            r"optimizer\.hidden\.normuon_beta is not a setting of optimizer\.hidden: its settings are .*normuon",
         ),
     ],
 )

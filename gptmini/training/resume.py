@@ -1,0 +1,150 @@
+"""Resuming and starting from weights: which checkpoint ``ckpt_path`` and ``model.init_from`` name, and whether a
+run can continue from it. The resume checkpoint is read once, here (``read_resume``), and checked against the
+config; once the data is prepared, against the data (``check_resumed_data``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from omegaconf import DictConfig
+
+from gptmini.checkpoint import CheckpointError, resolve_checkpoint
+from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
+from gptmini.model import GPTConfig
+from gptmini.training.errors import RunError
+
+log = logging.getLogger(__name__)
+
+
+def find_last_checkpoint(output_root: str | Path, run_name: str) -> Path:
+    """``ckpt_path=last``: :func:`gptmini.checkpoint.find_last_checkpoint`, the one rule every command uses (the
+    most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included)."""
+    found = _find_last_checkpoint(output_root, run_name)
+    if found is None:
+        raise RunError(
+            f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under "
+            f"{Path(output_root) / run_name}: train first, or pass ckpt_path=/path/to/file.ckpt (and the run's "
+            "run_name and paths.output_root)"
+        )
+    return found
+
+
+def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
+    itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
+    :func:`gptmini.checkpoint.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
+    a run name under ``paths.output_root``: its newest checkpoint)."""
+    if cfg.ckpt_path is None:
+        return None
+    if cfg.ckpt_path == "last":
+        own = _find_last_checkpoint(cfg.paths.output_dir)
+        if own is not None:
+            return str(own)
+        return str(find_last_checkpoint(cfg.paths.output_root, cfg.run_name))
+    try:  # a file, a run folder or a run name, as every command opens one
+        return str(resolve_checkpoint(cfg.ckpt_path, cfg.paths.output_root, option="ckpt_path"))
+    except CheckpointError as err:
+        raise RunError(str(err)) from None
+
+
+def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
+    """``model.init_from``: a Hugging Face GPT-2 or Llama folder (it holds config.json), else a gptmini
+    checkpoint as every command opens one (a file, a run folder, a run name under ``output_root``)."""
+    if (Path(init_from) / "config.json").is_file():
+        return "hf", str(init_from)
+    try:
+        return "checkpoint", str(resolve_checkpoint(init_from, output_root, option="model.init_from"))
+    except CheckpointError as err:
+        raise RunError(
+            f"{err} (or a local Hugging Face GPT-2 or Llama folder holding config.json and model.safetensors)"
+        ) from None
+
+
+def _world_size(trainer: Any) -> int | None:
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    if isinstance(devices, int) and not isinstance(devices, bool) and isinstance(nodes, int):
+        return max(devices, 1) * max(nodes, 1)
+    return None  # "auto" or a list: known once the trainer exists
+
+
+def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
+    the config: a training run's checkpoint (not weights alone), of this model's shape (its vocabulary aside when
+    the tokenizer's is not known yet), and one the run can continue (``check_resume_plan``). None: a fresh run."""
+    path = resolve_ckpt_path(cfg)
+    if path is None:
+        return None
+    from gptmini.checkpoint import check_resume_compatible, load_checkpoint
+
+    ckpt = load_checkpoint(path, mmap=True)
+    if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
+        raise RunError(
+            f"ckpt_path={path} holds model weights only (imported from Hugging Face, or not written by a "
+            "training run: no optimizer state, no progress), so there is no run to resume. To train from "
+            f"these weights with a fresh optimizer, start a new run with model.init_from={path} and no ckpt_path"
+        )
+    check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
+    check_resume_plan(path, ckpt, cfg)
+    return path, ckpt
+
+
+def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: Any, model: GPTConfig) -> None:
+    """Once the data is prepared: the checkpoint against it (another corpus or tokenizer is said, and another
+    vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
+    The temp file a save killed midway left beside the checkpoint (its writer is gone) is removed."""
+    from gptmini.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
+
+    other_data = check_trained_data(
+        path,
+        ckpt,
+        data_dir,
+        meta,
+        other_data="warn",
+        fix="resume with the data settings it was trained on, or start a new run without ckpt_path",
+    )
+    if other_data:
+        log.warning("resuming on other data: %s; the run will differ from one never interrupted", other_data)
+    check_resume_compatible(path, model.to_dict(), ckpt=ckpt)
+    for stale in remove_stale_temp_files(Path(path).parent):
+        log.info("removed %s, left by a save that was interrupted", stale)
+
+
+def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuses a resume that would not continue the run: a checkpoint already at ``trainer.max_steps`` (nothing
+    would train, and the run would report no validation), or another global batch (``data.batch_size``,
+    ``trainer.accumulate_grad_batches`` or the number of training processes): the resumed data stream and the
+    progress count are positions in batches of the checkpoint's size."""
+    step = int(ckpt.get("global_step") or 0)
+    max_steps = int(cfg.trainer.max_steps)
+    if step >= max_steps:
+        raise RunError(
+            f"checkpoint {path} is already at step {step} and trainer.max_steps={max_steps}: the run is finished "
+            f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
+            f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
+        )
+    saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
+    saved_data, saved_trainer = saved.get("data") or {}, saved.get("trainer") or {}
+    changes = []
+    for key, was, now in (
+        ("data.batch_size", saved_data.get("batch_size"), cfg.data.get("batch_size")),
+        (
+            "trainer.accumulate_grad_batches",
+            saved_trainer.get("accumulate_grad_batches", 1 if saved_trainer else None),
+            cfg.trainer.get("accumulate_grad_batches", 1),
+        ),
+        (
+            "training processes (trainer.devices x trainer.num_nodes)",
+            saved.get("world_size"),
+            _world_size(cfg.trainer),
+        ),
+    ):
+        if was is not None and now is not None and was != now:
+            changes.append(f"{key}: checkpoint {was} vs now {now}")
+    if changes:
+        raise RunError(
+            f"checkpoint {path} was trained with another batch ({'; '.join(changes)}): resuming would continue its "
+            "data stream at the wrong place and count steps against the wrong epoch. Resume with the checkpoint's "
+            f"settings, or start a new run from its weights (a fresh optimizer and schedule) with model.init_from={path}"
+        )

@@ -1,0 +1,46 @@
+"""The tokenizer comparison benchmark: every run it starts composes and passes the config checks with the tokenizer
+it names and a wall-clock limit in place of a step count; the quick run (slow: real training processes) writes
+its table with bits per byte that agree with the loss where they must."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.tokenizers import QUICK_TOKENIZERS, TOKENIZERS, _clock, bench_tokenizers, run_args
+
+RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
+
+
+@pytest.mark.parametrize("config", TOKENIZERS, ids=[c.label for c in TOKENIZERS])
+def test_every_run_composes_with_its_tokenizer_and_clock(config, compose_cfg, tmp_path: Path):
+    from gptmini.training.config import output_vocab, validate_config
+
+    args = [a for a in run_args(config, tmp_path, 300, False, 1) if a not in RUN_ONLY]
+    cfg = compose_cfg(args)
+    validate_config(cfg)
+    assert cfg.tokenizer.name == config.name and cfg.trainer.max_time == "00:00:05:00"
+    assert cfg.data.data_dir == str(tmp_path / "data" / config.folder)
+    assert "WarmupConstantLR" in cfg.scheduler._target_
+    if config.name == "bpe":
+        assert cfg.data.tokenizer_vocab_size == config.vocab_size == output_vocab(cfg)
+    # the five rows are five different tokenizations, each in its own folder
+    assert len({c.folder for c in TOKENIZERS}) == len(TOKENIZERS)
+
+
+def test_clock_strings():
+    assert _clock(3) == "00:00:00:03" and _clock(3725) == "00:01:02:05" and _clock(0) == "00:00:00:01"
+
+
+@pytest.mark.slow
+def test_quick_run_writes_rows_with_bits_per_byte(tmp_path: Path):
+    rows, notes = bench_tokenizers(quick=True, root=tmp_path)
+    assert [r["tokenizer"] for r in rows] == [c.label for c in QUICK_TOKENIZERS]
+    char, bpe = rows
+    # the plays are ASCII: a character is a byte, so bits per byte is the loss over ln 2
+    assert char["bytes_per_token"] == 1.0
+    assert char["val_bpb"] == pytest.approx(char["val_loss"] / math.log(2), abs=2e-4)
+    assert bpe["vocab"] == 512 and bpe["bytes_per_token"] > 1.5 and bpe["steps"] >= 1
+    assert any("bits per byte" in n for n in notes)
