@@ -17,7 +17,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
 def check_ema(decay: Any, start_step: Any, prefix: str = "callbacks.ema") -> None:
-    """Raises ValueError naming the first invalid setting (also run at config time)."""
+    """Raises ValueError naming the first invalid setting (the constructor runs it: callbacks have no schema)."""
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
         raise ValueError(
             f"{prefix}.decay={decay!r} is invalid: the average's decay per optimizer step, in (0, 1) (e.g. 0.99)"

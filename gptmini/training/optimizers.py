@@ -189,8 +189,8 @@ class BatchedMuon(torch.optim.Muon):
 
 
 def check_role_settings(settings: Mapping[str, Any]) -> None:
-    """Raises ValueError naming the first invalid setting of a ``MuonAdamW`` config (also run at config time): Muon's
-    options under ``hidden``, and ``cautious_weight_decay`` of each AdamW role."""
+    """Raises ValueError naming the first invalid setting of a ``MuonAdamW`` config: Muon's options under
+    ``hidden``, and ``cautious_weight_decay`` of each AdamW role (the config's schema checks the same first)."""
     if isinstance(settings.get("hidden"), Mapping):
         check_muon_options(settings["hidden"])
     for role in ADAMW_ROLES:
