@@ -6,7 +6,7 @@ import argparse
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ from benchmarks.summary import (
 )
 from benchmarks.training import bench_train
 from benchmarks.zoo import ZOO_COLUMNS, bench_attention_zoo
+from gptmini.fileio import unwritable_reason
+from gptmini.options import positive_int, seed_int
 
 
 def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[dict[str, Any]]]:
@@ -82,68 +84,7 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
             continue
         t0 = time.perf_counter()
         log.info("--- %s (load average %s)", section, loadavg())
-        if section == "attention":
-            rows, notes = bench_attention(opts)
-            table("attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
-            plot_attention(rows, out / "attention.png")
-            key_rows, key_notes = bench_attention_key(opts)
-            key_rows += attention_key_other_allocator(opts)
-            key_rows.sort(key=lambda r: r["allocator"] != ALLOC_DEFAULT)  # glibc's default first
-            if len({r["allocator"] for r in key_rows}) > 1:
-                key_notes.append(
-                    f"allocator: '{ALLOC_DEFAULT}' is glibc's malloc as it comes (every block over 32 MiB is a "
-                    f"fresh mmap, faulted in page by page on each call); '{ALLOC_RETAINED}' keeps freed memory "
-                    "in the process (gptmini.training.allocator, what training uses). The two were measured in separate "
-                    "processes. The (T, T) score matrices of chapter 3's MHA (8 x 12 x 1024 x 1024 floats, "
-                    "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
-                    "call under the default; retained, it runs at the speed of its arithmetic"
-                )
-            table(
-                "attention_key",
-                "Attention head-to-head (interleaved)",
-                key_rows,
-                ATTENTION_KEY_COLUMNS,
-                key_notes,
-            )
-            rows, notes = bench_attention_zoo(opts)
-            table("attention_zoo", "Attention zoo: training step per variant", rows, ZOO_COLUMNS, notes)
-            rows, notes = bench_attention_options(opts)
-            table(
-                "attention_options",
-                "Attention options (model.attention=sdpa)",
-                rows,
-                ATTENTION_OPTION_COLUMNS,
-                notes,
-            )
-        elif section == "train":
-            rows, notes = bench_train(opts)
-            table("train", "Training throughput", rows, TRAIN_COLUMNS, notes)
-            rows, notes = bench_insight(opts)
-            table("insight", "Head insight: cost per validation", rows, INSIGHT_COLUMNS, notes)
-            rows, notes = bench_lm_loss(opts)
-            table("lm_loss", "Output-layer loss: logits vs chunked", rows, LM_LOSS_COLUMNS, notes)
-        elif section == "e2e":
-            rows, notes = bench_end_to_end(opts)
-            table("e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes)
-        elif section == "recipe":
-            rows, notes = bench_recipe(opts)
-            table(
-                "recipe",
-                "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
-                rows,
-                RECIPE_COLUMNS,
-                notes,
-            )
-        elif section == "board":
-            rows, notes = bench_board(opts)
-            table("board", "Attention tab: size, render and own-text timings", rows, BOARD_COLUMNS, notes)
-        elif section == "generate":
-            rows, notes = bench_generate(opts)
-            table("generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
-        else:
-            with tempfile.TemporaryDirectory(prefix="gptmini-bench-data-") as tmp:
-                rows, notes = bench_data(opts, Path(tmp))
-            table("data", "Data preparation and loading", rows, DATA_COLUMNS, notes)
+        _run_section(section, opts, out, table)
         seconds[section] = time.perf_counter() - t0
     extra["load average at end (1/5/15 min)"] = loadavg()
     extra["wall time"] = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + (
@@ -153,7 +94,81 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
     return results
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[str]]:
+def _sizes(text: str) -> list[int]:
+    """``--corpus-mb``: comma-separated positive integers."""
+    return [positive_int(part.strip()) for part in text.split(",")]
+
+
+Table = Callable[[str, str, list[dict[str, Any]], list[str], list[str]], None]
+
+
+def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> None:
+    """One section's benchmarks, each of its tables handed to ``table`` (name, title, rows, columns, notes)."""
+    if section == "attention":
+        rows, notes = bench_attention(opts)
+        table("attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
+        plot_attention(rows, out / "attention.png")
+        key_rows, key_notes = bench_attention_key(opts)
+        key_rows += attention_key_other_allocator(opts)
+        key_rows.sort(key=lambda r: r["allocator"] != ALLOC_DEFAULT)  # glibc's default first
+        if len({r["allocator"] for r in key_rows}) > 1:
+            key_notes.append(
+                f"allocator: '{ALLOC_DEFAULT}' is glibc's malloc as it comes (every block over 32 MiB is a "
+                f"fresh mmap, faulted in page by page on each call); '{ALLOC_RETAINED}' keeps freed memory "
+                "in the process (gptmini.training.allocator, what training uses). The two were measured in separate "
+                "processes. The (T, T) score matrices of chapter 3's MHA (8 x 12 x 1024 x 1024 floats, "
+                "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
+                "call under the default; retained, it runs at the speed of its arithmetic"
+            )
+        table(
+            "attention_key",
+            "Attention head-to-head (interleaved)",
+            key_rows,
+            ATTENTION_KEY_COLUMNS,
+            key_notes,
+        )
+        rows, notes = bench_attention_zoo(opts)
+        table("attention_zoo", "Attention zoo: training step per variant", rows, ZOO_COLUMNS, notes)
+        rows, notes = bench_attention_options(opts)
+        table(
+            "attention_options",
+            "Attention options (model.attention=sdpa)",
+            rows,
+            ATTENTION_OPTION_COLUMNS,
+            notes,
+        )
+    elif section == "train":
+        rows, notes = bench_train(opts)
+        table("train", "Training throughput", rows, TRAIN_COLUMNS, notes)
+        rows, notes = bench_insight(opts)
+        table("insight", "Head insight: cost per validation", rows, INSIGHT_COLUMNS, notes)
+        rows, notes = bench_lm_loss(opts)
+        table("lm_loss", "Output-layer loss: logits vs chunked", rows, LM_LOSS_COLUMNS, notes)
+    elif section == "e2e":
+        rows, notes = bench_end_to_end(opts)
+        table("e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes)
+    elif section == "recipe":
+        rows, notes = bench_recipe(opts)
+        table(
+            "recipe",
+            "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
+            rows,
+            RECIPE_COLUMNS,
+            notes,
+        )
+    elif section == "board":
+        rows, notes = bench_board(opts)
+        table("board", "Attention tab: size, render and own-text timings", rows, BOARD_COLUMNS, notes)
+    elif section == "generate":
+        rows, notes = bench_generate(opts)
+        table("generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
+    else:
+        with tempfile.TemporaryDirectory(prefix="gptmini-bench-data-") as tmp:
+            rows, notes = bench_data(opts, Path(tmp))
+        table("data", "Data preparation and loading", rows, DATA_COLUMNS, notes)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench",
         description="gptmini benchmarks: attention, training, generation, data (tables in results/)",
@@ -178,33 +193,47 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         help="keep freed memory in the process as training does (retain_freed_memory=true); "
         "--no-retain-memory measures glibc's default behaviour",
     )
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=seed_int, default=1337)
     p.add_argument(
         "--tinyshakespeare",
         default=None,
         help="e2e and recipe: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
     )
     p.add_argument(
-        "--e2e-rounds", type=int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
+        "--e2e-rounds", type=positive_int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
     )
     p.add_argument(
-        "--recipe-seeds", type=int, default=None, help="recipe: seeds per config (default 3; quick: 1)"
+        "--recipe-seeds",
+        type=positive_int,
+        default=None,
+        help="recipe: seeds per config (default 3; quick: 1)",
     )
     p.add_argument(
         "--recipe-max-steps",
-        type=int,
+        type=positive_int,
         default=None,
         help="recipe: cap every run at this many steps, for a quick look (default: each config's own length)",
     )
     p.add_argument(
         "--corpus-mb",
+        type=_sizes,
         default=None,
         help="data: sizes of the generated corpora to prepare, MB, comma-separated (default 100; none with "
-        "--quick), e.g. 300,1000 for the large-corpus goals",
+        "--quick), e.g. 300,1000 for the goals of data.py (peak memory, throughput against tiktoken)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[str]]:
+    p = _parser()
     a = p.parse_args(argv)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: PyTorch sees no CUDA GPU on this machine: use --device cpu (or leave it out)")
+    unwritable = unwritable_reason(a.out)
+    if unwritable or (a.out.exists() and not a.out.is_dir()):
+        p.error(f"--out {a.out}: {unwritable or 'it is a file'}; pass a folder the tables can be written to")
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = sorted(set(only) - set(SECTIONS))
     if bad:
@@ -227,7 +256,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         out=a.out,
         seed=a.seed,
         retain_memory=a.retain_memory,
-        extra=({"corpus_mb": [int(mb) for mb in a.corpus_mb.split(",")]} if a.corpus_mb else {})
+        extra=({"corpus_mb": a.corpus_mb} if a.corpus_mb else {})
         | {k: v for k, v in e2e.items() if v is not None},
     ), only
 

@@ -129,7 +129,7 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
     return rows + corpus_rows, notes + corpus_notes
 
 
-# Goals for a generated corpus.
+# Goals for a generated corpus: peak memory of prepare, throughput against tiktoken, the up-to-date check.
 CORPUS_PEAK_RSS_GIB = 1.0
 CORPUS_THROUGHPUT_VS_TIKTOKEN = 0.9
 CORPUS_CHECK_S = 0.2
@@ -322,8 +322,8 @@ def bench_corpus(
         else:
             path.unlink()
     notes = [
-        "corpus: the embedded plays shuffled and repeated into one text file (one document, so no end-of-text ids: "
-        "the issue's 300 MB tinyshakespeare case); prepared by `python -m gptmini.data.prepare --source <file>` "
+        "corpus: the embedded plays shuffled and repeated into one text file (one document, so no end-of-text ids, "
+        "like a large tinyshakespeare-style file); prepared by `python -m gptmini.data.prepare --source <file>` "
         "(GPT-2 BPE, default shards, buffer and threads) in a child process; peak memory is its ru_maxrss",
         "throughput: file bytes / the seconds prepare() reports, against the same file encoded by tiktoken's "
         f"encode_ordinary_batch({threads} threads) in 32 MB batches of the same ~64k-character pieces, timing the "

@@ -21,7 +21,7 @@ def _pick(rows: Sequence[dict[str, Any]], **match: Any) -> dict[str, Any] | None
 
 
 def key_results(results: dict[str, list[dict[str, Any]]], judge: bool = True) -> list[dict[str, Any]]:
-    """The ratios of the issue with their targets: measure, value, target, status (PASS/FAIL/n/a).
+    """The key ratios with their targets: measure, value, target, status (PASS/FAIL/n/a).
 
     ``judge=False`` (quick mode: tiny shapes the targets were not set for) reports the values only."""
     out = []
@@ -273,7 +273,7 @@ def write_summary(
         lines += ["", "## Settings", ""] + [f"- {r}" for r in recs]
     lines += [
         "",
-        "Targets are those of the benchmark issue, set for the 2-core CPU machine (not judged in quick mode).",
+        "Targets are set for a 2-core CPU machine (not judged in quick mode).",
         "",
     ]
     md = "\n".join(lines)

@@ -30,6 +30,13 @@ CHECKSUM_KEY = "gptmini_checksum"
 DATA_IDENTITY_KEY = "data_identity"
 # The files ``last`` chooses among (see find_last_checkpoint).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
+# What --ckpt takes, in every command's --help (resolve_checkpoint).
+CKPT_RULE = (
+    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
+    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
+    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
+    "`gptmini runs` lists them"
+)
 
 
 class CheckpointError(ValueError):
@@ -161,6 +168,9 @@ def load_checkpoint(
     ``verify``: check the tensors against the checksum written at save time. Every failure is one
     CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
+    too_long = fileio.name_too_long(path)
+    if too_long:
+        raise CheckpointError(f"checkpoint {str(path)[:80]}...: {too_long}; pass a shorter path")
     if path.is_dir():
         raise CheckpointError(
             f"checkpoint {path} is a folder: pass a .ckpt file (commands take a run folder too)"
@@ -175,6 +185,7 @@ def load_checkpoint(
     # refused here rather than fed to the unpickler, whose errors would only confuse.
     if not zipfile.is_zipfile(path):
         raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
+    _check_archive_sizes(path)
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -193,6 +204,29 @@ def load_checkpoint(
     if verify:
         verify_checksum(ckpt, path)
     return ckpt
+
+
+# Slack over the archive's own size that its entries may declare in all: zip headers are counted in the file
+# size but not in the entries', so stored (uncompressed) entries always sum to less than the file.
+ARCHIVE_SLACK = 1 << 16
+
+
+def _check_archive_sizes(path: Path) -> None:
+    """Refuse an archive whose entries declare more bytes than the file holds, before ``torch.load`` inflates any:
+    ``torch.save`` stores entries uncompressed, so only a crafted (compressed) file can declare more, and a few
+    megabytes of deflated zeros would otherwise become gigabytes of memory."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise _not_a_checkpoint(path, f"unreadable archive: {err}") from None
+    size = path.stat().st_size
+    if declared > size + ARCHIVE_SLACK:
+        raise _not_a_checkpoint(
+            path,
+            f"its entries declare {declared:,} bytes uncompressed in a file of {size:,} bytes (torch.save stores "
+            "them uncompressed): a compressed or crafted archive, refused before anything is inflated",
+        )
 
 
 def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
@@ -310,6 +344,20 @@ def check_resume_compatible(
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
 
 
+def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
+    """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
+    config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
+    (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
+    saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
+    was, now = saved.get("_target_"), optimizer.get("_target_")
+    if was and now and was != now:
+        raise CheckpointError(
+            f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "
+            "state cannot be loaded into another optimizer. Resume with the optimizer it was trained with (the "
+            f"optimizer=... it started with), or start a new run from its weights with model.init_from={path}"
+        )
+
+
 def check_trained_data(
     path: str | Path,
     ckpt: Mapping[str, Any],
@@ -353,12 +401,16 @@ def check_trained_data(
 
 
 def find_last_checkpoint(
-    output_root: str | Path, run_name: str | None = None, exclude: str | Path | None = None
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
 ) -> Path | None:
-    """The rule for ``last``, in every command: of the ``last.ckpt`` and ``on_exception.ckpt`` files in any
-    ``checkpoints/`` folder under ``output_root/run_name`` (single runs and multirun jobs alike; every run when
-    ``run_name`` is None), the one written most recently (modification time; ties: the later path). None when
-    there is none. ``exclude``: a folder to leave out (a resumed run's own, still empty, folder).
+    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
+    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
+    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
+    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
+    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
 
     Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
     previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
@@ -368,39 +420,64 @@ def find_last_checkpoint(
         p
         for name in LAST_NAMES
         for p in root.glob(f"**/checkpoints/{name}")
-        if p.is_file() and (skip is None or skip not in p.resolve().parents)
+        if p.is_file()
+        and (skip is None or skip not in p.resolve().parents)
+        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
     ]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
 
 
+def is_sweep_job(relative: Path) -> bool:
+    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
+    return any(part.startswith("multirun_") for part in relative.parts)
+
+
+def _sweep_only(root: Path) -> str:
+    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
+    job = find_last_checkpoint(root)
+    return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
+
+
 def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
-    """``spec`` as the commands take it: a checkpoint file; a run folder (or any folder of runs), meaning its
-    newest ``last.ckpt``/``on_exception.ckpt``; a run name, the folder of that name under ``output_root`` (the
-    same); or "last" (:func:`find_last_checkpoint` over every run under ``output_root``). ``option`` names the
-    setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path`` (a training setting)."""
+    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
+    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
+    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
+    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
+    (a training setting)."""
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
+    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
+        too_long = fileio.name_too_long(value)
+        if too_long:
+            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
-        found = find_last_checkpoint(output_root)
+        found = find_last_checkpoint(output_root, sweep_jobs=False)
         if found is None:
             raise CheckpointError(
-                f"no last.ckpt or on_exception.ckpt found under {output_root}/: train first (gptmini train) or "
-                f"pass {option} PATH"
+                f"no last.ckpt or on_exception.ckpt found under {output_root}/"
+                f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
+        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
         run = Path(output_root) / path  # a run name
         path = run if run.is_dir() else path
     if path.is_dir():
-        found = find_last_checkpoint(path)
+        found = find_last_checkpoint(path, sweep_jobs=False)
         if found is None:
             raise CheckpointError(
-                f"{named}: {path} is a folder without a checkpoint (no checkpoints/last.ckpt or on_exception.ckpt "
-                "under it): pass a run folder that holds one, a .ckpt file, or 'last'"
+                f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
+                f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
+                "or 'last'"
             )
+        remove_stale_temp_files(found.parent)
         return found
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(
+            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
+        )
     if not path.exists():
         root = Path(output_root)
         runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
@@ -417,6 +494,8 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
+    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
+    remove_stale_temp_files(path.parent)
     return path
 
 

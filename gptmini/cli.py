@@ -86,6 +86,10 @@ def _bench(prog: str, argv: list[str]) -> int:
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("train a model (Hydra overrides, -m for sweeps, --cfg job, --help)", _train),
     "data": Subcommand("prepare a corpus into token shards", _argv_tool("gptmini.data.prepare")),
+    "runs": Subcommand(
+        "list the runs under outputs/: steps, val/loss, size, finished or resumable",
+        _argv_tool("gptmini.runs"),
+    ),
     "sample": Subcommand("continue a prompt with a checkpoint", _argv_tool("gptmini.inference.sample")),
     "eval": Subcommand(
         "validation loss and perplexity of a checkpoint", _argv_tool("gptmini.inference.evaluate")

@@ -4,6 +4,7 @@ complete one. Temp file in the same folder (a rename across filesystems would be
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -51,6 +52,66 @@ def remove_stale_temp_files(folder: str | Path, pattern: str = ".*.tmp") -> list
             tmp.unlink()
             removed.append(tmp)
     return removed
+
+
+# The longest file name (one path component) and path that POSIX filesystems take, in bytes; longer ones fail
+# with ENAMETOOLONG in the first call that touches them (even ``exists``).
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def name_too_long(path: str | Path) -> str | None:
+    """Why ``path`` is too long for the filesystem (a component over ``NAME_MAX`` bytes, or the whole over
+    ``PATH_MAX``), or None: checked on the text, so nothing is touched."""
+    text = os.fspath(path)
+    for part in Path(text).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            return (
+                f"its name {part[:24]!r}... is {size} bytes long, over the filesystem's limit of {NAME_MAX}"
+            )
+    size = len(os.fsencode(text))
+    if size >= PATH_MAX:
+        return f"it is {size} bytes long, over the filesystem's limit of {PATH_MAX - 1}"
+    return None
+
+
+# The file a training run holds in its run folder while it runs (see ``hold_folder``).
+RUN_LOCK = ".gptmini-run.lock"
+
+
+def hold_folder(folder: str | Path, name: str = RUN_LOCK) -> int | None:
+    """Makes ``folder/name`` this process's (created with O_EXCL, so of two processes starting together exactly
+    one gets it; a file whose process is gone is taken over), removed when this process exits. Returns None when
+    this process holds it, else the id of the live process that does (-1: unknown)."""
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid == os.getpid():
+                return None
+            if pid > 0 and _pid_alive(pid):
+                return pid
+            with contextlib.suppress(OSError):  # stale: its process is gone
+                path.unlink()
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        atexit.register(_release, path, os.getpid())
+        return None
+    return -1  # taken again by another process between our two tries
+
+
+def _release(path: Path, pid: int) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        if int(path.read_text().strip()) == pid == os.getpid():
+            path.unlink()
 
 
 def unwritable_reason(folder: str | Path) -> str | None:

@@ -1,7 +1,9 @@
 """Upper bounds of the size settings: a probe batch, a sample length, an evaluation's batches, an attention export.
 Each is checked, before any work, against the memory the work would need (derived from the model's shape) and the
 memory of the machine (or GPU) it runs on: a setting beyond it fails with one message naming the setting, what it
-would need and the largest value that fits, instead of the process being killed for memory minutes later.
+would need and the largest value that fits, instead of the process being killed for memory minutes later. The
+training step itself: an upper bound of what it adds (``training_step_bytes``, checked against real steps in the
+tests), compared with the memory this process may still take (``process_memory``).
 
 Nothing here imports Lightning: the commands call these checks within the time it takes to import torch."""
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gptmini.model import GPTConfig
+from gptmini.model import GPT, GPTConfig
 
 # The share of the device's memory one setting may claim: the rest is for the weights, the framework, the data
 # and whatever else runs beside it.
@@ -46,6 +48,137 @@ def device_memory(device: torch.device | str) -> tuple[int, str] | None:
             total = min(total, int(limit))
         break
     return total, "this machine's memory"
+
+
+# Attention implementations that never hold a (T, T) score matrix per head: SDPA's fused kernels (or its chunks)
+# and FlexAttention. Every other one (the textbook, einsum and additive classes) keeps scores and probabilities of
+# every layer for the backward pass.
+FUSED_ATTENTION = ("sdpa", "flex")
+# What a first training step adds whatever the model: autograd's and the kernels' threads and buffers, allocator
+# arenas.
+FRAMEWORK_BYTES = 64 * 2**20
+
+
+def training_step_bytes(
+    config: GPTConfig, batch_size: int, precision: str = "32-true", device: torch.device | str = "cpu"
+) -> dict[str, int]:
+    """An upper bound of the memory (bytes) one training step of ``config`` on a batch of ``batch_size`` adds on
+    one device, by part; tests compare it with the peak of a real step. The weights with their gradients, the
+    optimizer's two moments and its temporaries (24 bytes a parameter); the output layer's logits, their
+    log-softmax and gradient (on a CPU with a large vocabulary, one chunk of them: ``GPT.forward`` computes the loss
+    in chunks there); the activations kept for the backward pass (8 values of width n_embd and 4 of the MLP's width
+    per token and layer, plus dropout masks, and the gradients of one layer's), and the attention scores where
+    they are materialised (implementations other than SDPA and FlexAttention; SDPA with dropout on a CPU)."""
+    from gptmini import lm_loss
+
+    with torch.device("meta"):  # counts parameters without allocating or initialising them
+        params = sum(p.numel() for p in GPT(config).parameters())
+    act = 2 if precision.startswith(("bf16", "16")) else 4  # bytes per activation value
+    tokens = batch_size * config.block_size
+    vocab = config.padded_vocab_size
+    chunked = torch.device(device).type == "cpu" and config.vocab_size >= lm_loss.MIN_VOCAB
+    rows = min(tokens, lm_loss.chunk_rows(vocab)) if chunked else tokens
+    # logits (act) and their float32 log-softmax and gradient; chunked: one chunk, plus the hidden states' gradient
+    logits = rows * vocab * (act + 8) + (2 * 4 * tokens * config.n_embd if chunked else 0)
+    # values of width n_embd a layer keeps per token: the sublayers' inputs and outputs, q, k, v; rotary embeddings
+    # keep rotated copies of q and k, and RMSNorm (unfused on a CPU) its intermediates
+    width = 8 + (12 if config.position == "rope" else 0) + (6 if config.norm != "layernorm" else 0)
+    width += 4 if config.qk_norm else 0
+    per_token = (width * config.n_embd + 5 * config.mlp_width) * act
+    if config.dropout > 0:  # one byte a value of each dropout mask (attention output, MLP, residual)
+        per_token += 3 * config.n_embd + config.mlp_width
+    parts = {
+        "the framework's working memory": FRAMEWORK_BYTES,
+        "weights, gradients and optimizer state": 24 * params,
+        "logits and their gradient": logits,
+        # every layer's, plus the gradients of one layer's that its backward holds at once
+        "activations": per_token * tokens * (config.n_layer + 1),
+    }
+    # SDPA on a CPU computes attention with dropout by its unfused kernel
+    unfused = config.attention not in FUSED_ATTENTION or (
+        config.dropout > 0 and torch.device(device).type == "cpu"
+    )
+    if unfused:  # scores, mask, probabilities, dropout and their gradients: (B, nh, T, T) each, every layer
+        parts["attention scores"] = (
+            6 * act * batch_size * config.n_head * config.block_size**2 * config.n_layer
+        )
+    return parts
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_room() -> int | None:
+    """What this process's cgroup may still allocate (its limit less its usage), None without a limit."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if not limit.isdigit() or int(limit) >= 2**60:  # "max", or cgroup v1's "no limit"
+            return None
+        try:
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            usage = 0
+        return max(0, int(limit) - usage)
+    return None
+
+
+def process_memory(device: torch.device | str) -> tuple[int, str] | None:
+    """(bytes, description) of the memory a run on ``device`` may still take: the GPU's; on the CPU what the
+    machine has available (MemAvailable: free plus reclaimable caches), or its cgroup's room where lower. None
+    when unknown."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return device_memory(device)
+    candidates = ((_meminfo_available(), "available memory"), (_cgroup_room(), "its cgroup's room"))
+    known = [(n, what) for n, what in candidates if n is not None]
+    if not known:
+        return None
+    n, what = min(known)
+    return n, f"this machine ({what})"
+
+
+def check_training_step(
+    config: GPTConfig,
+    batch_size: int,
+    precision: str,
+    device: torch.device | str,
+    processes: int = 1,
+    available: tuple[int, str] | None = None,
+) -> None:
+    """Refuses a run whose training step cannot fit (``training_step_bytes`` times ``processes`` sharing one
+    machine's RAM, against ``process_memory``; ``available``: (bytes, description), for tests), naming the largest
+    part and the fix."""
+    device = torch.device(device)
+    available = available or process_memory(device)
+    if available is None:
+        return
+    parts = training_step_bytes(config, batch_size, precision, device)
+    need = sum(parts.values()) * (processes if device.type == "cpu" else 1)
+    if need <= available[0]:
+        return
+    largest = max(parts, key=lambda k: parts[k])
+    raise SizeError(
+        f"model.block_size={config.block_size} with data.batch_size={batch_size} needs about {gib(need)} of "
+        f"memory for one training step ({largest}: {gib(parts[largest])}) but {available[1]} has "
+        f"{gib(available[0])}: lower model.block_size or data.batch_size (trainer.accumulate_grad_batches keeps "
+        "the global batch), or use a smaller model"
+    )
 
 
 def gib(n: float) -> str:

@@ -11,16 +11,17 @@ from collections.abc import Callable
 import torch
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``."""
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (and <= ``high``)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be an integer >= {low}")
+        if value < low or (high is not None and value > high):
+            span = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be an integer {span}")
         return value
 
     parse.__name__ = f"integer >= {low}"
@@ -28,6 +29,8 @@ def int_at_least(low: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
+# A random seed: what torch.manual_seed and NumPy take (a 64-bit integer, kept non-negative).
+seed_int = int_at_least(0, 2**63 - 1)
 
 
 def finite_float(
@@ -66,6 +69,8 @@ def resolve_device(spec: str, option: str = "--device") -> str:
     except (RuntimeError, ValueError):
         raise ValueError(f"{option} {spec!r} is not a device: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cpu":
+        if device.index not in (None, 0):
+            raise ValueError(f"{option} {spec}: the CPU is one device, cpu (or cpu:0): use --device cpu")
         return spec
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -86,3 +91,8 @@ def resolve_device(spec: str, option: str = "--device") -> str:
             )
         return spec
     raise ValueError(f"{option} {spec}: gptmini's commands run on cpu, cuda or mps, not {device.type}")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every command's ``--help``: the description as written (its paragraphs and example lines), and each
+    option's default after its help."""

@@ -20,6 +20,7 @@ from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_ch
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
 from gptmini.data.tokenizers import SAVED_TOKENIZERS, Tokenizer, build_tokenizer
+from gptmini.fileio import name_too_long
 from gptmini.model import GPT
 from gptmini.options import resolve_device
 
@@ -130,6 +131,9 @@ def _tokenizer_for_run(
     model_vocab: int | None,
 ) -> Tokenizer:
     folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
+    too_long = name_too_long(folder / "meta.json")
+    if too_long:
+        raise CheckpointError(f"the data folder {str(folder)[:80]}...: {too_long}; pass a shorter path")
     if (folder / "meta.json").is_file():
         if checkpoint is not None:
             check_trained_data(

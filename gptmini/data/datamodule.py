@@ -106,6 +106,10 @@ class TokenDataModule(L.LightningDataModule):
             tokenizer_options=self.tokenizer_options,
         )
         log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
+        # the token files checked (sizes, and ids against the vocabulary) before any model is built or step run
+        for split, info in result.meta["splits"].items():
+            if info["tokens"] > 0:
+                load_split(self.data_dir, split, result.meta)
 
     def setup(self, stage: str | None = None) -> None:
         if self.meta is not None and self.train_dataset is not None:
@@ -114,10 +118,15 @@ class TokenDataModule(L.LightningDataModule):
         train = load_split(self.data_dir, "train", self.meta)
         # Default: one "epoch" draws as many windows as it takes to see ~every train token once.
         num = self.train_samples or max(self.batch_size, math.ceil(len(train) / self.block_size))
-        self.train_dataset = RandomWindowDataset(train, self.block_size, num, seed=self.seed, name="train")
+        vocab = int(self.meta["vocab_size"])
+        self.train_dataset = RandomWindowDataset(
+            train, self.block_size, num, seed=self.seed, name="train", vocab_size=vocab
+        )
         if self.meta["splits"]["val"]["tokens"] > 0:
             val = load_split(self.data_dir, "val", self.meta)
-            self.val_dataset = StridedWindowDataset(val, self.block_size, self.val_stride, name="val")
+            self.val_dataset = StridedWindowDataset(
+                val, self.block_size, self.val_stride, name="val", vocab_size=vocab
+            )
 
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.data_dir, self.meta)

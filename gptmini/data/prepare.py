@@ -16,18 +16,13 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
-import re
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import Any
 
 from gptmini.data.bpe import bpe_settings, log_compression, trained_bpe
 from gptmini.data.corpora import (
@@ -37,13 +32,15 @@ from gptmini.data.corpora import (
     PARQUET,
     PLAYS_CONVERSION,
     Corpus,
-    Fragment,
     default_out_dir,
     file_sha256,
     resolve_source,
 )
+from gptmini.data.encoding import CHUNK_CHARS, encode_text, split_for_encoding, token_dtype, tokenize_corpus
 from gptmini.data.errors import DataError
+from gptmini.data.progress import PrepareProgress, Reporter, cli_logging, progress_bar
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
+from gptmini.data.schema import SHARD_PREFIX, check_progress
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
     BPE_FILE,
@@ -55,172 +52,37 @@ from gptmini.data.tokenizers import (
     build_tokenizer,
     default_threads,
 )
-from gptmini.fileio import atomic_write_json, fsync_dir, remove_stale_temp_files
+from gptmini.fileio import atomic_write_json, fsync_dir, name_too_long, remove_stale_temp_files
 
 try:  # POSIX: one preparation of a folder at a time, across processes and (on shared storage) nodes
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
+__all__ = [  # the writer's API; tokenizing and progress live in gptmini.data.encoding and .progress
+    "CHUNK_CHARS",
+    "DEFAULT_BUFFER_MB",
+    "DEFAULT_SHARD_TOKENS",
+    "PrepareProgress",
+    "PreparedData",
+    "cli_logging",
+    "encode_text",
+    "main",
+    "prepare",
+    "progress_bar",
+    "split_for_encoding",
+    "token_dtype",
+]
+
 log = logging.getLogger(__name__)
 
 VOCAB_FILE = "vocab.json"
 PROGRESS_FILE = "progress.json"
 LOCK_FILE = ".lock"
-SHARD_PREFIX = "tokens-"
 # What format_version 1 kept at the top of the folder; removed when the folder is prepared again.
 LEGACY_FILES = ("train.bin", "val.bin", VOCAB_FILE)
-# A piece of text encoded at once: ~64k characters, cut where the ids cannot change (see _CUT).
-CHUNK_CHARS = 1 << 16
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's and modded-nanogpt's FineWeb shards: 200 MB of uint16
 DEFAULT_BUFFER_MB = 64
-# Worst case bytes held per character in flight: the str (up to 4) and its ids (uint32, at most one per char).
-_BYTES_PER_CHAR = 8
-
-
-# ------------------------------------------------------------------------------------------ tokenizing
-
-# Cut points: after a non-space character followed by a space, or after a letter or digit followed by a newline.
-# No pre-token of GPT-2's pattern holds a non-space followed by whitespace, nor does one of cl100k's or o200k's
-# hold a non-space followed by a space or a letter or digit followed by a newline; so encoding the pieces
-# separately gives exactly the ids of encoding the whole text.
-_CUT = re.compile(r"\S(?= )|[^\W_](?=\n)")
-
-
-class Piece(NamedTuple):
-    document: int
-    offset: int  # characters into the document
-    text: str
-    end: bool  # the document's last piece
-
-
-def _pieces(fragments: Iterator[Fragment], chunk_chars: int = CHUNK_CHARS) -> Iterator[Piece]:
-    """Each document cut into pieces of at least ``chunk_chars`` characters (its last one shorter) at the first cut
-    point past that length: the cuts depend on the text only, not on how the fragments divide it, so a resumed
-    preparation cuts exactly where the first one did. A stretch of ``4 * chunk_chars`` without a cut point (text
-    without spaces or newlines) is cut there regardless, with a warning: the ids next to that cut may differ from
-    encoding the document whole."""
-    longest = 4 * chunk_chars
-    # buf[pos:] is not emitted yet, and starts ``offset`` characters into the document
-    buf, pos, offset = "", 0, 0
-    warned = -1  # the last document warned about: once each
-    for frag in fragments:
-        buf = buf[pos:] + frag.text if pos < len(buf) else frag.text
-        pos = 0
-        while len(buf) - pos > chunk_chars:
-            m = _CUT.search(buf, pos + chunk_chars - 1, pos + longest + 1)
-            if m is not None:
-                cut = m.end()
-            elif len(buf) - pos > longest:
-                cut = pos + longest
-                if warned != frag.document:
-                    warned = frag.document
-                    log.warning(
-                        "document %d has no space or newline in %d characters after character %d: cut there (and "
-                        "wherever this happens again in it), so the ids next to such a cut may differ from "
-                        "encoding the document whole",
-                        frag.document,
-                        longest,
-                        offset,
-                    )
-            else:
-                break  # wait for more of the document
-            yield Piece(frag.document, offset, buf[pos:cut], False)
-            offset += cut - pos
-            pos = cut
-        if frag.end:
-            yield Piece(frag.document, offset, buf[pos:], True)
-            buf, pos, offset = "", 0, 0
-
-
-def split_for_encoding(text: str, chunk_chars: int = CHUNK_CHARS) -> list[str]:
-    """``text`` cut as preparation cuts one document: the pieces encode to exactly the ids of the whole."""
-    if not text:
-        return []
-    return [p.text for p in _pieces(iter([Fragment(0, text, 0, True)]), chunk_chars)]
-
-
-def encode_text(tokenizer: Tokenizer, text: str, num_threads: int | None = None) -> np.ndarray:
-    """All ids of ``text`` as one int64 array, the pieces of ``split_for_encoding`` encoded by threads."""
-    pieces = split_for_encoding(text)
-    with ThreadPoolExecutor(num_threads or default_threads()) as pool:
-        parts = list(pool.map(tokenizer.encode_array, pieces))
-    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return DTYPES["uint16"] if vocab_size <= 1 << 16 else DTYPES["uint32"]
-
-
-def _encode_task(
-    tokenizer: Tokenizer, task: Sequence[tuple[Piece, int]], eot: int | None, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray]:
-    """In a worker thread: the ids of the pieces (each document's last one followed by ``eot``), the first
-    ``skip`` ids of a piece left out, in the shards' dtype; and where each piece's ids start in them."""
-    parts = []
-    for piece, skip in task:
-        ids = tokenizer.encode_array(piece.text)
-        if piece.end and eot is not None:
-            ids = np.append(ids, eot)
-        parts.append(ids[skip:])
-    starts = np.zeros(len(parts), dtype=np.int64)
-    np.cumsum([len(p) for p in parts[:-1]], out=starts[1:])
-    return np.concatenate(parts).astype(dtype, copy=False), starts
-
-
-# -------------------------------------------------------------------------------------------- progress
-
-
-@dataclass(frozen=True)
-class PrepareProgress:
-    """How far a preparation is: ``phase`` 'checking' (reading every file once, before any tokenizing) or
-    'tokenizing'; bytes of the source files read of ``bytes_total``."""
-
-    phase: str
-    documents: int
-    tokens: int
-    bytes_done: int
-    bytes_total: int
-    seconds: float
-
-
-# Seconds between progress updates: of a progress bar, and of log lines when there is none.
-BAR_EVERY_S = 0.1
-LOG_EVERY_S = 30.0
-
-
-class _Reporter:
-    """Rate-limited progress: to ``callback`` (a progress bar), else as log lines (none for a preparation
-    quicker than ``LOG_EVERY_S``)."""
-
-    def __init__(self, phase: str, total: int, callback: Callable[[PrepareProgress], None] | None) -> None:
-        self.phase, self.total, self.callback = phase, total, callback
-        self.every = BAR_EVERY_S if callback is not None else LOG_EVERY_S
-        self.t0 = self.last = time.monotonic()
-
-    def __call__(self, documents: int, tokens: int, done: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < self.every:
-            return
-        self.last = now
-        p = PrepareProgress(self.phase, documents, tokens, done, self.total, now - self.t0)
-        if self.callback is not None:
-            self.callback(p)
-        elif not force:
-            rate = done / max(p.seconds, 1e-9)
-            eta = (self.total - done) / rate if rate > 0 else float("inf")
-            log.info(
-                "%s: %.0f%% of %.1f MB, %s documents, %s tokens, %.1f MB/s, ETA %s",
-                self.phase,
-                100 * done / max(1, self.total),
-                self.total / 1e6,
-                f"{documents:,}",
-                f"{tokens:,}",
-                rate / 1e6,
-                f"{int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-                if math.isfinite(eta)
-                else "?",
-            )
 
 
 # -------------------------------------------------------------------------------------------- prepare
@@ -391,6 +253,12 @@ def _check_out_folder(out: Path) -> None:
     """A preparation writes only into a folder of its own: new, empty, or one it prepared before (meta.json or
     shards there). Anything else is refused: its stale-shard and legacy-file clean-up must never touch files a
     preparation did not write (a model folder's vocab.json, say)."""
+    too_long = name_too_long(out / META_FILE)
+    if too_long:
+        raise DataError(
+            f"the prepared-data folder {str(out)[:80]}...: {too_long}; pass a shorter path (gptmini data: --out, "
+            "training: paths.data_root)"
+        )
     if out.exists() and not out.is_dir():
         raise DataError(
             f"the prepared-data folder {out} is a file: pass a folder (new, or one prepared before)"
@@ -419,27 +287,11 @@ def _prepare_locked(
 ) -> PreparedData:
     if not force:
         # Again, holding the lock: another process may have prepared it meanwhile.
-        meta, touched = _freshness(out, corpus, settings)
-        if meta is not None:
-            refreshed = dict(meta)
-            files = [dict(r) for r in meta["files"]]
-            for i in touched:  # same size, new time: the same data if the same bytes
-                if file_sha256(corpus.files[i].path) != files[i]["sha256"]:
-                    break
-                files[i]["mtime_ns"] = corpus.files[i].mtime_ns
-            else:
-                refreshed["files"] = files
-                if meta.get("val_fraction") != val_fraction:
-                    refreshed["val_fraction"] = val_fraction
-                    refreshed["splits"] = _splits(int(meta["tokens"]), val_fraction)
-                    log.info("%s: re-split with val_fraction=%g (no tokenizing needed)", out, val_fraction)
-                if refreshed != meta:
-                    atomic_write_json(out / META_FILE, refreshed, sort_keys=True)
-                same = refreshed["splits"] == meta["splits"]
-                return PreparedData(out, refreshed, skipped=same, seconds=time.perf_counter() - t0)
-
+        refreshed = _refresh(out, corpus, settings, val_fraction, t0)
+        if refreshed is not None:
+            return refreshed
     try:
-        live = load_meta(out).get("shard_dir")
+        live = load_meta(out)["shard_dir"]  # validated: a plain name of a folder inside ``out``
     except DataError:
         live = None
     name = SHARD_PREFIX + _inputs_digest(corpus, settings)
@@ -447,10 +299,109 @@ def _prepare_locked(
         name += "-2"
     folder = out / name
     for stale in out.glob(SHARD_PREFIX + "*"):  # earlier preparations, interrupted or replaced
-        if stale.name not in (live, name) and stale.is_dir():
+        if stale.name not in (live, name) and stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
+    state, tok = _begin(corpus, out, folder, name, settings, force, callback)
+    dropped: collections.Counter[str] = collections.Counter()
+    documents, chars, shards = _write_shards(
+        corpus, tok, folder, state, settings, num_threads or default_threads(), buffer_mb, callback, dropped
+    )
+    vocab_file = None
+    if isinstance(tok, CharTokenizer):
+        vocab_file = f"{name}/{VOCAB_FILE}"
+        tok.save(out / vocab_file)
+    elif isinstance(tok, BPETokenizer):  # saved before tokenizing
+        vocab_file = f"{name}/{BPE_FILE}"
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "source": corpus.source,
+        "settings": settings,
+        "files": [
+            f.record() | {"sha256": h}
+            for f, h in zip(corpus.files, state["scan"]["file_sha256"], strict=True)
+        ],
+        "source_sha256": _source_sha256(corpus, state["scan"], tok),
+        "source_chars": chars,
+        "documents": documents,
+        "tokenizer": settings["tokenizer"],
+        "tokenizer_spec": tok.to_dict(),
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        # the end-of-text id follows every document (corpora of one continuous text have none)
+        "end_of_text": not corpus.single_text and tok.eot_id is not None,
+        "dtype": state["dtype"],
+        "val_fraction": val_fraction,
+        "shard_dir": name,
+        "shards": shards,
+        "tokens": sum(int(s["tokens"]) for s in shards),
+        "splits": _splits(sum(int(s["tokens"]) for s in shards), val_fraction),
+        "vocab_file": vocab_file,
+        # records without text, left out (by reason: "null", "empty")
+        "dropped_records": dict(sorted(dropped.items())),
+    }
+    # Commit: one atomic rename of meta.json makes the new shards the data; then the old ones go.
+    atomic_write_json(out / META_FILE, meta, sort_keys=True)
+    (folder / PROGRESS_FILE).unlink(missing_ok=True)
+    if live and live != name and not (out / live).is_symlink():
+        shutil.rmtree(out / live, ignore_errors=True)
+    for legacy in LEGACY_FILES:
+        (out / legacy).unlink(missing_ok=True)
+    fsync_dir(out)
+    return PreparedData(out, meta, skipped=False, seconds=time.perf_counter() - t0)
+
+
+def _refresh(
+    out: Path, corpus: Corpus, settings: Mapping[str, Any], val_fraction: float, t0: float
+) -> PreparedData | None:
+    """The data of ``out`` when it is up to date (files whose time alone changed hashed again; a new
+    ``val_fraction`` re-split without tokenizing), its meta.json refreshed; else None."""
+    meta, touched = _freshness(out, corpus, settings)
+    if meta is None:
+        return None
+    refreshed = dict(meta)
+    files = [dict(r) for r in meta["files"]]
+    for i in touched:  # same size, new time: the same data if the same bytes
+        if file_sha256(corpus.files[i].path) != files[i]["sha256"]:
+            return None
+        files[i]["mtime_ns"] = corpus.files[i].mtime_ns
+    refreshed["files"] = files
+    if meta.get("val_fraction") != val_fraction:
+        refreshed["val_fraction"] = val_fraction
+        refreshed["splits"] = _splits(int(meta["tokens"]), val_fraction)
+        log.info("%s: re-split with val_fraction=%g (no tokenizing needed)", out, val_fraction)
+    if refreshed != meta:
+        atomic_write_json(out / META_FILE, refreshed, sort_keys=True)
+    same = refreshed["splits"] == meta["splits"]
+    return PreparedData(out, refreshed, skipped=same, seconds=time.perf_counter() - t0)
+
+
+def _begin(
+    corpus: Corpus,
+    out: Path,
+    folder: Path,
+    name: str,
+    settings: Mapping[str, Any],
+    force: bool,
+    callback: Callable[[PrepareProgress], None] | None,
+) -> tuple[dict[str, Any], Tokenizer]:
+    """The progress record of the shards' folder (resumed after its finished shards, or new after a scan of the
+    corpus) and the tokenizer."""
     state = None if force else _resume_state(folder, name)
-    if state is not None:
+    scan = state["scan"] if state is not None else _scan(corpus, settings["tokenizer"] == "char", callback)
+    char = settings["tokenizer"] == "char"
+    if char and not scan["chars"]:
+        raise DataError(
+            f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
+        )
+    tok: Tokenizer
+    if char:
+        tok = CharTokenizer(scan["chars"])
+    elif "bpe" in settings:  # trained on the corpus, before any tokenizing (a resumed one reads it back)
+        tok = trained_bpe(corpus, settings["bpe"], folder / BPE_FILE if state is not None else None)
+    else:
+        tok = build_tokenizer(settings["tokenizer"])
+    dtype = token_dtype(tok.vocab_size).name
+    if state is not None and state["dtype"] == dtype:
         _clear_unrecorded(folder, state)
         log.info(
             "%s: resuming after %d finished shard(s) (%s tokens)",
@@ -458,37 +409,35 @@ def _prepare_locked(
             len(state["shards"]),
             f"{sum(s['tokens'] for s in state['shards']):,}",
         )
-        scan = state["scan"]
-    else:
-        scan = _scan(corpus, settings["tokenizer"] == "char", callback)
-    if settings["tokenizer"] == "char" and not scan["chars"]:
-        raise DataError(
-            f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
-        )
-    tok: Tokenizer
-    if settings["tokenizer"] == "char":
-        tok = CharTokenizer(scan["chars"])
-    elif "bpe" in settings:  # trained on the corpus, before any tokenizing (a resumed one reads it back)
-        tok = trained_bpe(corpus, settings["bpe"], folder / BPE_FILE if state is not None else None)
-    else:
-        tok = build_tokenizer(settings["tokenizer"])
-    dtype = token_dtype(tok.vocab_size)
-    if state is None:
+    else:  # new, or a record of other ids than this tokenizer's: from the start
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         if isinstance(tok, BPETokenizer):
             tok.save(folder / BPE_FILE)
-        state = {"inputs": name, "dtype": dtype.name, "scan": scan, "shards": [], "resume": None}
+        state = {"inputs": name, "dtype": dtype, "scan": scan, "shards": [], "resume": None}
         atomic_write_json(folder / PROGRESS_FILE, state)
+    return state, tok
+
+
+def _write_shards(
+    corpus: Corpus,
+    tok: Tokenizer,
+    folder: Path,
+    state: dict[str, Any],
+    settings: Mapping[str, Any],
+    threads: int,
+    buffer_mb: int,
+    callback: Callable[[PrepareProgress], None] | None,
+    dropped: collections.Counter[str],
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """Tokenize the corpus into shards from where ``state`` stands: (documents, characters, every shard)."""
 
     def on_shard(shards: list[dict[str, Any]], position: Any) -> None:
         atomic_write_json(folder / PROGRESS_FILE, state | {"shards": shards, "resume": position})
 
-    writer = ShardWriter(folder, dtype, settings["shard_tokens"], state["shards"], on_shard)
-    threads = num_threads or default_threads()
-    dropped: collections.Counter[str] = collections.Counter()
+    writer = ShardWriter(folder, DTYPES[state["dtype"]], settings["shard_tokens"], state["shards"], on_shard)
     try:
-        documents, chars = _tokenize(
+        documents, chars = tokenize_corpus(
             corpus, tok, writer, state["resume"], threads, buffer_mb, callback, dropped
         )
         shards = writer.close()
@@ -507,66 +456,25 @@ def _prepare_locked(
             " and ".join(f"{n:,} record(s) whose text is {why}" for why, n in sorted(dropped.items())),
             corpus.text_field,
         )
-    total = sum(int(s["tokens"]) for s in shards)
-    if total == 0:
+    if sum(int(s["tokens"]) for s in shards) == 0:
         raise DataError(
             f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
         )
-
-    files = [f.record() | {"sha256": sha} for f, sha in zip(corpus.files, scan["file_sha256"], strict=True)]
-    vocab_file = None
-    if isinstance(tok, CharTokenizer):
-        vocab_file = f"{name}/{VOCAB_FILE}"
-        tok.save(out / vocab_file)
-    elif isinstance(tok, BPETokenizer):  # saved before tokenizing
-        vocab_file = f"{name}/{BPE_FILE}"
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "source": corpus.source,
-        "settings": settings,
-        "files": files,
-        "source_sha256": _source_sha256(corpus, scan, tok),
-        "source_chars": chars,
-        "documents": documents,
-        "tokenizer": settings["tokenizer"],
-        "tokenizer_spec": tok.to_dict(),
-        "vocab_size": tok.vocab_size,
-        "eot_id": tok.eot_id,
-        # the end-of-text id follows every document (corpora of one continuous text have none)
-        "end_of_text": not corpus.single_text and tok.eot_id is not None,
-        "dtype": dtype.name,
-        "val_fraction": val_fraction,
-        "shard_dir": name,
-        "shards": shards,
-        "tokens": total,
-        "splits": _splits(total, val_fraction),
-        "vocab_file": vocab_file,
-        # records without text, left out (by reason: "null", "empty")
-        "dropped_records": dict(sorted(dropped.items())),
-    }
-    # Commit: one atomic rename of meta.json makes the new shards the data; then the old ones go.
-    atomic_write_json(out / META_FILE, meta, sort_keys=True)
-    (folder / PROGRESS_FILE).unlink(missing_ok=True)
-    if live and live != name:
-        shutil.rmtree(out / live, ignore_errors=True)
-    for legacy in LEGACY_FILES:
-        (out / legacy).unlink(missing_ok=True)
-    fsync_dir(out)
-    return PreparedData(out, meta, skipped=False, seconds=time.perf_counter() - t0)
+    return documents, chars, shards
 
 
 def _resume_state(folder: Path, name: str) -> dict[str, Any] | None:
     """The progress of an interrupted preparation of these very inputs, if its finished shards are all there;
     else None."""
     try:
-        state = json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8"))
+        state = check_progress(json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8")), folder)
         itemsize = DTYPES[state["dtype"]].itemsize
-        if state.get("inputs") != name:
+        if state["inputs"] != name or folder.is_symlink():
             return None
         for s in state["shards"]:
             if (folder / s["file"]).stat().st_size != int(s["tokens"]) * itemsize:
                 return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):  # DataError included: a damaged record is prepared again from the start
         return None
     return state
 
@@ -589,7 +497,7 @@ def _scan(
     hashes: list[str] = []
     chars: set[str] = set()
     text_hash = hashlib.sha256() if corpus.source in EMBEDDED_SOURCES else None
-    report = _Reporter("checking", corpus.total_bytes, callback)
+    report = Reporter("checking", corpus.total_bytes, callback)
     nonblank, documents, done = False, 0, 0
     for frag in corpus.fragments(file_hashes=hashes, records=collect_chars):
         if collect_chars:
@@ -626,155 +534,6 @@ def _source_sha256(corpus: Corpus, scan: Mapping[str, Any], tok: Tokenizer) -> s
         "end_of_text": tok.eot_id,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def _tokenize(
-    corpus: Corpus,
-    tokenizer: Tokenizer,
-    writer: ShardWriter,
-    resume: Sequence[int] | None,
-    threads: int,
-    buffer_mb: int,
-    callback: Callable[[PrepareProgress], None] | None,
-    dropped: collections.Counter[str] | None = None,
-) -> tuple[int, int]:
-    """Read, cut, encode (threads) and write the whole stream, from ``resume`` = (document, offset, ids to skip)
-    on: the text before it is read again, not encoded. Returns (documents, characters) of the whole corpus."""
-    eot = None if corpus.single_text else tokenizer.eot_id
-    r_doc, r_offset, r_skip = resume or (0, 0, 0)
-    in_flight = max(2, 2 * threads)
-    task_chars = max(CHUNK_CHARS, buffer_mb * (1 << 20) // (_BYTES_PER_CHAR * in_flight))
-    report = _Reporter("tokenizing", corpus.total_bytes, callback)
-    stats = [0, 0, 0]  # documents, characters, bytes read
-
-    def fragments() -> Iterator[Fragment]:
-        for frag in corpus.fragments(dropped=dropped):
-            stats[0] += frag.end
-            stats[1] += len(frag.text)
-            stats[2] += frag.nbytes
-            report(stats[0], writer.tokens, stats[2])
-            if frag.document >= r_doc:
-                yield frag
-
-    def pieces() -> Iterator[tuple[Piece, int]]:
-        found = resume is None
-        for piece in _pieces(fragments()):
-            key = (piece.document, piece.offset)
-            if key < (r_doc, r_offset):
-                continue
-            if not found:
-                if key != (r_doc, r_offset):
-                    raise DataError(
-                        f"cannot resume the preparation of {corpus.source!r}: its text no longer divides as it did; "
-                        "prepare again with --force"
-                    )
-                found = True
-                yield piece, r_skip
-                continue
-            yield piece, 0
-
-    def write(task: list[tuple[Piece, int]], result: Future) -> None:
-        tokens, starts = result.result()
-
-        def position_at(i: int) -> list[int]:
-            j = int(np.searchsorted(starts, i, side="right")) - 1
-            piece, skip = task[j]
-            return [piece.document, piece.offset, int(i - starts[j]) + skip]
-
-        writer.write(tokens, position_at)
-        report(stats[0], writer.tokens, stats[2])
-
-    pending: collections.deque[tuple[list[tuple[Piece, int]], Future]] = collections.deque()
-    pool = ThreadPoolExecutor(
-        threads, thread_name_prefix="gptmini-tokenize"
-    )  # threads start at the first submit
-    try:
-        task: list[tuple[Piece, int]] = []
-        size = 0
-        warmed = False
-        for item in pieces():
-            if not warmed:
-                # The first encode on this thread, before any worker's. Measured (tiktoken, 2 threads, a 40 MB
-                # corpus): when the workers make a fresh encoder's first calls themselves, they encode at about
-                # 14 MB/s for the whole preparation; after this call, 21-23 MB/s, tiktoken's own batch speed.
-                tokenizer.encode_array(item[0].text[:1000])
-                warmed = True
-            task.append(item)
-            size += len(item[0].text)
-            if size >= task_chars:
-                pending.append((task, pool.submit(_encode_task, tokenizer, task, eot, writer.dtype)))
-                task, size = [], 0
-                while len(pending) >= in_flight:
-                    write(*pending.popleft())
-        if task:
-            pending.append((task, pool.submit(_encode_task, tokenizer, task, eot, writer.dtype)))
-        while pending:
-            write(*pending.popleft())
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    report(stats[0], writer.tokens, corpus.total_bytes, force=True)
-    return stats[0], stats[1]
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-
-
-def progress_bar() -> tuple[Callable[[PrepareProgress], None], Any]:
-    """A rich progress bar per phase on stderr (MB read, MB/s, ETA, documents, tokens): the ``prepare`` callback,
-    and the ``rich.progress.Progress`` to show it with (a context manager; log through its ``console``)."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    bar = Progress(
-        TextColumn("{task.description:<10}"),
-        BarColumn(bar_width=20),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[documents]:,} docs {task.fields[tokens]:,} tokens"),
-        console=Console(stderr=True),
-    )
-    tasks: dict[str, Any] = {}
-
-    def update(p: PrepareProgress) -> None:
-        if p.phase not in tasks:
-            tasks[p.phase] = bar.add_task(p.phase, total=p.bytes_total, documents=0, tokens=0)
-        bar.update(tasks[p.phase], completed=p.bytes_done, documents=p.documents, tokens=p.tokens)
-
-    return update, bar
-
-
-def cli_logging(verbose: bool = False) -> tuple[Callable[[PrepareProgress], None] | None, Any]:
-    """Logging for a command that prepares data: on a terminal, a progress bar with the log lines above it;
-    else plain log lines (one every 30 s while preparing). Returns the ``prepare`` callback and the context
-    that shows the bar."""
-    if not sys.stderr.isatty():
-        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
-        return None, contextlib.nullcontext()
-    from rich.highlighter import NullHighlighter
-    from rich.logging import RichHandler
-
-    callback, bar = progress_bar()
-    handler = RichHandler(
-        console=bar.console,
-        show_time=False,
-        show_level=False,
-        show_path=False,
-        markup=False,
-        highlighter=NullHighlighter(),
-    )
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler]
-    )
-    return callback, bar
 
 
 def main(argv: Sequence[str] | None = None) -> int:

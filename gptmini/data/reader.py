@@ -7,7 +7,7 @@ raw little-endian token arrays (uint16 when the vocabulary fits, else uint32) th
 The shards hold one token stream (each document followed by the tokenizer's end-of-text token) and the splits are
 ranges of it, nanoGPT's rule: train the first ``1 - val_fraction`` of the tokens, val the rest.
 
-Every reader checks what it relies on (meta.json's format version and fields, each shard's size) and raises one
+Every reader checks what it relies on (every field of meta.json, by ``gptmini.data.schema``; each shard's size) and raises one
 ``DataError`` naming the file and the fix. NumPy only: opening data imports neither torch nor the writer.
 """
 
@@ -23,18 +23,23 @@ from typing import Any
 import numpy as np
 
 from gptmini.data.errors import DataError
+from gptmini.data.schema import FORMAT_VERSION, META_FILE, SPLITS, check_meta, inside
 from gptmini.data.shards import TokenStream
 from gptmini.data.tokenizers import Tokenizer, build_tokenizer
+from gptmini.fileio import name_too_long
 
-FORMAT_VERSION = 2
-META_FILE = "meta.json"
-SPLITS = ("train", "val")
+__all__ = ["DTYPES", "FORMAT_VERSION", "META_FILE", "SPLITS", "load_meta", "load_split", "load_tokenizer"]
+
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def load_meta(data_dir: str | Path) -> dict[str, Any]:
+    """meta.json of ``data_dir``, every field validated (``gptmini.data.schema``): DataError if any is wrong."""
     data_dir = Path(data_dir)
     path = data_dir / META_FILE
+    too_long = name_too_long(path)
+    if too_long:
+        raise DataError(f"the data folder {str(data_dir)[:80]}...: {too_long}; pass a shorter path")
     if not path.is_file():
         raise DataError(
             f"{path} not found: {data_dir} is not a prepared data folder (or its prepare was interrupted); "
@@ -44,26 +49,7 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is not readable JSON ({e}); re-run prepare with --force") from e
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-        version = meta.get("format_version") if isinstance(meta, dict) else None
-        raise DataError(
-            f"{path} has format_version {version!r}, expected {FORMAT_VERSION}; re-run prepare (training does it "
-            "by itself) or prepare with --force"
-        )
-    if meta.get("dtype") not in DTYPES:
-        raise DataError(
-            f"{path} names dtype {meta.get('dtype')!r}; expected one of {sorted(DTYPES)}: re-run prepare --force"
-        )
-    if (
-        not isinstance(meta.get("splits"), dict)
-        or not isinstance(meta.get("vocab_size"), int)
-        or not isinstance(meta.get("shards"), list)
-        or not isinstance(meta.get("shard_dir"), str)
-    ):
-        raise DataError(
-            f"{path} lacks 'splits', 'shards', 'shard_dir' or 'vocab_size'; re-run prepare with --force"
-        )
-    return meta
+    return check_meta(meta, data_dir)
 
 
 def checked_shards(data_dir: Path, meta: Mapping[str, Any]) -> list[tuple[Path, int]]:
@@ -71,7 +57,7 @@ def checked_shards(data_dir: Path, meta: Mapping[str, Any]) -> list[tuple[Path, 
     itemsize = DTYPES[meta["dtype"]].itemsize
     shards = []
     for info in meta["shards"]:
-        path = data_dir / meta["shard_dir"] / info["file"]
+        path = inside(data_dir, f"{meta['shard_dir']}/{info['file']}", "shard", data_dir / META_FILE)
         try:
             actual = path.stat().st_size
         except OSError as e:
@@ -105,10 +91,39 @@ def load_split(
         return np.empty(0, dtype=dtype)
     bounds = np.concatenate([[0], np.cumsum([t for _, t in shards])])
     first = int(np.searchsorted(bounds, start, side="right")) - 1
+    tokens: np.ndarray | TokenStream
     if start + n <= bounds[first + 1]:
         offset = (start - int(bounds[first])) * dtype.itemsize
-        return np.memmap(shards[first][0], dtype=dtype, mode="r", offset=offset, shape=(n,))
-    return TokenStream([p for p, _ in shards], [t for _, t in shards], dtype, start, n)
+        tokens = np.memmap(shards[first][0], dtype=dtype, mode="r", offset=offset, shape=(n,))
+    else:
+        tokens = TokenStream([p for p, _ in shards], [t for _, t in shards], dtype, start, n)
+    check_ids(tokens, int(meta["vocab_size"]), f"split {split!r} of {data_dir}")
+    return tokens
+
+
+# check_ids reads at most SAMPLE_BLOCKS blocks of SAMPLE_TOKENS tokens spread over a split (all of a small one):
+# a bounded read at load time; the window datasets check every window they serve.
+SAMPLE_BLOCKS = 64
+SAMPLE_TOKENS = 1 << 16
+
+
+def check_ids(tokens: np.ndarray | TokenStream, vocab_size: int, where: str) -> None:
+    """Refuse token ids >= ``vocab_size`` in a sample of ``tokens`` (all of them when few): damaged shards, or
+    shards of another tokenizer, would otherwise index past the model's embedding table."""
+    n = len(tokens)
+    if n <= SAMPLE_BLOCKS * SAMPLE_TOKENS:
+        starts = range(0, n, SAMPLE_TOKENS)
+    else:
+        starts = np.linspace(0, n - SAMPLE_TOKENS, SAMPLE_BLOCKS).astype(np.int64).tolist()
+    for a in starts:
+        block = np.asarray(tokens[a : a + SAMPLE_TOKENS])
+        if len(block) and int(block.max()) >= vocab_size:
+            at = a + int(np.argmax(block >= vocab_size))
+            raise DataError(
+                f"{where} holds token id {int(block[at - a])} at token {at}, but the vocabulary has {vocab_size} "
+                f"ids (0 to {vocab_size - 1}): its shards are damaged or of another tokenizer; re-run prepare "
+                "with --force"
+            )
 
 
 def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Tokenizer:
@@ -117,7 +132,13 @@ def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) 
     data_dir = Path(data_dir)
     meta = load_meta(data_dir) if meta is None else meta
     vocab = data_dir / meta["vocab_file"] if meta.get("vocab_file") else None
-    return build_tokenizer(meta["tokenizer"], vocab, meta.get("tokenizer_spec"))
+    tokenizer = build_tokenizer(meta["tokenizer"], vocab, meta.get("tokenizer_spec"))
+    if tokenizer.vocab_size != meta["vocab_size"]:
+        raise DataError(
+            f"{data_dir / META_FILE} says vocab_size {meta['vocab_size']} but its tokenizer "
+            f"{meta['tokenizer']!r} has {tokenizer.vocab_size} ids; re-run prepare with --force"
+        )
+    return tokenizer
 
 
 def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:

@@ -16,7 +16,10 @@ from gptmini.data.errors import DataError
 
 
 class _WindowDataset(Dataset):
-    def __init__(self, tokens: np.ndarray, block_size: int, name: str) -> None:
+    """``vocab_size``: every window served is checked to hold ids below it (a damaged shard is refused with one
+    DataError instead of indexing past the embedding table)."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, name: str, vocab_size: int | None = None) -> None:
         if block_size < 1:
             raise DataError(f"block_size must be >= 1, got {block_size}")
         if len(tokens) < block_size + 1:
@@ -28,11 +31,18 @@ class _WindowDataset(Dataset):
         self.tokens = tokens
         self.block_size = block_size
         self.name = name
+        self.vocab_size = vocab_size
 
     def window(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         chunk = torch.from_numpy(
             np.asarray(self.tokens[start : start + self.block_size + 1]).astype(np.int64)
         )  # (block_size + 1,)
+        if self.vocab_size is not None and int(chunk.max()) >= self.vocab_size:
+            raise DataError(
+                f"split {self.name!r} holds token id {int(chunk.max())} in tokens [{start}, "
+                f"{start + self.block_size + 1}), but the vocabulary has {self.vocab_size} ids: its shards are "
+                "damaged or of another tokenizer; re-run prepare with --force"
+            )
         return chunk[:-1], chunk[1:]  # x, y: (block_size,) each, y = x shifted by one token
 
     # Workers started with spawn/forkserver get the memmap re-opened by path instead of a pickled copy.
@@ -62,9 +72,15 @@ class RandomWindowDataset(_WindowDataset):
     CHUNK = 4096
 
     def __init__(
-        self, tokens: np.ndarray, block_size: int, num_samples: int, seed: int = 1337, name: str = "train"
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        num_samples: int,
+        seed: int = 1337,
+        name: str = "train",
+        vocab_size: int | None = None,
     ) -> None:
-        super().__init__(tokens, block_size, name)
+        super().__init__(tokens, block_size, name, vocab_size)
         if num_samples < 1:
             raise DataError(f"num_samples must be >= 1, got {num_samples}")
         if seed < 0:
@@ -94,9 +110,14 @@ class StridedWindowDataset(_WindowDataset):
     target token is scored at least once (the tail window may overlap its neighbour)."""
 
     def __init__(
-        self, tokens: np.ndarray, block_size: int, stride: int | None = None, name: str = "val"
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        stride: int | None = None,
+        name: str = "val",
+        vocab_size: int | None = None,
     ) -> None:
-        super().__init__(tokens, block_size, name)
+        super().__init__(tokens, block_size, name, vocab_size)
         stride = block_size if stride is None else stride
         if stride < 1:
             raise DataError(f"stride must be >= 1, got {stride}")

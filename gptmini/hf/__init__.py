@@ -1,8 +1,9 @@
 """Hugging Face weights in and out (``gptmini export|import``, ``gptmini.hf.cli``): GPT-2 (``gpt2``) and Llama
 (``llama``) folders. ``load_hf_weights`` and ``load_hf_model`` read either, by the folder's ``model_type``."""
 
+from gptmini.hf.common import HFWeightsError
 from gptmini.hf.formats import load_hf_model, load_hf_weights
-from gptmini.hf.gpt2 import HFWeightsError, load_hf_gpt2, save_hf_gpt2
+from gptmini.hf.gpt2 import load_hf_gpt2, save_hf_gpt2
 from gptmini.hf.llama import load_hf_llama, load_llama_weights, save_hf_llama
 
 __all__ = [

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2
+from gptmini.checkpoint import CKPT_RULE
+from gptmini.hf.common import HFWeightsError
+from gptmini.hf.gpt2 import save_hf_gpt2
+from gptmini.options import HelpFormatter
 
 log = logging.getLogger("gptmini.hf")
 
@@ -107,6 +110,21 @@ def _check_import_target(out: Path, force: bool) -> None:
         )
     if out.exists() and not out.is_file():
         raise HFWeightsError(f"--out {out} exists and is not a regular file")
+    if out.exists() and _is_training_checkpoint(out):
+        raise HFWeightsError(
+            f"--out {out} is a training checkpoint (resumable: optimizer state and loop progress), which an import "
+            "would replace by weights only: --force replaces an earlier import or another file; choose another --out"
+        )
+
+
+def _is_training_checkpoint(path: Path) -> bool:
+    from gptmini.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        ckpt = load_checkpoint(path, mmap=True, verify=False)
+    except CheckpointError:
+        return False
+    return bool(ckpt.get("optimizer_states") or ckpt.get("loops"))
 
 
 def _imported_run_config(args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:
@@ -162,14 +180,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="gptmini", description="gptmini models in Hugging Face formats (GPT-2, Llama)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    exp = sub.add_parser("export", help="write a training checkpoint as a Hugging Face folder")
+    exp = sub.add_parser(
+        "export",
+        help="write a training checkpoint as a Hugging Face folder",
+        description="Write a gptmini checkpoint as a Hugging Face folder (config.json + model.safetensors) that "
+        "transformers loads: GPT2LMHeadModel, or LlamaForCausalLM with the run's tokenizer files.",
+        formatter_class=HelpFormatter,
+    )
     exp.add_argument(
         "--ckpt",
         required=True,
-        help="a .ckpt written by gptmini training (or imported), a run folder or run name (its newest checkpoint), "
-        "or 'last' (the newest of any run under outputs/)",
+        default=argparse.SUPPRESS,
+        help=f"a .ckpt written by gptmini training (or imported): {CKPT_RULE}",
     )
-    exp.add_argument("--out", required=True, help="output folder (config.json + model.safetensors)")
+    exp.add_argument(
+        "--out",
+        required=True,
+        default=argparse.SUPPRESS,
+        help="output folder (config.json + model.safetensors)",
+    )
     exp.add_argument(
         "--format",
         choices=EXPORT_FORMATS,
@@ -186,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     exp.add_argument(
         "--data-dir",
-        help="char or bpe tokenizer: the prepared data folder holding its vocabulary",
+        help="llama format, char or bpe tokenizer: the prepared data folder holding its vocabulary (None: the one "
+        "it trained on)",
     )
     exp.add_argument(
         "--force",
@@ -194,11 +224,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="replace an earlier export in --out (only a folder an export wrote: anything else is refused)",
     )
     imp = sub.add_parser(
-        "import", help="convert a Hugging Face GPT-2 or Llama folder into a gptmini checkpoint file"
+        "import",
+        help="convert a Hugging Face GPT-2 or Llama folder into a gptmini checkpoint file",
+        description="Turn a local Hugging Face GPT-2 or Llama folder (config.json + model.safetensors; the kind is "
+        "read from config.json) into a gptmini checkpoint file that sample, eval, attention, analyze and "
+        "model.init_from= take.",
+        formatter_class=HelpFormatter,
     )
-    imp.add_argument("--hf", required=True, help="local folder with config.json + model.safetensors")
     imp.add_argument(
-        "--out", required=True, help="checkpoint file to write (usable with gptmini sample --ckpt)"
+        "--hf",
+        required=True,
+        default=argparse.SUPPRESS,
+        help="local folder with config.json + model.safetensors",
+    )
+    imp.add_argument(
+        "--out",
+        required=True,
+        default=argparse.SUPPRESS,
+        help="checkpoint file to write (usable with gptmini sample --ckpt)",
     )
     imp.add_argument("--force", action="store_true", help="replace an existing --out file")
     imp.add_argument(

@@ -1,7 +1,7 @@
 """GPT-2 weights in and out, in the Hugging Face format (``config.json`` + ``model.safetensors``).
 
 * ``load_hf_gpt2(dir)`` builds a gptmini ``GPT`` from a local Hugging Face GPT-2 folder.
-* ``load_hf_weights(model, dir)`` fills an existing ``GPT`` (``model.init_from=dir`` in training).
+* ``load_gpt2_weights(model, dir)`` fills an existing ``GPT`` (``model.init_from=dir`` in training).
 * ``save_hf_gpt2(model, dir)`` writes a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
 
 Hugging Face GPT-2 stores its projections as ``Conv1D`` weights of shape (in, out): the transpose of
@@ -19,12 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import pickle
 import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +27,29 @@ import torch
 from torch import Tensor
 
 from gptmini.attention import ATTENTION_REGISTRY, AttentionWeights, available_attention
+from gptmini.hf.common import (
+    BOOLEAN,
+    CONFIG_FILE,
+    INTEGER,
+    NULL,
+    NUMBER,
+    PYTORCH_FILE,
+    SAFETENSORS_FILE,
+    STRING,
+    HFWeightsError,
+    check_json_types,
+    read_config_json,
+    read_tensors,
+    safetensors_torch,
+    weight_files,
+    write_folder,
+    wrong_shapes,
+)
 from gptmini.ingredients import hf_inexpressible
 from gptmini.model import GPT, GPTConfig
 
-__all__ = ["HFWeightsError", "load_hf_gpt2", "load_hf_weights", "save_hf_gpt2"]
+__all__ = ["HFWeightsError", "load_gpt2_weights", "load_hf_gpt2", "save_hf_gpt2"]
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-PYTORCH_FILE = "pytorch_model.bin"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-PYTORCH_INDEX = "pytorch_model.bin.index.json"
-WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, PYTORCH_FILE, PYTORCH_INDEX)
 
 # Hugging Face's activation_function names -> model.gelu_approximate
 _GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
@@ -52,33 +59,9 @@ GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 
 
-class HFWeightsError(ValueError):
-    """A Hugging Face GPT-2 folder or a model cannot be converted; the message names the file/field and why."""
-
-
 # ---------------------------------------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _safetensors_torch():
-    try:
-        import safetensors.torch as st
-    except ImportError:
-        raise ImportError(
-            "reading/writing model.safetensors needs the 'safetensors' package: "
-            "pip install 'gptmini[hf]' (or: pip install safetensors)"
-        ) from None
-    return st
-
-
-def _check_dir(path: Path) -> None:
-    if not path.is_dir():
-        raise HFWeightsError(
-            f"{path} is not a directory: pass a local Hugging Face GPT-2 folder holding {CONFIG_FILE} and "
-            f"{SAFETENSORS_FILE} (or {PYTORCH_FILE}), e.g. from "
-            f"`hf download openai-community/gpt2 --local-dir {path}`"
-        )
 
 
 def _read_hf_config(path: Path) -> dict[str, Any]:
@@ -89,43 +72,29 @@ def _read_hf_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def wrong_shapes(
-    path: Path, state: dict[str, Tensor], expected: dict[str, tuple[int, ...]], weights: str
-) -> list[str]:
-    """The tensors of ``state`` whose shapes differ from ``expected``, one line each; a missing or unexpected
-    name is one clear error first (``weights`` says which weights config.json describes)."""
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise HFWeightsError(
-            f"{path} does not hold the {weights} its {CONFIG_FILE} describes: missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
-        )
-    return [
-        f"{k}: {tuple(state[k].shape)} (expected {s})"
-        for k, s in expected.items()
-        if tuple(state[k].shape) != s
-    ]
-
-
-def read_config_json(path: Path, holds: str) -> dict[str, Any]:
-    """The JSON object in ``path``'s config.json, or one clear error; ``holds`` says what such a folder holds."""
-    _check_dir(path)
-    cfg_file = path / CONFIG_FILE
-    if not cfg_file.is_file():
-        raise HFWeightsError(f"{path} has no {CONFIG_FILE}: {holds}")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise HFWeightsError(f"{cfg_file} is not readable JSON: {err}") from None
-    if not isinstance(cfg, dict):
-        raise HFWeightsError(f"{cfg_file} does not hold a JSON object")
-    return cfg
+GPT2_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
+    "model_type": (STRING,),
+    "n_embd": (INTEGER,),
+    "n_layer": (INTEGER,),
+    "n_head": (INTEGER,),
+    "vocab_size": (INTEGER,),
+    "n_positions": (INTEGER,),
+    "n_ctx": (INTEGER,),
+    "activation_function": (STRING,),
+    "n_inner": (INTEGER, NULL),
+    "layer_norm_epsilon": (NUMBER,),
+    "scale_attn_by_inverse_layer_idx": (BOOLEAN,),
+    "scale_attn_weights": (BOOLEAN,),
+    "add_cross_attention": (BOOLEAN,),
+    "tie_word_embeddings": (BOOLEAN,),
+}
 
 
 def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
     def bad(msg: str) -> HFWeightsError:
         return HFWeightsError(f"{where}: {msg}; gptmini only loads the original GPT-2 architecture")
+
+    check_json_types(cfg, GPT2_CONFIG_TYPES, bad)
 
     model_type = cfg.get("model_type", "gpt2")
     if model_type != "gpt2":
@@ -165,48 +134,6 @@ def _block_size(cfg: dict[str, Any]) -> int:
     return int(cfg.get("n_positions", cfg.get("n_ctx")))
 
 
-def _weight_files(path: Path) -> list[Path]:
-    for index in (SAFETENSORS_INDEX, PYTORCH_INDEX):
-        if (path / index).is_file():  # a sharded checkpoint: the index maps each tensor to its shard
-            try:
-                weight_map = json.loads((path / index).read_text())["weight_map"]
-            except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-                raise HFWeightsError(f"{path / index} is not a valid shard index: {err}") from None
-            shards = [path / name for name in sorted(set(weight_map.values()))]
-            missing = [str(s) for s in shards if not s.is_file()]
-            if missing:
-                raise HFWeightsError(f"{path / index} names shard(s) that do not exist: {missing}")
-            return shards
-    for name in (SAFETENSORS_FILE, PYTORCH_FILE):
-        if (path / name).is_file():
-            return [path / name]
-    raise HFWeightsError(
-        f"{path} has no weights: expected {SAFETENSORS_FILE} or {PYTORCH_FILE} (or a sharded "
-        f"{SAFETENSORS_INDEX} / {PYTORCH_INDEX}) next to {CONFIG_FILE}"
-    )
-
-
-def _read_tensors(file: Path) -> dict[str, Tensor]:
-    if file.name.endswith(".safetensors"):
-        st = _safetensors_torch()
-        try:
-            return st.load_file(str(file), device="cpu")
-        except Exception as err:  # safetensors raises its own SafetensorError
-            raise HFWeightsError(f"{file} is not a readable safetensors file: {err}") from None
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise HFWeightsError(
-            f"refusing to load {file}: it contains pickled Python objects beyond tensors (loaded with "
-            f"weights_only=True so a file from elsewhere cannot run code). Detail: {str(err).splitlines()[0]}"
-        ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        raise HFWeightsError(f"{file} is not a readable PyTorch weights file: {err}") from None
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise HFWeightsError(f"{file} is not a state dict of tensors")
-    return state
-
-
 def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     d, vocab, n_pos = cfg["n_embd"], cfg["vocab_size"], _block_size(cfg)
     shapes: dict[str, tuple[int, ...]] = {
@@ -239,8 +166,8 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     path = Path(path)
     cfg = _read_hf_config(path)
     raw: dict[str, Tensor] = {}
-    for file in _weight_files(path):
-        raw.update(_read_tensors(file))
+    for file in weight_files(path):
+        raw.update(read_tensors(file))
     state: dict[str, Tensor] = {}
     for key, value in raw.items():
         state[key.removeprefix("transformer.")] = value
@@ -389,7 +316,7 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
     return model.eval()
 
 
-def load_hf_weights(model: GPT, path: str | Path) -> None:
+def load_gpt2_weights(model: GPT, path: str | Path) -> None:
     """Load the GPT-2 weights of a local Hugging Face folder into an existing ``GPT`` (``model.init_from``).
 
     The model must have the checkpoint's n_layer, n_head and n_embd, biases, and an attention of
@@ -506,7 +433,7 @@ def save_hf_gpt2(
         raise HFWeightsError(
             "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
         )
-    st = _safetensors_torch()
+    st = safetensors_torch()
     if tokenizer is not None:
         from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
 
@@ -527,86 +454,3 @@ def save_hf_gpt2(
 
     write_folder(path, fill, overwrite=overwrite)
     return written
-
-
-# Written into every export folder: the files the export wrote. ``overwrite`` replaces a folder only when it holds
-# nothing else (an export's own folder), never a run folder, a repository or anything a user put there.
-EXPORT_MANIFEST = "gptmini-export.json"
-# The files of an export written before the manifest existed (recognised without it).
-EXPORT_FILE_NAMES = frozenset(
-    {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", EXPORT_MANIFEST}
-)
-
-
-def _foreign_entries(path: Path) -> list[str]:
-    """What in the folder ``path`` an export did not write: entries its manifest does not list (without a
-    manifest: names an export does not use), and anything that is not a plain file."""
-    listed = set(EXPORT_FILE_NAMES)
-    manifest = path / EXPORT_MANIFEST
-    if manifest.is_file():
-        try:
-            listed = {*json.loads(manifest.read_text(encoding="utf-8")).get("files", []), EXPORT_MANIFEST}
-        except (ValueError, AttributeError, OSError):
-            listed = set(EXPORT_FILE_NAMES)
-    return sorted(
-        p.name + ("/" if p.is_dir() else "")
-        for p in path.iterdir()
-        if p.name not in listed or p.is_symlink() or not p.is_file()
-    )
-
-
-def check_export_target(path: str | Path, overwrite: bool) -> Path:
-    """``path`` as a Path, refused when it is a file, or a non-empty folder without ``overwrite``, or (even with
-    it) a folder holding anything an export did not write."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise HFWeightsError(f"export target {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()):
-        if not overwrite:
-            raise HFWeightsError(
-                f"export target {path} exists and is not empty: choose a new --out folder, or pass --force to "
-                "replace an earlier export there (overwrite=True)"
-            )
-        foreign = _foreign_entries(path)
-        if foreign:
-            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-            raise HFWeightsError(
-                f"export target {path} holds files an export did not write ({shown}): --force replaces only an "
-                f"earlier export (its folder lists its files in {EXPORT_MANIFEST}), never anything else; choose a "
-                "new --out folder"
-            )
-    return path
-
-
-def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: bool = False) -> None:
-    """Write a folder atomically: ``fill`` writes its files into a temporary sibling, which is then renamed to
-    ``path``. A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact. The
-    folder lists its files in ``EXPORT_MANIFEST``, so that a later ``overwrite`` recognises it."""
-    path = check_export_target(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        fill(tmp)
-        files = sorted(p.name for p in tmp.iterdir())
-        (tmp / EXPORT_MANIFEST).write_text(
-            json.dumps({"written_by": "gptmini", "files": files}, indent=2) + "\n"
-        )
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        for file in tmp.iterdir():
-            os.chmod(file, 0o644)  # safetensors writes its file 0600: an export is for others to read
-        if path.exists():
-            check_export_target(path, overwrite)  # again: nothing may have been added meanwhile
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / "export")
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                os.replace(old / "export", path)  # put the previous export back
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -30,15 +30,22 @@ import torch
 from torch import Tensor
 
 from gptmini.attention import AttentionWeights
-from gptmini.hf.gpt2 import (
+from gptmini.hf.common import (
+    BOOLEAN,
     CONFIG_FILE,
+    INTEGER,
+    NULL,
+    NUMBER,
+    OBJECT,
     SAFETENSORS_FILE,
+    STRING,
     HFWeightsError,
-    _read_tensors,
-    _safetensors_torch,
-    _weight_files,
     check_export_target,
+    check_json_types,
     read_config_json,
+    read_tensors,
+    safetensors_torch,
+    weight_files,
     write_folder,
     wrong_shapes,
 )
@@ -245,7 +252,7 @@ def save_hf_llama(
     only with ``overwrite=True``."""
     check_llama_model(model.config, "export")
     path = check_export_target(path, overwrite)
-    st = _safetensors_torch()
+    st = safetensors_torch()
     bos = eos = None
     if tokenizer is not None:
         from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
@@ -292,11 +299,43 @@ def _rope_theta(cfg: dict[str, Any], bad: Any) -> float:
     return float(theta)
 
 
+LLAMA_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
+    "model_type": (STRING,),
+    "hidden_size": (INTEGER,),
+    "intermediate_size": (INTEGER,),
+    "num_hidden_layers": (INTEGER,),
+    "num_attention_heads": (INTEGER,),
+    "vocab_size": (INTEGER,),
+    "max_position_embeddings": (INTEGER,),
+    "num_key_value_heads": (INTEGER, NULL),
+    "head_dim": (INTEGER, NULL),
+    "hidden_act": (STRING,),
+    "attention_bias": (BOOLEAN,),
+    "mlp_bias": (BOOLEAN,),
+    "rms_norm_eps": (NUMBER,),
+    "tie_word_embeddings": (BOOLEAN,),
+    "rope_theta": (NUMBER,),
+    "partial_rotary_factor": (NUMBER,),
+    "rope_parameters": (OBJECT, NULL),
+    "rope_scaling": (OBJECT, NULL),
+}
+ROPE_TYPES: dict[str, tuple[str, ...]] = {
+    "rope_type": (STRING,),
+    "type": (STRING,),
+    "rope_theta": (NUMBER,),
+    "partial_rotary_factor": (NUMBER,),
+}
+
+
 def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
     def bad(msg: str) -> HFWeightsError:
         return HFWeightsError(
             f"{where}: {msg}; gptmini loads the Llama architecture as LlamaForCausalLM defines it"
         )
+
+    check_json_types(cfg, LLAMA_CONFIG_TYPES, bad)
+    for group in ("rope_parameters", "rope_scaling"):
+        check_json_types(cfg.get(group) or {}, ROPE_TYPES, lambda m, g=group: bad(f"{g}.{m}"))
 
     if cfg.get("model_type") != "llama":
         raise bad(f"model_type={cfg.get('model_type')!r} is not 'llama'")
@@ -387,8 +426,8 @@ def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tenso
     """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
     when tied)."""
     state: dict[str, Tensor] = {}
-    for file in _weight_files(path):
-        state.update(_read_tensors(file))
+    for file in weight_files(path):
+        state.update(read_tensors(file))
     for key in [k for k in state if _IGNORED.match(k)]:
         del state[key]
     lm_head = state.pop("lm_head.weight", None)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gptmini.checkpoint import CheckpointError
+from gptmini.checkpoint import CKPT_RULE, CheckpointError
 from gptmini.data.errors import DataError
 from gptmini.data.reader import load_split
 from gptmini.fileio import unwritable_reason
@@ -22,44 +22,37 @@ from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
+from gptmini.options import HelpFormatter, positive_int, seed_int
 from gptmini.run import open_run
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+# what write_report puts in --out
+REPORT_FILES = ("report.html", "report.json")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gptmini analyze", description=__doc__)
+    p = argparse.ArgumentParser(prog="gptmini analyze", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument(
         "--ckpt",
         default="last",
-        help="a checkpoint file, a run folder or run name (its newest checkpoint), or 'last' (the newest of any run "
-        "under outputs/)",
+        help=CKPT_RULE,
     )
     p.add_argument("--out", default="head_report", help="folder for report.html and report.json")
-    p.add_argument("--data-dir", default=None, help="prepared data folder (default: the one it trained on)")
-    p.add_argument("--split", default="val", choices=["train", "val"])
-    p.add_argument("--probe-tokens", type=_positive, default=128, help="length of each probe sequence")
-    p.add_argument("--probe-batch", type=_positive, default=4, help="sequences per probe")
+    p.add_argument("--force", action="store_true", help="replace the report an earlier run wrote in --out")
+    p.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
+    p.add_argument("--split", default="val", choices=["train", "val"], help="the split probed")
+    p.add_argument("--probe-tokens", type=positive_int, default=128, help="length of each probe sequence")
+    p.add_argument("--probe-batch", type=positive_int, default=4, help="sequences per probe")
     p.add_argument(
         "--windows",
-        type=_positive,
+        type=positive_int,
         default=32,
         help="validation windows for the loss by position and ablation",
     )
-    p.add_argument("--seed", type=int, default=1234, help="seed of the random-token probe")
+    p.add_argument("--seed", type=seed_int, default=1234, help="seed of the random-token probe")
     p.add_argument("--no-ablation", action="store_true", help="skip mean ablation (n_layer * n_head passes)")
-    p.add_argument("--batch-size", type=_positive, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass")
     p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, ...")
     return p.parse_args(argv)
 
@@ -72,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # before any work: a report that cannot be written is known now, and nothing in --out is touched
         if (reason := unwritable_reason(Path(args.out).absolute())) is not None:
             raise DataError(f"--out {args.out} cannot be written: {reason}")
+        earlier = [name for name in REPORT_FILES if (Path(args.out) / name).exists()]
+        if earlier and not args.force:
+            raise DataError(
+                f"--out {args.out} holds the report of an earlier run ({', '.join(earlier)}): choose another --out, "
+                "or pass --force to replace them"
+            )
         run = open_run(args.ckpt, args.device, args.data_dir)
         model, path, c = run.model, run.path, run.model.config
         data_dir, meta = run.data_folder(args.data_dir, "analyze")

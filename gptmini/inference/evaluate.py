@@ -22,14 +22,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gptmini.checkpoint import CheckpointError, resolve_checkpoint
+from gptmini.checkpoint import CKPT_RULE, CheckpointError, resolve_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_split, load_tokenizer
 from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
-from gptmini.options import positive_int, resolve_device
+from gptmini.options import HelpFormatter, positive_int, resolve_device
 from gptmini.run import LoadedRun, open_run
 from gptmini.viz import context_sweep_figure
 
@@ -57,7 +57,8 @@ def evaluate(
     tokens = load_split(data_dir, split, meta)
     token_bytes = torch.from_numpy(load_tokenizer(data_dir, meta).token_bytes())
     block = block_size or model.config.block_size
-    loader = DataLoader(StridedWindowDataset(tokens, block, name=split), batch_size=batch_size)
+    windows = StridedWindowDataset(tokens, block, name=split, vocab_size=int(meta["vocab_size"]))
+    loader = DataLoader(windows, batch_size=batch_size)
     device = next(model.parameters()).device
     model.eval()
     total, count, nbytes, t0 = 0.0, 0, 0, time.perf_counter()
@@ -131,21 +132,21 @@ def _contexts(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
         "--ckpt",
         nargs="+",
         default=["last"],
-        help="checkpoint file(s), run folder(s) or run name(s) (each its newest checkpoint), or 'last' (the newest "
-        "of any run under outputs/); several are compared side by side",
+        help=f"one or more, compared side by side; each {CKPT_RULE}",
     )
     parser.add_argument(
         "--context",
         type=_contexts,
         default=None,
         help="context lengths to evaluate at, e.g. 64,128,256,512 (longer than training: length extrapolation; "
-        "learned positions cannot and say so). Writes --out (default length_extrapolation.json) and a PNG beside it",
+        "learned positions cannot and say so). Writes --out (length_extrapolation.json when not given) and a PNG "
+        "beside it",
     )
     parser.add_argument(
         "--max-tokens",
@@ -153,16 +154,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="with --context: score about this many tokens per length",
     )
+    parser.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
+    parser.add_argument("--split", default="val", choices=["train", "val"], help="the split scored")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="windows per forward pass")
     parser.add_argument(
-        "--data-dir", default=None, help="prepared data folder (default: the one it trained on)"
+        "--max-batches", type=positive_int, default=None, help="evaluate only the first N batches (None: all)"
     )
-    parser.add_argument("--split", default="val", choices=["train", "val"])
-    parser.add_argument("--batch-size", type=positive_int, default=16)
-    parser.add_argument(
-        "--max-batches", type=positive_int, default=None, help="evaluate only the first N batches"
-    )
-    parser.add_argument("--out", default=None, help="also write the result as JSON here")
+    parser.add_argument("--out", default=None, help="also write the result as JSON here (None: the log only)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.max_tokens is not None and args.context is None:
         parser.error("--max-tokens applies with --context (without it, use --max-batches)")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from gptmini.checkpoint import CheckpointError
+from gptmini.checkpoint import CKPT_RULE, CheckpointError
 from gptmini.fileio import unwritable_reason
 from gptmini.inference.sample import encode_prompt
-from gptmini.options import positive_int
+from gptmini.options import HelpFormatter, positive_int
 from gptmini.run import open_run
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
@@ -60,16 +60,35 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     return written
 
 
+def earlier_maps(out_dir: str | Path) -> str | None:
+    """The files of earlier attention maps in ``out_dir`` (a few named), or None when there are none."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return None
+    found = sorted(p.name for p in out.iterdir() if p.name == "entropy.json" or p.match("layer*_*.png"))
+    return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "") if found else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gptmini attention", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gptmini attention", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--ckpt",
         default="last",
-        help="a checkpoint file, a run folder or run name (its newest checkpoint), or 'last' (the newest of any run "
-        "under outputs/)",
+        help=CKPT_RULE,
     )
-    parser.add_argument("--text", required=True)
-    parser.add_argument("--out", default="attention_png")
+    parser.add_argument(
+        "--text", required=True, default=argparse.SUPPRESS, help="the text whose attention is drawn"
+    )
+    parser.add_argument(
+        "--out",
+        default="attention_png",
+        help="folder for the PNG files and entropy.json (created if missing)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace the attention maps an earlier run wrote in --out"
+    )
     parser.add_argument(
         "--max-tokens",
         type=positive_int,
@@ -81,12 +100,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="auto",
         help="a torch device (cpu, cuda, cuda:1, ...); auto: cuda if available, else cpu",
     )
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="prepared data folder (char vocab) when it moved (None: the one it trained on)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if (reason := unwritable_reason(args.out)) is not None:
             raise ValueError(f"--out {args.out} cannot be written: {reason}")
+        if not args.force and (earlier := earlier_maps(args.out)):
+            raise ValueError(
+                f"--out {args.out} holds the attention maps of an earlier run ({earlier}): choose another --out, "
+                "or pass --force to replace them"
+            )
         run = open_run(args.ckpt, args.device, args.data_dir)
         files = export_attention(run.model, run.tokenizer, args.text, args.out, args.max_tokens)
     except (CheckpointError, ValueError) as err:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from gptmini.checkpoint import CheckpointError
+from gptmini.checkpoint import CKPT_RULE, CheckpointError
 from gptmini.limits import check_fits, generation_bytes
-from gptmini.options import finite_float, int_at_least, positive_int
+from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
 from gptmini.run import open_run
 
 log = logging.getLogger("gptmini.inference.sample")
@@ -73,22 +73,32 @@ def check_generation_sizes(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gptmini sample", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gptmini sample", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--ckpt",
         default="last",
-        help="a checkpoint file, a run folder or run name (its newest checkpoint), or 'last' (the newest of any run "
-        "under outputs/)",
+        help=CKPT_RULE,
     )
-    parser.add_argument("--prompt", default="\n", help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int_at_least(0), default=200)
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-new-tokens", type=int_at_least(0), default=200, help="tokens to generate")
     parser.add_argument("--temperature", type=finite_float(0.0), default=0.8, help="0 = greedy")
-    parser.add_argument("--top-k", type=positive_int, default=200)
-    parser.add_argument("--top-p", type=finite_float(0.0, 1.0, low_open=True), default=None)
-    parser.add_argument("--num-samples", type=positive_int, default=1)
-    parser.add_argument("--seed", type=int_at_least(0), default=1337)
+    parser.add_argument("--top-k", type=positive_int, default=200, help="sample among the k likeliest tokens")
+    parser.add_argument(
+        "--top-p",
+        type=finite_float(0.0, 1.0, low_open=True),
+        default=None,
+        help="nucleus sampling: among the likeliest tokens whose probabilities add up to p (None: off)",
+    )
+    parser.add_argument("--num-samples", type=positive_int, default=1, help="samples to generate")
+    parser.add_argument("--seed", type=seed_int, default=1337, help="seed of the sampling")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
-    parser.add_argument("--data-dir", default=None, help="prepared data folder (char vocab), if moved")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="prepared data folder (char vocab) when it moved (None: the one it trained on)",
+    )
     parser.add_argument("--no-cache", action="store_true", help="generate without the key/value cache")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

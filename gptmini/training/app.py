@@ -18,12 +18,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
+from gptmini.fileio import RUN_LOCK
 from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.config import register_configs
@@ -295,12 +295,13 @@ def _remove_failed_run_folder(output_dir: Path, keep_folder: bool = False) -> No
         return
     for path in output_dir.rglob("*"):
         rel = path.relative_to(output_dir)
-        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel == Path("train.log")):
+        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel in (Path("train.log"), Path(RUN_LOCK))):
             return
     if keep_folder:
         shutil.rmtree(output_dir / ".hydra", ignore_errors=True)
-        with contextlib.suppress(OSError):
-            (output_dir / "train.log").unlink()
+        for own in ("train.log", RUN_LOCK):
+            with contextlib.suppress(OSError):
+                (output_dir / own).unlink()
         return
     shutil.rmtree(output_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -386,7 +387,9 @@ def main() -> None:
     except FileNotFoundError as err:
         sys.stderr.write(f"error: {err}\n")
         sys.exit(EXIT_USER_ERROR)
-    hydra.main(version_base="1.3", config_path=config_path, config_name="train")(_hydra_main)()
+    from gptmini.training.override_errors import run_hydra
+
+    run_hydra(_hydra_main, config_path)  # Hydra's command-line errors as one line
 
 
 if __name__ == "__main__":

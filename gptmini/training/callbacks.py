@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 import time
 from typing import Any
 
@@ -401,6 +402,7 @@ class ProgressBar(RichProgressBar):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._updated_at = -math.inf
+        self._holding = False
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
@@ -423,9 +425,20 @@ class ProgressBar(RichProgressBar):
             description = f"[{self.theme.description}]{description}"
         self.progress.update(self.train_progress_bar_id, description=description)
 
+    def refresh(self, hard: bool = False) -> None:
+        if not self._holding:
+            super().refresh(hard)
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_start(trainer, pl_module)
-        self._relabel(trainer)
+        # Lightning's hook creates the bar labelled "Epoch 0/-2" and draws it at once: hold the drawing until
+        # the bar has its own label.
+        self._holding = True
+        try:
+            super().on_train_epoch_start(trainer, pl_module)
+            self._relabel(trainer)
+        finally:
+            self._holding = False
+        self.refresh()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -440,6 +453,66 @@ class ProgressBar(RichProgressBar):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if relabel:
             self._relabel(trainer)
+
+
+class ProgressLog(LoggingCallback):
+    """One plain line every ``every_n_steps`` optimizer steps (step, training loss, tokens/s, elapsed, ETA) in
+    the log, so the console and the run's ``train.log`` show progress where no progress bar can be drawn:
+    output redirected to a file or a pipe (``make train > log 2>&1``, ``| tee``). ``when``: ``not_a_terminal``
+    (the console is not a terminal; a terminal has the progress bar), ``always`` or ``never``. The last step is
+    always logged."""
+
+    WHEN = ("not_a_terminal", "always", "never")
+
+    def __init__(self, every_n_steps: int = 50, when: str = "not_a_terminal") -> None:
+        self.every_n_steps = check_positive("callbacks.progress_log.every_n_steps", every_n_steps)
+        if when not in self.WHEN:
+            raise ValueError(f"callbacks.progress_log.when={when!r} is not one of {', '.join(self.WHEN)}")
+        self.when = when
+        self._active = False
+        self._start_step = self._logged_step = 0
+        self._t0 = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._active = trainer.is_global_zero and (
+            self.when == "always" or (self.when == "not_a_terminal" and not sys.stdout.isatty())
+        )
+        # a resumed run: its rate and ETA from its own start
+        self._start_step = self._logged_step = trainer.global_step
+        self._t0 = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step, total = trainer.global_step, trainer.max_steps
+        last = total is not None and 0 <= total <= step
+        # step == _logged_step: gradient accumulation, several batches end on the same optimizer step
+        if not self._active or step == self._logged_step or (step % self.every_n_steps and not last):
+            return
+        self._logged_step = step
+        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0))
+
+    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float) -> str:
+        parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            parts.append(f"loss {float(loss):.4f}")
+        for cb in trainer.callbacks:
+            if isinstance(cb, TokenThroughputMonitor) and "perf/tokens_per_sec" in cb.last:
+                parts.append(f"{cb.last['perf/tokens_per_sec']:,.0f} tok/s")
+        parts.append(f"elapsed {_duration(elapsed)}")
+        done = step - self._start_step
+        if total is not None and total > step and done > 0:
+            parts.append(f"ETA {_duration(elapsed / done * (total - step))}")
+        return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m03s``, ``2m05s`` or ``7s``."""
+    s = int(round(seconds))
+    h, m = divmod(s, 3600)
+    m, s = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class ParameterSummary(LoggingCallback, ModelSummary):

@@ -181,7 +181,9 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
             self.ckpt_path,
         )
         try:
-            super().on_exception(trainer, pl_module, exception)
+            # Lightning's own on_exception leaves weights_only unset, which it logs as a default on every save;
+            # the full state is what a resume needs.
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
         except Exception as err:  # never mask the original exception
             log.error("could not save %s: %s", self.ckpt_path, err)
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.fileio import unwritable_reason
+from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
@@ -186,8 +186,16 @@ def _precision(cfg: DictConfig, trainer: TrainerSchema, device: DeviceFacts) -> 
     """The GPU a run asks for exists, and ``trainer.precision`` made concrete for ``device`` (the vocabulary
     matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there)."""
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        from hydra.core.hydra_config import HydraConfig
+
+        # hardware=gpu (or an experiment naming it) sets trainer=gpu: name what the user chose
+        chosen = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
         raise RunError(
-            "trainer.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=default or trainer=cpu"
+            "hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine (conf/hardware/gpu.yaml): "
+            "use hardware=cpu, or run on a machine with a CUDA GPU"
+            if chosen == "gpu"
+            else "trainer.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
+            "trainer=default or trainer=cpu, or run on a machine with a CUDA GPU"
         )
     settings = {"precision": trainer.precision, "accelerator": trainer.accelerator}
     cpu_bf16 = trainer.precision == "auto" and device.bf16 and not device.is_cuda
@@ -226,6 +234,11 @@ def _check_cpu_processes(trainer: TrainerSchema, device: DeviceFacts) -> None:
 
 
 def _check_data_dir(data_dir: Any) -> None:
+    if data_dir and name_too_long(data_dir):
+        raise RunError(
+            f"the prepared-data folder {str(data_dir)[:80]}...: {name_too_long(data_dir)}; pass a shorter path "
+            "(paths.data_root or data.data_dir)"
+        )
     if data_dir and not (Path(data_dir) / "meta.json").is_file():
         reason = unwritable_reason(data_dir)
         if reason is not None:

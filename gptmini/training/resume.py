@@ -8,10 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
+from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
 
@@ -52,7 +53,7 @@ def resolve_ckpt_path(cfg: DictConfig) -> str | None:
 def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
     """``model.init_from``: a Hugging Face GPT-2 or Llama folder (it holds config.json), else a gptmini
     checkpoint as every command opens one (a file, a run folder, a run name under ``output_root``)."""
-    if (Path(init_from) / "config.json").is_file():
+    if name_too_long(init_from) is None and (Path(init_from) / "config.json").is_file():
         return "hf", str(init_from)
     try:
         return "checkpoint", str(resolve_checkpoint(init_from, output_root, option="model.init_from"))
@@ -76,7 +77,7 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
     path = resolve_ckpt_path(cfg)
     if path is None:
         return None
-    from gptmini.checkpoint import check_resume_compatible, load_checkpoint
+    from gptmini.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
@@ -86,6 +87,7 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
             f"these weights with a fresh optimizer, start a new run with model.init_from={path} and no ckpt_path"
         )
     check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
+    check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
     check_resume_plan(path, ckpt, cfg)
     return path, ckpt
 

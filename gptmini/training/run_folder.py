@@ -12,7 +12,7 @@ from typing import Any
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
 
-from gptmini.fileio import unwritable_reason
+from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
 from gptmini.training.errors import RunError
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
@@ -41,7 +41,7 @@ def check_run_folder_free(folder: str | Path, ckpt_path: Any, key: str) -> None:
     path = Path(folder)
     if ckpt_path is not None or not path.is_dir():
         return
-    contents = sorted(p.name for p in path.iterdir())
+    contents = sorted(p.name for p in path.iterdir() if p.name != RUN_LOCK)
     if not contents:
         return
     held = [name for name in RUN_FILES if name in contents]
@@ -90,11 +90,26 @@ def _one_of_several_processes() -> bool:
 def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
     try:
         check_run_name(config.get("run_name"))
-        if not _one_of_several_processes():
-            check_run_folder_free(folder, config.get("ckpt_path"), key)
+        if name_too_long(folder):
+            raise RunError(
+                f"the run folder {folder[:80]}...: {name_too_long(folder)}; pass a shorter paths.output_root (or {key})"
+            )
     except RunError as err:
         _refuse(err)
     _refuse_unwritable(folder, "paths.output_root")
+    if _one_of_several_processes():
+        return
+    try:
+        check_run_folder_free(folder, config.get("ckpt_path"), key)
+        # one run at a time in a folder: of two started together (both found it free), the second is refused here
+        holder = hold_folder(folder)
+        if holder is not None:
+            raise RunError(
+                f"another gptmini run (process {holder}) is training in the run folder {folder}: wait for it to "
+                f"end, or start this run in a folder of its own (another run_name, or leave {key} unset)"
+            )
+    except RunError as err:
+        _refuse(err)
 
 
 class OutputFolderCheck(HydraCallback):

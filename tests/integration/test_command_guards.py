@@ -69,6 +69,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, write_checkpoint: Any) -> di
         "run": run,
         "ckpt": run / "checkpoints" / "last.ckpt",
         "llama_hf": root / "llama_hf",
+        "corpus": corpus,
     }
 
 
@@ -153,6 +154,29 @@ def test_import_out_never_overwrites_without_force(world, tmp_path, capsys, capl
     )
     assert hf_main(["import", "--hf", str(world["llama_hf"]), "--out", str(out), "--force"]) == 0
     assert out.read_bytes() != b"precious"
+    assert hf_main(["import", "--hf", str(world["llama_hf"]), "--out", str(out), "--force"]) == 0  # its own
+
+
+def test_import_force_never_replaces_a_resumable_training_checkpoint(world, tmp_path, capsys, caplog) -> None:
+    import torch
+
+    from gptmini.checkpoint import atomic_save
+
+    ckpt = torch.load(world["ckpt"], weights_only=True)
+    ckpt.pop("gptmini_checksum", None)
+    ckpt |= {"optimizer_states": [{"state": {}, "param_groups": []}], "loops": {"fit_loop": {}}}
+    resumable = tmp_path / "last.ckpt"
+    atomic_save(ckpt, resumable)
+    before = resumable.read_bytes()
+    refused(
+        hf_main,
+        ["import", "--hf", str(world["llama_hf"]), "--out", str(resumable), "--force"],
+        r"is a training checkpoint \(resumable: optimizer state and loop progress\), which an import would replace "
+        r"by weights only",
+        capsys,
+        caplog,
+    )
+    assert resumable.read_bytes() == before
 
 
 # --- 6, 7: an imported char-vocabulary checkpoint -------------------------------------------------------------
@@ -325,6 +349,7 @@ def test_nan_temperature_through_the_process(world, run_cli) -> None:
     [
         ("cuda", r"--device cuda: PyTorch sees no CUDA GPU on this machine .*: use --device cpu"),
         ("tpu9", r"--device 'tpu9' is not a device: use auto, cpu, cuda or cuda:N"),
+        ("cpu:99", r"--device cpu:99: the CPU is one device, cpu \(or cpu:0\): use --device cpu"),
     ],
 )
 def test_a_device_this_machine_lacks_is_named_as_such(world, device, pattern, capsys, caplog) -> None:
@@ -412,3 +437,80 @@ def test_the_attention_export_says_when_it_cuts_the_text(world, tmp_path, caplog
             == 0
         )
     assert "--text is 15 tokens: showing the first 5 (--max-tokens 5)" in caplog.text
+
+
+# --- crafted files and paths the filesystem cannot hold ---------------------------------------------------------
+
+
+def test_a_checkpoint_declaring_more_than_it_holds_is_refused_before_inflating(
+    world, tmp_path, capsys, caplog
+):
+    """torch.load inflates deflated zip entries: a small file can declare gigabytes. The archive's declared sizes
+    are checked before anything is read."""
+    import zipfile
+
+    import torch
+
+    ckpt = torch.load(world["ckpt"], weights_only=True)
+    ckpt["padding"] = torch.zeros(16 * 2**20 // 4)  # 16 MiB of zeros: deflates to ~16 KiB
+    plain = tmp_path / "plain.ckpt"
+    torch.save(ckpt, plain)
+    crafted = tmp_path / "crafted.ckpt"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(crafted, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename))
+    assert crafted.stat().st_size < 2**20 < 16 * 2**20 < plain.stat().st_size
+    for main in (sample_main, eval_main):
+        refused(
+            main,
+            ["--ckpt", str(crafted)],
+            r"is not a gptmini checkpoint \(its entries declare [\d,]+ bytes uncompressed in a file of [\d,]+ bytes",
+            capsys,
+            caplog,
+        )
+
+
+def test_paths_longer_than_the_filesystem_takes_are_one_line(world, tmp_path, capsys, caplog) -> None:
+    long = tmp_path / ("x" * 300)
+    named = r"its name 'x+'\.\.\. is 300 bytes long, over the filesystem's limit of 255; pass a shorter path"
+    refused(sample_main, ["--ckpt", str(long)], rf"error: --ckpt \S+\.\.\.: {named}", capsys, caplog)
+    refused(
+        sample_main,
+        ["--ckpt", str(world["ckpt"]), "--data-dir", str(long)],
+        rf"the data folder \S+\.\.\.: {named}",
+        capsys,
+        caplog,
+    )
+    refused(
+        command("data"),
+        ["--source", str(world["corpus"]), "--tokenizer", "char", "--out", str(long / "out")],
+        rf"error: the prepared-data folder \S+\.\.\.: {named}",
+        capsys,
+        caplog,
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+def test_a_symlink_loop_as_checkpoint_is_named_as_one(world, tmp_path, capsys, caplog) -> None:
+    loop = tmp_path / "loop.ckpt"
+    loop.symlink_to(loop)
+    refused(sample_main, ["--ckpt", str(loop)], r"is a symlink that leads nowhere \(a loop", capsys, caplog)
+
+
+def test_opening_a_run_removes_the_temp_file_of_a_save_killed_mid_write(world, capsys, caplog) -> None:
+    """A kill during the run's last save (its final best.ckpt) leaves a temp file that no later save in that
+    folder would clear; the next command that opens the run does, once its writer is gone."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = world["ckpt"].parent
+    stale = folder / f".best.ckpt.{gone.pid}.0123abcd.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    live = folder / ".best.ckpt.1.0123abcd.tmp"  # pid 1 is alive: a save in progress is never touched
+    live.write_bytes(b"being written")
+    with caplog.at_level(logging.INFO):
+        assert sample_main(["--ckpt", str(world["run"]), "--max-new-tokens", "2"]) == 0
+    assert not stale.exists() and live.exists()
+    live.unlink()

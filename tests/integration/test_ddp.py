@@ -17,6 +17,7 @@ def train(run_cli, tmp_path):
         proc = run_cli.train(
             [
                 "debug=smoke",
+                "callbacks=default",  # last.ckpt and best.ckpt, which only rank zero writes
                 "tokenizer=char",
                 f"run_name={name}",
                 f"paths.output_root={tmp_path}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -274,6 +275,13 @@ def ws(
         f.seek(info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.file_size // 2)
         f.write(b"\xff" * 8)
     (root / "text.ckpt").write_text("a text file renamed .ckpt\n" * 100)
+    # prepared data whose train shard holds an id beyond the char vocabulary (a damaged or foreign shard)
+    shutil.copytree(data_root / "shakespeare_char", root / "bad_ids" / "shakespeare_char")
+    bad_meta = json.loads((root / "bad_ids" / "shakespeare_char" / "meta.json").read_text())
+    shard = root / "bad_ids" / "shakespeare_char" / bad_meta["shard_dir"] / "shard_000000.bin"
+    with open(shard, "r+b") as f:
+        f.seek(2 * 100)
+        f.write((60000).to_bytes(2, "little"))
     (root / "a_file").write_text("")  # in place of a folder: nothing can be created under it, even by root
     ws.jobs["evil_sample"] = pool.submit(
         ws.cli, "gptmini.inference.sample", ["--ckpt", str(evil), "--max-new-tokens", "5"]
@@ -341,7 +349,12 @@ BAD_INPUT = [
         2,
     ),
     ("unknown_experiment", ["experiment=nope"], r"Could not find 'experiment/nope'", 1),
-    ("unknown_key", ["model.n_embdd=64"], r"Key 'n_embdd' not in 'ModelSchema'", 1),
+    (
+        "unknown_key",
+        ["model.n_embdd=64"],
+        r"error: model\.n_embdd=64: model has no setting 'n_embdd' \(its settings: .*n_embd, .*\): fix the key",
+        1,
+    ),
     (
         "block_size_exceeds_split",
         ["data=text", "data.source={small}", "model.block_size=256"],
@@ -364,6 +377,14 @@ BAD_INPUT = [
         "checkpoint_of_other_shape",
         ["ckpt_path={ref_ckpt}", "model.n_embd=64"],
         r"error: checkpoint \S*last\.ckpt was trained with a different model shape \(model\.n_embd: checkpoint 32 vs config 64\)",
+        2,
+    ),
+    (
+        # its Muon state would not load into AdamW: a KeyError traceback, and an on_exception.ckpt written
+        "resume_with_another_optimizer",
+        ["ckpt_path={ref_ckpt}", "optimizer=adamw", "trainer.max_steps=40"],
+        r"error: ckpt_path=\S*last\.ckpt was trained with the optimizer gptmini\.training\.optimizers\.MuonAdamW, and "
+        r"this run builds torch\.optim\.AdamW: its saved optimizer state cannot be loaded",
         2,
     ),
     (
@@ -482,7 +503,8 @@ BAD_INPUT_MORE = [
     (
         "gpu_without_gpu",
         ["trainer=gpu"],
-        r"error: trainer\.accelerator=gpu but no CUDA GPU is available on this machine: use trainer=default or trainer=cpu",
+        r"error: trainer\.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
+        r"trainer=default or trainer=cpu, or run on a machine with a CUDA GPU",
         2,
     ),
     (
@@ -509,11 +531,44 @@ BAD_INPUT_MORE = [
         2,
     ),
     (
+        "ckpt_path_name_too_long",
+        ["ckpt_path=/tmp/" + "x" * 300],
+        r"error: ckpt_path=/tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the filesystem's limit of 255; "
+        r"pass a shorter path",
+        2,
+    ),
+    (
+        "init_from_name_too_long",
+        ["model.init_from=/tmp/" + "x" * 300],
+        r"error: model\.init_from=/tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long",
+        2,
+    ),
+    (
+        "output_root_name_too_long",
+        ["paths.output_root=/tmp/" + "x" * 300],
+        r"error: the run folder /tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the filesystem's limit "
+        r"of 255; pass a shorter paths\.output_root \(or hydra\.run\.dir\)",
+        2,
+    ),
+    (
+        "data_root_name_too_long",
+        ["paths.data_root=/tmp/" + "x" * 300],
+        r"error: the prepared-data folder /tmp/x+\.\.\.: its name 'x+'\.\.\. is 300 bytes long, over the "
+        r"filesystem's limit of 255; pass a shorter path",
+        2,
+    ),
+    (
+        "token_ids_beyond_the_vocabulary",
+        ["paths.data_root={bad_ids_root}"],
+        r"error: split 'train' of \S+ holds token id 60000 at token 100, but the vocabulary has \d+ ids",
+        2,
+    ),
+    (
         # the logits alone are 4096 x 100,000 x 128 floats, twice (419 GB); the activations more
         "step_does_not_fit_in_memory",
         ["model.block_size=100000", "data.batch_size=4096"],
-        r"error: model\.block_size=100000 with data\.batch_size=4096 needs at least [\d,.]+ GiB of memory for one "
-        r"training step \(activations: [\d,.]+ GiB\) but this machine's memory has [\d,.]+ GiB",
+        r"error: model\.block_size=100000 with data\.batch_size=4096 needs about [\d,.]+ GiB of memory for one "
+        r"training step \((activations|attention scores): [\d,.]+ GiB\) but this machine \([^)]*\) has [\d,.]+ GiB",
         2,
     ),
 ]
@@ -524,6 +579,7 @@ def _fill(arg: str, ws: Workspace) -> str:
     names.update(ref_ckpt=str(ws.ref_dir / "checkpoints" / "last.ckpt"), evil=str(ws.evil))
     names.update(damaged=str(ws.root / "damaged.ckpt"), text_ckpt=str(ws.root / "text.ckpt"))
     names.update(a_file=str(ws.root / "a_file"), too_many_devices=str(len(os.sched_getaffinity(0)) + 1))
+    names.update(bad_ids_root=str(ws.root / "bad_ids"))
     return arg.format(**names)
 
 
@@ -848,7 +904,9 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
     meta = json.loads((wrong_dtype / "meta.json").read_text())
     meta["dtype"] = "float32"
     (wrong_dtype / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match=r"names dtype 'float32'; expected one of \['uint16', 'uint32'\]"):
+    with pytest.raises(
+        DataError, match=r"field 'dtype' is 'float32', but must be one of \['uint16', 'uint32'\]"
+    ):
         load_meta(wrong_dtype)
     # Through a command line: sampling with that folder as the tokenizer's data is refused.
     proc = ws.cli(
@@ -863,7 +921,7 @@ def test_prepared_data_disagreeing_with_its_metadata_is_refused(ws: Workspace, t
         ],
         timeout=120,
     )
-    assert proc.returncode == 2 and "names dtype 'float32'" in output(proc), output(proc)
+    assert proc.returncode == 2 and "field 'dtype' is 'float32'" in output(proc), output(proc)
     assert "Traceback" not in output(proc)
 
 
@@ -894,3 +952,71 @@ def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
     meta = load_meta(data_root / "shakespeare_char")  # re-prepared: whole shards again, wherever they now lie
     rebuilt = data_root / "shakespeare_char" / meta["shard_dir"] / meta["shards"][0]["file"]
     assert rebuilt.stat().st_size == good_size
+
+
+def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_data_folder(
+    ws: Workspace, tmp_path
+) -> None:
+    """meta.json's shard_dir named the folder a re-preparation removed afterwards, and the files read as data."""
+    data_root = tmp_path / "data"
+    shutil.copytree(ws.data_root / "shakespeare_char", data_root / "shakespeare_char")
+    victim = tmp_path / "victim"
+    (victim / "inner").mkdir(parents=True)
+    (victim / "precious.txt").write_text("keep me")
+    (victim / "inner" / "shard_000000.bin").write_bytes(b"\x00" * 4096)
+    meta_file = data_root / "shakespeare_char" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["shard_dir"] = "../../victim"
+    meta_file.write_text(json.dumps(meta))
+    proc = ws.cli.train(
+        [
+            *RUN,
+            "run_name=crafted_meta",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.data_root={data_root}",
+            "trainer.max_steps=1",
+            "trainer.val_check_interval=1",
+        ]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]  # re-prepared inside its own folder, then trained
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert (victim / "inner" / "shard_000000.bin").read_bytes() == b"\x00" * 4096
+    rebuilt = json.loads(meta_file.read_text())["shard_dir"]
+    assert (
+        re.fullmatch(r"tokens-[0-9a-f]{12}", rebuilt) and (data_root / "shakespeare_char" / rebuilt).is_dir()
+    )
+
+
+def test_two_runs_started_together_in_one_folder_never_both_train(run_cli, tmp_path) -> None:
+    """Both found the folder free and trained into it (two checkpoints, two event files, one log overwritten):
+    the run folder is held by one run at a time (a lock file created with O_EXCL, removed when the run ends)."""
+    from gptmini.data.prepare import prepare
+
+    prepare("shakespeare", "char", tmp_path / "data" / "shakespeare_char")
+    folder = tmp_path / "shared"
+    args = [
+        *RUN,
+        "run_name=together",
+        f"paths.output_root={tmp_path / 'out'}",
+        f"paths.data_root={tmp_path / 'data'}",
+        f"hydra.run.dir={folder}",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+    ]
+    procs = [
+        run_cli.popen(run_cli.train_module, args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], outs
+    refused = outs[[p.returncode for p in procs].index(2)]
+    assert re.search(
+        r"error: (another gptmini run \(process \d+\) is training in the run folder \S*shared|the run folder \S*shared "
+        r"already holds a run)",
+        refused,
+    ), refused
+    assert "Traceback" not in refused
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]  # no -v1
+    assert len(list((folder / "tb").rglob("events.out.tfevents.*"))) == 1
+    assert not (folder / ".gptmini-run.lock").exists()  # released when the run ended

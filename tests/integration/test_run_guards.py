@@ -190,3 +190,18 @@ def test_the_attention_zoo_runs_with_a_short_max_steps(run_cli, data_root, tmp_p
     assert proc.returncode == 0, output(proc)[-3000:]
     (ckpt,) = (tmp_path / "out" / "attention_zoo").glob("multirun_*/*/checkpoints/last.ckpt")
     assert "trainer.val_check_interval=250 is more than the run's 2 training batches" in output(proc)
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="a machine with a CUDA GPU trains hardware=gpu"
+)
+def test_hardware_gpu_without_a_gpu_names_hardware_and_the_fix(run_cli, tmp_path) -> None:
+    proc = run_cli.train(["hardware=gpu", f"paths.output_root={tmp_path}/outputs"])
+    assert proc.returncode == 2
+    (line,) = [ln for ln in output(proc).splitlines() if "error:" in ln]
+    assert line.endswith(
+        "error: hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine "
+        "(conf/hardware/gpu.yaml): use hardware=cpu, or run on a machine with a CUDA GPU"
+    )
+    assert "Traceback" not in output(proc)
+    assert not list((tmp_path / "outputs").rglob("*.*"))  # no run left behind

@@ -6,6 +6,7 @@ without training is in tests/unit/training/test_config.py.)"""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -24,8 +25,8 @@ def smoke_run(tmp_path_factory, run_cli):
 
 def test_smoke_run_writes_checkpoints_config_and_a_final_message(smoke_run):
     root, run_dir, proc = smoke_run
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert (run_dir / "checkpoints" / "best.ckpt").is_file()
+    # debug=smoke writes the least: the final last.ckpt alone (callbacks=final)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     assert saved.run_name == "smoke" and saved.model.n_layer == 2
     out = proc.stdout + proc.stderr
@@ -68,6 +69,32 @@ def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run,
     assert text_tags
     sample = ea.Tensors(text_tags[0])[-1].tensor_proto.string_val[0].decode()
     assert "ROMEO" in sample
+
+
+def test_output_that_is_not_a_terminal_gets_a_progress_line_every_n_steps(smoke_run):
+    """The run's output went to a pipe (no progress bar can be drawn there): debug=smoke's every 2 steps, in the
+    console and in train.log."""
+    _, run_dir, proc = smoke_run
+    pattern = r"step (\d+)/6 \| loss \d+\.\d{4} \| [\d,]+ tok/s \| elapsed \d+s(?: \| ETA \d+s)?$"
+    for text in (proc.stdout + proc.stderr, (run_dir / "train.log").read_text()):
+        steps = [int(m) for m in re.findall(pattern, text, re.M)]
+        assert steps == [2, 4, 6], text[-3000:]
+    assert "Epoch 0/-2" not in proc.stdout + proc.stderr
+
+
+def test_gptmini_runs_lists_the_run_and_its_name_opens_it(smoke_run, run_cli):
+    root, run_dir, _ = smoke_run
+    listed = run_cli("gptmini.cli", ["runs", "--runs-dir", root / "outputs", "smoke"])
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.endswith(str(run_dir))]
+    assert "6/6" in row.split() and "finished" in row.split()
+    sample = run_cli(
+        "gptmini.cli",
+        ["sample", "--ckpt", "smoke", "--max-new-tokens", "2", "--prompt", "A"],
+        cwd=root,
+    )
+    assert sample.returncode == 0, sample.stderr
+    assert "loaded outputs/smoke/" in sample.stderr and "/checkpoints/last.ckpt" in sample.stderr
 
 
 def test_resume_with_ckpt_path_last_continues_from_its_step(smoke_run, run_cli, tb_events):

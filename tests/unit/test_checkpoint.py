@@ -225,7 +225,9 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
     assert find_last_checkpoint(out, "exp") == newest
     assert training_last(out, "exp") == newest  # ckpt_path=last
     monkeypatch.chdir(tmp_path)
-    assert resolve_checkpoint("last") == Path("outputs") / newest.relative_to(out)  # --ckpt last
+    # --ckpt last in the commands: the newest run outside the sweeps (tests/unit/test_runs.py)
+    top = out / "exp" / "2026-01-01_11-00-00_000000" / "checkpoints" / "on_exception.ckpt"
+    assert resolve_checkpoint("last") == Path("outputs") / top.relative_to(out)
     # A newer run of another run_name is "last" for the commands that take no run_name, not for ckpt_path=last.
     other = _touch(out / "other" / "2026-01-02_00-00-00_000000" / "checkpoints" / "last.ckpt", 7000)
     assert find_last_checkpoint(out) == other and find_last_checkpoint(out, "exp") == newest

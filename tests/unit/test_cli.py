@@ -13,8 +13,20 @@ import gptmini
 from gptmini import __version__
 from gptmini.cli import SUBCOMMANDS, main
 
-# The subcommands the command line promises (README.md's table), exactly.
-EXPECTED = ["train", "data", "sample", "eval", "attention", "analyze", "export", "import", "bench", "board"]
+# gptmini's subcommands, exactly, in the order `gptmini --help` lists them.
+EXPECTED = [
+    "train",
+    "data",
+    "runs",
+    "sample",
+    "eval",
+    "attention",
+    "analyze",
+    "export",
+    "import",
+    "bench",
+    "board",
+]
 
 
 def test_help_lists_every_subcommand_with_one_line(capsys):
@@ -153,3 +165,37 @@ def test_train_runs_a_two_process_ddp_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "out" / "smoke").iterdir()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_train_help_starts_with_gptminis_own_description(run_cli):
+    proc = run_cli("gptmini.cli", ["train", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("gptmini train: train a GPT")
+    assert "powered by Hydra" not in proc.stdout
+    # then Hydra's lists: the groups with their options, and the config with its defaults
+    assert "callbacks: default, final, last, none" in proc.stdout
+    assert "run_name: default" in proc.stdout
+
+
+# each subcommand's options with a default, and one default of each
+DEFAULTS = {
+    "sample": "--max-new-tokens MAX_NEW_TOKENS tokens to generate (default: 200)",
+    "eval": "--batch-size BATCH_SIZE windows per forward pass (default: 16)",
+    "attention": "(default: attention_png)",
+    "analyze": "(default: head_report)",
+    "export": "--format {gpt2,llama}",
+    "import": "--force replace an existing --out file (default: False)",
+    "runs": "--runs-dir RUNS_DIR the runs folder (paths.output_root of training) (default: outputs)",
+    "data": "(default: ",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_every_subcommand_help_has_a_description_and_its_defaults(name, run_cli):
+    proc = run_cli("gptmini.cli", [name, "--help"])
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert DEFAULTS[name] in text
+    # a description between the usage lines and the options
+    usage, rest = proc.stdout.split("\n\n", 1)
+    assert usage.startswith(f"usage: gptmini {name}") and not rest.startswith(("options:", "positional"))

@@ -13,7 +13,7 @@ LAYERS = [
     ("gptmini.fileio", "gptmini.conf_dir", "gptmini.options", "gptmini.attention", "gptmini.lm_loss"),
     ("gptmini.model", "gptmini.feed_forward", "gptmini.generation", "gptmini.ingredients", "gptmini.limits"),
     ("gptmini.data",),
-    ("gptmini.checkpoint", "gptmini.run", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
+    ("gptmini.checkpoint", "gptmini.run", "gptmini.runs", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
     ("gptmini.inference",),
     ("gptmini.training", "gptmini.board"),
     ("gptmini.cli",),

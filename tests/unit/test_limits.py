@@ -3,12 +3,24 @@ it would need and the largest value that fits, and that value is accepted."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from gptmini.limits import SizeError, check_fits, forward_bytes, generation_bytes
+from gptmini.limits import (
+    SizeError,
+    check_fits,
+    check_training_step,
+    forward_bytes,
+    generation_bytes,
+    process_memory,
+    training_step_bytes,
+)
 from gptmini.model import GPTConfig
 from gptmini.training.callbacks import AttentionMapLogger, TextSampleLogger
 from gptmini.training.insight_logging import HeadInsightLogger
@@ -79,3 +91,78 @@ def test_the_default_loggers_fit() -> None:
 def test_logger_settings_out_of_range_are_refused(make, message) -> None:
     with pytest.raises(SizeError, match=message):
         make()
+
+
+# --- the training step's memory --------------------------------------------------------------------------------
+
+# One real training step in a fresh process (the model's loss as training computes it, backward, clipping, AdamW):
+# prints how much its peak resident memory grew over the process's before the model was built.
+STEP = """
+import json, resource, sys
+import torch
+from gptmini.model import GPT, GPTConfig
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+config, batch = GPTConfig(**json.loads(sys.argv[1])), int(sys.argv[2])
+torch.manual_seed(0)
+torch.randn(64, 64) @ torch.randn(64, 64)
+base = rss()
+model = GPT(config)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randint(0, config.vocab_size, (batch, config.block_size))
+_, loss = model(x, x.roll(-1, 1), return_logits=False)
+loss.backward()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+opt.step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+"""
+
+TINY = {"vocab_size": 65, "block_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 32}
+STEPS = {
+    "tiny": (TINY, 256),
+    "llama_parts": (TINY | {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": True}, 256),
+    "textbook_attention": (TINY | {"block_size": 128, "n_head": 4, "n_embd": 64, "attention": "mha"}, 64),
+    "gpt2_vocab_chunked_loss": (TINY | {"vocab_size": 50257, "block_size": 128, "n_embd": 64}, 16),
+    "dropout": (TINY | {"block_size": 128, "n_head": 4, "n_embd": 64, "dropout": 0.1}, 64),
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("case", STEPS, ids=list(STEPS))
+def test_the_training_step_estimate_bounds_the_measured_peak(case) -> None:
+    settings, batch = STEPS[case]
+    proc = subprocess.run(
+        [sys.executable, "-c", STEP, json.dumps(settings), str(batch)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = int(proc.stdout.split()[-1])
+    estimate = sum(training_step_bytes(GPTConfig(**settings), batch).values())
+    # a bound, and not so loose that it refuses steps that fit
+    assert measured <= estimate <= 2.5 * measured, (case, measured / 2**20, estimate / 2**20)
+
+
+def test_the_training_step_is_compared_with_the_memory_this_process_may_take() -> None:
+    available = process_memory("cpu")
+    assert available is not None
+    meminfo = {
+        line.split(":")[0]: int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+    }
+    # what is available now, not all of RAM (nor more than a cgroup's limit allows)
+    assert 0 < available[0] <= meminfo["MemTotal"]
+    assert abs(available[0] - meminfo["MemAvailable"]) < meminfo["MemTotal"] // 10 or "cgroup" in available[1]
+    config = GPTConfig(**TINY)
+    one, two = (sum(training_step_bytes(config, b).values()) for b in (1, 2))
+    fits = (available[0] - (one - (two - one))) // (two - one)  # sequences whose step fits, by the estimate
+    assert fits > 2
+    check_training_step(config, fits // 2, "32-true", "cpu", available=available)
+    with pytest.raises(
+        SizeError, match=r"needs about [\d,.]+ GiB of memory for one training step \(activations"
+    ):
+        check_training_step(config, 2 * fits, "32-true", "cpu", available=available)

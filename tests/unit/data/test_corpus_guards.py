@@ -4,6 +4,7 @@ was there."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gptmini.cli import main as gptmini
 from gptmini.data import prepare as prep
 from gptmini.data.corpora import path_problem
 from gptmini.data.errors import DataError
@@ -118,3 +120,28 @@ def test_prepare_writes_only_into_a_folder_of_its_own(tmp_path, caplog) -> None:
     out = tmp_path / "prepared"
     prepare(str(corpus), "char", out)
     prepare(str(corpus), "char", out, force=True)  # its own folder: prepared again
+
+
+@pytest.mark.parametrize(
+    ("encoding", "hint"),
+    [("utf-16", "utf-16le"), ("utf-16-be", "utf-16be"), ("utf-32", "utf-32le"), ("latin-1", "latin1")],
+)
+def test_a_corpus_in_another_encoding_gets_the_matching_conversion_hint(
+    tmp_path, caplog, encoding, hint
+) -> None:
+    corpus = tmp_path / "corpus.txt"
+    text = "ROMEO: caf\u00e9 cr\u00e8me, but soft!\n" * 40
+    data = text.encode(encoding)
+    if encoding == "utf-16-be":
+        data = codecs.BOM_UTF16_BE + data
+    corpus.write_bytes(data)
+    with caplog.at_level(logging.INFO):
+        status = gptmini(
+            ["data", "--source", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "out")]
+        )
+    assert status == 2
+    assert (
+        f"it looks like {hint}: convert it, e.g. `iconv -f {hint} -t utf-8 {corpus} > fixed.txt`"
+        in caplog.text
+    )
+    assert "Traceback" not in caplog.text and not (tmp_path / "out").exists()

@@ -15,7 +15,9 @@ import pytest
 
 from gptmini.data import corpora
 from gptmini.data import prepare as prep  # the module, for monkeypatching its globals
+from gptmini.data import progress as progress_module
 from gptmini.data.corpora import Fragment, shakespeare_text
+from gptmini.data.encoding import pieces
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import check_vocab, data_identity, load_meta, load_split, load_tokenizer
@@ -117,12 +119,12 @@ def test_cuts_do_not_depend_on_how_the_text_arrives():
     """A resumed preparation must cut exactly where the first one did, whatever the block boundaries."""
     rng = random.Random(1)
     text = "".join(rng.choice(["ab", " ", "\n", "xyz.", "  ", "q" * 50]) for _ in range(20_000))
-    whole = list(prep._pieces(iter([Fragment(0, text, 0, True)]), 64))
+    whole = list(pieces(iter([Fragment(0, text, 0, True)]), 64))
     for _ in range(5):
         cuts = sorted(rng.sample(range(1, len(text)), 300))
         bounds = [0, *cuts, len(text)]
         frags = [Fragment(0, text[a:b], 0, b == len(text)) for a, b in zip(bounds, bounds[1:], strict=False)]
-        assert list(prep._pieces(iter(frags), 64)) == whole
+        assert list(pieces(iter(frags), 64)) == whole
     assert "".join(p.text for p in whole) == text and whole[-1].end and not any(p.end for p in whole[:-1])
     assert [p.offset for p in whole] == list(np.cumsum([0] + [len(p.text) for p in whole[:-1]]))
 
@@ -310,7 +312,7 @@ def test_progress_reports_every_phase(tmp_path, monkeypatch):
     for i in range(30):
         (docs / f"{i:02d}.txt").write_text(SMALL[: 500 + 100 * i])
     seen = []
-    monkeypatch.setattr(prep, "BAR_EVERY_S", 0.0)
+    monkeypatch.setattr(progress_module, "BAR_EVERY_S", 0.0)
     result = prepare(str(docs), "gpt2", tmp_path / "o", progress=seen.append)
     total = sum(p.stat().st_size for p in docs.iterdir())
     phases = [p.phase for p in seen]
@@ -355,7 +357,7 @@ def test_size_and_dtype_mismatch_refused(corpus, tmp_path):
     with pytest.raises(DataError, match=r"shard_000000\.bin has \d+ bytes but meta\.json says \d+ uint16"):
         load_split(out, "train")
     (out / "meta.json").write_text(json.dumps({**meta, "dtype": "float32"}))
-    with pytest.raises(DataError, match="dtype 'float32'"):
+    with pytest.raises(DataError, match="field 'dtype' is 'float32'"):
         load_split(out, "val")
     (out / "meta.json").write_text(json.dumps({**meta, "format_version": 1}))
     with pytest.raises(DataError, match="format_version 1, expected 2; re-run prepare"):

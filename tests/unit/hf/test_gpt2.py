@@ -16,7 +16,7 @@ from torch.testing import assert_close  # noqa: E402
 
 from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
-from gptmini.hf.gpt2 import HFWeightsError, load_hf_gpt2, load_hf_weights, save_hf_gpt2  # noqa: E402
+from gptmini.hf.gpt2 import HFWeightsError, load_gpt2_weights, load_hf_gpt2, save_hf_gpt2  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 32, 100  # vocab 100 is not a multiple of 64: exercises the padded rows
@@ -116,18 +116,18 @@ def test_load_pytorch_bin_unprefixed_with_legacy_buffers(tmp_path):
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "mha", "torch"])
-def test_load_hf_weights_into_existing_model(hf_dir, attention):
+def test_load_gpt2_weights_into_existing_model(hf_dir, attention):
     hf, path = hf_dir
     model = GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D, attention=attention))
-    load_hf_weights(model, path)
+    load_gpt2_weights(model, path)
     idx = _tokens()
     assert_close(_our_logits(model.eval(), idx), _hf_logits(hf, idx), atol=1e-5, rtol=1e-5)
 
 
-def test_load_hf_weights_shorter_context_and_larger_vocab(hf_dir):
+def test_load_gpt2_weights_shorter_context_and_larger_vocab(hf_dir):
     hf, path = hf_dir
     model = GPT(GPTConfig(vocab_size=V + 5, block_size=P // 2, n_layer=L, n_head=H, n_embd=D))
-    load_hf_weights(model, path)
+    load_gpt2_weights(model, path)
     idx = _tokens(t=P // 2)
     assert_close(_our_logits(model.eval(), idx)[..., :V], _hf_logits(hf, idx), atol=1e-5, rtol=1e-5)
     # extra real tokens start at the mean embedding, not at zero
@@ -146,11 +146,11 @@ def test_load_hf_weights_shorter_context_and_larger_vocab(hf_dir):
         (dict(attention="additive"), "only einsum, mha, sdpa, torch, wrapper"),
     ],
 )
-def test_load_hf_weights_mismatch_is_named(hf_dir, overrides, message):
+def test_load_gpt2_weights_mismatch_is_named(hf_dir, overrides, message):
     _, path = hf_dir
     kwargs = dict(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D) | overrides
     with pytest.raises(HFWeightsError, match=message):
-        load_hf_weights(GPT(GPTConfig(**kwargs)), path)
+        load_gpt2_weights(GPT(GPTConfig(**kwargs)), path)
 
 
 def test_missing_files_are_named(tmp_path, hf_dir):
@@ -339,4 +339,4 @@ def test_exact_gelu_goes_both_ways_with_transformers(tmp_path):
     # the two GELUs differ enough that loading into the other one is refused, not silently approximated
     tanh_model = GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D))
     with pytest.raises(HFWeightsError, match=r"model\.gelu_approximate=tanh but activation_function=gelu"):
-        load_hf_weights(tanh_model, tmp_path / "theirs")
+        load_gpt2_weights(tanh_model, tmp_path / "theirs")

@@ -4,6 +4,7 @@ gptmini's tokenizers."""
 
 import json
 import os
+import re
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing may try the network
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -456,3 +457,43 @@ def test_training_starts_from_a_transformers_llama_folder(tmp_path, run_cli):
     # One step at lr 1e-9 barely moves the weights: the run started from the transformers ones.
     ours, theirs = _logits_both(trained, hf, idx)
     assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+WRONG_TYPES = [
+    ("llama", {"rms_norm_eps": "1e-5"}, r"rms_norm_eps='1e-5' is not number"),
+    ("llama", {"rms_norm_eps": None}, r"rms_norm_eps=None is not number"),
+    ("llama", {"hidden_act": ["silu"]}, r"hidden_act=\['silu'\] is not string"),
+    ("llama", {"model_type": ["llama"]}, r"model_type=\['llama'\] is not a format gptmini reads"),
+    (
+        "llama",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": "big"}},
+        r"rope_parameters\.rope_theta",
+    ),
+    ("llama", {"tie_word_embeddings": "yes"}, r"tie_word_embeddings='yes' is not boolean"),
+    ("gpt2", {"layer_norm_epsilon": "1e-5"}, r"layer_norm_epsilon='1e-5' is not number"),
+    ("gpt2", {"layer_norm_epsilon": None}, r"layer_norm_epsilon=None is not number"),
+    ("gpt2", {"activation_function": ["gelu_new"]}, r"activation_function=\['gelu_new'\] is not string"),
+    ("gpt2", {"model_type": {"a": 1}}, r"model_type=\{'a': 1\} is not a format gptmini reads"),
+    ("gpt2", {"n_inner": 2.5}, r"n_inner=2\.5 is not integer or null"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "message"), WRONG_TYPES, ids=[f"{k}-{next(iter(c))}" for k, c, _ in WRONG_TYPES]
+)
+def test_import_refuses_config_values_of_the_wrong_json_type_in_one_line(
+    tmp_path, kind, change, message, capsys
+):
+    folder = tmp_path / "hf"
+    if kind == "llama":
+        _hf_llama().save_pretrained(folder)
+    else:
+        save_hf_gpt2(GPT(GPTConfig(vocab_size=V, block_size=16, n_layer=1, n_head=2, n_embd=16)), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | change))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", "--hf", str(folder), "--out", str(tmp_path / "out.ckpt")])
+    status, err = exit_.value.code, capsys.readouterr().err
+    assert status == 2 and re.search(message, err), err
+    assert "Traceback" not in err and err.count("error:") == 1 and not (tmp_path / "out.ckpt").exists()

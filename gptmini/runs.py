@@ -1,0 +1,239 @@
+"""``gptmini runs``: the runs under the runs folder (``outputs/``), newest first, with what tells them apart and
+what can be done with them: name, folder, steps done of planned, the last val/loss, size on disk, and whether the
+run finished, can be resumed, or left no checkpoint. The row ``--ckpt last`` opens is marked.
+
+A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it started): ``outputs/<name>/<time>/`` for
+a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
+run's own files: the planned steps and the name from ``.hydra/config.yaml``, the steps done from its newest
+``last.ckpt``/``on_exception.ckpt`` (read with ``weights_only=True``, tensors memory-mapped, not read), the last
+val/loss from its TensorBoard events."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gptmini.checkpoint import CKPT_RULE, LAST_NAMES, CheckpointError, find_last_checkpoint, is_sweep_job
+from gptmini.options import HelpFormatter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    name: str  # run_name
+    folder: str
+    sweep_job: bool
+    steps_done: int | None  # the newest checkpoint's global_step; None without a checkpoint
+    steps_planned: int | None  # trainer.max_steps
+    val_loss: float | None  # the last val/loss logged
+    val_step: int | None
+    size_bytes: int
+    state: str  # "finished", "resumable" or "no checkpoint"
+    checkpoint: str | None  # the file a resume (or --ckpt with this folder) reads
+    modified: float  # seconds since the epoch: the newest file of the run
+    overrides: tuple[
+        str, ...
+    ] = ()  # the command line's overrides that set what the run trains (not its folders)
+
+    def steps(self) -> str:
+        done = "-" if self.steps_done is None else str(self.steps_done)
+        return f"{done}/{'-' if self.steps_planned is None else self.steps_planned}"
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+# Overrides that place a run rather than change what it trains (as hydra.job.config.override_dirname leaves out).
+_PLACING = ("run_name", "ckpt_path", "paths.", "hydra.")
+
+
+def _overrides(folder: Path) -> tuple[str, ...]:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return ()
+    if not isinstance(loaded, list):
+        return ()
+    return tuple(str(o) for o in loaded if not str(o).lstrip("+~").startswith(_PLACING))
+
+
+def _checkpoint(folder: Path) -> Path | None:
+    files = [folder / "checkpoints" / name for name in LAST_NAMES]
+    found = [p for p in files if p.is_file()]
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
+
+
+def _global_step(path: Path) -> int | None:
+    from gptmini.checkpoint import load_checkpoint
+
+    try:
+        step = load_checkpoint(path, mmap=True, verify=False).get("global_step")
+    except CheckpointError as err:
+        log.warning("%s", err)
+        return None
+    return int(step) if isinstance(step, int) else None
+
+
+def _last_val_loss(folder: Path) -> tuple[float | None, int | None]:
+    tb = folder / "tb"
+    if not tb.is_dir():
+        return None, None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # Only the scalars are of use: keep one of everything else (the attention images are large).
+    guidance = {
+        "scalars": 0,
+        "images": 1,
+        "tensors": 1,
+        "histograms": 1,
+        "audio": 1,
+        "compressedHistograms": 1,
+    }
+    events = EventAccumulator(str(tb), size_guidance=guidance)
+    try:
+        events.Reload()
+        scalars = events.Scalars("val/loss") if "val/loss" in events.Tags().get("scalars", []) else []
+    except Exception as err:  # a damaged or half-written event file: the row says n/a
+        log.warning("could not read %s: %s: %s", tb, type(err).__name__, err)
+        return None, None
+    if not scalars:
+        return None, None
+    last = max(scalars, key=lambda e: (e.step, e.wall_time))
+    return float(last.value), int(last.step)
+
+
+def _size_and_mtime(folder: Path) -> tuple[int, float]:
+    size, newest = 0, folder.stat().st_mtime
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            size += stat.st_size
+            newest = max(newest, stat.st_mtime)
+    return size, newest
+
+
+def run_info(folder: Path, output_root: Path) -> RunInfo:
+    config = _config(folder)
+    ckpt = _checkpoint(folder)
+    done = _global_step(ckpt) if ckpt is not None else None
+    planned = (config.get("trainer") or {}).get("max_steps")
+    planned = planned if isinstance(planned, int) and planned >= 0 else None
+    if ckpt is None:
+        state = "no checkpoint"
+    elif done is not None and planned is not None and done >= planned and ckpt.name == "last.ckpt":
+        state = "finished"
+    else:
+        state = "resumable"
+    val_loss, val_step = _last_val_loss(folder)
+    size, modified = _size_and_mtime(folder)
+    relative = folder.relative_to(output_root)
+    return RunInfo(
+        name=str(config.get("run_name") or relative.parts[0]),
+        folder=str(folder),
+        sweep_job=is_sweep_job(relative),
+        steps_done=done,
+        steps_planned=planned,
+        val_loss=val_loss,
+        val_step=val_step,
+        size_bytes=size,
+        state=state,
+        checkpoint=str(ckpt) if ckpt is not None else None,
+        modified=modified,
+        overrides=_overrides(folder),
+    )
+
+
+def find_runs(output_root: str | Path = "outputs", name: str | None = None) -> list[RunInfo]:
+    """Every run under ``output_root`` (of run name ``name`` when given), newest first."""
+    root = Path(output_root)
+    if not root.is_dir():
+        return []
+    folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
+    runs = [run_info(f, root) for f in folders]
+    if name is not None:
+        runs = [r for r in runs if r.name == name or Path(r.folder).relative_to(root).parts[0] == name]
+    return sorted(runs, key=lambda r: (r.modified, r.folder), reverse=True)
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("not reached")
+
+
+def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
+    """The runs as an aligned table; the folder that ``--ckpt last`` opens is marked with ``*``."""
+    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "OVERRIDES", "FOLDER")
+    rows = [header]
+    for r in runs:
+        marked = last is not None and r.checkpoint is not None and Path(r.checkpoint) == last
+        rows.append(
+            (
+                "*" if marked else "",
+                r.name,
+                r.steps(),
+                "-" if r.val_loss is None else f"{r.val_loss:.4f}",
+                human_size(r.size_bytes),
+                f"{r.state} (sweep job)" if r.sweep_job else r.state,
+                " ".join(r.overrides) or "-",
+                r.folder,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gptmini runs",
+        description="List the training runs under the runs folder, newest first: name, steps done/planned, the "
+        "last val/loss, size on disk, whether each finished, can be resumed (ckpt_path=<its folder>) or left no "
+        "checkpoint, and the overrides it was started with. The row marked * is the one `--ckpt last` opens. "
+        f"--ckpt (sample, eval, attention, analyze, export) takes {CKPT_RULE}.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "name", nargs="?", default=None, help="list only the runs of this run name (None: every run)"
+    )
+    p.add_argument("--runs-dir", default="outputs", help="the runs folder (paths.output_root of training)")
+    p.add_argument("--json", action="store_true", help="write the rows as JSON instead of a table")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    root = Path(args.runs_dir)
+    if not root.is_dir():
+        sys.stderr.write(f"error: --runs-dir {root} does not exist: train first (gptmini train)\n")
+        return 2
+    runs = find_runs(root, args.name)
+    if args.json:
+        sys.stdout.write(json.dumps([asdict(r) for r in runs], indent=2) + "\n")
+        return 0
+    if not runs:
+        which = f"of run name {args.name!r} " if args.name else ""
+        sys.stdout.write(f"no runs {which}under {root}/\n")
+        return 0
+    last = find_last_checkpoint(root, args.name, sweep_jobs=False)
+    sys.stdout.write(format_table(runs, last))
+    return 0

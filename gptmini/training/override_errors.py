@@ -1,0 +1,152 @@
+"""Hydra's errors about the command line, restated as one ``error:`` line naming the override and the fix.
+
+Hydra prints a bad override as several lines, and for a key the config lacks suggests ``+key=value`` (adding a
+key), which is the wrong fix for a misspelt or misplaced setting: ``optimizer.lr=inf`` under the default
+``optimizer=muon``, whose learning rates are ``optimizer.hidden.lr``, ``optimizer.embedding.lr``, ... To restate
+them, Hydra is asked to raise its composition errors (``HYDRA_FULL_ERROR=1`` until the config is composed:
+:class:`ComposedCallback` removes it again, so the refusals and the run's own errors are reported as before) and
+:func:`run_hydra` turns them into one line."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+# Hydra's own exit status for these errors, kept (docs/configuration.md)
+EXIT_HYDRA_ERROR = 1
+_FULL_ERROR = "HYDRA_FULL_ERROR"
+# set beside HYDRA_FULL_ERROR when run_hydra set it (not the user), so that it is removed again
+_SET_BY_GPTMINI = "GPTMINI_RESTATES_HYDRA_ERRORS"
+
+
+def _override(argv: Sequence[str], key: str) -> str:
+    """The command-line override of ``key`` or of a key below it, as typed (``optimizer.lr=inf``), else ``key``."""
+    for arg in argv:
+        name = arg.lstrip("+~").split("=", 1)[0]
+        if name == key or name.startswith(key + "."):
+            return arg
+    return key
+
+
+def _settings_named(node: Any, leaf: str, prefix: str) -> list[str]:
+    """The full keys under ``node`` whose last part is ``leaf`` (``optimizer.hidden.lr``, ... for ``lr``)."""
+    if not isinstance(node, DictConfig):
+        return []
+    found = []
+    for key in node.keys():
+        child = node._get_node(key)
+        full = f"{prefix}.{key}"
+        if key == leaf and not isinstance(child, DictConfig):
+            found.append(full)
+        elif isinstance(child, DictConfig):
+            found += _settings_named(child, leaf, full)
+    return found
+
+
+def _unknown_key(err: ConfigCompositionException, argv: Sequence[str]) -> str | None:
+    cause = err.__cause__
+    key = getattr(cause, "full_key", None)
+    parent = getattr(cause, "parent_node", None)
+    if not key or not isinstance(parent, DictConfig) or not str(err).startswith("Could not override"):
+        return None
+    override = _override(argv, key)
+    group, _, leaf = key.rpartition(".")
+    named = _settings_named(parent, leaf, group) if group else []
+    where = f"{group} has no setting {leaf!r}" if group else f"the config has no setting {leaf!r}"
+    if named:
+        return (
+            f"{override}: {where}; the settings named {leaf!r} there are {', '.join(named)}: set one of those "
+            "(`gptmini train --cfg job` prints every setting)"
+        )
+    keys = ", ".join(str(k) for k in parent.keys() if not str(k).startswith("_"))
+    fix = f"{override}: {where} (its settings: {keys}): fix the key (`gptmini train --cfg job` prints every setting)"
+    if OmegaConf.get_type(parent) is dict:  # an open group (no schema) takes new keys, on purpose
+        fix += f"; only a key the config lacks on purpose is added, with +{override.lstrip('+')}"
+    return fix
+
+
+def _bad_value(err: ConfigCompositionException, argv: Sequence[str]) -> str | None:
+    cause = err.__cause__
+    key = getattr(cause, "full_key", None)
+    if not key or not str(err).startswith("Error merging override"):
+        return None
+    reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    return f"{_override(argv, key)}: {reason}"
+
+
+def one_line(err: Exception, argv: Sequence[str]) -> str:
+    """``err`` (a Hydra composition or override error) as one line naming the override and the fix."""
+    if isinstance(err, ConfigCompositionException):
+        restated = _unknown_key(err, argv) or _bad_value(err, argv)
+        if restated:
+            return restated
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if isinstance(err, MissingConfigException):
+        # "Could not find 'model/foo'", "Available options in 'model':", "baby", ..., "Config search path:", ...
+        cut = next((i for i, line in enumerate(lines) if line.startswith("Config search path")), len(lines))
+        head, *options = lines[:cut]
+        head = head.removeprefix("In 'train': ")
+        if options and options[0].startswith("Available options"):
+            return f"{head}; {options[0].rstrip(':').lower()}: {', '.join(options[1:])}"
+        return head
+    if isinstance(err, OverrideParseException):
+        # "Error parsing override 'x==1'", the parser's complaint, a link to the grammar
+        return "; ".join(line for line in lines if not line.startswith("See https://")) + (
+            " (an override is key=value, +key=value to add a key, ~key to drop one; quote a value with spaces)"
+        )
+    return "; ".join(lines)
+
+
+def _restore_full_error() -> None:
+    """Hydra's error reporting as the user set it, once the config is composed (run_hydra set HYDRA_FULL_ERROR)."""
+    if os.environ.pop(_SET_BY_GPTMINI, None):
+        os.environ.pop(_FULL_ERROR, None)
+
+
+class ComposedCallback(Callback):
+    """A Hydra callback (first in ``hydra.callbacks``, conf/train.yaml): the config is composed, so what follows
+    (the other callbacks' refusals, the run) is reported as the user asked, not as :func:`run_hydra` asked."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _restore_full_error()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _restore_full_error()
+
+
+def run_hydra(
+    task: Callable[[DictConfig], Any],
+    config_path: str,
+    config_name: str = "train",
+    argv: Sequence[str] | None = None,
+) -> None:
+    """``hydra.main(...)(task)()``, with Hydra's command-line errors restated as one line (exit status 1). With
+    ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report and traceback instead."""
+    import hydra
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    full = os.environ.get(_FULL_ERROR) == "1"
+    if not full:
+        os.environ[_FULL_ERROR] = os.environ[_SET_BY_GPTMINI] = "1"
+
+    @functools.wraps(task)
+    def job(cfg: DictConfig) -> Any:
+        _restore_full_error()  # (ComposedCallback did, unless the config lacks it)
+        return task(cfg)
+
+    try:
+        hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)(job)()
+    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
+        if full:
+            raise
+        sys.stderr.write(f"error: {one_line(err, argv)}\n")
+        sys.exit(EXIT_HYDRA_ERROR)
+    finally:
+        _restore_full_error()

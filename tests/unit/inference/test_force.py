@@ -1,0 +1,55 @@
+"""``gptmini attention`` and ``gptmini analyze`` keep the results of an earlier run in ``--out`` unless ``--force``
+(as export, import and eval do), refusing before any work with one line naming the files and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from gptmini.data.prepare import prepare
+
+TEXT = "to be, or not to be: that is the question.\n" * 60
+
+
+@pytest.fixture
+def tiny_run(tmp_path, write_checkpoint):
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    folder = prepare(str(tmp_path / "corpus.txt"), "char", tmp_path / "data").out_dir
+    return write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, block_size=16, n_layer=1, n_head=2)
+
+
+COMMANDS = {
+    "attention": (
+        ["--text", "to be"],
+        "layer0_heads.png",
+        "the attention maps of an earlier run (entropy.json, layer0_heads.png, layer0_mean.png)",
+    ),
+    "analyze": (
+        ["--probe-tokens", "16", "--probe-batch", "2", "--windows", "3", "--no-ablation"],
+        "report.json",
+        "the report of an earlier run (report.html, report.json)",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_earlier_results_are_replaced_only_with_force(command, tiny_run, tmp_path, run_cli):
+    extra, written, what = COMMANDS[command]
+    out = tmp_path / "out"
+    argv = [command, "--ckpt", tiny_run, "--out", out, "--device", "cpu", *extra]
+    first = run_cli("gptmini.cli", argv)
+    assert first.returncode == 0, first.stderr
+    (out / written).write_bytes(b"earlier")
+
+    again = run_cli("gptmini.cli", argv)
+    assert again.returncode == 2
+    errors = [line for line in again.stderr.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in again.stderr
+    assert errors == [
+        f"error: --out {out} holds {what}: choose another --out, or pass --force to replace them"
+    ]
+    assert "loaded" not in again.stderr  # refused before the checkpoint was read
+    assert (out / written).read_bytes() == b"earlier"
+
+    forced = run_cli("gptmini.cli", [*argv, "--force"])
+    assert forced.returncode == 0, forced.stderr
+    assert (out / written).read_bytes() != b"earlier"

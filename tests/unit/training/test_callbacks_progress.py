@@ -1,0 +1,120 @@
+"""Progress where no bar can be drawn: ``ProgressLog`` writes a plain line every N steps (step, loss, tokens/s,
+elapsed, ETA) when the console is not a terminal, the last step always; ``ProgressBar`` never draws Lightning's
+"Epoch 0/-2" label of a step-based run."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gptmini.training import callbacks
+from gptmini.training.callbacks import ProgressBar, ProgressLog, TokenThroughputMonitor
+
+
+def _trainer(max_steps: int, start: int = 0) -> SimpleNamespace:
+    """The trainer's attributes ProgressLog reads; the steps advance as the test drives the hooks."""
+    throughput = TokenThroughputMonitor()
+    return SimpleNamespace(
+        is_global_zero=True,
+        global_step=start,
+        max_steps=max_steps,
+        callback_metrics={},
+        callbacks=[throughput],
+    )
+
+
+def _drive(
+    progress: ProgressLog, trainer: SimpleNamespace, steps: range, clock: list[float], monkeypatch
+) -> None:
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock[0])
+    progress.on_train_start(trainer, None)
+    for step in steps:
+        clock[0] += 2.0  # two seconds a step
+        trainer.global_step = step
+        trainer.callback_metrics["train/loss"] = torch.tensor(10.0 / step)
+        trainer.callbacks[0].last["perf/tokens_per_sec"] = 1000.0 * step
+        progress.on_train_batch_end(trainer, None, None, None, step - 1)
+
+
+def _lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gptmini.training.callbacks"]
+
+
+def test_a_line_every_n_steps_and_at_the_last_with_loss_rate_and_eta(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    progress = ProgressLog(every_n_steps=4, when="always")
+    _drive(progress, _trainer(10), range(1, 11), [100.0], monkeypatch)
+    assert _lines(caplog) == [
+        "step 4/10 | loss 2.5000 | 4,000 tok/s | elapsed 8s | ETA 12s",
+        "step 8/10 | loss 1.2500 | 8,000 tok/s | elapsed 16s | ETA 4s",
+        "step 10/10 | loss 1.0000 | 10,000 tok/s | elapsed 20s",
+    ]
+
+
+def test_a_resumed_run_counts_its_rate_from_its_own_start(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    progress = ProgressLog(every_n_steps=100, when="always")
+    _drive(progress, _trainer(1000, start=600), range(601, 701), [0.0], monkeypatch)
+    # 100 steps in 200 s: 300 steps to go take 600 s
+    assert _lines(caplog) == ["step 700/1000 | loss 0.0143 | 700,000 tok/s | elapsed 3m20s | ETA 10m00s"]
+
+
+def test_a_terminal_has_the_bar_and_no_lines(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(callbacks.sys.stdout, "isatty", lambda: True, raising=False)
+    _drive(ProgressLog(every_n_steps=1), _trainer(3), range(1, 4), [0.0], monkeypatch)
+    _drive(ProgressLog(every_n_steps=1, when="never"), _trainer(3), range(1, 4), [0.0], monkeypatch)
+    assert _lines(caplog) == []
+    monkeypatch.setattr(callbacks.sys.stdout, "isatty", lambda: False, raising=False)
+    _drive(ProgressLog(every_n_steps=1), _trainer(3), range(1, 4), [0.0], monkeypatch)
+    assert len(_lines(caplog)) == 3
+
+
+def test_bad_settings_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"callbacks\.progress_log\.when='sometimes' is not one of"):
+        ProgressLog(when="sometimes")
+    with pytest.raises(ValueError, match=r"callbacks\.progress_log\.every_n_steps"):
+        ProgressLog(every_n_steps=0)
+
+
+def test_the_bar_of_a_step_based_run_is_never_drawn_with_lightnings_epoch_label(tmp_path):
+    """A real fit with a step-based trainer (max_epochs=-1): every drawing of the bar is recorded, and none
+    shows Lightning's "Epoch 0/-2"."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    drawn: list[str] = []
+
+    class Recording(ProgressBar):
+        def refresh(self, hard: bool = False) -> None:
+            super().refresh(hard)
+            if not self._holding and self.progress is not None:
+                drawn.extend(str(task.description) for task in self.progress.tasks)
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+    trainer = L.Trainer(
+        max_steps=3,
+        max_epochs=-1,
+        callbacks=[Recording()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny(), data)
+    assert drawn and not any("Epoch" in d for d in drawn)
+    assert any("Training" in d for d in drawn)

@@ -1,0 +1,58 @@
+"""A bad override on the training command line is one ``error:`` line naming the override and the real fix (not
+Hydra's several lines, nor its "+key=value" for a key that is misplaced rather than missing), exit status 1,
+before any run folder exists; HYDRA_FULL_ERROR=1 still gives Hydra's own report."""
+
+from __future__ import annotations
+
+import pytest
+
+CASES = {
+    # the default optimizer (muon) sets its learning rates per parameter role
+    "optimizer.lr=inf": "error: optimizer.lr=inf: optimizer has no setting 'lr'; the settings named 'lr' there are "
+    "optimizer.hidden.lr, optimizer.embedding.lr, optimizer.head.lr, optimizer.matrix.lr, optimizer.vector.lr: "
+    "set one of those (`gptmini train --cfg job` prints every setting)",
+    "trainer.max_step=3": "error: trainer.max_step=3: trainer has no setting 'max_step' (its settings: ",
+    "model=foo": "error: Could not find 'model/foo'; available options in 'model': baby, cpu, gpt2, llama_small, "
+    "llama_tiny, small, tiny",
+    "model.n_layer=abc": "error: model.n_layer=abc: Value 'abc' of type 'str' could not be converted to Integer",
+    "x==1": "error: Error parsing override 'x==1'; extraneous input '=' expecting ",
+}
+
+
+@pytest.mark.parametrize("override", sorted(CASES))
+def test_a_bad_override_is_one_line_naming_it_and_the_fix(override, run_cli, tmp_path):
+    proc = run_cli.train([override, f"paths.output_root={tmp_path}/outputs"])
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(CASES[override]), line
+    assert "+" + override not in line or override == "trainer.max_step=3"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_misspelt_key_names_every_setting_of_its_group_and_adding_only_as_a_last_resort(
+    run_cli, tmp_path
+):
+    proc = run_cli.train(["trainer.max_step=3", f"paths.output_root={tmp_path}/outputs"])
+    (line,) = proc.stderr.splitlines()
+    assert " max_steps, " in line
+    assert line.endswith("only a key the config lacks on purpose is added, with +trainer.max_step=3")
+
+
+def test_hydra_full_error_keeps_hydras_own_report(run_cli, tmp_path):
+    proc = run_cli.train(
+        ["optimizer.lr=inf", f"paths.output_root={tmp_path}/outputs"], env={"HYDRA_FULL_ERROR": "1"}
+    )
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "Could not override 'optimizer.lr'" in proc.stderr
+
+
+def test_a_typed_group_is_not_offered_a_new_key(run_cli, tmp_path):
+    """model has a schema: a key it lacks cannot be added, so the line does not suggest +model.n_embdd."""
+    proc = run_cli.train(["model.n_embdd=64", f"paths.output_root={tmp_path}/outputs"])
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(
+        "error: model.n_embdd=64: model has no setting 'n_embdd' (its settings: vocab_size, "
+    )
+    assert " n_embd, " in line and "+model" not in line
+    assert line.endswith("fix the key (`gptmini train --cfg job` prints every setting)")
