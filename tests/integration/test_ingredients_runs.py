@@ -66,6 +66,7 @@ def test_all_ingredients_killed_and_resumed_end_bit_identical(tmp_path, run_cli)
     prepare("shakespeare", "char", data_root / "shakespeare_char")
     base = [
         "debug=smoke",
+        "callbacks=last",  # the periodic last.ckpt to resume from (debug=smoke keeps only the final one)
         "tokenizer=char",
         "optimizer=muon",
         "scheduler=wsd",
