@@ -79,8 +79,11 @@ def optional(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
 
 
-def mapping(fields: Mapping[str, Check], exact: bool = True) -> Check:
-    """A JSON object with these fields (each checked; ``exact``: no others)."""
+def mapping(
+    fields: Mapping[str, Check], exact: bool = True, optional_fields: Mapping[str, Check] = {}
+) -> Check:  # noqa: B006
+    """A JSON object with these fields (each checked; ``exact``: no others), and ``optional_fields`` checked when
+    present."""
 
     def check(v: Any) -> str | None:
         if not isinstance(v, dict):
@@ -88,10 +91,11 @@ def mapping(fields: Mapping[str, Check], exact: bool = True) -> Check:
         missing = [k for k in fields if k not in v]
         if missing:
             return f"lacks {missing}"
-        extra = sorted(k for k in v if k not in fields) if exact else []
+        extra = sorted(k for k in v if k not in fields and k not in optional_fields) if exact else []
         if extra:
             return f"has unknown fields {extra}"
-        for key, sub in fields.items():
+        present = {**fields, **{k: c for k, c in optional_fields.items() if k in v}}
+        for key, sub in present.items():
             problem = sub(v[key])
             if problem:
                 return f"field {key!r} {problem}"
@@ -133,7 +137,19 @@ SETTINGS = mapping(
         "plays_conversion": optional(integer(0)),
         "chunk_chars": integer(1),
         "shard_tokens": integer(1),
-    }
+    },
+    # tokenizer=bpe: what its training was given (gptmini.data.bpe.bpe_settings)
+    optional_fields={
+        "bpe": mapping(
+            {
+                "format_version": integer(1),
+                "vocab_size": integer(257, 1 << 32),
+                "train_bytes": integer(1),
+                "pattern": text(),
+                "val_fraction": fraction,
+            }
+        )
+    },
 )
 SOURCE_FILE = mapping(
     {
@@ -239,6 +255,8 @@ def check_meta(meta: Any, data_dir: Path) -> dict[str, Any]:
             and "/" not in meta["vocab_file"][len(meta["shard_dir"]) + 1 :]
         ),
         "the char tokenizer has a vocab_file": meta["tokenizer"] != "char" or meta["vocab_file"] is not None,
+        "a trained bpe has a vocab_file and its settings": meta["tokenizer"] != "bpe"
+        or (meta["vocab_file"] is not None and "bpe" in meta["settings"]),
     }
     broken = [rule for rule, ok in relations.items() if not ok]
     if broken:
