@@ -1,8 +1,9 @@
 """Time to nanoGPT's quick-start loss: how long the training command takes, whole process, to reach val/loss <=
 1.8857 on tinyshakespeare characters (``TARGET``: nanoGPT's quick-start value), with nanoGPT's recipe
 (``experiment=shakespeare_char_cpu``), with the full recipe (``experiment=speedrun_char_cpu``) and with the
-recipe minus each of its ingredients and plus each speedrun ingredient measured not to pay at this scale
-(ReLU², zero-initialised projections), over several seeds.
+recipe minus each of its ingredients and plus each speedrun ingredient it does not use (ReLU², zero-initialised
+projections, value embeddings, the smear gate, the bigram embedding, NorMuon, cautious weight decay, momentum
+warmup, weight averaging), over several seeds.
 
 Each run is a fresh ``python -m gptmini.training`` process that stops itself at the first validation at or below
 the target (``target_val_loss``), validating on the whole held-out tenth (over 100k tokens). Its time to target is
@@ -69,6 +70,41 @@ CONFIGS = (
         "+ relu2",
         (SPEEDRUN, "model.mlp=relu2", "model.gelu_approximate=tanh"),
         "ReLU^2 MLP (modded-nanogpt's) in place of GELU",
+    ),
+    RecipeConfig(
+        "+ value_embeds",
+        (SPEEDRUN, "model.value_embeds=2"),
+        "gated value embeddings in the 4th and 2nd of the 4 layers (modded-nanogpt; nanochat's gate)",
+    ),
+    RecipeConfig(
+        "+ smear_gate",
+        (SPEEDRUN, "model.smear_gate=true"),
+        "the previous token's embedding mixed in through a learned gate (modded-nanogpt)",
+    ),
+    RecipeConfig(
+        "+ bigram",
+        (SPEEDRUN, "model.bigram_embed=true"),
+        "an exact (previous, current) character-pair embedding added at the input: 65^2 + 1 rows of 128",
+    ),
+    RecipeConfig(
+        "+ normuon",
+        (SPEEDRUN, "optimizer.hidden.normuon=true"),
+        "NorMuon: Muon's update variance-normalised per neuron, beta2 0.95 (modded-nanogpt, nanochat)",
+    ),
+    RecipeConfig(
+        "+ cautious_wd",
+        (SPEEDRUN, "optimizer.hidden.weight_decay=0.1", "optimizer.hidden.cautious_weight_decay=true"),
+        "cautious weight decay 0.1 on the hidden matrices (the recipe has none there)",
+    ),
+    RecipeConfig(
+        "+ momentum_warmup",
+        (SPEEDRUN, "optimizer.hidden.momentum_warmup_steps=50"),
+        "Muon's momentum ramped from 0.85 to 0.95 over the first 50 steps (modded-nanogpt)",
+    ),
+    RecipeConfig(
+        "+ ema",
+        (SPEEDRUN, "callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.95}"),
+        "validation on an exponential moving average of the weights (decay 0.95 per step)",
     ),
 )
 

@@ -15,8 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptmini import generation, lm_loss
+from gptmini import generation, ingredients, lm_loss
 from gptmini.attention import KVCache, attention_class, available_attention, build_attention
+from gptmini.feed_forward import FEED_FORWARDS
 
 
 class ConfigError(ValueError):
@@ -73,6 +74,14 @@ class GPTConfig:
     # Logit soft-capping (Gemma 2, modded-nanogpt): logits = cap * tanh(logits / cap) keeps every logit within
     # (-cap, cap). null: no cap.
     logit_softcap: float | None = None
+    # The speedrun's input-side ingredients (gptmini/ingredients.py; docs/training-recipe.md): value_embeds layers
+    # (the last, then every other one back) add a gated token table to their attention's values; smear_gate mixes
+    # the previous token's embedding into each token's; bigram_embed adds an embedding of (previous, current) token
+    # pairs, exact (vocab_size^2 + 1 rows) or, with bigram_buckets, hashed into that many rows.
+    value_embeds: int = 0
+    smear_gate: bool = False
+    bigram_embed: bool = False
+    bigram_buckets: int | None = None
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
     kv_heads: int = field(init=False)
@@ -140,6 +149,8 @@ class GPTConfig:
         self.head_size = self.n_embd // self.n_head
         m = self.pad_vocab_multiple
         self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
+        if (problem := ingredients.ingredient_problem(self)) is not None:
+            raise ConfigError(problem)
 
     def _check_block_options(self) -> None:
         if self.norm not in NORMS:
@@ -277,63 +288,6 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return cap * torch.tanh(logits / cap)
 
 
-class MLP(nn.Module):
-    """GPT-2's feed-forward sublayer: Linear, GELU (tanh-approximated, as GPT-2's, unless
-    ``config.gelu_approximate`` is "none"), Linear."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.gelu = nn.GELU(approximate=config.gelu_approximate)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        # the 2-D weights an orthogonalising optimizer (Muon) may take: see GPT.parameter_roles
-        return [self.c_fc.weight, self.c_proj.weight]
-
-
-class ReLU2MLP(nn.Module):
-    """modded-nanogpt's feed-forward sublayer: Linear, squared ReLU (So et al., Primer), Linear."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.relu(self.c_fc(x)).square()))  # (B, T, C)
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        return [self.c_fc.weight, self.c_proj.weight]
-
-
-class SwiGLU(nn.Module):
-    """Llama's gated feed-forward sublayer (Shazeer 2020): ``c_proj(silu(w_gate(x)) * w_up(x))``.
-
-    The output projection keeps GPT-2's name ``c_proj`` so initialisation scales it as a residual projection."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.w_gate = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.w_up = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))  # (B, T, C)
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        return [self.w_gate.weight, self.w_up.weight, self.c_proj.weight]
-
-
-_MLP_CLASSES: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``; with ``mlp=none`` only the
     attention sublayer (``ln_2`` and ``mlp`` are None)."""
@@ -352,14 +306,22 @@ class Block(nn.Module):
         )
         has_mlp = config.mlp != "none"
         self.ln_2 = build_norm(config) if has_mlp else None
-        self.mlp = _MLP_CLASSES[config.mlp](config) if has_mlp else None
+        self.mlp = FEED_FORWARDS[config.mlp](config) if has_mlp else None
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        values: ingredients.ValuesFn | None = None,
+    ) -> torch.Tensor:
+        h = self.ln_1(x)
+        # values: the layer's value embedding (model.value_embeds), from its normalised input to extra values
+        extra = {} if values is None else {"values": values(h)}
         if kv_cache is None:
-            a = self.attn(self.ln_1(x))
+            a = self.attn(h, **extra)
         else:
-            a = self.attn(self.ln_1(x), kv_cache=kv_cache)
+            a = self.attn(h, kv_cache=kv_cache, **extra)
         x = x + self.resid_dropout(a)
         if self.mlp is None:
             return x
@@ -383,6 +345,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = build_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.value_embeds = ingredients.ValueEmbeddings(config) if config.value_embeds else None
+        self.smear = ingredients.SmearGate(config) if config.smear_gate else None
+        self.bigram = ingredients.BigramEmbedding(config) if config.bigram_embed else None
         if config.tie_weights:
             # One tensor for both: the input embedding and the output projection learn together.
             self.lm_head.weight = self.wte.weight
@@ -413,6 +378,14 @@ class GPT(nn.Module):
         if self.config.zero_init:
             for p in self.zero_init_parameters():
                 nn.init.zeros_(p)
+        for module in self._ingredients():
+            module.reset_parameters()  # each ingredient's own start (gates at zero, the bigram table at zero)
+
+    def _ingredients(self) -> list[nn.Module]:
+        return [m for m in (self.value_embeds, self.smear, self.bigram) if m is not None]
+
+    def _ingredient_tables(self) -> list[nn.Parameter]:
+        return [p for m in (self.value_embeds, self.bigram) if m is not None for p in m.embeddings()]
 
     def zero_init_parameters(self) -> list[nn.Parameter]:
         """What ``zero_init`` starts at zero: each block's residual output projections and an untied LM head."""
@@ -451,6 +424,7 @@ class GPT(nn.Module):
                     roles[role].append(p)
 
         add("embedding", [self.wte.weight] + ([] if self.wpe is None else [self.wpe.weight]))
+        add("embedding", self._ingredient_tables())  # value and bigram embeddings: token tables too
         add("head", [self.lm_head.weight])  # the token table itself when tied: already taken
         for block in self.blocks:
             add("hidden", block.hidden_matrices())
@@ -480,6 +454,10 @@ class GPT(nn.Module):
 
     def _embed(self, idx: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.wte(idx)  # (B, T, C)
+        if self.smear is not None or self.bigram is not None:
+            ingredients.check_no_offset(offset)
+            x = x if self.smear is None else self.smear(x)
+            x = x if self.bigram is None else x + self.bigram(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(offset, offset + idx.size(1), dtype=torch.long, device=idx.device))
         return self.drop(x)
@@ -489,9 +467,15 @@ class GPT(nn.Module):
         offset = kv_caches[0].pos if kv_caches is not None else 0
         self._check_length(t, offset)
         x = self._embed(idx, offset)  # (B, T, C)
+        values = self._layer_values(idx)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i])
+            x = block(x, None if kv_caches is None else kv_caches[i], values[i])
         return self.ln_f(x)  # (B, T, C)
+
+    def _layer_values(self, idx: torch.Tensor) -> list[ingredients.ValuesFn | None]:
+        if self.value_embeds is None:
+            return [None] * self.config.n_layer
+        return self.value_embeds.per_layer(idx, self.config.n_layer)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         logits = softcap(self.lm_head(h), self.config.logit_softcap)  # (B, T, Vp)
@@ -557,16 +541,21 @@ class GPT(nn.Module):
         self._check_length(t)
         x = self._embed(idx)
         maps = []
-        for block in self.blocks:
+        values = self._layer_values(idx)
+        for block, v in zip(self.blocks, values, strict=True):
             maps.append(block.attn.attention_probs(block.ln_1(x)))  # (B, nh, T, T)
-            x = block(x)
+            x = block(x, None, v)
         return torch.stack(maps)
 
     # --- generation -------------------------------------------------------------------------------------
 
     @property
     def supports_kv_cache(self) -> bool:
-        return all(getattr(block.attn, "supports_kv_cache", False) for block in self.blocks)
+        # the smear gate and the bigram embedding read the previous token, which a cached step does not feed
+        previous_token = self.smear is not None or self.bigram is not None
+        return not previous_token and all(
+            getattr(block.attn, "supports_kv_cache", False) for block in self.blocks
+        )
 
     def new_kv_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
         p = next(self.parameters())
@@ -588,6 +577,7 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())  # parameters() counts a tied tensor once
         if exclude_embeddings:
             n -= 0 if self.wpe is None else self.wpe.weight.numel()
+            n -= sum(p.numel() for p in self._ingredient_tables())  # looked up, never multiplied
             if not self.config.tie_weights:
                 n -= self.wte.weight.numel()
         return n

@@ -82,6 +82,8 @@ class LMAttention(nn.Module):
     # the GPTConfig attention options it honours, passed to its constructor by keyword (see
     # GPTConfig.attention_options); any other option set in a config is refused at config time
     options: ClassVar[frozenset[str]] = frozenset()
+    # forward(x, values=...) adds values (B, T, C_kv) to its own before attending (value embeddings)
+    takes_values: ClassVar[bool] = False
 
     out_proj: nn.Linear
 

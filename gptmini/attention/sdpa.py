@@ -57,6 +57,7 @@ class CausalSelfAttention(LMAttention):
     gpt2_compatible = True
     any_length = True
     fused = True
+    takes_values = True
     options = frozenset(
         {"n_kv_head", "rope_base", "alibi", "sliding_window", "qk_norm", "attn_gate", "attn_sink", "kernel"}
     )
@@ -118,21 +119,26 @@ class CausalSelfAttention(LMAttention):
     def grouped(self) -> bool:
         return self.n_kv_head != self.n_head
 
-    def _heads(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    def _heads(
+        self, x: Tensor, start: int = 0, values: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values as they enter the dot product: q and k normalised, then rotated to their
         absolute positions (``start`` is the first one). Queries and keys are adjacent in the fused projection,
         so both are normalised and rotated as one tensor, in (B, T, heads, hs) layout, before the heads move
-        forward: half the small operations, which is what these options cost at training sizes."""
+        forward: half the small operations, which is what these options cost at training sizes. ``values``
+        (B, T, C_kv), if given, is added to the values (value embeddings)."""
         B, T, C = x.shape
         qkv = self.qkv(x)  # (B, T, C + 2 C_kv)
         # split, not slicing: a split's backward is one concatenation, a slice's a zero-filled copy per slice
         if self.q_norm is None and not self.rope:
             q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)
+            v = v if values is None else v + values.to(v.dtype)
             q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
             k, v = (t.view(B, T, self.n_kv_head, self.head_size) for t in (k, v))  # (B, T, n_kv, hs)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         heads = self.n_head + self.n_kv_head
         qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)
+        v = v if values is None else v + values.to(v.dtype)
         qk = qk.view(B, T, heads, self.head_size)  # (B, T, nh + n_kv, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size)  # (B, T, n_kv, hs)
         if self.q_norm is not None:
@@ -182,10 +188,10 @@ class CausalSelfAttention(LMAttention):
         scores = self.scores(cached=cached)
         return self.kernels.select(scores.features(self.grouped), T, device, scores)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, values: Tensor | None = None) -> Tensor:
         B, T, C = x.shape
         start = 0 if kv_cache is None else kv_cache.pos  # absolute position of the first new token
-        q, k, v = self._heads(x, start)  # keys enter the cache already rotated: each is rotated once
+        q, k, v = self._heads(x, start, values)  # keys enter the cache already rotated: each is rotated once
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
         y = self.kernels(q, k, v, self.scores(start, cached=kv_cache is not None))  # (B, nh, T, hs)

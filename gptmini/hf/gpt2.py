@@ -45,6 +45,7 @@ from gptmini.hf.common import (
     write_folder,
     wrong_shapes,
 )
+from gptmini.ingredients import hf_inexpressible
 from gptmini.model import GPT, GPTConfig
 
 __all__ = ["HFWeightsError", "load_gpt2_weights", "load_hf_gpt2", "save_hf_gpt2"]
@@ -217,6 +218,11 @@ def _check_model(model: GPT, what: str) -> None:
         raise HFWeightsError(
             f"cannot {what} GPT-2 weights with model.logit_softcap={c.logit_softcap}: GPT-2 has no logit "
             "soft-capping (use model.logit_softcap=null)"
+        )
+    if (ingredient := hf_inexpressible(c)) is not None:
+        raise HFWeightsError(
+            f"cannot {what} GPT-2 weights with model.{ingredient[0]}={ingredient[1]}: a GPT-2 checkpoint has no "
+            f"weights for it (train without model.{ingredient[0]})"
         )
     options = c.attention_options()
     if options:

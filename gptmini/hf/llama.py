@@ -49,6 +49,7 @@ from gptmini.hf.common import (
     write_folder,
     wrong_shapes,
 )
+from gptmini.ingredients import hf_inexpressible
 from gptmini.model import _OPTION_SETTINGS, GPT, GPTConfig
 
 __all__ = [
@@ -135,6 +136,11 @@ def check_llama_model(config: GPTConfig, what: str = "export") -> None:
         raise HFWeightsError(
             f"cannot {what} a model with model.logit_softcap={config.logit_softcap} in Llama's format: a Llama "
             "checkpoint has no logit soft-capping, so its logits would differ (train with model.logit_softcap=null)"
+        )
+    if (ingredient := hf_inexpressible(config)) is not None:
+        raise HFWeightsError(
+            f"cannot {what} a model with model.{ingredient[0]}={ingredient[1]} in Llama's format: a Llama "
+            f"checkpoint has no weights for it (train without model.{ingredient[0]})"
         )
     extra = sorted(set(config.attention_options()) - _LLAMA_OPTIONS)
     if extra:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -49,12 +49,84 @@ def muon_lr_scale(shape: torch.Size, adjust_lr_fn: str | None) -> float:
     return 1.0
 
 
+# BatchedMuon's options beyond torch.optim.Muon's, with their defaults (each off by default: plain Muon)
+MUON_OPTIONS: dict[str, Any] = {
+    "normuon": False,
+    "beta2": 0.95,
+    "cautious_weight_decay": False,
+    "momentum_warmup_steps": 0,
+    "momentum_warmup_start": 0.85,
+}
+
+
+def check_muon_options(settings: Mapping[str, Any], prefix: str = "optimizer.hidden") -> None:
+    """Raises ValueError naming the first invalid setting of ``MUON_OPTIONS`` in ``settings`` (the config's
+    schema runs it too: ``MuonRoleSchema``; any other setting is torch.optim.Muon's to check)."""
+    for key in ("normuon", "cautious_weight_decay"):
+        if key in settings and not isinstance(settings[key], bool):
+            raise ValueError(f"{prefix}.{key}={settings[key]!r} is invalid: true or false")
+    for key in ("beta2", "momentum_warmup_start"):
+        value = settings.get(key, MUON_OPTIONS[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"{prefix}.{key}={value!r} is invalid: it must be in [0, 1) (0.95 / 0.85 are usual)"
+            )
+    steps = settings.get("momentum_warmup_steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(
+            f"{prefix}.momentum_warmup_steps={steps!r} is invalid: a number of optimizer steps >= 0 (0: no warmup)"
+        )
+
+
+def warmup_momentum(step: int, group: Mapping[str, Any]) -> float:
+    """Muon's momentum at optimizer ``step`` (0-based): with ``momentum_warmup_steps`` N > 0 it ramps linearly from
+    ``momentum_warmup_start`` to the group's ``momentum`` over the first N steps (modded-nanogpt), flat after."""
+    n = group["momentum_warmup_steps"]
+    if n <= 0:
+        return group["momentum"]
+    frac = min(step / n, 1.0)
+    return (1 - frac) * group["momentum_warmup_start"] + frac * group["momentum"]
+
+
+def normuon_scale(ortho: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
+    """NorMuon's variance normalisation (Li et al.; modded-nanogpt, nanochat) of a stack of orthogonalised updates
+    ``(N, rows, cols)``: each neuron's mean square (per row of a tall or square matrix, per column of a wide one) is
+    averaged over steps into ``second_moment`` (``(N, rows, 1)`` or ``(N, 1, cols)``, updated in place, decay
+    ``beta2``), the update is divided by its root, then rescaled so that each matrix keeps its Frobenius norm: the
+    neurons' step sizes are evened out, the update's size stays Muon's. Returns float32."""
+    o = ortho.float()
+    dim = -1 if o.size(-2) >= o.size(-1) else -2
+    second_moment.lerp_(o.square().mean(dim=dim, keepdim=True), 1 - beta2)
+    scaled = o * second_moment.clamp_min(1e-10).rsqrt()
+    keep = o.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10)
+    return scaled * keep
+
+
 class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` whose Newton-Schulz iterations run once per shape: the momentum updates of a group's
     same-shaped matrices are stacked and orthogonalised by batched products. The update and the state (one
     ``momentum_buffer`` per parameter) are Muon's own; only the number of kernel launches changes, from about
     fifteen per matrix to fifteen per shape. That is what keeps a GPU busy when the hidden matrices are small
-    (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches."""
+    (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
+
+    Options beyond Muon's (``MUON_OPTIONS``, all off by default), from the GPT-2 speedrun (modded-nanogpt) and
+    nanochat, each a group setting saved with the group, their state in the per-parameter state:
+
+    - ``normuon``: the orthogonalised update is variance-normalised per neuron (``normuon_scale``, decay ``beta2``;
+      state ``second_momentum_buffer``);
+    - ``cautious_weight_decay``: decoupled weight decay only where the update and the weight have the same sign,
+      i.e. where the step already moves the weight towards zero (Chen et al., "Cautious Weight Decay");
+    - ``momentum_warmup_steps``: the momentum ramps from ``momentum_warmup_start`` to ``momentum``
+      (``warmup_momentum``; state ``step``, so a resumed run continues the ramp where it was)."""
+
+    def __init__(self, params: Any, **settings: Any) -> None:
+        check_muon_options(settings)
+        options = {k: settings.pop(k, v) for k, v in MUON_OPTIONS.items()}
+        super().__init__(params, **settings)
+        self.defaults.update(options)
+        for group in self.param_groups:
+            for k, v in options.items():
+                group.setdefault(k, v)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -70,9 +142,20 @@ class BatchedMuon(torch.optim.Muon):
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+        momentum = warmup_momentum(state.get("step", 0), group)
+        state["step"] = state.get("step", 0) + 1
         buf = state["momentum_buffer"]
-        buf.lerp_(p.grad, 1 - group["momentum"])
-        return p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+        buf.lerp_(p.grad, 1 - momentum)
+        return p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+
+    def _second_moments(self, params: list[nn.Parameter]) -> Tensor:
+        # each matrix's NorMuon buffer, stacked: (N, rows, 1) for tall or square matrices, (N, 1, cols) for wide
+        rows, cols = params[0].shape
+        shape = (rows, 1) if rows >= cols else (1, cols)
+        for p in params:
+            if "second_momentum_buffer" not in self.state[p]:
+                self.state[p]["second_momentum_buffer"] = p.new_zeros(shape, dtype=torch.float32)
+        return torch.stack([self.state[p]["second_momentum_buffer"] for p in params])
 
     def _step_group(self, group: dict[str, Any]) -> None:
         by_shape: dict[tuple[Any, ...], list[tuple[nn.Parameter, Tensor]]] = {}
@@ -84,14 +167,57 @@ class BatchedMuon(torch.optim.Muon):
             key = (tuple(p.shape), p.device, p.dtype)
             by_shape.setdefault(key, []).append((p, self._momentum_update(p, group)))
         lr = float(group["lr"])
-        decay = 1 - lr * group["weight_decay"]
+        decay = lr * group["weight_decay"]
         for (shape, _, _), items in by_shape.items():
+            params = [p for p, _ in items]
             stacked = torch.stack([u for _, u in items])  # (N, rows, cols)
             ortho = newton_schulz(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            if group["normuon"]:
+                second = self._second_moments(params)  # (N, rows, 1) or (N, 1, cols)
+                ortho = normuon_scale(ortho, second, group["beta2"])
+                for p, s in zip(params, second.unbind(0), strict=True):
+                    self.state[p]["second_momentum_buffer"].copy_(s)
             step = lr * muon_lr_scale(torch.Size(shape), group["adjust_lr_fn"])
-            for (p, _), o in zip(items, ortho.unbind(0), strict=True):
-                p.mul_(decay)
+            for p, o in zip(params, ortho.unbind(0), strict=True):
+                if group["cautious_weight_decay"]:
+                    # decay only the coordinates the step moves towards zero: update (-o) and weight of opposite
+                    # signs, o * p >= 0
+                    p.sub_(p * (o * p >= 0), alpha=decay)
+                else:
+                    p.mul_(1 - decay)
                 p.add_(o, alpha=-step)
+
+
+def check_role_settings(settings: Mapping[str, Any]) -> None:
+    """Raises ValueError naming the first invalid setting of a ``MuonAdamW`` config: Muon's options under
+    ``hidden``, and ``cautious_weight_decay`` of each AdamW role (the config's schema checks the same first)."""
+    if isinstance(settings.get("hidden"), Mapping):
+        check_muon_options(settings["hidden"])
+    for role in ADAMW_ROLES:
+        value = (settings.get(role) or {}).get("cautious_weight_decay", False)
+        if not isinstance(value, bool):
+            raise ValueError(f"optimizer.{role}.cautious_weight_decay={value!r} is invalid: true or false")
+
+
+def cautious_adamw_step(adamw: torch.optim.Optimizer) -> None:
+    """``adamw.step()``, with cautious weight decay in the groups that set ``cautious_weight_decay``: the decoupled
+    decay (``lr * weight_decay`` of the weight before the step) only where the Adam step moves the weight towards
+    zero. The step runs without decay in those groups; the direction it took (before minus after) gives the mask."""
+    cautious = [g for g in adamw.param_groups if g.get("cautious_weight_decay") and g["weight_decay"] > 0]
+    saved = []
+    for g in cautious:
+        params = [p for p in g["params"] if p.grad is not None]
+        saved.append((g, g["weight_decay"], params, [p.detach().clone() for p in params]))
+        g["weight_decay"] = 0.0
+    try:
+        adamw.step()
+    finally:
+        for g, decay, _, _ in saved:
+            g["weight_decay"] = decay
+    with torch.no_grad():
+        for g, decay, params, before in saved:
+            for p, b in zip(params, before, strict=True):
+                p.sub_(b * ((b - p) * b > 0), alpha=g["lr"] * decay)
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -123,6 +249,9 @@ class MuonAdamW(torch.optim.Optimizer):
         foreach: bool | None = None,
         stacked: dict[nn.Parameter, tuple[int, ...]] | None = None,
     ) -> None:
+        check_role_settings(
+            {"hidden": hidden, "embedding": embedding, "head": head, "matrix": matrix, "vector": vector}
+        )
         unknown = sorted(set(roles) - set(ROLES))
         if unknown:
             raise ValueError(f"unknown parameter role(s) {unknown}: expected {', '.join(ROLES)}")
@@ -219,8 +348,10 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         with self._muon_steps_projections():
-            for opt in self.optimizers.values():
-                opt.step()
+            if "muon" in self.optimizers:
+                self.optimizers["muon"].step()
+        if "adamw" in self.optimizers:
+            cautious_adamw_step(self.optimizers["adamw"])
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # the placeholder vocabulary of a model whose tokenizer's is known only once the data is prepared
 VOCAB_PLACEHOLDER = 50257
+# the char tokenizer's stand-in where the vocabulary's size matters before the corpus is read (an exact bigram table)
+CHAR_VOCAB_PLACEHOLDER = 256
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class RunPlan:
     """What a run was checked to be, and the values derived from its config for the trainer, the data and the
     model."""
 
-    model: GPTConfig  # vocab_size is VOCAB_PLACEHOLDER until the data is prepared when vocab_known is False
+    model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool
     trainer: TrainerSchema
     data: DataSchema | None  # None: a data module of the user's own (no schema)
@@ -125,8 +127,22 @@ def _model_config(cfg: DictConfig) -> tuple[GPTConfig, bool]:
     values.pop("init_from", None)
     vocab_known = values["vocab_size"] is not None
     if not vocab_known:
-        values["vocab_size"] = VOCAB_PLACEHOLDER
+        values["vocab_size"] = _vocab_placeholder(cfg, values)
     return GPTConfig.from_dict(values), vocab_known
+
+
+def _vocab_placeholder(cfg: DictConfig, model: dict[str, Any]) -> int:
+    """``VOCAB_PLACEHOLDER``, or for an exact bigram table (``model.bigram_embed`` without buckets, sized by the
+    vocabulary squared) a size nearer the tokenizer's: 256 for the char tokenizer (the corpus's characters, known
+    once the data is prepared, and checked then) and a BPE's ``tokenizer.vocab_size``."""
+    if not model.get("bigram_embed") or model.get("bigram_buckets") is not None:
+        return VOCAB_PLACEHOLDER
+    name = str(cfg.tokenizer.name)
+    if name == "char":
+        return CHAR_VOCAB_PLACEHOLDER
+    if name == "bpe" and cfg.tokenizer.get("vocab_size") is not None:
+        return int(cfg.tokenizer.vocab_size)
+    return VOCAB_PLACEHOLDER
 
 
 def _check_optimizer_under_trainer(node: DictConfig, optimizer: Any, trainer: TrainerSchema) -> None:

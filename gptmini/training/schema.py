@@ -308,6 +308,23 @@ class MuonRoleSchema:
     eps: Optional[float] = None
     # "original": Keller Jordan's scale; "match_rms_adamw": Moonshot's, for reusing AdamW's lr and weight decay
     adjust_lr_fn: Optional[str] = None
+    # BatchedMuon's options beyond torch.optim.Muon's (gptmini.training.optimizers.MUON_OPTIONS), all off by
+    # default. The switches are Any, not bool: OmegaConf would read 3 or "yes" as true, while the optimizer is
+    # built from the config as written and takes only true or false (checked below).
+    normuon: Any = False
+    beta2: float = 0.95
+    cautious_weight_decay: Any = False
+    momentum_warmup_steps: int = 0
+    momentum_warmup_start: float = 0.85
+
+    def check(self, key: str) -> None:
+        from gptmini.training.optimizers import MUON_OPTIONS, check_muon_options
+
+        _check_lr_and_decay(key, self.lr, self.weight_decay)
+        try:
+            check_muon_options({k: getattr(self, k) for k in MUON_OPTIONS}, key)
+        except ValueError as err:
+            raise RunError(str(err)) from None
 
 
 @dataclass
@@ -324,6 +341,15 @@ class RoleSchema:
 
     lr: Optional[float] = None
     weight_decay: Optional[float] = None
+    # decay only where the Adam step moves the weight towards zero (Any, not bool: see MuonRoleSchema)
+    cautious_weight_decay: Any = False
+
+    def check(self, key: str) -> None:
+        _check_lr_and_decay(key, self.lr, self.weight_decay)
+        if not isinstance(self.cautious_weight_decay, bool):
+            raise RunError(
+                f"{key}.cautious_weight_decay={self.cautious_weight_decay!r} is invalid: true or false"
+            )
 
 
 @option_schema("optimizer")
@@ -355,8 +381,7 @@ class MuonAdamWSchema:
 
     def check(self, key: str) -> None:
         for role in ROLE_KEYS:
-            group = getattr(self, role)
-            _check_lr_and_decay(f"{key}.{role}", group.lr, group.weight_decay)
+            getattr(self, role).check(f"{key}.{role}")
 
 
 def _check_warmup(key: str, warmup_steps: int) -> None:

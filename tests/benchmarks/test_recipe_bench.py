@@ -42,6 +42,17 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
         assert "MuonAdamW" in cfg.optimizer._target_ and "WarmupStableDecay" in cfg.scheduler._target_
     if config.name == "+ relu2":
         assert gpt.mlp == "relu2"
+    # each ingredient row sets its option, and only there
+    ingredients = {
+        "+ value_embeds": gpt.value_embeds == 2,
+        "+ smear_gate": gpt.smear_gate,
+        "+ bigram": gpt.bigram_embed and gpt.bigram_buckets is None,
+        "+ normuon": cfg.optimizer.get("hidden", {}).get("normuon", False),
+        "+ cautious_wd": cfg.optimizer.get("hidden", {}).get("cautious_weight_decay", False),
+        "+ momentum_warmup": cfg.optimizer.get("hidden", {}).get("momentum_warmup_steps", 0) > 0,
+        "+ ema": cfg.callbacks.get("ema") is not None,
+    }
+    assert {name for name, on in ingredients.items() if on} == ({config.name} & set(ingredients))
     if config.name == "nanoGPT":
         assert (gpt.position, gpt.mlp, cfg.trainer.max_steps) == ("learned", "gelu", 2000)
     # and builds its optimizer and schedule as the training command does (the speedrun's Muon and WSD keys under
@@ -63,8 +74,10 @@ def test_every_ablation_changes_the_recipe(compose_cfg, tmp_path):
 
     def trained(config) -> tuple:
         cfg, gpt = _composed(config, compose_cfg, tmp_path)
-        return gpt, *(
-            OmegaConf.to_container(cfg[k], resolve=True) for k in ("optimizer", "scheduler", "data")
+        return (
+            gpt,
+            cfg.callbacks.get("ema"),
+            *(OmegaConf.to_container(cfg[k], resolve=True) for k in ("optimizer", "scheduler", "data")),
         )
 
     recipe = trained(next(c for c in CONFIGS if c.name == "recipe"))

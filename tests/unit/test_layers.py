@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gptmini"
 # lowest first; a module may import from its own layer or any lower one
 LAYERS = [
     ("gptmini.fileio", "gptmini.conf_dir", "gptmini.options", "gptmini.attention", "gptmini.lm_loss"),
-    ("gptmini.model", "gptmini.generation", "gptmini.limits"),
+    ("gptmini.model", "gptmini.feed_forward", "gptmini.generation", "gptmini.ingredients", "gptmini.limits"),
     ("gptmini.data",),
     ("gptmini.checkpoint", "gptmini.run", "gptmini.runs", "gptmini.hf", "gptmini.viz", "gptmini.insight"),
     ("gptmini.inference",),

@@ -407,8 +407,9 @@ def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog
         ),
         (
             ["+optimizer.hidden.momentun=0.9"],
-            r"^optimizer\.hidden\.momentun is not a setting of optimizer\.hidden: its settings are adjust_lr_fn, eps, "
-            r"lr, momentum, nesterov, ns_steps, weight_decay; drop it \(~optimizer\.hidden\.momentun\)",
+            r"^optimizer\.hidden\.momentun is not a setting of optimizer\.hidden: its settings are adjust_lr_fn, "
+            r"beta2, cautious_weight_decay, eps, lr, momentum, momentum_warmup_start, momentum_warmup_steps, "
+            r"nesterov, normuon, ns_steps, weight_decay; drop it \(~optimizer\.hidden\.momentun\)",
         ),
         (
             ["+data.shuffle=true"],

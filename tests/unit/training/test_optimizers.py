@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.optimizers import ROLES, MuonAdamW
+from gptmini.training.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
 
 VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
 MUON = OmegaConf.to_container(OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"))
@@ -42,6 +42,8 @@ def _models() -> dict[str, GPT]:
     models["llama_tiny"] = GPT(GPTConfig.from_preset("llama_tiny", vocab_size=50))
     models["relu2_untied"] = _tiny(mlp="relu2", tie_weights=False, position="rope", qk_norm=True)
     models["attention_only"] = _tiny(mlp="none")
+    # the input ingredients' tables are embeddings, their gates AdamW matrices and vectors: none reaches Muon
+    models["ingredients"] = _tiny(value_embeds=1, smear_gate=True, bigram_embed=True, n_kv_head=2)
     return models
 
 
@@ -99,7 +101,10 @@ def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
             part.grad = g.clone()
         separate[id(p)] = parts
     s = SETTINGS
-    muon = torch.optim.Muon([q for p in rb["hidden"] for q in separate.get(id(p), [p])], **s["hidden"])
+    # BatchedMuon's own options are all off in conf/optimizer/muon.yaml: plain Muon, which takes none of them
+    assert all(s["hidden"][k] == v for k, v in MUON_OPTIONS.items())
+    plain = {k: v for k, v in s["hidden"].items() if k not in MUON_OPTIONS}
+    muon = torch.optim.Muon([q for p in rb["hidden"] for q in separate.get(id(p), [p])], **plain)
     adamw = torch.optim.AdamW(
         [{"params": rb[r], **s[r]} for r in ("embedding", "head", "matrix", "vector") if rb[r]],
         betas=tuple(s["adamw"]["betas"]),
@@ -330,3 +335,240 @@ def test_muon_adamw_follows_a_model_moved_after_it_was_built():
     before = qkv.detach().clone()
     opt.step()
     assert not torch.equal(qkv, before)  # the step reached the moved weight itself
+
+
+# --- the speedrun's Muon options: NorMuon, cautious weight decay, momentum warmup ---------------------------
+
+
+def _reference_muon(params, grads_per_step, *, lr, wd, momentum, start, warmup, beta2, normuon, cautious):
+    """Muon with the options, one matrix at a time in float64, written from the formulas (modded-nanogpt's
+    NorMuon and cautious weight decay): the oracle for BatchedMuon's batched float32 version."""
+    from gptmini.training.optimizers import muon_lr_scale, newton_schulz
+
+    ps = [p.detach().double().clone() for p in params]
+    bufs = [torch.zeros_like(p) for p in ps]
+    seconds = [None] * len(ps)
+    for step, grads in enumerate(grads_per_step):
+        m = momentum if warmup == 0 else start + min(step / warmup, 1.0) * (momentum - start)
+        for i, (p, g) in enumerate(zip(ps, grads, strict=True)):
+            g = g.double()
+            bufs[i] = m * bufs[i] + (1 - m) * g
+            u = (1 - m) * g + m * bufs[i]  # Nesterov
+            o = newton_schulz(u[None].float(), (3.4445, -4.775, 2.0315), 5, 1e-7)[0].double()
+            if normuon:
+                rows, cols = o.shape
+                per_neuron = (o**2).mean(dim=1 if rows >= cols else 0, keepdim=True)
+                prev = torch.zeros_like(per_neuron) if seconds[i] is None else seconds[i]
+                seconds[i] = beta2 * prev + (1 - beta2) * per_neuron
+                scaled = o / seconds[i].sqrt()
+                o = scaled * (o.norm() / scaled.norm())
+            mask = (o * p >= 0).double() if cautious else torch.ones_like(p)
+            ps[i] = p - lr * wd * p * mask - lr * muon_lr_scale(p.shape, "original") * o
+    return ps, seconds
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"normuon": True},
+        {"cautious_weight_decay": True},
+        {"momentum_warmup_steps": 2, "momentum_warmup_start": 0.5},
+        {"normuon": True, "cautious_weight_decay": True, "momentum_warmup_steps": 3},
+    ],
+    ids=["normuon", "cautious", "momentum_warmup", "all"],
+)
+def test_batched_muon_options_step_as_the_formulas(options):
+    from gptmini.training.optimizers import BatchedMuon
+
+    torch.manual_seed(0)
+    shapes = [(8, 24), (24, 8), (8, 24), (16, 16)]  # wide (per-column statistics), tall (per-row), square
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    start = [p.detach().clone() for p in params]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    opt = BatchedMuon(params, lr=0.05, weight_decay=0.3, momentum=0.9, adjust_lr_fn="original", **options)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+    expected, seconds = _reference_muon(
+        start,
+        grads,
+        lr=0.05,
+        wd=0.3,
+        momentum=0.9,
+        start=options.get("momentum_warmup_start", 0.85),
+        warmup=options.get("momentum_warmup_steps", 0),
+        beta2=0.95,
+        normuon=options.get("normuon", False),
+        cautious=options.get("cautious_weight_decay", False),
+    )
+    for p, e in zip(params, expected, strict=True):
+        torch.testing.assert_close(p.double(), e, rtol=2e-4, atol=2e-5)
+    if options.get("normuon"):
+        for p, s in zip(params, seconds, strict=True):
+            torch.testing.assert_close(
+                opt.state[p]["second_momentum_buffer"].double(), s, rtol=1e-4, atol=1e-8
+            )
+    assert all(opt.state[p]["step"] == 4 for p in params)
+
+
+def test_normuon_evens_out_the_neurons_and_keeps_the_update_norm():
+    from gptmini.training.optimizers import normuon_scale
+
+    torch.manual_seed(0)
+    o = torch.randn(3, 12, 5) * torch.linspace(0.1, 3.0, 12)[:, None]  # tall: rows of very different sizes
+    second = torch.zeros(3, 12, 1)
+    out = normuon_scale(o, second, beta2=0.0)  # beta2=0: this step's statistics alone
+    torch.testing.assert_close(out.norm(dim=(-2, -1)), o.norm(dim=(-2, -1)))
+    row_rms = out.square().mean(-1)
+    torch.testing.assert_close(row_rms, row_rms[:, :1].expand_as(row_rms))  # every row the same size
+    torch.testing.assert_close(second, o.square().mean(-1, keepdim=True))
+
+
+def test_cautious_weight_decay_spares_the_weights_the_update_pushes_away_from_zero():
+    from gptmini.training.optimizers import BatchedMuon, newton_schulz
+
+    torch.manual_seed(1)
+    w = torch.randn(6, 6)
+    g = torch.randn(6, 6)
+    plain, cautious = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    no_decay = torch.nn.Parameter(w.clone())
+    for p, kw in ((plain, {}), (cautious, {"cautious_weight_decay": True}), (no_decay, {})):
+        p.grad = g.clone()
+        decay = 0.0 if p is no_decay else 0.5
+        BatchedMuon([p], lr=0.1, weight_decay=decay, momentum=0.0, nesterov=False, **kw).step()
+    o = newton_schulz(g[None], (3.4445, -4.775, 2.0315), 5, 1e-7)[0]
+    same_sign = o * w >= 0
+    assert same_sign.any() and (~same_sign).any()
+    # where the step moves the weight away from zero, no decay; elsewhere the plain decoupled decay
+    torch.testing.assert_close(cautious[~same_sign], no_decay[~same_sign])
+    torch.testing.assert_close(cautious[same_sign], plain[same_sign])
+
+
+def test_momentum_warmup_ramps_linearly_then_holds():
+    from gptmini.training.optimizers import warmup_momentum
+
+    group = {"momentum": 0.95, "momentum_warmup_start": 0.85, "momentum_warmup_steps": 4}
+    got = [warmup_momentum(s, group) for s in range(7)]
+    assert got == pytest.approx([0.85, 0.875, 0.9, 0.925, 0.95, 0.95, 0.95])
+    assert warmup_momentum(0, {**group, "momentum_warmup_steps": 0}) == 0.95
+
+
+def test_muon_options_resume_exactly_from_a_saved_state(tmp_path: Path):
+    """Three steps, save, load into a fresh model and optimizer, three more: the same weights as six steps in one
+    go (the NorMuon buffers and the momentum warmup's step count are in the state)."""
+    options = {
+        "normuon": True,
+        "beta2": 0.9,
+        "cautious_weight_decay": True,
+        "momentum_warmup_steps": 5,
+        "weight_decay": 0.1,
+    }
+    settings = copy.deepcopy(SETTINGS)
+    settings["hidden"] |= options
+
+    def run(model, opt, steps, seed):
+        for s in range(steps):
+            torch.manual_seed(seed + s)
+            idx = torch.randint(0, 50, (2, 16))
+            _, loss = model(idx, idx.roll(-1, 1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    torch.manual_seed(0)
+    whole = _tiny(position="rope", qk_norm=True)
+    resumed = copy.deepcopy(whole)
+    opt = MuonAdamW(whole.parameter_roles(), stacked=whole.stacked_projections(), **copy.deepcopy(settings))
+    run(whole, opt, 6, 100)
+    first = MuonAdamW(
+        resumed.parameter_roles(), stacked=resumed.stacked_projections(), **copy.deepcopy(settings)
+    )
+    run(resumed, first, 3, 100)
+    torch.save({"model": resumed.state_dict(), "opt": first.state_dict()}, tmp_path / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    again = _tiny(position="rope", qk_norm=True)
+    again.load_state_dict(ckpt["model"])
+    second = MuonAdamW(
+        again.parameter_roles(), stacked=again.stacked_projections(), **copy.deepcopy(settings)
+    )
+    second.load_state_dict(ckpt["opt"])
+    assert second.optimizers["muon"].param_groups[0]["normuon"] is True
+    run(again, second, 3, 103)
+    for pa, pb in zip(whole.parameters(), again.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.hidden.beta2=1.5", r"optimizer\.hidden\.beta2=1\.5 is invalid: it must be in \[0, 1\)"),
+        ("optimizer.hidden.normuon=3", r"optimizer\.hidden\.normuon=3 is invalid: true or false"),
+        (
+            "optimizer.hidden.momentum_warmup_steps=-2",
+            r"optimizer\.hidden\.momentum_warmup_steps=-2 is invalid: a number of optimizer steps >= 0",
+        ),
+        (
+            "+optimizer.hidden.normuon_beta=0.9",
+            r"optimizer\.hidden\.normuon_beta is not a setting of optimizer\.hidden: its settings are .*normuon",
+        ),
+    ],
+)
+def test_bad_muon_options_fail_at_config_time(compose_cfg, override, message):
+    from gptmini.training.config import RunError, validate_config
+
+    with pytest.raises(RunError, match=message):
+        validate_config(compose_cfg(["debug=smoke", "optimizer=muon", override]))
+
+
+def test_cautious_weight_decay_of_an_adamw_role_steps_as_the_formula():
+    """An AdamW role with cautious weight decay against Adam written out in float64: the decay (lr * wd * weight)
+    only where the Adam step and the weight have the same sign; the other roles keep AdamW's plain decay."""
+    torch.manual_seed(0)
+    cautious_w, plain_w = torch.randn(6, 5), torch.randn(7)
+    cautious, plain = torch.nn.Parameter(cautious_w.clone()), torch.nn.Parameter(plain_w.clone())
+    settings = copy.deepcopy(SETTINGS)
+    settings["matrix"] = {"lr": 0.05, "weight_decay": 0.5, "cautious_weight_decay": True}
+    settings["vector"] = {"lr": 0.05, "weight_decay": 0.5}
+    opt = MuonAdamW({"matrix": [cautious], "vector": [plain]}, **settings)
+    grads = [(torch.randn(6, 5), torch.randn(7)) for _ in range(3)]
+    for gc, gp in grads:
+        cautious.grad, plain.grad = gc.clone(), gp.clone()
+        opt.step()
+    beta1, beta2 = settings["adamw"]["betas"]
+    eps = settings["adamw"]["eps"]
+
+    def adam(w, gs, is_cautious):
+        p, m, v = (
+            w.double().clone(),
+            torch.zeros_like(w, dtype=torch.float64),
+            torch.zeros_like(w, dtype=torch.float64),
+        )
+        for t, g in enumerate(gs, start=1):
+            g = g.double()
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g * g
+            step = 0.05 * (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + eps)
+            mask = (step * p > 0).double() if is_cautious else torch.ones_like(p)
+            p = p - 0.05 * 0.5 * p * mask - step
+        return p
+
+    want_cautious = adam(cautious_w, [g for g, _ in grads], True)
+    torch.testing.assert_close(cautious.double(), want_cautious, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        plain.double(), adam(plain_w, [g for _, g in grads], False), rtol=1e-5, atol=1e-6
+    )
+    assert not torch.allclose(want_cautious, adam(cautious_w, [g for g, _ in grads], False))
+    # the setting is the group's own: saved with it, and the decay is back in place after the step
+    group = opt.optimizers["adamw"].param_groups[0]
+    assert group["cautious_weight_decay"] is True and group["weight_decay"] == 0.5
+
+
+def test_a_bad_adamw_role_cautious_setting_fails_at_config_time(compose_cfg):
+    from gptmini.training.config import RunError, validate_config
+
+    cfg = compose_cfg(["debug=smoke", "optimizer=muon", "+optimizer.matrix.cautious_weight_decay=3"])
+    with pytest.raises(
+        RunError, match=r"optimizer\.matrix\.cautious_weight_decay=3 is invalid: true or false"
+    ):
+        validate_config(cfg)

@@ -1,0 +1,69 @@
+"""The blocks' feed-forward sublayers, one class per ``model.mlp`` choice (``FEED_FORWARDS``; ``none`` builds no
+sublayer). Each is built from the model's ``GPTConfig`` (``n_embd``, ``mlp_width``, ``bias``, ``dropout``) and
+names the hidden matrices an orthogonalising optimizer (Muon) may take.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    """GPT-2's feed-forward sublayer: Linear, GELU (tanh-approximated, as GPT-2's, unless
+    ``config.gelu_approximate`` is "none"), Linear."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.gelu = nn.GELU(approximate=config.gelu_approximate)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        # the 2-D weights an orthogonalising optimizer (Muon) may take: see GPT.parameter_roles
+        return [self.c_fc.weight, self.c_proj.weight]
+
+
+class ReLU2MLP(nn.Module):
+    """modded-nanogpt's feed-forward sublayer: Linear, squared ReLU (So et al., Primer), Linear."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.relu(self.c_fc(x)).square()))  # (B, T, C)
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        return [self.c_fc.weight, self.c_proj.weight]
+
+
+class SwiGLU(nn.Module):
+    """Llama's gated feed-forward sublayer (Shazeer 2020): ``c_proj(silu(w_gate(x)) * w_up(x))``.
+
+    The output projection keeps GPT-2's name ``c_proj`` so initialisation scales it as a residual projection."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.w_up = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))  # (B, T, C)
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        return [self.w_gate.weight, self.w_up.weight, self.c_proj.weight]
+
+
+FEED_FORWARDS: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}
