@@ -61,6 +61,7 @@ def test_every_option_at_once_trains_and_logs_maps_and_entropy(zoo_run, tb_event
     assert all(torch.isfinite(torch.tensor(e.value)) for e in ea.Scalars("val/loss"))
 
 
+@pytest.mark.slow
 def test_sampling_with_the_cache_and_attention_export_run_with_every_option(zoo_run, run_cli, tmp_path):
     _, run_dir = zoo_run
     ckpt = run_dir / "checkpoints" / "last.ckpt"
@@ -81,6 +82,7 @@ def test_sampling_with_the_cache_and_attention_export_run_with_every_option(zoo_
     assert (tmp_path / "layer1_heads.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_evaluation_runs_past_the_training_length(zoo_run, run_cli, tmp_path):
     _, run_dir = zoo_run
     out = tmp_path / "lengths.json"

@@ -28,6 +28,7 @@ def _run_dir(root, after: set | None = None):
     return run_dir
 
 
+@pytest.mark.slow
 def test_bf16_mixed_trains_validates_and_samples_on_the_cpu(tmp_path, run_cli, tb_events):
     _train(run_cli, tmp_path, "trainer.precision=bf16-mixed")
     run_dir = _run_dir(tmp_path)
@@ -44,6 +45,7 @@ def test_bf16_mixed_trains_validates_and_samples_on_the_cpu(tmp_path, run_cli, t
     assert {t.dtype for t in ckpt["state_dict"].values() if t.is_floating_point()} == {torch.float32}
 
 
+@pytest.mark.slow
 def test_the_gpu_default_scaled_down_trains_on_the_cpu_and_logs_what_the_cpu_default_logs(
     tmp_path, run_cli, tb_events
 ):

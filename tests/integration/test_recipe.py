@@ -157,6 +157,7 @@ def _gpt2_speedrun_tiny(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_gpt2_speedrun_composes_and_trains_a_few_steps_on_the_cpu(tmp_path, run_cli, tb_events):
     proc = run_cli.train(_gpt2_speedrun_tiny(tmp_path))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -96,6 +96,7 @@ def test_bpe_run_logs_bits_per_byte_of_the_validation_bytes(bpe_run, tb_events):
     assert ckpt["hyper_parameters"]["data_identity"]["tokenizer"] == "bpe"
 
 
+@pytest.mark.slow
 def test_resume_reuses_the_saved_tokenizer(bpe_run, run_cli):
     root, run_dir, data_dir = bpe_run
     (saved,) = data_dir.glob("tokens-*/bpe.json")
@@ -123,6 +124,7 @@ def test_resume_reuses_the_saved_tokenizer(bpe_run, run_cli):
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 9
 
 
+@pytest.mark.slow
 def test_sample_eval_and_attention_with_the_trained_bpe(bpe_run, run_cli, tmp_path):
     _, run_dir, data_dir = bpe_run
     ckpt = run_dir / "checkpoints" / "last.ckpt"

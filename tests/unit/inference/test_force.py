@@ -31,7 +31,10 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+# analyze's run is the longer one: its refusal goes through the same check as attention's
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, marks=pytest.mark.slow) if c == "analyze" else c for c in sorted(COMMANDS)]
+)
 def test_earlier_results_are_replaced_only_with_force(command, tiny_run, tmp_path, run_cli):
     extra, written, what = COMMANDS[command]
     out = tmp_path / "out"
