@@ -175,11 +175,17 @@ def _import(args: argparse.Namespace) -> None:
     log.info("imported %s -> %s (%s parameters)", args.hf, out, f"{model.num_parameters():,}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gptmini", description="gptmini models in Hugging Face formats (GPT-2, Llama)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_export(sub)
+    _add_import(sub)
+    return parser
+
+
+def _add_export(sub: Any) -> None:
     exp = sub.add_parser(
         "export",
         help="write a training checkpoint as a Hugging Face folder",
@@ -223,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="replace an earlier export in --out (only a folder an export wrote: anything else is refused)",
     )
+
+
+def _add_import(sub: Any) -> None:
     imp = sub.add_parser(
         "import",
         help="convert a Hugging Face GPT-2 or Llama folder into a gptmini checkpoint file",
@@ -249,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the prepared data folder whose vocabulary the model uses (a char model): recorded in the checkpoint "
         "for the commands that need its tokenizer",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "export" and args.tokenizer is None:
         args.tokenizer = "auto" if args.format == "llama" else "none"
