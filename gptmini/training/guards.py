@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 from gptmini.training.lightning_compat import request_graceful_stop
+from gptmini.training.resume import TARGET_STATE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +310,20 @@ class StopAtTargetLoss(L.Callback):
             raise ValueError(f"target_val_loss={target!r} is invalid: a number, or null for no target")
         self.target = target
         self.reached_at: int | None = None
+        self._reached_loss: float | None = None
         self._fit_start: float | None = None
+
+    # the key of its state in a checkpoint (``target_reached`` reads it there)
+    @property
+    def state_key(self) -> str:
+        return TARGET_STATE_KEY
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "reached_at": self.reached_at, "val_loss": self._reached_loss}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.reached_at = state_dict.get("reached_at")
+        self._reached_loss = state_dict.get("val_loss")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = time.time()
@@ -325,6 +339,7 @@ class StopAtTargetLoss(L.Callback):
         started = process_start_time()
         since_process = None if started is None else now - started
         self.reached_at = trainer.global_step
+        self._reached_loss = float(loss)
         trainer.should_stop = True
         metrics = {"perf/time_to_target": since_fit}
         if since_process is not None:

@@ -94,8 +94,14 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     precision = _precision(cfg, trainer, device)
     _check_cpu_processes(trainer, device)
     _check_data_dir(cfg.data.get("data_dir"))
-    resume = read_resume(cfg, model, vocab_known) if cfg.get("ckpt_path") is not None else None
     init_from = cfg.model.get("init_from")
+    if init_from and cfg.get("ckpt_path") is not None:
+        # a resumed run continues its own weights: init_from would be silently ignored
+        raise RunError(
+            f"model.init_from={init_from} and ckpt_path={cfg.ckpt_path} both say where the weights come from: "
+            "drop model.init_from to resume that run, or drop ckpt_path to start a new run from those weights"
+        )
+    resume = read_resume(cfg, model, vocab_known) if cfg.get("ckpt_path") is not None else None
     return RunPlan(
         model=model,
         vocab_known=vocab_known,

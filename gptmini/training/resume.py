@@ -113,12 +113,32 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
         log.info("removed %s, left by a save that was interrupted", stale)
 
 
+# the key of StopAtTargetLoss's state in a checkpoint
+TARGET_STATE_KEY = "StopAtTargetLoss"
+
+
+def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
+    """The step and val/loss at which the run of ``ckpt`` reached its ``target_val_loss`` (None: it did not)."""
+    state = (ckpt.get("callbacks") or {}).get(TARGET_STATE_KEY) or {}
+    if state.get("reached_at") is None or state.get("val_loss") is None:
+        return None
+    return int(state["reached_at"]), float(state["val_loss"])
+
+
 def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
     """Refuses a resume that would not continue the run: a checkpoint already at ``trainer.max_steps`` (nothing
     would train, and the run would report no validation), or another global batch (``data.batch_size``,
     ``trainer.accumulate_grad_batches`` or the number of training processes): the resumed data stream and the
     progress count are positions in batches of the checkpoint's size."""
     step = int(ckpt.get("global_step") or 0)
+    target = cfg.get("target_val_loss")
+    reached = target_reached(ckpt)
+    if target is not None and reached is not None and reached[1] <= float(target):
+        raise RunError(
+            f"checkpoint {path} already reached target_val_loss={target} (val/loss {reached[1]:.4f} at step "
+            f"{reached[0]}): the run is finished and resuming would stop at once. To train on, resume with "
+            "target_val_loss=null (or a lower target); to evaluate it, use the eval command"
+        )
     max_steps = int(cfg.trainer.max_steps)
     if step >= max_steps:
         raise RunError(

@@ -205,3 +205,31 @@ def test_hardware_gpu_without_a_gpu_names_hardware_and_the_fix(run_cli, tmp_path
     )
     assert "Traceback" not in output(proc)
     assert not list((tmp_path / "outputs").rglob("*.*"))  # no run left behind
+
+
+def test_resuming_a_run_that_reached_its_target_is_refused(train, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    # any validation reaches a target this high: the run stops at its first one (step 2 of 4)
+    first = train(f"hydra.run.dir={run_dir}", "trainer.max_steps=4", "target_val_loss=100")
+    assert first.returncode == 0, output(first)[-3000:]
+    assert "reached val/loss" in output(first)
+    before = files(run_dir)
+    check_refused(
+        train("run_name=again", "trainer.max_steps=4", "target_val_loss=100", f"ckpt_path={run_dir}"),
+        r"error: checkpoint .*last\.ckpt already reached target_val_loss=100\.0 \(val/loss \d+\.\d+ at step 2\): the run "
+        r"is finished and resuming would stop at once\. To train on, resume with target_val_loss=null",
+    )
+    assert files(run_dir) == before and not (tmp_path / "out" / "again").exists()
+    # without the target it trains on
+    resumed = train(f"hydra.run.dir={run_dir}", "trainer.max_steps=4", "ckpt_path=last")
+    assert resumed.returncode == 0 and "done: 4 steps" in output(resumed), output(resumed)[-3000:]
+
+
+def test_init_from_with_ckpt_path_is_refused(train, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    assert train(f"hydra.run.dir={run_dir}").returncode == 0
+    check_refused(
+        train("run_name=again", f"ckpt_path={run_dir}", "trainer.max_steps=4", f"model.init_from={run_dir}"),
+        r"error: model\.init_from=.* and ckpt_path=.* both say where the weights come from: drop model\.init_from to "
+        r"resume that run, or drop ckpt_path to start a new run from those weights",
+    )
