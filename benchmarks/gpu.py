@@ -39,6 +39,7 @@ from benchmarks.common import log, machine_info, median_time, sync, write_table
 from benchmarks.training import TrainSetup, autocast, run_bare_loop, run_lightning
 from gptmini.fileio import atomic_write_text
 from gptmini.model import GPT, GPTConfig
+from gptmini.options import finite_float, positive_int
 from gptmini.training import hardware
 
 SECTIONS = ("default", "gpt2", "flex", "muon", "attention", "decode", "shakespeare_char")
@@ -614,26 +615,6 @@ def write_results(out: Path, results: dict[str, list[dict[str, Any]]], info: dic
 # --- the command -----------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive, finite number")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu",
@@ -644,17 +625,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder")
     p.add_argument(
         "--default-steps",
-        type=_positive_int,
+        type=positive_int,
         default=1500,
         help="optimizer steps of each default-section run",
     )
     p.add_argument(
-        "--run-timeout", type=_positive_float, default=240.0, help="seconds each training command may take"
+        "--run-timeout",
+        type=finite_float(0.0, low_open=True),
+        default=240.0,
+        help="seconds each training command may take",
     )
     p.add_argument("--gpt2-lightning", action="store_true", help="also time GPT-2's steps through Lightning")
     p.add_argument("--tinyshakespeare", type=Path, default=None, help="a local copy, for shakespeare_char")
     p.add_argument(
-        "--peak-flops", type=_positive_float, default=None, help="peak dense bf16 FLOP/s of the GPU, for MFU"
+        "--peak-flops",
+        type=finite_float(0.0, low_open=True),
+        default=None,
+        help="peak dense bf16 FLOP/s of the GPU, for MFU",
     )
     p.add_argument("--seed", type=int, default=1337)
     a = p.parse_args(argv)
