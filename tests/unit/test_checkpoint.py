@@ -31,7 +31,7 @@ def _overwrite_inside_tensor(path: Path, tensor: int = 0, nbytes: int = 16) -> N
         f.write(b"\xff" * nbytes)
 
 
-# --- checksums (issue 19, item 3) -------------------------------------------------------------------------
+# --- checksums --------------------------------------------------------------------------------------------
 
 
 def test_a_saved_checkpoint_carries_the_checksum_of_its_tensors(tmp_path, write_checkpoint):

@@ -213,7 +213,7 @@ def test_url_source_offline_and_cached(tmp_path):
 
 
 def test_each_corpus_gets_its_own_prepared_folder(tmp_path, monkeypatch):
-    """Two corpora never share a prepared folder, even with the same file name (issue 19, item 2): the folder is
+    """Two corpora never share a prepared folder, even with the same file name: the folder is
     keyed by the source's identity (absolute path or URL) and the tokenizer."""
     from gptmini.data.corpora import default_out_dir, prepared_folder_name
 
