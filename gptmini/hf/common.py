@@ -234,3 +234,16 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: b
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_export_tokenizer(tokenizer: Any, model_vocab: int) -> None:
+    """The tokenizer files an export writes can express ``tokenizer``, and the model was trained with it (a
+    larger vocabulary than the model's is another tokenizer's)."""
+    from gptmini.hf.tokenizer_files import check_exportable
+
+    check_exportable(tokenizer)
+    if tokenizer.vocab_size > model_vocab:
+        raise HFWeightsError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model_vocab}: it was trained with "
+            "another tokenizer (pass the one it was trained with, or --tokenizer none)"
+        )

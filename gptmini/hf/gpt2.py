@@ -37,6 +37,7 @@ from gptmini.hf.common import (
     SAFETENSORS_FILE,
     STRING,
     HFWeightsError,
+    check_export_tokenizer,
     check_json_types,
     read_config_json,
     read_tensors,
@@ -435,14 +436,9 @@ def save_hf_gpt2(
         )
     st = safetensors_torch()
     if tokenizer is not None:
-        from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
+        from gptmini.hf.tokenizer_files import write_tokenizer_files
 
-        check_exportable(tokenizer)
-        if tokenizer.vocab_size > model.config.vocab_size:
-            raise HFWeightsError(
-                f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}: it "
-                "was trained with another tokenizer (pass the one it was trained with, or --tokenizer none)"
-            )
+        check_export_tokenizer(tokenizer, model.config.vocab_size)
     written = [CONFIG_FILE, SAFETENSORS_FILE]
 
     def fill(tmp: Path) -> None:

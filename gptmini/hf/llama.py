@@ -41,6 +41,7 @@ from gptmini.hf.common import (
     STRING,
     HFWeightsError,
     check_export_target,
+    check_export_tokenizer,
     check_json_types,
     read_config_json,
     read_tensors,
@@ -255,14 +256,9 @@ def save_hf_llama(
     st = safetensors_torch()
     bos = eos = None
     if tokenizer is not None:
-        from gptmini.hf.tokenizer_files import check_exportable, write_tokenizer_files
+        from gptmini.hf.tokenizer_files import write_tokenizer_files
 
-        check_exportable(tokenizer)
-        if tokenizer.vocab_size > model.config.vocab_size:
-            raise HFWeightsError(
-                f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}: it "
-                "was trained with another tokenizer (pass the one it was trained with, or --tokenizer none)"
-            )
+        check_export_tokenizer(tokenizer, model.config.vocab_size)
         if tokenizer.eot_id is not None:  # GPT-2's <|endoftext|> both starts and ends documents
             bos = eos = tokenizer.eot_id
     written: list[str] = []
