@@ -68,6 +68,16 @@ class Tokenizer(Protocol):
     def identity(self) -> dict[str, Any]: ...
 
 
+def _read_json(path: Path, what: str, missing_fix: str) -> Any:
+    """A saved tokenizer's JSON; one TokenizerError naming ``what`` and the fix when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise TokenizerError(f"{what} {path} not found; {missing_fix}") from e
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"{what} {path} is unreadable ({e}); re-run prepare with --force") from e
+
+
 def default_threads() -> int:
     """Encoding threads: one per core, at most 8."""
     return max(1, min(8, os.cpu_count() or 1))
@@ -312,16 +322,7 @@ class CharTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> CharTokenizer:
         path = Path(path)
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as e:
-            raise TokenizerError(
-                f"char vocabulary {path} not found; run prepare with --tokenizer char"
-            ) from e
-        except (OSError, ValueError) as e:
-            raise TokenizerError(
-                f"char vocabulary {path} is unreadable ({e}); re-run prepare with --force"
-            ) from e
+        payload = _read_json(path, "char vocabulary", "run prepare with --tokenizer char")
         if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
             raise TokenizerError(f"{path} is not a char vocabulary file; re-run prepare with --force")
         if payload.get("format_version") != CHAR_VOCAB_FORMAT:
@@ -389,16 +390,7 @@ class BPETokenizer(TiktokenTokenizer):
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
         path = Path(path)
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as e:
-            raise TokenizerError(
-                f"trained BPE {path} not found; prepare the data with --tokenizer bpe"
-            ) from e
-        except (OSError, ValueError) as e:
-            raise TokenizerError(
-                f"trained BPE {path} is unreadable ({e}); re-run prepare with --force"
-            ) from e
+        payload = _read_json(path, "trained BPE", "prepare the data with --tokenizer bpe")
         if not isinstance(payload, dict) or payload.get("kind") != "bpe":
             raise TokenizerError(f"{path} is not a trained BPE file; re-run prepare with --force")
         if payload.get("format_version") != BPE_FORMAT:
