@@ -127,6 +127,34 @@ def compose_cfg(conf_path: Path, tmp_path: Path) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
+def train_in_process(conf_path: Path) -> Callable[..., dict[str, Any]]:
+    """``train_in_process(overrides, output_dir) -> dict``: the app's own ``train`` (plan, build, fit, report) in
+    this process, on the config ``python -m gptmini.training <overrides>`` composes, its run folder
+    ``output_dir``. For tests of what a run writes (checkpoints, events, prepared data) rather than of the
+    command's process (its output, exit status, signals): no second interpreter start, torch and Lightning
+    imported once."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from gptmini.training.app import train
+    from gptmini.training.config import register_configs
+
+    def _train(overrides: Sequence[str], output_dir: Path) -> dict[str, Any]:
+        register_configs()
+        with initialize_config_dir(config_dir=str(conf_path), version_base="1.3"):
+            cfg = compose(
+                "train", overrides=[*overrides, f"paths.output_dir={output_dir}"], return_hydra_config=True
+            )
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]  # as the app's task function receives it
+        return train(cfg)
+
+    return _train
+
+
+@pytest.fixture(scope="session")
 def tb_events() -> Callable[[Path], Any]:
     """``tb_events(run_dir)``: an ``EventAccumulator`` holding every event (scalars, images, tensors) the run
     in ``run_dir`` wrote to ``run_dir/tb``."""

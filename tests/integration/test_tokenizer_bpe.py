@@ -37,28 +37,31 @@ def _val_bytes(data_dir, tokenizer, block: int, windows: int) -> tuple[int, int]
     return len(targets), sum(len(tokenizer.decode_bytes([t])) for t in targets)
 
 
-def _train(run_cli, root, name, overrides):
-    proc = run_cli.train(
+def _train(train_in_process, root, name, overrides):
+    """A debug=smoke run in this process (what it writes is under test here, not the command's process: that is
+    test_bad_vocabulary_is_one_line_before_any_work), in a run folder laid out as the command lays one out."""
+    run_dir = root / "outputs" / name / "run"
+    train_in_process(
         [
             "debug=smoke",
             f"run_name={name}",
             f"paths.output_root={root}/outputs",
             f"paths.data_root={root}/data",
             *overrides,
-        ]
+        ],
+        run_dir,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (root / "outputs" / name).iterdir()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     return run_dir
 
 
 @pytest.fixture(scope="module")
-def bpe_run(tmp_path_factory, run_cli):
+def bpe_run(tmp_path_factory, train_in_process):
     root = tmp_path_factory.mktemp("bpe")
     corpus = root / "multi.txt"
     corpus.write_text(_corpus(), encoding="utf-8")
     run_dir = _train(
-        run_cli,
+        train_in_process,
         root,
         "bpe",
         [
@@ -210,14 +213,17 @@ def test_gpt2_export_with_the_trained_bpe(bpe_run, tmp_path, write_checkpoint):
 
 
 @pytest.mark.parametrize("tokenizer", ["char", pytest.param("gpt2", marks=pytest.mark.slow)])
-def test_char_and_gpt2_runs_log_bits_per_byte(tokenizer, tmp_path, run_cli, tb_events):
+def test_char_and_gpt2_runs_log_bits_per_byte(tokenizer, tmp_path, train_in_process, tb_events):
     """ASCII text: for characters a token is a byte, so bits per byte is the loss over ln 2."""
     corpus = tmp_path / "ascii.txt"
     rng = random.Random(1)
     words = ["the", "sea", "is", "calm", "and", "bright", "today", "over", "town"]
     corpus.write_text("".join(" ".join(rng.choice(words) for _ in range(9)) + ".\n" for _ in range(1500)))
     run_dir = _train(
-        run_cli, tmp_path, tokenizer, ["data=text", f"data.source={corpus}", f"tokenizer={tokenizer}"]
+        train_in_process,
+        tmp_path,
+        tokenizer,
+        ["data=text", f"data.source={corpus}", f"tokenizer={tokenizer}"],
     )
     ea = tb_events(run_dir)
     loss, bpb = ea.Scalars("val/loss")[-1].value, ea.Scalars("val/bpb")[-1].value
