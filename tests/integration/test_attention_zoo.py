@@ -36,11 +36,12 @@ def _overrides(root, name, *extra):
 
 
 @pytest.fixture(scope="module")
-def zoo_run(tmp_path_factory, run_cli):
+def zoo_run(tmp_path_factory, train_in_process):
+    """The run with every option, trained in this process (what it writes is under test, not the command's
+    process: the slow tests below run the commands on it) in a run folder laid out as the command's."""
     root = tmp_path_factory.mktemp("zoo")
-    proc = run_cli.train(_overrides(root, "all_options"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    (run_dir,) = (root / "outputs" / "all_options").iterdir()
+    run_dir = root / "outputs" / "all_options" / "run"
+    train_in_process(_overrides(root, "all_options"), run_dir)
     return root, run_dir
 
 

@@ -69,13 +69,30 @@ def check_refused(proc: subprocess.CompletedProcess, pattern: str) -> str:
     return text
 
 
-def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_changes_nothing(train, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def finished_run(
+    run_cli: Any, data_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """One finished TINY run in a folder named with hydra.run.dir (a space in its path), and its command's output;
+    the tests that only try to start runs against it share it and check that it stays byte-identical."""
+    run_dir = tmp_path_factory.mktemp("finished") / "my runs" / "first"
+    proc = run_cli.train(
+        [
+            *TINY,
+            f"paths.output_root={run_dir.parent}",
+            f"paths.data_root={data_root}",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    return run_dir, proc
+
+
+def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_changes_nothing(train, finished_run) -> None:
     """hydra.run.dir naming a finished run's folder: refused before Hydra writes anything (no silent resume of its
     last.ckpt, no Lightning traceback with another model), naming both ways out; the old run is byte-identical.
     The final hint quotes the checkpoint path (a space in it)."""
-    run_dir = tmp_path / "my runs" / "first"
-    first = train(f"hydra.run.dir={run_dir}")
-    assert first.returncode == 0, output(first)[-3000:]
+    run_dir, first = finished_run
     assert f"make sample CKPT='{run_dir}/checkpoints/last.ckpt'" in output(first)
     before = files(run_dir)
     assert "checkpoints/last.ckpt" in before and ".hydra/config.yaml" in before
@@ -225,11 +242,12 @@ def test_resuming_a_run_that_reached_its_target_is_refused(train, tmp_path) -> N
     assert resumed.returncode == 0 and "done: 4 steps" in output(resumed), output(resumed)[-3000:]
 
 
-def test_init_from_with_ckpt_path_is_refused(train, tmp_path) -> None:
-    run_dir = tmp_path / "run"
-    assert train(f"hydra.run.dir={run_dir}").returncode == 0
+def test_init_from_with_ckpt_path_is_refused(train, finished_run, tmp_path) -> None:
+    run_dir, _ = finished_run
+    before = files(run_dir)
     check_refused(
         train("run_name=again", f"ckpt_path={run_dir}", "trainer.max_steps=4", f"model.init_from={run_dir}"),
         r"error: model\.init_from=.* and ckpt_path=.* both say where the weights come from: drop model\.init_from to "
         r"resume that run, or drop ckpt_path to start a new run from those weights",
     )
+    assert files(run_dir) == before and not (tmp_path / "out" / "again").exists()

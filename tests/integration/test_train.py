@@ -117,13 +117,16 @@ def test_resume_with_ckpt_path_last_continues_from_its_step(smoke_run, run_cli, 
     assert min(steps) >= 6  # only the remaining steps were trained
 
 
-def test_sample_command_generates_text_from_a_checkpoint(smoke_run, run_cli):
+def test_sample_command_generates_text_from_a_checkpoint(smoke_run, capsys):
+    # the command line parsed as a user's, in this process (test_gptmini_runs_... runs `gptmini sample` as a process)
+    from gptmini.cli import main as gptmini
+
     _, run_dir, _ = smoke_run
-    proc = run_cli(
-        "gptmini.inference.sample",
+    code = gptmini(
         [
+            "sample",
             "--ckpt",
-            run_dir / "checkpoints" / "last.ckpt",
+            str(run_dir / "checkpoints" / "last.ckpt"),
             "--prompt",
             "ROMEO:",
             "--max-new-tokens",
@@ -132,21 +135,24 @@ def test_sample_command_generates_text_from_a_checkpoint(smoke_run, run_cli):
             "2",
             "--temperature",
             "0.9",
-        ],
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("ROMEO:") == 2
-    assert len(proc.stdout) > 2 * len("ROMEO:") + 10
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("ROMEO:") == 2
+    assert len(out) > 2 * len("ROMEO:") + 10
 
 
-def test_export_attention_writes_png_files(smoke_run, run_cli, tmp_path):
+def test_export_attention_writes_png_files(smoke_run, tmp_path):
+    # in this process (the command as a process: test_reliability's pickled-checkpoint refusal)
+    from gptmini.cli import main as gptmini
+
     _, run_dir, _ = smoke_run
     out = tmp_path / "png"
-    proc = run_cli(
-        "gptmini.inference.export_attention",
-        ["--ckpt", run_dir / "checkpoints" / "last.ckpt", "--text", "To be, or not to be", "--out", out],
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert (
+        gptmini(["attention", "--ckpt", str(ckpt), "--text", "To be, or not to be", "--out", str(out)]) == 0
     )
-    assert proc.returncode == 0, proc.stderr
     files = sorted(p.name for p in out.glob("*.png"))
     assert files == ["layer0_heads.png", "layer0_mean.png", "layer1_heads.png", "layer1_mean.png"]
     assert (out / "layer0_heads.png").read_bytes()[:4] == b"\x89PNG"
