@@ -1,6 +1,7 @@
 """Fixtures shared by the whole test tree: where the repository and its configs are, one way to run a gptmini
 command in a subprocess (``run_cli``), one way to compose the training config as the app receives it
-(``compose_cfg``), and one way to read a run's TensorBoard events (``tb_events``).
+(``compose_cfg``), one way to train in this process (``train_in_process``), and one way to read a run's
+TensorBoard events (``tb_events``).
 
 Heavy imports (torch, Hydra, TensorBoard) happen inside the fixtures, so collecting tests that use none of them
 stays cheap."""
@@ -100,6 +101,25 @@ def run_cli(repo_root: Path, cli_env: dict[str, str]) -> Cli:
     """``run_cli(module, args, cwd=repo_root, timeout=300, env=None) -> CompletedProcess`` (text, stdout and
     stderr captured); ``run_cli.train(args, ...)`` for the training entry point; ``run_cli.popen(...)``."""
     return Cli(repo_root, cli_env)
+
+
+@pytest.fixture
+def cli_help(capsys: pytest.CaptureFixture[str]) -> Callable[[str], str]:
+    """``cli_help(command) -> str``: what ``gptmini COMMAND --help`` prints, the command line parsed in this
+    process by ``gptmini.cli.main`` (no interpreter start per command; tests/unit/test_cli.py runs the command
+    as a process too)."""
+    from gptmini.cli import main
+
+    def _help(command: str) -> str:
+        try:
+            status = main([command, "--help"])
+        except SystemExit as exc:  # argparse's exit after printing the help
+            status = exc.code
+        out, err = capsys.readouterr()
+        assert status == 0, err
+        return out
+
+    return _help
 
 
 @pytest.fixture

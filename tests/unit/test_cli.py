@@ -191,11 +191,10 @@ DEFAULTS = {
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULTS))
-def test_every_subcommand_help_has_a_description_and_its_defaults(name, run_cli):
-    proc = run_cli("gptmini.cli", [name, "--help"])
-    assert proc.returncode == 0, proc.stderr
-    text = " ".join(proc.stdout.split())
+def test_every_subcommand_help_has_a_description_and_its_defaults(name, cli_help):
+    out = cli_help(name)
+    text = " ".join(out.split())
     assert DEFAULTS[name] in text
     # a description between the usage lines and the options
-    usage, rest = proc.stdout.split("\n\n", 1)
+    usage, rest = out.split("\n\n", 1)
     assert usage.startswith(f"usage: gptmini {name}") and not rest.startswith(("options:", "positional"))

@@ -156,8 +156,6 @@ def test_gptmini_runs_without_a_runs_folder_says_so(tmp_path, run_cli):
 
 
 @pytest.mark.parametrize("command", ["sample", "eval", "attention", "analyze", "export", "runs"])
-def test_every_ckpt_help_states_the_rule_for_last(command, run_cli):
-    proc = run_cli("gptmini.cli", [command, "--help"])
-    assert proc.returncode == 0, proc.stderr
-    text = " ".join(proc.stdout.split())
+def test_every_ckpt_help_states_the_rule_for_last(command, cli_help):
+    text = " ".join(cli_help(command).split())
     assert "the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen" in text
