@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from gptmini.cli import main as gptmini
 from gptmini.data.prepare import prepare
 
 TEXT = "to be, or not to be: that is the question.\n" * 60
@@ -35,24 +38,29 @@ COMMANDS = {
 @pytest.mark.parametrize(
     "command", [pytest.param(c, marks=pytest.mark.slow) if c == "analyze" else c for c in sorted(COMMANDS)]
 )
-def test_earlier_results_are_replaced_only_with_force(command, tiny_run, tmp_path, run_cli):
+def test_earlier_results_are_replaced_only_with_force(command, tiny_run, tmp_path, capsys, caplog):
+    # the command line parsed in this process, its log at INFO (`gptmini attention` runs as a process in
+    # tests/integration/test_reliability.py)
     extra, written, what = COMMANDS[command]
     out = tmp_path / "out"
-    argv = [command, "--ckpt", tiny_run, "--out", out, "--device", "cpu", *extra]
-    first = run_cli("gptmini.cli", argv)
-    assert first.returncode == 0, first.stderr
+    argv = [command, "--ckpt", str(tiny_run), "--out", str(out), "--device", "cpu", *extra]
+    with caplog.at_level(logging.INFO):
+        assert gptmini(argv) == 0, caplog.text
     (out / written).write_bytes(b"earlier")
 
-    again = run_cli("gptmini.cli", argv)
-    assert again.returncode == 2
-    errors = [line for line in again.stderr.splitlines() if line.startswith("error:")]
-    assert "Traceback" not in again.stderr
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        status = gptmini(argv)
+    text = capsys.readouterr().err + caplog.text
+    assert status == 2, text
+    errors = [message for message in caplog.messages if message.startswith("error:")]
+    assert "Traceback" not in text
     assert errors == [
         f"error: --out {out} holds {what}: choose another --out, or pass --force to replace them"
     ]
-    assert "loaded" not in again.stderr  # refused before the checkpoint was read
+    assert "loaded" not in text  # refused before the checkpoint was read
     assert (out / written).read_bytes() == b"earlier"
 
-    forced = run_cli("gptmini.cli", [*argv, "--force"])
-    assert forced.returncode == 0, forced.stderr
+    with caplog.at_level(logging.INFO):
+        assert gptmini([*argv, "--force"]) == 0, caplog.text
     assert (out / written).read_bytes() != b"earlier"
