@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -154,7 +155,8 @@ def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
     relative to the run folder: a resumed run logs into the run it resumes); None when not recorded."""
     config = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
     recorded = config.get("tensorboard_dir") if isinstance(config, dict) else None
-    return Path(run_dir) / recorded if isinstance(recorded, str) and recorded else None
+    # normalised by name: the run folder of a checkpoint that was copied away may not exist
+    return Path(os.path.normpath(Path(run_dir) / recorded)) if isinstance(recorded, str) and recorded else None
 
 
 def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:

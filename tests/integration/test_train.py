@@ -140,7 +140,9 @@ def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run
     recorded = ckpt["hyper_parameters"]["run_config"]["tensorboard_dir"]
     assert (resumed / recorded).resolve() == runs[0].resolve()
     # the overrides of both starts as text: the first at step 0, the resumed one's at the step it resumed from
-    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("run/overrides/text_summary")}
+    texts = {
+        e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("run/overrides/text_summary")
+    }
     assert sorted(texts) == [0, 6] and "- `debug=smoke`" in texts[0]
     assert "resumed from" in texts[6] and "- `trainer.max_steps=9`" in texts[6]
     # not a terminal: ProgressLog's lines, no progress bar
@@ -233,6 +235,9 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path, ru
     ]
     for job in jobs:
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+        # the job's TensorBoard run is named after the run and every override of the job
+        (events,) = {p.parent for p in (sweep / job).rglob("events.out.tfevents.*")}
+        assert events == sweep / job / "tb" / f"smoke,{job}"
         assert "val/loss" in tb_events(sweep / job).Tags()["scalars"]
         ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)
         assert (
