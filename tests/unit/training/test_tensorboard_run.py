@@ -118,3 +118,23 @@ def test_a_run_folder_reads_the_tensorboard_run_its_checkpoint_records(tmp_path,
     torch.save(ckpt, path)
     assert run_event_folder(resumed) == events
     assert run_event_folder(first) == events
+
+
+def test_reading_events_logs_no_routine_tensorboard_lines(tmp_path, caplog):
+    """TensorBoard's directory watcher says "No path found after <event file>" at INFO after each read: silenced
+    around the read, and the level left as it was."""
+    import logging
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gptmini.runs import read_events
+
+    folder = _events(tmp_path / "tb")
+    caplog.set_level(logging.INFO)
+    EventAccumulator(str(folder)).Reload()
+    assert any("No path found" in r.getMessage() for r in caplog.records)  # what TensorBoard logs itself
+    caplog.clear()
+    events = read_events(folder)
+    assert [e.value for e in events.Scalars("train/loss")] == [1.0]
+    assert not [r for r in caplog.records if r.name.startswith("tensorboard")]
+    assert logging.getLogger("tensorboard").level == logging.NOTSET
