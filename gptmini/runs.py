@@ -45,6 +45,8 @@ class RunInfo:
     overrides: tuple[
         str, ...
     ] = ()  # the command line's overrides that set what the run trains (not its folders)
+    # the folder of the TensorBoard run it logged to (a resumed run: its first run's)
+    tensorboard: str | None = None
 
     def steps(self) -> str:
         done = "-" if self.steps_done is None else str(self.steps_done)
@@ -155,8 +157,10 @@ def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
     relative to the run folder: a resumed run logs into the run it resumes); None when not recorded."""
     config = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
     recorded = config.get("tensorboard_dir") if isinstance(config, dict) else None
+    if not isinstance(recorded, str) or not recorded:
+        return None
     # normalised by name: the run folder of a checkpoint that was copied away may not exist
-    return Path(os.path.normpath(Path(run_dir) / recorded)) if isinstance(recorded, str) and recorded else None
+    return Path(os.path.normpath(Path(run_dir) / recorded))
 
 
 def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
@@ -241,6 +245,7 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         checkpoint=str(ckpt) if ckpt is not None else None,
         modified=modified,
         overrides=_overrides(folder),
+        tensorboard=str(events) if events is not None else None,
     )
 
 

@@ -152,6 +152,7 @@ def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run
     rows = {row["folder"]: row for row in json.loads(listed.stdout)}
     # each row's val/loss is its own run's last, though both logged into one TensorBoard run
     assert rows[str(resumed)]["val_step"] == 9 and rows[str(first_run)]["val_step"] == 6
+    assert rows[str(resumed)]["tensorboard"] == rows[str(first_run)]["tensorboard"] == str(runs[0])
 
 
 def test_sample_command_generates_text_from_a_checkpoint(smoke_run, run_cli):
