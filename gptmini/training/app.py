@@ -91,7 +91,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     _log_hardware(cfg, plan.device, plan.precision)
     trainer, named_callbacks = build_trainer(cfg, plan)
-    _log_overrides(trainer, cfg, plan)
     datamodule, gpt_config = build_data(cfg, plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
@@ -105,6 +104,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             check(gpt_config, device, f"callbacks.{name}.")
     module = build_module(cfg, plan, trainer, datamodule, gpt_config)
     output_dir = Path(cfg.paths.output_dir)
+    # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
+    _log_overrides(trainer, cfg, plan)
     fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
     return report(trainer, output_dir)
 
