@@ -281,12 +281,12 @@ def shakespeare_char_command(
 
 def read_run(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
     """A run's TensorBoard scalars as ``{tag: [(step, value, wall_time), ...]}`` ({} when it wrote none)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from gptmini.runs import read_events, run_event_folder
 
-    if not (run_dir / "tb").is_dir():
+    folder = run_event_folder(run_dir)
+    if folder is None:
         return {}
-    ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    ea.Reload()
+    ea = read_events(folder)
     return {tag: [(e.step, e.value, e.wall_time) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
 
 

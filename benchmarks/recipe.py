@@ -146,10 +146,9 @@ def run_args(
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What a finished run logged: the validation losses, where the target was reached and how long it took."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from gptmini.runs import read_events, run_event_folder
 
-    ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    ea.Reload()
+    ea = read_events(run_event_folder(run_dir) or run_dir / "tb")
     tags = set(ea.Tags()["scalars"])
     vals = [(e.step, e.value) for e in ea.Scalars("val/loss")] if "val/loss" in tags else []
     reached = next((step for step, v in vals if v <= TARGET), None)

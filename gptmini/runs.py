@@ -11,10 +11,14 @@ val/loss from its TensorBoard events."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import logging
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,8 @@ class RunInfo:
     overrides: tuple[
         str, ...
     ] = ()  # the command line's overrides that set what the run trains (not its folders)
+    # the folder of the TensorBoard run it logged to (a resumed run: its first run's)
+    tensorboard: str | None = None
 
     def steps(self) -> str:
         done = "-" if self.steps_done is None else str(self.steps_done)
@@ -61,6 +67,12 @@ def _config(folder: Path) -> dict[str, Any]:
 _PLACING = ("run_name", "ckpt_path", "paths.", "hydra.")
 
 
+def task_overrides(overrides: Sequence[Any]) -> tuple[str, ...]:
+    """Of a run's command-line overrides (Hydra's record, ``hydra.overrides.task``), those that set what it
+    trains: not its name, its folders or its resume checkpoint."""
+    return tuple(str(o) for o in overrides if not str(o).lstrip("+~").startswith(_PLACING))
+
+
 def _overrides(folder: Path) -> tuple[str, ...]:
     import yaml
 
@@ -70,7 +82,68 @@ def _overrides(folder: Path) -> tuple[str, ...]:
         return ()
     if not isinstance(loaded, list):
         return ()
-    return tuple(str(o) for o in loaded if not str(o).lstrip("+~").startswith(_PLACING))
+    return task_overrides(loaded)
+
+
+# --- the TensorBoard run of a run folder ---
+
+# Event files go to <run folder>/tb/<label>: TensorBoard names a run by the folder of its event files, so the label
+# says what the run is. Runs written before labels existed have their event files in tb/ itself.
+TB_FOLDER = "tb"
+# a label is one folder name: the characters a run_name may hold, at most this long
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+@-]+")
+LABEL_MAX = 120
+
+
+def tensorboard_label(run_name: str, overrides: Sequence[str]) -> str:
+    """The folder name of a run's TensorBoard events: its run_name, then its overrides sorted (as Hydra names a
+    sweep job's folder), e.g. ``default,model.n_layer=6,trainer.max_steps=300``. Characters a folder name should
+    not hold become ``_``; a label over ``LABEL_MAX`` characters is cut and ends with 8 hex digits of a hash of
+    the whole, so two long labels that differ stay apart (the full list is the run's ``run/overrides`` text)."""
+    text = ",".join([run_name, *sorted(overrides)])
+    label = _LABEL_UNSAFE.sub("_", text).lstrip(".-") or "run"
+    if len(label) <= LABEL_MAX:
+        return label
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return f"{label[: LABEL_MAX - 9].rstrip('.,=')}-{digest}"
+
+
+def event_folders(run_dir: Path) -> list[Path]:
+    """The folders under ``run_dir/tb`` that hold TensorBoard event files (``tb/<label>``, or ``tb`` itself for a
+    run written before labels), the one written last first."""
+    tb = Path(run_dir) / TB_FOLDER
+    if not tb.is_dir():
+        return []
+    newest = {}
+    for folder in (tb, *(p for p in tb.iterdir() if p.is_dir() and not p.is_symlink())):
+        files = [f.stat().st_mtime_ns for f in folder.glob("events.out.tfevents.*") if f.is_file()]
+        if files:
+            newest[folder] = max(files)
+    return sorted(newest, key=lambda f: (newest[f], str(f)), reverse=True)
+
+
+@contextlib.contextmanager
+def _quiet_tensorboard() -> Iterator[None]:
+    # TensorBoard's directory watcher logs each folder it has read to the end ("No path found after ...") at
+    # INFO: routine, and noise in a command's log
+    logger = logging.getLogger("tensorboard")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def read_events(folder: Path, **size_guidance: int) -> Any:
+    """An ``EventAccumulator`` of the event files in ``folder``, read (TensorBoard's routine log lines
+    silenced); ``size_guidance``: how many of each kind to keep (0: all), by default every scalar."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, **size_guidance})
+    with _quiet_tensorboard():
+        events.Reload()
+    return events
 
 
 def _checkpoint(folder: Path) -> Path | None:
@@ -79,39 +152,52 @@ def _checkpoint(folder: Path) -> Path | None:
     return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
 
 
-def _global_step(path: Path) -> int | None:
+def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
+    """The TensorBoard folder a checkpoint's run logged to, as training records it (``run_config.tensorboard_dir``,
+    relative to the run folder: a resumed run logs into the run it resumes); None when not recorded."""
+    config = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
+    recorded = config.get("tensorboard_dir") if isinstance(config, dict) else None
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    # normalised by name: the run folder of a checkpoint that was copied away may not exist
+    return Path(os.path.normpath(Path(run_dir) / recorded))
+
+
+def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
+    """The checkpoint's global step and the TensorBoard folder its run logged to."""
     from gptmini.checkpoint import load_checkpoint
 
     try:
-        step = load_checkpoint(path, mmap=True, verify=False).get("global_step")
+        ckpt = load_checkpoint(path, mmap=True, verify=False)
     except CheckpointError as err:
         log.warning("%s", err)
-        return None
-    return int(step) if isinstance(step, int) else None
-
-
-def _last_val_loss(folder: Path) -> tuple[float | None, int | None]:
-    tb = folder / "tb"
-    if not tb.is_dir():
         return None, None
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    step = ckpt.get("global_step")
+    return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, ckpt)
 
+
+def run_event_folder(run_dir: Path) -> Path | None:
+    """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
+    records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
+    ckpt = _checkpoint(Path(run_dir))
+    recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
+    if recorded is not None and recorded.is_dir():
+        return recorded
+    return next(iter(event_folders(Path(run_dir))), None)
+
+
+def _last_val_loss(folder: Path, up_to: int | None) -> tuple[float | None, int | None]:
+    """The last val/loss in ``folder``'s events, at step ``up_to`` at most (a run resumed from this one logs on
+    into the same TensorBoard run)."""
     # Only the scalars are of use: keep one of everything else (the attention images are large).
-    guidance = {
-        "scalars": 0,
-        "images": 1,
-        "tensors": 1,
-        "histograms": 1,
-        "audio": 1,
-        "compressedHistograms": 1,
-    }
-    events = EventAccumulator(str(tb), size_guidance=guidance)
+    guidance = {"images": 1, "tensors": 1, "histograms": 1, "audio": 1, "compressedHistograms": 1}
     try:
-        events.Reload()
+        events = read_events(folder, **guidance)
         scalars = events.Scalars("val/loss") if "val/loss" in events.Tags().get("scalars", []) else []
     except Exception as err:  # a damaged or half-written event file: the row says n/a
-        log.warning("could not read %s: %s: %s", tb, type(err).__name__, err)
+        log.warning("could not read %s: %s: %s", folder, type(err).__name__, err)
         return None, None
+    scalars = [e for e in scalars if up_to is None or e.step <= up_to]
     if not scalars:
         return None, None
     last = max(scalars, key=lambda e: (e.step, e.wall_time))
@@ -131,7 +217,7 @@ def _size_and_mtime(folder: Path) -> tuple[int, float]:
 def run_info(folder: Path, output_root: Path) -> RunInfo:
     config = _config(folder)
     ckpt = _checkpoint(folder)
-    done = _global_step(ckpt) if ckpt is not None else None
+    done, recorded = _checkpoint_facts(ckpt) if ckpt is not None else (None, None)
     planned = (config.get("trainer") or {}).get("max_steps")
     planned = planned if isinstance(planned, int) and planned >= 0 else None
     if ckpt is None:
@@ -140,7 +226,10 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         state = "finished"
     else:
         state = "resumable"
-    val_loss, val_step = _last_val_loss(folder)
+    events = (
+        recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
+    )
+    val_loss, val_step = _last_val_loss(events, done) if events is not None else (None, None)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     return RunInfo(
@@ -156,6 +245,7 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         checkpoint=str(ckpt) if ckpt is not None else None,
         modified=modified,
         overrides=_overrides(folder),
+        tensorboard=str(events) if events is not None else None,
     )
 
 

@@ -176,14 +176,14 @@ def train_in_process(conf_path: Path) -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def tb_events() -> Callable[[Path], Any]:
-    """``tb_events(run_dir)``: an ``EventAccumulator`` holding every event (scalars, images, tensors) the run
-    in ``run_dir`` wrote to ``run_dir/tb``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """``tb_events(run_dir)``: an ``EventAccumulator`` holding every event (scalars, images, tensors) of the
+    TensorBoard run the run in ``run_dir`` logged to (``gptmini.runs.run_event_folder``: ``run_dir/tb/<label>``;
+    for a resumed run, the run's it resumed, which holds both)."""
+    from gptmini.runs import read_events, run_event_folder
 
-    def _events(run_dir: Path) -> EventAccumulator:
-        ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
-        ea.Reload()
-        return ea
+    def _events(run_dir: Path) -> Any:
+        folder = run_event_folder(run_dir) or Path(run_dir) / "tb"
+        return read_events(folder, images=0, tensors=0)
 
     return _events
 

@@ -258,8 +258,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
     # --- own text ---
 
     def _checkpoint(self, run: str) -> Path | None:
-        """The newest checkpoint of ``run``: in ``checkpoints/`` of its run folder, the parent of the ``tb/`` folder
-        that holds its event files (``--logdir`` may be that ``tb/`` folder itself), else beside the events. The
+        """The newest checkpoint of ``run``: in ``checkpoints/`` of its run folder, the one whose ``tb/`` folder
+        holds its event folder (``--logdir`` may be that ``tb/`` folder itself), else beside the events. The
         folder comes from TensorBoard's own log folder and a run name its data provider listed, never from
         request text alone. Every path is resolved (symlinks followed) and must stay inside the log folder's run
         folder: a name or a link leading out of it finds nothing."""
@@ -269,8 +269,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
         folder = (root / run).resolve()
         if not _inside(folder, root):
             return None  # a run name leading out of the log folder
-        # the run folder may be the log folder's parent when --logdir is one run's tb/ folder
-        run_dir = folder.parent if folder.name == "tb" else folder
+        # events are in <run folder>/tb/<label> (or tb/ itself, as runs before labels wrote them); the run folder
+        # may be above the log folder when --logdir is one run's tb/ folder
+        run_dir = folder.parent.parent if folder.parent.name == "tb" else folder
+        run_dir = run_dir.parent if run_dir.name == "tb" else run_dir
         found = [(run_dir / "checkpoints" / name) for name in CHECKPOINT_NAMES]
         found = [p for p in found if p.is_file() and _inside(p.resolve(), run_dir)]
         return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None

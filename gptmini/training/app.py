@@ -104,6 +104,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             check(gpt_config, device, f"callbacks.{name}.")
     module = build_module(cfg, plan, trainer, datamodule, gpt_config)
     output_dir = Path(cfg.paths.output_dir)
+    # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
+    _log_overrides(trainer, cfg, plan)
     fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
     return report(trainer, output_dir)
 
@@ -131,7 +133,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
             callbacks.append(ParameterSummary())
     # Either way Lightning adds no summary of its own (nor logs that it skipped one).
     trainer_cfg["enable_model_summary"] = False
-    loggers = [instantiate(c) for c in cfg.logger.values() if c is not None and "_target_" in c]
+    loggers = [_logger(c, cfg, plan) for c in cfg.logger.values() if c is not None and "_target_" in c]
     trainer = instantiate(
         trainer_cfg,
         callbacks=callbacks,
@@ -143,6 +145,46 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
         plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
     )
     return trainer, named
+
+
+# the TensorBoard logger's targets: its events are placed by the run (run_folder.tensorboard_place)
+TENSORBOARD_LOGGERS = (
+    "lightning.pytorch.loggers.TensorBoardLogger",
+    "lightning.pytorch.loggers.tensorboard.TensorBoardLogger",
+)
+
+
+def _logger(node: DictConfig, cfg: DictConfig, plan: RunPlan) -> Any:
+    """A logger of ``cfg.logger``; TensorBoard's writes where ``tensorboard_place`` says."""
+    if node.get("_target_") not in TENSORBOARD_LOGGERS:
+        return instantiate(node)
+    from gptmini.training.run_folder import tensorboard_place
+
+    return instantiate(node, **tensorboard_place(node, cfg.run_name, plan.tensorboard_dir))
+
+
+def _tensorboard(trainer: Any) -> Any:
+    """The run's TensorBoard logger, None without one."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+
+
+def _log_overrides(trainer: Any, cfg: DictConfig, plan: RunPlan) -> None:
+    """The run's command line as text in its TensorBoard run (``run/overrides``, TEXT tab): every override in
+    full, where the run's label may be cut; a resumed run adds its own at the step it resumes from."""
+    from gptmini.training.run_folder import command_overrides
+
+    logger = _tensorboard(trainer)
+    if logger is None:
+        return
+    step = int(plan.resume.get("global_step") or 0) if plan.resume is not None else 0
+    lines = [f"run_name `{cfg.run_name}`, run folder `{cfg.paths.output_dir}`"]
+    if plan.ckpt_path is not None:
+        lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
+    overrides = command_overrides()
+    lines += [f"- `{o}`" for o in overrides] if overrides else ["no overrides: the defaults"]
+    logger.experiment.add_text("run/overrides", "\n\n".join(lines), global_step=step)
 
 
 def build_data(cfg: DictConfig, plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
@@ -173,6 +215,11 @@ def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, 
     run_config["trainer"]["val_check_interval"] = plan.val_check_interval
     # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
+    tensorboard = _tensorboard(trainer)
+    if tensorboard is not None:
+        # where the run's events are, relative to its folder: a run resumed from it logs on into them
+        here = os.path.abspath(cfg.paths.output_dir)
+        run_config["tensorboard_dir"] = os.path.relpath(os.path.abspath(tensorboard.log_dir), here)
     module = GPTLightningModule(
         model_config=gpt_config.to_dict(),
         optimizer=instantiate(cfg.optimizer),
@@ -227,6 +274,7 @@ def report(trainer: Any, output_dir: Path) -> dict[str, Any]:
     """What the run reached: its folder, checkpoints, step and final metrics (logged on the first process)."""
     ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    tensorboard = _tensorboard(trainer)
     if trainer.is_global_zero:
         val = metrics.get("val/loss")
         log.info(
@@ -235,7 +283,7 @@ def report(trainer: Any, output_dir: Path) -> dict[str, Any]:
             trainer.global_step,
             f"{val:.4f}" if val is not None else "n/a",
             ckpt_dir,
-            output_dir / "tb",
+            tensorboard.log_dir if tensorboard is not None else "none (no TensorBoard logger)",
             shlex.quote(str(ckpt_dir / "last.ckpt")),
         )
     return {

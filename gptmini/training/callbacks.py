@@ -391,9 +391,16 @@ class TokenThroughputMonitor(LoggingCallback):
             )
 
 
+def console_is_terminal() -> bool:
+    """Whether the console is a terminal, where a progress bar can be redrawn in place (not a file or a pipe)."""
+    return sys.stdout.isatty()
+
+
 class ProgressBar(RichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
-    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1).
+    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
+    terminal: in a file or a pipe Rich would print the final frame at the end of the log (``ProgressLog``'s plain
+    lines say how far the run is there).
 
     The screen is redrawn ``refresh_rate`` times a second (Lightning's thread); the training bar's count and
     metrics are updated no more often than that either, instead of after every step (each update reads every
@@ -403,6 +410,11 @@ class ProgressBar(RichProgressBar):
         super().__init__(*args, **kwargs)
         self._updated_at = -math.inf
         self._holding = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if not console_is_terminal():
+            self.disable()
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
@@ -475,7 +487,7 @@ class ProgressLog(LoggingCallback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._active = trainer.is_global_zero and (
-            self.when == "always" or (self.when == "not_a_terminal" and not sys.stdout.isatty())
+            self.when == "always" or (self.when == "not_a_terminal" and not console_is_terminal())
         )
         # a resumed run: its rate and ETA from its own start
         self._start_step = self._logged_step = trainer.global_step

@@ -22,7 +22,7 @@ from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.resume import read_resume
+from gptmini.training.resume import continued_event_folder, read_resume
 from gptmini.training.schema import (
     DataSchema,
     TokenizerSchema,
@@ -59,6 +59,8 @@ class RunPlan:
     init_from: (
         str | None
     )  # model.init_from: the weights a fresh run starts from (checked with the input files)
+    # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
+    tensorboard_dir: str | None = None
 
     @property
     def training_batches(self) -> int:
@@ -115,6 +117,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         ckpt_path=resume[0] if resume else None,
         resume=resume[1] if resume else None,
         init_from=str(init_from) if init_from and not resume else None,
+        tensorboard_dir=continued_event_folder(*resume) if resume else None,
     )
 
 

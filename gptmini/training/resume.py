@@ -14,6 +14,7 @@ from gptmini.checkpoint import CheckpointError, resolve_checkpoint
 from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
+from gptmini.runs import event_folders, recorded_event_folder
 from gptmini.training.errors import RunError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,28 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     check_resume_compatible(path, model.to_dict(), ckpt=ckpt)
     for stale in remove_stale_temp_files(Path(path).parent):
         log.info("removed %s, left by a save that was interrupted", stale)
+
+
+def continued_event_folder(path: str, ckpt: dict[str, Any]) -> str | None:
+    """The TensorBoard folder of the run a checkpoint belongs to, which the resumed run logs on into (one run,
+    one curve in TensorBoard): the folder the checkpoint records (a run resumed before logged into its own
+    first run's), else the one of the run folder holding ``checkpoints/<file>``. None: a checkpoint outside a
+    run folder, or one whose events are gone; the resumed run then logs to a TensorBoard run of its own."""
+    ckpt_file = Path(path)
+    if ckpt_file.parent.name != "checkpoints":
+        return None
+    run_dir = ckpt_file.parent.parent
+    recorded = recorded_event_folder(run_dir, ckpt)
+    if recorded is not None and recorded.is_dir():
+        return str(recorded.resolve())
+    found = event_folders(run_dir)
+    if found:
+        return str(found[0].resolve())
+    log.info(
+        "no TensorBoard events of the run of %s were found: this run logs to a TensorBoard run of its own",
+        path,
+    )
+    return None
 
 
 # the key of StopAtTargetLoss's state in a checkpoint

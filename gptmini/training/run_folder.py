@@ -1,5 +1,6 @@
 """The run folder: a ``run_name`` that is one folder name, a folder that holds no other run, and one that can be
-created, each checked by a Hydra callback (``OutputFolderCheck``) before Hydra creates or writes anything."""
+created, each checked by a Hydra callback (``OutputFolderCheck``) before Hydra creates or writes anything; and
+where in it the TensorBoard run goes, named after what the run is (``tensorboard_place``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
 
 from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
+from gptmini.runs import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
@@ -28,6 +30,27 @@ def check_run_name(name: Any) -> None:
             f"run_name={text!r} is invalid: it names one folder under paths.output_root, so it may hold letters, "
             "digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), e.g. run_name=my_run"
         )
+
+
+def command_overrides() -> list[str]:
+    """The run's command-line overrides as Hydra recorded them (``hydra.overrides.task``; a sweep job's own
+    values included), [] outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+
+
+def tensorboard_place(node: DictConfig, run_name: str, continued: str | None) -> dict[str, str]:
+    """Where the TensorBoard logger of config ``node`` writes, as its ``save_dir``, ``name`` and ``version``:
+    a resumed run's ``continued`` folder (the run it resumes: one run, one curve); else the run's label under
+    the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``) unless the node names a
+    ``version`` itself."""
+    if continued is not None:
+        folder = Path(continued)
+        return {"save_dir": str(folder.parent.parent), "name": folder.parent.name, "version": folder.name}
+    if node.get("version") is not None:
+        return {}
+    return {"version": tensorboard_label(str(run_name), task_overrides(command_overrides()))}
 
 
 # What a run writes into its folder: one of these there means the folder already holds a run.

@@ -59,7 +59,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(train, t
     # Validation is reduced across ranks: each rank scored half of the same windows.
     assert eb.Scalars("val/loss")[-1].value == pytest.approx(ea.Scalars("val/loss")[-1].value, abs=1e-4)
     # Only rank zero writes logs, attention maps and checkpoints.
-    assert len(list((ddp / "tb").glob("events.out.tfevents.*"))) == 1
+    assert len(list((ddp / "tb").rglob("events.out.tfevents.*"))) == 1
     assert len(eb.Images("attention/layer0_heads")) == len(ea.Images("attention/layer0_heads")) == 1
     assert sorted(p.name for p in (ddp / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
     # The global batch is the same: 8 x 1 process, 4 x 2 processes; so is the token count.

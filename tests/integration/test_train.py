@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 import torch
@@ -97,24 +98,61 @@ def test_gptmini_runs_lists_the_run_and_its_name_opens_it(smoke_run, run_cli):
     assert "loaded outputs/smoke/" in sample.stderr and "/checkpoints/last.ckpt" in sample.stderr
 
 
-def test_resume_with_ckpt_path_last_continues_from_its_step(smoke_run, run_cli, tb_events):
+def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run_cli, tmp_path):
+    """The resumed run trains the remaining steps and logs on into the TensorBoard run of the run it resumes:
+    one run whose train/loss goes past the first run's last step, no second one. Its output goes to a file, as
+    `make train > log` does: the plain progress lines are there, and no frame of the progress bar."""
+    from gptmini.runs import event_folders, read_events
+
     root, first_run, _ = smoke_run
-    proc = run_cli.train(
-        [
-            "debug=smoke",
-            "ckpt_path=last",
-            "trainer.max_steps=9",
-            f"paths.output_root={root}/outputs",
-            f"paths.data_root={root}/data",
-        ]
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"resuming from {first_run / 'checkpoints' / 'last.ckpt'}" in proc.stdout + proc.stderr
+    first_steps = [e.step for e in read_events(event_folders(first_run)[0]).Scalars("train/loss")]
+    out = tmp_path / "resume.out"
+    with out.open("w") as console:
+        proc = run_cli.popen(
+            run_cli.train_module,
+            [
+                "debug=smoke",
+                "ckpt_path=last",
+                "trainer.max_steps=9",
+                f"paths.output_root={root}/outputs",
+                f"paths.data_root={root}/data",
+            ],
+            stdout=console,
+            stderr=subprocess.STDOUT,
+        )
+        assert proc.wait(timeout=300) == 0, out.read_text()[-3000:]
+    text = out.read_text()
+    assert f"resuming from {first_run / 'checkpoints' / 'last.ckpt'}" in text
     (resumed,) = [d for d in (root / "outputs" / "smoke").iterdir() if d != first_run]
     ckpt = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 9
-    steps = [e.step for e in tb_events(resumed).Scalars("train/loss")]
-    assert min(steps) >= 6  # only the remaining steps were trained
+    # one TensorBoard run in all: the first run's, named after it
+    runs = sorted({p.parent for p in (root / "outputs").rglob("events.out.tfevents.*")})
+    assert runs == [first_run / "tb" / "smoke,debug=smoke"], runs
+    assert not (resumed / "tb").exists()
+    events = read_events(runs[0], tensors=0)
+    steps = [e.step for e in events.Scalars("train/loss")]
+    # the first run's steps, then the resumed run's, on past them in the same run
+    assert steps[: len(first_steps)] == first_steps and max(first_steps) == 5
+    assert len(steps) == len(first_steps) + 3 and steps == sorted(set(steps)) and steps[-1] == 9
+    assert [e.step for e in events.Scalars("val/loss")] == [3, 6, 9]
+    # the checkpoint records where its run logs, for a resume of the resumed run
+    recorded = ckpt["hyper_parameters"]["run_config"]["tensorboard_dir"]
+    assert (resumed / recorded).resolve() == runs[0].resolve()
+    # the overrides of both starts as text: the first at step 0, the resumed one's at the step it resumed from
+    texts = {
+        e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("run/overrides/text_summary")
+    }
+    assert sorted(texts) == [0, 6] and "- `debug=smoke`" in texts[0]
+    assert "resumed from" in texts[6] and "- `trainer.max_steps=9`" in texts[6]
+    # not a terminal: ProgressLog's lines, no progress bar
+    assert re.findall(r"step (\d+)/9 \| loss", text) == ["8", "9"]
+    assert "━" not in text and "it/s" not in text, text[-2000:]
+    listed = run_cli("gptmini.cli", ["runs", "--runs-dir", root / "outputs", "--json", "smoke"])
+    rows = {row["folder"]: row for row in json.loads(listed.stdout)}
+    # each row's val/loss is its own run's last, though both logged into one TensorBoard run
+    assert rows[str(resumed)]["val_step"] == 9 and rows[str(first_run)]["val_step"] == 6
+    assert rows[str(resumed)]["tensorboard"] == rows[str(first_run)]["tensorboard"] == str(runs[0])
 
 
 def test_sample_command_generates_text_from_a_checkpoint(smoke_run, capsys):
@@ -204,6 +242,9 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path, ru
     ]
     for job in jobs:
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+        # the job's TensorBoard run is named after the run and every override of the job
+        (events,) = {p.parent for p in (sweep / job).rglob("events.out.tfevents.*")}
+        assert events == sweep / job / "tb" / f"smoke,{job}"
         assert "val/loss" in tb_events(sweep / job).Tags()["scalars"]
         ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)
         assert (

@@ -312,6 +312,33 @@ def test_a_logdir_that_is_one_runs_tb_folder_finds_that_runs_checkpoint(logdir):
     assert plugin._checkpoint("../no_ckpt/tb") is None  # out of the log folder
 
 
+def test_a_run_named_after_its_overrides_finds_its_run_folders_checkpoint(tmp_path):
+    """Training writes events to <run folder>/tb/<run_name>,<overrides>: the run of that name opens the
+    checkpoint of the run folder, with --logdir the runs folder or the run's tb/ folder."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gptmini.board.plugin import AttentionPlugin
+
+    run_dir = tmp_path / "outputs" / "smoke" / "2026-01-01_10-00-00_000000"
+    with SummaryWriter(str(run_dir / "tb" / "smoke,debug=smoke")) as writer:
+        writer.add_scalar("train/loss", 1.0, 1)
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    for logdir, run in (
+        (tmp_path / "outputs", "smoke/2026-01-01_10-00-00_000000/tb/smoke,debug=smoke"),
+        (run_dir / "tb", "smoke,debug=smoke"),
+    ):
+        multiplexer = plugin_event_multiplexer.EventMultiplexer()
+        multiplexer.AddRunsFromDirectory(str(logdir))
+        multiplexer.Reload()
+        assert set(multiplexer.Runs()) == {run}
+        provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+        plugin = AttentionPlugin(base_plugin.TBContext(data_provider=provider, logdir=str(logdir)))
+        assert plugin._checkpoint(run) == run_dir / "checkpoints" / "last.ckpt"
+
+
 def test_own_text_on_a_char_run_says_what_its_vocabulary_left_out(tmp_path, write_checkpoint):
     from torch.utils.tensorboard import SummaryWriter
     from werkzeug.test import Client

@@ -80,19 +80,10 @@ def test_bad_settings_are_refused_naming_the_key():
         ProgressLog(every_n_steps=0)
 
 
-def test_the_bar_of_a_step_based_run_is_never_drawn_with_lightnings_epoch_label(tmp_path):
-    """A real fit with a step-based trainer (max_epochs=-1): every drawing of the bar is recorded, and none
-    shows Lightning's "Epoch 0/-2"."""
+def _fit_tiny(tmp_path, bar: ProgressBar) -> None:
+    """A real fit of a one-layer model, 3 steps of a step-based trainer (max_epochs=-1), with ``bar``."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
-
-    drawn: list[str] = []
-
-    class Recording(ProgressBar):
-        def refresh(self, hard: bool = False) -> None:
-            super().refresh(hard)
-            if not self._holding and self.progress is not None:
-                drawn.extend(str(task.description) for task in self.progress.tasks)
 
     class Tiny(L.LightningModule):
         def __init__(self) -> None:
@@ -109,12 +100,34 @@ def test_the_bar_of_a_step_based_run_is_never_drawn_with_lightnings_epoch_label(
     trainer = L.Trainer(
         max_steps=3,
         max_epochs=-1,
-        callbacks=[Recording()],
+        callbacks=[bar],
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(Tiny(), data)
+
+
+def test_the_bar_of_a_step_based_run_is_never_drawn_with_lightnings_epoch_label(tmp_path, monkeypatch):
+    """Every drawing of the bar in a real fit is recorded, and none shows Lightning's "Epoch 0/-2"."""
+    monkeypatch.setattr(callbacks.sys.stdout, "isatty", lambda: True, raising=False)
+    drawn: list[str] = []
+
+    class Recording(ProgressBar):
+        def refresh(self, hard: bool = False) -> None:
+            super().refresh(hard)
+            if not self._holding and self.progress is not None:
+                drawn.extend(str(task.description) for task in self.progress.tasks)
+
+    _fit_tiny(tmp_path, Recording())
     assert drawn and not any("Epoch" in d for d in drawn)
     assert any("Training" in d for d in drawn)
+
+
+def test_the_bar_is_not_drawn_when_the_console_is_not_a_terminal(tmp_path, monkeypatch):
+    """Output to a file or a pipe: the bar never starts (Rich would print its last frame at the end of the log)."""
+    monkeypatch.setattr(callbacks.sys.stdout, "isatty", lambda: False, raising=False)
+    bar = ProgressBar()
+    _fit_tiny(tmp_path, bar)
+    assert not bar.is_enabled and bar.progress is None
