@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, write_table
+from benchmarks.common import machine_info, max_time_string, write_table
 
 log = logging.getLogger("benchmarks")
 
@@ -74,12 +74,6 @@ COLUMNS = [
 ]
 
 
-def _clock(seconds: float) -> str:
-    """Lightning's ``max_time`` string, DD:HH:MM:SS (whole seconds)."""
-    s = max(1, round(seconds))
-    return f"{s // 86400:02d}:{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
 def run_args(config: TokenizerConfig, root: Path, seconds: int, quick: bool, seed: int) -> list[str]:
     """The training command's overrides for ``config``'s run of ``seconds`` of training."""
     return [
@@ -89,7 +83,7 @@ def run_args(config: TokenizerConfig, root: Path, seconds: int, quick: bool, see
         "scheduler.warmup_steps=20",
         # the clock stops it, not the step count; a constant rate needs no length to decay over
         "trainer.max_steps=1000000",
-        f"+trainer.max_time='{_clock(seconds)}'",
+        f"trainer.max_time='{max_time_string(seconds)}'",
         f"seed={seed}",
         f"run_name=tokenizers_{config.folder}",
         f"paths.output_root={root / 'outputs'}",

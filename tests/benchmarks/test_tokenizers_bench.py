@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tokenizers import QUICK_TOKENIZERS, TOKENIZERS, _clock, bench_tokenizers, run_args
+from benchmarks.common import max_time_string
+from benchmarks.tokenizers import QUICK_TOKENIZERS, TOKENIZERS, bench_tokenizers, run_args
 
 RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 
@@ -31,7 +32,10 @@ def test_every_run_composes_with_its_tokenizer_and_clock(config, compose_cfg, tm
 
 
 def test_clock_strings():
-    assert _clock(3) == "00:00:00:03" and _clock(3725) == "00:01:02:05" and _clock(0) == "00:00:00:01"
+    from gptmini.training.schedulers import max_time_seconds
+
+    assert max_time_string(3) == "00:00:00:03" and max_time_string(0) == "00:00:00:01"
+    assert max_time_string(3725) == "00:01:02:05" and max_time_seconds(max_time_string(3725)) == 3725
 
 
 @pytest.mark.slow
