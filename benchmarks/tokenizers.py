@@ -6,7 +6,9 @@ For each tokenizer: its data is prepared first, outside the clock (the BPE's tra
 then one ``python -m gptmini.training`` process trains the CPU default model (``hardware=cpu``) at a constant
 learning rate after warm-up, stopped by Lightning's ``trainer.max_time`` (the same for every tokenizer); then
 ``gptmini eval`` scores its last checkpoint on the whole held-out split: loss per token and bits per byte (the
-measure that compares tokenizers, docs/data.md). ``--quick``: characters and a BPE of 512 tokens, the tiny model
+measure that compares tokenizers, docs/data.md). ``--source cyrillic`` writes the plays transliterated letter by
+letter into Cyrillic (``cyrillic_plays``: every letter two UTF-8 bytes, words GPT-2's merges never saw): a
+corpus in another script that needs no download. ``--quick``: characters and a BPE of 512 tokens, the tiny model
 for a few seconds each, scored on two batches: to check that the section runs.
 """
 
@@ -60,6 +62,20 @@ QUICK_ARGS = (
     "trainer.val_check_interval=2",
     "trainer.limit_val_batches=2",
 )
+
+# Latin -> Cyrillic, letter by letter (x and w, which have no one-letter match, take the nearest sound)
+_CYRILLIC = dict(zip("abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопярстувшхыз"))
+_CYRILLIC |= {k.upper(): v.upper() for k, v in _CYRILLIC.items()}
+CYRILLIC = "cyrillic"
+
+
+def cyrillic_plays(path: Path) -> Path:
+    """The embedded plays, every Latin letter replaced by a Cyrillic one, written to ``path`` (UTF-8)."""
+    from gptmini.data.corpora import shakespeare_text
+
+    path.write_text(shakespeare_text().translate(str.maketrans(_CYRILLIC)), encoding="utf-8")
+    return path
+
 
 COLUMNS = [
     "tokenizer",
@@ -134,11 +150,14 @@ def bench_tokenizers(
     rows = []
     with tempfile.TemporaryDirectory(prefix="gptmini-bench-tokenizers-") as tmp:
         root = root or Path(tmp)
+        corpus = source
+        if source == CYRILLIC:
+            corpus = str(cyrillic_plays(root / "cyrillic_plays.txt"))
         for config in configs:
-            prep_s, bpt = _prepare(config, source, root)
+            prep_s, bpt = _prepare(config, corpus, root)
             t0 = time.time()
             _run(
-                ["gptmini.training", *run_args(config, root, seconds, quick, seed)],
+                ["gptmini.training", *run_args(config, root, seconds, quick, seed), f"data.source={corpus}"],
                 f"training with {config.label}",
             )
             wall = time.time() - t0
@@ -164,7 +183,7 @@ def bench_tokenizers(
             )
             log.info("tokenizers %s: %s", config.label, rows[-1])
     notes = [
-        f"corpus: {source}; each tokenizer trains the {'tiny' if quick else 'CPU default'} model for "
+        f"corpus: {'the embedded plays transliterated letter by letter into Cyrillic' if source == CYRILLIC else source}; each tokenizer trains the {'tiny' if quick else 'CPU default'} model for "
         f"{seconds:g} s of training (trainer.max_time), constant learning rate after 20 warm-up steps",
         "val_bpb: bits per byte of the held-out split (summed nats / (ln 2 x its UTF-8 bytes)), comparable across "
         "tokenizers; val_loss is per token of each tokenizer's own vocabulary",
@@ -176,7 +195,11 @@ def bench_tokenizers(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tokenizers", description=__doc__)
-    p.add_argument("--source", default="shakespeare", help="corpus (default: the embedded plays)")
+    p.add_argument(
+        "--source",
+        default="shakespeare",
+        help=f"corpus: the embedded plays (default), '{CYRILLIC}' (the plays in Cyrillic letters), or a path",
+    )
     p.add_argument(
         "--seconds", type=float, default=None, help=f"training seconds each (default {DEFAULT_SECONDS:g})"
     )
