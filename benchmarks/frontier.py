@@ -152,7 +152,9 @@ def bench_frontier(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]
         "regenerate: python -m benchmarks --only frontier --tinyshakespeare input.txt",
     ]
     if opts.quick:
-        notes.append("quick: a 1-layer model for a few seconds, scored on two batches; checks that the section runs")
+        notes.append(
+            "quick: a 1-layer model for a few seconds, scored on two batches; checks that the section runs"
+        )
     return rows, notes
 
 

@@ -64,8 +64,8 @@ QUICK_ARGS = (
 )
 
 # Latin -> Cyrillic, letter by letter (x and w, which have no one-letter match, take the nearest sound)
-_CYRILLIC = dict(zip("abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопярстувшхыз"))
-_CYRILLIC |= {k.upper(): v.upper() for k, v in _CYRILLIC.items()}
+_LATIN, _CYR = "abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопярстувшхыз"
+_TO_CYRILLIC = str.maketrans(_LATIN + _LATIN.upper(), _CYR + _CYR.upper())
 CYRILLIC = "cyrillic"
 
 
@@ -73,7 +73,7 @@ def cyrillic_plays(path: Path) -> Path:
     """The embedded plays, every Latin letter replaced by a Cyrillic one, written to ``path`` (UTF-8)."""
     from gptmini.data.corpora import shakespeare_text
 
-    path.write_text(shakespeare_text().translate(str.maketrans(_CYRILLIC)), encoding="utf-8")
+    path.write_text(shakespeare_text().translate(_TO_CYRILLIC), encoding="utf-8")
     return path
 
 
@@ -142,11 +142,14 @@ def bench_tokenizers(
     quick: bool = False,
     seed: int = 1337,
     root: Path | None = None,
+    only: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     import torch
 
     seconds = seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS)
     configs = QUICK_TOKENIZERS if quick else TOKENIZERS
+    if only is not None:
+        configs = tuple(c for c in configs if c.label in only)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gptmini-bench-tokenizers-") as tmp:
         root = root or Path(tmp)
@@ -204,11 +207,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seconds", type=float, default=None, help=f"training seconds each (default {DEFAULT_SECONDS:g})"
     )
     p.add_argument("--quick", action="store_true", help="two tokenizers, the tiny model, a few seconds each")
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated labels of the tokenizers to run (default all: {', '.join(c.label for c in TOKENIZERS)})",
+    )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    rows, notes = bench_tokenizers(a.source, a.seconds, a.quick, a.seed)
+    only = None
+    if a.only is not None:
+        only = [label.strip() for label in a.only.split(",") if label.strip()]
+        unknown = sorted(set(only) - {c.label for c in TOKENIZERS})
+        if unknown or not only:
+            p.error(
+                f"--only {a.only!r}: unknown tokenizer(s) {unknown}; valid: {', '.join(c.label for c in TOKENIZERS)}"
+            )
+    rows, notes = bench_tokenizers(a.source, a.seconds, a.quick, a.seed, only=only)
     info = machine_info("cpu")
     notes.append("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     a.out.mkdir(parents=True, exist_ok=True)

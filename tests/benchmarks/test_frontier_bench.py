@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.frontier import MARGIN_S, RECIPES, bench_frontier, run_args, run_name
 from benchmarks.common import BenchOptions
+from benchmarks.frontier import MARGIN_S, RECIPES, bench_frontier, run_args, run_name
 
 RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 

@@ -219,11 +219,15 @@ def test_a_time_budget_that_outlasts_the_steps_leaves_the_step_schedule_unchange
     budgeted = WarmupStableDecayLR(
         _optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4, max_time="00:01:00:00"
     )
-    assert [_lr_at(budgeted, clock, float(i)) for i in range(12)] == pytest.approx(by_steps[1:] + [by_steps[-1]])
+    assert [_lr_at(budgeted, clock, float(i)) for i in range(12)] == pytest.approx(
+        by_steps[1:] + [by_steps[-1]]
+    )
 
 
 def test_cosine_with_a_time_budget_is_half_way_down_at_half_the_time(clock):
-    s = WarmupCosineLR(_optimizer(), max_steps=1_000_000, warmup_steps=0, min_lr_ratio=0.1, max_time="00:00:01:40")
+    s = WarmupCosineLR(
+        _optimizer(), max_steps=1_000_000, warmup_steps=0, min_lr_ratio=0.1, max_time="00:00:01:40"
+    )
     half = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
     assert _lr_at(s, clock, 50.0) == pytest.approx(BASE_LR * half)
     assert _lr_at(s, clock, 100.0) == pytest.approx(BASE_LR * 0.1)
