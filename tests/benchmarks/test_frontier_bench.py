@@ -37,11 +37,13 @@ def test_run_names_are_distinct_per_recipe_and_budget():
     assert len(names) == len(RECIPES) * 3 and all("'" not in n and " " not in n for n in names)
 
 
-def test_the_frontier_experiment_is_wider_and_longer_than_the_quick_start(compose_cfg):
+def test_the_frontier_experiment_is_the_quick_start_model_with_the_recipe_on_a_ten_minute_clock(compose_cfg):
     frontier = compose_cfg(["experiment=frontier_char_cpu", "data.source=x.txt"])
     quick = compose_cfg(["experiment=shakespeare_char_cpu"])
-    assert frontier.model.n_embd > quick.model.n_embd and frontier.model.block_size > quick.model.block_size
-    assert frontier.model.dropout > 0 and "WarmupStableDecayLR" in frontier.scheduler._target_
+    shape = ("n_layer", "n_head", "n_embd", "block_size", "dropout")
+    assert [frontier.model[k] for k in shape] == [quick.model[k] for k in shape]
+    assert "WarmupStableDecayLR" in frontier.scheduler._target_ and "MuonAdamW" in frontier.optimizer._target_
+    assert (frontier.model.position, frontier.model.qk_norm) == ("rope", True)
     assert max_time_seconds_of(frontier) + MARGIN_S == 600
 
 
