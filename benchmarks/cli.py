@@ -32,6 +32,7 @@ from benchmarks.common import (
 )
 from benchmarks.data import bench_data
 from benchmarks.end_to_end import bench_end_to_end
+from benchmarks.frontier import FRONTIER_COLUMNS, MARGIN_S, bench_frontier
 from benchmarks.generation import bench_generate
 from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
 from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
@@ -156,6 +157,9 @@ def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> N
             RECIPE_COLUMNS,
             notes,
         )
+    elif section == "frontier":
+        rows, notes = bench_frontier(opts)
+        table("frontier", "The frontier: val/loss within a wall-clock budget", rows, FRONTIER_COLUMNS, notes)
     elif section == "board":
         rows, notes = bench_board(opts)
         table("board", "Attention tab: size, render and own-text timings", rows, BOARD_COLUMNS, notes)
@@ -197,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tinyshakespeare",
         default=None,
-        help="e2e and recipe: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
+        help="e2e, recipe and frontier: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
     )
     p.add_argument(
         "--e2e-rounds", type=positive_int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
@@ -213,6 +217,12 @@ def _parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="recipe: cap every run at this many steps, for a quick look (default: each config's own length)",
+    )
+    p.add_argument(
+        "--frontier-budgets",
+        type=_sizes,
+        default=None,
+        help="frontier: whole-process budgets in seconds, comma-separated (default 60,180,600)",
     )
     p.add_argument(
         "--corpus-mb",
@@ -238,6 +248,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
     bad = sorted(set(only) - set(SECTIONS))
     if bad:
         p.error(f"--only: unknown section(s) {', '.join(bad)}; valid: {', '.join(SECTIONS)}")
+    short = [b for b in a.frontier_budgets or () if b <= MARGIN_S]
+    if short:
+        p.error(
+            f"--frontier-budgets {','.join(map(str, short))}: each budget must exceed the {MARGIN_S} s a run "
+            "spends outside training (imports, checkpoint, evaluation)"
+        )
     logging.basicConfig(
         level=logging.DEBUG if a.verbose else logging.INFO,
         format="%(asctime)s %(message)s",
@@ -248,6 +264,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         "e2e_rounds": a.e2e_rounds,
         "recipe_seeds": a.recipe_seeds,
         "recipe_max_steps": a.recipe_max_steps,
+        "frontier_budgets": tuple(a.frontier_budgets) if a.frontier_budgets else None,
     }
     return BenchOptions(
         device=device,

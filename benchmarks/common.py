@@ -25,7 +25,7 @@ from gptmini.fileio import atomic_write_text
 log = logging.getLogger("benchmarks")
 
 
-SECTIONS = ("attention", "train", "e2e", "generate", "data", "recipe", "board")
+SECTIONS = ("attention", "train", "e2e", "generate", "data", "recipe", "frontier", "board")
 
 
 # Published A100 numbers of the reference material (book chapter 3 bonus: B=8, T=1024, 12 heads, 768 wide).
@@ -49,6 +49,12 @@ TARGETS = {
     "e2e_startup_s": 2.0,
     "e2e_extras_share": 0.05,
 }
+
+
+def max_time_string(seconds: float) -> str:
+    """Lightning's ``trainer.max_time`` string, DD:HH:MM:SS (whole seconds, at least 1)."""
+    s = max(1, round(seconds))
+    return f"{s // 86400:02d}:{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 # host allocator of a benchmark process (gptmini.training.allocator)

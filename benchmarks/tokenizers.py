@@ -6,7 +6,9 @@ For each tokenizer: its data is prepared first, outside the clock (the BPE's tra
 then one ``python -m gptmini.training`` process trains the CPU default model (``hardware=cpu``) at a constant
 learning rate after warm-up, stopped by Lightning's ``trainer.max_time`` (the same for every tokenizer); then
 ``gptmini eval`` scores its last checkpoint on the whole held-out split: loss per token and bits per byte (the
-measure that compares tokenizers, docs/data.md). ``--quick``: characters and a BPE of 512 tokens, the tiny model
+measure that compares tokenizers, docs/data.md). ``--source cyrillic`` writes the plays transliterated letter by
+letter into Cyrillic (``cyrillic_plays``: every letter two UTF-8 bytes, words GPT-2's merges never saw): a
+corpus in another script that needs no download. ``--quick``: characters and a BPE of 512 tokens, the tiny model
 for a few seconds each, scored on two batches: to check that the section runs.
 """
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, write_table
+from benchmarks.common import machine_info, max_time_string, write_table
 
 log = logging.getLogger("benchmarks")
 
@@ -61,6 +63,20 @@ QUICK_ARGS = (
     "trainer.limit_val_batches=2",
 )
 
+# Latin -> Cyrillic, letter by letter (x and w, which have no one-letter match, take the nearest sound)
+_LATIN, _CYR = "abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопярстувшхыз"
+_TO_CYRILLIC = str.maketrans(_LATIN + _LATIN.upper(), _CYR + _CYR.upper())
+CYRILLIC = "cyrillic"
+
+
+def cyrillic_plays(path: Path) -> Path:
+    """The embedded plays, every Latin letter replaced by a Cyrillic one, written to ``path`` (UTF-8)."""
+    from gptmini.data.corpora import shakespeare_text
+
+    path.write_text(shakespeare_text().translate(_TO_CYRILLIC), encoding="utf-8")
+    return path
+
+
 COLUMNS = [
     "tokenizer",
     "vocab",
@@ -74,12 +90,6 @@ COLUMNS = [
 ]
 
 
-def _clock(seconds: float) -> str:
-    """Lightning's ``max_time`` string, DD:HH:MM:SS (whole seconds)."""
-    s = max(1, round(seconds))
-    return f"{s // 86400:02d}:{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
 def run_args(config: TokenizerConfig, root: Path, seconds: int, quick: bool, seed: int) -> list[str]:
     """The training command's overrides for ``config``'s run of ``seconds`` of training."""
     return [
@@ -89,7 +99,7 @@ def run_args(config: TokenizerConfig, root: Path, seconds: int, quick: bool, see
         "scheduler.warmup_steps=20",
         # the clock stops it, not the step count; a constant rate needs no length to decay over
         "trainer.max_steps=1000000",
-        f"+trainer.max_time='{_clock(seconds)}'",
+        f"trainer.max_time='{max_time_string(seconds)}'",
         f"seed={seed}",
         f"run_name=tokenizers_{config.folder}",
         f"paths.output_root={root / 'outputs'}",
@@ -132,19 +142,25 @@ def bench_tokenizers(
     quick: bool = False,
     seed: int = 1337,
     root: Path | None = None,
+    only: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     import torch
 
     seconds = seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS)
     configs = QUICK_TOKENIZERS if quick else TOKENIZERS
+    if only is not None:
+        configs = tuple(c for c in configs if c.label in only)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gptmini-bench-tokenizers-") as tmp:
         root = root or Path(tmp)
+        corpus = source
+        if source == CYRILLIC:
+            corpus = str(cyrillic_plays(root / "cyrillic_plays.txt"))
         for config in configs:
-            prep_s, bpt = _prepare(config, source, root)
+            prep_s, bpt = _prepare(config, corpus, root)
             t0 = time.time()
             _run(
-                ["gptmini.training", *run_args(config, root, seconds, quick, seed)],
+                ["gptmini.training", *run_args(config, root, seconds, quick, seed), f"data.source={corpus}"],
                 f"training with {config.label}",
             )
             wall = time.time() - t0
@@ -170,7 +186,7 @@ def bench_tokenizers(
             )
             log.info("tokenizers %s: %s", config.label, rows[-1])
     notes = [
-        f"corpus: {source}; each tokenizer trains the {'tiny' if quick else 'CPU default'} model for "
+        f"corpus: {'the embedded plays transliterated letter by letter into Cyrillic' if source == CYRILLIC else source}; each tokenizer trains the {'tiny' if quick else 'CPU default'} model for "
         f"{seconds:g} s of training (trainer.max_time), constant learning rate after 20 warm-up steps",
         "val_bpb: bits per byte of the held-out split (summed nats / (ln 2 x its UTF-8 bytes)), comparable across "
         "tokenizers; val_loss is per token of each tokenizer's own vocabulary",
@@ -182,16 +198,33 @@ def bench_tokenizers(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tokenizers", description=__doc__)
-    p.add_argument("--source", default="shakespeare", help="corpus (default: the embedded plays)")
+    p.add_argument(
+        "--source",
+        default="shakespeare",
+        help=f"corpus: the embedded plays (default), '{CYRILLIC}' (the plays in Cyrillic letters), or a path",
+    )
     p.add_argument(
         "--seconds", type=float, default=None, help=f"training seconds each (default {DEFAULT_SECONDS:g})"
     )
     p.add_argument("--quick", action="store_true", help="two tokenizers, the tiny model, a few seconds each")
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated labels of the tokenizers to run (default all: {', '.join(c.label for c in TOKENIZERS)})",
+    )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    rows, notes = bench_tokenizers(a.source, a.seconds, a.quick, a.seed)
+    only = None
+    if a.only is not None:
+        only = [label.strip() for label in a.only.split(",") if label.strip()]
+        unknown = sorted(set(only) - {c.label for c in TOKENIZERS})
+        if unknown or not only:
+            p.error(
+                f"--only {a.only!r}: unknown tokenizer(s) {unknown}; valid: {', '.join(c.label for c in TOKENIZERS)}"
+            )
+    rows, notes = bench_tokenizers(a.source, a.seconds, a.quick, a.seed, only=only)
     info = machine_info("cpu")
     notes.append("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     a.out.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,81 @@
-"""Learning-rate schedules as plain ``LRScheduler`` subclasses (their state is a dict of numbers)."""
+"""Learning-rate schedules as plain ``LRScheduler`` subclasses (their state is a dict of numbers).
+
+The decaying schedules (warmup-cosine, warmup-stable-decay) run over ``max_steps`` optimizer steps or, when
+``max_time`` is given (the config passes ``trainer.max_time``, Lightning's "DD:HH:MM:SS"), over whichever of the
+two runs out first: the schedule's progress is the larger of the steps' fraction and the elapsed time's, so a run
+stopped by its time budget has finished its decay when Lightning stops it, on any machine."""
 
 from __future__ import annotations
 
 import math
+import time
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 
-class WarmupCosineLR(LRScheduler):
+def max_time_seconds(max_time: str | None) -> float | None:
+    """Seconds of a ``trainer.max_time`` string ("DD:HH:MM:SS", Lightning's format); None for None. Raises
+    ValueError naming the bad value."""
+    if max_time is None:
+        return None
+    parts = str(max_time).split(":")
+    fix = 'give trainer.max_time as "DD:HH:MM:SS", e.g. "00:00:10:00" for ten minutes'
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"trainer.max_time={max_time!r} is invalid: {fix}")
+    days, hours, minutes, seconds = (int(p) for p in parts)
+    total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    if total <= 0:
+        raise ValueError(f"trainer.max_time={max_time!r} is invalid: it must be longer than 0 s; {fix}")
+    return total
+
+
+class _TimeBudget:
+    """The elapsed share of a time budget, carried across a resume (the state keeps the seconds already spent)."""
+
+    def __init__(self, max_time: str | None) -> None:
+        self.budget_s = max_time_seconds(max_time)
+        self.spent_before_s = 0.0
+        self.started = time.monotonic()
+
+    def fraction(self) -> float:
+        if self.budget_s is None:
+            return 0.0
+        return (self.spent_before_s + time.monotonic() - self.started) / self.budget_s
+
+    def state(self) -> dict[str, float]:
+        return {"spent_before_s": self.spent_before_s + time.monotonic() - self.started}
+
+    def load(self, state: dict[str, float]) -> None:
+        self.spent_before_s = float(state.get("spent_before_s", 0.0))
+        self.started = time.monotonic()
+
+
+class _BudgetedLR(LRScheduler):
+    """An ``LRScheduler`` whose ``factor(step, time_fraction)`` is read with the time budget's share."""
+
+    clock: _TimeBudget
+
+    def factor(self, step: int, time_fraction: float = 0.0) -> float:
+        raise NotImplementedError
+
+    def get_lr(self) -> list[float]:
+        f = self.factor(self.last_epoch, self.clock.fraction())
+        return [base_lr * f for base_lr in self.base_lrs]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: v for k, v in super().state_dict().items() if k != "clock"}
+        state["time_budget"] = self.clock.state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        self.clock.load(state.pop("time_budget", {}))
+        super().load_state_dict(state)
+
+
+class WarmupCosineLR(_BudgetedLR):
     """Linear warmup from 0 to the base LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` of
     it at ``max_steps``, flat after. Stepped once per optimizer step."""
 
@@ -18,6 +85,7 @@ class WarmupCosineLR(LRScheduler):
         max_steps: int,
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.1,
+        max_time: str | None = None,
         last_epoch: int = -1,
     ) -> None:
         if max_steps <= 0:
@@ -29,19 +97,19 @@ class WarmupCosineLR(LRScheduler):
         self.max_steps = max_steps
         self.warmup_steps = min(warmup_steps, max_steps)
         self.min_lr_ratio = min_lr_ratio
+        self.clock = _TimeBudget(max_time)
         super().__init__(optimizer, last_epoch)
 
-    def factor(self, step: int) -> float:
+    def factor(self, step: int, time_fraction: float = 0.0) -> float:
         if step < self.warmup_steps:
             return _warmup(step, self.warmup_steps)
-        if step >= self.max_steps:
+        # the share of the run done: by steps, or by the time budget when that runs out first
+        done = max(step / self.max_steps, time_fraction)
+        if done >= 1.0:
             return self.min_lr_ratio
-        progress = (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps)
+        start = self.warmup_steps / self.max_steps
+        progress = max(0.0, (done - start) / max(1.0 / self.max_steps, 1.0 - start))
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    def get_lr(self) -> list[float]:
-        f = self.factor(self.last_epoch)
-        return [base_lr * f for base_lr in self.base_lrs]
 
 
 class WarmupConstantLR(LRScheduler):
@@ -67,7 +135,7 @@ class WarmupConstantLR(LRScheduler):
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
-class WarmupStableDecayLR(LRScheduler):
+class WarmupStableDecayLR(_BudgetedLR):
     """Warmup-stable-decay (Hu et al., MiniCPM; modded-nanogpt): linear warmup from 0 to the base LR over
     ``warmup_steps`` (the ramp of ``WarmupCosineLR``), the base LR until the last ``decay_fraction`` of
     ``max_steps``, then down to ``min_lr_ratio`` of it at ``max_steps`` along ``decay_shape``: "linear",
@@ -82,6 +150,7 @@ class WarmupStableDecayLR(LRScheduler):
         decay_fraction: float = 0.3,
         min_lr_ratio: float = 0.0,
         decay_shape: str = "linear",
+        max_time: str | None = None,
         last_epoch: int = -1,
     ) -> None:
         if max_steps <= 0:
@@ -95,16 +164,20 @@ class WarmupStableDecayLR(LRScheduler):
         self.decay_start = max(self.warmup_steps, max_steps - round(decay_fraction * max_steps))
         self.min_lr_ratio = min_lr_ratio
         self.decay_shape = decay_shape
+        self.clock = _TimeBudget(max_time)
         super().__init__(optimizer, last_epoch)
 
-    def factor(self, step: int) -> float:
+    def factor(self, step: int, time_fraction: float = 0.0) -> float:
         if step < self.warmup_steps:
             return _warmup(step, self.warmup_steps)
-        if step < self.decay_start:
+        # the share of the run done: by steps, or by the time budget when that runs out first
+        done = max(step / self.max_steps, time_fraction)
+        start = self.decay_start / self.max_steps
+        if done < start:
             return 1.0
-        if step >= self.max_steps:
+        if done >= 1.0:
             return self.min_lr_ratio
-        progress = (step - self.decay_start) / (self.max_steps - self.decay_start)  # in [0, 1)
+        progress = (done - start) / (1.0 - start)  # in [0, 1)
         if self.decay_shape == "cosine":
             left = 0.5 * (1.0 + math.cos(math.pi * progress))
         elif self.decay_shape == "1-sqrt":
@@ -112,10 +185,6 @@ class WarmupStableDecayLR(LRScheduler):
         else:
             left = 1.0 - progress
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * left
-
-    def get_lr(self) -> list[float]:
-        f = self.factor(self.last_epoch)
-        return [base_lr * f for base_lr in self.base_lrs]
 
 
 def check_wsd(decay_fraction: float, min_lr_ratio: float, decay_shape: str) -> None:

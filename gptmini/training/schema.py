@@ -389,6 +389,15 @@ def _check_warmup(key: str, warmup_steps: int) -> None:
         raise RunError(f"{key}.warmup_steps={warmup_steps} is invalid: it must be >= 0")
 
 
+def _check_max_time(max_time: Optional[str]) -> None:
+    from gptmini.training.schedulers import max_time_seconds
+
+    try:
+        max_time_seconds(max_time)
+    except ValueError as err:
+        raise RunError(str(err)) from None
+
+
 def _check_min_lr_ratio(key: str, min_lr_ratio: float) -> None:
     if not 0.0 <= min_lr_ratio <= 1.0:
         raise RunError(f"{key}.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
@@ -404,10 +413,12 @@ class WarmupCosineSchema:
     max_steps: int = 1
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
+    max_time: Optional[str] = None
 
     def check(self, key: str) -> None:
         _check_warmup(key, self.warmup_steps)
         _check_min_lr_ratio(key, self.min_lr_ratio)
+        _check_max_time(self.max_time)
 
 
 @option_schema("scheduler")
@@ -422,6 +433,7 @@ class WarmupStableDecaySchema:
     decay_fraction: float = 0.3
     min_lr_ratio: float = 0.0
     decay_shape: str = "linear"
+    max_time: Optional[str] = None
 
     def check(self, key: str) -> None:
         from gptmini.training.schedulers import check_wsd
@@ -432,6 +444,7 @@ class WarmupStableDecaySchema:
             raise RunError(str(err)) from None
         _check_warmup(key, self.warmup_steps)
         _check_min_lr_ratio(key, self.min_lr_ratio)
+        _check_max_time(self.max_time)
 
 
 @option_schema("scheduler")

@@ -26,10 +26,10 @@ def _positive(value: str) -> bool:
     return math.isfinite(x) and x > 0
 
 
-# The quick run of every section but e2e, which starts real training processes (gptmini's and the bare loop's):
-# its quick run is test_the_end_to_end_section_writes_its_table (slow); its parts are tested in
-# test_end_to_end.py.
-FAST_SECTIONS = tuple(s for s in common.SECTIONS if s != "e2e")
+# The quick run of every section but e2e and frontier, which start real training processes: their quick runs are
+# slow tests (test_the_end_to_end_section_writes_its_table; test_frontier_bench.py); their parts are tested in
+# test_end_to_end.py and test_frontier_bench.py.
+FAST_SECTIONS = tuple(s for s in common.SECTIONS if s not in ("e2e", "frontier"))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tokenizers import QUICK_TOKENIZERS, TOKENIZERS, _clock, bench_tokenizers, run_args
+from benchmarks.common import max_time_string
+from benchmarks.tokenizers import QUICK_TOKENIZERS, TOKENIZERS, bench_tokenizers, run_args
 
 RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 
@@ -31,7 +32,10 @@ def test_every_run_composes_with_its_tokenizer_and_clock(config, compose_cfg, tm
 
 
 def test_clock_strings():
-    assert _clock(3) == "00:00:00:03" and _clock(3725) == "00:01:02:05" and _clock(0) == "00:00:00:01"
+    from gptmini.training.schedulers import max_time_seconds
+
+    assert max_time_string(3) == "00:00:00:03" and max_time_string(0) == "00:00:00:01"
+    assert max_time_string(3725) == "00:01:02:05" and max_time_seconds(max_time_string(3725)) == 3725
 
 
 @pytest.mark.slow
@@ -44,3 +48,16 @@ def test_quick_run_writes_rows_with_bits_per_byte(tmp_path: Path):
     assert char["val_bpb"] == pytest.approx(char["val_loss"] / math.log(2), abs=2e-4)
     assert bpe["vocab"] == 512 and bpe["bytes_per_token"] > 1.5 and bpe["steps"] >= 1
     assert any("bits per byte" in n for n in notes)
+
+
+def test_the_cyrillic_plays_are_the_plays_in_another_script(tmp_path: Path):
+    from benchmarks.tokenizers import cyrillic_plays
+    from gptmini.data.corpora import shakespeare_text
+
+    plays = shakespeare_text()
+    text = cyrillic_plays(tmp_path / "c.txt").read_text(encoding="utf-8")
+    assert len(text) == len(plays) and not any("a" <= c.lower() <= "z" for c in text)
+    letters = sum(c.isalpha() for c in plays)
+    # every letter became a two-byte Cyrillic one; everything else (punctuation, newlines) is unchanged
+    assert len(text.encode("utf-8")) == len(plays.encode("utf-8")) + letters
+    assert [c for c in text if not c.isalpha()] == [c for c in plays if not c.isalpha()]

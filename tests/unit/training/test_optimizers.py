@@ -243,7 +243,7 @@ def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, sch
         overrides, message = (
             ["experiment=speedrun_char_cpu", "data.source=x.txt", "scheduler=warmup_cosine"],
             r"scheduler\.decay_fraction is not a setting of gptmini\.training\.schedulers\.WarmupCosineLR: its "
-            r"settings are .*max_steps, min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
+            r"settings are .*max_steps, max_time, min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
         )
     else:
         overrides, message = (

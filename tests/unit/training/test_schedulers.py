@@ -76,7 +76,8 @@ def test_state_dict_round_trip_resumes_the_same_schedule(make):
     first = make(_optimizer())
     _lrs(first, 6)
     state = first.state_dict()
-    assert all(isinstance(v, (int, float, list, type(None))) for v in state.values()), state  # plain numbers
+    # plain numbers (the time budget's seconds spent are a dict of one float)
+    assert all(isinstance(v, (int, float, list, dict, type(None))) for v in state.values()), state
     # as Lightning resumes: fresh optimizer and scheduler, then the optimizer's state, then the scheduler's
     resumed = make(_optimizer())
     resumed.optimizer.load_state_dict(first.optimizer.state_dict())
@@ -158,3 +159,109 @@ def test_wsd_refuses_bad_settings_naming_them():
         WarmupStableDecayLR(_optimizer(), max_steps=10, decay_shape="step")
     with pytest.raises(ValueError, match=r"scheduler\.decay_fraction=-0\.1 is invalid"):
         WarmupStableDecayLR(_optimizer(), max_steps=10, decay_fraction=-0.1)
+
+
+class FakeClock:
+    """time.monotonic for the schedulers' time budget, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    import gptmini.training.schedulers as schedulers
+
+    fake = FakeClock()
+    monkeypatch.setattr(schedulers.time, "monotonic", fake)
+    return fake
+
+
+def _lr_at(scheduler, clock: FakeClock, seconds: float) -> float:
+    clock.now = 1000.0 + seconds
+    scheduler.optimizer.step()
+    scheduler.step()
+    return scheduler.optimizer.param_groups[0]["lr"]
+
+
+def test_max_time_reads_lightnings_format_and_refuses_others():
+    from gptmini.training.schedulers import max_time_seconds
+
+    assert max_time_seconds(None) is None
+    assert max_time_seconds("00:00:10:00") == 600.0
+    assert max_time_seconds("01:02:03:04") == ((24 + 2) * 60 + 3) * 60 + 4
+    for bad in ("10:00", "00:00:10:xx", "00:00:00:00", "-1:00:00:00"):
+        with pytest.raises(ValueError, match=r"trainer\.max_time=.* is invalid: .*\"00:00:10:00\""):
+            max_time_seconds(bad)
+
+
+def test_wsd_with_a_time_budget_decays_by_the_clock_when_time_runs_out_before_the_steps(clock):
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    # a million steps would never end: the 100 s budget paces the schedule, the last 40% of it decaying linearly
+    s = WarmupStableDecayLR(
+        _optimizer(), max_steps=1_000_000, decay_fraction=0.4, min_lr_ratio=0.1, max_time="00:00:01:40"
+    )
+    assert _lr_at(s, clock, 30.0) == pytest.approx(BASE_LR)
+    assert _lr_at(s, clock, 59.0) == pytest.approx(BASE_LR)
+    assert _lr_at(s, clock, 80.0) == pytest.approx(BASE_LR * (0.1 + 0.9 * (1 - (0.8 - 0.6) / 0.4)))
+    assert _lr_at(s, clock, 100.0) == pytest.approx(BASE_LR * 0.1)
+    assert _lr_at(s, clock, 130.0) == pytest.approx(BASE_LR * 0.1)
+
+
+def test_a_time_budget_that_outlasts_the_steps_leaves_the_step_schedule_unchanged(clock):
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    by_steps = _lrs(WarmupStableDecayLR(_optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4), 12)
+    budgeted = WarmupStableDecayLR(
+        _optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4, max_time="00:01:00:00"
+    )
+    assert [_lr_at(budgeted, clock, float(i)) for i in range(12)] == pytest.approx(
+        by_steps[1:] + [by_steps[-1]]
+    )
+
+
+def test_cosine_with_a_time_budget_is_half_way_down_at_half_the_time(clock):
+    s = WarmupCosineLR(
+        _optimizer(), max_steps=1_000_000, warmup_steps=0, min_lr_ratio=0.1, max_time="00:00:01:40"
+    )
+    half = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert _lr_at(s, clock, 50.0) == pytest.approx(BASE_LR * half)
+    assert _lr_at(s, clock, 100.0) == pytest.approx(BASE_LR * 0.1)
+
+
+def test_a_resumed_schedule_counts_the_seconds_already_spent(clock):
+    from gptmini.training.schedulers import WarmupStableDecayLR
+
+    def make():
+        return WarmupStableDecayLR(
+            _optimizer(), max_steps=1_000_000, decay_fraction=0.5, min_lr_ratio=0.0, max_time="00:00:01:40"
+        )
+
+    first = make()
+    _lr_at(first, clock, 40.0)
+    state = first.state_dict()
+    assert state["time_budget"] == {"spent_before_s": pytest.approx(40.0)}
+    # a new process much later: its own clock starts now, with 40 s of the budget already spent
+    clock.now = 5000.0
+    resumed = make()
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
+    resumed.load_state_dict(state)
+    clock.now = 5000.0 + 35.0  # 75 s of the 100 spent: half-way through the decay that started at 50 s
+    resumed.optimizer.step()
+    resumed.step()
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR * 0.5)
+
+
+@pytest.mark.parametrize("scheduler", ["wsd", "warmup_cosine"])
+def test_the_schedule_takes_trainer_max_time_and_a_bad_one_fails_at_config_time(compose_cfg, scheduler):
+    from gptmini.training.config import RunError, validate_config
+
+    cfg = compose_cfg(["debug=smoke", f"scheduler={scheduler}", "trainer.max_time=00:00:10:00"])
+    assert cfg.scheduler.max_time == "00:00:10:00"
+    validate_config(cfg)
+    with pytest.raises(RunError, match=r"trainer\.max_time='10min' is invalid: give trainer\.max_time as"):
+        validate_config(compose_cfg(["debug=smoke", f"scheduler={scheduler}", "trainer.max_time=10min"]))
