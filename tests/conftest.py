@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +123,7 @@ def cli_help(capsys: pytest.CaptureFixture[str]) -> Callable[[str], str]:
 
 
 @pytest.fixture
-def compose_cfg(conf_path: Path, tmp_path: Path) -> Callable[..., Any]:
+def compose_cfg(conf_path: Path, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``compose_cfg(overrides, keep_hydra=False)``: the training config as the app's task function receives
     it (no ``hydra`` node unless asked for), with its output and data folders under the test's ``tmp_path``."""
     from hydra import compose, initialize_config_dir
@@ -143,7 +143,10 @@ def compose_cfg(conf_path: Path, tmp_path: Path) -> Callable[..., Any]:
                 del cfg["hydra"]
         return cfg
 
-    return _compose
+    # the composed config becomes Hydra's current one (as in a run); the test after this one starts without it
+    before = HydraConfig.instance().cfg
+    yield _compose
+    HydraConfig.instance().cfg = before
 
 
 @pytest.fixture(scope="session")

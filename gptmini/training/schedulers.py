@@ -66,7 +66,8 @@ class _BudgetedLR(LRScheduler):
 
     def state_dict(self) -> dict[str, Any]:
         state = {k: v for k, v in super().state_dict().items() if k != "clock"}
-        state["time_budget"] = self.clock.state()
+        if self.clock.budget_s is not None:  # a schedule by steps alone keeps the state it always had
+            state["time_budget"] = self.clock.state()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -196,7 +196,9 @@ class Workspace:
     evil_marker: Path
     pool: ThreadPoolExecutor
     cli: Any  # the run_cli fixture (tests/conftest.py): cli(module, args, ...), cli.train(args, ...), cli.popen
-    events: Any  # the tb_events fixture: events(run_dir) -> EventAccumulator of the TensorBoard run it logged to
+    events: (
+        Any  # the tb_events fixture: events(run_dir) -> EventAccumulator of the TensorBoard run it logged to
+    )
     # Runs of the fast tests, started together with the reference run so that they overlap each other and the
     # bad-input table: most of each run is Python/torch/Lightning start-up on one core.
     jobs: dict[str, Future] = field(default_factory=dict)

@@ -146,9 +146,13 @@ def test_bf16_mixed_clips_with_the_fused_kernel_like_the_manual_loop(tmp_path, a
 
 
 @pytest.mark.parametrize(("max_epochs", "label"), [(-1, "Training"), (3, "Epoch 0/2")])
-def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count(tmp_path, max_epochs, label):
+def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count(
+    tmp_path, monkeypatch, max_epochs, label
+):
+    import gptmini.training.callbacks as callbacks
     from gptmini.training.callbacks import ProgressBar
 
+    monkeypatch.setattr(callbacks, "console_is_terminal", lambda: True)  # the bar is drawn on a terminal only
     seen = []
 
     class Probe(L.Callback):  # runs after the bar's own hooks (callbacks run in list order)
