@@ -43,7 +43,11 @@ def test_a_long_label_is_cut_and_keeps_apart_by_its_hash():
     assert re.fullmatch(r".*-[0-9a-f]{8}", a) and a == tensorboard_label("default", [*many, "seed=1"])
 
 
-def test_a_fresh_run_is_named_after_itself_unless_the_config_names_a_version():
+def test_a_fresh_run_is_named_after_itself_unless_the_config_names_a_version(monkeypatch):
+    from hydra.core.hydra_config import HydraConfig
+
+    # outside a Hydra run, whatever config an earlier test in this process left as Hydra's current one
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
     node = OmegaConf.create({"save_dir": "/runs/x", "name": "tb", "version": None})
     # outside a Hydra run there are no overrides: the label is the run name
     assert tensorboard_place(node, "default", None) == {"version": "default"}
