@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchOptions, markdown_table, max_time_string
+from benchmarks.common import BenchOptions, markdown_table, max_time_string, run_module
 
 log = logging.getLogger("benchmarks")
 
@@ -82,21 +80,13 @@ def run_name(recipe: Recipe, budget_s: float) -> str:
     return f"frontier_{recipe.name.split()[0].replace(chr(39), '').lower()}_{budget_s:g}s"
 
 
-def _run(args: Sequence[str], what: str) -> float:
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return time.time() - t0
-
-
 def run_once(
     recipe: Recipe, budget_s: float, source: str, root: Path, seed: int, quick: bool
 ) -> dict[str, Any]:
     """Train ``recipe`` within ``budget_s`` and score it on the whole held-out split: one table row."""
     import torch
 
-    train_s = _run(
+    train_s = run_module(
         ["gptmini.training", *run_args(recipe, budget_s, source, root, seed, quick)],
         f"{recipe.name} at {budget_s:g} s",
     )
@@ -104,7 +94,7 @@ def run_once(
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     out = root / f"eval_{run_name(recipe, budget_s)}.json"
     limit = ["--max-batches", "2"] if quick else []
-    eval_s = _run(
+    eval_s = run_module(
         ["gptmini.inference.evaluate", "--ckpt", str(ckpt), "--out", str(out), *limit],
         f"evaluating {recipe.name} at {budget_s:g} s",
     )

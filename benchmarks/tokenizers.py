@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, max_time_string, write_table
+from benchmarks.common import machine_info, max_time_string, run_module, write_table
 
 log = logging.getLogger("benchmarks")
 
@@ -130,12 +129,6 @@ def _prepare(config: TokenizerConfig, source: str, root: Path) -> tuple[float, f
     return seconds, bytes_per_token(load_tokenizer(result.out_dir), val)
 
 
-def _run(args: Sequence[str], what: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-
-
 def bench_tokenizers(
     source: str = "shakespeare",
     seconds: int | None = None,
@@ -158,17 +151,17 @@ def bench_tokenizers(
             corpus = str(cyrillic_plays(root / "cyrillic_plays.txt"))
         for config in configs:
             prep_s, bpt = _prepare(config, corpus, root)
-            t0 = time.time()
-            _run(
+            wall = run_module(
                 ["gptmini.training", *run_args(config, root, seconds, quick, seed), f"data.source={corpus}"],
                 f"training with {config.label}",
             )
-            wall = time.time() - t0
             (run_dir,) = (root / "outputs" / f"tokenizers_{config.folder}").glob("*/")
             ckpt = run_dir / "checkpoints" / "last.ckpt"
             out = root / f"eval_{config.folder}.json"
             limit = ["--max-batches", "2"] if quick else []
-            _run(["gptmini.inference.evaluate", "--ckpt", str(ckpt), "--out", str(out), *limit], "evaluation")
+            run_module(
+                ["gptmini.inference.evaluate", "--ckpt", str(ckpt), "--out", str(out), *limit], "evaluation"
+            )
             result = json.loads(out.read_text())
             state = torch.load(ckpt, map_location="cpu", weights_only=True)
             rows.append(
