@@ -47,11 +47,14 @@ analyze: $(STAMP) ## Head report of a checkpoint (report.html + report.json): CK
 tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/
 	$(VENV)/bin/gptmini board --logdir outputs --port 6006
 
+# one pytest-xdist worker per core; a test file's tests stay on one worker, so its module fixtures run once
+PYTEST_PARALLEL = -n auto --dist loadfile
+
 test: $(STAMP) ## Fast test suite (what CI runs)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q $(PYTEST_PARALLEL)
 
 test-full: $(STAMP) ## Every test, the slow ones too
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 bench: $(STAMP) ## Benchmarks: attention, training, generation, data, recipe, frontier (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)

@@ -18,6 +18,11 @@ from typing import Any
 
 import pytest
 
+# `make test` runs one pytest-xdist worker per core; each keeps to one torch (OpenMP) thread, set before any
+# test imports torch: two workers of two threads each on two cores spin-wait for their descheduled partners.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
 # The training entry point (also `gptmini.training.app` and the command `gptmini train`).
