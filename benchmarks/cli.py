@@ -20,6 +20,7 @@ from benchmarks.attention import (
     plot_attention,
 )
 from benchmarks.board import BOARD_COLUMNS, bench_board
+from benchmarks.busy import BUSY_COLUMNS, bench_busy
 from benchmarks.common import (
     ALLOC_DEFAULT,
     ALLOC_RETAINED,
@@ -160,6 +161,9 @@ def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> N
     elif section == "frontier":
         rows, notes = bench_frontier(opts)
         table("frontier", "The frontier: val/loss within a wall-clock budget", rows, FRONTIER_COLUMNS, notes)
+    elif section == "busy":
+        rows, notes = bench_busy(opts)
+        table("busy", "The speedrun's lead on a busy machine", rows, BUSY_COLUMNS, notes)
     elif section == "board":
         rows, notes = bench_board(opts)
         table("board", "Attention tab: size, render and own-text timings", rows, BOARD_COLUMNS, notes)
@@ -201,7 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tinyshakespeare",
         default=None,
-        help="e2e, recipe and frontier: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
+        help="e2e, recipe, frontier and busy: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
     )
     p.add_argument(
         "--e2e-rounds", type=positive_int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
@@ -223,6 +227,15 @@ def _parser() -> argparse.ArgumentParser:
         type=_sizes,
         default=None,
         help="frontier: whole-process budgets in seconds, comma-separated (default 60,180,600)",
+    )
+    p.add_argument(
+        "--nanogpt",
+        default=None,
+        help="busy: a nanoGPT checkout; its train.py (CPU quick start) is the reference (default: gptmini's "
+        "experiment=shakespeare_char_cpu)",
+    )
+    p.add_argument(
+        "--busy-rounds", type=positive_int, default=None, help="busy: rounds of each program (default 3)"
     )
     p.add_argument(
         "--corpus-mb",
@@ -265,6 +278,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
         "recipe_seeds": a.recipe_seeds,
         "recipe_max_steps": a.recipe_max_steps,
         "frontier_budgets": tuple(a.frontier_budgets) if a.frontier_budgets else None,
+        "nanogpt": a.nanogpt,
+        "busy_rounds": a.busy_rounds,
     }
     return BenchOptions(
         device=device,
