@@ -41,17 +41,17 @@ def read_cpu_times(proc: Path = PROC) -> CpuTimes:
     fields = [int(v) for v in (proc / "stat").read_text().split("\n", 1)[0].split()[1:]]
     total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
     busy = total - fields[3] - fields[4]
-    own = _process_ticks(proc / "self" / "stat")
+    own = process_ticks(proc / "self" / "stat")
     for children in (proc / "self" / "task").glob("*/children"):
         for pid in children.read_text().split():
             try:
-                own += _process_ticks(proc / pid / "stat")
+                own += process_ticks(proc / pid / "stat")
             except (OSError, ValueError, IndexError):  # the child ended between the two reads
                 continue
     return CpuTimes(busy=busy, total=total, own=own)
 
 
-def _process_ticks(stat: Path) -> int:
+def process_ticks(stat: Path) -> int:
     # the command name (field 2) may hold spaces and parentheses: count the fields after its closing one
     after = stat.read_text().rsplit(")", 1)[1].split()
     return int(after[11]) + int(after[12])  # utime, stime (fields 14 and 15)
