@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchOptions, loadavg
+from benchmarks.common import BenchOptions, loadavg, run_command
 
 log = logging.getLogger("benchmarks")
 
@@ -91,16 +91,6 @@ def gptmini_command(program: Program, source: str, root: Path, name: str, quick:
     ]
 
 
-def timed(cmd: Sequence[str], cwd: Path | None = None) -> tuple[float, str]:
-    """Wall seconds of ``cmd`` as a fresh process, and its output; raises RuntimeError when it fails."""
-    t0 = time.time()
-    proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return wall, proc.stdout + proc.stderr
-
-
 def nanogpt_val_loss(output: str) -> float | None:
     """The last ``step N: train loss .., val loss X`` line of nanoGPT's log."""
     losses = [line.rsplit("val loss", 1)[1] for line in output.splitlines() if "val loss" in line]
@@ -109,11 +99,12 @@ def nanogpt_val_loss(output: str) -> float | None:
 
 def run_program(program: Program, ctx: dict[str, Any], name: str) -> dict[str, Any]:
     if program is NANOGPT:
-        wall, output = timed(ctx["nanogpt_cmd"], ctx["nanogpt_dir"])
+        wall, output = run_command(ctx["nanogpt_cmd"], "nanoGPT's train.py", ctx["nanogpt_dir"])
         return {"wall_s": round(wall, 1), "val_loss": nanogpt_val_loss(output)}
     from benchmarks.recipe import read_run
 
-    wall, _ = timed(gptmini_command(program, ctx["source"], ctx["root"], name, ctx["quick"]))
+    cmd = gptmini_command(program, ctx["source"], ctx["root"], name, ctx["quick"])
+    wall, _ = run_command(cmd, f"{program.name} ({name})")
     (run_dir,) = (ctx["root"] / "outputs" / name).glob("*/")
     loss = read_run(run_dir)["final_val_loss"]
     return {"wall_s": round(wall, 1), "val_loss": None if loss is None else round(loss, 4)}

@@ -57,16 +57,23 @@ def max_time_string(seconds: float) -> str:
     return f"{s // 86400:02d}:{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def run_module(args: Sequence[str], what: str) -> float:
-    """``python -m <args>`` as a fresh process (the benchmarks' training and evaluation commands): its wall
-    seconds; raises RuntimeError with the end of its output, naming ``what``, when it fails."""
+def run_command(cmd: Sequence[str], what: str, cwd: Path | None = None) -> tuple[float, str]:
+    """``cmd`` as a fresh process: its wall seconds and its output; raises RuntimeError with the end of its
+    output, naming ``what``, when it fails."""
     import subprocess
 
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
+    proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True)
+    wall = time.time() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return time.time() - t0
+    return wall, proc.stdout + proc.stderr
+
+
+def run_module(args: Sequence[str], what: str) -> float:
+    """``python -m <args>`` as a fresh process (the benchmarks' training and evaluation commands): its wall
+    seconds (``run_command``)."""
+    return run_command([sys.executable, "-m", *args], what)[0]
 
 
 # host allocator of a benchmark process (gptmini.training.allocator)
