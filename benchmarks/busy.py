@@ -131,11 +131,12 @@ def bench_busy(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
     from benchmarks.nanogpt import NANOGPT_FLAGS, check_inputs, prepare_nanogpt
     from gptmini.data.corpora import prepared_folder_name
     from gptmini.data.prepare import prepare
+    from gptmini.training.hardware import cpu_cores
 
     source = opts.extra.get("tinyshakespeare") or "shakespeare"
     nanogpt = opts.extra.get("nanogpt")
     rounds = opts.extra.get("busy_rounds") or (1 if opts.quick else ROUNDS)
-    cores = os.cpu_count() or 1
+    cores = cpu_cores()  # the cores training may use: one competitor on each
     reference = NANOGPT if nanogpt else QUICK_START
     programs = (SPEEDRUN, reference)
     rows: list[dict[str, Any]] = []

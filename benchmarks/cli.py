@@ -104,9 +104,40 @@ def _sizes(text: str) -> list[int]:
 Table = Callable[[str, str, list[dict[str, Any]], list[str], list[str]], None]
 
 
+Benchmark = Callable[[BenchOptions], tuple[list[dict[str, Any]], list[str]]]
+
+# The sections whose benchmarks each give one table as it is: (benchmark, table name, title, columns).
+TABLES: dict[str, list[tuple[Benchmark, str, str, list[str]]]] = {
+    "train": [
+        (bench_train, "train", "Training throughput", TRAIN_COLUMNS),
+        (bench_insight, "insight", "Head insight: cost per validation", INSIGHT_COLUMNS),
+        (bench_lm_loss, "lm_loss", "Output-layer loss: logits vs chunked", LM_LOSS_COLUMNS),
+    ],
+    "e2e": [(bench_end_to_end, "e2e", "The whole run: training command vs bare loop", E2E_COLUMNS)],
+    "recipe": [
+        (
+            bench_recipe,
+            "recipe",
+            "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
+            RECIPE_COLUMNS,
+        )
+    ],
+    "frontier": [
+        (bench_frontier, "frontier", "The frontier: val/loss within a wall-clock budget", FRONTIER_COLUMNS)
+    ],
+    "busy": [(bench_busy, "busy", "The speedrun's lead on a busy machine", BUSY_COLUMNS)],
+    "board": [(bench_board, "board", "Attention tab: size, render and own-text timings", BOARD_COLUMNS)],
+    "generate": [(bench_generate, "generate", "Generation (batch 1, greedy)", GENERATE_COLUMNS)],
+}
+
+
 def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> None:
     """One section's benchmarks, each of its tables handed to ``table`` (name, title, rows, columns, notes)."""
-    if section == "attention":
+    if section in TABLES:
+        for bench, name, title, columns in TABLES[section]:
+            rows, notes = bench(opts)
+            table(name, title, rows, columns, notes)
+    elif section == "attention":
         rows, notes = bench_attention(opts)
         table("attention", "Attention implementations", rows, ATTENTION_COLUMNS, notes)
         plot_attention(rows, out / "attention.png")
@@ -139,37 +170,6 @@ def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> N
             ATTENTION_OPTION_COLUMNS,
             notes,
         )
-    elif section == "train":
-        rows, notes = bench_train(opts)
-        table("train", "Training throughput", rows, TRAIN_COLUMNS, notes)
-        rows, notes = bench_insight(opts)
-        table("insight", "Head insight: cost per validation", rows, INSIGHT_COLUMNS, notes)
-        rows, notes = bench_lm_loss(opts)
-        table("lm_loss", "Output-layer loss: logits vs chunked", rows, LM_LOSS_COLUMNS, notes)
-    elif section == "e2e":
-        rows, notes = bench_end_to_end(opts)
-        table("e2e", "The whole run: training command vs bare loop", rows, E2E_COLUMNS, notes)
-    elif section == "recipe":
-        rows, notes = bench_recipe(opts)
-        table(
-            "recipe",
-            "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
-            rows,
-            RECIPE_COLUMNS,
-            notes,
-        )
-    elif section == "frontier":
-        rows, notes = bench_frontier(opts)
-        table("frontier", "The frontier: val/loss within a wall-clock budget", rows, FRONTIER_COLUMNS, notes)
-    elif section == "busy":
-        rows, notes = bench_busy(opts)
-        table("busy", "The speedrun's lead on a busy machine", rows, BUSY_COLUMNS, notes)
-    elif section == "board":
-        rows, notes = bench_board(opts)
-        table("board", "Attention tab: size, render and own-text timings", rows, BOARD_COLUMNS, notes)
-    elif section == "generate":
-        rows, notes = bench_generate(opts)
-        table("generate", "Generation (batch 1, greedy)", rows, GENERATE_COLUMNS, notes)
     else:
         with tempfile.TemporaryDirectory(prefix="gptmini-bench-data-") as tmp:
             rows, notes = bench_data(opts, Path(tmp))

@@ -81,6 +81,7 @@ class CpuThreads(L.Callback):
                 f"callbacks.cpu_threads.interval_s={interval_s!r} is invalid: it must be a number of seconds > 0"
             )
         self.interval_s = float(interval_s)
+        # every online CPU, as /proc/stat's machine-wide ticks count them (not hardware.cpu_cores: this process's)
         self.cores = os.cpu_count() or 1
         self._start_threads = 0
         self._last: CpuTimes | None = None
