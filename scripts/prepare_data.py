@@ -13,6 +13,7 @@ Arguments starting with ``-`` are ``gptmini data``'s instead (``--source``, ``--
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
     from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import TokenizerError
     from gptmini.training.config import RunError, check_input_files, register_configs
+    from gptmini.training.plan import plan_data
 
     callback, shown = cli_logging()
     try:
@@ -45,8 +47,9 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
         if missing:
             raise RunError(f"{', '.join(missing)} must be set: pass {missing[0]}=...")
         check_input_files(cfg)
-        datamodule = instantiate(cfg.data)
-    except (HydraException, OmegaConfBaseException, RunError) as e:
+        # the DataModule as the run builds it: the tokenizer and context derived from their groups
+        datamodule = instantiate(dataclasses.asdict(plan_data(cfg)), _convert_="all")
+    except (HydraException, OmegaConfBaseException, RunError) as e:  # (an InstantiationException is a HydraException)
         log.error("error: %s", e)
         return 2
     try:

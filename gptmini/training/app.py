@@ -8,6 +8,7 @@ fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gptmini.conf_dir import conf_dir
 from gptmini.fileio import RUN_LOCK
@@ -28,7 +29,7 @@ from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.config import register_configs
 from gptmini.training.errors import RunError
-from gptmini.training.hardware import DeviceFacts, hardware_summary
+from gptmini.training.hardware import hardware_summary
 from gptmini.training.inputs import check_input_files
 from gptmini.training.memory import check_training_memory
 from gptmini.training.plan import RunPlan, plan_run
@@ -60,7 +61,7 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-def _log_hardware(cfg: DictConfig, machine: DeviceFacts, precision: str) -> None:
+def _log_hardware(plan: RunPlan) -> None:
     """One line, among a run's first: the machine, which defaults the run started from (hardware=auto|cpu|gpu)
     and how to pick the others, the precision and compile."""
     from hydra.core.hydra_config import HydraConfig
@@ -71,9 +72,9 @@ def _log_hardware(cfg: DictConfig, machine: DeviceFacts, precision: str) -> None
     choice = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
     log.info(
         "%s; precision %s, compile %s",
-        hardware_summary(choice, machine),
-        precision,
-        "on" if cfg.compile else "off",
+        hardware_summary(choice, plan.device),
+        plan.precision,
+        "on" if plan.compile else "off",
     )
 
 
@@ -81,46 +82,56 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """plan -> build (trainer, data, module) -> fit -> report."""
     # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
-    if cfg.retain_freed_memory:
+    # from here on the plan alone: the composed config does not travel past planning
+    return train_plan(plan)
+
+
+def train_plan(plan: RunPlan) -> dict[str, Any]:
+    """build (trainer, data, module) -> fit -> report, from the checked plan."""
+    if plan.retain_freed_memory:
         from gptmini.training.allocator import retain_freed_memory
 
         retain_freed_memory()  # before the first large allocation
     import lightning as L
 
     _quiet_lightning()
-    L.seed_everything(cfg.seed, workers=True)
-    _log_hardware(cfg, plan.device, plan.precision)
-    trainer, named_callbacks = build_trainer(cfg, plan)
-    datamodule, gpt_config = build_data(cfg, plan, trainer)
+    L.seed_everything(plan.seed, workers=True)
+    _log_hardware(plan)
+    trainer, named_callbacks = build_trainer(plan)
+    datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
     check_training_memory(
-        gpt_config, cfg.data.batch_size, plan.precision, device, processes=trainer.num_devices
+        gpt_config, plan.data.batch_size, plan.precision, device, processes=trainer.num_devices
     )
     # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
     for name, callback in named_callbacks.items():
         check = getattr(callback, "check_sizes", None)
         if check is not None:
             check(gpt_config, device, f"callbacks.{name}.")
-    module = build_module(cfg, plan, trainer, datamodule, gpt_config)
-    output_dir = Path(cfg.paths.output_dir)
+    module = build_module(plan, trainer, datamodule, gpt_config)
+    output_dir = Path(plan.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
-    _log_overrides(trainer, cfg, plan)
+    _log_overrides(trainer, plan)
     fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
     return report(trainer, output_dir)
 
 
-def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
-    """The Lightning Trainer of ``cfg.trainer`` with the plan's values, its callbacks and loggers; and the
+def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
+    """The Lightning Trainer of the plan's ``trainer`` settings and values, its callbacks and loggers; and the
     callbacks by their config name."""
+    from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
     from gptmini.checkpoint import AtomicCheckpointIO
 
-    trainer_cfg = {**OmegaConf.to_container(cfg.trainer, resolve=True), **plan.trainer_overrides()}
+    trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
     named = {
-        str(name): instantiate(c) for name, c in cfg.callbacks.items() if c is not None and "_target_" in c
+        name: instantiate(settings, _convert_="all") for name, settings in _nodes(plan.callbacks).items()
     }
+    if plan.trainer.enable_progress_bar is False:
+        # +trainer.enable_progress_bar=false: the config's progress bar goes (Lightning refuses both at once)
+        named = {n: c for n, c in named.items() if not isinstance(c, LightningProgressBar)}
     callbacks = list(named.values())
     if plan.trainer.enable_model_summary:
         from lightning.pytorch.callbacks import ModelSummary
@@ -133,7 +144,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
             callbacks.append(ParameterSummary())
     # Either way Lightning adds no summary of its own (nor logs that it skipped one).
     trainer_cfg["enable_model_summary"] = False
-    loggers = [_logger(c, cfg, plan) for c in cfg.logger.values() if c is not None and "_target_" in c]
+    loggers = [_logger(settings, plan) for settings in _nodes(plan.loggers).values()]
     trainer = instantiate(
         trainer_cfg,
         callbacks=callbacks,
@@ -154,13 +165,22 @@ TENSORBOARD_LOGGERS = (
 )
 
 
-def _logger(node: DictConfig, cfg: DictConfig, plan: RunPlan) -> Any:
-    """A logger of ``cfg.logger``; TensorBoard's writes where ``tensorboard_place`` says."""
-    if node.get("_target_") not in TENSORBOARD_LOGGERS:
-        return instantiate(node)
+def _nodes(typed: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Named typed nodes (the plan's callbacks or loggers) as what ``instantiate`` takes."""
+    return {
+        name: dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
+        for name, node in typed.items()
+    }
+
+
+def _logger(settings: dict[str, Any], plan: RunPlan) -> Any:
+    """A logger of the plan; TensorBoard's writes where ``tensorboard_place`` says."""
+    if settings.get("_target_") not in TENSORBOARD_LOGGERS:
+        return instantiate(settings, _convert_="all")
     from gptmini.training.run_folder import tensorboard_place
 
-    return instantiate(node, **tensorboard_place(node, cfg.run_name, plan.tensorboard_dir))
+    place = tensorboard_place(settings, plan.run_name, plan.tensorboard_dir)
+    return instantiate({**settings, **place}, _convert_="all")
 
 
 def _tensorboard(trainer: Any) -> Any:
@@ -170,7 +190,7 @@ def _tensorboard(trainer: Any) -> Any:
     return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
 
 
-def _log_overrides(trainer: Any, cfg: DictConfig, plan: RunPlan) -> None:
+def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     """The run's command line as text in its TensorBoard run (``run/overrides``, TEXT tab): every override in
     full, where the run's label may be cut; a resumed run adds its own at the step it resumes from."""
     from gptmini.training.run_folder import command_overrides
@@ -179,7 +199,7 @@ def _log_overrides(trainer: Any, cfg: DictConfig, plan: RunPlan) -> None:
     if logger is None:
         return
     step = int(plan.resume.get("global_step") or 0) if plan.resume is not None else 0
-    lines = [f"run_name `{cfg.run_name}`, run folder `{cfg.paths.output_dir}`"]
+    lines = [f"run_name `{plan.run_name}`, run folder `{plan.output_dir}`"]
     if plan.ckpt_path is not None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
     overrides = command_overrides()
@@ -187,13 +207,13 @@ def _log_overrides(trainer: Any, cfg: DictConfig, plan: RunPlan) -> None:
     logger.experiment.add_text("run/overrides", "\n\n".join(lines), global_step=step)
 
 
-def build_data(cfg: DictConfig, plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
+def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
     """The DataModule, its data prepared (cheap when already prepared), and the model's config with the
     tokenizer's vocabulary, checked against the prepared data (and the resume checkpoint, when resuming)."""
     from gptmini.data.reader import check_block_size, check_vocab, load_meta
 
-    samples = plan.training_batches * cfg.data.batch_size * trainer.world_size
-    datamodule = instantiate(cfg.data, train_samples=samples)
+    samples = plan.training_batches * plan.data.batch_size * trainer.world_size
+    datamodule = instantiate(dataclasses.asdict(plan.data), train_samples=samples, _convert_="all")
     datamodule.prepare_data()
     vocab = plan.model.vocab_size if plan.vocab_known else datamodule.vocab_size
     meta = load_meta(datamodule.data_dir)
@@ -205,31 +225,33 @@ def build_data(cfg: DictConfig, plan: RunPlan, trainer: Any) -> tuple[Any, GPTCo
     return datamodule, gpt_config
 
 
-def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
+def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
     """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
     the starting weights of ``model.init_from``."""
     from gptmini.data.reader import data_identity, load_meta
     from gptmini.training.module import GPTLightningModule
 
-    run_config = OmegaConf.to_container(cfg, resolve=True)
+    run_config = copy.deepcopy(plan.run_config)
     run_config["trainer"]["val_check_interval"] = plan.val_check_interval
     # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
     tensorboard = _tensorboard(trainer)
     if tensorboard is not None:
         # where the run's events are, relative to its folder: a run resumed from it logs on into them
-        here = os.path.abspath(cfg.paths.output_dir)
+        here = os.path.abspath(plan.output_dir)
         run_config["tensorboard_dir"] = os.path.relpath(os.path.abspath(tensorboard.log_dir), here)
     module = GPTLightningModule(
         model_config=gpt_config.to_dict(),
-        optimizer=instantiate(cfg.optimizer),
-        scheduler=instantiate(cfg.scheduler) if cfg.scheduler is not None else None,
-        compile=cfg.compile,
+        optimizer=instantiate(dataclasses.asdict(plan.optimizer), _convert_="all"),
+        scheduler=instantiate(dataclasses.asdict(plan.scheduler), _convert_="all")
+        if plan.scheduler
+        else None,
+        compile=plan.compile,
         run_config=run_config,
         data_identity=data_identity(datamodule.data_dir, load_meta(datamodule.data_dir)),
     )
     if plan.init_from is not None:
-        _load_initial_weights(module.model, *resolve_init_from(plan.init_from, cfg.paths.output_root))
+        _load_initial_weights(module.model, *resolve_init_from(plan.init_from, plan.output_root))
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, attention=%s), tokenizer %s (vocab %d)",
         f"{module.model.num_parameters():,}",
@@ -237,7 +259,7 @@ def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, 
         gpt_config.n_head,
         gpt_config.n_embd,
         gpt_config.attention,
-        cfg.tokenizer.name,
+        plan.tokenizer,
         datamodule.vocab_size,
     )
     return module

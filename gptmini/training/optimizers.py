@@ -9,9 +9,12 @@ holds both inner state dicts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -49,24 +52,27 @@ def muon_lr_scale(shape: torch.Size, adjust_lr_fn: str | None) -> float:
     return 1.0
 
 
-# BatchedMuon's options beyond torch.optim.Muon's, with their defaults (each off by default: plain Muon)
-MUON_OPTIONS: dict[str, Any] = {
-    "normuon": False,
-    "beta2": 0.95,
-    "cautious_weight_decay": False,
-    "momentum_warmup_steps": 0,
-    "momentum_warmup_start": 0.85,
-}
-
-
 def check_muon_options(settings: Mapping[str, Any], prefix: str = "optimizer.hidden") -> None:
-    """Raises ValueError naming the first invalid setting of ``MUON_OPTIONS`` in ``settings`` (the config's
-    schema runs it too: ``MuonRoleSchema``; any other setting is torch.optim.Muon's to check)."""
+    """Raises ValueError naming the first invalid setting of Muon's in ``settings``: the ones
+    ``torch.optim.Muon`` leaves unchecked (its momentum below 1, at least one Newton-Schulz step) and
+    ``BatchedMuon``'s own options. The config's plan runs this by building the optimizer on a stand-in."""
+    lr = settings.get("lr", 1.0)
+    if isinstance(lr, (int, float)) and not lr > 0:  # a zero learning rate trains nothing, without a word
+        raise ValueError(f"{prefix}.lr={lr:g} is invalid: the learning rate must be > 0 (e.g. {prefix}.lr=0.02)")
+    momentum = settings.get("momentum", 0.0)
+    if isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and not momentum < 1.0:
+        # a momentum of 1 or more never forgets a gradient (the buffer grows without bound)
+        raise ValueError(f"{prefix}.momentum={momentum!r} is invalid: it must be in [0, 1) (0.95 is usual)")
+    steps = settings.get("ns_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(
+            f"{prefix}.ns_steps={steps!r} is invalid: Newton-Schulz iterations, an integer >= 1 (5 is usual)"
+        )
     for key in ("normuon", "cautious_weight_decay"):
         if key in settings and not isinstance(settings[key], bool):
             raise ValueError(f"{prefix}.{key}={settings[key]!r} is invalid: true or false")
     for key in ("beta2", "momentum_warmup_start"):
-        value = settings.get(key, MUON_OPTIONS[key])
+        value = settings.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
             raise ValueError(
                 f"{prefix}.{key}={value!r} is invalid: it must be in [0, 1) (0.95 / 0.85 are usual)"
@@ -109,7 +115,7 @@ class BatchedMuon(torch.optim.Muon):
     fifteen per matrix to fifteen per shape. That is what keeps a GPU busy when the hidden matrices are small
     (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
-    Options beyond Muon's (``MUON_OPTIONS``, all off by default), from the GPT-2 speedrun (modded-nanogpt) and
+    Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default), from the GPT-2 speedrun (modded-nanogpt) and
     nanochat, each a group setting saved with the group, their state in the per-parameter state:
 
     - ``normuon``: the orthogonalised update is variance-normalised per neuron (``normuon_scale``, decay ``beta2``;
@@ -119,10 +125,27 @@ class BatchedMuon(torch.optim.Muon):
     - ``momentum_warmup_steps``: the momentum ramps from ``momentum_warmup_start`` to ``momentum``
       (``warmup_momentum``; state ``step``, so a resumed run continues the ramp where it was)."""
 
-    def __init__(self, params: Any, **settings: Any) -> None:
-        check_muon_options(settings)
-        options = {k: settings.pop(k, v) for k, v in MUON_OPTIONS.items()}
-        super().__init__(params, **settings)
+    def __init__(
+        self,
+        params: Any,
+        *,
+        normuon: bool = False,
+        beta2: float = 0.95,
+        cautious_weight_decay: bool = False,
+        momentum_warmup_steps: int = 0,
+        momentum_warmup_start: float = 0.85,
+        **muon: Any,
+    ) -> None:
+        # **muon: torch.optim.Muon's own settings (the config's schema reads them from its signature)
+        options = {
+            "normuon": normuon,
+            "beta2": beta2,
+            "cautious_weight_decay": cautious_weight_decay,
+            "momentum_warmup_steps": momentum_warmup_steps,
+            "momentum_warmup_start": momentum_warmup_start,
+        }
+        check_muon_options({**muon, **options})
+        super().__init__(params, **muon)
         self.defaults.update(options)
         for group in self.param_groups:
             for k, v in options.items():
@@ -188,15 +211,33 @@ class BatchedMuon(torch.optim.Muon):
                 p.add_(o, alpha=-step)
 
 
-def check_role_settings(settings: Mapping[str, Any]) -> None:
-    """Raises ValueError naming the first invalid setting of a ``MuonAdamW`` config: Muon's options under
-    ``hidden``, and ``cautious_weight_decay`` of each AdamW role (the config's schema checks the same first)."""
-    if isinstance(settings.get("hidden"), Mapping):
-        check_muon_options(settings["hidden"])
-    for role in ADAMW_ROLES:
-        value = (settings.get(role) or {}).get("cautious_weight_decay", False)
-        if not isinstance(value, bool):
-            raise ValueError(f"optimizer.{role}.cautious_weight_decay={value!r} is invalid: true or false")
+# BatchedMuon's options beyond torch.optim.Muon's, with their defaults: its keyword-only parameters
+MUON_OPTIONS: dict[str, Any] = {
+    p.name: p.default for p in inspect.signature(BatchedMuon).parameters.values() if p.kind is p.KEYWORD_ONLY
+}
+
+
+@dataclass
+class AdamWRole:
+    """The settings of one AdamW parameter group of ``MuonAdamW`` (``optimizer.embedding|head|matrix|vector``);
+    null takes the value of ``optimizer.adamw``, else AdamW's default."""
+
+    lr: float | None = None
+    weight_decay: float | None = None
+    # decay only where the Adam step moves the weight towards zero (cautious_adamw_step)
+    cautious_weight_decay: bool = False
+
+    def group(self, role: str) -> dict[str, Any]:
+        """The parameter group's settings, with the key of each bad one named."""
+        if self.lr is not None and not self.lr > 0:  # a zero learning rate trains nothing, without a word
+            raise ValueError(f"optimizer.{role}.lr={self.lr:g} is invalid: the learning rate must be > 0")
+        if self.weight_decay is not None and not self.weight_decay >= 0:
+            raise ValueError(f"optimizer.{role}.weight_decay={self.weight_decay:g} is invalid: it must be >= 0")
+        if not isinstance(self.cautious_weight_decay, bool):
+            raise ValueError(
+                f"optimizer.{role}.cautious_weight_decay={self.cautious_weight_decay!r} is invalid: true or false"
+            )
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 def cautious_adamw_step(adamw: torch.optim.Optimizer) -> None:
@@ -235,33 +276,43 @@ class MuonAdamW(torch.optim.Optimizer):
 
     # built from GPT.parameter_roles(), not from a flat parameter list (GPTLightningModule reads this)
     takes_parameter_roles = True
+    # the constructor each settings node is passed to, less what MuonAdamW passes itself: the config's schema of
+    # the node is that constructor's signature (gptmini.training.schema.settings_schema)
+    settings_of: ClassVar[dict[str, tuple[Any, tuple[str, ...]]]] = {
+        "hidden": (BatchedMuon, ("params",)),
+        "adamw": (torch.optim.AdamW, ("params", "lr", "weight_decay", "fused", "foreach")),
+        **{role: (AdamWRole, ()) for role in ADAMW_ROLES},
+    }
 
     def __init__(
         self,
         roles: dict[str, list[nn.Parameter]],
-        hidden: dict[str, Any],
-        adamw: dict[str, Any],
-        embedding: dict[str, Any],
-        head: dict[str, Any],
-        matrix: dict[str, Any],
-        vector: dict[str, Any],
+        hidden: Mapping[str, Any],
+        adamw: Mapping[str, Any],
+        embedding: Mapping[str, Any],
+        head: Mapping[str, Any],
+        matrix: Mapping[str, Any],
+        vector: Mapping[str, Any],
         fused: bool | None = None,
         foreach: bool | None = None,
         stacked: dict[nn.Parameter, tuple[int, ...]] | None = None,
     ) -> None:
-        check_role_settings(
-            {"hidden": hidden, "embedding": embedding, "head": head, "matrix": matrix, "vector": vector}
-        )
+        settings = {
+            role: AdamWRole(**node).group(role)
+            for role, node in (
+                ("embedding", embedding),
+                ("head", head),
+                ("matrix", matrix),
+                ("vector", vector),
+            )
+        }
         unknown = sorted(set(roles) - set(ROLES))
         if unknown:
             raise ValueError(f"unknown parameter role(s) {unknown}: expected {', '.join(ROLES)}")
         not_2d = [tuple(p.shape) for p in roles.get("hidden", []) if p.dim() != 2]
         if not_2d:
             raise ValueError(f"Muon takes 2-D matrices only; hidden parameters of shapes {not_2d} are not")
-        settings = {"embedding": embedding, "head": head, "matrix": matrix, "vector": vector}
-        adam_groups = [
-            {"params": roles[r], "name": r, **dict(settings[r])} for r in ADAMW_ROLES if roles.get(r)
-        ]
+        adam_groups = [{"params": roles[r], "name": r, **settings[r]} for r in ADAMW_ROLES if roles.get(r)]
         kernel = {k: v for k, v in (("fused", fused), ("foreach", foreach)) if v is not None}
         adam_defaults = dict(adamw)
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
@@ -277,8 +328,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 )
             views = [nn.Parameter(v) for v in p.detach().split(list(rows))]  # the same memory, not a copy
             self._projections.append((p, views))
+        muon_settings = dict(hidden)
+        check_muon_options(muon_settings)  # also without hidden matrices: a bad setting is bad either way
         if roles.get("hidden"):
-            muon_settings = dict(hidden)
             if "ns_coefficients" in muon_settings:
                 muon_settings["ns_coefficients"] = tuple(muon_settings["ns_coefficients"])
             self.optimizers["muon"] = BatchedMuon(

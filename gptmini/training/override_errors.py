@@ -57,6 +57,10 @@ def _unknown_key(err: ConfigCompositionException, argv: Sequence[str]) -> str | 
     if not key or not isinstance(parent, DictConfig) or not str(err).startswith("Could not override"):
         return None
     override = _override(argv, key)
+    from gptmini.training.schema import DERIVED, derived_refusal
+
+    if key in DERIVED:  # a value the run derives from another group's setting
+        return derived_refusal(key, override.split("=", 1)[1] if "=" in override else None)
     group, _, leaf = key.rpartition(".")
     named = _settings_named(parent, leaf, group) if group else []
     where = f"{group} has no setting {leaf!r}" if group else f"the config has no setting {leaf!r}"

@@ -9,7 +9,9 @@ torch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,19 @@ from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
 from gptmini.training.resume import continued_event_folder, read_resume
 from gptmini.training.schema import (
-    DataSchema,
+    DERIVED,
+    ModelSchema,
+    PathsSchema,
+    PerfSchema,
     TokenizerSchema,
-    TrainerSchema,
+    TrainSchema,
     check_finite,
     check_top_level,
+    derived_of,
+    schema_of,
+    settings,
     typed_group,
+    typed_node,
 )
 
 log = logging.getLogger(__name__)
@@ -47,10 +56,14 @@ class RunPlan:
 
     model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool
-    trainer: TrainerSchema
-    data: DataSchema | None  # None: a data module of the user's own (no schema)
-    optimizer: Any  # the optimizer option's schema (AdamWSchema, MuonAdamWSchema, ...), or None
-    scheduler: Any
+    # each instantiated group's settings, typed by its constructor's schema (gptmini.training.schema.schema_of),
+    # the derived values (schema.DERIVED) filled in: what the run builds, with _target_ (and _partial_)
+    trainer: Any
+    data: Any
+    optimizer: Any
+    scheduler: Any  # None: no schedule (a constant learning rate)
+    callbacks: dict[str, Any]  # by their config name; null ones left out
+    loggers: dict[str, Any]
     device: DeviceFacts
     precision: str  # trainer.precision made concrete for this machine
     val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
@@ -61,6 +74,16 @@ class RunPlan:
     )  # model.init_from: the weights a fresh run starts from (checked with the input files)
     # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
     tensorboard_dir: str | None = None
+    # the top-level settings the build reads
+    seed: int = 1337
+    compile: bool = False
+    retain_freed_memory: bool = True
+    run_name: str = "default"
+    output_dir: str = "."
+    output_root: str = "outputs"
+    tokenizer: str = "gpt2"
+    # the config as composed, resolved: saved in the checkpoints (what the run was asked to be)
+    run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def training_batches(self) -> int:
@@ -78,6 +101,8 @@ class RunPlan:
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
     checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
+    _check_required_groups()
+    _check_composed_keys(cfg)
     _check_missing(cfg)
     check_finite(cfg)
     model, vocab_known = _model_config(cfg)
@@ -86,16 +111,22 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         vocab_size=cfg.tokenizer.get("vocab_size"),
         train_bytes=cfg.tokenizer.get("train_bytes"),
     ).check()
+    trainer = typed_group(cfg, "trainer")
+    _check_trainer(trainer)
     optimizer = typed_group(cfg, "optimizer")
-    scheduler = typed_group(cfg, "scheduler")
-    trainer: TrainerSchema = typed_group(cfg, "trainer") or TrainerSchema()
-    data: DataSchema | None = typed_group(cfg, "data")
+    _check_optimizer(optimizer)
+    scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"))
+    _check_scheduler(scheduler)
+    data = plan_data(cfg)
+    _check_data(data)
+    callbacks = _named_nodes(cfg, "callbacks")
+    loggers = _named_nodes(cfg, "logger")
     check_top_level(cfg)
-    _check_optimizer_under_trainer(cfg.optimizer, optimizer, trainer)
+    _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
     _check_cpu_processes(trainer, device)
-    _check_data_dir(cfg.data.get("data_dir"))
+    _check_data_dir(getattr(data, "data_dir", None))
     init_from = cfg.model.get("init_from")
     if init_from and cfg.get("ckpt_path") is not None:
         # a resumed run continues its own weights: init_from would be silently ignored
@@ -111,6 +142,8 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         data=data,
         optimizer=optimizer,
         scheduler=scheduler,
+        callbacks=callbacks,
+        loggers=loggers,
         device=device,
         precision=precision,
         val_check_interval=_val_check_interval(trainer),
@@ -118,7 +151,256 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         resume=resume[1] if resume else None,
         init_from=str(init_from) if init_from and not resume else None,
         tensorboard_dir=continued_event_folder(*resume) if resume else None,
+        seed=int(cfg.seed),
+        compile=bool(cfg.compile),
+        retain_freed_memory=bool(cfg.retain_freed_memory),
+        run_name=str(cfg.run_name),
+        output_dir=str(cfg.paths.output_dir),
+        output_root=str(cfg.paths.output_root),
+        tokenizer=str(cfg.tokenizer.name),
+        run_config=OmegaConf.to_container(cfg, resolve=True),
     )
+
+
+# The groups every run needs: deleting one (~model) would fall back to a schema default without a word.
+REQUIRED_GROUPS = ("model", "tokenizer", "data", "optimizer", "scheduler", "trainer")
+
+
+def _check_required_groups() -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    choices = HydraConfig.get().runtime.choices
+    for group in REQUIRED_GROUPS:
+        if choices.get(group) is None:
+            from gptmini.conf_dir import conf_dir
+
+            options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
+            raise RunError(
+                f"~{group} drops the {group} group, which every run needs: choose one of its options instead "
+                f"({group}=<option>: {options})"
+            )
+
+
+def _check_composed_keys(cfg: DictConfig) -> None:
+    """The groups typed at composition hold their schema's keys only: ``++tokenizer.foo=1`` forces a key in
+    that the run would ignore."""
+    for group, schema in (
+        ("model", ModelSchema),
+        ("tokenizer", TokenizerSchema),
+        ("paths", PathsSchema),
+        ("perf", PerfSchema),
+    ):
+        extra = sorted(str(k) for k in (cfg.get(group) or {}) if k not in set(settings(schema)))
+        if extra:
+            raise RunError(
+                f"{group}.{extra[0]} is not a setting of {group}: its settings are {', '.join(settings(schema))}; "
+                f"drop it (~{group}.{extra[0]})"
+            )
+    extra = sorted(str(k) for k in cfg if k not in {f.name for f in dataclasses.fields(TrainSchema)})
+    if extra:
+        raise RunError(
+            f"{extra[0]} is not a setting of the run: `gptmini train --cfg job` prints every setting; drop it "
+            f"(~{extra[0]})"
+        )
+
+
+def plan_data(cfg: DictConfig) -> Any:
+    """The ``data`` group's settings as the run builds the DataModule: typed by its constructor's schema, the
+    derived values (the tokenizer, the context) filled in from the groups they follow."""
+    return _with_derived(cfg, "data", typed_group(cfg, "data"))
+
+
+def _with_derived(cfg: DictConfig, group: str, typed: Any) -> Any:
+    """``typed`` (a group's user settings) with the derived parameters its constructor takes, from ``DERIVED``."""
+    if typed is None:
+        return None
+    full = schema_of(group, typed._target_, user=False)
+    names = {f.name for f in dataclasses.fields(full)}
+    derived = {
+        name: OmegaConf.select(cfg, DERIVED[f"{group}.{name}"][0])
+        for name in derived_of(group)
+        if name in names
+    }
+    return full(**dataclasses.asdict(typed), **derived)
+
+
+def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
+    """``callbacks`` or ``logger``: each named node read through its constructor's schema, before any work (a
+    misspelt key is refused here, not by the constructor after the seed is set)."""
+    out = {}
+    for name, node in (cfg.get(group) or {}).items():
+        if node is None:
+            continue
+        if "_target_" not in node:
+            raise RunError(f"{group}.{name} has no _target_ (the class it builds): give one, or drop it")
+        out[str(name)] = typed_node(node, f"{group}.{name}", group) or OmegaConf.to_container(
+            node, resolve=True
+        )
+    return out
+
+
+# What a constructor raises for a bad setting (torch's optimizers: ValueError, IndexError for a short betas, ...)
+_BUILD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+
+
+def _leaves(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    if isinstance(node, dict):
+        return [
+            leaf for k, v in node.items() if not str(k).startswith("_") for leaf in _leaves(v, (*path, k))
+        ]
+    return [(path, node)]
+
+
+def _replaced(node: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    head, *rest = path
+    return {**node, head: _replaced(node[head], tuple(rest), value) if rest else value}
+
+
+def _default_at(schema: type, path: tuple[str, ...]) -> Any:
+    """The schema's default at ``path`` (its constructor's), or ``dataclasses.MISSING``."""
+    f = {f.name: f for f in dataclasses.fields(schema)}.get(path[0])
+    if f is None:
+        return dataclasses.MISSING
+    if len(path) > 1:
+        return _default_at(f.type, path[1:]) if dataclasses.is_dataclass(f.type) else dataclasses.MISSING
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING if f.default == "???" else f.default
+
+
+def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], Any]) -> None:
+    """Builds ``typed``'s object on a stand-in (``build``), so that the constructor's own checks, written once
+    where the setting is used, run before any work. A refusal names the setting: the component's message when it
+    names it, else the one setting whose default (its constructor's) lets the build pass."""
+    from hydra.errors import InstantiationException
+
+    values = dataclasses.asdict(typed)
+    try:
+        build(values)
+        return
+    except (*_BUILD_ERRORS, InstantiationException) as err:
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+        reason = (str(cause).splitlines() or [type(cause).__name__])[0]
+    if reason.startswith(f"{key}."):
+        raise RunError(reason)
+    for path, value in _leaves(values):
+        default = _default_at(type(typed), path)
+        if default is dataclasses.MISSING or default == value:
+            continue
+        try:
+            build(_replaced(values, path, default))
+        except (*_BUILD_ERRORS, InstantiationException):
+            continue
+        name = ".".join((key, *map(str, path)))
+        raise RunError(
+            f"{name}={value!r} is invalid: {reason} ({values['_target_']} refused it; its default is {default!r})"
+        )
+    raise RunError(f"{key} ({values['_target_']}) is invalid: {reason}")
+
+
+def _check_data(data: Any) -> None:
+    """The DataModule built (nothing is read or prepared until ``prepare_data``): its constructor's checks; and
+    its loader processes against this machine."""
+
+    def build(values: dict[str, Any]) -> Any:
+        from hydra.utils import instantiate
+
+        return instantiate(values, _convert_="all")
+
+    check_by_building("data", data, build)
+    workers = getattr(data, "num_workers", 0)
+    if isinstance(workers, int) and workers > hardware.max_loader_workers():
+        # each worker is a process holding its own copy of the loader's state: far more of them than cores
+        # only costs memory and start-up (and enough of them exhaust the machine's processes)
+        raise RunError(
+            f"data.num_workers={workers} is more than this machine can use: at most "
+            f"{hardware.max_loader_workers()} loader processes here ({hardware.cpu_cores()} usable CPU cores x 4); "
+            "lower it (0 loads in the main process)"
+        )
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """The optimizer built on stand-in parameters: its constructor's checks (torch's and gptmini's)."""
+    import torch
+
+    from gptmini.training.optimizers import ROLES
+
+    def build(values: dict[str, Any]) -> Any:
+        from hydra.utils import instantiate
+
+        factory = instantiate(values, _convert_="all")
+        if getattr(getattr(factory, "func", factory), "takes_parameter_roles", False):
+            roles = {r: [torch.nn.Parameter(torch.zeros(4, 4))] for r in ROLES}
+            return factory(roles)
+        return factory([torch.nn.Parameter(torch.zeros(4, 4))])
+
+    if optimizer is not None:
+        check_by_building("optimizer", optimizer, build)
+
+
+def _check_scheduler(scheduler: Any) -> None:
+    """The schedule built on a stand-in optimizer: its constructor's checks."""
+
+    def build(values: dict[str, Any]) -> Any:
+        import torch
+        from hydra.utils import instantiate
+
+        factory = instantiate(values, _convert_="all")
+        return factory(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+
+    if scheduler is not None:
+        check_by_building("scheduler", scheduler, build)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_trainer(trainer: Any) -> None:
+    """What gptmini asks of the Lightning Trainer's settings beyond what its constructor checks."""
+    if not _positive_int(trainer.max_steps):
+        raise RunError(
+            f"trainer.max_steps={trainer.max_steps} is invalid: it must be a positive number of optimizer steps"
+        )
+    # max_epochs=0 trained nothing and check_val_every_n_epoch=0 divided by zero after the model was built
+    for key in ("max_epochs", "check_val_every_n_epoch"):
+        value = getattr(trainer, key)
+        if value is not None and value != -1 and not _positive_int(value):
+            raise RunError(
+                f"trainer.{key}={value} is invalid: it must be an integer >= 1, or null"
+                + (" (-1: no limit; trainer.max_steps ends the run)" if key == "max_epochs" else "")
+            )
+    if not _positive_int(trainer.accumulate_grad_batches):
+        raise RunError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} is invalid: it must be an "
+            "integer >= 1"
+        )
+    every = trainer.val_check_interval
+    if isinstance(every, int) and not isinstance(every, bool) and every <= 0:
+        raise RunError(
+            f"trainer.val_check_interval={every} is invalid: it counts training batches and must be >= 1"
+        )
+    if isinstance(every, float) and not 0.0 < every <= 1.0:
+        raise RunError(f"trainer.val_check_interval={every} is invalid: a fraction must be in (0, 1]")
+    clip = trainer.gradient_clip_val
+    if clip is not None and clip < 0:
+        raise RunError(
+            f"trainer.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
+        )
+    if isinstance(trainer.max_time, str):  # the schedules pace themselves by it too
+        from gptmini.training.schedulers import max_time_seconds
+
+        try:
+            max_time_seconds(trainer.max_time)
+        except ValueError as err:
+            raise RunError(str(err)) from None
+
+
+def _strategy_name(trainer: Any) -> str:
+    strategy = trainer.strategy
+    return str(strategy.get("_target_", "") if isinstance(strategy, dict) else strategy).lower()
 
 
 def _check_missing(cfg: DictConfig) -> None:
@@ -154,19 +436,23 @@ def _vocab_placeholder(cfg: DictConfig, model: dict[str, Any]) -> int:
     return VOCAB_PLACEHOLDER
 
 
-def _check_optimizer_under_trainer(node: DictConfig, optimizer: Any, trainer: TrainerSchema) -> None:
+def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
     """An optimizer the trainer's strategy or precision cannot run: one that orthogonalises whole matrices under
     FSDP, and a fused AdamW step under float16 AMP with clipping."""
-    if optimizer is not None and not getattr(optimizer, "runs_under_fsdp", True):
-        if "fsdp" in trainer.strategy_name:
-            target = str(node.get("_target_"))
+    from hydra.utils import get_object
+
+    if optimizer is None:
+        return
+    if not getattr(get_object(optimizer._target_), "runs_under_fsdp", True):
+        if "fsdp" in _strategy_name(trainer):
+            target = optimizer._target_
             raise RunError(
                 f"optimizer={target.rsplit('.', 1)[-1]} cannot run under FSDP (trainer.strategy="
-                f"{trainer.strategy_name}): Muon orthogonalises each whole matrix, which FSDP shards across "
+                f"{_strategy_name(trainer)}): Muon orthogonalises each whole matrix, which FSDP shards across "
                 "devices. Use trainer=ddp, or optimizer=adamw with FSDP"
             )
     clip = trainer.gradient_clip_val
-    if node.get("fused") and clip and trainer.precision in FLOAT16_AMP:
+    if getattr(optimizer, "fused", None) and clip and trainer.precision in FLOAT16_AMP:
         raise RunError(
             f"optimizer.fused=true cannot be combined with trainer.precision={trainer.precision} and "
             f"trainer.gradient_clip_val={clip:g}: float16's GradScaler would have the fused step unscale the "
@@ -191,7 +477,7 @@ def output_vocab(cfg: DictConfig) -> int | None:
     return build_tokenizer(name).vocab_size
 
 
-def _precision(cfg: DictConfig, trainer: TrainerSchema, device: DeviceFacts) -> str:
+def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts) -> str:
     """The GPU a run asks for exists, and ``trainer.precision`` made concrete for ``device`` (the vocabulary
     matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there)."""
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
@@ -211,7 +497,7 @@ def _precision(cfg: DictConfig, trainer: TrainerSchema, device: DeviceFacts) -> 
     return resolve_precision(settings, device, output_vocab(cfg) if cpu_bf16 else None)
 
 
-def _check_cpu_processes(trainer: TrainerSchema, device: DeviceFacts) -> None:
+def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
     """Several CPU "devices" are several training processes (DDP over gloo): refused beyond the cores there
     are (each process would be slower than one alone), and said out loud when the config did not ask for DDP."""
     if not (
@@ -257,7 +543,7 @@ def _check_data_dir(data_dir: Any) -> None:
             )
 
 
-def _val_check_interval(trainer: TrainerSchema) -> int | float | None:
+def _val_check_interval(trainer: Any) -> int | float | None:
     """``trainer.val_check_interval``, at most the run's training batches: a short run of a long recipe (an
     experiment's interval, trainer.max_steps lowered) validates once, at the end, rather than being refused."""
     every = trainer.val_check_interval

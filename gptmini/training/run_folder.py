@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def command_overrides() -> list[str]:
     return [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
 
 
-def tensorboard_place(node: DictConfig, run_name: str, continued: str | None) -> dict[str, str]:
+def tensorboard_place(node: Mapping[str, Any], run_name: str, continued: str | None) -> dict[str, str]:
     """Where the TensorBoard logger of config ``node`` writes, as its ``save_dir``, ``name`` and ``version``:
     a resumed run's ``continued`` folder (the run it resumes: one run, one curve); else the run's label under
     the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``) unless the node names a

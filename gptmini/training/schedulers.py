@@ -92,9 +92,9 @@ class WarmupCosineLR(_BudgetedLR):
         if max_steps <= 0:
             raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
         if warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={warmup_steps} must be >= 0")
+            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
         if not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
+            raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
         self.max_steps = max_steps
         self.warmup_steps = min(warmup_steps, max_steps)
         self.min_lr_ratio = min_lr_ratio
@@ -121,7 +121,7 @@ class WarmupConstantLR(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
         if warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={warmup_steps} must be >= 0")
+            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, last_epoch)
 
@@ -157,7 +157,7 @@ class WarmupStableDecayLR(_BudgetedLR):
         if max_steps <= 0:
             raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
         if warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={warmup_steps} must be >= 0")
+            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
         check_wsd(decay_fraction, min_lr_ratio, decay_shape)
         self.max_steps = max_steps
         self.warmup_steps = min(warmup_steps, max_steps)
@@ -196,7 +196,7 @@ def check_wsd(decay_fraction: float, min_lr_ratio: float, decay_shape: str) -> N
             "in [0, 1] (0.3 is usual)"
         )
     if not 0.0 <= float(min_lr_ratio) <= 1.0:
-        raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio} must be in [0, 1]")
+        raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
     if decay_shape not in DECAY_SHAPES:
         raise ValueError(
             f"scheduler.decay_shape={decay_shape!r} is invalid: valid shapes are {', '.join(DECAY_SHAPES)}"

@@ -20,20 +20,21 @@ checked by its own constructor when it is built.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import inspect
 import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import Any, ClassVar, Optional, TypeVar
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
-
-T = TypeVar("T")
 
 
 def _positive_int(value: Any) -> bool:
@@ -186,21 +187,122 @@ def check_finite(cfg: DictConfig) -> None:
         raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
-# --- read through their option's schema --------------------------------------------------------------------------
+# --- read through their constructor's signature ----------------------------------------------------------------
 
-# (group, _target_) -> the option's schema
-OPTION_SCHEMAS: dict[tuple[str, str], type] = {}
+# The parameters of each instantiated group's constructors that the run passes itself: never a setting.
+BUILT_BY_THE_RUN: dict[str, tuple[str, ...]] = {
+    "data": ("train_samples",),
+    "optimizer": ("params", "roles", "stacked"),
+    "scheduler": ("optimizer", "last_epoch"),
+    "trainer": ("callbacks", "logger", "plugins"),
+    "callbacks": (),
+    "logger": (),
+}
+
+# Values that follow from another group's setting: the plan derives them (RunPlan.data, RunPlan.scheduler), so
+# they are no settings of their own group. Each: the setting it follows, and how the user sets that.
+DERIVED: dict[str, tuple[str, str]] = {
+    "data.tokenizer": ("tokenizer.name", "tokenizer=<name> (the tokenizer group: gpt2, char, bpe)"),
+    "data.block_size": ("model.block_size", "model.block_size=<tokens>"),
+    "data.tokenizer_vocab_size": ("tokenizer.vocab_size", "tokenizer.vocab_size=<n> (tokenizer=bpe)"),
+    "data.tokenizer_train_bytes": ("tokenizer.train_bytes", "tokenizer.train_bytes=<n> (tokenizer=bpe)"),
+    "scheduler.max_steps": ("trainer.max_steps", "trainer.max_steps=<steps>"),
+    "scheduler.max_time": ("trainer.max_time", 'trainer.max_time="DD:HH:MM:SS"'),
+}
 
 
-def option_schema(group: str) -> Any:
-    """Registers a dataclass as the schema of the ``group`` option whose ``_target_`` is its ``_target_`` default."""
+def derived_of(group: str) -> tuple[str, ...]:
+    """The derived parameters of ``group``'s constructors (``DERIVED``)."""
+    return tuple(k.split(".", 1)[1] for k in DERIVED if k.startswith(group + "."))
 
-    def register(cls: type[T]) -> type[T]:
-        target = next(f.default for f in fields(cls) if f.name == "_target_")
-        OPTION_SCHEMAS[(group, str(target))] = cls
-        return cls
 
-    return register
+def derived_refusal(key: str, value: Any = None) -> str:
+    """The one line refusing a derived ``key`` set on its own."""
+    source, how = DERIVED[key]
+    shown = f"={value}" if value is not None else ""
+    return f"{key}{shown} is not a setting: the run derives it from {source}; set {how} instead"
+
+
+_SIMPLE = (int, float, bool, str)
+
+
+def _field_type(hint: Any) -> Any:
+    """``hint`` as OmegaConf types a field: a plain type, an optional one, a settings dataclass, else Any."""
+    if hint in _SIMPLE or dataclasses.is_dataclass(hint):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2 and args[0] in _SIMPLE:
+            return Optional[args[0]]
+    return Any
+
+
+def _representable(value: Any) -> bool:
+    if value is inspect.Parameter.empty or value is None or isinstance(value, _SIMPLE):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_representable(v) for v in value)
+    return isinstance(value, dict) and all(_representable(v) for v in value.values())
+
+
+def _parameters(target: Any) -> list[tuple[inspect.Parameter, Any]]:
+    """``target``'s keyword parameters with their type hints. A class's ``**kwargs`` are its base class's
+    parameters (``BatchedMuon``'s go to ``torch.optim.Muon``): followed along the MRO."""
+    if not inspect.isclass(target):
+        functions = [target]
+    else:
+        functions = []
+        for cls in target.__mro__:
+            init = cls.__dict__.get("__init__")
+            if init is None or cls is object:
+                continue
+            functions.append(inspect.unwrap(init))
+            if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+                break
+    found: dict[str, tuple[inspect.Parameter, Any]] = {}
+    for i, fn in enumerate(functions):
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # an annotation that does not resolve here: the settings are untyped, still named
+            hints = {}
+        for p in inspect.signature(fn).parameters.values():
+            if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in found:
+                continue
+            if i > 0 and p.default is p.empty:
+                continue  # a base class's required parameter: the subclass passes it itself
+            if not _representable(p.default):
+                continue  # an object no config can write (a theme, a policy instance): not a setting
+            found[p.name] = (p, hints.get(p.name, Any))
+    return list(found.values())
+
+
+@functools.cache
+def settings_schema(target: Any, skip: tuple[str, ...] = (), node: bool = True) -> type:
+    """The schema of ``target``'s settings: a dataclass of its parameters (names, types, defaults) read from its
+    signature, so the constructor is their one source. A parameter without a default is required (``???``).
+    ``skip``: what the run passes itself. A class's ``settings_of`` names the constructor a nested settings node
+    goes to (``MuonAdamW.settings_of``): that node's schema is that constructor's signature in turn. ``node``: with
+    Hydra's ``_target_`` and ``_partial_`` (a group's node; not a nested settings node)."""
+    nested = getattr(target, "settings_of", {})
+    specs: list[tuple[str, Any, Any]] = []
+    for p, hint in _parameters(target):
+        if p.name in skip:
+            continue
+        typ = _field_type(hint)
+        if p.name in nested:
+            typ = settings_schema(*nested[p.name], node=False)
+        if p.default is p.empty:
+            spec = field(default="???")  # OmegaConf's mark of a value that must be set
+        elif isinstance(p.default, (list, tuple, dict)):
+            default = list(p.default) if isinstance(p.default, tuple) else p.default
+            spec = field(default_factory=lambda d=default: copy.deepcopy(d))
+            typ = Any if typ in _SIMPLE else typ
+        else:
+            spec = field(default=p.default)
+        specs.append((p.name, typ, spec))
+    name = f"{getattr(target, '__name__', 'Target')}Settings"
+    hydra = [("_target_", str, field(default="")), ("_partial_", bool, field(default=False))] if node else []
+    return make_dataclass(name, [*hydra, *specs])
 
 
 def settings(schema: type) -> list[str]:
@@ -208,12 +310,50 @@ def settings(schema: type) -> list[str]:
     return sorted(f.name for f in fields(schema) if not f.name.startswith("_"))
 
 
-def _unknown_keys(schema: type, group: str, target: str, extra: list[str]) -> RunError:
+def required(schema: type) -> list[str]:
+    """The settings of ``schema`` its constructor has no default for."""
+    out = []
+    for f in fields(schema):
+        if f.name.startswith("_"):
+            continue
+        if f.default == "???":
+            out.append(f.name)
+    return out
+
+
+def schema_of(group: str, target: str, user: bool = True) -> type | None:
+    """The schema of the ``group`` option whose ``_target_`` is ``target``, derived from that class's or
+    function's signature; ``user``: without the derived values (``DERIVED``), the settings a user writes. None
+    when ``target`` cannot be imported (a class of the user's own that fails to import fails when built)."""
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+    except Exception:  # hydra raises ImportError or its own error, with the import's reason
+        return None
+    skip = BUILT_BY_THE_RUN.get(group, ()) + (derived_of(group) if user else ())
+    return settings_schema(obj, skip)
+
+
+def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:
     one = len(extra) == 1
+    derived = [k for k in extra if f"{group}.{k}" in DERIVED]
+    if derived:
+        return RunError(derived_refusal(f"{group}.{derived[0]}"))
     drop = " ".join(f"~{group}.{k}" for k in extra)
-    hint = getattr(schema, "unknown_hint", None)
-    text = hint(extra, drop) if hint is not None else None
-    if text is None:
+    roles = [k for k in extra if k in ROLE_KEYS]
+    if roles == extra and not hasattr(schema, "hidden"):
+        text = (
+            f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
+            f"optimizer=muon, or drop {'it' if one else 'them'} ({drop})"
+        )
+    elif hasattr(schema, "hidden") and group == "optimizer":
+        text = (
+            "its settings are per parameter role (hidden, adamw, embedding, head, matrix, vector), e.g. "
+            "optimizer.hidden.lr=0.02 (Muon) or optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an "
+            "experiment written for optimizer=adamw sets optimizer.lr)"
+        )
+    else:
         text = f"its settings are {', '.join(settings(schema))}; drop {'it' if one else 'them'} ({drop})"
     return RunError(
         f"{', '.join(f'{group}.{k}' for k in extra)} {'is not a setting' if one else 'are not settings'} of "
@@ -221,375 +361,64 @@ def _unknown_keys(schema: type, group: str, target: str, extra: list[str]) -> Ru
     )
 
 
-def typed_group(cfg: DictConfig, group: str) -> Any:
-    """``cfg[group]`` read through its option's schema (None for a null group, or a ``_target_`` gptmini has no
-    schema for: a class of the user's own, checked by its constructor when it is built), its checks run."""
-    node = cfg.get(group)
-    if node is None:
-        return None
+# the parameter roles of a role-built optimizer's settings (optimizer.hidden.lr, ...)
+ROLE_KEYS = ("hidden", "embedding", "head", "matrix", "vector")
+
+
+def typed_node(node: Any, key: str, group: str) -> Any:
+    """Config ``node`` (with a ``_target_``) read through its constructor's schema: a key the constructor does
+    not take, a required one missing, or a value of the wrong type is refused in one line naming ``key``. None for
+    a ``_target_`` that does not import (its build reports it)."""
     target = str(node.get("_target_") or "")
-    schema = OPTION_SCHEMAS.get((group, target))
+    schema = schema_of(group, target)
     if schema is None:
         return None
     values = OmegaConf.to_container(node, resolve=True)
     extra = sorted(str(k) for k in values if k not in {f.name for f in fields(schema)})
     if extra:
-        raise _unknown_keys(schema, group, target, extra)
+        raise _unknown_keys(key, target, schema, extra)
+    _check_switches(values, schema, key)
     try:
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+        merged = OmegaConf.merge(OmegaConf.structured(schema), values)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise RunError(
+                f"{key}.{missing[0]} must be set: {target} takes no default for it (dropped with "
+                f"~{key}.{missing[0]}?); set it, or choose another option of {group}"
+            )
+        return OmegaConf.to_object(merged)
     except ConfigKeyError as err:  # a key a nested settings node (optimizer.hidden, ...) does not have
-        key = f"{group}.{err.full_key}"
-        owner = key.rsplit(".", 1)[0]
+        full = f"{key}.{err.full_key}"
+        owner = full.rsplit(".", 1)[0]
         known = settings(err.object_type) if dataclasses.is_dataclass(err.object_type) else []
         raise RunError(
-            f"{key} is not a setting of {owner}: its settings are {', '.join(known)}; drop it (~{key})"
+            f"{full} is not a setting of {owner}: its settings are {', '.join(known)}; drop it (~{full})"
         ) from None
     except OmegaConfBaseException as err:  # a value of the wrong type
-        key = f"{group}.{err.full_key}" if err.full_key else group
+        full = f"{key}.{err.full_key}" if err.full_key else key
         value = getattr(err, "value", None)
         shown = f"={value!r}" if value is not None else ""
-        raise RunError(f"{key}{shown} is invalid: {str(err.msg).splitlines()[0]}") from None
-    typed.check(group)
-    return typed
+        raise RunError(f"{full}{shown} is invalid: {str(err.msg).splitlines()[0]}") from None
 
 
-def _check_lr_and_decay(key: str, lr: float | None, weight_decay: float | None) -> None:
-    if lr is not None and not lr > 0:
-        raise RunError(f"{key}.lr={lr:g} is invalid: the learning rate must be > 0 (e.g. {key}.lr=1e-3)")
-    if weight_decay is not None and weight_decay < 0:
-        raise RunError(f"{key}.weight_decay={weight_decay:g} is invalid: it must be >= 0")
+def _check_switches(values: dict[str, Any], schema: type, key: str) -> None:
+    """A true/false setting takes true or false only: OmegaConf would read 3 or "yes" as true."""
+    for f in fields(schema):
+        value = values.get(f.name)
+        if dataclasses.is_dataclass(f.type) and isinstance(value, dict):
+            _check_switches(value, f.type, f"{key}.{f.name}")
+        elif f.type in (bool, Optional[bool]) and value is not None and not isinstance(value, bool):
+            raise RunError(f"{key}.{f.name}={value!r} is invalid: true or false")
 
 
-# the parameter roles of a role-built optimizer's settings (optimizer.hidden.lr, ...)
-ROLE_KEYS = ("hidden", "embedding", "head", "matrix", "vector")
-
-
-@option_schema("optimizer")
-@dataclass
-class AdamWSchema:
-    """``optimizer=adamw``: ``torch.optim.AdamW`` as a partial; the module adds the parameter groups."""
-
-    _target_: str = "torch.optim.AdamW"
-    _partial_: bool = True
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    amsgrad: bool = False
-    maximize: bool = False
-    foreach: Optional[bool] = None
-    capturable: bool = False
-    differentiable: bool = False
-    fused: Optional[bool] = None
-
-    @staticmethod
-    def unknown_hint(extra: list[str], drop: str) -> str | None:
-        if not all(k in ROLE_KEYS for k in extra):
-            return None
-        one = len(extra) == 1
-        return (
-            f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
-            f"optimizer=muon, or drop {'it' if one else 'them'} ({drop})"
-        )
-
-    def check(self, key: str) -> None:
-        _check_lr_and_decay(key, self.lr, self.weight_decay)
-
-
-@dataclass
-class MuonRoleSchema:
-    """``optimizer.hidden``: torch.optim.Muon's settings for the blocks' 2-D hidden matrices."""
-
-    lr: float = 0.02
-    weight_decay: float = 0.0
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    eps: Optional[float] = None
-    # "original": Keller Jordan's scale; "match_rms_adamw": Moonshot's, for reusing AdamW's lr and weight decay
-    adjust_lr_fn: Optional[str] = None
-    # BatchedMuon's options beyond torch.optim.Muon's (gptmini.training.optimizers.MUON_OPTIONS), all off by
-    # default. The switches are Any, not bool: OmegaConf would read 3 or "yes" as true, while the optimizer is
-    # built from the config as written and takes only true or false (checked below).
-    normuon: Any = False
-    beta2: float = 0.95
-    cautious_weight_decay: Any = False
-    momentum_warmup_steps: int = 0
-    momentum_warmup_start: float = 0.85
-
-    def check(self, key: str) -> None:
-        from gptmini.training.optimizers import MUON_OPTIONS, check_muon_options
-
-        _check_lr_and_decay(key, self.lr, self.weight_decay)
-        try:
-            check_muon_options({k: getattr(self, k) for k in MUON_OPTIONS}, key)
-        except ValueError as err:
-            raise RunError(str(err)) from None
-
-
-@dataclass
-class AdamWSharedSchema:
-    """``optimizer.adamw``: what the AdamW roles share."""
-
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-
-
-@dataclass
-class RoleSchema:
-    """``optimizer.embedding|head|matrix|vector``: one AdamW parameter group."""
-
-    lr: Optional[float] = None
-    weight_decay: Optional[float] = None
-    # decay only where the Adam step moves the weight towards zero (Any, not bool: see MuonRoleSchema)
-    cautious_weight_decay: Any = False
-
-    def check(self, key: str) -> None:
-        _check_lr_and_decay(key, self.lr, self.weight_decay)
-        if not isinstance(self.cautious_weight_decay, bool):
-            raise RunError(
-                f"{key}.cautious_weight_decay={self.cautious_weight_decay!r} is invalid: true or false"
-            )
-
-
-@option_schema("optimizer")
-@dataclass
-class MuonAdamWSchema:
-    """``optimizer=muon``: Muon on the hidden matrices, AdamW on the rest, one parameter group per role."""
-
-    _target_: str = "gptmini.training.optimizers.MuonAdamW"
-    _partial_: bool = True
-    hidden: MuonRoleSchema = field(default_factory=MuonRoleSchema)
-    adamw: AdamWSharedSchema = field(default_factory=AdamWSharedSchema)
-    embedding: RoleSchema = field(default_factory=RoleSchema)
-    head: RoleSchema = field(default_factory=RoleSchema)
-    matrix: RoleSchema = field(default_factory=RoleSchema)
-    vector: RoleSchema = field(default_factory=RoleSchema)
-    fused: Optional[bool] = None
-    foreach: Optional[bool] = None
-    # Muon orthogonalises each whole matrix, which FSDP shards across devices
-    runs_under_fsdp: ClassVar[bool] = False
-
-    @staticmethod
-    def unknown_hint(extra: list[str], drop: str) -> str:
-        roles = settings(MuonAdamWSchema)
-        return (
-            f"its settings are per parameter role ({', '.join(r for r in roles if r not in ('fused', 'foreach'))}), "
-            "e.g. optimizer.hidden.lr=0.02 (Muon) or optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an "
-            "experiment written for optimizer=adamw sets optimizer.lr)"
-        )
-
-    def check(self, key: str) -> None:
-        for role in ROLE_KEYS:
-            getattr(self, role).check(f"{key}.{role}")
-
-
-def _check_warmup(key: str, warmup_steps: int) -> None:
-    if warmup_steps < 0:
-        raise RunError(f"{key}.warmup_steps={warmup_steps} is invalid: it must be >= 0")
-
-
-def _check_max_time(max_time: Optional[str]) -> None:
-    from gptmini.training.schedulers import max_time_seconds
-
-    try:
-        max_time_seconds(max_time)
-    except ValueError as err:
-        raise RunError(str(err)) from None
-
-
-def _check_min_lr_ratio(key: str, min_lr_ratio: float) -> None:
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise RunError(f"{key}.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
-
-
-@option_schema("scheduler")
-@dataclass
-class WarmupCosineSchema:
-    """``scheduler=warmup_cosine``."""
-
-    _target_: str = "gptmini.training.schedulers.WarmupCosineLR"
-    _partial_: bool = True
-    max_steps: int = 1
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    max_time: Optional[str] = None
-
-    def check(self, key: str) -> None:
-        _check_warmup(key, self.warmup_steps)
-        _check_min_lr_ratio(key, self.min_lr_ratio)
-        _check_max_time(self.max_time)
-
-
-@option_schema("scheduler")
-@dataclass
-class WarmupStableDecaySchema:
-    """``scheduler=wsd``."""
-
-    _target_: str = "gptmini.training.schedulers.WarmupStableDecayLR"
-    _partial_: bool = True
-    max_steps: int = 1
-    warmup_steps: int = 0
-    decay_fraction: float = 0.3
-    min_lr_ratio: float = 0.0
-    decay_shape: str = "linear"
-    max_time: Optional[str] = None
-
-    def check(self, key: str) -> None:
-        from gptmini.training.schedulers import check_wsd
-
-        try:
-            check_wsd(self.decay_fraction, self.min_lr_ratio, self.decay_shape)
-        except ValueError as err:
-            raise RunError(str(err)) from None
-        _check_warmup(key, self.warmup_steps)
-        _check_min_lr_ratio(key, self.min_lr_ratio)
-        _check_max_time(self.max_time)
-
-
-@option_schema("scheduler")
-@dataclass
-class WarmupConstantSchema:
-    """``scheduler=constant``."""
-
-    _target_: str = "gptmini.training.schedulers.WarmupConstantLR"
-    _partial_: bool = True
-    warmup_steps: int = 0
-
-    def check(self, key: str) -> None:
-        _check_warmup(key, self.warmup_steps)
-
-
-def _check_at_least(key: str, value: Any, low: int, note: str = "") -> None:
-    if value is not None and not (_positive_int(value) and value >= low):
-        raise RunError(f"{key}={value} is invalid: it must be an integer >= {low}{note}")
-
-
-@option_schema("data")
-@dataclass
-class DataSchema:
-    """``data``: gptmini's token DataModule (every option of the group; ``train_samples`` comes from the plan)."""
-
-    _target_: str = "gptmini.data.datamodule.TokenDataModule"
-    source: str = "shakespeare"
-    tokenizer: str = "gpt2"
-    data_dir: Optional[str] = None
-    block_size: int = 256
-    batch_size: int = 32
-    num_workers: int = 0
-    val_fraction: float = 0.1
-    val_stride: Optional[int] = None
-    seed: int = 1337
-    pin_memory: Optional[bool] = None
-    force_prepare: bool = False
-    text_field: str = "text"
-    shard_tokens: int = 100_000_000
-    buffer_mb: int = 64
-    prepare_threads: Optional[int] = None
-    # tokenizer=bpe's settings, as the tokenizer group gives them (checked there)
-    tokenizer_vocab_size: Optional[int] = None
-    tokenizer_train_bytes: Optional[int] = None
-
-    def check(self, key: str) -> None:
-        from gptmini.training import hardware
-
-        _check_at_least(f"{key}.batch_size", self.batch_size, 1)
-        if self.num_workers < 0:
-            raise RunError(
-                f"{key}.num_workers={self.num_workers} is invalid: it must be an integer >= 0 (0: load in the "
-                "main process)"
-            )
-        if self.num_workers > hardware.max_loader_workers():
-            # each worker is a process holding its own copy of the loader's state: far more of them than cores
-            # only costs memory and start-up (and enough of them exhaust the machine's processes)
-            raise RunError(
-                f"{key}.num_workers={self.num_workers} is more than this machine can use: at most "
-                f"{hardware.max_loader_workers()} loader processes here ({hardware.cpu_cores()} usable CPU cores x 4); lower it (0 "
-                "loads in the main process)"
-            )
-        _check_at_least(f"{key}.shard_tokens", self.shard_tokens, 1)
-        _check_at_least(f"{key}.buffer_mb", self.buffer_mb, 1)
-        _check_at_least(
-            f"{key}.prepare_threads", self.prepare_threads, 1, " (or null: one thread per core, at most 8)"
-        )
-        _check_at_least(
-            f"{key}.val_stride",
-            self.val_stride,
-            1,
-            " (or null: non-overlapping windows, stride = block_size)",
-        )
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise RunError(
-                f"{key}.val_fraction={self.val_fraction:g} is invalid: it must be in [0, 1) (0.1 is a good default)"
-            )
-
-
-@option_schema("trainer")
-@dataclass
-class TrainerSchema:
-    """``trainer``: the Lightning Trainer settings gptmini's configs use (``+trainer.X`` adds one of these)."""
-
-    _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = "auto"
-    devices: Any = 1  # an integer, "auto" or a list of device indices
-    num_nodes: int = 1
-    strategy: Any = "auto"  # a name, or a strategy node with its own _target_
-    use_distributed_sampler: bool = False
-    precision: str = "auto"
-    max_steps: int = -1
-    max_epochs: Optional[int] = -1
-    min_steps: Optional[int] = None
-    max_time: Optional[str] = None
-    val_check_interval: Any = None  # training batches (an integer) or a fraction of an epoch (a float)
-    check_val_every_n_epoch: Optional[int] = None
-    limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    overfit_batches: Any = 0.0
-    num_sanity_val_steps: int = 0
-    log_every_n_steps: int = 50
-    gradient_clip_val: Optional[float] = None
-    gradient_clip_algorithm: Optional[str] = None
-    accumulate_grad_batches: int = 1
-    enable_model_summary: bool = True
-    enable_progress_bar: Optional[bool] = None
-    enable_checkpointing: Optional[bool] = None
-    deterministic: Any = False  # a bool or "warn"
-    benchmark: Optional[bool] = None
-    detect_anomaly: bool = False
-    default_root_dir: Optional[str] = None
-
-    def check(self, key: str) -> None:
-        if not _positive_int(self.max_steps):
-            raise RunError(
-                f"{key}.max_steps={self.max_steps} is invalid: it must be a positive number of optimizer steps"
-            )
-        if not _positive_int(self.accumulate_grad_batches):
-            raise RunError(
-                f"{key}.accumulate_grad_batches={self.accumulate_grad_batches} is invalid: it must be an "
-                "integer >= 1"
-            )
-        every = self.val_check_interval
-        if isinstance(every, int) and not isinstance(every, bool) and every <= 0:
-            raise RunError(
-                f"{key}.val_check_interval={every} is invalid: it counts training batches and must be >= 1"
-            )
-        if isinstance(every, float) and not 0.0 < every <= 1.0:
-            raise RunError(f"{key}.val_check_interval={every} is invalid: a fraction must be in (0, 1]")
-        clip = self.gradient_clip_val
-        if clip is not None and clip < 0:
-            raise RunError(
-                f"{key}.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
-            )
-
-    @property
-    def strategy_name(self) -> str:
-        strategy = self.strategy
-        return str(strategy.get("_target_", "") if isinstance(strategy, dict) else strategy).lower()
-
-    @property
-    def world_size(self) -> int | None:
-        """Training processes, when the config says (None: "auto" or a list, known once the trainer exists)."""
-        devices, nodes = self.devices, self.num_nodes
-        if isinstance(devices, int) and not isinstance(devices, bool):
-            return max(devices, 1) * max(nodes, 1)
+def typed_group(cfg: DictConfig, group: str) -> Any:
+    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
+    node = cfg.get(group)
+    if node is None:
         return None
+    if "_target_" not in node:
+        raise RunError(
+            f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
+            f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
+        )
+    return typed_node(node, group, group)
