@@ -27,7 +27,6 @@ from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precisio
 from gptmini.training.resume import continued_event_folder, read_resume
 from gptmini.training.schema import (
     DERIVED,
-    ModelSchema,
     PathsSchema,
     PerfSchema,
     TokenizerSchema,
@@ -185,9 +184,8 @@ def _check_required_groups() -> None:
 
 def _check_composed_keys(cfg: DictConfig) -> None:
     """The groups typed at composition hold their schema's keys only: ``++tokenizer.foo=1`` forces a key in
-    that the run would ignore."""
+    that the run would ignore (``model``'s are checked by ``GPTConfig`` itself)."""
     for group, schema in (
-        ("model", ModelSchema),
         ("tokenizer", TokenizerSchema),
         ("paths", PathsSchema),
         ("perf", PerfSchema),

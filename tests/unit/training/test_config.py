@@ -21,38 +21,34 @@ def _options(group: str) -> list[str]:
 
 
 def instantiate_all(cfg) -> None:
-    """Build every object a run builds, short of preparing data: catches typos in _target_ and arguments."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    model.pop("init_from")
-    model["vocab_size"] = model["vocab_size"] or 100
-    gpt = GPTConfig.from_dict(model)
-    assert gpt.n_embd % gpt.n_head == 0
-    from gptmini.model import GPT
-    from gptmini.training.module import build_optimizer
+    """Build every object a run builds, from its plan, short of preparing data: catches typos in _target_ and
+    arguments."""
+    import dataclasses
 
-    tiny = GPT(GPTConfig(vocab_size=10, block_size=4, n_layer=1, n_head=1, n_embd=4))
-    optimizer = build_optimizer(instantiate(cfg.optimizer), tiny, "cpu")
-    assert optimizer.param_groups[0]["lr"] > 0
-    if cfg.scheduler is not None:
-        instantiate(cfg.scheduler)(optimizer)
-    callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
-    loggers = [instantiate(c) for c in cfg.logger.values()]
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    if trainer_cfg["accelerator"] in ("gpu", "cuda") and not torch.cuda.is_available():
+    from gptmini.model import GPT
+    from gptmini.training.app import build_trainer
+    from gptmini.training.module import build_optimizer
+    from gptmini.training.plan import plan_run
+
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         with pytest.raises(RunError, match="no CUDA GPU is available"):
             validate_config(cfg)
-        trainer_cfg["accelerator"] = "cpu"
-        if isinstance(trainer_cfg.get("strategy"), dict):
-            trainer_cfg["strategy"] = "auto"
-    else:
-        validate_config(cfg)
-    if trainer_cfg.get("devices") == "auto" and not torch.cuda.is_available():
-        trainer_cfg["devices"] = 1
-    trainer_cfg["precision"] = resolve_precision(trainer_cfg)
-    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers)
+        OmegaConf.update(cfg, "trainer.accelerator", "cpu")
+        if not isinstance(cfg.trainer.strategy, str):
+            OmegaConf.update(cfg, "trainer.strategy", "auto", merge=False)
+    if cfg.trainer.get("devices") == "auto" and not torch.cuda.is_available():
+        OmegaConf.update(cfg, "trainer.devices", 1)
+    plan = plan_run(cfg)
+    assert plan.model.n_embd % plan.model.n_head == 0
+    tiny = GPT(GPTConfig(vocab_size=10, block_size=4, n_layer=1, n_head=1, n_embd=4))
+    optimizer = build_optimizer(instantiate(dataclasses.asdict(plan.optimizer), _convert_="all"), tiny, "cpu")
+    assert optimizer.param_groups[0]["lr"] > 0
+    if plan.scheduler is not None:
+        instantiate(dataclasses.asdict(plan.scheduler), _convert_="all")(optimizer)
+    trainer, _ = build_trainer(plan)
     assert trainer.max_steps == cfg.trainer.max_steps
-    dm = instantiate(cfg.data, train_samples=10)
-    assert dm.block_size == cfg.model.block_size
+    dm = instantiate(dataclasses.asdict(plan.data), train_samples=10, _convert_="all")
+    assert dm.block_size == cfg.model.block_size and dm.tokenizer_name == cfg.tokenizer.name
 
 
 GROUPS = [
@@ -409,7 +405,7 @@ def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog
             ["+optimizer.hidden.momentun=0.9"],
             r"^optimizer\.hidden\.momentun is not a setting of optimizer\.hidden: its settings are adjust_lr_fn, "
             r"beta2, cautious_weight_decay, eps, lr, momentum, momentum_warmup_start, momentum_warmup_steps, "
-            r"nesterov, normuon, ns_steps, weight_decay; drop it \(~optimizer\.hidden\.momentun\)",
+            r"nesterov, normuon, ns_coefficients, ns_steps, weight_decay; drop it \(~optimizer\.hidden\.momentun\)",
         ),
         (
             ["+data.shuffle=true"],
@@ -427,16 +423,101 @@ def test_each_group_s_schema_refuses_a_bad_key_or_type_in_one_line(compose_cfg, 
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("group", ["data", "optimizer", "scheduler", "trainer"])
-def test_every_option_of_an_instantiated_group_has_a_schema(group, compose_cfg, tmp_path) -> None:
-    """A new option adds its schema (docs/configuration.md, "Adding an option"): without one, its keys would go
-    unchecked until the object is built."""
-    from gptmini.training.schema import OPTION_SCHEMAS
+def _signature_defaults(cls) -> dict:
+    """Every keyword parameter of ``cls``'s constructor with its default, a ``**kwargs`` followed into the base
+    class's constructor (the oracle: ``inspect`` read directly)."""
+    import inspect
+
+    found: dict = {}
+    for base in cls.__mro__ if inspect.isclass(cls) else [cls]:
+        init = base.__dict__.get("__init__") if inspect.isclass(cls) else base
+        if init is None or base is object:
+            continue
+        params = inspect.signature(init).parameters.values()
+        for p in params:
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name == "self" or p.name in found:
+                continue
+            if base is not cls and p.default is p.empty:
+                continue
+            found[p.name] = list(p.default) if isinstance(p.default, tuple) else p.default
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return found
+
+
+def _agree(schema, cls, key: str, skip: tuple = ()) -> None:
+    import dataclasses
+    import inspect
+
+    constructor = _signature_defaults(cls)
+    nested = getattr(cls, "settings_of", {})
+    for f in dataclasses.fields(schema):
+        if f.name.startswith("_"):
+            continue
+        assert f.name in constructor, f"{key}.{f.name}: the schema has it, {cls.__name__}'s constructor does not"
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name in nested:
+            _agree(f.type, *nested[f.name][:1], f"{key}.{f.name}", nested[f.name][1])
+        elif constructor[f.name] is inspect.Parameter.empty:
+            assert default == "???", f"{key}.{f.name}: required by the constructor, not by the schema"
+        else:
+            assert default == constructor[f.name], f"{key}.{f.name}: default {default!r} != {constructor[f.name]!r}"
+
+
+@pytest.mark.parametrize("group", ["data", "optimizer", "scheduler", "trainer", "callbacks", "logger"])
+def test_each_option_s_yaml_schema_and_constructor_agree(group, compose_cfg, tmp_path) -> None:
+    """One source per key: an option's schema is its constructor's signature (each name and default, nested
+    settings nodes too), and its YAML file sets settings of that schema only (no derived value, no key the
+    constructor lacks). A setting added to a constructor is a setting, with its default, with no other edit."""
+    from hydra.utils import get_object
+
+    from gptmini.training.schema import BUILT_BY_THE_RUN, DERIVED, schema_of, settings
 
     for option in _options(group):
         extra = [f"data.source={tmp_path}/corpus.txt"] if (group, option) == ("data", "text") else []
-        node = compose_cfg([f"{group}={option}", *extra])[group]
-        assert (group, node._target_) in OPTION_SCHEMAS, f"{group}={option} ({node._target_}) has no schema"
+        composed = OmegaConf.to_container(compose_cfg([f"{group}={option}", *extra])[group])
+        named = composed.items() if group in ("callbacks", "logger") else [(None, composed)]
+        for name, node in named:
+            if node is None:
+                continue
+            key = f"{group}.{name}" if name else group
+            schema = schema_of(group, node["_target_"])
+            cls = get_object(node["_target_"])
+            _agree(schema, cls, key)
+            taken = set(_signature_defaults(cls)) - set(BUILT_BY_THE_RUN[group])
+            derived = {k.split(".", 1)[1] for k in DERIVED if k.startswith(f"{group}.")}
+            assert set(settings(schema)) | derived >= {
+                k for k in taken if _representable(_signature_defaults(cls)[k])
+            }, key
+            written = {k for k in node if not k.startswith("_")}
+            assert written <= set(settings(schema)), f"{group}={option}: {written - set(settings(schema))}"
+            assert not {f"{group}.{k}" for k in written} & set(DERIVED), f"{group}={option} sets a derived key"
+
+
+def _representable(value) -> bool:
+    import inspect
+
+    return value is inspect.Parameter.empty or value is None or isinstance(value, (int, float, str, list, dict))
+
+
+def test_a_settings_schema_follows_its_constructor() -> None:
+    """The schema of a class of one's own is its signature: a new parameter is a new setting with its default,
+    a parameter without a default a required one, a ``**kwargs`` its base class's parameters."""
+    import dataclasses
+
+    from gptmini.training.schema import required, settings, settings_schema
+
+    class Base:
+        def __init__(self, needed: int, shared: float = 0.5) -> None: ...
+
+    class Mine(Base):
+        def __init__(self, size: int, rate: float = 0.1, name: str | None = None, **rest) -> None: ...
+
+    schema = settings_schema(Mine)
+    assert settings(schema) == ["name", "rate", "shared", "size"]  # Base's required `needed` is Mine's to pass
+    assert required(schema) == ["size"]
+    defaults = {f.name: f.default for f in dataclasses.fields(schema)}
+    assert (defaults["rate"], defaults["shared"], defaults["name"]) == (0.1, 0.5, None)
 
 
 def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkeypatch) -> None:
