@@ -276,6 +276,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
     # built from GPT.parameter_roles(), not from a flat parameter list (GPTLightningModule reads this)
     takes_parameter_roles = True
+    # Muon orthogonalises each whole matrix, which FSDP shards across devices (the plan refuses the pair)
+    runs_under_fsdp = False
     # the constructor each settings node is passed to, less what MuonAdamW passes itself: the config's schema of
     # the node is that constructor's signature (gptmini.training.schema.settings_schema)
     settings_of: ClassVar[dict[str, tuple[Any, tuple[str, ...]]]] = {

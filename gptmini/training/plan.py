@@ -229,10 +229,8 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
     misspelt key is refused here, not by the constructor after the seed is set)."""
     out = {}
     for name, node in (cfg.get(group) or {}).items():
-        if node is None:
-            continue
-        if "_target_" not in node:
-            raise RunError(f"{group}.{name} has no _target_ (the class it builds): give one, or drop it")
+        if node is None or "_target_" not in node:
+            continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
         out[str(name)] = typed_node(node, f"{group}.{name}", group) or OmegaConf.to_container(
             node, resolve=True
         )

@@ -243,7 +243,7 @@ def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, sch
         overrides, message = (
             ["experiment=speedrun_char_cpu", "data.source=x.txt", "scheduler=warmup_cosine"],
             r"scheduler\.decay_fraction is not a setting of gptmini\.training\.schedulers\.WarmupCosineLR: its "
-            r"settings are .*max_steps, max_time, min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
+            r"settings are min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
         )
     else:
         overrides, message = (
@@ -567,7 +567,7 @@ def test_cautious_weight_decay_of_an_adamw_role_steps_as_the_formula():
 def test_a_bad_adamw_role_cautious_setting_fails_at_config_time(compose_cfg):
     from gptmini.training.config import RunError, validate_config
 
-    cfg = compose_cfg(["debug=smoke", "optimizer=muon", "+optimizer.matrix.cautious_weight_decay=3"])
+    cfg = compose_cfg(["debug=smoke", "optimizer=muon", "optimizer.matrix.cautious_weight_decay=3"])
     with pytest.raises(
         RunError, match=r"optimizer\.matrix\.cautious_weight_decay=3 is invalid: true or false"
     ):
