@@ -17,6 +17,7 @@ RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
 def test_every_run_composes_with_its_budget_pacing_the_schedule(recipe, compose_cfg, tmp_path: Path):
     from gptmini.training.config import validate_config
+    from gptmini.training.plan import plan_run
     from gptmini.training.schedulers import max_time_seconds
 
     source = tmp_path / "input.txt"
@@ -26,7 +27,7 @@ def test_every_run_composes_with_its_budget_pacing_the_schedule(recipe, compose_
     validate_config(cfg)
     # the clock stops the run and paces the decay: the step count is out of reach
     assert max_time_seconds(cfg.trainer.max_time) == 180 - MARGIN_S
-    assert cfg.scheduler.max_time == cfg.trainer.max_time
+    assert plan_run(cfg).scheduler.max_time == cfg.trainer.max_time
     assert cfg.trainer.max_steps >= 1_000_000
     assert cfg.tokenizer.name == "char" and cfg.data.source == str(source)
     assert cfg.trainer.limit_val_batches <= 20  # validations during the run stay small; eval scores the end

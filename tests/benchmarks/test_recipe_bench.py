@@ -57,12 +57,18 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
         assert (gpt.position, gpt.mlp, cfg.trainer.max_steps) == ("learned", "gelu", 2000)
     # and builds its optimizer and schedule as the training command does (the speedrun's Muon and WSD keys under
     # optimizer=adamw or scheduler=warmup_cosine once failed only here, in a real run)
+    import dataclasses
+
     from hydra.utils import instantiate
 
     from gptmini.training.module import GPTLightningModule
+    from gptmini.training.plan import plan_run
 
+    plan = plan_run(cfg)
     module = GPTLightningModule(
-        model_config=gpt.to_dict(), optimizer=instantiate(cfg.optimizer), scheduler=instantiate(cfg.scheduler)
+        model_config=gpt.to_dict(),
+        optimizer=instantiate(dataclasses.asdict(plan.optimizer), _convert_="all"),
+        scheduler=instantiate(dataclasses.asdict(plan.scheduler), _convert_="all"),
     )
     built = module.configure_optimizers()
     assert built["lr_scheduler"]["scheduler"].optimizer is built["optimizer"]

@@ -273,11 +273,12 @@ def test_config_checks_name_the_tokenizer_key(overrides, message, compose_cfg):
 
 
 def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):
-    from gptmini.training.config import output_vocab, validate_config
+    from gptmini.training.config import output_vocab
+    from gptmini.training.plan import plan_run
 
     cfg = compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
-    validate_config(cfg)
-    assert (cfg.data.tokenizer_vocab_size, cfg.data.tokenizer_train_bytes) == (4096, 100_000_000)
+    data = plan_run(cfg).data  # derived by the plan from the tokenizer group
+    assert (data.tokenizer, data.tokenizer_vocab_size, data.tokenizer_train_bytes) == ("bpe", 4096, 100_000_000)
     assert output_vocab(cfg) == 4096
-    default = compose_cfg([])
-    assert default.data.tokenizer_vocab_size is None and default.data.tokenizer_train_bytes is None
+    default = plan_run(compose_cfg([])).data
+    assert default.tokenizer_vocab_size is None and default.tokenizer_train_bytes is None

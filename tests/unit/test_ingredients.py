@@ -396,17 +396,21 @@ def test_each_ingredient_composes_with_debug_smoke_and_the_zoo_and_trains_a_step
     """debug=smoke's config with the option and the best attention variant passes the config checks and builds the
     module, optimizer and schedule as the training command does; one step changes the ingredient's weights. (The
     real command line runs in tests/integration/test_ingredients_runs.py, marked slow.)"""
+    import dataclasses
+
     from hydra.utils import instantiate
 
     from gptmini.training.config import validate_config
     from gptmini.training.module import GPTLightningModule
+    from gptmini.training.plan import plan_run
 
     cfg = compose_cfg(["debug=smoke", "tokenizer=char", "attention_variant=best", *SMOKE_OPTIONS[option]])
     gpt = validate_config(cfg)
+    plan = plan_run(cfg)
     module = GPTLightningModule(
         model_config={**gpt.to_dict(), "vocab_size": 40},
-        optimizer=instantiate(cfg.optimizer),
-        scheduler=instantiate(cfg.scheduler),
+        optimizer=instantiate(dataclasses.asdict(plan.optimizer), _convert_="all"),
+        scheduler=instantiate(dataclasses.asdict(plan.scheduler), _convert_="all"),
     )
     built = module.configure_optimizers()
     model, opt = module.model, built["optimizer"]

@@ -118,8 +118,9 @@ def test_checkpoints_hold_the_average_and_a_resumed_run_ends_exactly_as_an_unint
     ],
 )
 def test_bad_ema_settings_are_refused_when_the_trainer_is_built(compose_cfg, override, message):
-    """callbacks have no schema (an open set of named objects): the constructor refuses a bad setting, one line
-    naming it, when the trainer's callbacks are built (training builds them before it prepares any data)."""
+    """A callback's settings are typed by its constructor's signature at planning; the values it refuses are the
+    constructor's to check, one line naming the setting, when the trainer's callbacks are built (training builds
+    them before it prepares any data)."""
     from hydra.errors import InstantiationException
 
     from gptmini.training.app import build_trainer
@@ -128,9 +129,9 @@ def test_bad_ema_settings_are_refused_when_the_trainer_is_built(compose_cfg, ove
     cfg = compose_cfg(
         ["debug=smoke", f"callbacks.ema={{_target_:gptmini.training.ema.EMAWeightAveraging,{override}}}"]
     )
-    plan = plan_run(cfg)  # the plan does not read callbacks' own settings
+    plan = plan_run(cfg)  # the plan types the callbacks' settings; their ranges are their constructors'
     with pytest.raises(InstantiationException) as caught:
-        build_trainer(cfg, plan)
+        build_trainer(plan)
     assert isinstance(caught.value.__cause__, ValueError)
     assert re.fullmatch(message + ".*", str(caught.value.__cause__))
     assert "\n" not in str(caught.value.__cause__)

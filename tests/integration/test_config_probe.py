@@ -1,0 +1,234 @@
+"""The config probe's rows through the training command's own entry point (``gptmini.training.app.main``, what
+``gptmini train`` runs): each bad override ends with one ``error:`` line naming the key and the fix, the exit
+status docs/reliability.md states (1: Hydra could not apply the override; 2: the plan refused the config), no
+traceback, before anything is built (no prepared data, no run folder left); the documented overrides train.
+
+Most rows run in this process (one interpreter, Hydra composing from scratch each time: the same code path as the
+command, a second each); a few run as a real ``gptmini train`` process to hold the in-process route to it."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# (overrides, the start of the error line after "error: ", exit status)
+REFUSED = [
+    # derived values: the plan passes them on from the setting they follow
+    (
+        ["data.tokenizer=gpt2"],
+        r"data\.tokenizer=gpt2 is not a setting: the run derives it from tokenizer\.name; "
+        r"set tokenizer=<name>",
+        1,
+    ),
+    (
+        ["+data.tokenizer=gpt2"],
+        r"data\.tokenizer is not a setting: the run derives it from tokenizer\.name",
+        2,
+    ),
+    (
+        ["scheduler.max_steps=3"],
+        r"scheduler\.max_steps=3 is not a setting: the run derives it from "
+        r"trainer\.max_steps; set trainer\.max_steps=<steps> instead",
+        1,
+    ),
+    (["+scheduler.max_steps=3"], r"scheduler\.max_steps is not a setting: .* set trainer\.max_steps=", 2),
+    (["data.block_size=16"], r"data\.block_size=16 is not a setting: .* set model\.block_size=<tokens>", 1),
+    (
+        ["+data.block_size=16"],
+        r"data\.block_size is not a setting: the run derives it from model\.block_size",
+        2,
+    ),
+    (["+scheduler.max_time=00:00:01:00"], r"scheduler\.max_time is not a setting: .* trainer\.max_time=", 2),
+    (
+        ["+data.tokenizer_vocab_size=300"],
+        r"data\.tokenizer_vocab_size is not a setting: .* tokenizer\.vocab_size=",
+        2,
+    ),
+    # required groups and settings cannot be dropped
+    (
+        ["~model"],
+        r"~model drops the model group, which every run needs: choose one of its options instead "
+        r"\(model=<option>: baby, ",
+        2,
+    ),
+    (["~tokenizer"], r"~tokenizer drops the tokenizer group, .* \(tokenizer=<option>: bpe, char, gpt2\)", 2),
+    (["~optimizer"], r"~optimizer drops the optimizer group, .* \(optimizer=<option>: adamw, muon", 2),
+    (["~scheduler"], r"~scheduler drops the scheduler group, .* \(scheduler=<option>: constant, ", 2),
+    (["~trainer"], r"~trainer drops the trainer group, .* \(trainer=<option>: cpu, ", 2),
+    (["~data"], r"~data drops the data group", 2),
+    (
+        ["~optimizer.hidden"],
+        r"optimizer\.hidden must be set: gptmini\.training\.optimizers\.MuonAdamW takes no "
+        r"default for it \(dropped with ~optimizer\.hidden\?\)",
+        2,
+    ),
+    # keys nothing reads
+    (
+        ["++tokenizer.foo=1"],
+        r"tokenizer\.foo is not a setting of tokenizer: its settings are name, train_bytes, "
+        r"vocab_size; drop it \(~tokenizer\.foo\)",
+        2,
+    ),
+    (
+        ["++logger.tensorboard.foo=1"],
+        r"logger\.tensorboard\.foo is not a setting of "
+        r"lightning\.pytorch\.loggers\.TensorBoardLogger: its settings are .*; drop it \(~logger\.tensorboard\.foo\)",
+        2,
+    ),
+    (
+        ["+callbacks.progress_log.every_n_stepz=3"],
+        r"callbacks\.progress_log\.every_n_stepz is not a setting of "
+        r"gptmini\.training\.callbacks\.ProgressLog: its settings are .*every_n_steps",
+        2,
+    ),
+    (["++foo=1"], r"foo is not a setting of the run", 2),
+    # out of range: each refused by the constructor that uses it, built on a stand-in before any work
+    (
+        ["optimizer.hidden.momentum=5"],
+        r"optimizer\.hidden\.momentum=5\.0 is invalid: it must be in \[0, 1\)",
+        2,
+    ),
+    (
+        ["optimizer.hidden.momentum=-1"],
+        r"optimizer\.hidden\.momentum=-1\.0 is invalid: momentum should be >= 0",
+        2,
+    ),
+    (
+        ["optimizer.hidden.ns_steps=0"],
+        r"optimizer\.hidden\.ns_steps=0 is invalid: Newton-Schulz iterations, an "
+        r"integer >= 1",
+        2,
+    ),
+    (["optimizer.hidden.ns_steps=-1"], r"optimizer\.hidden\.ns_steps=-1 is invalid", 2),
+    (
+        ["optimizer.hidden.adjust_lr_fn=bogus"],
+        r"optimizer\.hidden\.adjust_lr_fn='bogus' is invalid: Adjust "
+        r"learning rate function bogus is not supported .*its default is None",
+        2,
+    ),
+    (["optimizer.hidden.normuon=3"], r"optimizer\.hidden\.normuon=3 is invalid: true or false", 2),
+    (
+        ["optimizer.adamw.betas=[0.9]"],
+        r"optimizer\.adamw\.betas=\[0\.9\] is invalid: .*its default is "
+        r"\[0\.9, 0\.999\]",
+        2,
+    ),
+    (["optimizer.adamw.eps=-1"], r"optimizer\.adamw\.eps=-1\.0 is invalid: Invalid epsilon value", 2),
+    (
+        ["optimizer=adamw", "optimizer.betas=[0.9]"],
+        r"optimizer\.betas=\[0\.9\] is invalid: .*torch\.optim\.AdamW "
+        r"refused it",
+        2,
+    ),
+    (
+        ["optimizer=adamw", "optimizer.eps=-1"],
+        r"optimizer\.eps=-1\.0 is invalid: Invalid epsilon value: -1\.0 "
+        r"\(torch\.optim\.AdamW refused it; its default is 1e-08\)",
+        2,
+    ),
+    (
+        ["trainer.check_val_every_n_epoch=0"],
+        r"trainer\.check_val_every_n_epoch=0 is invalid: it must be an "
+        r"integer >= 1, or null",
+        2,
+    ),
+    (["trainer.max_epochs=0"], r"trainer\.max_epochs=0 is invalid: it must be an integer >= 1, or null", 2),
+    (["data.batch_size=0"], r"data\.batch_size=0 is invalid: it must be an integer >= 1", 2),
+    (["scheduler.warmup_steps=-1"], r"scheduler\.warmup_steps=-1 is invalid: it must be >= 0", 2),
+]
+
+# run as a real `gptmini train` process too: a Hydra override error (1) and two of the plan's refusals (2)
+THROUGH_THE_PROCESS = ["data.tokenizer=gpt2", "~model", "optimizer.hidden.momentum=5"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "input.txt"
+    path.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40)
+    return path
+
+
+def _base(corpus: Path, root: Path) -> list[str]:
+    return [
+        "debug=smoke",
+        "data=text",
+        f"data.source={corpus}",
+        "tokenizer=char",
+        f"paths.data_root={root}/data",
+        f"paths.output_root={root}/outputs",
+    ]
+
+
+def _train_in_this_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """``gptmini train <argv>`` through the command's own ``main``, in this process; its exit status."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from gptmini.training.app import main
+
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(sys, "argv", ["gptmini train", *argv])
+    try:
+        main()
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    finally:
+        GlobalHydra.instance().clear()
+    return 0
+
+
+def _error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "error:" in line]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[" ".join(c[0]) for c in REFUSED])
+def test_each_probe_row_is_refused_in_one_line_before_anything_is_built(
+    case: tuple[list[str], str, int],
+    corpus: Path,
+    tmp_path: Path,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    overrides, message, status = case
+    assert _train_in_this_process([*_base(corpus, tmp_path), *overrides], monkeypatch) == status
+    out, err = capsys.readouterr()
+    lines = _error_lines(out + err)
+    assert len(lines) == 1, out + err
+    assert re.search(r"error: " + message, lines[0]), lines[0]
+    assert "Traceback" not in out + err
+    # nothing built: no data prepared, no run folder left behind
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.*"))
+
+
+@pytest.mark.parametrize("override", THROUGH_THE_PROCESS)
+def test_probe_rows_through_the_gptmini_train_process(
+    override: str, corpus: Path, tmp_path: Path, run_cli
+) -> None:
+    (_, message, status) = next(c for c in REFUSED if c[0] == [override])
+    proc = run_cli.train([*_base(corpus, tmp_path), override])
+    assert proc.returncode == status, proc.stderr
+    lines = _error_lines(proc.stdout + proc.stderr)
+    assert len(lines) == 1 and re.search(r"error: " + message, lines[0]), proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+
+def test_the_documented_overrides_train(corpus: Path, tmp_path: Path, capsys: Any, monkeypatch) -> None:
+    """docs/configuration.md's `optimizer.embedding.cautious_weight_decay=true` (no `+`) and
+    `+trainer.enable_progress_bar=false` (the config's progress bar is then left out) train to the end."""
+    import torch
+
+    overrides = ["optimizer.embedding.cautious_weight_decay=true", "+trainer.enable_progress_bar=false"]
+    assert _train_in_this_process([*_base(corpus, tmp_path), *overrides], monkeypatch) == 0
+    (last,) = (tmp_path / "outputs").rglob("last.ckpt")
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 6
+    groups = {g["name"]: g for g in ckpt["optimizer_states"][0]["adamw"]["param_groups"]}
+    assert (
+        groups["embedding"]["cautious_weight_decay"] is True
+        and groups["head"]["cautious_weight_decay"] is False
+    )
