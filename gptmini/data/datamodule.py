@@ -24,33 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def _at_least(key: str, value: Any, low: int, note: str = "") -> None:
+    """``value`` (None: not set) an integer >= ``low``, else a ValueError naming ``data.<key>``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
         raise ValueError(f"data.{key}={value} is invalid: it must be an integer >= {low}{note}")
-
-
-def _check_settings(
-    batch_size: int,
-    num_workers: int,
-    val_fraction: float,
-    val_stride: int | None,
-    shard_tokens: int,
-    buffer_mb: int,
-    prepare_threads: int | None,
-) -> None:
-    """The DataModule's settings, each bad one named as its config key (``data.batch_size=0 is invalid: ...``);
-    the run's plan builds the DataModule to run these before any work."""
-    _at_least("batch_size", batch_size, 1)
-    if batch_size is None:
-        raise ValueError("data.batch_size=None is invalid: it must be an integer >= 1")
-    _at_least("num_workers", num_workers, 0, " (0: load in the main process)")
-    _at_least("shard_tokens", shard_tokens, 1)
-    _at_least("buffer_mb", buffer_mb, 1)
-    _at_least("prepare_threads", prepare_threads, 1, " (or null: one thread per core, at most 8)")
-    _at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(
-            f"data.val_fraction={val_fraction:g} is invalid: it must be in [0, 1) (0.1 is a good default)"
-        )
 
 
 class TokenDataModule(L.LightningDataModule):
@@ -86,15 +62,17 @@ class TokenDataModule(L.LightningDataModule):
         tokenizer_vocab_size: int | None = None,
         tokenizer_train_bytes: int | None = None,
     ) -> None:
-        _check_settings(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            val_fraction=val_fraction,
-            val_stride=val_stride,
-            shard_tokens=shard_tokens,
-            buffer_mb=buffer_mb,
-            prepare_threads=prepare_threads,
-        )
+        # each bad setting named as its config key (the run's plan builds this to run them before any work)
+        _at_least("batch_size", batch_size, 1)
+        _at_least("num_workers", num_workers, 0, " (0: load in the main process)")
+        _at_least("shard_tokens", shard_tokens, 1)
+        _at_least("buffer_mb", buffer_mb, 1)
+        _at_least("prepare_threads", prepare_threads, 1, " (or null: one thread per core, at most 8)")
+        _at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(
+                f"data.val_fraction={val_fraction:g} is invalid: it must be in [0, 1) (0.1 is a good default)"
+            )
         super().__init__()
         # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
         data_dir = str(data_dir) if data_dir is not None else None

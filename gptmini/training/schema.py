@@ -206,6 +206,7 @@ DERIVED: dict[str, tuple[str, str]] = {
     "data.block_size": ("model.block_size", "model.block_size=<tokens>"),
     "data.tokenizer_vocab_size": ("tokenizer.vocab_size", "tokenizer.vocab_size=<n> (tokenizer=bpe)"),
     "data.tokenizer_train_bytes": ("tokenizer.train_bytes", "tokenizer.train_bytes=<n> (tokenizer=bpe)"),
+    # the schedule's length is the run's
     "scheduler.max_steps": ("trainer.max_steps", "trainer.max_steps=<steps>"),
     "scheduler.max_time": ("trainer.max_time", 'trainer.max_time="DD:HH:MM:SS"'),
 }
