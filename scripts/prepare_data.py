@@ -49,7 +49,11 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
         check_input_files(cfg)
         # the DataModule as the run builds it: the tokenizer and context derived from their groups
         datamodule = instantiate(dataclasses.asdict(plan_data(cfg)), _convert_="all")
-    except (HydraException, OmegaConfBaseException, RunError) as e:  # (an InstantiationException is a HydraException)
+    except (
+        HydraException,
+        OmegaConfBaseException,
+        RunError,
+    ) as e:  # (an InstantiationException is a HydraException)
         log.error("error: %s", e)
         return 2
     try:

@@ -58,7 +58,9 @@ def check_muon_options(settings: Mapping[str, Any], prefix: str = "optimizer.hid
     ``BatchedMuon``'s own options. The config's plan runs this by building the optimizer on a stand-in."""
     lr = settings.get("lr", 1.0)
     if isinstance(lr, (int, float)) and not lr > 0:  # a zero learning rate trains nothing, without a word
-        raise ValueError(f"{prefix}.lr={lr:g} is invalid: the learning rate must be > 0 (e.g. {prefix}.lr=0.02)")
+        raise ValueError(
+            f"{prefix}.lr={lr:g} is invalid: the learning rate must be > 0 (e.g. {prefix}.lr=0.02)"
+        )
     momentum = settings.get("momentum", 0.0)
     if isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and not momentum < 1.0:
         # a momentum of 1 or more never forgets a gradient (the buffer grows without bound)
@@ -232,7 +234,9 @@ class AdamWRole:
         if self.lr is not None and not self.lr > 0:  # a zero learning rate trains nothing, without a word
             raise ValueError(f"optimizer.{role}.lr={self.lr:g} is invalid: the learning rate must be > 0")
         if self.weight_decay is not None and not self.weight_decay >= 0:
-            raise ValueError(f"optimizer.{role}.weight_decay={self.weight_decay:g} is invalid: it must be >= 0")
+            raise ValueError(
+                f"optimizer.{role}.weight_decay={self.weight_decay:g} is invalid: it must be >= 0"
+            )
         if not isinstance(self.cautious_weight_decay, bool):
             raise ValueError(
                 f"optimizer.{role}.cautious_weight_decay={self.cautious_weight_decay!r} is invalid: true or false"

@@ -278,7 +278,11 @@ def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):
 
     cfg = compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
     data = plan_run(cfg).data  # derived by the plan from the tokenizer group
-    assert (data.tokenizer, data.tokenizer_vocab_size, data.tokenizer_train_bytes) == ("bpe", 4096, 100_000_000)
+    assert (data.tokenizer, data.tokenizer_vocab_size, data.tokenizer_train_bytes) == (
+        "bpe",
+        4096,
+        100_000_000,
+    )
     assert output_vocab(cfg) == 4096
     default = plan_run(compose_cfg([])).data
     assert default.tokenizer_vocab_size is None and default.tokenizer_train_bytes is None

@@ -454,14 +454,18 @@ def _agree(schema, cls, key: str, skip: tuple = ()) -> None:
     for f in dataclasses.fields(schema):
         if f.name.startswith("_"):
             continue
-        assert f.name in constructor, f"{key}.{f.name}: the schema has it, {cls.__name__}'s constructor does not"
+        assert f.name in constructor, (
+            f"{key}.{f.name}: the schema has it, {cls.__name__}'s constructor does not"
+        )
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if f.name in nested:
             _agree(f.type, *nested[f.name][:1], f"{key}.{f.name}", nested[f.name][1])
         elif constructor[f.name] is inspect.Parameter.empty:
             assert default == "???", f"{key}.{f.name}: required by the constructor, not by the schema"
         else:
-            assert default == constructor[f.name], f"{key}.{f.name}: default {default!r} != {constructor[f.name]!r}"
+            assert default == constructor[f.name], (
+                f"{key}.{f.name}: default {default!r} != {constructor[f.name]!r}"
+            )
 
 
 @pytest.mark.parametrize("group", ["data", "optimizer", "scheduler", "trainer", "callbacks", "logger"])
@@ -491,13 +495,17 @@ def test_each_option_s_yaml_schema_and_constructor_agree(group, compose_cfg, tmp
             }, key
             written = {k for k in node if not k.startswith("_")}
             assert written <= set(settings(schema)), f"{group}={option}: {written - set(settings(schema))}"
-            assert not {f"{group}.{k}" for k in written} & set(DERIVED), f"{group}={option} sets a derived key"
+            assert not {f"{group}.{k}" for k in written} & set(DERIVED), (
+                f"{group}={option} sets a derived key"
+            )
 
 
 def _representable(value) -> bool:
     import inspect
 
-    return value is inspect.Parameter.empty or value is None or isinstance(value, (int, float, str, list, dict))
+    return (
+        value is inspect.Parameter.empty or value is None or isinstance(value, (int, float, str, list, dict))
+    )
 
 
 def test_a_settings_schema_follows_its_constructor() -> None:
@@ -514,7 +522,12 @@ def test_a_settings_schema_follows_its_constructor() -> None:
         def __init__(self, size: int, rate: float = 0.1, name: str | None = None, **rest) -> None: ...
 
     schema = settings_schema(Mine)
-    assert settings(schema) == ["name", "rate", "shared", "size"]  # Base's required `needed` is Mine's to pass
+    assert settings(schema) == [
+        "name",
+        "rate",
+        "shared",
+        "size",
+    ]  # Base's required `needed` is Mine's to pass
     assert required(schema) == ["size"]
     defaults = {f.name: f.default for f in dataclasses.fields(schema)}
     assert (defaults["rate"], defaults["shared"], defaults["name"]) == (0.1, 0.5, None)
