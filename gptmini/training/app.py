@@ -1,6 +1,6 @@
 """The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``).
 
-Order of work (``train``): plan (every check, cheap, before Lightning is imported) -> build the trainer, the data
+Order of work (``train``): plan (every check, cheap, before any data or model) -> build the trainer, the data
 (prepared) and the module -> fit -> report. Known user errors end the run with one line naming the key and the
 fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
 """
@@ -80,7 +80,7 @@ def _log_hardware(plan: RunPlan) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """plan -> build (trainer, data, module) -> fit -> report."""
-    # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
+    # First, before any data or model: a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
     # from here on the plan alone: the composed config does not travel past planning
     return train_plan(plan)

@@ -1,21 +1,22 @@
-"""The run config's schema: one dataclass per conf group, or per option where a group's options have different
-shapes (the optimizer's and the scheduler's), each with the checks of its own values beside it.
+"""The run config's schema, each setting declared once, where it is used.
 
 Two kinds of schema, for two kinds of group:
 
 - Groups gptmini reads itself (``model``, ``tokenizer``, ``paths``, ``perf`` and the top-level keys) are typed
   at composition: ``TrainSchema`` is the first entry of conf/train.yaml's defaults, so a misspelt key or a value
-  of the wrong type fails while Hydra composes the config.
-- Groups that are instantiated (``data``, ``optimizer``, ``scheduler``, ``trainer``) are read through the
-  schema of their option, chosen by ``_target_`` (``typed_group``), before any work: a key the option does not
-  have (often one left by an experiment written for another option of the group, e.g. the speedrun's
-  ``optimizer.hidden`` under ``optimizer=adamw``) is refused with one line naming it and how to drop it. They are
-  not typed at composition because a config that swaps an option would then fail inside Hydra with a traceback
-  of the merge, and ``+group.key=...`` could not add a setting the option takes.
+  of the wrong type fails while Hydra composes the config (``model``'s fields are ``GPTConfig``'s).
+- Groups that are instantiated (``data``, ``optimizer``, ``scheduler``, ``trainer``, each named ``callbacks.*``
+  and ``logger.*``) are read, before any work, through the schema of the class their ``_target_`` names, derived
+  from its constructor's signature (``settings_schema``): a key the constructor does not take (often one left by
+  an experiment written for another option of the group, e.g. the speedrun's ``optimizer.hidden`` under
+  ``optimizer=adamw``) is refused with one line naming it and how to drop it. They are not typed at composition
+  because a config that swaps an option would then fail inside Hydra with a traceback of the merge, and
+  ``+group.key=...`` could not add a setting the option takes.
 
-A new option of such a group is one dataclass here with its ``_target_`` and ``@option_schema(group)`` (see
-docs/configuration.md, "Adding an option"). ``callbacks`` and ``logger`` are open sets of named objects, each
-checked by its own constructor when it is built.
+A new option of such a group is a YAML file naming its ``_target_``, and a new setting a parameter of its
+constructor (docs/development.md, "Adding an optimizer setting"). The ranges are the constructors' to check: the
+plan builds them on stand-ins (``gptmini.training.plan.check_by_building``). Values that follow from another
+group (``DERIVED``) are no settings: the plan fills them in.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class TrainSchema:
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
     perf: PerfSchema = field(default_factory=PerfSchema)
-    # Instantiated groups: read through their option's schema before any work (typed_group).
+    # Instantiated groups: read through their constructor's schema before any work (typed_group).
     data: Any = field(default_factory=dict)
     optimizer: Any = field(default_factory=dict)
     scheduler: Any = None
