@@ -112,10 +112,11 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         vocab_size=cfg.tokenizer.get("vocab_size"),
         train_bytes=cfg.tokenizer.get("train_bytes"),
     ).check()
-    trainer = typed_group(cfg, "trainer")
-    _check_trainer(trainer)
+    # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
     optimizer = typed_group(cfg, "optimizer")
     _check_optimizer(optimizer)
+    trainer = typed_group(cfg, "trainer")
+    _check_trainer(trainer)
     scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"))
     _check_scheduler(scheduler)
     data = plan_data(cfg)
