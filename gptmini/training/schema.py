@@ -343,17 +343,17 @@ def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> Ru
     if derived:
         return RunError(derived_refusal(f"{group}.{derived[0]}"))
     drop = " ".join(f"~{group}.{k}" for k in extra)
-    roles = [k for k in extra if k in ROLE_KEYS]
-    if roles == extra and not hasattr(schema, "hidden"):
+    nodes = [f.name for f in fields(schema) if dataclasses.is_dataclass(f.type)]
+    if group == "optimizer" and not nodes and all(k in ROLE_KEYS for k in extra):
         text = (
             f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
             f"optimizer=muon, or drop {'it' if one else 'them'} ({drop})"
         )
-    elif hasattr(schema, "hidden") and group == "optimizer":
+    elif nodes:  # settings grouped in nodes, one per parameter role (MuonAdamW.settings_of)
         text = (
-            "its settings are per parameter role (hidden, adamw, embedding, head, matrix, vector), e.g. "
-            "optimizer.hidden.lr=0.02 (Muon) or optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an "
-            "experiment written for optimizer=adamw sets optimizer.lr)"
+            f"its settings are per parameter role ({', '.join(nodes)}), e.g. optimizer.hidden.lr=0.02 (Muon) or "
+            "optimizer.embedding.lr=3e-3 (AdamW); drop the flat key (an experiment written for optimizer=adamw "
+            "sets optimizer.lr)"
         )
     else:
         text = f"its settings are {', '.join(settings(schema))}; drop {'it' if one else 'them'} ({drop})"
