@@ -8,6 +8,7 @@ command, a second each); a few run as a real ``gptmini train`` process to hold t
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
@@ -170,12 +171,24 @@ def _train_in_this_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> 
 
     GlobalHydra.instance().clear()
     monkeypatch.setattr(sys, "argv", ["gptmini train", *argv])
+    # Hydra configures logging for its job (handlers, levels, disabled loggers): put it back for the tests after
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    loggers = {
+        name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
+        for name, lg in logging.Logger.manager.loggerDict.items()
+        if isinstance(lg, logging.Logger)
+    }
     try:
         main()
     except SystemExit as exit_:
         return int(exit_.code or 0)
     finally:
         GlobalHydra.instance().clear()
+        root.handlers[:], root.level = handlers, level
+        for name, lg in logging.Logger.manager.loggerDict.items():
+            if isinstance(lg, logging.Logger):
+                lg.handlers[:], lg.level, lg.propagate, lg.disabled = loggers.get(name, ([], 0, True, False))
     return 0
 
 
