@@ -406,7 +406,9 @@ def _options(group: str) -> list[str]:
 )
 def test_experiments_and_debug_configs_compose_the_same_on_every_machine(override, compose_cfg, machine):
     extra = ["model.init_from=/path/to/gpt2"] if override.endswith("finetune_shakespeare") else []
-    if override.endswith(("speedrun_char_cpu", "frontier_char_cpu")):  # the user's tinyshakespeare file
+    if override.endswith(
+        ("speedrun_char_cpu", "speedrun_char_gpu", "frontier_char_cpu")
+    ):  # the user's tinyshakespeare file
         extra.append("data.source=/path/to/tinyshakespeare.txt")
     machine(CPU)
     on_cpu = _plain(compose_cfg([override, *extra]))
