@@ -33,8 +33,8 @@ LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
 # What --ckpt takes, in every command's --help (resolve_checkpoint).
 CKPT_RULE = (
     "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
-    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
+    "run (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
+    "warning), and a run name the newest such run of that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
     "`gptmini runs` lists them"
 )
 
@@ -187,7 +187,7 @@ def load_checkpoint(
         raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
     _check_archive_sizes(path)
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        ckpt = _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as err:
         if "GLOBAL" not in str(err):  # the unpickler met bytes it cannot read, not a forbidden object
             raise _not_a_checkpoint(path, "its contents do not unpickle: damaged") from None
@@ -204,6 +204,17 @@ def load_checkpoint(
     if verify:
         verify_checksum(ckpt, path)
     return ckpt
+
+
+def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        # torch's archive reader takes a file name as UTF-8: a folder name that is not UTF-8 (its bytes held as
+        # lone surrogates) is read through a file Python opened, without memory-mapping
+        with open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 # Slack over the archive's own size that its entries may declare in all: zip headers are counted in the file
@@ -414,6 +425,16 @@ def find_last_checkpoint(
 
     Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
     previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
+    return next(iter(last_checkpoints(output_root, run_name, exclude, sweep_jobs)), None)
+
+
+def last_checkpoints(
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
+) -> list[Path]:
+    """Every file :func:`find_last_checkpoint` chooses among, the one it chooses first."""
     root = Path(output_root) / run_name if run_name else Path(output_root)
     skip = Path(exclude).resolve() if exclude is not None else None
     candidates = [
@@ -424,9 +445,35 @@ def find_last_checkpoint(
         and (skip is None or skip not in p.resolve().parents)
         and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
     ]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
+    return sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
+
+
+def newest_usable_checkpoint(root: str | Path) -> Path | None:
+    """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out) that
+    loads and matches its checksum. The damaged ones newer than it are named in one warning; CheckpointError
+    naming them when every one is damaged; None when there is none."""
+    damaged: list[Path] = []
+    for path in last_checkpoints(root, sweep_jobs=False):
+        try:
+            load_checkpoint(path, mmap=True)
+        except CheckpointError:
+            damaged.append(path)
+            continue
+        if damaged:
+            log.warning(
+                "skipped %d damaged checkpoint%s newer than %s: %s",
+                len(damaged),
+                "s" if len(damaged) > 1 else "",
+                path,
+                ", ".join(map(str, damaged)),
+            )
+        return path
+    if damaged:
+        raise CheckpointError(
+            f"every checkpoint under {root} is damaged ({', '.join(map(str, damaged[:5]))}"
+            f"{', ...' if len(damaged) > 5 else ''}): pass another checkpoint, or train again"
+        )
+    return None
 
 
 def is_sweep_job(relative: Path) -> bool:
@@ -452,7 +499,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         if too_long:
             raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
-        found = find_last_checkpoint(output_root, sweep_jobs=False)
+        found = newest_usable_checkpoint(output_root)
         if found is None:
             raise CheckpointError(
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
@@ -465,7 +512,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         run = Path(output_root) / path  # a run name
         path = run if run.is_dir() else path
     if path.is_dir():
-        found = find_last_checkpoint(path, sweep_jobs=False)
+        found = newest_usable_checkpoint(path)
         if found is None:
             raise CheckpointError(
                 f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
@@ -550,6 +597,87 @@ def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = to
         ) from err
 
 
+# --- the run's summary of its checkpoints ----------------------------------------------------------------------
+
+# In each run folder, beside checkpoints/, a small JSON summary of its last.ckpt and on_exception.ckpt as training
+# wrote them: what ``gptmini runs`` shows of a run, read without opening the checkpoints (torch) or the run's event
+# files (TensorBoard). Each entry records its checkpoint's size and modification time as written: an entry whose
+# checkpoint has changed since is not used (the checkpoint is read instead).
+SUMMARY_FILE = "run_summary.json"
+SUMMARY_FORMAT = 1
+SUMMARY_MAX_BYTES = 1 << 16  # a summary is a few hundred bytes
+
+
+def _summary_file(ckpt: Path) -> Path | None:
+    """The run's summary file for checkpoint ``ckpt`` (``<run>/checkpoints/<name>``), or None: not one of
+    ``LAST_NAMES`` in a run's checkpoints folder."""
+    if ckpt.name not in LAST_NAMES or ckpt.parent.name != "checkpoints":
+        return None
+    return ckpt.parent.parent / SUMMARY_FILE
+
+
+def _monitored_val_loss(checkpoint: Mapping[str, Any]) -> float | None:
+    """The last val/loss a ModelCheckpoint monitoring it saw (its state in the checkpoint), if any."""
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, Mapping) and state.get("monitor") == "val/loss":
+            score = state.get("current_score")
+            if isinstance(score, torch.Tensor) and score.numel() == 1:
+                return float(score)
+    return None
+
+
+def _read_summaries(file: Path) -> dict[str, Any]:
+    try:
+        if file.stat().st_size > SUMMARY_MAX_BYTES:
+            return {}
+        loaded = json.loads(file.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(loaded, dict) or loaded.get("format_version") != SUMMARY_FORMAT:
+        return {}
+    entries = loaded.get("checkpoints")
+    return entries if isinstance(entries, dict) else {}
+
+
+def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
+    """Records the checkpoint just saved at ``path`` in its run's summary (atomically); nothing for a checkpoint
+    outside a run's checkpoints folder."""
+    path = Path(path)
+    file = _summary_file(path)
+    if file is None:
+        return
+    config = (checkpoint.get("hyper_parameters") or {}).get("run_config") or {}
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), Mapping) else {}
+    st = path.stat()
+    step = checkpoint.get("global_step")
+    entries = _read_summaries(file)
+    entries[path.name] = {
+        "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "global_step": step if isinstance(step, int) else None,
+        "run_name": config.get("run_name"),
+        "max_steps": trainer.get("max_steps"),
+        "val_loss": _monitored_val_loss(checkpoint),
+        "tensorboard_dir": config.get("tensorboard_dir"),
+    }
+    fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
+
+
+def read_summary(path: str | Path) -> dict[str, Any] | None:
+    """The summary of the checkpoint ``path`` when it describes the file as it is now (its size and
+    modification time); None when there is none, it is unreadable, or the checkpoint changed since."""
+    path = Path(path)
+    file = _summary_file(path)
+    entry = _read_summaries(file).get(path.name) if file is not None else None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return entry if (entry.get("bytes"), entry.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) else None
+
+
 def _make_atomic_checkpoint_io() -> type:
     from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -565,6 +693,10 @@ def _make_atomic_checkpoint_io() -> type:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
             atomic_save(checkpoint, path, write=self.write)
+            try:
+                write_summary(path, checkpoint)
+            except OSError as err:  # the checkpoint is saved; `gptmini runs` reads it instead
+                log.warning("could not record %s in its run's %s: %s", path, SUMMARY_FILE, err)
 
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None

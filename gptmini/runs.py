@@ -19,11 +19,11 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import CKPT_RULE, LAST_NAMES, CheckpointError, find_last_checkpoint, is_sweep_job
+from gptmini.checkpoint import CKPT_RULE, LAST_NAMES, CheckpointError, is_sweep_job
 from gptmini.options import HelpFormatter
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,47 @@ class RunInfo:
         return f"{done}/{'-' if self.steps_planned is None else self.steps_planned}"
 
 
-def _config(folder: Path) -> dict[str, Any]:
+# The largest YAML file of a run folder read: Hydra's config.yaml of a run is a few kilobytes.
+YAML_MAX_BYTES = 1 << 20
+
+
+def read_run_yaml(path: Path) -> Any:
+    """A YAML file of a run folder (Hydra's ``.hydra/*.yaml``), read with bounded memory: a file over
+    ``YAML_MAX_BYTES``, or one using aliases (``*name``: Hydra never writes them, and nested ones can expand a
+    few hundred bytes into gigabytes), is refused with one warning naming it, as is one that does not parse.
+    None when refused or missing: the fields it holds show as unknown."""
     import yaml
 
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(
+                    f"it uses a YAML alias (line {mark.line + 1}), which run files never hold"
+                )
+            return super().compose_node(parent, index)
+
     try:
-        loaded = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return {}
+        size = path.stat().st_size
+        if size > YAML_MAX_BYTES:
+            raise yaml.YAMLError(f"it is {size:,} bytes, over the {YAML_MAX_BYTES:,} a run's file may hold")
+        with open(path, encoding="utf-8") as f:
+            return yaml.load(f, Loader=NoAliases)  # noqa: S506 (a SafeLoader without aliases)
+    except FileNotFoundError:
+        return None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
+        log.warning("%s is not read (%s): its fields show as unknown", display_path(path), err)
+        return None
+
+
+def display_path(path: str | Path) -> str:
+    """``path`` as text that is valid UTF-8: bytes of a name that are not UTF-8 (Python holds them as lone
+    surrogates) are written ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    loaded = read_run_yaml(folder / ".hydra" / "config.yaml")
     return loaded if isinstance(loaded, dict) else {}
 
 
@@ -74,13 +108,8 @@ def task_overrides(overrides: Sequence[Any]) -> tuple[str, ...]:
 
 
 def _overrides(folder: Path) -> tuple[str, ...]:
-    import yaml
-
-    try:
-        loaded = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return ()
-    if not isinstance(loaded, list):
+    loaded = read_run_yaml(folder / ".hydra" / "overrides.yaml")
+    if not isinstance(loaded, list) or not all(isinstance(o, str) for o in loaded):
         return ()
     return task_overrides(loaded)
 
@@ -164,14 +193,11 @@ def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
 
 
 def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
-    """The checkpoint's global step and the TensorBoard folder its run logged to."""
+    """The checkpoint's global step and the TensorBoard folder its run logged to. Raises CheckpointError when it
+    does not load."""
     from gptmini.checkpoint import load_checkpoint
 
-    try:
-        ckpt = load_checkpoint(path, mmap=True, verify=False)
-    except CheckpointError as err:
-        log.warning("%s", err)
-        return None, None
+    ckpt = load_checkpoint(path, mmap=True, verify=False)
     step = ckpt.get("global_step")
     return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, ckpt)
 
@@ -180,7 +206,11 @@ def run_event_folder(run_dir: Path) -> Path | None:
     """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
     ckpt = _checkpoint(Path(run_dir))
-    recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
+    try:
+        recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
+    except CheckpointError as err:
+        log.warning("%s", err)
+        recorded = None
     if recorded is not None and recorded.is_dir():
         return recorded
     return next(iter(event_folders(Path(run_dir))), None)
@@ -214,14 +244,42 @@ def _size_and_mtime(folder: Path) -> tuple[int, float]:
     return size, newest
 
 
+def _wanted(value: Any, kind: type) -> Any:
+    """``value`` when it is of ``kind`` (not a bool standing for an int), else None: a field of the wrong type in a
+    run's file shows as unknown."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
 def run_info(folder: Path, output_root: Path) -> RunInfo:
-    config = _config(folder)
+    """One run's row. From the run's summary (``run_summary.json``, written with each checkpoint) when it still
+    describes the newest checkpoint; else from ``.hydra/config.yaml``, the checkpoint (memory-mapped) and the
+    TensorBoard events."""
+    from gptmini.checkpoint import read_summary
+
     ckpt = _checkpoint(folder)
-    done, recorded = _checkpoint_facts(ckpt) if ckpt is not None else (None, None)
-    planned = (config.get("trainer") or {}).get("max_steps")
-    planned = planned if isinstance(planned, int) and planned >= 0 else None
+    summary = read_summary(ckpt) if ckpt is not None else None
+    val_loss = val_step = None
+    if summary is not None:
+        config: dict[str, Any] = {"run_name": summary.get("run_name"), "trainer": summary}
+        done = _wanted(summary.get("global_step"), int)
+        recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
+        val_loss = _wanted(summary.get("val_loss"), float)
+        damaged = False
+    else:
+        config = _config(folder)
+        try:
+            done, recorded = _checkpoint_facts(ckpt) if ckpt is not None else (None, None)
+            damaged = False
+        except CheckpointError as err:
+            log.warning("%s", err)
+            done, recorded, damaged = None, None, True
+    trainer = _wanted(config.get("trainer"), dict) or {}
+    planned = _wanted(trainer.get("max_steps"), int)
+    planned = planned if planned is not None and planned >= 0 else None
     if ckpt is None:
         state = "no checkpoint"
+    elif damaged:
+        state = "damaged"
     elif done is not None and planned is not None and done >= planned and ckpt.name == "last.ckpt":
         state = "finished"
     else:
@@ -229,12 +287,13 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     events = (
         recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
     )
-    val_loss, val_step = _last_val_loss(events, done) if events is not None else (None, None)
+    if val_loss is None and events is not None:
+        val_loss, val_step = _last_val_loss(events, done)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     return RunInfo(
-        name=str(config.get("run_name") or relative.parts[0]),
-        folder=str(folder),
+        name=display_path(_wanted(config.get("run_name"), str) or relative.parts[0]),
+        folder=display_path(folder),
         sweep_job=is_sweep_job(relative),
         steps_done=done,
         steps_planned=planned,
@@ -242,23 +301,56 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         val_step=val_step,
         size_bytes=size,
         state=state,
-        checkpoint=str(ckpt) if ckpt is not None else None,
+        checkpoint=display_path(ckpt) if ckpt is not None else None,
         modified=modified,
-        overrides=_overrides(folder),
-        tensorboard=str(events) if events is not None else None,
+        overrides=tuple(display_path(o) for o in _overrides(folder)),
+        tensorboard=display_path(events) if events is not None else None,
     )
 
 
 def find_runs(output_root: str | Path = "outputs", name: str | None = None) -> list[RunInfo]:
     """Every run under ``output_root`` (of run name ``name`` when given), newest first."""
-    root = Path(output_root)
+    return [r for r, _ in _scan(Path(output_root), name)]
+
+
+def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
+    """Every run's row with its checkpoint's path (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():
         return []
     folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    runs = [run_info(f, root) for f in folders]
+    scanned = [(run_info(f, root), f) for f in folders]
     if name is not None:
-        runs = [r for r in runs if r.name == name or Path(r.folder).relative_to(root).parts[0] == name]
-    return sorted(runs, key=lambda r: (r.modified, r.folder), reverse=True)
+        # a run name is the first folder under the runs folder, or the run_name its row shows
+        scanned = [(r, f) for r, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
+    scanned.sort(key=lambda rf: (rf[0].modified, rf[0].folder), reverse=True)
+    return [(r, _checkpoint(f)) for r, f in scanned]
+
+
+def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
+    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.checkpoint.newest_usable_checkpoint`): the
+    newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
+    it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
+    the marked one."""
+    from gptmini.checkpoint import load_checkpoint, read_summary
+
+    rows = [r for r, _ in scanned]
+    candidates = [
+        (i, path)
+        for i, (r, path) in enumerate(scanned)
+        if path is not None and not r.sweep_job and r.state in ("finished", "resumable") and path.is_file()
+    ]
+    candidates.sort(key=lambda c: (c[1].stat().st_mtime_ns, str(c[1])), reverse=True)
+    for i, path in candidates:
+        if read_summary(path) is not None:
+            return rows, rows[i]
+        try:
+            load_checkpoint(path, mmap=True)
+        except CheckpointError as err:
+            log.warning("%s", err)
+            rows[i] = replace(rows[i], state="damaged")
+            continue
+        return rows, rows[i]
+    return rows, None
 
 
 def human_size(n: int) -> str:
@@ -269,12 +361,12 @@ def human_size(n: int) -> str:
     raise AssertionError("not reached")
 
 
-def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
-    """The runs as an aligned table; the folder that ``--ckpt last`` opens is marked with ``*``."""
+def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
+    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``."""
     header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "OVERRIDES", "FOLDER")
     rows = [header]
     for r in runs:
-        marked = last is not None and r.checkpoint is not None and Path(r.checkpoint) == last
+        marked = last is not None and r is last
         rows.append(
             (
                 "*" if marked else "",
@@ -316,14 +408,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not root.is_dir():
         sys.stderr.write(f"error: --runs-dir {root} does not exist: train first (gptmini train)\n")
         return 2
-    runs = find_runs(root, args.name)
+    runs, last = mark_last(_scan(root, args.name))
     if args.json:
         sys.stdout.write(json.dumps([asdict(r) for r in runs], indent=2) + "\n")
         return 0
     if not runs:
         which = f"of run name {args.name!r} " if args.name else ""
-        sys.stdout.write(f"no runs {which}under {root}/\n")
+        sys.stdout.write(f"no runs {which}under {display_path(root)}/\n")
         return 0
-    last = find_last_checkpoint(root, args.name, sweep_jobs=False)
     sys.stdout.write(format_table(runs, last))
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import Throughput
-from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, RichProgressBar, Timer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
@@ -514,8 +514,13 @@ class ProgressLog(LoggingCallback):
                 parts.append(f"{cb.last['perf/tokens_per_sec']:,.0f} tok/s")
         parts.append(f"elapsed {_duration(elapsed)}")
         done = step - self._start_step
+        etas = []
         if total is not None and total > step and done > 0:
-            parts.append(f"ETA {_duration(elapsed / done * (total - step))}")
+            etas.append(elapsed / done * (total - step))
+        # trainer.max_time: Lightning's Timer stops the run when the budget is spent, whatever the steps left
+        etas += [cb.time_remaining("train") for cb in trainer.callbacks if isinstance(cb, Timer)]
+        if etas:
+            parts.append(f"ETA {_duration(max(0.0, min(etas)))}")
         return " | ".join(parts)
 
 

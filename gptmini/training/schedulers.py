@@ -25,6 +25,12 @@ def max_time_seconds(max_time: str | None) -> float | None:
     if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"trainer.max_time={max_time!r} is invalid: {fix}")
     days, hours, minutes, seconds = (int(p) for p in parts)
+    # Lightning adds the fields up as they come, so "00:00:99:99" would pass as 1h40m39s: a typo, refused
+    for value, unit, most in ((hours, "hours", 23), (minutes, "minutes", 59), (seconds, "seconds", 59)):
+        if value > most:
+            raise ValueError(
+                f"trainer.max_time={max_time!r} is invalid: {unit} {value} is over {most}; {fix}"
+            )
     total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
     if total <= 0:
         raise ValueError(f"trainer.max_time={max_time!r} is invalid: it must be longer than 0 s; {fix}")
