@@ -22,21 +22,15 @@ import torch
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
 
+# CKPT_RULE: re-exported for the commands' --help
+from gptmini.run_files import CKPT_RULE, LAST_NAMES, SUMMARY_FILE, is_sweep_job, write_summary  # noqa: F401
+
 log = logging.getLogger(__name__)
 
 # The checkpoint's own entry holding the checksum of its tensors (plain data: loads with weights_only=True).
 CHECKSUM_KEY = "gptmini_checksum"
 # The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
-# The files ``last`` chooses among (see find_last_checkpoint).
-LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
-# What --ckpt takes, in every command's --help (resolve_checkpoint).
-CKPT_RULE = (
-    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
-    "warning), and a run name the newest such run of that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
-    "`gptmini runs` lists them"
-)
 
 
 class CheckpointError(ValueError):
@@ -476,11 +470,6 @@ def newest_usable_checkpoint(root: str | Path) -> Path | None:
     return None
 
 
-def is_sweep_job(relative: Path) -> bool:
-    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
-    return any(part.startswith("multirun_") for part in relative.parts)
-
-
 def _sweep_only(root: Path) -> str:
     """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
     job = find_last_checkpoint(root)
@@ -595,87 +584,6 @@ def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = to
             f"could not save checkpoint {path}: {cause.strerror or cause}; {_kept(path)}. Free disk space or make "
             f"{path.parent} writable, then resume with ckpt_path=last"
         ) from err
-
-
-# --- the run's summary of its checkpoints ----------------------------------------------------------------------
-
-# In each run folder, beside checkpoints/, a small JSON summary of its last.ckpt and on_exception.ckpt as training
-# wrote them: what ``gptmini runs`` shows of a run, read without opening the checkpoints (torch) or the run's event
-# files (TensorBoard). Each entry records its checkpoint's size and modification time as written: an entry whose
-# checkpoint has changed since is not used (the checkpoint is read instead).
-SUMMARY_FILE = "run_summary.json"
-SUMMARY_FORMAT = 1
-SUMMARY_MAX_BYTES = 1 << 16  # a summary is a few hundred bytes
-
-
-def _summary_file(ckpt: Path) -> Path | None:
-    """The run's summary file for checkpoint ``ckpt`` (``<run>/checkpoints/<name>``), or None: not one of
-    ``LAST_NAMES`` in a run's checkpoints folder."""
-    if ckpt.name not in LAST_NAMES or ckpt.parent.name != "checkpoints":
-        return None
-    return ckpt.parent.parent / SUMMARY_FILE
-
-
-def _monitored_val_loss(checkpoint: Mapping[str, Any]) -> float | None:
-    """The last val/loss a ModelCheckpoint monitoring it saw (its state in the checkpoint), if any."""
-    for state in (checkpoint.get("callbacks") or {}).values():
-        if isinstance(state, Mapping) and state.get("monitor") == "val/loss":
-            score = state.get("current_score")
-            if isinstance(score, torch.Tensor) and score.numel() == 1:
-                return float(score)
-    return None
-
-
-def _read_summaries(file: Path) -> dict[str, Any]:
-    try:
-        if file.stat().st_size > SUMMARY_MAX_BYTES:
-            return {}
-        loaded = json.loads(file.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(loaded, dict) or loaded.get("format_version") != SUMMARY_FORMAT:
-        return {}
-    entries = loaded.get("checkpoints")
-    return entries if isinstance(entries, dict) else {}
-
-
-def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
-    """Records the checkpoint just saved at ``path`` in its run's summary (atomically); nothing for a checkpoint
-    outside a run's checkpoints folder."""
-    path = Path(path)
-    file = _summary_file(path)
-    if file is None:
-        return
-    config = (checkpoint.get("hyper_parameters") or {}).get("run_config") or {}
-    trainer = config.get("trainer") if isinstance(config.get("trainer"), Mapping) else {}
-    st = path.stat()
-    step = checkpoint.get("global_step")
-    entries = _read_summaries(file)
-    entries[path.name] = {
-        "bytes": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "global_step": step if isinstance(step, int) else None,
-        "run_name": config.get("run_name"),
-        "max_steps": trainer.get("max_steps"),
-        "val_loss": _monitored_val_loss(checkpoint),
-        "tensorboard_dir": config.get("tensorboard_dir"),
-    }
-    fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
-
-
-def read_summary(path: str | Path) -> dict[str, Any] | None:
-    """The summary of the checkpoint ``path`` when it describes the file as it is now (its size and
-    modification time); None when there is none, it is unreadable, or the checkpoint changed since."""
-    path = Path(path)
-    file = _summary_file(path)
-    entry = _read_summaries(file).get(path.name) if file is not None else None
-    if not isinstance(entry, dict):
-        return None
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return entry if (entry.get("bytes"), entry.get("mtime_ns")) == (st.st_size, st.st_mtime_ns) else None
 
 
 def _make_atomic_checkpoint_io() -> type:

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import CKPT_RULE, LAST_NAMES, CheckpointError, is_sweep_job
 from gptmini.options import HelpFormatter
+from gptmini.run_files import CKPT_RULE, LAST_NAMES, is_sweep_job, read_summary
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +59,22 @@ YAML_MAX_BYTES = 1 << 20
 
 def read_run_yaml(path: Path) -> Any:
     """A YAML file of a run folder (Hydra's ``.hydra/*.yaml``), read with bounded memory: a file over
-    ``YAML_MAX_BYTES``, or one using aliases (``*name``: Hydra never writes them, and nested ones can expand a
-    few hundred bytes into gigabytes), is refused with one warning naming it, as is one that does not parse.
+    ``YAML_MAX_BYTES``, or one using aliases (``*name``: Hydra never writes them, and nested ones stand for
+    gigabytes of text once expanded), is refused with one warning naming it, as is one that does not parse.
     None when refused or missing: the fields it holds show as unknown."""
     import yaml
 
-    class NoAliases(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark
-                raise yaml.YAMLError(
-                    f"it uses a YAML alias (line {mark.line + 1}), which run files never hold"
-                )
-            return super().compose_node(parent, index)
-
+    # libyaml's loader when PyYAML has it (ten times faster: `gptmini runs` may read a thousand of these)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         size = path.stat().st_size
         if size > YAML_MAX_BYTES:
             raise yaml.YAMLError(f"it is {size:,} bytes, over the {YAML_MAX_BYTES:,} a run's file may hold")
-        with open(path, encoding="utf-8") as f:
-            return yaml.load(f, Loader=NoAliases)  # noqa: S506 (a SafeLoader without aliases)
+        text = path.read_text(encoding="utf-8")
+        # the events, streamed, before anything is built
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=loader)):
+            raise yaml.YAMLError("it uses YAML aliases, which a run's files never hold")
+        return yaml.load(text, Loader=loader)  # noqa: S506 (a safe loader)
     except FileNotFoundError:
         return None
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
@@ -205,6 +201,8 @@ def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
 def run_event_folder(run_dir: Path) -> Path | None:
     """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
+    from gptmini.checkpoint import CheckpointError
+
     ckpt = _checkpoint(Path(run_dir))
     try:
         recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
@@ -254,8 +252,6 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     """One run's row. From the run's summary (``run_summary.json``, written with each checkpoint) when it still
     describes the newest checkpoint; else from ``.hydra/config.yaml``, the checkpoint (memory-mapped) and the
     TensorBoard events."""
-    from gptmini.checkpoint import read_summary
-
     ckpt = _checkpoint(folder)
     summary = read_summary(ckpt) if ckpt is not None else None
     val_loss = val_step = None
@@ -263,9 +259,11 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         config: dict[str, Any] = {"run_name": summary.get("run_name"), "trainer": summary}
         done = _wanted(summary.get("global_step"), int)
         recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
-        val_loss = _wanted(summary.get("val_loss"), float)
+        val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
         damaged = False
     else:
+        from gptmini.checkpoint import CheckpointError
+
         config = _config(folder)
         try:
             done, recorded = _checkpoint_facts(ckpt) if ckpt is not None else (None, None)
@@ -331,8 +329,6 @@ def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunI
     newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
     it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
     the marked one."""
-    from gptmini.checkpoint import load_checkpoint, read_summary
-
     rows = [r for r, _ in scanned]
     candidates = [
         (i, path)
@@ -343,6 +339,8 @@ def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunI
     for i, path in candidates:
         if read_summary(path) is not None:
             return rows, rows[i]
+        from gptmini.checkpoint import CheckpointError, load_checkpoint
+
         try:
             load_checkpoint(path, mmap=True)
         except CheckpointError as err:

@@ -517,8 +517,10 @@ class ProgressLog(LoggingCallback):
         etas = []
         if total is not None and total > step and done > 0:
             etas.append(elapsed / done * (total - step))
-        # trainer.max_time: Lightning's Timer stops the run when the budget is spent, whatever the steps left
-        etas += [cb.time_remaining("train") for cb in trainer.callbacks if isinstance(cb, Timer)]
+        if total is None or total < 0 or total > step:
+            # trainer.max_time: Lightning's Timer stops the run when the budget is spent, whatever the steps left
+            etas += [cb.time_remaining("train") for cb in trainer.callbacks if isinstance(cb, Timer)]
+        etas = [eta for eta in etas if eta is not None]
         if etas:
             parts.append(f"ETA {_duration(max(0.0, min(etas)))}")
         return " | ".join(parts)
