@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 CHECKSUM_KEY = "gptmini_checksum"
 # The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
+# Within it: the tokenizer itself when it is not known by name (the char vocabulary, the trained BPE; as
+# gptmini.data.reader.saved_tokenizer gives it), so the checkpoint samples and exports without its data folder.
+SAVED_TOKENIZER_KEY = "saved_tokenizer"
 
 
 class CheckpointError(ValueError):

@@ -9,7 +9,6 @@ import math
 from collections.abc import Callable
 
 
-
 def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer >= ``low`` (and <= ``high``)."""
 

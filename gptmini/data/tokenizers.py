@@ -315,22 +315,29 @@ class CharTokenizer:
         return {"chars": "".join(self.chars)}
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        payload = {"format_version": CHAR_VOCAB_FORMAT, "kind": "char", "chars": self.chars}
-        atomic_write_json(path, payload, ensure_ascii=True, indent=0)
+        atomic_write_json(Path(path), self.payload(), ensure_ascii=True, indent=0)
+
+    def payload(self) -> dict[str, Any]:
+        """What its file holds (``save``), as plain data: what a checkpoint carries of it."""
+        return {"format_version": CHAR_VOCAB_FORMAT, "kind": "char", "chars": self.chars}
 
     @classmethod
-    def load(cls, path: str | Path) -> CharTokenizer:
-        path = Path(path)
-        payload = _read_json(path, "char vocabulary", "run prepare with --tokenizer char")
+    def from_payload(cls, payload: Any, where: str) -> CharTokenizer:
+        """The vocabulary ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin
+        in a refusal."""
         if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
-            raise TokenizerError(f"{path} is not a char vocabulary file; re-run prepare with --force")
+            raise TokenizerError(f"{where} is not a char vocabulary; re-run prepare with --force")
         if payload.get("format_version") != CHAR_VOCAB_FORMAT:
             raise TokenizerError(
-                f"{path} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
+                f"{where} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
                 "re-run prepare with --force"
             )
         return cls(payload["chars"])
+
+    @classmethod
+    def load(cls, path: str | Path) -> CharTokenizer:
+        payload = _read_json(Path(path), "char vocabulary", "run prepare with --tokenizer char")
+        return cls.from_payload(payload, str(path))
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -393,25 +400,35 @@ class BPETokenizer(TiktokenTokenizer):
         JSON before any token is decoded or the encoder built."""
         path = Path(path)
         payload = _read_json(path, "trained BPE", "prepare the data with --tokenizer bpe")
-        if not isinstance(payload, dict) or payload.get("kind") != "bpe":
-            raise TokenizerError(f"{path} is not a trained BPE file; re-run prepare with --force")
-        if sha256 is not None and _payload_sha256(payload) != sha256:
+        if sha256 is not None and isinstance(payload, dict) and _payload_sha256(payload) != sha256:
             raise TokenizerError(
                 f"{path} is not the tokenizer its data was prepared with (its sha256 differs from the "
                 f"{sha256[:12]} meta.json records): re-run prepare with --force"
             )
+        return cls.from_payload(payload, str(path))
+
+    def payload(self) -> dict[str, Any]:
+        """What its file holds (``save``), as plain data: what a checkpoint carries of it."""
+        return self._payload
+
+    @classmethod
+    def from_payload(cls, payload: Any, where: str) -> BPETokenizer:
+        """The BPE ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin in a
+        refusal."""
+        if not isinstance(payload, dict) or payload.get("kind") != "bpe":
+            raise TokenizerError(f"{where} is not a trained BPE; re-run prepare with --force")
         if payload.get("format_version") != BPE_FORMAT:
             raise TokenizerError(
-                f"{path} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
+                f"{where} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
                 "prepare with --force"
             )
         try:
             tokens = [base64.b64decode(t, validate=True) for t in payload["tokens"]]
             tok = cls(tokens, str(payload["pattern"]))
         except (KeyError, TypeError, ValueError) as e:
-            raise TokenizerError(f"{path} is damaged ({e}); re-run prepare with --force") from e
+            raise TokenizerError(f"{where} is damaged ({e}); re-run prepare with --force") from e
         if payload.get("special_tokens") != tok._payload["special_tokens"]:
-            raise TokenizerError(f"{path} has unexpected special tokens; re-run prepare with --force")
+            raise TokenizerError(f"{where} has unexpected special tokens; re-run prepare with --force")
         return tok
 
     def __repr__(self) -> str:
@@ -485,6 +502,15 @@ def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokeni
             "re-run prepare with --force"
         )
     return tok
+
+
+def tokenizer_from_payload(payload: Any, where: str) -> Tokenizer:
+    """A saved tokenizer (char or bpe) from what its file holds, e.g. a checkpoint's copy; ``where`` names
+    it in a refusal."""
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    if kind == "bpe":
+        return BPETokenizer.from_payload(payload, where)
+    return CharTokenizer.from_payload(payload, where)
 
 
 def encode_known(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[str]]:
