@@ -262,15 +262,16 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
         damaged = False
     else:
-        from gptmini.checkpoint import CheckpointError
-
         config = _config(folder)
-        try:
-            done, recorded = _checkpoint_facts(ckpt) if ckpt is not None else (None, None)
-            damaged = False
-        except CheckpointError as err:
-            log.warning("%s", err)
-            done, recorded, damaged = None, None, True
+        done, recorded, damaged = None, None, False
+        if ckpt is not None:
+            from gptmini.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
+
+            try:
+                done, recorded = _checkpoint_facts(ckpt)
+            except CheckpointError as err:
+                log.warning("%s", err)
+                damaged = True
     trainer = _wanted(config.get("trainer"), dict) or {}
     planned = _wanted(trainer.get("max_steps"), int)
     planned = planned if planned is not None and planned >= 0 else None
