@@ -275,3 +275,34 @@ def test_a_char_checkpoint_samples_after_its_data_folder_is_reprepared_or_it_mov
     after = run_cli("gptmini.cli", ["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
     assert before.returncode == after.returncode == 0, after.stderr[-2000:]
     assert after.stdout == before.stdout  # the same ids, the same characters
+
+
+# --- item 9: a default export carries a usable tokenizer ---------------------------------------------------
+
+ROUND_TRIP = "To be, or not to be: that is the question.\nWhether 'tis nobler"
+
+
+@pytest.mark.parametrize("which", ["char", "bpe"])
+def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trips(
+    which, char_run, bpe_run, tmp_path, run_cli
+) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    from gptmini.run import carried_tokenizer
+
+    run = _run_dir(char_run[0] if which == "char" else bpe_run)
+    out = tmp_path / "export"
+    proc = run_cli("gptmini.cli", ["export", "--ckpt", run, "--out", out])  # no --tokenizer
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
+    ours = carried_tokenizer(run / "checkpoints" / "last.ckpt", ckpt)
+    hf = AutoTokenizer.from_pretrained(str(out))
+    ids = hf(ROUND_TRIP)["input_ids"]
+    assert ids == ours.encode(ROUND_TRIP) and len(ids) > 0
+    assert hf.decode(ids) == ROUND_TRIP
+    if which == "bpe":  # the documented difference: the literal text is one special token for Hugging Face
+        text = "a<|endoftext|>b"
+        assert hf(text)["input_ids"] == [*ours.encode("a"), ours.eot_id, *ours.encode("b")]
+        assert hf(text, split_special_tokens=True)["input_ids"] == ours.encode(text)
