@@ -233,12 +233,19 @@ def _last_val_loss(folder: Path, up_to: int | None) -> tuple[float | None, int |
 
 
 def _size_and_mtime(folder: Path) -> tuple[int, float]:
+    """The bytes of the files under ``folder`` and the newest modification time, symlinks left out: one
+    ``stat`` per file (``os.scandir`` knows each entry's type), the listing's main cost over many runs."""
     size, newest = 0, folder.stat().st_mtime
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            stat = path.stat()
-            size += stat.st_size
-            newest = max(newest, stat.st_mtime)
+    stack = [os.fspath(folder)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    stat = entry.stat(follow_symlinks=False)
+                    size += stat.st_size
+                    newest = max(newest, stat.st_mtime)
     return size, newest
 
 
