@@ -1,6 +1,6 @@
 """``gptmini runs`` over many runs: the listing as a fresh process (imports included), over a runs folder of
 1,000 finished runs (quick: 50) that carry their summary (``run_summary.json``, written with each checkpoint), and
-over 100 (quick: 10) of the same runs without it, as runs written before summaries were: then every checkpoint is
+over 100 (quick: 10) of the same runs without it (a run folder with no ``run_summary.json``): then every checkpoint is
 opened (memory-mapped) and every TensorBoard event file read. The runs are hard links of one small run, so the
 folder costs the disk one run."""
 
@@ -83,7 +83,7 @@ def bench_runs(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
             rows.append(
                 {
                     "runs": n,
-                    "summaries": "yes" if summaries else "no (older runs)",
+                    "summaries": "yes" if summaries else "no",
                     "wall_s": round(wall, 2),
                     "cpu_s": round(cpu, 2),
                     "target_s": target,

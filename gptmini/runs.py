@@ -4,9 +4,11 @@ run finished, can be resumed, or left no checkpoint. The row ``--ckpt last`` ope
 
 A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it started): ``outputs/<name>/<time>/`` for
 a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
-run's own files: the planned steps and the name from ``.hydra/config.yaml``, the steps done from its newest
-``last.ckpt``/``on_exception.ckpt`` (read with ``weights_only=True``, tensors memory-mapped, not read), the last
-val/loss from its TensorBoard events."""
+run's own files: the summary training writes with each ``last.ckpt``/``on_exception.ckpt``
+(``run_summary.json``: steps done and planned, name, last val/loss), and ``.hydra/overrides.yaml``. Without a
+summary that still describes the newest checkpoint: the planned steps and the name from ``.hydra/config.yaml``,
+the steps done from the checkpoint (read with ``weights_only=True``, tensors memory-mapped, not read), the last
+val/loss from its TensorBoard events. Nothing imports torch or TensorBoard unless a run needs the long way."""
 
 from __future__ import annotations
 
