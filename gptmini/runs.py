@@ -265,7 +265,10 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     summary = read_summary(ckpt) if ckpt is not None else None
     val_loss = val_step = None
     if summary is not None:
-        config: dict[str, Any] = {"run_name": summary.get("run_name"), "trainer": summary}
+        config: dict[str, Any] = {
+            "run_name": summary.get("run_name"),
+            "trainer": {"max_steps": summary.get("max_steps")},
+        }
         done = _wanted(summary.get("global_step"), int)
         recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
         val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)

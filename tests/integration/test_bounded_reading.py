@@ -107,11 +107,14 @@ ALIAS_BOMB = (
     + "run_name: *i\ntrainer: {max_steps: *i}\n"
 )
 
+# The peak RSS of this process image: /proc's VmHWM (getrusage's ru_maxrss would carry the parent's peak across
+# the exec of a vfork'ed child)
 PEAK_RSS = (
-    "import resource, sys\n"
+    "import re, sys\n"
     "from gptmini.cli import main\n"
     "code = main(sys.argv[1:])\n"
-    "sys.stderr.write(f'peak_rss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')\n"
+    "peak = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+    "sys.stderr.write(f'peak_rss_kb={peak}\\n')\n"
     "sys.exit(code)\n"
 )
 

@@ -115,10 +115,12 @@ def test_export_force_replaces_only_an_earlier_export(world, tmp_path, capsys, c
     assert tree(run) == before  # checkpoints, TensorBoard events and .git untouched
     out = tmp_path / "export"
     assert hf_main(["export", "--ckpt", str(world["ckpt"]), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir()) == [  # a char run: its tokenizer files by default
         "config.json",
         "gptmini-export.json",
         "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert (
         hf_main(["export", "--ckpt", str(world["ckpt"]), "--out", str(out), "--force"]) == 0
