@@ -630,7 +630,7 @@ def test_bad_input_table_is_large_enough() -> None:
 
 
 def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
-    from gptmini.training.config import find_last_checkpoint
+    from gptmini.training.run.resume import find_last_checkpoint
 
     assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
     # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.

@@ -209,7 +209,7 @@ def _touch(path: Path, mtime: float) -> Path:
 
 
 def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch):
-    from gptmini.training.config import find_last_checkpoint as training_last
+    from gptmini.training.run.resume import find_last_checkpoint as training_last
 
     out = tmp_path / "outputs"
     _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "last.ckpt", 1000)

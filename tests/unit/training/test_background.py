@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gptmini.training.background import BackgroundWork, submit
+from gptmini.training.callbacks.background import BackgroundWork, submit
 
 
 def test_jobs_run_in_order_on_one_background_thread_and_wait_returns_when_done():

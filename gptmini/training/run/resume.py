@@ -136,12 +136,10 @@ def continued_event_folder(path: str, ckpt: dict[str, Any]) -> str | None:
     return None
 
 
-# the key of StopAtTargetLoss's state in a checkpoint
-TARGET_STATE_KEY = "StopAtTargetLoss"
-
-
 def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
     """The step and val/loss at which the run of ``ckpt`` reached its ``target_val_loss`` (None: it did not)."""
+    from gptmini.training.callbacks.guards import TARGET_STATE_KEY
+
     state = (ckpt.get("callbacks") or {}).get(TARGET_STATE_KEY) or {}
     if state.get("reached_at") is None or state.get("val_loss") is None:
         return None

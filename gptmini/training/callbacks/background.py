@@ -64,6 +64,7 @@ class BackgroundWork(L.Callback):
                     name,
                     type(err).__name__,
                     err,
+                    exc_info=True,
                 )
         finally:
             self._slots.release()
