@@ -630,11 +630,11 @@ def test_bad_input_table_is_large_enough() -> None:
 
 
 def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
-    from gptmini.training.run.resume import find_last_checkpoint
+    from gptmini.training.run.resume import ckpt_path_last
 
     assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
     # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.
-    assert find_last_checkpoint(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
+    assert ckpt_path_last(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
     # Nor a run folder: a run that fails its checks removes the one Hydra created for it (only .hydra/, train.log).
     assert run_dirs(ws.out, "ref") == [ws.ref_dir]
 
