@@ -116,13 +116,14 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
         sanity_checking=False,
         loggers=[TensorBoardLogger(logdir, name="", version="extras")],
         datamodule=SimpleNamespace(tokenizer=tokenizer, val_dataset=SimpleNamespace(tokens=tokens)),
-        callbacks=[],  # no BackgroundWork: drawing runs inside the timing
         callback_metrics={},
         precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext),
         global_step=0,
     )
     probe = ValidationProbe()
-    for logger in loggers[:3]:  # the readers of the validation's one attention pass share it, as in training
+    # the readers of the validation's one attention pass share it, as in training; no background worker is
+    # handed over, so the images are drawn inside the timing
+    for logger in loggers[:3]:
         logger.probe = probe
     module = SimpleNamespace(model=model, device=next(model.parameters()).device)
 

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
 from gptmini.limits import check_positive
-from gptmini.training.callbacks.loggers import LoggingCallback, TokenThroughputMonitor
+from gptmini.training.callbacks.loggers import LoggingCallback, Receiver, RunParts, TokenThroughputMonitor
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +24,14 @@ def console_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-class ShowsThroughput:
+class ShowsThroughput(Receiver):
     """A console callback that shows the latest tokens/s: the app hands it the run's ``TokenThroughputMonitor``
-    as ``throughput`` (None: the run measures none, and nothing is shown)."""
+    (``receive``; None: the run measures none, and nothing is shown)."""
 
     throughput: TokenThroughputMonitor | None = None
+
+    def receive(self, parts: RunParts) -> None:
+        self.throughput = parts.throughput
 
     def tokens_per_sec(self) -> float | None:
         if self.throughput is None:

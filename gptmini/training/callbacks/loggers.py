@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -22,7 +23,7 @@ from gptmini.data.tokenizers import encode_known
 from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes, generation_bytes
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
-from gptmini.training.callbacks.background import submit
+from gptmini.training.callbacks.background import BackgroundWork, submit
 from gptmini.training.loop.probe import ValidationProbe, eval_mode
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
@@ -63,6 +64,23 @@ def _guarded(hook: Any) -> Any:
             return None
 
     return guarded
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What the app hands the callbacks once the LightningModule is built (``Receiver.receive``), so that none of
+    them goes looking for it in the trainer or the module."""
+
+    probe: ValidationProbe  # the module's: one attention pass per validation for every logger of attention
+    throughput: TokenThroughputMonitor | None  # the run's throughput monitor, if it has one
+    background: BackgroundWork | None  # the run's background worker, if it has one
+
+
+class Receiver:
+    """A callback that reads a part of the run it does not own: the app calls ``receive`` before training."""
+
+    def receive(self, parts: RunParts) -> None:
+        raise NotImplementedError
 
 
 class LoggingCallback(L.Callback):
@@ -131,13 +149,16 @@ class PromptTokens:
         return []
 
 
-class ProbeReader(LoggingCallback):
+class ProbeReader(Receiver, LoggingCallback):
     """Base of the loggers that read the validation's one attention pass (``gptmini.training.loop.probe``): the
-    app hands each of them the LightningModule's probe as ``probe``, so that one pass answers them all; a logger
+    app hands each of them the LightningModule's probe (``receive``), so that one pass answers them all; a logger
     driven on its own keeps the private probe it starts with."""
 
     def __init__(self) -> None:
         self.probe = ValidationProbe()
+
+    def receive(self, parts: RunParts) -> None:
+        self.probe = parts.probe
 
 
 class ProbeTextCallback(ProbeReader):
@@ -199,6 +220,11 @@ class AttentionMapLogger(ProbeTextCallback):
         self.probe_text = probe_text
         self.max_tokens = check_positive("callbacks.attention_maps.max_tokens", max_tokens)
         self._probe = PromptTokens("callbacks.attention_maps.probe_text")
+        self.background: BackgroundWork | None = None  # where the images are drawn; None: at once
+
+    def receive(self, parts: RunParts) -> None:
+        super().receive(parts)
+        self.background = parts.background
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -219,7 +245,7 @@ class AttentionMapLogger(ProbeTextCallback):
                 writer.add_image(f"attention/layer{layer}_heads", grid, step, dataformats="HWC")
                 writer.add_image(f"attention/layer{layer}_mean", mean, step, dataformats="HWC")
 
-        submit(trainer, "attention maps", draw_and_log)
+        submit(self.background, "attention maps", draw_and_log)
 
 
 class TextSampleLogger(LoggingCallback):

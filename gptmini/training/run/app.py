@@ -149,18 +149,19 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
 
 
 def connect_callbacks(callbacks: list[Any], module: Any) -> None:
-    """Hands the callbacks what they read, so that none of them goes looking for it: the LightningModule's
-    validation probe (one attention pass for every logger of attention) and the throughput monitor (its tokens/s
-    for the progress bar and the progress lines)."""
-    from gptmini.training.callbacks.console import ShowsThroughput
-    from gptmini.training.callbacks.loggers import ProbeReader, TokenThroughputMonitor
+    """Hands every callback that reads a part of the run it does not own (a ``Receiver``) the parts, so that none
+    of them goes looking for it: the LightningModule's validation probe (one attention pass for every logger of
+    attention), the throughput monitor (tokens/s for the progress bar and lines), the background worker."""
+    from gptmini.training.callbacks.background import BackgroundWork
+    from gptmini.training.callbacks.loggers import Receiver, RunParts, TokenThroughputMonitor
 
-    throughput = next((c for c in callbacks if isinstance(c, TokenThroughputMonitor)), None)
+    def first(kind: type) -> Any:
+        return next((c for c in callbacks if isinstance(c, kind)), None)
+
+    parts = RunParts(module.validation_probe, first(TokenThroughputMonitor), first(BackgroundWork))
     for callback in callbacks:
-        if isinstance(callback, ProbeReader):
-            callback.probe = module.validation_probe
-        if isinstance(callback, ShowsThroughput):
-            callback.throughput = throughput
+        if isinstance(callback, Receiver):
+            callback.receive(parts)
 
 
 # the TensorBoard logger's targets: its events are placed by the run (run_folder.tensorboard_place)

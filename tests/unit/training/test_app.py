@@ -63,10 +63,12 @@ def test_a_folder_the_user_named_keeps_existing_after_a_failed_start(tmp_path):
 
 
 def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
-    """The app hands the LightningModule's validation probe to every logger of attention, and the throughput
-    monitor to the progress bar and the progress lines; none of them looks for either."""
+    """The app hands the LightningModule's validation probe to every logger of attention, the throughput monitor
+    to the progress bar and the progress lines, and the background worker to the attention maps; none of them
+    looks for any of them."""
     from types import SimpleNamespace
 
+    from gptmini.training.callbacks.background import BackgroundWork
     from gptmini.training.callbacks.console import ProgressBar, ProgressLog
     from gptmini.training.callbacks.insight_logging import HeadInsightLogger
     from gptmini.training.callbacks.loggers import (
@@ -79,15 +81,17 @@ def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
 
     readers = [AttentionMapLogger(), HeadInsightLogger(), AttentionSummaryLogger()]
     shows = [ProgressBar(), ProgressLog()]
-    monitor = TokenThroughputMonitor()
+    monitor, work = TokenThroughputMonitor(), BackgroundWork()
     module = SimpleNamespace(validation_probe=ValidationProbe())
     assert all(r.probe is not module.validation_probe for r in readers)  # each starts with a private one
-    app.connect_callbacks([*readers, TextSampleLogger(), *shows, monitor], module)
+    app.connect_callbacks([*readers, TextSampleLogger(), *shows, monitor, work], module)
     assert all(r.probe is module.validation_probe for r in readers)
     assert all(s.throughput is monitor for s in shows)
+    assert readers[0].background is work
     monitor.last["perf/tokens_per_sec"] = 1234.0
     assert [s.tokens_per_sec() for s in shows] == [1234.0, 1234.0]
 
-    alone = ProgressLog()  # a run without a throughput monitor: nothing to show
-    app.connect_callbacks([alone], module)
+    alone, maps = ProgressLog(), AttentionMapLogger()  # a run without a monitor or a worker
+    app.connect_callbacks([alone, maps], module)
     assert alone.throughput is None and alone.tokens_per_sec() is None
+    assert maps.background is None  # its images are drawn at once

@@ -159,8 +159,8 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
     tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
     trainer, module = _run(tmp_path, tokenizer)
     work = BackgroundWork()
-    trainer.callbacks = [work]
     logger = AttentionMapLogger(probe_text="ROMEO: but soft", max_tokens=8)
+    logger.background = work  # what the app hands over (connect_callbacks)
     ids = tokenizer.encode("ROMEO: b")
     expected = attention_images(
         module.model.eval().attention_maps(torch.tensor([ids]))[:, 0], token_labels(tokenizer, ids)
