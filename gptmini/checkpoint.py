@@ -333,12 +333,17 @@ def check_resume_compatible(
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
 
 
+# Optimizer classes a checkpoint may name by an earlier module path: the same class, so its state resumes.
+MOVED_OPTIMIZERS = {"gptmini.training.optimizers.MuonAdamW": "gptmini.training.loop.optimizers.MuonAdamW"}
+
+
 def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
     """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
     config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
     (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
     saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
     was, now = saved.get("_target_"), optimizer.get("_target_")
+    was = MOVED_OPTIMIZERS.get(was, was)
     if was and now and was != now:
         raise CheckpointError(
             f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "

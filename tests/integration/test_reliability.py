@@ -385,7 +385,7 @@ BAD_INPUT = [
         # its Muon state would not load into AdamW: a KeyError traceback, and an on_exception.ckpt written
         "resume_with_another_optimizer",
         ["ckpt_path={ref_ckpt}", "optimizer=adamw", "trainer.max_steps=40"],
-        r"error: ckpt_path=\S*last\.ckpt was trained with the optimizer gptmini\.training\.optimizers\.MuonAdamW, and "
+        r"error: ckpt_path=\S*last\.ckpt was trained with the optimizer gptmini\.training\.loop\.optimizers\.MuonAdamW, and "
         r"this run builds torch\.optim\.AdamW: its saved optimizer state cannot be loaded",
         2,
     ),

@@ -256,3 +256,22 @@ def test_resuming_compares_every_model_setting_but_dropout(tmp_path, write_check
     old = {k: v for k, v in ckpt["hyper_parameters"]["model_config"].items() if k != "attn_sink"}
     ckpt["hyper_parameters"]["model_config"] = old
     checkpoint.check_resume_compatible(path, saved.to_dict(), ckpt=ckpt)
+
+
+def test_a_checkpoint_naming_muon_by_its_earlier_module_path_resumes_with_muon():
+    """Checkpoints record their optimizer's ``_target_``; one written while MuonAdamW lived in
+    ``gptmini.training.optimizers`` names the same class as ``gptmini.training.loop.optimizers.MuonAdamW``."""
+    from gptmini.checkpoint import check_resume_optimizer
+
+    def ckpt(target: str) -> dict:
+        return {"hyper_parameters": {"run_config": {"optimizer": {"_target_": target}}}}
+
+    muon = {"_target_": "gptmini.training.loop.optimizers.MuonAdamW"}
+    check_resume_optimizer("old.ckpt", ckpt("gptmini.training.optimizers.MuonAdamW"), muon)  # no refusal
+    check_resume_optimizer("new.ckpt", ckpt(muon["_target_"]), muon)
+    with pytest.raises(
+        CheckpointError, match=r"trained with the optimizer gptmini\.training\.loop\.optimizers\.Muon"
+    ):
+        check_resume_optimizer(
+            "old.ckpt", ckpt("gptmini.training.optimizers.MuonAdamW"), {"_target_": "torch.optim.AdamW"}
+        )

@@ -245,13 +245,13 @@ def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, sch
     if scheduler == "warmup_cosine":
         overrides, message = (
             ["experiment=speedrun_char_cpu", "data.source=x.txt", "scheduler=warmup_cosine"],
-            r"scheduler\.decay_fraction is not a setting of gptmini\.training\.schedulers\.WarmupCosineLR: its "
+            r"scheduler\.decay_fraction is not a setting of gptmini\.training\.loop\.schedulers\.WarmupCosineLR: its "
             r"settings are .*max_steps, max_time, min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
         )
     else:
         overrides, message = (
             ["debug=smoke", "scheduler=wsd", "+scheduler.cycles=2"],
-            r"scheduler\.cycles is not a setting of gptmini\.training\.schedulers\.WarmupStableDecayLR",
+            r"scheduler\.cycles is not a setting of gptmini\.training\.loop\.schedulers\.WarmupStableDecayLR",
         )
     with pytest.raises(RunError, match=message):
         validate_config(compose_cfg(overrides))
