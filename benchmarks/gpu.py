@@ -657,7 +657,7 @@ def bench_gpt2_floor(
     if s.compile:
         torch.compiler.reset()
         model.compile()
-    from gptmini.training.module import optimizer_kernel_kwargs
+    from gptmini.training.loop.module import optimizer_kernel_kwargs
 
     kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, **kernel)
