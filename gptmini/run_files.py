@@ -1,6 +1,6 @@
-"""A run's checkpoint files, without torch: which files ``last`` chooses among, what ``--ckpt`` takes, which
-folders are sweep jobs, and the run's summary of its checkpoints that ``gptmini runs`` reads instead of the
-checkpoints themselves (``gptmini.checkpoint`` loads and saves them)."""
+"""A run's checkpoint files, without torch: which files ``last`` chooses among, and the run's summary of its
+checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.checkpoint`` loads and
+saves them)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,8 @@ from typing import Any
 
 from gptmini import fileio
 
-# The files ``last`` chooses among (see find_last_checkpoint).
+# The files ``last`` chooses among (``gptmini.runs.newest_checkpoint``).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
-# What --ckpt takes, in every command's --help (resolve_checkpoint).
-CKPT_RULE = (
-    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
-    "warning), and a run name the newest such run of that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
-    "`gptmini runs` lists them"
-)
-
-
-def is_sweep_job(relative: Path) -> bool:
-    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
-    return any(part.startswith("multirun_") for part in relative.parts)
 
 
 # --- the run's summary of its checkpoints ----------------------------------------------------------------------

@@ -8,7 +8,12 @@ run's own files: the summary training writes with each ``last.ckpt``/``on_except
 (``run_summary.json``: steps done and planned, name, last val/loss), and ``.hydra/overrides.yaml``. Without a
 summary that still describes the newest checkpoint: the planned steps and the name from ``.hydra/config.yaml``,
 the steps done from the checkpoint (read with ``weights_only=True``, tensors memory-mapped, not read), the last
-val/loss from its TensorBoard events. Nothing imports torch or TensorBoard unless a run needs the long way."""
+val/loss from its TensorBoard events. Nothing imports torch or TensorBoard unless a run needs the long way.
+
+
+Also the one rule for which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and
+``model.init_from``) means: a file, a run folder, a run name or ``last`` (``resolve_checkpoint``, :data:`CKPT_RULE`),
+and the search under it (``newest_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -25,10 +30,162 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gptmini import fileio
 from gptmini.options import HelpFormatter
-from gptmini.run_files import CKPT_RULE, LAST_NAMES, is_sweep_job, read_summary
+from gptmini.run_files import LAST_NAMES, read_summary
 
 log = logging.getLogger(__name__)
+
+# What --ckpt takes, in every command's --help (resolve_checkpoint).
+CKPT_RULE = (
+    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
+    "run (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
+    "warning), and a run name the newest such run of that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
+    "`gptmini runs` lists them"
+)
+
+
+# --- which file "last" means ---------------------------------------------------------------------------------
+
+
+def newest_checkpoint(
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
+) -> Path | None:
+    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
+    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
+    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
+    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
+    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
+
+    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
+    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
+    return next(iter(last_checkpoints(output_root, run_name, exclude, sweep_jobs)), None)
+
+
+def last_checkpoints(
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
+) -> list[Path]:
+    """Every file :func:`newest_checkpoint` chooses among, the one it chooses first."""
+    root = Path(output_root) / run_name if run_name else Path(output_root)
+    skip = Path(exclude).resolve() if exclude is not None else None
+    candidates = [
+        p
+        for name in LAST_NAMES
+        for p in root.glob(f"**/checkpoints/{name}")
+        if p.is_file()
+        and (skip is None or skip not in p.resolve().parents)
+        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
+    ]
+    return sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
+
+
+def newest_usable_checkpoint(root: str | Path) -> Path | None:
+    """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out) that
+    loads and matches its checksum. The damaged ones newer than it are named in one warning; CheckpointError
+    naming them when every one is damaged; None when there is none."""
+    from gptmini.checkpoint import CheckpointError, load_checkpoint
+
+    damaged: list[Path] = []
+    for path in last_checkpoints(root, sweep_jobs=False):
+        try:
+            load_checkpoint(path, mmap=True)
+        except CheckpointError:
+            damaged.append(path)
+            continue
+        if damaged:
+            log.warning(
+                "skipped %d damaged checkpoint%s newer than %s: %s",
+                len(damaged),
+                "s" if len(damaged) > 1 else "",
+                path,
+                ", ".join(map(str, damaged)),
+            )
+        return path
+    if damaged:
+        raise CheckpointError(
+            f"every checkpoint under {root} is damaged ({', '.join(map(str, damaged[:5]))}"
+            f"{', ...' if len(damaged) > 5 else ''}): pass another checkpoint, or train again"
+        )
+    return None
+
+
+def is_sweep_job(relative: Path) -> bool:
+    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
+    return any(part.startswith("multirun_") for part in relative.parts)
+
+
+def _sweep_only(root: Path) -> str:
+    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
+    job = newest_checkpoint(root)
+    return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
+
+
+def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
+    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
+    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
+    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
+    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
+    (a training setting)."""
+    # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
+    from gptmini.checkpoint import CheckpointError, remove_stale_temp_files
+
+    named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
+    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
+        too_long = fileio.name_too_long(value)
+        if too_long:
+            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
+    if str(spec) == "last":
+        found = newest_usable_checkpoint(output_root)
+        if found is None:
+            raise CheckpointError(
+                f"no last.ckpt or on_exception.ckpt found under {output_root}/"
+                f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
+            )
+        remove_stale_temp_files(found.parent)
+        return found
+    path = Path(spec)
+    if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
+        run = Path(output_root) / path  # a run name
+        path = run if run.is_dir() else path
+    if path.is_dir():
+        found = newest_usable_checkpoint(path)
+        if found is None:
+            raise CheckpointError(
+                f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
+                f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
+                "or 'last'"
+            )
+        remove_stale_temp_files(found.parent)
+        return found
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(
+            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
+        )
+    if not path.exists():
+        root = Path(output_root)
+        runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        there = (
+            f"its runs: {', '.join(runs[:10])}{', ...' if len(runs) > 10 else ''}"
+            if runs
+            else ("which holds no runs" if root.is_dir() else "no such folder")
+        )
+        raise CheckpointError(
+            f"{named} does not exist: pass a .ckpt file written by training, a run folder, a run name under "
+            f"{root}/ ({there}), or 'last'"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
+    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
+    remove_stale_temp_files(path.parent)
+    return path
 
 
 @dataclass(frozen=True)
