@@ -65,6 +65,10 @@ class Busy(BadRequest):
     code = 429
 
 
+class Superseded(BadRequest):
+    code = 409
+
+
 def _json(request: wrappers.Request, body: Any, code: int = 200) -> wrappers.Response:
     return http_util.Respond(request, body, "application/json", code=code)
 
@@ -107,6 +111,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         )  # one checkpoint loaded at a time (each may take the model's memory)
         self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
         self.wait_seconds = WAIT_SECONDS
+        self._arrived = 0  # own-text requests so far (under _cache_lock)
+        self._newest: dict[str, int] = {}  # run -> the number of its newest own-text request
         self._models: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     # --- TensorBoard's interface ---
@@ -132,9 +138,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         )
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
-        return base_plugin.FrontendMetadata(
-            es_module_path="/static/index.js", tab_name="Attention", disable_reload=True
-        )
+        # TensorBoard's reload button stays on: the page refreshes its runs and steps at each reload
+        return base_plugin.FrontendMetadata(es_module_path="/static/index.js", tab_name="Attention")
 
     # --- what the data provider knows ---
 
@@ -230,17 +235,28 @@ class AttentionPlugin(base_plugin.TBPlugin):
         if len(text) > MAX_TEXT_CHARS:
             raise BadRequest(f"the text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
         path = self._checkpoint(run)
+        # The errors about the run's own files leave its name out: the page shows them under the run's name, and a
+        # name (with its overrides) may be 200 characters
         if path is None:
             raise NotFound(
-                f"run {run!r} has no checkpoint beside its event files ({' or '.join(CHECKPOINT_NAMES)} in its "
+                f"this run has no checkpoint beside its event files ({' or '.join(CHECKPOINT_NAMES)} in its "
                 "checkpoints/ folder, inside the log folder): own text needs a run trained with checkpoints"
             )
         # Loaded (or refused) before the computation's lock: a slow or refused checkpoint never holds up the text
-        # of another run. A request waits for the one before it rather than being turned away.
-        model, tokenizer, step = self._model(run, path)
+        # of another run. A request waits for the one before it rather than being turned away, unless a newer
+        # text for its run arrives meanwhile: the page has then moved on (and aborted this one), so it is dropped
+        # uncomputed rather than computed for no one.
+        model, tokenizer, step = self._model(path)
+        with self._cache_lock:
+            self._arrived += 1
+            number = self._newest[run] = self._arrived
         if not self._lock.acquire(timeout=self.wait_seconds):
             raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
         try:
+            if self._newest[run] != number:
+                raise Superseded(
+                    "superseded: a newer text for this run arrived while this one waited; send it again to see it"
+                )
             result = self._own_text(model, tokenizer, text)
         finally:
             self._lock.release()
@@ -298,7 +314,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         header, tri = encode(AttentionSummary(tokens, maps.float().numpy()))  # as training encodes its probe
         return {**header, "tag": "own text", "left_out": unknown[:50], "data": _b64(tri)}
 
-    def _model(self, run: str, path: Path) -> tuple[Any, Any, int | None]:
+    def _model(self, path: Path) -> tuple[Any, Any, int | None]:
         """The cached (model, tokenizer, step) of ``path``, loaded again whenever the file changed in any way
         (its inode change time moves with every write, even one that restores the modification time), and its
         checksum verified again at every load."""
@@ -315,9 +331,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
             try:
                 loaded = open_checkpoint(path)
             except TokenizerMissing as err:
-                raise BadRequest(f"run {run!r}: {err}") from None
+                raise BadRequest(str(err)) from None
             except (CheckpointError, DataError, ValueError, OSError) as err:
-                raise BadRequest(f"the checkpoint of run {run!r} cannot be loaded: {err}") from None
+                raise BadRequest(f"this run's checkpoint cannot be loaded: {err}") from None
         with self._cache_lock:
             self._models[key] = loaded
             while len(self._models) > CACHED_MODELS:
