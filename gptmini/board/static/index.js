@@ -500,7 +500,9 @@ async function draw() {
   if (state.view === 'head' && first) ui.view.append(headControls(first.att, nLayer, nHead));
   const row = el('div', {class: 'panels'});
   for (const p of panels) {
-    const title = el('div', {class: 'panel-title'}, p.run);
+    // the run's name may break after its separators (a name with its overrides is one long word otherwise)
+    const title = el('div', {class: 'panel-title'},
+      ...p.run.split(/(?<=[,/=])/).flatMap((part, i) => (i ? [el('wbr'), part] : [part])));
     if (p.att) {
       const what = state.text !== null
         ? `your text, checkpoint of step ${p.att.step ?? '?'}`
@@ -558,13 +560,16 @@ async function draw() {
 const EXPORT_FONT = 'sans-serif';
 const LABEL_W = 320;     // a panel's run name and subtitle wrap within its maps' width, or this much if narrower
 const MESSAGE_W = 480;   // a panel's message (an error, a note) wraps within this width
-const NAME_LINES = 4;    // at most this many lines of a run's name, the last ending in "…" when cut
+const NAME_LINES = 6;    // at most this many lines of a run's name, the last ending in "…" when cut
 
 // `text` as lines no wider than `width` pixels in `font`, measured by the browser that draws the export: broken
 // after spaces and after , / = _ - (run names and paths), inside a word only where the word alone is wider
+// the SVG may lay a line out a little wider than the canvas measured it (its own rounding of glyph advances)
+const MEASURE_SLACK = 2;
+
 function wrapLines(ctx, text, font, width, maxLines = Infinity) {
   ctx.font = font;
-  const fits = (s) => ctx.measureText(s).width <= width;
+  const fits = (s) => ctx.measureText(s).width + MEASURE_SLACK <= width;
   const lines = [];
   let line = '';
   for (const piece of text.split(/(?<=[\s,/=_-])/)) {
@@ -599,7 +604,7 @@ function exportBody(panel, ctx) {
     const lines = message ? wrapLines(ctx, message.textContent, font, MESSAGE_W) : [];
     const fill = message && message.classList.contains('error') ? '#b00020' : '#555';
     return {
-      w: Math.ceil(Math.max(0, ...lines.map((l) => ctx.measureText(l).width))),
+      w: Math.ceil(Math.max(0, ...lines.map((l) => ctx.measureText(l).width))) + MEASURE_SLACK,
       h: 15 * lines.length + 6,
       body: (x, top) => lines.map((l, i) => `<text x="${x}" y="${top + 14 + 15 * i}" font-size="12" ` +
         `font-family="${EXPORT_FONT}" fill="${fill}">${esc(l)}</text>`).join(''),
@@ -647,7 +652,7 @@ function currentSVG() {
     const nameW = Math.max(0, ...block.name.map((l) => ctx.measureText(l).width));
     ctx.font = subFont;
     const subW = Math.max(0, ...block.sub.map((l) => ctx.measureText(l).width));
-    block.w = Math.ceil(Math.max(block.w, nameW, subW));
+    block.w = Math.max(block.w, Math.ceil(Math.max(nameW, subW)) + MEASURE_SLACK);
     block.labelH = 16 * block.name.length + 15 * block.sub.length;
     return block;
   });
