@@ -563,7 +563,7 @@ const MESSAGE_W = 480;   // a panel's message (an error, a note) wraps within th
 const NAME_LINES = 6;    // at most this many lines of a run's name, the last ending in "…" when cut
 
 // `text` as lines no wider than `width` pixels in `font`, measured by the browser that draws the export: broken
-// after spaces and after , / = _ - (run names and paths), inside a word only where the word alone is wider
+// after spaces and after , / = (run names and paths), inside a word only where the word alone is wider
 // the SVG may lay a line out a little wider than the canvas measured it (its own rounding of glyph advances)
 const MEASURE_SLACK = 2;
 
@@ -572,7 +572,7 @@ function wrapLines(ctx, text, font, width, maxLines = Infinity) {
   const fits = (s) => ctx.measureText(s).width + MEASURE_SLACK <= width;
   const lines = [];
   let line = '';
-  for (const piece of text.split(/(?<=[\s,/=_-])/)) {
+  for (const piece of text.split(/(?<=[\s,/=])/)) {
     if (fits(line + piece)) {
       line += piece;
       continue;
