@@ -562,11 +562,11 @@ const LABEL_W = 320;     // a panel's run name and subtitle wrap within its maps
 const MESSAGE_W = 480;   // a panel's message (an error, a note) wraps within this width
 const NAME_LINES = 6;    // at most this many lines of a run's name, the last ending in "…" when cut
 
-// `text` as lines no wider than `width` pixels in `font`, measured by the browser that draws the export: broken
-// after spaces and after , / = (run names and paths), inside a word only where the word alone is wider
 // the SVG may lay a line out a little wider than the canvas measured it (its own rounding of glyph advances)
 const MEASURE_SLACK = 2;
 
+// `text` as lines no wider than `width` pixels in `font`, measured by the browser that draws the export: broken
+// after spaces and after , / = (run names and paths), inside a word only where the word alone is wider
 function wrapLines(ctx, text, font, width, maxLines = Infinity) {
   ctx.font = font;
   const fits = (s) => ctx.measureText(s).width + MEASURE_SLACK <= width;
