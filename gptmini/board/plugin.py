@@ -65,10 +65,6 @@ class Busy(BadRequest):
     code = 429
 
 
-class Superseded(BadRequest):
-    code = 409
-
-
 def _json(request: wrappers.Request, body: Any, code: int = 200) -> wrappers.Response:
     return http_util.Respond(request, body, "application/json", code=code)
 
@@ -111,8 +107,6 @@ class AttentionPlugin(base_plugin.TBPlugin):
         )  # one checkpoint loaded at a time (each may take the model's memory)
         self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
         self.wait_seconds = WAIT_SECONDS
-        self._arrived = 0  # own-text requests so far (under _cache_lock)
-        self._newest: dict[str, int] = {}  # run -> the number of its newest own-text request
         self._models: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     # --- TensorBoard's interface ---
@@ -243,20 +237,11 @@ class AttentionPlugin(base_plugin.TBPlugin):
                 "checkpoints/ folder, inside the log folder): own text needs a run trained with checkpoints"
             )
         # Loaded (or refused) before the computation's lock: a slow or refused checkpoint never holds up the text
-        # of another run. A request waits for the one before it rather than being turned away, unless a newer
-        # text for its run arrives meanwhile: the page has then moved on (and aborted this one), so it is dropped
-        # uncomputed rather than computed for no one.
+        # of another run. A request waits for the one before it rather than being turned away.
         model, tokenizer, step = self._model(path)
-        with self._cache_lock:
-            self._arrived += 1
-            number = self._newest[run] = self._arrived
         if not self._lock.acquire(timeout=self.wait_seconds):
             raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
         try:
-            if self._newest[run] != number:
-                raise Superseded(
-                    "superseded: a newer text for this run arrived while this one waited; send it again to see it"
-                )
             result = self._own_text(model, tokenizer, text)
         finally:
             self._lock.release()

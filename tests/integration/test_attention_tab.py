@@ -419,6 +419,8 @@ def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board):
 def test_own_text_pressed_again_and_again_is_computed_once_per_run_shown(board):
     """Six texts sent at once (two runs shown): each new one aborts the requests of the one before, whose second
     run is then never asked; the same text sent six times while it is computed is sent once per run."""
+    from selenium.webdriver.common.by import By
+
     from gptmini.data.tokenizers import build_tokenizer
 
     press = (
@@ -442,13 +444,19 @@ def test_own_text_pressed_again_and_again_is_computed_once_per_run_shown(board):
         aborted = driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))")
         assert aborted == [True] * 5 + [False, False], aborted
         n = len(build_tokenizer("gpt2").encode(texts[-1]))
-        assert _count(driver, ".panel[data-run='a/tb'] .cell") == 6 and _count(driver, ".panel .error") == 0
+        status = driver.find_element(By.CSS_SELECTOR, ".status").text
+        assert (
+            _count(driver, ".panel[data-run='a/tb'] .cell") == 6 and _count(driver, ".panel .error") == 0
+        ), status
         assert all(f"{n} tokens" in t for t in _titles(driver)), _titles(driver)
 
         driver.execute_script("window.textRequests.length = 0")
         driver.execute_script(press, ["what light"] * 6)
         wait_drawn(driver, drawn)
-        assert driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))") == [False, False]
+        assert driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))") == [
+            False,
+            False,
+        ]
 
 
 def _titles(driver) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -276,50 +275,6 @@ def test_a_text_that_waits_too_long_is_told_busy(client, app):
         del plugin._own_text
         plugin.wait_seconds = plugin_module().WAIT_SECONDS
     assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200
-
-
-def test_a_text_that_waited_while_a_newer_one_for_its_run_arrived_is_dropped(client, app):
-    """Typing on while a text is computed: of the texts that waited, only the newest for the run is computed; the
-    older gets 409 at once (the page has aborted it) instead of a computation for no one."""
-    plugin = app[1]
-    started, release = _slowed(plugin)
-    slow = plugin._own_text
-    computed: list[str] = []
-
-    def counted(model, tokenizer, text):
-        computed.append(text)
-        return slow(model, tokenizer, text)
-
-    plugin._own_text = counted
-    results: dict[str, tuple[int, dict]] = {}
-
-    def send(text: str) -> None:
-        results[text] = _post(client, {"run": "with_ckpt/tb", "text": text})
-
-    def arrived(n: int) -> None:  # the plugin has numbered n more requests
-        deadline = time.monotonic() + 10
-        while plugin._arrived < n and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert plugin._arrived >= n
-
-    threads = [threading.Thread(target=send, args=(text,)) for text in ("one", "two", "three")]
-    try:
-        base = plugin._arrived
-        threads[0].start()
-        assert started.wait(10)  # "one" is being computed
-        threads[1].start()
-        arrived(base + 2)  # "two" waits
-        threads[2].start()
-        arrived(base + 3)  # "three" waits too, and is the newest
-        release.set()
-        for t in threads:
-            t.join(30)
-    finally:
-        release.set()
-        del plugin._own_text
-    assert results["one"][0] == 200 and results["three"][0] == 200, results
-    assert results["two"][0] == 409 and "superseded" in results["two"][1]["error"], results["two"]
-    assert computed == ["one", "three"]
 
 
 def test_errors_about_a_runs_files_say_its_long_name_only_where_the_page_shows_it(tmp_path):
