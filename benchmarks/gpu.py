@@ -12,6 +12,8 @@ benchmark). Sections (``--only``; all but the last three run by default, ``speed
   (``experiment=shakespeare_char`` at the same batch), each for the same number of steps (``--default-steps``)
   through the training command: whole-process wall clock, final val/loss, tokens/s, MFU, and the seconds the
   default takes to reach the val/loss nanoGPT's recipe ends at;
+- ``gpt2_floor``: where GPT-2 124M's compiled step goes: GPU time by kernel family (torch.profiler), the GPU's idle
+  time, and each of its matrix products alone (the ceiling its 768-wide shapes allow);
 - ``gpt2``: GPT-2 124M training steps, compiled, bf16, fused AdamW (the bare loop; ``--gpt2-lightning`` adds the
   same steps through Lightning): tokens/s and MFU against the GPU's datasheet peak;
 - ``flex``: one GPT-2-shaped forward + backward (T = 1024, bf16) with each attention option; the options that
@@ -52,6 +54,7 @@ SECTIONS = (
     "speedrun",
     "default",
     "gpt2_train",
+    "gpt2_floor",
     "gpt2",
     "flex",
     "muon",
@@ -60,7 +63,7 @@ SECTIONS = (
     "shakespeare_char",
 )
 # speedrun joins them when --nanogpt and --tinyshakespeare are given
-DEFAULT_SECTIONS = ("default", "gpt2_train", "gpt2", "flex", "muon")
+DEFAULT_SECTIONS = ("default", "gpt2_train", "gpt2", "gpt2_floor", "flex", "muon")
 
 # nanoGPT's shakespeare_char figure: val/loss 1.4697 on tinyshakespeare
 CHAR_TARGET = 1.47
@@ -205,7 +208,7 @@ def bench_gpt2(s: GpuSetup, peak: float | None, seed: int = 1337) -> list[dict[s
     state = copy.deepcopy(model.state_dict())
     tokens = s.gpt2_batch * cfg.block_size
     flops_per_step = model.flops_per_token(cfg.block_size) * tokens
-    from gptmini.training.module import optimizer_kernel_kwargs
+    from gptmini.training.loop.module import optimizer_kernel_kwargs
 
     kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
 
@@ -617,6 +620,131 @@ def bench_gpt2_train(
     return [{"path": "gptmini train experiment=gpt2_124m " + " ".join(overrides), **r}]
 
 
+# --- where GPT-2's step goes ------------------------------------------------------------------------------------
+
+# kernel-name fragments of each family, as CUDA libraries and the compiler name their kernels; the first match wins
+KERNEL_FAMILIES = (
+    ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
+    ("attention", ("flash", "fmha", "cudnn", "attention")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("compiled elementwise (Triton)", ("triton",)),
+)
+FLOOR_COLUMNS = ["part", "ms_per_step", "share_of_step", "tflops", "of_peak", "note"]
+
+
+def kernel_family(name: str) -> str:
+    low = name.lower()
+    return next(
+        (family for family, parts in KERNEL_FAMILIES if any(p in low for p in parts)), "other kernels"
+    )
+
+
+def _device_ms(event: Any) -> float:
+    # torch >= 2.4 names it self_device_time_total; microseconds
+    return getattr(event, "self_device_time_total", 0.0) / 1e3
+
+
+def bench_gpt2_floor(
+    s: GpuSetup, peak: float | None, seed: int = 1337, profiled_steps: int = 3
+) -> list[dict[str, Any]]:
+    """GPT-2 124M's compiled bf16 step (fused AdamW, batch ``s.gpt2_batch`` x 1,024): its time by kernel family from
+    torch.profiler (the GPU's idle time is the step less every kernel), then each of its matrix products alone, the
+    ceiling the 768-wide shapes allow on this GPU."""
+    cfg = s.gpt2
+    x, y = _random_batches(cfg, s.gpt2_batch, 1, s.device, seed)[0]
+    torch.manual_seed(seed)
+    model = GPT(cfg).to(s.device)
+    if s.compile:
+        torch.compiler.reset()
+        model.compile()
+    from gptmini.training.loop.module import optimizer_kernel_kwargs
+
+    kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, **kernel)
+
+    def step() -> None:
+        with autocast(s.device):
+            _, loss = model(x, y, return_logits=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(s.gpt2_warmup):
+        step()
+    step_s = median_time(step, s.gpt2_steps, s.device)[0]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if s.device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(profiled_steps):
+            step()
+        sync(s.device)
+    by_family: dict[str, float] = {}
+    for e in prof.key_averages():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            by_family[kernel_family(e.key)] = by_family.get(kernel_family(e.key), 0.0) + _device_ms(e)
+    step_ms = step_s * 1e3
+    tokens = s.gpt2_batch * cfg.block_size
+    flops = model.flops_per_token(cfg.block_size) * tokens
+    rows = [
+        {
+            "part": "the whole step",
+            "ms_per_step": step_ms,
+            "share_of_step": 1.0,
+            "tflops": flops / step_s / 1e12,
+            "of_peak": flops / step_s / peak if peak else None,
+            "note": f"batch {s.gpt2_batch} x {cfg.block_size}, {'compiled' if s.compile else 'eager'}",
+        }
+    ]
+    kernels = 0.0
+    for family, ms in sorted(by_family.items(), key=lambda kv: -kv[1]):
+        per_step = ms / profiled_steps
+        kernels += per_step
+        rows.append(
+            {"part": family, "ms_per_step": per_step, "share_of_step": per_step / step_ms, "note": ""}
+        )
+    if by_family:
+        idle = max(0.0, step_ms - kernels)
+        rows.append(
+            {
+                "part": "GPU idle (no kernel running)",
+                "ms_per_step": idle,
+                "share_of_step": idle / step_ms,
+                "note": "",
+            }
+        )
+    rows += _matmul_ceilings(cfg, tokens, s, peak)
+    return rows
+
+
+def _matmul_ceilings(cfg: GPTConfig, tokens: int, s: GpuSetup, peak: float | None) -> list[dict[str, Any]]:
+    d = cfg.n_embd
+    vocab = model_vocab = cfg.vocab_size
+    if cfg.pad_vocab_multiple:
+        model_vocab = -(-vocab // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
+    shapes = {"qkv": (d, 3 * d), "attention out": (d, d), "MLP up": (d, 4 * d), "MLP down": (4 * d, d)}
+    shapes["LM head"] = (d, model_vocab)
+    dtype = s.dtype if s.device.startswith("cuda") else torch.float32
+    rows = []
+    for name, (k, n) in shapes.items():
+        a = torch.randn(tokens, k, device=s.device, dtype=dtype)
+        b = torch.randn(k, n, device=s.device, dtype=dtype)
+        seconds = median_time(lambda a=a, b=b: a @ b, max(3, s.flex_repeats), s.device)[0]
+        tflops = 2 * tokens * k * n / seconds / 1e12
+        rows.append(
+            {
+                "part": f"matrix product alone: {name} ({tokens} x {k} @ {k} x {n})",
+                "ms_per_step": seconds * 1e3,
+                "tflops": tflops,
+                "of_peak": tflops * 1e12 / peak if peak else None,
+                "note": "forward only, bf16" if dtype == torch.bfloat16 else "forward only",
+            }
+        )
+        del a, b
+    return rows
+
+
 # --- attention options on FlexAttention -------------------------------------------------------------------------
 
 # The options of conf/attention_variant/ (a window wide enough to matter at T = 1024)
@@ -690,7 +818,7 @@ def bench_flex(s: GpuSetup, seed: int = 1337) -> list[dict[str, Any]]:
 
 
 def _optimizers(model: GPT, device: str) -> dict[str, Callable[[], torch.optim.Optimizer]]:
-    from gptmini.training.optimizers import BatchedMuon
+    from gptmini.training.loop.optimizers import BatchedMuon
 
     hidden = model.parameter_roles()["hidden"]
     kernel = {"fused": True} if device.startswith("cuda") else {}
@@ -771,6 +899,14 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
             f"MFU {num(r.get('mfu'), '.1%')}; {num(r.get('step_ms'), '.1f')} ms/step; "
             f"first step (compile) {num(r.get('compile_s'), '.0f')} s",
         )
+    for r in results.get("gpt2_floor", []):
+        add(
+            f"GPT-2 124M step, {r['part']}: ms",
+            r.get("ms_per_step"),
+            f"{num(r.get('share_of_step'), '.0%')} of the step"
+            if r.get("share_of_step") is not None
+            else f"{num(r.get('tflops'), '.0f')} TFLOP/s = {num(r.get('of_peak'), '.0%')} of peak",
+        )
     for r in results.get("flex", []):
         add(
             f"attention {r['option']}: fwd+bwd ms",
@@ -802,6 +938,7 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
 SECTION_COLUMNS = {
     "speedrun": SPEEDRUN_COLUMNS,
     "default": DEFAULT_COLUMNS,
+    "gpt2_floor": FLOOR_COLUMNS,
     "gpt2_train": ["path", "steps", "final_val_loss", "wall_s", "first_log_s", "tokens_per_s", "mfu", "note"],
     "gpt2": GPT2_COLUMNS,
     "flex": FLEX_COLUMNS,
@@ -904,6 +1041,8 @@ def run_section(section: str, a: argparse.Namespace, s: GpuSetup, peak: float | 
         return bench_gpt2_train(a.out, a.gpt2_train_steps, a.run_timeout, a.gpt2_train_overrides.split())
     if section == "gpt2":
         return bench_gpt2(s, peak, a.seed)
+    if section == "gpt2_floor":
+        return bench_gpt2_floor(s, peak, a.seed)
     if section == "flex":
         return bench_flex(s, a.seed)
     if section == "muon":

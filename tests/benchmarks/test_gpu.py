@@ -50,7 +50,7 @@ def test_bad_arguments_are_refused_before_anything_runs(args, tmp_path, monkeypa
 
 def test_the_default_sections_are_the_proof():
     a = gpu.parse_args([])
-    assert a.only == ["default", "gpt2_train", "gpt2", "flex", "muon"] and a.default_steps > 0
+    assert a.only == ["default", "gpt2_train", "gpt2", "gpt2_floor", "flex", "muon"] and a.default_steps > 0
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def quick_results():
         "attention": gpu.bench_attention_gpu(s),
         "decode": gpu.bench_decode(s),
         "muon": gpu.bench_muon(s),
+        "gpt2_floor": gpu.bench_gpt2_floor(s, peak=1e12),
     }
 
 
@@ -113,7 +114,7 @@ def test_a_failing_option_is_a_row_not_a_lost_section(monkeypatch):
 
 @pytest.mark.parametrize("name", ["default", "nanogpt"])
 def test_the_default_sections_runs_compose_as_named(name, compose_cfg):
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     # the checks refuse trainer.accelerator=gpu on this GPU-less machine: the rest is checked as a GPU would run it
     overrides = [*gpu.default_runs(1200)[name], "trainer.accelerator=cpu"]
@@ -339,3 +340,36 @@ def test_the_speedrun_section_runs_both_programs_in_pairs(tmp_path):
     assert nano["seconds_to_target"] is not None and nano["final_val_loss"] == 1.52
     assert ours["program"].startswith("gptmini") and ours["steps"] == 4 and ours["final_val_loss"] > 0
     assert ours["wall_s"] > 0 and ours["measured_on"] == gpu.GPTMINI_MEASURE
+
+
+def test_the_floor_times_the_step_and_each_matrix_product_alone(quick_results):
+    rows = {r["part"]: r for r in quick_results["gpt2_floor"]}
+    whole = rows["the whole step"]
+    assert whole["ms_per_step"] > 0 and whole["share_of_step"] == 1.0 and whole["of_peak"] > 0
+    alone = [r for part, r in rows.items() if part.startswith("matrix product alone")]
+    assert len(alone) == 5 and all(r["tflops"] > 0 for r in alone)
+    assert any("LM head (32 x 16 @ 16 x 128)" in part for part in rows)  # the padded vocabulary: 101 -> 128
+    # on the CPU the profiler sees no CUDA kernel: no family rows, no idle row
+    assert not any(part.startswith("GPU idle") for part in rows)
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matrix products"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matrix products"),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+            "optimizer",
+        ),
+        ("triton_per_fused_add_native_layer_norm_0", "compiled elementwise (Triton)"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+            "other kernels",
+        ),
+    ],
+)
+def test_kernels_are_sorted_into_families(name, family):
+    assert gpu.kernel_family(name) == family
