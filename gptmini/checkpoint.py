@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 CHECKSUM_KEY = "gptmini_checksum"
 # The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
+# A checkpoint of a run with callbacks.ema (Lightning's WeightAveraging) holds the average as "state_dict", what
+# every command reads, and the trained weights under this key, what a resume continues from.
+TRAINED_WEIGHTS_KEY = "current_model_state"
 # The files ``last`` chooses among (see find_last_checkpoint).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
 # What --ckpt takes, in every command's --help (resolve_checkpoint).
@@ -287,7 +290,16 @@ def model_and_checkpoint(
     # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
     model.eval()
+    _say_if_averaged(ckpt, path)
     return model, ckpt
+
+
+def _say_if_averaged(ckpt: Mapping[str, Any], path: str | Path) -> None:
+    if TRAINED_WEIGHTS_KEY in ckpt:
+        log.info(
+            "%s holds an average of the weights (callbacks.ema) beside the trained ones: using the average",
+            path,
+        )
 
 
 def load_weights_into(model: GPT, path: str | Path) -> None:
@@ -305,6 +317,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
         )
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
+    _say_if_averaged(ckpt, path)
 
 
 def model_from_checkpoint(
@@ -458,7 +471,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
                 f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
-        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
@@ -472,7 +484,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
                 "or 'last'"
             )
-        remove_stale_temp_files(found.parent)
         return found
     if path.is_symlink() and not path.exists():
         raise CheckpointError(
@@ -494,8 +505,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
-    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
-    remove_stale_temp_files(path.parent)
     return path
 
 
@@ -503,7 +512,9 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
 
 
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Deletes the temp checkpoint files a process killed while saving left in ``folder`` (see ``fileio``)."""
+    """Deletes the temp checkpoint files a process of this host killed while saving left in ``folder`` (see
+    ``fileio``). Only training calls it, on the checkpoints folder of the run it writes or resumes: a command
+    that only reads a checkpoint deletes nothing."""
     return fileio.remove_stale_temp_files(folder, ".*.ckpt.*.tmp")
 
 
@@ -532,13 +543,12 @@ def _os_error(err: BaseException | None) -> OSError | None:
 
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
     """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
-    ``write(checkpoint, file)`` serialises. Temp files left by killed saves in the same folder are removed first.
+    ``write(checkpoint, file)`` serialises.
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)
     payload = with_checksum(checkpoint)
     try:
-        remove_stale_temp_files(path.parent)
         fileio.atomic_write(path, lambda f: write(payload, f))
     except Exception as err:
         cause = _os_error(err)
@@ -564,6 +574,8 @@ def _make_atomic_checkpoint_io() -> type:
         ) -> None:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
+            # the run's own checkpoints folder: a save of this host killed there earlier left its temp file
+            remove_stale_temp_files(Path(path).parent)
             atomic_save(checkpoint, path, write=self.write)
 
         def load_checkpoint(
