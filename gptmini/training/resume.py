@@ -201,6 +201,28 @@ def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
     return int(state["reached_at"]), float(state["val_loss"])
 
 
+# the key of Lightning's Timer callback (trainer.max_time) in a checkpoint's callback states
+TIMER_STATE_KEY = "Timer"
+
+
+def check_time_left(path: str | Path, ckpt: dict[str, Any], max_time: str | None) -> None:
+    """Refuses a resume whose ``trainer.max_time`` the checkpoint's run has already spent training (Lightning's
+    Timer carries the seconds over and would stop at once, training nothing)."""
+    from gptmini.training.schedulers import max_time_seconds
+
+    budget = max_time_seconds(max_time)
+    timer = (ckpt.get("callbacks") or {}).get(TIMER_STATE_KEY) or {}
+    spent = (timer.get("time_elapsed") or {}).get("train")
+    if budget is None or not isinstance(spent, (int, float)) or spent < budget:
+        return
+    raise RunError(
+        f"checkpoint {path} has already trained for {spent:.0f} s and trainer.max_time={max_time} allows "
+        f"{budget:.0f} s: the run is finished and resuming would train nothing. To train on, resume with a larger "
+        "trainer.max_time (the schedule is re-laid over it) or trainer.max_time=null; to evaluate it, use the "
+        "eval command"
+    )
+
+
 def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
     """Refuses a resume that would not continue the run: a checkpoint already at ``trainer.max_steps`` (nothing
     would train, and the run would report no validation), or another global batch (``data.batch_size``,
@@ -222,6 +244,7 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
+    check_time_left(path, ckpt, cfg.trainer.get("max_time"))
     saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
     saved_data, saved_trainer = saved.get("data") or {}, saved.get("trainer") or {}
     changes = []
