@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gptmini import fileio
-from gptmini.checkpoint import CheckpointError, remove_stale_temp_files
+from gptmini.checkpoint import CheckpointError
 from gptmini.options import HelpFormatter
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
                 f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
-        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
@@ -119,7 +118,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
                 "or 'last'"
             )
-        remove_stale_temp_files(found.parent)
         return found
     if path.is_symlink() and not path.exists():
         raise CheckpointError(
@@ -141,8 +139,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
-    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
-    remove_stale_temp_files(path.parent)
     return path
 
 
