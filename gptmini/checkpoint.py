@@ -31,6 +31,9 @@ DATA_IDENTITY_KEY = "data_identity"
 # Within it: the tokenizer itself when it is not known by name (the char vocabulary, the trained BPE; as
 # gptmini.data.reader.saved_tokenizer gives it), so the checkpoint samples and exports without its data folder.
 SAVED_TOKENIZER_KEY = "saved_tokenizer"
+# A checkpoint of a run with callbacks.ema (Lightning's WeightAveraging) holds the average as "state_dict", what
+# every command reads, and the trained weights under this key, what a resume continues from.
+TRAINED_WEIGHTS_KEY = "current_model_state"
 
 
 class CheckpointError(ValueError):
@@ -292,7 +295,16 @@ def model_and_checkpoint(
     # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
     model.eval()
+    _say_if_averaged(ckpt, path)
     return model, ckpt
+
+
+def _say_if_averaged(ckpt: Mapping[str, Any], path: str | Path) -> None:
+    if TRAINED_WEIGHTS_KEY in ckpt:
+        log.info(
+            "%s holds an average of the weights (callbacks.ema) beside the trained ones: using the average",
+            path,
+        )
 
 
 def load_weights_into(model: GPT, path: str | Path) -> None:
@@ -310,6 +322,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
         )
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
+    _say_if_averaged(ckpt, path)
 
 
 def model_from_checkpoint(
@@ -411,7 +424,9 @@ def check_trained_data(
 
 
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Deletes the temp checkpoint files a process killed while saving left in ``folder`` (see ``fileio``)."""
+    """Deletes the temp checkpoint files a process of this host killed while saving left in ``folder`` (see
+    ``fileio``). Only training calls it, on the checkpoints folder of the run it writes or resumes: a command
+    that only reads a checkpoint deletes nothing."""
     return fileio.remove_stale_temp_files(folder, ".*.ckpt.*.tmp")
 
 
@@ -440,13 +455,12 @@ def _os_error(err: BaseException | None) -> OSError | None:
 
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
     """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
-    ``write(checkpoint, file)`` serialises. Temp files left by killed saves in the same folder are removed first.
+    ``write(checkpoint, file)`` serialises.
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)
     payload = with_checksum(checkpoint)
     try:
-        remove_stale_temp_files(path.parent)
         fileio.atomic_write(path, lambda f: write(payload, f))
     except Exception as err:
         cause = _os_error(err)
@@ -472,6 +486,8 @@ def _make_atomic_checkpoint_io() -> type:
         ) -> None:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
+            # the run's own checkpoints folder: a save of this host killed there earlier left its temp file
+            remove_stale_temp_files(Path(path).parent)
             atomic_save(checkpoint, path, write=self.write)
             try:
                 write_summary(path, checkpoint)

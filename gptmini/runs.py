@@ -133,7 +133,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
     ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
     (a training setting)."""
     # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
-    from gptmini.checkpoint import CheckpointError, remove_stale_temp_files
+    from gptmini.checkpoint import CheckpointError
 
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
@@ -147,7 +147,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
                 f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
-        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
@@ -161,7 +160,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
                 f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
                 "or 'last'"
             )
-        remove_stale_temp_files(found.parent)
         return found
     if path.is_symlink() and not path.exists():
         raise CheckpointError(
@@ -183,8 +181,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
-    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
-    remove_stale_temp_files(path.parent)
     return path
 
 
