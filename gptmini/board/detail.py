@@ -18,7 +18,9 @@ def probe_detail(
 ) -> dict[str, Any]:
     """The summary's ``sink``, ``lens`` (None without ``lens``) and ``vectors`` (None where the attention does not
     expose them or not one layer fits) of ``model`` on one sequence ``ids``, from its ``inspection``."""
-    first, learned = (x if x is None else x.cpu() for x in sink_shares(inspection.maps[:, 0], model.config.attn_sink))
+    first, learned = (
+        x if x is None else x.cpu() for x in sink_shares(inspection.maps[:, 0], model.config.attn_sink)
+    )
     detail: dict[str, Any] = {
         "sink": sink_header(first.numpy(), None if learned is None else learned.numpy()),
         "lens": None,
@@ -45,5 +47,7 @@ def lens_table(lens: Lens, n_layer: int, tokenizer: Any) -> dict[str, Any]:
     """The summary's ``lens`` entry for the first sequence of ``lens``, with its mean ``loss`` and ``top1`` per
     row (for the scalars; the summary's header keeps what ``lens_header`` names)."""
     top = [[tokenizer.token_text(int(i)) for i in row] for row in lens.top_ids[:, 0].tolist()]
-    table = lens_header(Lens.row_names(n_layer), top, lens.top_prob[:, 0].numpy(), lens.target_prob[:, 0].numpy())
+    table = lens_header(
+        Lens.row_names(n_layer), top, lens.top_prob[:, 0].numpy(), lens.target_prob[:, 0].numpy()
+    )
     return {**table, "loss": lens.loss.tolist(), "top1": lens.top1.tolist()}

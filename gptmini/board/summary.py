@@ -143,14 +143,19 @@ def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
 
 
 def _rounded(values: np.ndarray, digits: int = 4) -> list[Any]:
-    return [None if not math.isfinite(x) else round(x, digits) for x in values.tolist()] if values.ndim == 1 else [
-        _rounded(row, digits) for row in values
-    ]
+    return (
+        [None if not math.isfinite(x) else round(x, digits) for x in values.tolist()]
+        if values.ndim == 1
+        else [_rounded(row, digits) for row in values]
+    )
 
 
 def sink_header(first: np.ndarray, learned: np.ndarray | None) -> dict[str, Any]:
     """The ``sink`` entry: each head's share on the first token and on the learned sink, (n_layer, n_head) each."""
-    return {"first": _rounded(np.asarray(first)), "learned": None if learned is None else _rounded(np.asarray(learned))}
+    return {
+        "first": _rounded(np.asarray(first)),
+        "learned": None if learned is None else _rounded(np.asarray(learned)),
+    }
 
 
 def lens_header(
@@ -158,7 +163,12 @@ def lens_header(
 ) -> dict[str, Any]:
     """The ``lens`` entry: for each row (the embeddings, then each block), the top token at each position, its
     probability (rows, T) and the probability of the token that comes next (rows, T - 1)."""
-    return {"rows": list(rows), "top": [list(r) for r in top], "prob": _rounded(prob), "target": _rounded(target)}
+    return {
+        "rows": list(rows),
+        "top": [list(r) for r in top],
+        "prob": _rounded(prob),
+        "target": _rounded(target),
+    }
 
 
 def vectors_header(
@@ -302,7 +312,9 @@ def _check_lens(lens: Any, n_layer: int, t: int) -> dict[str, Any] | None:
     for name in ("loss", "top1"):  # each row's mean over the text (optional)
         values = lens.get(name)
         if values is not None and not (
-            isinstance(values, list) and len(values) == n_layer + 1 and all(_number_or_null(x) for x in values)
+            isinstance(values, list)
+            and len(values) == n_layer + 1
+            and all(_number_or_null(x) for x in values)
         ):
             raise SummaryFormatError(f"lens.{name} must be null or {n_layer + 1} numbers")
     return {k: lens.get(k) for k in ("rows", "top", "prob", "target", "loss", "top1")}
@@ -316,7 +328,9 @@ def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str,
     layers, hs = vectors.get("layers"), vectors.get("head_size")
     for name, value, most in (("layers", layers, n_layer), ("head_size", hs, MAX_VECTOR_VALUES)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-            raise SummaryFormatError(f"vectors.{name} must be an integer from 1 to {most}, not {_short(value)}")
+            raise SummaryFormatError(
+                f"vectors.{name} must be an integer from 1 to {most}, not {_short(value)}"
+            )
     if not _finite(vectors.get("scale")):
         raise SummaryFormatError("vectors.scale must be a number")
     for name in ("q", "k"):
@@ -325,7 +339,9 @@ def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str,
         except (binascii.Error, TypeError, ValueError):
             raise SummaryFormatError(f"vectors.{name} is not base64") from None
         if size != 2 * layers * n_head * t * hs:
-            raise SummaryFormatError(f"vectors.{name}: {size} bytes for {layers}x{n_head} heads, {t} tokens of {hs}")
+            raise SummaryFormatError(
+                f"vectors.{name}: {size} bytes for {layers}x{n_head} heads, {t} tokens of {hs}"
+            )
     slopes = vectors.get("slopes")
     if slopes is not None and not (
         isinstance(slopes, list) and len(slopes) == n_head and all(_finite(x) for x in slopes)

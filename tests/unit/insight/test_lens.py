@@ -41,7 +41,9 @@ def _rope(x: np.ndarray, base: float) -> np.ndarray:
     t, hs = x.shape
     angles = np.arange(t)[:, None] * base ** (-np.arange(0, hs, 2) / hs)[None, :]  # (T, hs/2)
     a, b = x[:, : hs // 2], x[:, hs // 2 :]
-    return np.concatenate((a * np.cos(angles) - b * np.sin(angles), b * np.cos(angles) + a * np.sin(angles)), -1)
+    return np.concatenate(
+        (a * np.cos(angles) - b * np.sin(angles), b * np.cos(angles) + a * np.sin(angles)), -1
+    )
 
 
 def _numpy_queries_keys(model: GPT, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +128,12 @@ def test_the_lens_reads_each_layer_as_the_output_is_read() -> None:
     torch.testing.assert_close(lens.target_prob[-1], probs.gather(-1, idx[:, 1:, None])[..., 0])
     # the embeddings' row, in NumPy: (token + position embedding) through the final LayerNorm and the tied head
     wte, wpe = model.wte.weight.detach().numpy(), model.wpe.weight.detach().numpy()
-    h = _layer_norm(wte[idx.numpy()] + wpe[:10], model.ln_f.weight.detach().numpy(), model.ln_f.bias.detach().numpy(), 1e-5)
+    h = _layer_norm(
+        wte[idx.numpy()] + wpe[:10],
+        model.ln_f.weight.detach().numpy(),
+        model.ln_f.bias.detach().numpy(),
+        1e-5,
+    )
     z = h @ wte[:50].T  # (B, T, V)
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
