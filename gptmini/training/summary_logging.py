@@ -90,7 +90,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
         summary = dataclasses.replace(summary, **detail)
         proto = summary_proto(summary, TAG)
         writer.file_writer.add_summary(proto, step)
-        self._log_detail(trainer, writer, summary, inspection, ids, tokenizer, step)
+        self.log_detail(trainer, writer, summary, ids, tokenizer, step)
         self._validations += 1
         self._last_ids = ids
         if self.projector_every and self._validations % self.projector_every == 0:
@@ -108,16 +108,17 @@ class AttentionSummaryLogger(ProbeTextCallback):
         inspection = inspect(pl_module.model, ids, trainer.precision_plugin.forward_context())
         write_projector(writer, inspection, [tokenizer.token_text(i) for i in ids], trainer.global_step)
 
-    def _log_detail(
+    def log_detail(
         self,
         trainer: L.Trainer,
         writer: Any,
         summary: AttentionSummary,
-        inspection: Inspection,
         ids: list[int],
         tokenizer: Any,
         step: int,
     ) -> None:
+        """The sink and lens scalars of ``summary`` and the lens image (drawn on the trainer's background
+        thread, if it has one) to ``writer`` at ``step``."""
         sink = summary.sink or {}
         learned = sink.get("learned")
         for layer, row in enumerate(sink.get("first") or []):

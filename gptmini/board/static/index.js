@@ -11,7 +11,7 @@
 // their titles and colours - is not written here: the page reads it from the backend's `contract` route, which
 // serves gptmini.board.summary's own constants, and refuses data of another version or layout.
 
-import {DRAW, VIEWS, pick, pickBar} from './views.js';
+import {DRAW, PICKED, VIEWS, pick, pickBar} from './views.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 // the layout of the bytes this page reads (the contract names the one the backend writes; another is refused)
@@ -487,7 +487,7 @@ async function draw() {
   if (first && state.layer >= nLayer) state.layer = 0;
   ui.view.replaceChildren();
   if (state.view === 'head' && first) ui.view.append(headControls(first.att, nLayer, nHead));
-  if (DRAW[state.view] && first) ui.view.append(pickBar(viewContext(), first.att, nLayer, nHead));
+  if (PICKED.has(state.view) && first) ui.view.append(pickBar(viewContext(), first.att, nLayer, nHead));
   const row = el('div', {class: 'panels'});
   for (const p of panels) {
     const title = el('div', {class: 'panel-title'}, p.run);

@@ -16,6 +16,8 @@
 export const pick = {layer: 0, head: 0, query: null};
 
 export const VIEWS = {neuron: 'Neuron view', lens: 'Lens view', map: 'Head map'};
+// the views that show one layer, head and query (the lens view shows every layer of the text)
+export const PICKED = new Set(['neuron', 'map']);
 
 // ---------------------------------------------------------------------------------------------------------
 // helpers
