@@ -7,7 +7,7 @@ Format (a DT_STRING tensor of two elements, under the plugin's name, data class 
       "scores" (name -> n_layer x n_head, or {}), "sink", "lens", "vectors" (each null when not logged)}:
       "sink": {"first": n_layer x n_head shares on the first token, "learned": the same on the learned sink, or
       null}; "lens": {"rows": names, "top": rows x T top tokens, "prob": their probabilities, "target": rows x
-      (T - 1) probabilities of the token that comes next}; "vectors": the queries and keys of the first "layers"
+      (T - 1) probabilities of the token that comes next, optionally each row's "loss" and "top1"}; "vectors": the queries and keys of the first "layers"
       layers, float16 little-endian in base64, (layers, n_head, T, head_size) each, with what the scores add to
       q . k ("scale", ALiBi's "slopes", the "window", the "sink" logits: see ``VECTOR_KEYS``).
   [1] the probabilities: uint8, round(p * LEVELS), layer-major, then head, then the rows of the lower triangle
@@ -143,11 +143,10 @@ def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
 
 
 def _rounded(values: np.ndarray, digits: int = 4) -> list[Any]:
-    return (
-        [None if not math.isfinite(x) else round(x, digits) for x in values.tolist()]
-        if values.ndim == 1
-        else [_rounded(row, digits) for row in values]
-    )
+    # nested lists of numbers, None where one is not finite (JSON has no NaN)
+    if values.ndim > 1:
+        return [_rounded(row, digits) for row in values]
+    return [round(x, digits) if math.isfinite(x) else None for x in values.tolist()]
 
 
 def sink_header(first: np.ndarray, learned: np.ndarray | None) -> dict[str, Any]:
