@@ -35,7 +35,9 @@ class Lens:
 @torch.no_grad()
 def logit_lens(model: GPT, inspection: Inspection, ids: torch.Tensor) -> Lens:
     """The lens of ``model`` on ``ids`` (B, T), from ``inspection = model.inspect(ids)``."""
-    logits = model.lens_logits(inspection.residuals).float()  # (L + 1, B, T, V)
+    # the residuals in the weights' dtype: a pass under autocast may have left them in bfloat16
+    residuals = inspection.residuals.to(model.lm_head.weight.dtype)
+    logits = model.lens_logits(residuals).float()  # (L + 1, B, T, V)
     probs = logits.softmax(-1)
     top_prob, top_ids = probs.max(-1)  # (L + 1, B, T) each
     targets = ids[:, 1:].to(logits.device)  # (B, T - 1)

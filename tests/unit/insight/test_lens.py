@@ -171,3 +171,15 @@ def test_a_learned_sinks_share_is_its_softmax_weight() -> None:
         sink = v.sink[:, None, None].expand(-1, 8, 1)
         weight = torch.cat((scores, sink), -1).softmax(-1)[..., -1]  # (nh, T)
         torch.testing.assert_close(learned[layer], weight[:, 1:].mean(-1), atol=1e-5, rtol=1e-4)
+
+
+def test_the_lens_reads_residuals_a_bfloat16_pass_left() -> None:
+    import dataclasses
+
+    model = _model()
+    idx = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(4))
+    found = model.inspect(idx)
+    half = dataclasses.replace(found, residuals=found.residuals.bfloat16())
+    got, want = logit_lens(model, half, idx), logit_lens(model, found, idx)
+    torch.testing.assert_close(got.loss, want.loss, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got.target_prob, want.target_prob, atol=0.02, rtol=0.05)
