@@ -41,7 +41,7 @@ DEFAULT_SAMPLES = (
     100  # logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
 )
 CHECKPOINT_NAMES = ("last.ckpt", "on_exception.ckpt", "best.ckpt")
-STATIC_FILES = ("index.js", "style.css")
+STATIC_FILES = ("index.js", "views.js", "style.css")
 CACHED_MODELS = 2
 
 Handler = Callable[..., wrappers.Response]
@@ -281,6 +281,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def _own_text(self, model: Any, tokenizer: Any, text: str) -> dict[str, Any]:
         import torch
 
+        from gptmini.board.detail import probe_detail
         from gptmini.data.tokenizers import encode_known
 
         ids, unknown = encode_known(tokenizer, text)  # a char vocabulary lacks some characters: left out
@@ -294,9 +295,12 @@ class AttentionPlugin(base_plugin.TBPlugin):
         torch.set_num_threads(1)
         x = torch.tensor([ids], dtype=torch.long)  # (1, T)
         with torch.inference_mode():
-            maps = model.attention_maps(x)[:, 0]  # (n_layer, n_head, T, T)
+            inspection = model.inspect(x)
+            detail = probe_detail(model, inspection, ids, tokenizer)  # the neuron and lens views, the sinks
+        maps = inspection.maps[:, 0]  # (n_layer, n_head, T, T)
         tokens = [tokenizer.token_text(i) for i in ids]
-        header, tri = encode(AttentionSummary(tokens, maps.float().numpy()))  # as training encodes its probe
+        # as training encodes its probe
+        header, tri = encode(AttentionSummary(tokens, maps.float().numpy(), **detail))
         return {**header, "tag": "own text", "left_out": unknown[:50], "data": _b64(tri)}
 
     def _model(self, path: Path) -> tuple[Any, Any, int | None]:

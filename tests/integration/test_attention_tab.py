@@ -6,12 +6,16 @@ checkpoint, and the view exports as SVG and PNG. A second run of another shape i
 heads; own text runs for both runs shown; export works while a panel shows an error. The head picks follow the
 shape of the runs shown; a run named after its overrides (about 200 characters) and its long error stay inside
 their panels, on the page and in the export, which is sized by the maps; own text pressed again and again is
-computed once per run shown; a run started after the tab opened joins the run boxes at TensorBoard's reload.
+computed once per run shown; a run started after the tab opened joins the run boxes at TensorBoard's reload. The
+neuron view's weights, from the logged queries and keys, are the model's own attention; the lens view's last row
+is the model's own prediction; the head map highlights a hovered token in every panel.
 
 Runs whenever Chromium, chromedriver and selenium are installed (Debian: apt-get install chromium
 chromium-driver; pip install -e '.[dev]'), else is skipped with the reason."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -82,6 +86,7 @@ def logdir(tmp_path_factory, write_checkpoint):
     writer.close()
     (root / LONG_FOLDER / "checkpoints").mkdir()
     (root / LONG_FOLDER / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really an archive")
+    _detail_run(root / "d", write_checkpoint)
     for run, n_layer, n_head in (("a", 2, 3), ("c", 1, 4)):
         write_checkpoint(
             root / run / "checkpoints" / "last.ckpt",
@@ -93,6 +98,48 @@ def logdir(tmp_path_factory, write_checkpoint):
             global_step=20,
         )
     return root
+
+
+def _detail_run(folder, write_checkpoint) -> None:
+    """Run "d/tb": a 2-layer, 2-head model with rotary positions, QK-norm and a learned sink, its summaries at
+    steps 10 and 20 written as training writes them (attention, sinks, lens, queries and keys), and its checkpoint."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gptmini.board.detail import probe_detail
+    from gptmini.board.summary import summary_proto
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.training.callbacks.summary_logging import attention_summary, inspect
+
+    path = write_checkpoint(
+        folder / "checkpoints" / "last.ckpt",
+        **DETAIL_MODEL,
+        vocab_size=50257,
+        block_size=16,
+        global_step=20,
+        seed=3,
+    )
+    model, _ = model_and_checkpoint(path)  # its sinks' logits start at 0: each takes a share of every row
+    tokenizer = build_tokenizer("gpt2")
+    ids = tokenizer.encode("".join(TOKENS))
+    tokens = [tokenizer.token_text(i) for i in ids]
+    writer = SummaryWriter(str(folder / "tb"))
+    for step in (10, 20):
+        found = inspect(model, ids)
+        summary = attention_summary(found.maps[:, 0], tokens)
+        detail = probe_detail(model, found, ids, tokenizer)
+        writer.file_writer.add_summary(summary_proto(dataclasses.replace(summary, **detail)), step)
+    writer.close()
+
+
+DETAIL_MODEL = {
+    "n_layer": 2,
+    "n_head": 2,
+    "n_embd": 16,
+    "position": "rope",
+    "qk_norm": True,
+    "attn_sink": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -500,3 +547,118 @@ def test_a_run_started_after_the_tab_opened_joins_the_run_boxes_at_tensorboards_
         WebDriverWait(driver, 30).until(lambda d: options(d, ".run-select") == ["first/tb", "second/tb"])
         assert options(driver, ".compare-select") == ["", "first/tb", "second/tb"]
         assert driver.execute_script("return document.querySelector('.run-select').value") == "first/tb"
+        assert "2001 characters; at most 2000" in driver.find_element(By.CSS_SELECTOR, ".status").text
+
+
+def _shown(token: str) -> str:
+    # as the page shows a token (index.js, shown)
+    s = token.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
+    return (s[:11] + "…" if len(s) > 12 else s) or "∅"
+
+
+def _neuron_rows(driver) -> list[dict]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('.panel tr.nv-row')].map(r => ({key: Number(r.dataset.key), "
+        "weight: Number(r.dataset.weight), logged: Number(r.dataset.logged), score: Number(r.dataset.score)}))"
+    )
+
+
+def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
+    """Layer 1, head 1, query 4 of run d (rotary positions, QK-norm, a sink): the view's softmax of q . k over the
+    logged queries and keys gives the model's attention probabilities (float16 vectors: within 0.01), and with
+    the sink's weight each row sums to 1; on your own text, every key of the last token has its row."""
+    import torch
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.tokenizers import build_tokenizer
+
+    model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
+    tokenizer = build_tokenizer("gpt2")
+    ids = tokenizer.encode("".join(TOKENS))
+    with torch.no_grad():
+        maps = model.attention_maps(torch.tensor([ids]))[:, 0].numpy()  # (L, nh, T, T)
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+        driver.find_element(By.CSS_SELECTOR, "button.view-neuron").click()
+        drawn = wait_drawn(driver, drawn)
+        drawn = _select(driver, ".pick-layer", "1", drawn)
+        drawn = _select(driver, ".pick-head", "1", drawn)
+        drawn = _select(driver, ".pick-query", "4", drawn)  # the last token (5) is the default
+        rows = _neuron_rows(driver)
+        assert [r["key"] for r in rows] == list(range(5))
+        want = maps[1, 1, 4, :5]
+        np.testing.assert_allclose([r["weight"] for r in rows], want, atol=0.01)
+        np.testing.assert_allclose([r["logged"] for r in rows], want, atol=0.5 / 255 + 1e-4)
+        sink = float(driver.find_element(By.CSS_SELECTOR, "tr.nv-sink").get_attribute("data-weight"))
+        assert sink == pytest.approx(1 - want.sum(), abs=0.01) and sink > 0.01
+        assert sum(r["weight"] for r in rows) + sink == pytest.approx(1.0, abs=1e-3)
+        assert (
+            _count(driver, "tr.nv-row canvas.strip") == 2 * 5
+            and _count(driver, "tr.nv-query canvas.strip") == 1
+        )
+
+        # run a logged no queries and keys: its panel says so
+        drawn = _select(driver, ".compare-select", "a/tb", drawn)
+        note = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='a/tb'] .note").text
+        assert "holds no queries and keys" in note
+        drawn = _select(driver, ".compare-select", "", drawn)
+
+        # your own text: the checkpoint's queries and keys, the last token's row for every key
+        text = "But soft, what light through"
+        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+        drawn = wait_drawn(driver, drawn)
+        n = len(tokenizer.encode(text))
+        assert _count(driver, ".pick-query option") == n
+        drawn = _select(driver, ".pick-query", str(n - 1), drawn)
+        rows = _neuron_rows(driver)
+        assert [r["key"] for r in rows] == list(range(n))
+        for r in rows:
+            assert abs(r["weight"] - r["logged"]) < 0.01
+
+
+def test_the_lens_view_and_the_head_map(board, logdir):
+    import torch
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.tokenizers import build_tokenizer
+
+    model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
+    tokenizer = build_tokenizer("gpt2")
+    ids = tokenizer.encode("".join(TOKENS))
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]))
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+        driver.find_element(By.CSS_SELECTOR, "button.view-lens").click()
+        drawn = wait_drawn(driver, drawn)
+        # layers down (the embeddings, then each block), tokens across; the last row is the model's prediction
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.lens tr[data-row]")
+        assert [r.get_attribute("data-row") for r in rows] == ["embed", "layer0", "layer1"]
+        assert _count(driver, "table.lens tr[data-row='layer1'] td.lens-cell") == len(ids)
+        tops = driver.execute_script(
+            "return [...document.querySelectorAll(\"table.lens tr[data-row='layer1'] td.lens-cell .top\")]"
+            ".map(c => c.textContent)"
+        )
+        want = [tokenizer.token_text(int(i)) for i in logits[0].argmax(-1)]
+        assert tops == [_shown(w) for w in want]
+
+        # the head map: one head and the layer's mean, large; the text coloured by the query's weights
+        driver.find_element(By.CSS_SELECTOR, "button.view-map").click()
+        drawn = wait_drawn(driver, drawn)
+        assert _count(driver, "canvas.bigmap") == 2
+        weights = driver.execute_script(
+            "return [...document.querySelectorAll('.colored-tokens .ct')].map(s => Number(s.dataset.weight))"
+        )
+        assert len(weights) == len(ids) and sum(weights) < 1.0  # the sink takes the rest
+        # hovering a token highlights it in every panel: run d beside itself shows it twice
+        drawn = _select(driver, ".compare-select", "d/tb", drawn)
+        token = driver.find_elements(By.CSS_SELECTOR, ".colored-tokens .ct")[2]
+        ActionChains(driver).move_to_element(token).perform()
+        assert _count(driver, ".panel .ct.hl") == 2
+        assert _count(driver, ".panel .axis-x .hl") == 4  # both maps of both panels

@@ -11,6 +11,8 @@
 // their titles and colours - is not written here: the page reads it from the backend's `contract` route, which
 // serves gptmini.board.summary's own constants, and refuses data of another version or layout.
 
+import {DRAW, PICKED, VIEWS, pick, pickBar} from './views.js';
+
 const SVG_NS = 'http://www.w3.org/2000/svg';
 // the layout of the bytes this page reads (the contract names the one the backend writes; another is refused)
 const LAYOUT = 'layer-head-tril-rows';
@@ -219,8 +221,19 @@ function scoreText(att, l, h) {
   if (s.induction) parts.push(`induction ${value(s.induction, 2)}`);
   if (s.first_token) parts.push(`first-token ${value(s.first_token, 2)}`);
   if (s.mean_distance) parts.push(`mean distance ${value(s.mean_distance, 1)}`);
-  return parts.join(', ');
+  return [parts.join(', '), sinkText(att, l, h)].filter(Boolean).join('\n');
 }
+
+// the head's sink share: on the first token, and on the learned sink where the model has one
+function sinkText(att, l, h) {
+  const sink = att.sink;
+  if (!sink) return '';
+  const part = (grid) => (grid[l][h] === null ? '–' : grid[l][h].toFixed(2));
+  return `sink: first token ${part(sink.first)}` + (sink.learned ? `, learned sink ${part(sink.learned)}` : '');
+}
+
+// what the views of views.js use of this page
+const viewContext = () => ({el, shown, level, levels: LEVELS, setStatus, redraw: draw});
 
 function modelView(att) {
   const grid = el('div', {class: 'grid'});
@@ -498,6 +511,7 @@ async function draw() {
   if (first && state.layer >= nLayer) state.layer = 0;
   ui.view.replaceChildren();
   if (state.view === 'head' && first) ui.view.append(headControls(first.att, nLayer, nHead));
+  if (PICKED.has(state.view) && first) ui.view.append(pickBar(viewContext(), first.att, nLayer, nHead));
   const row = el('div', {class: 'panels'});
   for (const p of panels) {
     // the run's name may break after its separators (a name with its overrides is one long word otherwise)
@@ -515,6 +529,7 @@ async function draw() {
     }
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));
+    else if (DRAW[state.view]) panel.append(DRAW[state.view](viewContext(), p.att));
     else if (state.view === 'model') panel.append(modelView(p.att));
     else if (state.layer >= p.att.n_layer) {
       panel.append(el('div', {class: 'note'},
@@ -537,6 +552,7 @@ async function draw() {
   ui.view.append(row);
   ui.modelBtn.classList.toggle('on', state.view === 'model');
   ui.headBtn.classList.toggle('on', state.view === 'head');
+  for (const [name, button] of Object.entries(ui.viewBtns)) button.classList.toggle('on', state.view === name);
   ui.stepLabel.textContent = state.text !== null ? 'your text' : `step ${state.steps[state.stepIndex] ?? '–'}`;
   ui.slider.disabled = state.text !== null || state.steps.length < 2;
   ui.back.hidden = state.text === null;
@@ -788,6 +804,8 @@ function controls() {
   ui.compareSelect = runSelect('compare-select', true, (e) => { state.compare = e.target.value; draw(); });
   ui.modelBtn = el('button', {class: 'tab', onclick: () => { state.view = 'model'; draw(); }}, 'Model view');
   ui.headBtn = el('button', {class: 'tab', onclick: () => { state.view = 'head'; draw(); }}, 'Head view');
+  ui.viewBtns = Object.fromEntries(Object.entries(VIEWS).map(([name, title]) => [name,
+    el('button', {class: `tab view-${name}`, onclick: () => { state.view = name; draw(); }}, title)]));
   ui.ticks = el('datalist', {id: 'step-ticks'});
   ui.slider = el('input', {type: 'range', min: 0, max: 0, value: 0, step: 1, class: 'step-slider', list: 'step-ticks',
     oninput: (e) => { state.stepIndex = Number(e.target.value); draw(); }});
@@ -823,7 +841,7 @@ function controls() {
   const top = el('div', {class: 'bar'},
     el('label', {}, 'Run ', ui.runSelect),
     el('label', {}, 'beside ', ui.compareSelect),
-    el('span', {class: 'tabs'}, ui.modelBtn, ui.headBtn),
+    el('span', {class: 'tabs'}, ui.modelBtn, ui.headBtn, ...Object.values(ui.viewBtns)),
     el('span', {class: 'save'}, 'Save ',
       el('button', {class: 'save-png', onclick: savePNG}, 'PNG'),
       el('button', {class: 'save-svg', onclick: saveSVG}, 'SVG')));
@@ -907,4 +925,4 @@ function followReload() {
 }
 
 // for the browser test and the benchmark
-window.gptminiAttention = {state, timings, currentSVG, pngBlob, draw, fileName};
+window.gptminiAttention = {state, pick, timings, currentSVG, pngBlob, draw, fileName};

@@ -178,7 +178,16 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
     np.testing.assert_allclose(dequantise(tri, t), want, atol=0.5 / 255 + 1e-6)
     # encoded as training encodes its probe: the same header, the same bytes
     header, want_tri = encode(AttentionSummary(body["tokens"], want))
-    assert {k: body[k] for k in header} == header
+    detail = ("sink", "lens", "vectors")  # the neuron and lens views' entries, from the same pass
+    assert {k: body[k] for k in header if k not in detail} == {
+        k: v for k, v in header.items() if k not in detail
+    }
+    np.testing.assert_allclose(body["sink"]["first"], want[:, :, 1:, 0].mean(-1), atol=1e-4)
+    assert body["sink"]["learned"] is None and body["lens"]["rows"] == ["embed", "layer0", "layer1"]
+    assert body["lens"]["top"][-1] == [
+        tokenizer.token_text(int(i)) for i in model(torch.tensor([ids]))[0][0].argmax(-1)
+    ]
+    assert body["vectors"]["layers"] == 2 and body["vectors"]["head_size"] == model.config.head_size
     assert np.abs(tri.astype(int) - want_tri.astype(int)).max() <= 1  # float rounding at a level's midpoint
 
 

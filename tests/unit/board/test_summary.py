@@ -4,6 +4,7 @@ data provider against the model's attention."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from types import SimpleNamespace
 
@@ -114,6 +115,7 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
         loggers=[TensorBoardLogger(str(tmp_path), name="tb", version="")],
         datamodule=SimpleNamespace(tokenizer=lambda: tokenizer),
         global_step=3,
+        precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext),
     )
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8)
     torch.manual_seed(0)
