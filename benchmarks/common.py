@@ -25,7 +25,7 @@ from gptmini.fileio import atomic_write_text
 log = logging.getLogger("benchmarks")
 
 
-SECTIONS = ("attention", "train", "e2e", "generate", "data", "recipe", "frontier", "busy", "board")
+SECTIONS = ("attention", "train", "e2e", "generate", "data", "recipe", "frontier", "busy", "board", "runs")
 
 
 # Published A100 numbers of the reference material (book chapter 3 bonus: B=8, T=1024, 12 heads, 768 wide).
@@ -76,7 +76,7 @@ def run_module(args: Sequence[str], what: str) -> float:
     return run_command([sys.executable, "-m", *args], what)[0]
 
 
-# host allocator of a benchmark process (gptmini.training.allocator)
+# host allocator of a benchmark process (gptmini.training.run.allocator)
 ALLOC_DEFAULT = "glibc default"
 
 
@@ -89,7 +89,7 @@ class BenchOptions:
     quick: bool = False
     compile: bool = True
     out: Path = Path("results")
-    # whether this process keeps freed memory for reuse (gptmini.training.allocator), as training does by default;
+    # whether this process keeps freed memory for reuse (gptmini.training.run.allocator), as training does by default;
     # main() turns it on unless --no-retain-memory
     retain_memory: bool = False
     seed: int = 1337

@@ -5,11 +5,12 @@ default validation cadence; the goal: at most 5% of training time. Two measureme
   written to TensorBoard);
 - the validation extras: every logger of conf/callbacks/default.yaml that runs at a validation (attention maps,
   head insight, the ATTENTION tab's summary, the text sample), driven through their own hooks as a validation
-  drives them, with the one attention pass they share (``gptmini.training.probe``)."""
+  drives them, with the one attention pass they share (``gptmini.training.loop.probe``)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -41,10 +42,16 @@ INSIGHT_COLUMNS = [
     "extras_pct",
     "extras_met",
     "passes_per_validation",
+    "detail_ms",
+    "detail_pct",
+    "detail_met",
+    "projector_ms",
 ]
 # the 65 characters of the Shakespeare char corpus (experiment=shakespeare_char_cpu, the GPU default)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TARGET_SHARE = 0.05
+# what the ATTENTION tab's neuron and lens views and the sink shares add to a validation: at most 2%
+DETAIL_SHARE = 0.02
 
 
 @dataclass
@@ -103,10 +110,10 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from gptmini.data.tokenizers import CharTokenizer, TiktokenTokenizer
-    from gptmini.training.callbacks import AttentionMapLogger, TextSampleLogger
-    from gptmini.training.insight_logging import HeadInsightLogger
-    from gptmini.training.probe import ValidationProbe
-    from gptmini.training.summary_logging import AttentionSummaryLogger
+    from gptmini.training.callbacks.insight_logging import HeadInsightLogger
+    from gptmini.training.callbacks.loggers import AttentionMapLogger, TextSampleLogger
+    from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
+    from gptmini.training.loop.probe import ValidationProbe
 
     vocab = model.config.vocab_size
     tokenizer = CharTokenizer(sorted(CHARS)) if vocab == len(CHARS) else TiktokenTokenizer("gpt2")
@@ -116,13 +123,16 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
         sanity_checking=False,
         loggers=[TensorBoardLogger(logdir, name="", version="extras")],
         datamodule=SimpleNamespace(tokenizer=tokenizer, val_dataset=SimpleNamespace(tokens=tokens)),
-        callbacks=[],  # no BackgroundWork: drawing runs inside the timing
         callback_metrics={},
         precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext),
         global_step=0,
     )
     probe = ValidationProbe()
-    module = SimpleNamespace(model=model, device=next(model.parameters()).device, validation_probe=probe)
+    # the readers of the validation's one attention pass share it, as in training; no background worker is
+    # handed over, so the images are drawn inside the timing
+    for logger in loggers[:3]:
+        logger.probe = probe
+    module = SimpleNamespace(model=model, device=next(model.parameters()).device)
 
     def extras(step: int) -> None:
         trainer.global_step = step
@@ -137,10 +147,46 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
     return extras, probe
 
 
+def tab_detail(model: GPT, logdir: str) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    """``detail(step)``: what the ATTENTION tab's summary logger adds to a validation for the neuron and lens views
+    and the sinks (one ``GPT.inspect`` pass over its default probe, the lens, the queries and keys, the sink and
+    lens scalars, the lens image drawn inline); ``projector(step)``: the PROJECTOR embeddings written at the end."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from gptmini.board.detail import probe_detail
+    from gptmini.data.tokenizers import CharTokenizer, TiktokenTokenizer
+    from gptmini.training.callbacks.summary_logging import (
+        AttentionSummaryLogger,
+        attention_summary,
+        inspect,
+        write_projector,
+    )
+
+    vocab = model.config.vocab_size
+    tokenizer = CharTokenizer(sorted(CHARS)) if vocab == len(CHARS) else TiktokenTokenizer("gpt2")
+    logger = AttentionSummaryLogger()
+    ids = tokenizer.encode(logger.probe_text)[: min(logger.max_tokens, model.config.block_size)]
+    tokens = [tokenizer.token_text(i) for i in ids]
+    writer = TensorBoardLogger(logdir, name="", version="detail").experiment
+    trainer = SimpleNamespace(callbacks=[])  # no BackgroundWork: the image is drawn inside the timing
+
+    def detail(step: int) -> None:
+        found = inspect(model, ids)
+        summary = attention_summary(found.maps[:, 0], tokens)
+        summary = dataclasses.replace(summary, **probe_detail(model, found, ids, tokenizer))
+        logger.log_detail(trainer, writer, summary, ids, tokenizer, step)
+        writer.flush()
+
+    def projector(step: int) -> None:
+        write_projector(writer, inspect(model, ids), tokens, step)
+
+    return detail, projector
+
+
 def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
 
-    from gptmini.training.insight_logging import HeadInsightLogger
+    from gptmini.training.callbacks.insight_logging import HeadInsightLogger
 
     dev, s, c = opts.device, setup.train, setup.train.model
     torch.manual_seed(opts.seed)
@@ -149,12 +195,15 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
     tokens = np.random.default_rng(opts.seed).integers(0, c.vocab_size, size=200_000)
     probes = make_probes(tokens, c.vocab_size, c.block_size).to(dev)
     logger = HeadInsightLogger()
-    step_times, pass_times, score_times, loss_times, extras_times = [], [], [], [], []
+    step_times, pass_times, score_times, loss_times, extras_times, detail_times = [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="gptmini-bench-insight-") as tmp:
         writer = SummaryWriter(tmp)
         extras, probe = validation_extras(model, tokens, tmp)
+        detail, projector = tab_detail(model, tmp)
         first = _timed(dev, logger.insight_pass, model, probes, writer, 0)  # also pays imports, fonts
         extras(0)  # warm-up: the loggers' probes, the sampler's first call
+        detail(0)
+        projector_s = _timed(dev, projector, 0)
         run_bare_loop(model, _batches(s, 2, dev, opts.seed), s, dev)  # warm-up
         passes = probe.passes
         for r in range(rounds):
@@ -162,6 +211,7 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
             step_times += [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
             pass_times.append(_timed(dev, logger.insight_pass, model, probes, writer, r + 1))
             extras_times.append(_timed(dev, extras, r + 1))
+            detail_times.append(_timed(dev, detail, r + 1))
             model.eval()
             score_times.append(_timed(dev, head_scores, model, probes))
             loss_times.append(_timed(dev, loss_by_position, model, probes.windows))
@@ -171,6 +221,8 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
     share = pass_s / (setup.val_every * step)
     extras_s = statistics.median(extras_times)
     extras_share = extras_s / (setup.val_every * step)
+    detail_s = statistics.median(detail_times)
+    detail_share = detail_s / (setup.val_every * step)
     log.info(
         "insight %s: pass %.0f ms vs %d steps of %.1f ms: %.2f%%",
         setup.name,
@@ -194,6 +246,10 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
         "extras_pct": 100 * extras_share,
         "extras_met": extras_share <= TARGET_SHARE,
         "passes_per_validation": (probe.passes - passes) / rounds,
+        "detail_ms": detail_s * 1e3,
+        "detail_pct": 100 * detail_share,
+        "detail_met": detail_share <= DETAIL_SHARE,
+        "projector_ms": projector_s * 1e3,
     }
 
 
@@ -214,5 +270,9 @@ def bench_insight(opts: BenchOptions, rounds: int = 3) -> tuple[list[dict[str, A
         "attention pass they share; the images drawn inside the timing (a run draws them on a background "
         "thread). extras_pct: extras_ms / (val_every x step_ms); passes_per_validation: the attention passes "
         "each validation ran (1: the probes of every logger in one batch)",
+        "detail_ms: the part of extras_ms that the ATTENTION tab's neuron and lens views and the sink shares add "
+        "(one more pass over the tab's probe keeping the residual stream and the queries and keys, the logit lens, "
+        "the sink and lens scalars, the lens image drawn inline); detail_pct: detail_ms / (val_every x step_ms), "
+        f"target {100 * DETAIL_SHARE:g}%; projector_ms: the PROJECTOR embeddings, once at the end of training",
     ]
     return rows, notes

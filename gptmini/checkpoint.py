@@ -2,8 +2,7 @@
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
 previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
 at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
-another model. Also the one rule for which file
-``last`` means, in every command (:func:`find_last_checkpoint`)."""
+another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs``' (``resolve_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import torch
 
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
+from gptmini.run_files import SUMMARY_FILE, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +28,12 @@ log = logging.getLogger(__name__)
 CHECKSUM_KEY = "gptmini_checksum"
 # The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
-# The files ``last`` chooses among (see find_last_checkpoint).
-LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
-# What --ckpt takes, in every command's --help (resolve_checkpoint).
-CKPT_RULE = (
-    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
-    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
-    "`gptmini runs` lists them"
-)
+# Within it: the tokenizer itself when it is not known by name (the char vocabulary, the trained BPE; as
+# gptmini.data.reader.saved_tokenizer gives it), so the checkpoint samples and exports without its data folder.
+SAVED_TOKENIZER_KEY = "saved_tokenizer"
+# A checkpoint of a run with callbacks.ema (Lightning's WeightAveraging) holds the average as "state_dict", what
+# every command reads, and the trained weights under this key, what a resume continues from.
+TRAINED_WEIGHTS_KEY = "current_model_state"
 
 
 class CheckpointError(ValueError):
@@ -187,7 +184,7 @@ def load_checkpoint(
         raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
     _check_archive_sizes(path)
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        ckpt = _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as err:
         if "GLOBAL" not in str(err):  # the unpickler met bytes it cannot read, not a forbidden object
             raise _not_a_checkpoint(path, "its contents do not unpickle: damaged") from None
@@ -204,6 +201,17 @@ def load_checkpoint(
     if verify:
         verify_checksum(ckpt, path)
     return ckpt
+
+
+def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        # torch's archive reader takes a file name as UTF-8: a folder name that is not UTF-8 (its bytes held as
+        # lone surrogates) is read through a file Python opened, without memory-mapping
+        with open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 # Slack over the archive's own size that its entries may declare in all: zip headers are counted in the file
@@ -287,7 +295,16 @@ def model_and_checkpoint(
     # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
     model.eval()
+    _say_if_averaged(ckpt, path)
     return model, ckpt
+
+
+def _say_if_averaged(ckpt: Mapping[str, Any], path: str | Path) -> None:
+    if TRAINED_WEIGHTS_KEY in ckpt:
+        log.info(
+            "%s holds an average of the weights (callbacks.ema) beside the trained ones: using the average",
+            path,
+        )
 
 
 def load_weights_into(model: GPT, path: str | Path) -> None:
@@ -305,6 +322,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
         )
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
+    _say_if_averaged(ckpt, path)
 
 
 def model_from_checkpoint(
@@ -344,12 +362,17 @@ def check_resume_compatible(
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
 
 
+# Optimizer classes a checkpoint may name by an earlier module path: the same class, so its state resumes.
+MOVED_OPTIMIZERS = {"gptmini.training.optimizers.MuonAdamW": "gptmini.training.loop.optimizers.MuonAdamW"}
+
+
 def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
     """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
     config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
     (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
     saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
     was, now = saved.get("_target_"), optimizer.get("_target_")
+    was = MOVED_OPTIMIZERS.get(was, was)
     if was and now and was != now:
         raise CheckpointError(
             f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "
@@ -397,113 +420,13 @@ def check_trained_data(
     return text
 
 
-# --- which file "last" means ---------------------------------------------------------------------------------
-
-
-def find_last_checkpoint(
-    output_root: str | Path,
-    run_name: str | None = None,
-    exclude: str | Path | None = None,
-    sweep_jobs: bool = True,
-) -> Path | None:
-    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
-    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
-    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
-    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
-    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
-
-    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
-    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
-    root = Path(output_root) / run_name if run_name else Path(output_root)
-    skip = Path(exclude).resolve() if exclude is not None else None
-    candidates = [
-        p
-        for name in LAST_NAMES
-        for p in root.glob(f"**/checkpoints/{name}")
-        if p.is_file()
-        and (skip is None or skip not in p.resolve().parents)
-        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
-    ]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
-
-
-def is_sweep_job(relative: Path) -> bool:
-    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
-    return any(part.startswith("multirun_") for part in relative.parts)
-
-
-def _sweep_only(root: Path) -> str:
-    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
-    job = find_last_checkpoint(root)
-    return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
-
-
-def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
-    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
-    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
-    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
-    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
-    (a training setting)."""
-    named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
-    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
-        too_long = fileio.name_too_long(value)
-        if too_long:
-            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
-    if str(spec) == "last":
-        found = find_last_checkpoint(output_root, sweep_jobs=False)
-        if found is None:
-            raise CheckpointError(
-                f"no last.ckpt or on_exception.ckpt found under {output_root}/"
-                f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
-            )
-        remove_stale_temp_files(found.parent)
-        return found
-    path = Path(spec)
-    if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
-        run = Path(output_root) / path  # a run name
-        path = run if run.is_dir() else path
-    if path.is_dir():
-        found = find_last_checkpoint(path, sweep_jobs=False)
-        if found is None:
-            raise CheckpointError(
-                f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
-                f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
-                "or 'last'"
-            )
-        remove_stale_temp_files(found.parent)
-        return found
-    if path.is_symlink() and not path.exists():
-        raise CheckpointError(
-            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
-        )
-    if not path.exists():
-        root = Path(output_root)
-        runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        there = (
-            f"its runs: {', '.join(runs[:10])}{', ...' if len(runs) > 10 else ''}"
-            if runs
-            else ("which holds no runs" if root.is_dir() else "no such folder")
-        )
-        raise CheckpointError(
-            f"{named} does not exist: pass a .ckpt file written by training, a run folder, a run name under "
-            f"{root}/ ({there}), or 'last'"
-        )
-    if not path.is_file():
-        raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
-    if not os.access(path, os.R_OK):
-        raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
-    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
-    remove_stale_temp_files(path.parent)
-    return path
-
-
 # --- atomic saving ---------------------------------------------------------------------------------------------
 
 
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Deletes the temp checkpoint files a process killed while saving left in ``folder`` (see ``fileio``)."""
+    """Deletes the temp checkpoint files a process of this host killed while saving left in ``folder`` (see
+    ``fileio``). Only training calls it, on the checkpoints folder of the run it writes or resumes: a command
+    that only reads a checkpoint deletes nothing."""
     return fileio.remove_stale_temp_files(folder, ".*.ckpt.*.tmp")
 
 
@@ -532,13 +455,12 @@ def _os_error(err: BaseException | None) -> OSError | None:
 
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
     """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
-    ``write(checkpoint, file)`` serialises. Temp files left by killed saves in the same folder are removed first.
+    ``write(checkpoint, file)`` serialises.
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)
     payload = with_checksum(checkpoint)
     try:
-        remove_stale_temp_files(path.parent)
         fileio.atomic_write(path, lambda f: write(payload, f))
     except Exception as err:
         cause = _os_error(err)
@@ -564,7 +486,13 @@ def _make_atomic_checkpoint_io() -> type:
         ) -> None:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
+            # the run's own checkpoints folder: a save of this host killed there earlier left its temp file
+            remove_stale_temp_files(Path(path).parent)
             atomic_save(checkpoint, path, write=self.write)
+            try:
+                write_summary(path, checkpoint)
+            except OSError as err:  # the checkpoint is saved; `gptmini runs` reads it instead
+                log.warning("could not record %s in its run's %s: %s", path, SUMMARY_FILE, err)
 
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from gptmini import generation, ingredients, lm_loss
 from gptmini.attention import KVCache, attention_class, available_attention, build_attention
+from gptmini.attention.base import QueryKeys
 from gptmini.feed_forward import FEED_FORWARDS
 
 
@@ -288,6 +289,15 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return cap * torch.tanh(logits / cap)
 
 
+@dataclass
+class Inspection:
+    """What ``GPT.inspect`` keeps of one pass."""
+
+    maps: torch.Tensor  # (n_layer, B, nh, T, T): attention probabilities
+    residuals: torch.Tensor  # (n_layer + 1, B, T, C): the embeddings, then each block's output
+    vectors: list[QueryKeys] | None  # one per layer; None when the attention does not expose them
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``; with ``mlp=none`` only the
     attention sublayer (``ln_2`` and ``mlp`` are None)."""
@@ -546,6 +556,33 @@ class GPT(nn.Module):
             maps.append(block.attn.attention_probs(block.ln_1(x)))  # (B, nh, T, T)
             x = block(x, None, v)
         return torch.stack(maps)
+
+    @torch.no_grad()
+    def inspect(self, idx: torch.Tensor) -> Inspection:
+        """One pass of the explicit path that keeps what the attention tab reads: every layer's attention, the
+        residual stream before the first block and after each (the logit lens reads it through ``lens_logits``)
+        and, where the attention exposes them, the queries and keys its scores come from (the neuron view)."""
+        self._check_length(idx.size(1))
+        x = self._embed(idx)  # (B, T, C)
+        maps, residuals, vectors = [], [x], []
+        for block, v in zip(self.blocks, self._layer_values(idx), strict=True):
+            h = block.ln_1(x)
+            maps.append(block.attn.attention_probs(h))  # (B, nh, T, T)
+            if block.attn.exposes_vectors:
+                vectors.append(block.attn.query_key_vectors(h))
+            x = block(x, None, v)
+            residuals.append(x)
+        return Inspection(
+            maps=torch.stack(maps),
+            residuals=torch.stack(residuals),
+            vectors=vectors if len(vectors) == len(self.blocks) else None,
+        )
+
+    @torch.no_grad()
+    def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
+        """The logit lens: the residual stream ``residual`` (..., C) read out as the last layer's is, through the
+        final norm and the LM head: (..., vocab_size). On the last block's output these are the model's logits."""
+        return self.logits(self.ln_f(residual))[..., : self.config.vocab_size]
 
     # --- generation -------------------------------------------------------------------------------------
 

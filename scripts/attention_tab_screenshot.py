@@ -2,7 +2,8 @@
 ``python scripts/attention_tab_screenshot.py --logdir outputs --out docs/images/attention-tab.png``.
 
 Starts TensorBoard on 127.0.0.1 (a free port), opens the tab in headless Chromium (benchmarks/board.py, shared
-with the browser test), optionally opens the head view of one layer and head, and saves the page as PNG."""
+with the browser test), optionally opens the head view of one layer and head, or the neuron, lens or head-map
+view of one layer, head and query, and saves the page as PNG."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def main() -> int:
     p.add_argument("--head", default=None, help="LAYER,HEAD: open this head's head view")
     p.add_argument("--text", default=None, help="show attention on this text (the run's checkpoint)")
     p.add_argument("--hover", type=int, default=None, help="hover this query token in the head view")
+    p.add_argument("--view", choices=("neuron", "lens", "map"), default=None, help="open this view")
+    p.add_argument("--pick", default=None, help="LAYER,HEAD,QUERY: what the neuron view and head map show")
+    p.add_argument("--step", type=int, default=None, help="the logged step to show (default: the newest)")
     p.add_argument("--size", default="1500,1000", help="window WIDTH,HEIGHT")
     args = p.parse_args()
     if (missing := browser_missing()) is not None:
@@ -48,6 +52,29 @@ def main() -> int:
         if args.text:
             driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(args.text, Keys.ENTER)
             drawn = wait_drawn(driver, drawn)
+        if args.step is not None:
+            index = driver.execute_script(
+                "return [...document.querySelectorAll('#step-ticks option')].findIndex(o => o.label === arguments[0])",
+                str(args.step),
+            )
+            if index < 0:
+                print(f"error: --step {args.step} is not a logged step of the run", file=sys.stderr)
+                return 2
+            driver.execute_script(
+                "const s = document.querySelector('.step-slider'); s.value = arguments[0];"
+                "s.dispatchEvent(new Event('input'));",
+                index,
+            )
+            drawn = wait_drawn(driver, drawn)
+        if args.view:
+            driver.find_element(By.CSS_SELECTOR, f"button.view-{args.view}").click()
+            drawn = wait_drawn(driver, drawn)
+        if args.pick:
+            for name, value in zip(("layer", "head", "query"), args.pick.split(","), strict=True):
+                select = Select(driver.find_element(By.CSS_SELECTOR, f".pick-{name}"))
+                if select.first_selected_option.get_attribute("value") != value:
+                    select.select_by_value(value)
+                    drawn = wait_drawn(driver, drawn)
         if args.head:
             layer, head = args.head.split(",")
             driver.find_element(By.CSS_SELECTOR, f'.cell[data-layer="{layer}"][data-head="{head}"]').click()

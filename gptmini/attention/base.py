@@ -63,6 +63,19 @@ def copy_param(param: Tensor | None, value: Tensor | None, what: str) -> None:
     param.copy_(value)
 
 
+@dataclass
+class QueryKeys:
+    """One attention module's scores, term by term: ``softmax(q . k * scale + bias)``, with the sink's logit as one
+    more key of zero value where there is one (the neuron view reads each of these)."""
+
+    q: Tensor  # (B, nh, T, hs)
+    k: Tensor  # (B, nh, T, hs): each query head's keys
+    scale: float  # the dot products' factor, 1 / sqrt(hs)
+    slopes: Tensor | None = None  # (nh,) ALiBi's: bias -slope * distance
+    window: int | None = None  # each query sees at most this many keys, itself included
+    sink: Tensor | None = None  # (nh,) the learned sink's logit
+
+
 class LMAttention(nn.Module):
     """Base class of the causal self-attention implementations a GPT block can use (see the module docstring)."""
 
@@ -84,6 +97,8 @@ class LMAttention(nn.Module):
     options: ClassVar[frozenset[str]] = frozenset()
     # forward(x, values=...) adds values (B, T, C_kv) to its own before attending (value embeddings)
     takes_values: ClassVar[bool] = False
+    # query_key_vectors(x) gives the queries and keys its scores are dot products of (the neuron view)
+    exposes_vectors: ClassVar[bool] = False
 
     out_proj: nn.Linear
 
@@ -93,6 +108,13 @@ class LMAttention(nn.Module):
     def attention_probs(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, nh, T, T), no dropout
         raise NotImplementedError(
             f"{type(self).__name__} has no explicit probabilities (returns_probs=False)"
+        )
+
+    def query_key_vectors(self, x: Tensor) -> QueryKeys:
+        """The queries and keys as its scores take them (after any rotation and normalisation), each key head
+        repeated for the query heads that share it, and what the scores add to their scaled dot products."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not expose its queries and keys (exposes_vectors=False)"
         )
 
     def reference_forward(self, x: Tensor) -> Tensor:  # (B, T, C) -> (B, T, C), the explicit path, no dropout

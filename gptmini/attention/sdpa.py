@@ -11,6 +11,7 @@ from gptmini.attention.alibi import alibi_slopes
 from gptmini.attention.base import (
     AttentionWeights,
     LMAttention,
+    QueryKeys,
     copy_param,
     set_fused_qkv,
     set_out_proj,
@@ -58,6 +59,7 @@ class CausalSelfAttention(LMAttention):
     any_length = True
     fused = True
     takes_values = True
+    exposes_vectors = True
     options = frozenset(
         {"n_kv_head", "rope_base", "alibi", "sliding_window", "qk_norm", "attn_gate", "attn_sink", "kernel"}
     )
@@ -209,6 +211,17 @@ class CausalSelfAttention(LMAttention):
 
     def attention_probs(self, x: Tensor) -> Tensor:
         return self._reference(x)[0]
+
+    def query_key_vectors(self, x: Tensor) -> QueryKeys:
+        q, k, _ = self._heads(x)  # (B, nh, T, hs), (B, n_kv, T, hs)
+        return QueryKeys(
+            q=q,
+            k=repeat_kv(k, self.n_head),  # (B, nh, T, hs)
+            scale=self.head_size**-0.5,
+            slopes=self.alibi_slopes,
+            window=self.sliding_window,
+            sink=None if self.sink is None else self.sink.detach(),
+        )
 
     def reference_forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape

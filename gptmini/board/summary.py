@@ -4,7 +4,12 @@ quantised to uint8 over the causal lower triangle, the tokens as strings and eac
 
 Format (a DT_STRING tensor of two elements, under the plugin's name, data class TENSOR):
   [0] a UTF-8 JSON header: {"version", "n_layer", "n_head", "tokens", "head_types" (n_layer x n_head or null),
-      "scores" (name -> n_layer x n_head, or {})}
+      "scores" (name -> n_layer x n_head, or {}), "sink", "lens", "vectors" (each null when not logged)}:
+      "sink": {"first": n_layer x n_head shares on the first token, "learned": the same on the learned sink, or
+      null}; "lens": {"rows": names, "top": rows x T top tokens, "prob": their probabilities, "target": rows x
+      (T - 1) probabilities of the token that comes next, optionally each row's "loss" and "top1"}; "vectors": the queries and keys of the first "layers"
+      layers, float16 little-endian in base64, (layers, n_head, T, head_size) each, with what the scores add to
+      q . k ("scale", ALiBi's "slopes", the "window", the "sink" logits: see ``VECTOR_KEYS``).
   [1] the probabilities: uint8, round(p * LEVELS), layer-major, then head, then the rows of the lower triangle
       (row i holds keys 0..i), T * (T + 1) / 2 bytes per head (``LAYOUT``).
 :func:`contract` is what the page receives (the ``contract`` route): the tag, the levels, the layout, the header's
@@ -14,6 +19,8 @@ Only NumPy and TensorBoard's protos: TensorBoard imports this module, and must n
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import numbers
@@ -33,7 +40,11 @@ LEVELS = 255  # uint8 quantisation: p is stored as round(p * LEVELS)
 LAYOUT = (
     "layer-head-tril-rows"  # byte (l * n_head + h) * T(T+1)/2 + i(i+1)/2 + j: layer l, head h, query i, key j
 )
-HEADER_KEYS = ("version", "n_layer", "n_head", "tokens", "head_types", "scores")
+HEADER_KEYS = ("version", "n_layer", "n_head", "tokens", "head_types", "scores", "sink", "lens", "vectors")
+VECTOR_KEYS = ("layers", "head_size", "scale", "q", "k", "slopes", "window", "sink")
+# The queries and keys a summary keeps: at most this many values (q and k together, 2 bytes each); the layers
+# from the first that fit, none when one does not (the neuron view then runs on your own text only)
+MAX_VECTOR_VALUES = 2**17
 # Each head type gptmini.insight.scores.head_types gives (in its order of precedence), as the tab shows it:
 # (name, title, colour). The last is the type of a head of none of the others (the tab names it less loudly). A
 # test holds the names against the insight module.
@@ -60,6 +71,9 @@ class AttentionSummary:
     probs: np.ndarray  # (n_layer, n_head, T, T) float32, causal: zero above the diagonal
     head_types: list[list[str]] | None = None
     scores: Mapping[str, list[list[float]]] | None = None
+    sink: Mapping[str, Any] | None = None  # {"first": grid, "learned": grid or None}
+    lens: Mapping[str, Any] | None = None  # see lens_header
+    vectors: Mapping[str, Any] | None = None  # see vectors_header
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -121,8 +135,70 @@ def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
             name: [[float(x) if _finite(x) else None for x in row] for row in grid]
             for name, grid in (summary.scores or {}).items()
         },
+        "sink": None if summary.sink is None else dict(summary.sink),
+        "lens": None if summary.lens is None else dict(summary.lens),
+        "vectors": None if summary.vectors is None else dict(summary.vectors),
     }
     return header, quantise(summary.probs)
+
+
+def _rounded(values: np.ndarray, digits: int = 4) -> list[Any]:
+    # nested lists of numbers, None where one is not finite (JSON has no NaN)
+    if values.ndim > 1:
+        return [_rounded(row, digits) for row in values]
+    return [round(x, digits) if math.isfinite(x) else None for x in values.tolist()]
+
+
+def sink_header(first: np.ndarray, learned: np.ndarray | None) -> dict[str, Any]:
+    """The ``sink`` entry: each head's share on the first token and on the learned sink, (n_layer, n_head) each."""
+    return {
+        "first": _rounded(np.asarray(first)),
+        "learned": None if learned is None else _rounded(np.asarray(learned)),
+    }
+
+
+def lens_header(
+    rows: list[str], top: list[list[str]], prob: np.ndarray, target: np.ndarray
+) -> dict[str, Any]:
+    """The ``lens`` entry: for each row (the embeddings, then each block), the top token at each position, its
+    probability (rows, T) and the probability of the token that comes next (rows, T - 1)."""
+    return {
+        "rows": list(rows),
+        "top": [list(r) for r in top],
+        "prob": _rounded(prob),
+        "target": _rounded(target),
+    }
+
+
+def vectors_header(
+    q: np.ndarray,
+    k: np.ndarray,
+    scale: float,
+    slopes: np.ndarray | None = None,
+    window: int | None = None,
+    sink: np.ndarray | None = None,
+) -> dict[str, Any] | None:
+    """The ``vectors`` entry from queries and keys (n_layer, n_head, T, hs), ALiBi's slopes (n_head,), the window
+    and the sink logits (n_layer, n_head): the first layers within ``MAX_VECTOR_VALUES``, or None when not one
+    layer fits."""
+    per_layer = 2 * q[0].size
+    layers = min(q.shape[0], MAX_VECTOR_VALUES // per_layer)
+    if layers == 0:
+        return None
+
+    def b64(x: np.ndarray) -> str:
+        return base64.b64encode(np.ascontiguousarray(x[:layers], dtype="<f2").tobytes()).decode("ascii")
+
+    return {
+        "layers": int(layers),
+        "head_size": int(q.shape[-1]),
+        "scale": float(scale),
+        "q": b64(q),
+        "k": b64(k),
+        "slopes": None if slopes is None else _rounded(np.asarray(slopes, dtype=np.float64), 8),
+        "window": window,
+        "sink": None if sink is None else _rounded(np.asarray(sink)[:layers]),
+    }
 
 
 def summary_proto(summary: AttentionSummary, tag: str = TAG) -> summary_pb2.Summary:
@@ -199,7 +275,84 @@ def _check_header(header: Any) -> dict[str, Any]:
         "tokens": tokens,
         "head_types": head_types,
         "scores": scores,
+        "sink": _check_sink(header.get("sink"), n_layer, n_head),
+        "lens": _check_lens(header.get("lens"), n_layer, len(tokens)),
+        "vectors": _check_vectors(header.get("vectors"), n_layer, n_head, len(tokens)),
     }
+
+
+def _number_or_null(x: Any) -> bool:
+    return x is None or _finite(x)
+
+
+def _check_sink(sink: Any, n_layer: int, n_head: int) -> dict[str, Any] | None:
+    if sink is None:
+        return None
+    if not isinstance(sink, dict) or not _grid(sink.get("first"), n_layer, n_head, _number_or_null):
+        raise SummaryFormatError(f"sink.first must be {n_layer} rows of {n_head} numbers")
+    learned = sink.get("learned")
+    if learned is not None and not _grid(learned, n_layer, n_head, _number_or_null):
+        raise SummaryFormatError(f"sink.learned must be null or {n_layer} rows of {n_head} numbers")
+    return {"first": sink["first"], "learned": learned}
+
+
+def _check_lens(lens: Any, n_layer: int, t: int) -> dict[str, Any] | None:
+    if lens is None:
+        return None
+    rows = lens.get("rows") if isinstance(lens, dict) else None
+    if not isinstance(rows, list) or len(rows) != n_layer + 1 or not all(isinstance(r, str) for r in rows):
+        raise SummaryFormatError(f"lens.rows must be {n_layer + 1} names (the embeddings, then each layer)")
+    if not _grid(lens.get("top"), n_layer + 1, t, lambda x: isinstance(x, str)):
+        raise SummaryFormatError(f"lens.top must be {n_layer + 1} rows of {t} tokens")
+    if not _grid(lens.get("prob"), n_layer + 1, t, _number_or_null):
+        raise SummaryFormatError(f"lens.prob must be {n_layer + 1} rows of {t} numbers")
+    if not _grid(lens.get("target"), n_layer + 1, t - 1, _number_or_null):
+        raise SummaryFormatError(f"lens.target must be {n_layer + 1} rows of {t - 1} numbers")
+    for name in ("loss", "top1"):  # each row's mean over the text (optional)
+        values = lens.get(name)
+        if values is not None and not (
+            isinstance(values, list)
+            and len(values) == n_layer + 1
+            and all(_number_or_null(x) for x in values)
+        ):
+            raise SummaryFormatError(f"lens.{name} must be null or {n_layer + 1} numbers")
+    return {k: lens.get(k) for k in ("rows", "top", "prob", "target", "loss", "top1")}
+
+
+def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str, Any] | None:
+    if vectors is None:
+        return None
+    if not isinstance(vectors, dict):
+        raise SummaryFormatError(f"vectors must be an object, not {_short(vectors)}")
+    layers, hs = vectors.get("layers"), vectors.get("head_size")
+    for name, value, most in (("layers", layers, n_layer), ("head_size", hs, MAX_VECTOR_VALUES)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise SummaryFormatError(
+                f"vectors.{name} must be an integer from 1 to {most}, not {_short(value)}"
+            )
+    if not _finite(vectors.get("scale")):
+        raise SummaryFormatError("vectors.scale must be a number")
+    for name in ("q", "k"):
+        try:
+            size = len(base64.b64decode(vectors.get(name) or "", validate=True))
+        except (binascii.Error, TypeError, ValueError):
+            raise SummaryFormatError(f"vectors.{name} is not base64") from None
+        if size != 2 * layers * n_head * t * hs:
+            raise SummaryFormatError(
+                f"vectors.{name}: {size} bytes for {layers}x{n_head} heads, {t} tokens of {hs}"
+            )
+    slopes = vectors.get("slopes")
+    if slopes is not None and not (
+        isinstance(slopes, list) and len(slopes) == n_head and all(_finite(x) for x in slopes)
+    ):
+        raise SummaryFormatError(f"vectors.slopes must be null or {n_head} numbers")
+    window = vectors.get("window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise SummaryFormatError(f"vectors.window must be null or a positive integer, not {_short(window)}")
+    sink = vectors.get("sink")
+    if sink is not None and not _grid(sink, layers, n_head, _finite):
+        raise SummaryFormatError(f"vectors.sink must be null or {layers} rows of {n_head} numbers")
+    return {k: vectors.get(k) for k in VECTOR_KEYS}
 
 
 def _count(header: dict[str, Any], key: str, most: int) -> int:
@@ -236,4 +389,7 @@ def to_summary(header: Mapping[str, Any], tri: np.ndarray) -> AttentionSummary:
         probs=dequantise(tri, len(header["tokens"])),
         head_types=header.get("head_types"),
         scores=header.get("scores") or {},
+        sink=header.get("sink"),
+        lens=header.get("lens"),
+        vectors=header.get("vectors"),
     )

@@ -24,4 +24,8 @@ def test_the_quick_insight_benchmark_reports_the_share_of_training_time():
     assert row["extras_ms"] > row["scores_ms"]
     assert row["extras_pct"] == pytest.approx(100 * row["extras_ms"] / (row["val_every"] * row["step_ms"]))
     assert row["extras_met"] == (row["extras_pct"] <= row["target_pct"])
-    assert any("share_pct" in n for n in notes)
+    # what the ATTENTION tab's neuron and lens views and the sinks add: a part of the extras
+    assert 0 < row["detail_ms"] < row["extras_ms"] and row["projector_ms"] > 0
+    assert row["detail_pct"] == pytest.approx(100 * row["detail_ms"] / (row["val_every"] * row["step_ms"]))
+    assert row["detail_met"] == (row["detail_pct"] <= 2.0)
+    assert any("share_pct" in n for n in notes) and any("detail_pct" in n for n in notes)

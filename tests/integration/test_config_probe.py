@@ -1,4 +1,4 @@
-"""The config probe's rows through the training command's own entry point (``gptmini.training.app.main``, what
+"""The config probe's rows through the training command's own entry point (``gptmini.training.run.app.main``, what
 ``gptmini train`` runs): each bad override ends with one ``error:`` line naming the key and the fix, the exit
 status docs/reliability.md states (1: Hydra could not apply the override; 2: the plan refused the config), no
 traceback, before anything is built (no prepared data, no run folder left); the documented overrides train.
@@ -62,7 +62,7 @@ REFUSED = [
     (["~trainer"], r"~trainer drops the trainer group, .* \(trainer=<option>: cpu, ", 2),
     (
         ["~optimizer.hidden"],
-        r"optimizer\.hidden must be set: gptmini\.training\.optimizers\.MuonAdamW takes no "
+        r"optimizer\.hidden must be set: gptmini\.training\.loop\.optimizers\.MuonAdamW takes no "
         r"default for it \(dropped with ~optimizer\.hidden\?\)",
         2,
     ),
@@ -82,7 +82,7 @@ REFUSED = [
     (
         ["+callbacks.progress_log.every_n_stepz=3"],
         r"callbacks\.progress_log\.every_n_stepz is not a setting of "
-        r"gptmini\.training\.callbacks\.ProgressLog: its settings are .*every_n_steps",
+        r"gptmini\.training\.callbacks\.console\.ProgressLog: its settings are .*every_n_steps",
         2,
     ),
     (["++foo=1"], r"foo is not a setting of the run", 2),
@@ -167,7 +167,7 @@ def _train_in_this_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> 
     """``gptmini train <argv>`` through the command's own ``main``, in this process; its exit status."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from gptmini.training.app import main
+    from gptmini.training.run.app import main
 
     GlobalHydra.instance().clear()
     monkeypatch.setattr(sys, "argv", ["gptmini train", *argv])

@@ -196,9 +196,11 @@ def test_gpt2_export_with_the_trained_bpe(bpe_run, tmp_path, write_checkpoint):
 
     _, _, data_dir = bpe_run
     ckpt = write_checkpoint(tmp_path / "gpt2.ckpt", data_dir=data_dir, block_size=32, n_embd=16)
-    # GPT-2 exports write weights alone unless asked for the tokenizer
-    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "bare")]) == 0
+    # a trained BPE's files go with a GPT-2 export by default; --tokenizer none writes the weights alone
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "bare"), "--tokenizer", "none"]) == 0
     assert not (tmp_path / "bare" / "tokenizer.json").exists()
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "default")]) == 0
+    assert (tmp_path / "default" / "tokenizer.json").is_file()
     assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf"), "--tokenizer", "auto"]) == 0
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     ours = load_tokenizer(data_dir)
@@ -266,15 +268,15 @@ def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, run_cli):
     ],
 )
 def test_config_checks_name_the_tokenizer_key(overrides, message, compose_cfg):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     with pytest.raises(RunError, match=message):
         validate_config(compose_cfg(overrides))
 
 
 def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):
-    from gptmini.training.config import output_vocab
-    from gptmini.training.plan import plan_run
+    from gptmini.training.run.plan import output_vocab, plan_run
 
     cfg = compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
     data = plan_run(cfg).data  # derived by the plan from the tokenizer group

@@ -4,11 +4,12 @@ resume from a state_dict (the scheduler's state is part of every checkpoint)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
-from gptmini.training.schedulers import WarmupConstantLR, WarmupCosineLR
+from gptmini.training.loop.schedulers import WarmupConstantLR, WarmupCosineLR
 
 BASE_LR = 1e-3
 
@@ -58,7 +59,7 @@ def test_constant_holds_the_base_lr_after_warmup_and_without_one():
 
 def test_constant_is_not_torchs_constant_lr():
     # The old name shadowed torch.optim.lr_scheduler.ConstantLR, a different schedule.
-    import gptmini.training.schedulers as schedulers
+    import gptmini.training.loop.schedulers as schedulers
 
     assert not hasattr(schedulers, "ConstantLR")
 
@@ -100,7 +101,7 @@ def test_invalid_arguments_are_rejected():
 
 
 def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     # 10 steps, 2 of warmup, the last 40% (4 steps: 6..9) decaying from 1 to 0.1 linearly, flat after
     s = WarmupStableDecayLR(_optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4, min_lr_ratio=0.1)
@@ -119,7 +120,7 @@ def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
     ],
 )
 def test_wsd_decay_shapes(shape, left):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     s = WarmupStableDecayLR(
         _optimizer(), max_steps=8, decay_fraction=0.5, min_lr_ratio=0.0, decay_shape=shape
@@ -131,7 +132,7 @@ def test_wsd_decay_shapes(shape, left):
 
 
 def test_wsd_scales_every_parameter_group_by_the_same_factor_and_resumes_exactly():
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     def make():
         opt = torch.optim.SGD(
@@ -154,7 +155,7 @@ def test_wsd_scales_every_parameter_group_by_the_same_factor_and_resumes_exactly
 
 
 def test_wsd_refuses_bad_settings_naming_them():
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     with pytest.raises(ValueError, match=r"scheduler\.decay_shape='step' is invalid"):
         WarmupStableDecayLR(_optimizer(), max_steps=10, decay_shape="step")
@@ -174,7 +175,7 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
-    import gptmini.training.schedulers as schedulers
+    import gptmini.training.loop.schedulers as schedulers
 
     fake = FakeClock()
     monkeypatch.setattr(schedulers.time, "monotonic", fake)
@@ -189,7 +190,7 @@ def _lr_at(scheduler, clock: FakeClock, seconds: float) -> float:
 
 
 def test_max_time_reads_lightnings_format_and_refuses_others():
-    from gptmini.training.schedulers import max_time_seconds
+    from gptmini.training.loop.schedulers import max_time_seconds
 
     assert max_time_seconds(None) is None
     assert max_time_seconds("00:00:10:00") == 600.0
@@ -200,7 +201,7 @@ def test_max_time_reads_lightnings_format_and_refuses_others():
 
 
 def test_wsd_with_a_time_budget_decays_by_the_clock_when_time_runs_out_before_the_steps(clock):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     # a million steps would never end: the 100 s budget paces the schedule, the last 40% of it decaying linearly
     s = WarmupStableDecayLR(
@@ -214,7 +215,7 @@ def test_wsd_with_a_time_budget_decays_by_the_clock_when_time_runs_out_before_th
 
 
 def test_a_time_budget_that_outlasts_the_steps_leaves_the_step_schedule_unchanged(clock):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     by_steps = _lrs(WarmupStableDecayLR(_optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4), 12)
     budgeted = WarmupStableDecayLR(
@@ -235,7 +236,7 @@ def test_cosine_with_a_time_budget_is_half_way_down_at_half_the_time(clock):
 
 
 def test_a_resumed_schedule_counts_the_seconds_already_spent(clock):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     def make():
         return WarmupStableDecayLR(
@@ -259,11 +260,87 @@ def test_a_resumed_schedule_counts_the_seconds_already_spent(clock):
 
 @pytest.mark.parametrize("scheduler", ["wsd", "warmup_cosine"])
 def test_the_schedule_takes_trainer_max_time_and_a_bad_one_fails_at_config_time(compose_cfg, scheduler):
-    from gptmini.training.config import RunError, validate_config
-    from gptmini.training.plan import plan_run
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import plan_run, validate_config
 
     cfg = compose_cfg(["debug=smoke", f"scheduler={scheduler}", "trainer.max_time=00:00:10:00"])
     plan = plan_run(cfg)  # the plan passes the run's length on to the schedule
     assert (plan.scheduler.max_time, plan.scheduler.max_steps) == ("00:00:10:00", cfg.trainer.max_steps)
     with pytest.raises(RunError, match=r"trainer\.max_time='10min' is invalid: give trainer\.max_time as"):
         validate_config(compose_cfg(["debug=smoke", f"scheduler={scheduler}", "trainer.max_time=10min"]))
+
+
+def _resume(make, first: torch.optim.lr_scheduler.LRScheduler, state: dict | None = None) -> Any:
+    """As Lightning resumes: a fresh optimizer and scheduler of this run's settings, then the checkpoint's
+    optimizer state, then its scheduler state (``state``: as saved earlier)."""
+    resumed = make(_optimizer())
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
+    resumed.load_state_dict(first.state_dict() if state is None else state)
+    return resumed
+
+
+def test_a_finished_wsd_run_extended_keeps_its_stable_phase_and_decays_to_the_new_end(caplog):
+    """6 steps decayed to 0; resumed with max_steps=12, the stable phase runs on and the decay (its fraction of
+    the new length) moves to the new end, as a 12-step run from the start would have it."""
+    import logging
+
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def wsd(max_steps: int):
+        return lambda o: WarmupStableDecayLR(o, max_steps=max_steps, warmup_steps=2, decay_fraction=0.3)
+
+    first = wsd(6)(_optimizer())
+    assert _lrs(first, 6)[-1] > 0.0 and first.optimizer.param_groups[0]["lr"] == 0.0  # finished: at its floor
+    with caplog.at_level(logging.INFO, logger="gptmini.training.loop.schedulers"):
+        extended = _resume(wsd(12), first)
+    assert "follows this run's settings from step 6 on (decay_start 4 -> 8, max_steps 6 -> 12)" in caplog.text
+    new = _lrs(extended, 6)
+    # the oracle: the schedule of a 12-step run, at steps 6..11
+    assert new == pytest.approx(_lrs(wsd(12)(_optimizer()), 12)[6:])
+    assert new[:2] == pytest.approx([BASE_LR, BASE_LR]) and all(lr > 0.0 for lr in new)
+
+
+def test_an_interrupted_cosine_run_extended_is_re_laid_over_the_new_length():
+    def cosine(max_steps: int):
+        return lambda o: WarmupCosineLR(o, max_steps=max_steps, warmup_steps=2, min_lr_ratio=0.1)
+
+    first = cosine(10)(_optimizer())
+    _lrs(first, 4)  # stopped at step 4 of 10
+    assert _lrs(_resume(cosine(40), first), 36) == pytest.approx(_lrs(cosine(40)(_optimizer()), 40)[4:])
+
+
+def test_a_resume_on_the_same_plan_is_exact_and_says_nothing(caplog):
+    import logging
+
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def make(o):
+        return WarmupStableDecayLR(o, max_steps=10, warmup_steps=2, decay_fraction=0.5)
+
+    first = make(_optimizer())
+    _lrs(first, 7)
+    saved_lr = first.optimizer.param_groups[0]["lr"]
+    with caplog.at_level(logging.INFO, logger="gptmini.training.loop.schedulers"):
+        resumed = _resume(make, first)
+    assert resumed.optimizer.param_groups[0]["lr"] == saved_lr  # bit for bit
+    assert resumed.get_last_lr() == [saved_lr] and caplog.text == ""
+
+
+def test_an_extended_time_budget_continues_the_schedule_with_the_seconds_spent(clock):
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def make(max_time: str):
+        return lambda o: WarmupStableDecayLR(
+            o, max_steps=1_000_000, decay_fraction=0.5, min_lr_ratio=0.0, max_time=max_time
+        )
+
+    first = make("00:00:01:40")(_optimizer())
+    assert _lr_at(first, clock, 100.0) == 0.0  # its 100 s spent: at the floor
+    state = first.state_dict()  # as the checkpoint saved it
+    clock.now = 5000.0
+    extended = _resume(make("00:00:06:40"), first, state)  # 400 s: 100 spent, the decay starts at 200 s
+    assert extended.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR)
+    clock.now = 5000.0 + 200.0  # 300 s of 400: half-way down
+    extended.optimizer.step()
+    extended.step()
+    assert extended.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR * 0.5)

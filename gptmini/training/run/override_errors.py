@@ -57,7 +57,7 @@ def _unknown_key(err: ConfigCompositionException, argv: Sequence[str]) -> str | 
     if not key or not isinstance(parent, DictConfig) or not str(err).startswith("Could not override"):
         return None
     override = _override(argv, key)
-    from gptmini.training.schema import DERIVED, derived_refusal
+    from gptmini.training.run.schema import DERIVED, derived_refusal
 
     if key in DERIVED:  # a value the run derives from another group's setting
         return derived_refusal(key, override.split("=", 1)[1] if "=" in override else None)

@@ -15,7 +15,7 @@ Two kinds of schema, for two kinds of group:
 
 A new option of such a group is a YAML file naming its ``_target_``, and a new setting a parameter of its
 constructor (docs/development.md, "Adding an optimizer setting"). The ranges are the constructors' to check: the
-plan builds them on stand-ins (``gptmini.training.plan.check_by_building``). Values that follow from another
+plan builds them on stand-ins (``gptmini.training.run.plan.check_by_building``). Values that follow from another
 group (``DERIVED``) are no settings: the plan fills them in.
 """
 
@@ -129,7 +129,7 @@ class TrainSchema:
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
     compile: bool = False
-    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.allocator).
+    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.run.allocator).
     retain_freed_memory: bool = True
     # Steps between periodic "last.ckpt" saves (a hard kill loses at most this many steps).
     checkpoint_every_n_steps: int = 100
@@ -155,7 +155,7 @@ def check_top_level(cfg: DictConfig) -> None:
     stoppers = [
         c
         for c in (cfg.get("callbacks") or {}).values()
-        if c is not None and c.get("_target_") == "gptmini.training.guards.StopAtTargetLoss"
+        if c is not None and c.get("_target_") == "gptmini.training.callbacks.guards.StopAtTargetLoss"
     ]
     if not stoppers:
         raise RunError(

@@ -283,7 +283,7 @@ class MuonAdamW(torch.optim.Optimizer):
     # Muon orthogonalises each whole matrix, which FSDP shards across devices (the plan refuses the pair)
     runs_under_fsdp = False
     # the constructor each settings node is passed to, less what MuonAdamW passes itself: the config's schema of
-    # the node is that constructor's signature (gptmini.training.schema.settings_schema)
+    # the node is that constructor's signature (gptmini.training.run.schema.settings_schema)
     settings_of: ClassVar[dict[str, tuple[Any, tuple[str, ...]]]] = {
         "hidden": (BatchedMuon, ("params",)),
         "adamw": (torch.optim.AdamW, ("params", "lr", "weight_decay", "fused", "foreach")),

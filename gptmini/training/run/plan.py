@@ -1,10 +1,10 @@
 """The run plan: every check a run needs before any expensive work, and what they derive, in one frozen
 ``RunPlan`` that the rest of training reads (the composed config itself is never changed).
 
-Each group's keys and types are checked by its schema (``gptmini.training.schema``: its constructor's signature),
+Each group's keys and types are checked by its schema (``gptmini.training.run.schema``: its constructor's signature),
 its ranges by its constructor, built here on a stand-in; the values derived from other groups are filled in; what
 depends on several groups or on the machine (the precision, the optimizer under a strategy, CPU processes, the
-resume checkpoint) is checked here. The build (``gptmini.training.app.train_plan``) reads the plan alone. Nothing
+resume checkpoint) is checked here. The build (``gptmini.training.run.app.train_plan``) reads the plan alone. Nothing
 here prepares data or builds the model: a bad run fails within the time it takes to import torch and Lightning
 (whose Trainer's signature is the ``trainer`` group's schema).
 """
@@ -26,8 +26,8 @@ from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.resume import continued_event_folder, read_resume
-from gptmini.training.schema import (
+from gptmini.training.run.resume import continued_event_folder, read_resume
+from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
     PerfSchema,
@@ -57,7 +57,7 @@ class RunPlan:
 
     model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool
-    # each instantiated group's settings, typed by its constructor's schema (gptmini.training.schema.schema_of),
+    # each instantiated group's settings, typed by its constructor's schema (gptmini.training.run.schema.schema_of),
     # the derived values (schema.DERIVED) filled in: what the run builds, with _target_ (and _partial_)
     trainer: Any
     data: Any
@@ -152,13 +152,18 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         ckpt_path=resume[0] if resume else None,
         resume=resume[1] if resume else None,
         init_from=str(init_from) if init_from and not resume else None,
-        tensorboard_dir=continued_event_folder(*resume) if resume else None,
+        tensorboard_dir=continued_event_folder(*resume, cfg.paths.output_root) if resume else None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
         output_root=str(cfg.paths.output_root),
         tokenizer=str(cfg.tokenizer.name),
         run_config=OmegaConf.to_container(cfg, resolve=True),
     )
+
+
+def validate_config(cfg: DictConfig) -> GPTConfig:
+    """``plan_run``'s checks, for callers that need only the checked model config."""
+    return plan_run(cfg).model
 
 
 # The groups every run needs: deleting one (~model) would fall back to a schema default without a word.
@@ -321,7 +326,7 @@ def _check_optimizer(optimizer: Any) -> None:
     """The optimizer built on stand-in parameters: its constructor's checks (torch's and gptmini's)."""
     import torch
 
-    from gptmini.training.optimizers import ROLES
+    from gptmini.training.loop.optimizers import ROLES
 
     def build(values: dict[str, Any]) -> Any:
         from hydra.utils import instantiate
@@ -386,7 +391,7 @@ def _check_trainer(trainer: Any) -> None:
             f"trainer.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
         )
     if isinstance(trainer.max_time, str):  # the schedules pace themselves by it too
-        from gptmini.training.schedulers import max_time_seconds
+        from gptmini.training.loop.schedulers import max_time_seconds
 
         try:
             max_time_seconds(trainer.max_time)

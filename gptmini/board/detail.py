@@ -1,0 +1,53 @@
+"""What the ATTENTION tab's neuron and lens views read and the sink shares, for a summary: from one
+``GPT.inspect`` pass over a sequence, for training's probe (``gptmini.training.callbacks.summary_logging``) and your own text
+(``gptmini.board.plugin``, which imports this module on the first own-text request only: it imports torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gptmini.board.summary import lens_header, sink_header, vectors_header
+from gptmini.insight.lens import Lens, logit_lens, sink_shares
+from gptmini.model import Inspection
+
+
+def probe_detail(
+    model: torch.nn.Module, inspection: Inspection, ids: list[int], tokenizer: Any, lens: bool = True
+) -> dict[str, Any]:
+    """The summary's ``sink``, ``lens`` (None without ``lens``) and ``vectors`` (None where the attention does not
+    expose them or not one layer fits) of ``model`` on one sequence ``ids``, from its ``inspection``."""
+    first, learned = (
+        x if x is None else x.cpu() for x in sink_shares(inspection.maps[:, 0], model.config.attn_sink)
+    )
+    detail: dict[str, Any] = {
+        "sink": sink_header(first.numpy(), None if learned is None else learned.numpy()),
+        "lens": None,
+        "vectors": None,
+    }
+    if lens:
+        found = logit_lens(model, inspection, torch.tensor([ids], device=inspection.residuals.device))
+        detail["lens"] = lens_table(found, model.config.n_layer, tokenizer)
+    if inspection.vectors is not None:
+        v = inspection.vectors
+        sink = None if v[0].sink is None else torch.stack([x.sink for x in v]).float().cpu().numpy()
+        detail["vectors"] = vectors_header(
+            torch.stack([x.q[0] for x in v]).float().cpu().numpy(),  # (L, nh, T, hs)
+            torch.stack([x.k[0] for x in v]).float().cpu().numpy(),
+            v[0].scale,
+            None if v[0].slopes is None else v[0].slopes.float().cpu().numpy(),
+            v[0].window,
+            sink,
+        )
+    return detail
+
+
+def lens_table(lens: Lens, n_layer: int, tokenizer: Any) -> dict[str, Any]:
+    """The summary's ``lens`` entry for the first sequence of ``lens``, with its mean ``loss`` and ``top1`` per
+    row (for the scalars; the summary's header keeps what ``lens_header`` names)."""
+    top = [[tokenizer.token_text(int(i)) for i in row] for row in lens.top_ids[:, 0].tolist()]
+    table = lens_header(
+        Lens.row_names(n_layer), top, lens.top_prob[:, 0].numpy(), lens.target_prob[:, 0].numpy()
+    )
+    return {**table, "loss": lens.loss.tolist(), "top1": lens.top1.tolist()}

@@ -1,0 +1,308 @@
+// The ATTENTION tab's views beyond the model and head views, loaded by index.js:
+//
+// - the neuron view: one head and one query token; the query vector and each key vector as the model computes them
+//   (after RoPE and QK-norm when those are on), their elementwise products, each product's sum scaled to the score,
+//   the softmax weight (and the learned sink's share), beside the weight the model itself logged;
+// - the lens view: the logit lens on the text, layers down and tokens across, each cell the token the residual
+//   stream after that layer predicts next and its probability, shaded by the probability of the token that does
+//   come next;
+// - the head map: one head's map large, with the tokens on both axes, the mean over the layer's heads beside it,
+//   and the text coloured by the weights the picked query gives each token.
+//
+// Hovering a token in any of these panels highlights that token in every panel. Every view reads the summary as
+// decoded by index.js (decodeAttention): its header's sink, lens and vectors entries (gptmini.board.summary).
+
+// what the three views show: the layer, head and query token picked (the query: null = the last token)
+export const pick = {layer: 0, head: 0, query: null};
+
+export const VIEWS = {neuron: 'Neuron view', lens: 'Lens view', map: 'Head map'};
+// the views that show one layer, head and query (the lens view shows every layer of the text)
+export const PICKED = new Set(['neuron', 'map']);
+
+// ---------------------------------------------------------------------------------------------------------
+// helpers
+
+function half(bits) {
+  // an IEEE half-precision float from its 16 bits
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exp = (bits >> 10) & 0x1f;
+  const frac = bits & 0x3ff;
+  if (exp === 0) return sign * frac * 2 ** -24;
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * (1 + frac / 1024) * 2 ** (exp - 15);
+}
+
+function float16s(b64) {
+  const bytes = atob(b64);
+  const out = new Float32Array(bytes.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = half(bytes.charCodeAt(2 * i) | (bytes.charCodeAt(2 * i + 1) << 8));
+  return out;
+}
+
+// the summary's queries and keys as floats, decoded once per summary
+function vectorsOf(att) {
+  if (!att.vectors) return null;
+  if (!att._qk) att._qk = {q: float16s(att.vectors.q), k: float16s(att.vectors.k)};
+  return att._qk;
+}
+
+function queryOf(att) {
+  return pick.query === null || pick.query >= att.T ? att.T - 1 : pick.query;
+}
+
+// blue for negative, orange for positive, white at zero; `v` in [-1, 1]
+function diverging(v) {
+  const t = Math.min(1, Math.abs(v));
+  return v >= 0
+    ? `rgb(255,${Math.round(255 - 120 * t)},${Math.round(255 - 230 * t)})`
+    : `rgb(${Math.round(255 - 220 * t)},${Math.round(255 - 140 * t)},255)`;
+}
+
+// a strip of cells, one per dimension, coloured by value / scale
+function strip(ctx, values, scale, title) {
+  const canvas = ctx.el('canvas', {width: values.length, height: 1, class: 'strip', title});
+  const g = canvas.getContext('2d');
+  values.forEach((v, d) => {
+    g.fillStyle = diverging(v / scale);
+    g.fillRect(d, 0, 1, 1);
+  });
+  canvas.style.width = `${Math.min(6 * values.length, 384)}px`;
+  return canvas;
+}
+
+function token(ctx, att, i, cls = 'tok-label') {
+  const node = ctx.el('span', {class: cls, 'data-tok': i, title: `${i}: ${JSON.stringify(att.tokens[i])}`},
+    ctx.shown(att.tokens[i]));
+  node.addEventListener('mouseenter', () => highlight(i));
+  node.addEventListener('mouseleave', () => highlight(null));
+  return node;
+}
+
+// every panel's labels of token i highlighted (null: none)
+export function highlight(i) {
+  for (const node of document.querySelectorAll('[data-tok].hl')) node.classList.remove('hl');
+  if (i === null) return;
+  for (const node of document.querySelectorAll(`[data-tok="${i}"]`)) node.classList.add('hl');
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the pickers above the panels: layer, head, query token (the first panel's tokens)
+
+export function pickBar(ctx, att, nLayer, nHead) {
+  const select = (cls, n, value, label, onchange) => {
+    const node = ctx.el('select', {class: cls, onchange: (e) => { onchange(Number(e.target.value)); ctx.redraw(); }});
+    for (let x = 0; x < n; x++) {
+      const o = ctx.el('option', {value: x}, label(x));
+      if (x === value) o.selected = true;
+      node.append(o);
+    }
+    return node;
+  };
+  pick.layer = Math.min(pick.layer, nLayer - 1);
+  pick.head = Math.min(pick.head, nHead - 1);
+  return ctx.el('div', {class: 'headbar pickbar'},
+    select('pick-layer', nLayer, pick.layer, (l) => `layer ${l}`, (l) => { pick.layer = l; }),
+    select('pick-head', nHead, pick.head, (h) => `head ${h}`, (h) => { pick.head = h; }),
+    ctx.el('span', {class: 'caption'}, 'query'),
+    select('pick-query', att.T, queryOf(att), (i) => `${i}: ${ctx.shown(att.tokens[i])}`, (i) => { pick.query = i; }));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the neuron view
+
+// the neuron view's numbers for query i of head h in layer l: one row per key the query may see, with its
+// elementwise products, score (q . k * scale + ALiBi's bias) and softmax weight; the sink's weight, or null
+export function neuron(att, l, h, i) {
+  const v = att.vectors, qk = vectorsOf(att);
+  const hs = v.head_size, T = att.T;
+  const at = (j) => ((l * att.n_head + h) * T + j) * hs;
+  const q = qk.q.subarray(at(i), at(i) + hs);
+  const rows = [];
+  for (let j = 0; j <= i; j++) {
+    if (v.window !== null && i - j >= v.window) continue;
+    const k = qk.k.subarray(at(j), at(j) + hs);
+    const products = Array.from(q, (x, d) => x * k[d]);
+    const dot = products.reduce((a, b) => a + b, 0);
+    const bias = v.slopes ? -v.slopes[h] * (i - j) : 0;
+    // ALiBi's masks drop keys whose bias is below -80 (gptmini.attention.alibi.ALIBI_BIAS_FLOOR)
+    if (bias < -80) continue;
+    rows.push({key: j, k, products, dot, score: dot * v.scale + bias});
+  }
+  const sink = v.sink ? v.sink[l][h] : null;
+  const top = Math.max(...rows.map((r) => r.score), sink === null ? -Infinity : sink);
+  let total = sink === null ? 0 : Math.exp(sink - top);
+  for (const r of rows) total += Math.exp(r.score - top);
+  for (const r of rows) r.weight = Math.exp(r.score - top) / total;
+  return {q, rows, sinkWeight: sink === null ? null : Math.exp(sink - top) / total};
+}
+
+export function neuronView(ctx, att) {
+  const l = pick.layer, h = pick.head, i = queryOf(att);
+  if (l >= att.n_layer || h >= att.n_head) {
+    return ctx.el('div', {class: 'note'}, `this run has ${att.n_layer} layers × ${att.n_head} heads: layer ${l}, head ${h} is not in it`);
+  }
+  const v = att.vectors;
+  if (!v || l >= v.layers) {
+    return ctx.el('div', {class: 'note'}, v
+      ? `this summary keeps the queries and keys of layers 0–${v.layers - 1} only (its size cap): type your own text to see layer ${l}`
+      : 'this summary holds no queries and keys (a run logged before the neuron view, or an attention that does not expose them): type your own text');
+  }
+  const n = neuron(att, l, h, i);
+  const qScale = Math.max(1e-9, ...Array.from(n.q, Math.abs));
+  const kScale = Math.max(1e-9, ...n.rows.map((r) => Math.max(...Array.from(r.k, Math.abs))));
+  const pScale = Math.max(1e-9, ...n.rows.map((r) => Math.max(...r.products.map(Math.abs))));
+  const table = ctx.el('table', {class: 'neuron'});
+  table.append(ctx.el('tr', {},
+    ctx.el('th', {}, 'key'), ctx.el('th', {}, `k (${v.head_size} dimensions)`), ctx.el('th', {}, 'q ⊙ k'),
+    ctx.el('th', {}, 'Σ q⊙k'), ctx.el('th', {}, `score${v.slopes ? ' (+ ALiBi)' : ''}`),
+    ctx.el('th', {}, 'weight'), ctx.el('th', {}, 'logged')));
+  table.append(ctx.el('tr', {class: 'nv-query'},
+    ctx.el('td', {}, 'query ', token(ctx, att, i)),
+    ctx.el('td', {colspan: 6}, strip(ctx, Array.from(n.q), qScale, `q: ${Array.from(n.q, (x) => x.toFixed(2)).join(' ')}`))));
+  const best = Math.max(...n.rows.map((r) => r.weight));
+  for (const r of n.rows) {
+    const logged = ctx.level(att, l, h, i, r.key) / ctx.levels();
+    // the dimensions whose products add most to the score, for the hover
+    const order = r.products.map((p, d) => [p, d]).sort((a, b) => b[0] - a[0]).slice(0, 4);
+    const bar = ctx.el('span', {class: 'wbar'});
+    bar.style.width = `${Math.round(60 * r.weight)}px`;
+    table.append(ctx.el('tr', {
+      class: 'nv-row' + (r.weight === best ? ' best' : ''),
+      'data-key': r.key, 'data-weight': r.weight.toFixed(4), 'data-score': r.score.toFixed(4), 'data-logged': logged.toFixed(4),
+    },
+    ctx.el('td', {}, token(ctx, att, r.key)),
+    ctx.el('td', {}, strip(ctx, Array.from(r.k), kScale, `k: ${Array.from(r.k, (x) => x.toFixed(2)).join(' ')}`)),
+    ctx.el('td', {}, strip(ctx, r.products, pScale,
+      `largest products: ${order.map(([p, d]) => `dim ${d}: ${p.toFixed(3)}`).join(', ')}`)),
+    ctx.el('td', {class: 'num'}, r.dot.toFixed(2)),
+    ctx.el('td', {class: 'num'}, r.score.toFixed(2)),
+    ctx.el('td', {class: 'num'}, bar, r.weight.toFixed(3)),
+    ctx.el('td', {class: 'num logged'}, logged.toFixed(2))));
+  }
+  if (n.sinkWeight !== null) {
+    table.append(ctx.el('tr', {class: 'nv-sink', 'data-weight': n.sinkWeight.toFixed(4)},
+      ctx.el('td', {}, 'sink'), ctx.el('td', {colspan: 3}, 'learned logit, no value'),
+      ctx.el('td', {class: 'num'}, v.sink[l][h].toFixed(2)),
+      ctx.el('td', {class: 'num'}, n.sinkWeight.toFixed(3)), ctx.el('td')));
+  }
+  const caption = ctx.el('div', {class: 'caption'},
+    `layer ${l}, head ${h}, query ${i} ${JSON.stringify(att.tokens[i])}: score = Σ q⊙k × ${v.scale.toFixed(3)}` +
+    `${v.slopes ? ' − slope × distance' : ''}; weight = softmax over the keys${n.sinkWeight !== null ? ' and the sink' : ''}` +
+    '; logged: the model\'s own weight, as stored (to 1/255). Orange: positive, blue: negative.');
+  return ctx.el('div', {}, caption, table);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the lens view
+
+function green(p) {
+  const t = Math.max(0, Math.min(1, p));
+  return `rgb(${Math.round(255 - 200 * t)},${Math.round(255 - 90 * t)},${Math.round(255 - 170 * t)})`;
+}
+
+export function lensView(ctx, att) {
+  const lens = att.lens;
+  if (!lens) {
+    return ctx.el('div', {class: 'note'},
+      'this summary holds no logit lens (a run logged before it, or callbacks.attention_summary.lens=false)');
+  }
+  const table = ctx.el('table', {class: 'lens'});
+  const head = ctx.el('tr', {}, ctx.el('th', {}, 'token'));
+  const next = ctx.el('tr', {}, ctx.el('th', {}, 'next'));
+  for (let t = 0; t < att.T; t++) {
+    head.append(ctx.el('th', {}, token(ctx, att, t)));
+    next.append(ctx.el('th', {class: 'next'}, t + 1 < att.T ? ctx.shown(att.tokens[t + 1]) : ''));
+  }
+  if (lens.loss) head.append(ctx.el('th', {}, 'loss'), ctx.el('th', {}, 'top-1'));
+  table.append(head, next);
+  lens.rows.forEach((name, r) => {
+    const tr = ctx.el('tr', {'data-row': name}, ctx.el('th', {}, name === 'embed' ? 'embeddings' : name.replace('layer', 'after layer ')));
+    for (let t = 0; t < att.T; t++) {
+      const target = t + 1 < att.T ? lens.target[r][t] : null;
+      const hit = t + 1 < att.T && lens.top[r][t] === att.tokens[t + 1];
+      const p = lens.prob[r][t];
+      const td = ctx.el('td', {
+        class: 'lens-cell' + (hit ? ' hit' : ''), 'data-pos': t,
+        title: `${name}, position ${t}: top ${JSON.stringify(lens.top[r][t])} ${p === null ? '–' : p.toFixed(3)}` +
+          (target === null ? '' : `; next token ${JSON.stringify(att.tokens[t + 1])} ${target.toFixed(3)}`),
+      }, ctx.el('div', {class: 'top'}, ctx.shown(lens.top[r][t])), ctx.el('div', {class: 'p'}, p === null ? '–' : p.toFixed(2)));
+      td.style.background = green(target ?? 0);
+      tr.append(td);
+    }
+    if (lens.loss) {
+      tr.append(ctx.el('td', {class: 'num'}, lens.loss[r] === null ? '–' : lens.loss[r].toFixed(2)),
+        ctx.el('td', {class: 'num'}, lens.top1[r] === null ? '–' : lens.top1[r].toFixed(2)));
+    }
+    table.append(tr);
+  });
+  const caption = ctx.el('div', {class: 'caption'},
+    'each cell: the token the residual stream after that layer predicts next (read through the final norm and the LM head) and its probability; ' +
+    'green: the probability of the token that does come next; bold: the prediction is right. loss and top-1: over the whole text.');
+  return ctx.el('div', {class: 'lens-wrap'}, caption, table);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the head map: one head large, the layer's mean beside it, the text coloured by the picked query's weights
+
+const MAP_PX = 480;
+
+function bigMap(ctx, att, weight, title) {
+  const T = att.T, cell = Math.max(4, Math.min(24, Math.floor(MAP_PX / T)));
+  const canvas = ctx.el('canvas', {width: T * cell, height: T * cell, class: 'bigmap'});
+  const g = canvas.getContext('2d');
+  for (let i = 0; i < T; i++) {
+    for (let j = 0; j < T; j++) {
+      if (j > i) g.fillStyle = '#f5f5f5';
+      else {
+        const v = Math.sqrt(weight(i, j));
+        g.fillStyle = `rgb(${Math.round(255 - v * 247)},${Math.round(255 - v * 207)},${Math.round(255 - v * 148)})`;
+      }
+      g.fillRect(j * cell, i * cell, cell, cell);
+    }
+  }
+  const rows = ctx.el('div', {class: 'axis-y'}, ...att.tokens.map((_, i) => token(ctx, att, i)));
+  const cols = ctx.el('div', {class: 'axis-x'}, ...att.tokens.map((_, j) => token(ctx, att, j)));
+  for (const axis of [rows, cols]) axis.style.setProperty('--cell', `${cell}px`);
+  canvas.addEventListener('mousemove', (e) => {
+    const box = canvas.getBoundingClientRect();
+    const i = Math.min(T - 1, Math.floor((e.clientY - box.top) / box.height * T));
+    const j = Math.min(T - 1, Math.floor((e.clientX - box.left) / box.width * T));
+    highlight(j);
+    ctx.setStatus(`${title}: query ${JSON.stringify(att.tokens[i])} (${i}) → key ${JSON.stringify(att.tokens[j])} (${j})` +
+      (j > i ? ': masked' : `: ${weight(i, j).toFixed(2)}`));
+  });
+  return ctx.el('div', {class: 'bigmap-wrap'}, ctx.el('div', {class: 'caption'}, title),
+    ctx.el('div', {class: 'bigmap-grid'}, rows, canvas, ctx.el('span'), cols));
+}
+
+export function headMapView(ctx, att) {
+  const l = pick.layer, h = pick.head, i = queryOf(att);
+  if (l >= att.n_layer || h >= att.n_head) {
+    return ctx.el('div', {class: 'note'}, `this run has ${att.n_layer} layers × ${att.n_head} heads: layer ${l}, head ${h} is not in it`);
+  }
+  const levels = ctx.levels();
+  const one = (a, b) => ctx.level(att, l, h, a, b) / levels;
+  const mean = (a, b) => {
+    let s = 0;
+    for (let x = 0; x < att.n_head; x++) s += ctx.level(att, l, x, a, b);
+    return s / levels / att.n_head;
+  };
+  const text = ctx.el('div', {class: 'colored-tokens'},
+    ctx.el('span', {class: 'caption'}, `query ${i} ${JSON.stringify(att.tokens[i])} gives: `));
+  for (let j = 0; j < att.T; j++) {
+    const w = j <= i ? one(i, j) : 0;
+    const span = token(ctx, att, j, 'ct');
+    span.style.background = j <= i ? `rgba(245,124,0,${Math.sqrt(w).toFixed(3)})` : 'transparent';
+    span.title = j <= i ? `${j}: ${w.toFixed(3)}` : `${j}: after the query`;
+    span.dataset.weight = w.toFixed(4);
+    span.addEventListener('click', () => { pick.query = j; ctx.redraw(); });
+    text.append(span);
+  }
+  return ctx.el('div', {},
+    text,
+    ctx.el('div', {class: 'bigmaps'},
+      bigMap(ctx, att, one, `layer ${l}, head ${h}`),
+      bigMap(ctx, att, mean, `layer ${l}, mean over ${att.n_head} heads`)));
+}
+
+export const DRAW = {neuron: neuronView, lens: lensView, map: headMapView};

@@ -1,0 +1,229 @@
+"""The ATTENTION tab's data: at each validation, every layer and head's attention on a probe text, written as one
+compact summary (``gptmini.board.summary``) that TensorBoard's ATTENTION tab reads, with what the tab's neuron
+and lens views read (the queries and keys, the logit lens) and each head's sink share; and the queries and keys as
+embeddings for TensorBoard's PROJECTOR."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from gptmini.board.detail import probe_detail
+from gptmini.board.summary import TAG, AttentionSummary, summary_proto
+from gptmini.insight.scores import head_types
+from gptmini.model import Inspection
+from gptmini.training.callbacks.background import BackgroundWork, submit
+from gptmini.training.callbacks.loggers import ProbeTextCallback, PromptTokens, RunParts
+from gptmini.training.loop.probe import eval_mode
+from gptmini.viz import heatmap_grid, token_labels
+
+log = logging.getLogger(__name__)
+
+# the head scores shown beside each head in the tab (the rest are in the insight grids)
+SHOWN_SCORES = ("previous_token", "induction", "first_token", "mean_distance")
+
+
+class AttentionSummaryLogger(ProbeTextCallback):
+    """At each validation: the probe text's attention, every layer and head, as one ``gptmini_attention`` summary
+    (tag ``attention/probe``), with each head's type from the head scores of the same validation (from the
+    validation's one attention pass, when ``HeadInsightLogger`` asks for them; without it the heads go
+    unlabelled).
+
+    With the summary, from one more pass over the probe (``GPT.inspect``): each head's sink share (on the first
+    token, and on the learned sink with ``model.attn_sink``) as ``attention/sink/layerL_headH``; with ``lens``, the
+    logit lens on the probe, ``lens/loss/<row>``, ``lens/top1/<row>`` (rows ``embed``, ``layer0``, ...) and the
+    image ``lens/grid``; the queries and keys (up to ``MAX_VECTOR_VALUES``) for the neuron view. The queries and
+    keys of the probe go to TensorBoard's PROJECTOR at the end of training, and with ``projector_every`` N also at
+    every N-th validation (null: never), at most ``MAX_PROJECTOR_POINTS`` points each time.
+
+    ``max_tokens``: probe length (capped at the context). ``last_seconds``/``last_bytes``: cost of the last one;
+    its seconds are also logged as ``perf/attention_summary_seconds``."""
+
+    def __init__(
+        self,
+        probe_text: str = "But soft, what light?\nIt is the east.\nBut soft, what light?",
+        max_tokens: int = 64,
+        lens: bool = True,
+        projector_every: int | None = 0,
+    ) -> None:
+        if max_tokens < 2:
+            raise ValueError(f"callbacks.attention_summary.max_tokens={max_tokens} must be >= 2")
+        if projector_every is not None and (
+            isinstance(projector_every, bool) or not isinstance(projector_every, int) or projector_every < 0
+        ):
+            raise ValueError(
+                f"callbacks.attention_summary.projector_every={projector_every!r} is invalid: a number of "
+                "validations >= 1, 0 for the end of training only, or null for never"
+            )
+        super().__init__()
+        self.probe_text = probe_text
+        self.max_tokens = max_tokens
+        self.lens = lens
+        self.projector_every = projector_every
+        self._validations = 0
+        self._last_ids: list[int] | None = None
+        self.last_seconds: float | None = None
+        self.last_bytes: int | None = None
+        self._probe = PromptTokens("callbacks.attention_summary.probe_text")
+        self.background: BackgroundWork | None = None  # where the lens grid is drawn; None: at once
+
+    def receive(self, parts: RunParts) -> None:
+        super().receive(parts)
+        self.background = parts.background
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        t0 = time.perf_counter()
+        probe = self.probe_maps(trainer, pl_module)
+        if probe is None:
+            return
+        writer, tokenizer, ids, maps = probe
+        step = trainer.global_step
+        scores = self.probe.head_scores(pl_module.model, step)
+        tokens = [tokenizer.token_text(i) for i in ids]  # as they are: the tab shows spaces and newlines
+        model = pl_module.model
+        inspection = inspect(model, ids, trainer.precision_plugin.forward_context())
+        summary = attention_summary(maps, tokens, scores)
+        detail = probe_detail(model, inspection, ids, tokenizer, lens=self.lens)
+        summary = dataclasses.replace(summary, **detail)
+        proto = summary_proto(summary, TAG)
+        writer.file_writer.add_summary(proto, step)
+        self.log_detail(trainer, writer, summary, ids, tokenizer, step)
+        self._validations += 1
+        self._last_ids = ids
+        if self.projector_every and self._validations % self.projector_every == 0:
+            write_projector(writer, inspection, tokens, step)
+        self.last_bytes = proto.ByteSize()
+        self.last_seconds = time.perf_counter() - t0
+        writer.add_scalar("perf/attention_summary_seconds", self.last_seconds, step)
+
+    @rank_zero_only
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        probe = self.probe_ids(trainer, pl_module) if self.projector_every is not None else None
+        if probe is None:
+            return
+        writer, tokenizer, ids = probe
+        inspection = inspect(pl_module.model, ids, trainer.precision_plugin.forward_context())
+        write_projector(writer, inspection, [tokenizer.token_text(i) for i in ids], trainer.global_step)
+
+    def log_detail(
+        self,
+        trainer: L.Trainer,
+        writer: Any,
+        summary: AttentionSummary,
+        ids: list[int],
+        tokenizer: Any,
+        step: int,
+    ) -> None:
+        """The sink and lens scalars of ``summary`` and the lens image (drawn on the trainer's background
+        thread, if it has one) to ``writer`` at ``step``."""
+        sink = summary.sink or {}
+        learned = sink.get("learned")
+        for layer, row in enumerate(sink.get("first") or []):
+            for head, first in enumerate(row):
+                share = first + (learned[layer][head] if learned else 0.0)
+                writer.add_scalar(f"attention/sink/layer{layer}_head{head}", share, step)
+        if summary.lens is None:
+            return
+        lens = summary.lens
+        for name, loss, top1 in zip(lens["rows"], lens["loss"], lens["top1"], strict=True):
+            writer.add_scalar(f"lens/loss/{name}", loss, step)
+            writer.add_scalar(f"lens/top1/{name}", top1, step)
+        target = [[0.0 if p is None else p for p in row] for row in lens["target"]]
+        labels = token_labels(tokenizer, ids)
+
+        def draw_and_log() -> None:  # drawing and PNG encoding: off the training thread
+            image = heatmap_grid(
+                torch.tensor([target]),
+                lens["rows"],
+                labels[:-1],
+                [f"logit lens, step {step}: probability of the next token"],
+                xlabel="position (its token)",
+                ylabel="read after",
+            )
+            writer.add_image("lens/grid", image, step, dataformats="HWC")
+
+        submit(self.background, "logit lens", draw_and_log)
+
+
+def attention_summary(
+    maps: torch.Tensor, tokens: list[str], scores: dict[str, torch.Tensor] | None = None
+) -> AttentionSummary:
+    """The attention ``maps`` (n_layer, n_head, T, T) on ``tokens`` as an AttentionSummary; ``scores``: the
+    heads' scores, for the head types (None: unlabelled)."""
+    return AttentionSummary(
+        tokens=tokens,
+        probs=maps.float().cpu().numpy(),
+        head_types=head_types(scores) if scores is not None else None,
+        scores={k: [[round(float(v), 3) for v in row] for row in scores[k].tolist()] for k in SHOWN_SCORES}
+        if scores is not None
+        else {},
+    )
+
+
+@torch.no_grad()
+def probe_summary(
+    model: torch.nn.Module, ids: list[int], tokens: list[str], scores: dict[str, torch.Tensor] | None = None
+) -> AttentionSummary:
+    """The attention of ``model`` (a GPT) on ``ids`` as an AttentionSummary; ``scores``: its head scores, for the
+    head types (None: unlabelled)."""
+    device = next(model.parameters()).device
+    with eval_mode(model):
+        maps = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))[:, 0]
+    return attention_summary(maps, tokens, scores)
+
+
+# The PROJECTOR's points per write: each head adds 2 T (the probe's queries and keys), heads in order of layer then
+# head until the next would pass this
+MAX_PROJECTOR_POINTS = 4096
+
+
+def inspect(
+    model: torch.nn.Module, ids: list[int], precision: contextlib.AbstractContextManager | None = None
+) -> Inspection:
+    """``model.inspect`` on one sequence of ``ids``, in eval mode and under ``precision`` (the run's, as the
+    validation steps)."""
+    device = next(model.parameters()).device
+    with eval_mode(model), torch.no_grad(), precision or contextlib.nullcontext():
+        return model.inspect(torch.tensor([ids], dtype=torch.long, device=device))
+
+
+def projector_label(token: str) -> str:
+    # a TSV cell: tabs and newlines made visible, as the tab shows them
+    return token.replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
+
+
+def write_projector(writer: Any, inspection: Inspection, tokens: list[str], step: int) -> int:
+    """The probe's queries and keys of each head as PROJECTOR embeddings, tag ``qk/layerL_headH``, each point
+    labelled (token, position, q or k, layer, head), until ``MAX_PROJECTOR_POINTS``: the number of heads
+    written (none where the attention does not expose them)."""
+    if inspection.vectors is None:
+        return 0
+    written, points = 0, 0
+    for layer, v in enumerate(inspection.vectors):
+        for head in range(v.q.size(1)):
+            t = v.q.size(2)
+            if points + 2 * t > MAX_PROJECTOR_POINTS:
+                return written
+            mat = torch.cat((v.q[0, head], v.k[0, head])).float().cpu()  # (2T, hs)
+            labels = [
+                [projector_label(tokens[i]), str(i), kind, str(layer), str(head)]
+                for kind in ("q", "k")
+                for i in range(t)
+            ]
+            writer.add_embedding(
+                mat,
+                metadata=labels,
+                metadata_header=["token", "position", "kind", "layer", "head"],
+                tag=f"qk/layer{layer}_head{head}",
+                global_step=step,
+            )
+            written, points = written + 1, points + 2 * t
+    return written
