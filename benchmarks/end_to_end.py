@@ -235,7 +235,13 @@ def prepare_char_data(source: str, out_dir: Path) -> None:
 
 
 def run_training_command(
-    source: str, data_dir: Path, work: Path, cadence: Cadence, name: str, extra: Sequence[str] = ()
+    source: str,
+    data_dir: Path,
+    work: Path,
+    cadence: Cadence,
+    name: str,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``python -m gptmini.training experiment=shakespeare_char_cpu ...`` run, timed; its phases."""
     clock = work / f"{name}.timeline.json"
@@ -253,19 +259,26 @@ def run_training_command(
         f"+callbacks.step_clock={{_target_:benchmarks.step_clock.StepClock,path:'{clock}'}}",
         *extra,
     ]
-    run = run_timed(cmd, REPO, work / f"{name}.out", child_env())
+    run = run_timed(cmd, REPO, work / f"{name}.out", env or child_env())
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}); see {run.output}")
     return phases(Timeline.read(clock), run.started, run.ended)
 
 
-def run_bare_loop(data_dir: Path, work: Path, cadence: Cadence, name: str) -> dict[str, Any]:
+def run_bare_loop(
+    data_dir: Path,
+    work: Path,
+    cadence: Cadence,
+    name: str,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     clock = work / f"{name}.timeline.json"
-    cmd = [sys.executable, "-m", "benchmarks.end_to_end", "bare", "--data-dir", str(data_dir)]
+    cmd = [sys.executable, "-m", "benchmarks.end_to_end", "bare", "--data-dir", str(data_dir), *extra]
     cmd += ["--steps", str(cadence.steps), "--eval-every", str(cadence.eval_every)]
     cmd += ["--eval-batches", str(cadence.eval_batches), "--warmup-steps", str(cadence.warmup_steps)]
     cmd += ["--timeline", str(clock)]
-    run = run_timed(cmd, REPO, work / f"{name}.out", child_env())
+    run = run_timed(cmd, REPO, work / f"{name}.out", env or child_env())
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}); see {run.output}")
     return phases(Timeline.read(clock), run.started, run.ended)
@@ -339,6 +352,10 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-batches", type=int, default=Cadence.eval_batches)
     p.add_argument("--warmup-steps", type=int, default=Cadence.warmup_steps)
     p.add_argument("--timeline", type=Path, required=True)
+    # the model's size, when not the quick start's (model preset "cpu"): the host benchmark's tiny model
+    p.add_argument("--n-layer", type=int)
+    p.add_argument("--n-head", type=int)
+    p.add_argument("--n-embd", type=int)
     a = p.parse_args(argv)
     c = Cadence(
         steps=a.steps, eval_every=a.eval_every, eval_batches=a.eval_batches, warmup_steps=a.warmup_steps
@@ -357,7 +374,8 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     retain_freed_memory()  # as training does (retain_freed_memory: true)
     torch.manual_seed(c.seed)
     meta = load_meta(a.data_dir)
-    model = GPT(GPTConfig.from_preset("cpu", vocab_size=int(meta["vocab_size"])))
+    sizes = {k: v for k, v in (("n_layer", a.n_layer), ("n_head", a.n_head), ("n_embd", a.n_embd)) if v}
+    model = GPT(GPTConfig.from_preset("cpu", vocab_size=int(meta["vocab_size"]), **sizes))
     block = model.config.block_size
     train = RandomWindowDataset(load_split(a.data_dir, "train", meta), block, c.steps * c.batch_size, c.seed)
     val = StridedWindowDataset(load_split(a.data_dir, "val", meta), block, None, name="val")

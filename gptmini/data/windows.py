@@ -34,12 +34,12 @@ class _WindowDataset(Dataset):
         self.vocab_size = vocab_size
 
     def window(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = torch.from_numpy(
-            np.asarray(self.tokens[start : start + self.block_size + 1]).astype(np.int64)
-        )  # (block_size + 1,)
-        if self.vocab_size is not None and int(chunk.max()) >= self.vocab_size:
+        ids = np.asarray(self.tokens[start : start + self.block_size + 1]).astype(np.int64)
+        chunk = torch.from_numpy(ids)  # (block_size + 1,)
+        # checked in NumPy: the tokens are host memory, and a torch scalar read costs more per window
+        if self.vocab_size is not None and ids.max() >= self.vocab_size:
             raise DataError(
-                f"split {self.name!r} holds token id {int(chunk.max())} in tokens [{start}, "
+                f"split {self.name!r} holds token id {int(ids.max())} in tokens [{start}, "
                 f"{start + self.block_size + 1}), but the vocabulary has {self.vocab_size} ids: its shards are "
                 "damaged or of another tokenizer; re-run prepare with --force"
             )

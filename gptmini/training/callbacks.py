@@ -25,6 +25,7 @@ from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes,
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.background import submit
+from gptmini.training.lightning_compat import logs_after_step
 from gptmini.training.probe import ValidationProbe, eval_mode, shared_probe
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
@@ -267,10 +268,12 @@ class TokenThroughputMonitor(LoggingCallback):
     ``perf/flops_per_sec``, ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and
     ``perf/tokens_seen``.
 
-    Built on Lightning's public ``Throughput`` (rolling averages over the last ``window_size`` batches) rather
+    Built on Lightning's public ``Throughput`` (rolling averages over its last ``window_size`` readings) rather
     than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
     the start of training, data loading included, with validation (and the callbacks that follow it) left out.
-    Measured on global rank zero only: each update waits for the GPU.
+    It is read after the first step and then only on the steps Lightning writes the logs after
+    (``trainer.log_every_n_steps``), on global rank zero only: each reading waits for the GPU, so the steps in
+    between cost nothing here but counting tokens.
 
     ``perf/mfu`` divides by the peak dense FLOP/s of one device for the run's compute dtype: ``peak_flops`` when
     given (``perf.peak_flops``), else looked up by the GPU's name (``gptmini.training.hardware.peak_flops``); the
@@ -341,26 +344,27 @@ class TokenThroughputMonitor(LoggingCallback):
             self._record_global_batch(trainer, batch)
         if not trainer.is_global_zero or self._throughput is None:
             return
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()  # the step's kernels are queued, not done, when the hook runs
-        elapsed = time.perf_counter() - self._t0
         b, t = batch[0].shape
         self._batches += 1
         self._samples += b
         self._tokens += b * t
+        if trainer.global_step == self._last_step:
+            return  # gradient accumulation: the optimizer step (and its time) is not done yet
+        self._last_step = trainer.global_step
+        # The clock is read (and a GPU waited for) only on the steps Lightning writes the logs after, and after
+        # the first step of the run as the start of the first interval: every other step the host runs ahead of
+        # the device. The rolling averages are over the last window_size of those readings.
+        first = self._batches == trainer.accumulate_grad_batches
+        if not (first or logs_after_step(trainer, trainer.global_step)):
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()  # the step's kernels are queued, not done, when the hook runs
+        elapsed = time.perf_counter() - self._t0
         flops = getattr(pl_module, "flops_per_batch", 0) or None
         self._throughput.update(
             time=elapsed, batches=self._batches, samples=self._samples, lengths=self._tokens, flops=flops
         )
-        if trainer.global_step == self._last_step:
-            return  # gradient accumulation: the optimizer step (and its time) is not done yet
-        self._last_step = trainer.global_step
-        # Lightning writes logged values only every log_every_n_steps steps: the rolling averages are computed
-        # for those steps alone (and every step until the first rate exists, for the progress bar).
-        if (
-            trainer.global_step % max(1, trainer.log_every_n_steps) != 0
-            and "perf/tokens_per_sec" in self.last
-        ):
+        if first:
             return
         metrics = {
             self.RENAME[k]: float(v) for k, v in self._throughput.compute().items() if k in self.RENAME
@@ -369,8 +373,7 @@ class TokenThroughputMonitor(LoggingCallback):
             # from the optimizer step, so a resumed run counts on from where it stopped
             metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
         self.last.update(metrics)
-        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
 
     def _record_global_batch(self, trainer: L.Trainer, batch: Any) -> None:
         b, t = batch[0].shape  # one device's micro-batch: (B, T)
@@ -403,12 +406,13 @@ class ProgressBar(RichProgressBar):
     lines say how far the run is there).
 
     The screen is redrawn ``refresh_rate`` times a second (Lightning's thread); the training bar's count and
-    metrics are updated no more often than that either, instead of after every step (each update reads every
-    progress-bar metric)."""
+    metrics are updated no more often than that either, instead of after every step. The metrics (the training
+    loss is a device tensor: reading it waits for the device) only on the steps Lightning writes its logs after,
+    so the steps in between never wait for the device here."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._updated_at = -math.inf
+        self._updated_at = self._counted_at = -math.inf
         self._holding = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -418,6 +422,9 @@ class ProgressBar(RichProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            metrics["train/loss"] = float(loss)  # read here, not by Lightning after every step
         for cb in trainer.callbacks:
             if isinstance(cb, TokenThroughputMonitor) and "perf/tokens_per_sec" in cb.last:
                 metrics["tok/s"] = f"{cb.last['perf/tokens_per_sec']:,.0f}"
@@ -458,13 +465,23 @@ class ProgressBar(RichProgressBar):
         # A run resumed mid-epoch creates its bar here, not at the epoch start.
         relabel = self.train_progress_bar_id is None
         now = time.monotonic()
+        period = 1.0 / max(self.refresh_rate, 1e-9)  # not drawn more often than that anyway
         last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
-        if not (relabel or last or now - self._updated_at >= 1.0 / max(self.refresh_rate, 1e-9)):
-            return  # not drawn before the next refresh anyway
-        self._updated_at = now
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if relabel:
-            self._relabel(trainer)
+        # The metrics (the loss: a device tensor) are read only on the steps Lightning reads them for its logs
+        # too; the count moves on in between.
+        if (
+            relabel
+            or last
+            or (now - self._updated_at >= period and logs_after_step(trainer, trainer.global_step))
+        ):
+            self._updated_at = self._counted_at = now
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if relabel:
+                self._relabel(trainer)
+        elif now - self._counted_at >= period and self.progress is not None:
+            self._counted_at = now
+            self.progress.update(self.train_progress_bar_id, completed=batch_idx + 1)
+            self.refresh()
 
 
 class ProgressLog(LoggingCallback):

@@ -15,6 +15,7 @@ from torchmetrics.aggregation import MeanMetric
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.config import FLOAT16_AMP
 from gptmini.training.hardware import DeviceFacts
+from gptmini.training.lightning_compat import logs_after_step
 from gptmini.training.probe import ValidationProbe
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -119,8 +120,10 @@ class GPTLightningModule(L.LightningModule):
             self._flops_per_token[t] = self.model.flops_per_token(t)
         self.flops_per_batch = int(self._flops_per_token[t] * b * t)
         loss = self._shared_step(batch)
-        # A tensor, not .item(): Lightning reads it only when it logs, so there is no device sync per step.
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # A tensor, not .item(): Lightning reads it only when it logs, so there is no device sync per step. Not
+        # prog_bar=True: Lightning would turn it into a number after every batch (a sync per step); the progress
+        # bar reads it itself when it redraws its metrics (callbacks.ProgressBar).
+        self.log("train/loss", loss, on_step=True, on_epoch=False)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -161,8 +164,9 @@ class GPTLightningModule(L.LightningModule):
         return self.trainer.precision_plugin.forward_context()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Pre-clipping global gradient norm, only on logging steps.
-        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps) != 0:
+        # Pre-clipping global gradient norm, only on the steps Lightning writes the logs after (this step's
+        # number is global_step + 1): elsewhere it would be computed and never written.
+        if not logs_after_step(self.trainer, self.trainer.global_step + 1):
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:

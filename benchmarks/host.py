@@ -1,0 +1,116 @@
+"""The host's cost per step: ``gptmini train`` against the bare PyTorch loop on a model so small (2 layers x 2 heads
+x 32 wide) that the framework's per-step work, not the arithmetic, sets the pace; on a GPU that work is what the
+host must finish while the kernels run.
+
+Both are fresh processes with one torch thread (``OMP_NUM_THREADS=1``), the quick start's data, batch, AdamW and
+schedule (``benchmarks.end_to_end``): the training command with every default callback (progress bar on a
+pseudo-terminal, throughput, TensorBoard, the guards), checkpoints and validations out of the way (only the final
+``last.ckpt``, one validation at the end), against the bare loop (``python -m benchmarks.end_to_end bare``). Steps
+are timed end to end by the same clock (``benchmarks.step_clock.StepClock`` in the command); the ratio is of the
+median steps, the two programs alternating ``rounds`` times.
+
+The goal: the training command's tokens/s at least ``GOAL`` of the bare loop's.
+``python -m benchmarks --only host`` regenerates the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BenchOptions, loadavg
+from benchmarks.end_to_end import Cadence, child_env, prepare_char_data, run_bare_loop, run_training_command
+
+log = logging.getLogger("benchmarks")
+
+GOAL = 0.85  # the training command's tokens/s / the bare loop's
+ROUNDS = 3
+TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32}
+# long enough for a stable median; validation once, at the end (val_check_interval = the run's steps)
+STEPS, QUICK_STEPS = 1500, 30
+
+HOST_COLUMNS = ["program", "round", "median_step_ms", "tokens_per_s", "ratio", "startup_s", "total_s"]
+
+
+def one_thread_env() -> dict[str, str]:
+    return {**child_env(), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def train_overrides(cadence: Cadence) -> list[str]:
+    """The training command's overrides beyond the quick start: the tiny model, checkpoints only at the end."""
+    return [f"model.{k}={v}" for k, v in TINY.items()] + [
+        "callbacks=final",
+        f"trainer.val_check_interval={cadence.steps}",
+    ]
+
+
+def bare_args() -> list[str]:
+    return [arg for k, v in TINY.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def bench_host(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
+    steps = QUICK_STEPS if opts.quick else STEPS
+    cadence = Cadence(steps=steps, eval_every=steps, eval_batches=1, warmup_steps=min(100, steps // 2))
+    rounds = 1 if opts.quick else ROUNDS
+    source = str(opts.extra.get("tinyshakespeare") or "shakespeare")
+    tokens = cadence.batch_size * 64  # the quick start's block
+    rows: list[dict[str, Any]] = []
+    env = one_thread_env()
+    with tempfile.TemporaryDirectory(prefix="gptmini-bench-host-") as tmp:
+        work = Path(tmp)
+        data_dir = work / "data"
+        prepare_char_data(source, data_dir)
+        for r in range(1, rounds + 1):
+            for program in ("gptmini train", "bare loop"):
+                log.info("host %s, round %d/%d (load average %s)", program, r, rounds, loadavg())
+                if program == "bare loop":
+                    p = run_bare_loop(data_dir, work, cadence, f"bare{r}", bare_args(), env)
+                else:
+                    p = run_training_command(
+                        source, data_dir, work, cadence, f"train{r}", train_overrides(cadence), env
+                    )
+                row = {
+                    "program": program,
+                    "round": r,
+                    "median_step_ms": p["median_step_ms"],
+                    "tokens_per_s": tokens / p["median_step_ms"] * 1e3,
+                    "ratio": None,
+                    "startup_s": p["startup_s"],
+                    "total_s": p["total_s"],
+                }
+                rows.append(row)
+                log.info("host %-13s median step %.3f ms", program, p["median_step_ms"])
+    bare = {r["round"]: r for r in rows if r["program"] == "bare loop"}
+    for r in rows:
+        if r["program"] != "bare loop":
+            r["ratio"] = r["tokens_per_s"] / bare[r["round"]]["tokens_per_s"]
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    median_ratio = statistics.median(ratios)
+    rows.append(
+        {
+            "program": "gptmini train / bare loop, median of rounds",
+            "round": None,
+            "median_step_ms": None,
+            "tokens_per_s": None,
+            "ratio": median_ratio,
+            "startup_s": None,
+            "total_s": None,
+        }
+    )
+    tiny = " x ".join(str(v) for v in TINY.values())
+    notes = [
+        f"model {tiny} (layers x heads x width), block 64, batch {cadence.batch_size}, AdamW (the kernel "
+        f"training picks), warmup-cosine schedule, clipping 1.0; {steps} steps, validation once at the end; "
+        "OMP_NUM_THREADS=1 in both processes; the corpus prepared in characters beforehand",
+        "gptmini train: `python -m gptmini.training experiment=shakespeare_char_cpu "
+        + " ".join(train_overrides(cadence))
+        + "` on a pseudo-terminal, every default callback on; bare loop: `python -m benchmarks.end_to_end bare "
+        + " ".join(bare_args())
+        + "`, the same data windows, optimizer and schedule, nothing logged",
+        "median_step_ms: step end to step end (fetching the batch counts), the median over the run; ratio: "
+        f"tokens/s of the training command / the bare loop's in the same round; goal >= {GOAL}",
+    ]
+    return rows, notes
