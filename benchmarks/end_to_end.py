@@ -95,9 +95,12 @@ class Timeline:
     )  # (after step, start, batches end)
     train_end: float | None = None
     val_loss: float | None = None
+    cpu: list[float] = field(default_factory=list)  # the process's CPU seconds at the end of each step
 
-    def step(self, start: float, end: float) -> None:
+    def step(self, start: float, end: float, cpu: float | None = None) -> None:
         self.steps.append((start, end))
+        if cpu is not None:
+            self.cpu.append(cpu)
 
     def validation(self, start: float, batches_end: float) -> None:
         self.validations.append((len(self.steps), start, batches_end))
@@ -115,6 +118,7 @@ class Timeline:
             validations=[(int(v[0]), v[1], v[2]) for v in raw["validations"]],
             train_end=raw.get("train_end"),
             val_loss=raw.get("val_loss"),
+            cpu=list(raw.get("cpu", [])),
         )
 
 
@@ -145,6 +149,17 @@ def phases(tl: Timeline, started: float, ended: float) -> dict[str, Any]:
         extras += (train_end - tl.steps[-1][1]) - (v_batches_end - v_start)
     quiet = [s for i, s in enumerate(step_s, start=1) if i not in disturbed and i > 1] or step_s
     median = statistics.median(quiet)
+    # CPU time per step (every thread of the process), over the same steps: what the host spends, whatever else
+    # runs on the machine
+    cpu_steps = (
+        [
+            b - a
+            for i, (a, b) in enumerate(zip(tl.cpu[:-1], tl.cpu[1:], strict=True), start=2)
+            if i not in disturbed
+        ]
+        if len(tl.cpu) == last
+        else []
+    )
     background = sum(
         step_s[i - 1] - median
         for k, *_ in tl.validations
@@ -158,6 +173,7 @@ def phases(tl: Timeline, started: float, ended: float) -> dict[str, Any]:
         "steps": last,
         "steps_s": sum(step_s),
         "median_step_ms": median * 1e3,
+        "median_step_cpu_ms": statistics.median(cpu_steps) * 1e3 if cpu_steps else None,
         "validations": len(tl.validations),
         "val_batches_s": val_batches,
         "val_extras_s": extras,
@@ -409,7 +425,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        tl.step(start, time.time())
+        tl.step(start, time.time(), time.process_time())
         if step % c.eval_every == 0:
             v_start = time.time()
             tl.val_loss = evaluate()

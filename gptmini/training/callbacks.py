@@ -519,11 +519,14 @@ class ProgressLog(LoggingCallback):
         if not self._active or step == self._logged_step or (step % self.every_n_steps and not last):
             return
         self._logged_step = step
-        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0))
+        # this step's loss, not the last logged one's; Lightning hands it over divided by the batches accumulated
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            loss = loss * trainer.accumulate_grad_batches
+        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0, loss))
 
-    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float) -> str:
+    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float, loss: Any = None) -> str:
         parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
-        loss = trainer.callback_metrics.get("train/loss")
         if loss is not None:
             parts.append(f"loss {float(loss):.4f}")
         for cb in trainer.callbacks:

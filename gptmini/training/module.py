@@ -118,12 +118,16 @@ class GPTLightningModule(L.LightningModule):
         b, t = batch[0].shape
         if t not in self._flops_per_token:
             self._flops_per_token[t] = self.model.flops_per_token(t)
-        self.flops_per_batch = int(self._flops_per_token[t] * b * t)
+        flops = int(self._flops_per_token[t] * b * t)
+        if flops != self.flops_per_batch:  # an nn.Module attribute write costs more than the comparison
+            self.flops_per_batch = flops
         loss = self._shared_step(batch)
-        # A tensor, not .item(): Lightning reads it only when it logs, so there is no device sync per step. Not
-        # prog_bar=True: Lightning would turn it into a number after every batch (a sync per step); the progress
-        # bar reads it itself when it redraws its metrics (callbacks.ProgressBar).
-        self.log("train/loss", loss, on_step=True, on_epoch=False)
+        # Logged only on the steps Lightning writes the logs after (every other step's value would never be
+        # written, and self.log costs more host time than the rest of this method). A tensor, not .item():
+        # Lightning reads it only when it writes. Not prog_bar=True: Lightning would turn it into a number after
+        # every batch (a device sync); the progress bar reads it itself when it redraws (callbacks.ProgressBar).
+        if logs_after_step(self.trainer, self.trainer.global_step + 1):
+            self.log("train/loss", loss, on_step=True, on_epoch=False)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
