@@ -31,6 +31,7 @@ ROUNDS = 3
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32}
 # long enough for a stable median; validation once, at the end (val_check_interval = the run's steps)
 STEPS, QUICK_STEPS = 1500, 30
+FLOOR_STEPS = 2000
 
 HOST_COLUMNS = [
     "program",
@@ -117,6 +118,7 @@ def bench_host(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
             "total_s": None,
         }
     )
+    rows += lightning_floor(QUICK_STEPS if opts.quick else FLOOR_STEPS, rounds)
     tiny = " x ".join(str(v) for v in TINY.values())
     notes = [
         f"model {tiny} (layers x heads x width), block 64, batch {cadence.batch_size}, AdamW (the kernel "
@@ -132,5 +134,94 @@ def bench_host(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
         "median_step_cpu_ms: the process's CPU time per step (every thread), the median over the same steps; "
         "cpu_ratio: the bare loop's / the training command's. On a busy machine the wall clock measures the "
         "neighbours as much as the program; the CPU time much less so",
+        f"empty module: lightning.Trainer (no logger, no progress bar, gradient_clip_val=1.0) around a "
+        f"one-parameter module, {FLOOR_STEPS} steps, against the same steps in a plain loop, in the benchmark's own "
+        "process; median_step_cpu_ms is the difference of the two median steps' CPU time: Lightning's floor",
     ]
     return rows, notes
+
+
+# --- the floor: Lightning's own loop around a module that does nothing ----------------------------------------
+
+
+def lightning_floor(steps: int, rounds: int) -> list[dict[str, Any]]:
+    """CPU time per step of ``lightning.Trainer`` around a one-parameter module (no logger, no callback but the
+    clock, gradient clipping on, as training clips) against the same module in a plain loop, alternating in this
+    process: what Lightning itself costs per step, which no change to gptmini can remove."""
+    import time
+    import warnings
+
+    import lightning as L
+    import torch
+
+    class Empty(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return (self.w * batch).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    class Clock(L.Callback):
+        def __init__(self) -> None:
+            self.cpu: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.cpu.append(time.thread_time())
+
+    data = [torch.ones(1)] * steps
+
+    def median_step(cpu: list[float]) -> float:
+        skip = len(cpu) // 10  # the first steps warm up
+        return statistics.median(b - a for a, b in zip(cpu[skip:-1], cpu[skip + 1 :], strict=True))
+
+    def in_lightning() -> float:
+        clock = Clock()
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            gradient_clip_val=1.0,
+            callbacks=[clock],
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Empty(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
+        return median_step(clock.cpu)
+
+    def bare() -> float:
+        module = Empty()
+        opt = torch.optim.SGD(module.parameters(), lr=0.0)
+        cpu = []
+        for x in torch.utils.data.DataLoader(data, batch_size=None):
+            module.training_step(x, 0).backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            cpu.append(time.thread_time())
+        return median_step(cpu)
+
+    rows = []
+    for r in range(1, rounds + 1):
+        b, lit = bare(), in_lightning()
+        rows.append(
+            {
+                "program": "empty module: Lightning's loop - plain loop",
+                "round": r,
+                "median_step_ms": None,
+                "tokens_per_s": None,
+                "ratio": None,
+                "median_step_cpu_ms": (lit - b) * 1e3,
+                "cpu_ratio": None,
+                "startup_s": None,
+                "total_s": None,
+            }
+        )
+        log.info("host floor: Lightning %.3f ms, plain %.3f ms per step (CPU)", lit * 1e3, b * 1e3)
+    return rows
