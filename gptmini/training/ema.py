@@ -10,10 +10,15 @@ average continues exactly. Off unless ``callbacks.ema`` is set (docs/training-re
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+import lightning as L
+import torch
 from lightning.pytorch.callbacks import WeightAveraging
-from torch.optim.swa_utils import get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from gptmini.training.lightning_compat import averaged_model
 
 
 def check_ema(decay: Any, start_step: Any, prefix: str = "callbacks.ema") -> None:
@@ -38,3 +43,43 @@ class EMAWeightAveraging(WeightAveraging):
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         return step_idx is not None and step_idx >= self.start_step
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        average = averaged_model(self)
+        if average is not None:
+            # torch's AveragedModel.update_parameters tests its update count, a device tensor, twice a step: each
+            # test waits for the device. The same update here keeps the count on the host as well.
+            average.update_parameters = partial(self._update, average)
+        self._updates: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        average = averaged_model(self)
+        if average is not None:
+            self._updates = int(average.n_averaged)  # restored by a resume: read once, before the first step
+
+    def _update(self, average: AveragedModel, model: torch.nn.Module) -> None:
+        """``AveragedModel.update_parameters`` with the EMA of ``decay``: the first update copies the weights,
+        each later one moves the average towards them (``torch._foreach_lerp_``, as
+        ``get_ema_multi_avg_fn``); parameters and buffers alike."""
+        if self._updates is None:
+            self._updates = int(average.n_averaged)
+        ours = [*average.module.parameters(), *average.module.buffers()]
+        theirs = [
+            t.detach().to(o.device)
+            for t, o in zip([*model.parameters(), *model.buffers()], ours, strict=True)
+        ]
+        ours = [o.detach() for o in ours]
+        with torch.no_grad():
+            if self._updates == 0:
+                torch._foreach_copy_(ours, theirs)
+            else:
+                floats = [(o, t) for o, t in zip(ours, theirs, strict=True) if o.is_floating_point()]
+                if floats:
+                    torch._foreach_lerp_([o for o, _ in floats], [t for _, t in floats], 1 - self.decay)
+                for o, t in zip(ours, theirs, strict=True):
+                    if not o.is_floating_point():  # integer tables: constant, copied
+                        o.copy_(t)
+            average.n_averaged.add_(1)
+        self._updates += 1

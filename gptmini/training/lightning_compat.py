@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 
 import lightning as L
+from lightning.pytorch.callbacks import WeightAveraging
+from torch.optim.swa_utils import AveragedModel
 
 # Lightning's rank_zero_info() writes through these loggers (one per sub-package).
 _RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
@@ -65,3 +67,13 @@ def logs_after_step(trainer: L.Trainer, step: int) -> bool:
     Checked with Lightning 2.6.6.
     """
     return step % max(1, trainer.log_every_n_steps) == 0 or trainer.should_stop
+
+
+def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
+    """The ``AveragedModel`` a ``WeightAveraging`` callback keeps (built in its ``setup`` for fitting), or None
+    before. Lightning keeps it private; gptmini's EMA replaces its update with one that reads nothing back from
+    the device (``gptmini.training.ema``).
+
+    Checked with Lightning 2.6.6.
+    """
+    return callback._average_model

@@ -58,7 +58,13 @@ class ReadCounter(L.Callback):
 
 
 @pytest.mark.parametrize(
-    "extra", [[], ["trainer.accumulate_grad_batches=2"]], ids=["default", "accumulating"]
+    "extra",
+    [
+        [],
+        ["trainer.accumulate_grad_batches=2"],
+        ["callbacks.ema={_target_: gptmini.training.ema.EMAWeightAveraging, decay: 0.9}"],
+    ],
+    ids=["default", "accumulating", "ema"],
 )
 def test_no_value_is_read_from_the_device_between_two_logging_steps(
     train_in_process, tmp_path, monkeypatch, extra
