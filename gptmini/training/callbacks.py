@@ -355,7 +355,8 @@ class TokenThroughputMonitor(LoggingCallback):
         # the first step of the run as the start of the first interval: every other step the host runs ahead of
         # the device. The rolling averages are over the last window_size of those readings.
         first = self._batches == trainer.accumulate_grad_batches
-        if not (first or logs_after_step(trainer, trainer.global_step)):
+        logging = logs_after_step(trainer, trainer.global_step)
+        if not (first or logging):
             return
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize()  # the step's kernels are queued, not done, when the hook runs
@@ -364,7 +365,7 @@ class TokenThroughputMonitor(LoggingCallback):
         self._throughput.update(
             time=elapsed, batches=self._batches, samples=self._samples, lengths=self._tokens, flops=flops
         )
-        if first:
+        if not logging:
             return
         metrics = {
             self.RENAME[k]: float(v) for k, v in self._throughput.compute().items() if k in self.RENAME

@@ -126,9 +126,18 @@ class GPTLightningModule(L.LightningModule):
         # written, and self.log costs more host time than the rest of this method). A tensor, not .item():
         # Lightning reads it only when it writes. Not prog_bar=True: Lightning would turn it into a number after
         # every batch (a device sync); the progress bar reads it itself when it redraws (callbacks.ProgressBar).
-        if logs_after_step(self.trainer, self.trainer.global_step + 1):
+        if self._logs_this_step():
             self.log("train/loss", loss, on_step=True, on_epoch=False)
         return loss
+
+    def _logs_this_step(self) -> bool:
+        """Whether Lightning writes the logs after the optimizer step under way (``global_step + 1``); True
+        outside a Trainer (training_step called alone)."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:
+            return True
+        return logs_after_step(trainer, trainer.global_step + 1)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch)
@@ -170,7 +179,7 @@ class GPTLightningModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Pre-clipping global gradient norm, only on the steps Lightning writes the logs after (this step's
         # number is global_step + 1): elsewhere it would be computed and never written.
-        if not logs_after_step(self.trainer, self.trainer.global_step + 1):
+        if not self._logs_this_step():
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:
