@@ -72,7 +72,7 @@ def logs_after_step(trainer: L.Trainer, step: int) -> bool:
 def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
     """The ``AveragedModel`` a ``WeightAveraging`` callback keeps (built in its ``setup`` for fitting), or None
     before. Lightning keeps it private; gptmini's EMA replaces its update with one that reads nothing back from
-    the device (``gptmini.training.ema``).
+    the device (``gptmini.training.loop.ema``).
 
     Checked with Lightning 2.6.6.
     """

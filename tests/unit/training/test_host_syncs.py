@@ -13,7 +13,7 @@ import lightning as L
 import pytest
 import torch
 
-from gptmini.training import app
+from gptmini.training.run import app
 
 # torch.Tensor's methods that read a value back to the host; on a GPU tensor each one waits for the device
 READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
@@ -62,7 +62,7 @@ class ReadCounter(L.Callback):
     [
         [],
         ["trainer.accumulate_grad_batches=2"],
-        ["callbacks.ema={_target_: gptmini.training.ema.EMAWeightAveraging, decay: 0.9}"],
+        ["callbacks.ema={_target_: gptmini.training.loop.ema.EMAWeightAveraging, decay: 0.9}"],
     ],
     ids=["default", "accumulating", "ema"],
 )
@@ -84,7 +84,7 @@ def test_no_value_is_read_from_the_device_between_two_logging_steps(
 
 def test_the_counter_sees_a_read_in_a_quiet_step(train_in_process, tmp_path, monkeypatch):
     """The oracle is not blind: a module that reads its loss every step is caught on each quiet step."""
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.loop.module import GPTLightningModule
 
     counter = ReadCounter(monkeypatch)
     build = app.build_trainer

@@ -1,0 +1,38 @@
+"""What Hydra needs before it composes the run's config: the schema of the top-level keys stored, and the
+resolvers the YAML files name (``register_configs``)."""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from gptmini.training.hardware import register_hardware_configs
+from gptmini.training.run.schema import TrainSchema
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    # hardware=auto (the default): an alias of hardware/gpu on a machine with a CUDA GPU, else of hardware/cpu
+    register_hardware_configs()
+    # ${attention_names:}: every causal attention in the registry, comma-separated, so a sweep over all of them
+    # (conf/experiment/attention_sweep.yaml) picks up a newly registered implementation by itself
+    if not OmegaConf.has_resolver("attention_names"):
+        from gptmini.attention import available_attention
+
+        OmegaConf.register_new_resolver("attention_names", lambda: ",".join(available_attention()))
+    # ${attention_variants:}: every option of conf/attention_variant/, comma-separated, for the zoo's sweep
+    # (conf/experiment/attention_zoo.yaml), so a new variant file joins it by itself
+    if not OmegaConf.has_resolver("attention_variants"):
+        OmegaConf.register_new_resolver("attention_variants", attention_variants)
+    # ${prepared_folder:SOURCE,TOKENIZER}: the prepared-data folder name of a corpus, keyed by the corpus itself
+    # (conf/data/text.yaml), so two corpora never share one folder
+    if not OmegaConf.has_resolver("prepared_folder"):
+        from gptmini.data.corpora import prepared_folder_name
+
+        OmegaConf.register_new_resolver("prepared_folder", prepared_folder_name)
+
+
+def attention_variants() -> str:
+    from gptmini.conf_dir import conf_dir
+
+    return ",".join(sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml")))
