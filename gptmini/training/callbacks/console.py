@@ -110,7 +110,11 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
         last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
         # The metrics (the loss: a device tensor) are read only on the steps Lightning reads them for its logs
         # too; the count moves on in between.
-        if relabel or last or (now - self._updated_at >= period and logs_after_step(trainer, trainer.global_step)):
+        if (
+            relabel
+            or last
+            or (now - self._updated_at >= period and logs_after_step(trainer, trainer.global_step))
+        ):
             self._updated_at = self._counted_at = now
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             if relabel:
@@ -162,9 +166,7 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
             loss = loss * trainer.accumulate_grad_batches
         log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0, loss))
 
-    def line(
-        self, trainer: L.Trainer, step: int, total: int | None, elapsed: float, loss: Any = None
-    ) -> str:
+    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float, loss: Any = None) -> str:
         parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
         if loss is not None:
             parts.append(f"loss {float(loss):.4f}")

@@ -24,8 +24,8 @@ from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes,
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.callbacks.background import BackgroundWork, submit
-from gptmini.training.loop.probe import ValidationProbe, eval_mode
 from gptmini.training.lightning_compat import logs_after_step
+from gptmini.training.loop.probe import ValidationProbe, eval_mode
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
 log = logging.getLogger(__name__)
