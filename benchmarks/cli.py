@@ -35,6 +35,7 @@ from benchmarks.data import bench_data
 from benchmarks.end_to_end import bench_end_to_end
 from benchmarks.frontier import FRONTIER_COLUMNS, MARGIN_S, bench_frontier
 from benchmarks.generation import bench_generate
+from benchmarks.host import HOST_COLUMNS, bench_host
 from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
 from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
 from benchmarks.recipe import RECIPE_COLUMNS, bench_recipe
@@ -114,6 +115,7 @@ TABLES: dict[str, list[tuple[Benchmark, str, str, list[str]]]] = {
         (bench_insight, "insight", "Head insight: cost per validation", INSIGHT_COLUMNS),
         (bench_lm_loss, "lm_loss", "Output-layer loss: logits vs chunked", LM_LOSS_COLUMNS),
     ],
+    "host": [(bench_host, "host", "Host cost per step: the training command vs the bare loop", HOST_COLUMNS)],
     "e2e": [(bench_end_to_end, "e2e", "The whole run: training command vs bare loop", E2E_COLUMNS)],
     "recipe": [
         (

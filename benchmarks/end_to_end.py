@@ -95,9 +95,12 @@ class Timeline:
     )  # (after step, start, batches end)
     train_end: float | None = None
     val_loss: float | None = None
+    cpu: list[float] = field(default_factory=list)  # the process's CPU seconds at the end of each step
 
-    def step(self, start: float, end: float) -> None:
+    def step(self, start: float, end: float, cpu: float | None = None) -> None:
         self.steps.append((start, end))
+        if cpu is not None:
+            self.cpu.append(cpu)
 
     def validation(self, start: float, batches_end: float) -> None:
         self.validations.append((len(self.steps), start, batches_end))
@@ -115,6 +118,7 @@ class Timeline:
             validations=[(int(v[0]), v[1], v[2]) for v in raw["validations"]],
             train_end=raw.get("train_end"),
             val_loss=raw.get("val_loss"),
+            cpu=list(raw.get("cpu", [])),
         )
 
 
@@ -145,6 +149,17 @@ def phases(tl: Timeline, started: float, ended: float) -> dict[str, Any]:
         extras += (train_end - tl.steps[-1][1]) - (v_batches_end - v_start)
     quiet = [s for i, s in enumerate(step_s, start=1) if i not in disturbed and i > 1] or step_s
     median = statistics.median(quiet)
+    # CPU time per step (every thread of the process), over the same steps: what the host spends, whatever else
+    # runs on the machine
+    cpu_steps = (
+        [
+            b - a
+            for i, (a, b) in enumerate(zip(tl.cpu[:-1], tl.cpu[1:], strict=True), start=2)
+            if i not in disturbed
+        ]
+        if len(tl.cpu) == last
+        else []
+    )
     background = sum(
         step_s[i - 1] - median
         for k, *_ in tl.validations
@@ -158,6 +173,7 @@ def phases(tl: Timeline, started: float, ended: float) -> dict[str, Any]:
         "steps": last,
         "steps_s": sum(step_s),
         "median_step_ms": median * 1e3,
+        "median_step_cpu_ms": statistics.median(cpu_steps) * 1e3 if cpu_steps else None,
         "validations": len(tl.validations),
         "val_batches_s": val_batches,
         "val_extras_s": extras,
@@ -235,7 +251,13 @@ def prepare_char_data(source: str, out_dir: Path) -> None:
 
 
 def run_training_command(
-    source: str, data_dir: Path, work: Path, cadence: Cadence, name: str, extra: Sequence[str] = ()
+    source: str,
+    data_dir: Path,
+    work: Path,
+    cadence: Cadence,
+    name: str,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``python -m gptmini.training experiment=shakespeare_char_cpu ...`` run, timed; its phases."""
     clock = work / f"{name}.timeline.json"
@@ -253,19 +275,26 @@ def run_training_command(
         f"+callbacks.step_clock={{_target_:benchmarks.step_clock.StepClock,path:'{clock}'}}",
         *extra,
     ]
-    run = run_timed(cmd, REPO, work / f"{name}.out", child_env())
+    run = run_timed(cmd, REPO, work / f"{name}.out", env or child_env())
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}); see {run.output}")
     return phases(Timeline.read(clock), run.started, run.ended)
 
 
-def run_bare_loop(data_dir: Path, work: Path, cadence: Cadence, name: str) -> dict[str, Any]:
+def run_bare_loop(
+    data_dir: Path,
+    work: Path,
+    cadence: Cadence,
+    name: str,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     clock = work / f"{name}.timeline.json"
-    cmd = [sys.executable, "-m", "benchmarks.end_to_end", "bare", "--data-dir", str(data_dir)]
+    cmd = [sys.executable, "-m", "benchmarks.end_to_end", "bare", "--data-dir", str(data_dir), *extra]
     cmd += ["--steps", str(cadence.steps), "--eval-every", str(cadence.eval_every)]
     cmd += ["--eval-batches", str(cadence.eval_batches), "--warmup-steps", str(cadence.warmup_steps)]
     cmd += ["--timeline", str(clock)]
-    run = run_timed(cmd, REPO, work / f"{name}.out", child_env())
+    run = run_timed(cmd, REPO, work / f"{name}.out", env or child_env())
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}); see {run.output}")
     return phases(Timeline.read(clock), run.started, run.ended)
@@ -339,6 +368,10 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-batches", type=int, default=Cadence.eval_batches)
     p.add_argument("--warmup-steps", type=int, default=Cadence.warmup_steps)
     p.add_argument("--timeline", type=Path, required=True)
+    # the model's size, when not the quick start's (model preset "cpu"): the host benchmark's tiny model
+    p.add_argument("--n-layer", type=int)
+    p.add_argument("--n-head", type=int)
+    p.add_argument("--n-embd", type=int)
     a = p.parse_args(argv)
     c = Cadence(
         steps=a.steps, eval_every=a.eval_every, eval_batches=a.eval_batches, warmup_steps=a.warmup_steps
@@ -357,7 +390,8 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     retain_freed_memory()  # as training does (retain_freed_memory: true)
     torch.manual_seed(c.seed)
     meta = load_meta(a.data_dir)
-    model = GPT(GPTConfig.from_preset("cpu", vocab_size=int(meta["vocab_size"])))
+    sizes = {k: v for k, v in (("n_layer", a.n_layer), ("n_head", a.n_head), ("n_embd", a.n_embd)) if v}
+    model = GPT(GPTConfig.from_preset("cpu", vocab_size=int(meta["vocab_size"]), **sizes))
     block = model.config.block_size
     train = RandomWindowDataset(load_split(a.data_dir, "train", meta), block, c.steps * c.batch_size, c.seed)
     val = StridedWindowDataset(load_split(a.data_dir, "val", meta), block, None, name="val")
@@ -391,7 +425,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        tl.step(start, time.time())
+        tl.step(start, time.time(), time.process_time())
         if step % c.eval_every == 0:
             v_start = time.time()
             tl.val_loss = evaluate()

@@ -28,7 +28,7 @@ class StepClock(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.timeline.step(self._step_start, time.time())
+        self.timeline.step(self._step_start, time.time(), time.process_time())
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._val_start = time.time() if not trainer.sanity_checking else None

@@ -12,13 +12,20 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from gptmini.data.corpora import default_out_dir
 from gptmini.data.prepare import DEFAULT_BUFFER_MB, DEFAULT_SHARD_TOKENS, PrepareProgress, prepare
 from gptmini.data.reader import load_meta, load_split, load_tokenizer
 from gptmini.data.tokenizers import Tokenizer
-from gptmini.data.windows import RandomWindowDataset, ShardSampler, StreamSampler, StridedWindowDataset
+from gptmini.data.windows import (
+    DeviceWindows,
+    RandomWindowDataset,
+    ShardSampler,
+    StreamSampler,
+    StridedWindowDataset,
+    split_fits_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +34,11 @@ def _at_least(key: str, value: Any, low: int, note: str = "") -> None:
     """``value`` (None: not set) an integer >= ``low``, else a ValueError naming ``data.<key>``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
         raise ValueError(f"data.{key}={value} is invalid: it must be an integer >= {low}{note}")
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory of a CUDA ``device``; None for any other."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 
 class TokenDataModule(L.LightningDataModule):
@@ -187,7 +199,18 @@ class TokenDataModule(L.LightningDataModule):
         sampler = StreamSampler(
             len(self.train_dataset), start=self._first_train_sample, rank=rank, world_size=world
         )
+        device = self._device()
+        if split_fits_device(len(self.train_dataset.tokens), device, device_memory(device)):
+            # the split on the GPU, windows cut there: the same batches, nothing but their starts copied
+            log.info("train split (%s tokens) kept on %s", f"{len(self.train_dataset.tokens):,}", device)
+            batches = BatchSampler(sampler, self.batch_size, drop_last=True)
+            return DataLoader(DeviceWindows(self.train_dataset, device), sampler=batches, batch_size=None)
         return self._loader(self.train_dataset, sampler=sampler, drop_last=True)
+
+    def _device(self) -> torch.device:
+        """Where training runs: the trainer's device; the CPU without a trainer (plain DataLoader use)."""
+        strategy = getattr(self.trainer, "strategy", None)
+        return strategy.root_device if strategy is not None else torch.device("cpu")
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         if self.train_dataset is None:

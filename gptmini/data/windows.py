@@ -34,12 +34,12 @@ class _WindowDataset(Dataset):
         self.vocab_size = vocab_size
 
     def window(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = torch.from_numpy(
-            np.asarray(self.tokens[start : start + self.block_size + 1]).astype(np.int64)
-        )  # (block_size + 1,)
-        if self.vocab_size is not None and int(chunk.max()) >= self.vocab_size:
+        ids = np.asarray(self.tokens[start : start + self.block_size + 1]).astype(np.int64)
+        chunk = torch.from_numpy(ids)  # (block_size + 1,)
+        # checked in NumPy: the tokens are host memory, and a torch scalar read costs more per window
+        if self.vocab_size is not None and ids.max() >= self.vocab_size:
             raise DataError(
-                f"split {self.name!r} holds token id {int(chunk.max())} in tokens [{start}, "
+                f"split {self.name!r} holds token id {int(ids.max())} in tokens [{start}, "
                 f"{start + self.block_size + 1}), but the vocabulary has {self.vocab_size} ids: its shards are "
                 "damaged or of another tokenizer; re-run prepare with --force"
             )
@@ -184,3 +184,46 @@ class ShardSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.n, self.world_size))
+
+
+# The train split is kept on the GPU when its tokens (int32 there) take at most this share of the GPU's memory:
+# windows are then cut on the device, and a step copies nothing but its window starts to it.
+DEVICE_SPLIT_SHARE = 0.05
+DEVICE_TYPES = ("cuda",)  # the device types whose memory may hold the split
+
+
+def split_fits_device(tokens: int, device: torch.device, memory: int | None) -> bool:
+    """The size rule of ``DeviceWindows``: a device of ``DEVICE_TYPES`` with ``memory`` bytes, of which the split's
+    tokens as int32 take at most ``DEVICE_SPLIT_SHARE``."""
+    return device.type in DEVICE_TYPES and memory is not None and 4 * tokens <= DEVICE_SPLIT_SHARE * memory
+
+
+class DeviceWindows(Dataset):
+    """The windows of a ``RandomWindowDataset``, a batch at a time, cut from a copy of its tokens on ``device``:
+    ``dataset[indices]`` is ``(x, y)``, each (len(indices), block_size) int64 on the device, equal to stacking
+    ``dataset.window`` of each index's start. Only the starts travel, from pinned memory without waiting
+    (``non_blocking``); ids are checked against the vocabulary once, when the tokens are copied. Use it with a
+    ``BatchSampler`` and ``batch_size=None``."""
+
+    def __init__(self, windows: RandomWindowDataset, device: torch.device) -> None:
+        self.windows = windows
+        self.device = device
+        tokens = torch.from_numpy(np.asarray(windows.tokens).astype(np.int32))
+        if windows.vocab_size is not None and len(tokens) and int(tokens.max()) >= windows.vocab_size:
+            raise DataError(
+                f"split {windows.name!r} holds token id {int(tokens.max())}, but the vocabulary has "
+                f"{windows.vocab_size} ids: its shards are damaged or of another tokenizer; re-run prepare with --force"
+            )
+        self.tokens = tokens.to(device)  # (n,) int32
+        self.offsets = torch.arange(windows.block_size + 1, device=device)  # (block_size + 1,)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.tensor([self.windows.start(i) for i in indices], dtype=torch.int64)  # (B,)
+        if self.device.type == "cuda":
+            starts = starts.pin_memory()
+        starts = starts.to(self.device, non_blocking=True)
+        chunk = self.tokens[starts[:, None] + self.offsets].long()  # (B, block_size + 1)
+        return chunk[:, :-1], chunk[:, 1:]  # x, y: (B, block_size) each

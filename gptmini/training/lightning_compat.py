@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 
 import lightning as L
+from lightning.pytorch.callbacks import WeightAveraging
+from torch.optim.swa_utils import AveragedModel
 
 # Lightning's rank_zero_info() writes through these loggers (one per sub-package).
 _RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
@@ -51,3 +53,27 @@ def silence_tips() -> None:
         logger = logging.getLogger(name)
         if _DROP_TIPS not in logger.filters:
             logger.addFilter(_DROP_TIPS)
+
+
+def logs_after_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether Lightning writes the values logged with ``on_step=True`` to the loggers after optimizer step
+    ``step`` (1-based: ``trainer.global_step`` once the step is done, ``global_step + 1`` before it, as in
+    ``on_before_optimizer_step``). Reading a logged device tensor then costs nothing extra: Lightning reads it on
+    those steps anyway. Every other step, code that runs per step leaves its tensors on the device.
+
+    Lightning's own test (``_LoggerConnector.should_update_logs``) is private; this is its arithmetic: every
+    ``log_every_n_steps``-th optimizer step, and the step the trainer stops at.
+
+    Checked with Lightning 2.6.6.
+    """
+    return step % max(1, trainer.log_every_n_steps) == 0 or trainer.should_stop
+
+
+def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
+    """The ``AveragedModel`` a ``WeightAveraging`` callback keeps (built in its ``setup`` for fitting), or None
+    before. Lightning keeps it private; gptmini's EMA replaces its update with one that reads nothing back from
+    the device (``gptmini.training.loop.ema``).
+
+    Checked with Lightning 2.6.6.
+    """
+    return callback._average_model

@@ -29,7 +29,7 @@ def _positive(value: str) -> bool:
 # The quick run of every section but e2e and frontier, which start real training processes: their quick runs are
 # slow tests (test_the_end_to_end_section_writes_its_table; test_frontier_bench.py); their parts are tested in
 # test_end_to_end.py and test_frontier_bench.py.
-FAST_SECTIONS = tuple(s for s in common.SECTIONS if s not in ("e2e", "frontier", "busy"))
+FAST_SECTIONS = tuple(s for s in common.SECTIONS if s not in ("host", "e2e", "frontier", "busy"))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count, 
 
 from gptmini.limits import check_positive
 from gptmini.training.callbacks.loggers import LoggingCallback, Receiver, RunParts, TokenThroughputMonitor
+from gptmini.training.lightning_compat import logs_after_step
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,13 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
     lines say how far the run is there).
 
     The screen is redrawn ``refresh_rate`` times a second (Lightning's thread); the training bar's count and
-    metrics are updated no more often than that either, instead of after every step (each update reads every
-    progress-bar metric)."""
+    metrics are updated no more often than that either, instead of after every step. The metrics (the training
+    loss is a device tensor: reading it waits for the device) only on the steps Lightning writes its logs after,
+    so the steps in between never wait for the device here."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._updated_at = -math.inf
+        self._updated_at = self._counted_at = -math.inf
         self._holding = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -61,6 +63,9 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            metrics["train/loss"] = float(loss)  # read here, not by Lightning after every step
         rate = self.tokens_per_sec()
         if rate is not None:
             metrics["tok/s"] = f"{rate:,.0f}"
@@ -101,13 +106,23 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
         # A run resumed mid-epoch creates its bar here, not at the epoch start.
         relabel = self.train_progress_bar_id is None
         now = time.monotonic()
+        period = 1.0 / max(self.refresh_rate, 1e-9)  # not drawn more often than that anyway
         last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
-        if not (relabel or last or now - self._updated_at >= 1.0 / max(self.refresh_rate, 1e-9)):
-            return  # not drawn before the next refresh anyway
-        self._updated_at = now
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if relabel:
-            self._relabel(trainer)
+        # The metrics (the loss: a device tensor) are read only on the steps Lightning reads them for its logs
+        # too; the count moves on in between.
+        if (
+            relabel
+            or last
+            or (now - self._updated_at >= period and logs_after_step(trainer, trainer.global_step))
+        ):
+            self._updated_at = self._counted_at = now
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if relabel:
+                self._relabel(trainer)
+        elif now - self._counted_at >= period and self.progress is not None:
+            self._counted_at = now
+            self.progress.update(self.train_progress_bar_id, completed=batch_idx + 1)
+            self.refresh()
 
 
 class ProgressLog(ShowsThroughput, LoggingCallback):
@@ -150,11 +165,14 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         if not self._active or step == self._logged_step or (step % self.every_n_steps and not last):
             return
         self._logged_step = step
-        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0))
+        # this step's loss, not the last logged one's; Lightning hands it over divided by the batches accumulated
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            loss = loss * trainer.accumulate_grad_batches
+        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0, loss))
 
-    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float) -> str:
+    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float, loss: Any = None) -> str:
         parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
-        loss = trainer.callback_metrics.get("train/loss")
         if loss is not None:
             parts.append(f"loss {float(loss):.4f}")
         rate = self.tokens_per_sec()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
-from gptmini.training.lightning_compat import request_graceful_stop
+from gptmini.training.lightning_compat import logs_after_step, request_graceful_stop
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +49,61 @@ class NonFiniteLossGuard(L.Callback):
     """Stops the run at the first non-finite training loss, naming the step, and refuses to write a checkpoint
     whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
 
+    Reading the loss waits for the device, so every step only adds it to a sum on the device (a sum of losses is
+    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps (null: on the steps
+    Lightning writes its logs after, ``trainer.log_every_n_steps``) and before every checkpoint is saved. A
+    non-finite loss is thus caught before any checkpoint could hold its step's weights; the error names its step
+    when the sum covers one step, else the steps since the last check.
+
     Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing
     either. ``_hydra_main`` reports the error and exits with status 3."""
 
-    def __init__(self, check_every_n_steps: int = 1) -> None:
-        if check_every_n_steps < 1:
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        if check_every_n_steps is not None and (
+            isinstance(check_every_n_steps, bool)
+            or not isinstance(check_every_n_steps, int)
+            or check_every_n_steps < 1
+        ):
             raise ValueError(
-                f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps} must be >= 1"
+                f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps!r} must be an integer >= 1, "
+                "or null to check on the logging steps"
             )
         self.check_every_n_steps = check_every_n_steps
         self.last_saved_step: int | None = None
+        self._loss_sum: torch.Tensor | None = None  # the losses since the last check, on their device
+        self._checked_step = 0  # the last step whose loss was checked
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._loss_sum = None
+        self._checked_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step % self.check_every_n_steps != 0:
-            return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is None or bool(torch.isfinite(loss.detach()).all()):
+        if loss is not None:
+            if self._loss_sum is None:
+                self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
+            self._loss_sum.add_(loss.detach())  # one kernel, no wait
+        step = trainer.global_step
+        due = (
+            step % self.check_every_n_steps == 0
+            if self.check_every_n_steps is not None
+            else logs_after_step(trainer, step)
+        )
+        if due:
+            self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        """Raises NonFiniteLossError when a loss since the last check was not finite (one device sync)."""
+        step, first = trainer.global_step, self._checked_step + 1
+        if self._loss_sum is None or step < first:
+            return
+        total = self._loss_sum.item()
+        self._loss_sum.zero_()
+        self._checked_step = step
+        if math.isfinite(total):
             return
         last = _last_checkpoint(trainer)
         kept = (
@@ -78,17 +114,18 @@ class NonFiniteLossGuard(L.Callback):
         )
         lr = trainer.optimizers[0].param_groups[0].get("lr") if trainer.optimizers else None
         lr_text = f" (the learning rate was {lr:.3g} at this step)" if isinstance(lr, float) else ""
+        when = f"at step {step}" if first == step else f"at a step from {first} to {step}"
         raise NonFiniteLossError(
-            f"training loss became {loss.detach().float().mean().item()} at step {trainer.global_step}; the run "
-            f"stopped without saving these weights and {kept}. Lower the learning rate{lr_text} "
-            "(optimizer.lr; with optimizer=muon optimizer.hidden.lr and optimizer.embedding.lr), raise "
-            "scheduler.warmup_steps or set trainer.gradient_clip_val, check the data, then resume with "
-            "ckpt_path=last or start over"
+            f"training loss became {total} {when}; the run stopped without saving these weights and {kept}. "
+            f"Lower the learning rate{lr_text} (optimizer.lr; with optimizer=muon optimizer.hidden.lr and "
+            "optimizer.embedding.lr), raise scheduler.warmup_steps or set trainer.gradient_clip_val, check the "
+            "data, then resume with ckpt_path=last or start over"
         )
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        self._check(trainer)
         if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
             raise NonFiniteLossError(
                 f"the weights became non-finite (NaN/inf) at step {trainer.global_step}; refusing to save them, "

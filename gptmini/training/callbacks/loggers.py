@@ -25,6 +25,7 @@ from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes,
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.callbacks.background import BackgroundWork, submit
+from gptmini.training.lightning_compat import logs_after_step
 from gptmini.training.loop.probe import ValidationProbe, eval_mode
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
@@ -309,10 +310,12 @@ class TokenThroughputMonitor(LoggingCallback):
     ``perf/flops_per_sec``, ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and
     ``perf/tokens_seen``.
 
-    Built on Lightning's public ``Throughput`` (rolling averages over the last ``window_size`` batches) rather
+    Built on Lightning's public ``Throughput`` (rolling averages over its last ``window_size`` readings) rather
     than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
     the start of training, data loading included, with validation (and the callbacks that follow it) left out.
-    Measured on global rank zero only: each update waits for the GPU.
+    It is read after the first step and then only on the steps Lightning writes the logs after
+    (``trainer.log_every_n_steps``), on global rank zero only: each reading waits for the GPU, so the steps in
+    between cost nothing here but counting tokens.
 
     ``perf/mfu`` divides by the peak dense FLOP/s of one device for the run's compute dtype: ``peak_flops`` when
     given (``perf.peak_flops``), else looked up by the GPU's name (``gptmini.training.hardware.peak_flops``); the
@@ -383,26 +386,28 @@ class TokenThroughputMonitor(LoggingCallback):
             self._record_global_batch(trainer, batch)
         if not trainer.is_global_zero or self._throughput is None:
             return
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()  # the step's kernels are queued, not done, when the hook runs
-        elapsed = time.perf_counter() - self._t0
         b, t = batch[0].shape
         self._batches += 1
         self._samples += b
         self._tokens += b * t
+        if trainer.global_step == self._last_step:
+            return  # gradient accumulation: the optimizer step (and its time) is not done yet
+        self._last_step = trainer.global_step
+        # The clock is read (and a GPU waited for) only on the steps Lightning writes the logs after, and after
+        # the first step of the run as the start of the first interval: every other step the host runs ahead of
+        # the device. The rolling averages are over the last window_size of those readings.
+        first = self._batches == trainer.accumulate_grad_batches
+        logging = logs_after_step(trainer, trainer.global_step)
+        if not (first or logging):
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()  # the step's kernels are queued, not done, when the hook runs
+        elapsed = time.perf_counter() - self._t0
         flops = getattr(pl_module, "flops_per_batch", 0) or None
         self._throughput.update(
             time=elapsed, batches=self._batches, samples=self._samples, lengths=self._tokens, flops=flops
         )
-        if trainer.global_step == self._last_step:
-            return  # gradient accumulation: the optimizer step (and its time) is not done yet
-        self._last_step = trainer.global_step
-        # Lightning writes logged values only every log_every_n_steps steps: the rolling averages are computed
-        # for those steps alone (and every step until the first rate exists, for the progress bar).
-        if (
-            trainer.global_step % max(1, trainer.log_every_n_steps) != 0
-            and "perf/tokens_per_sec" in self.last
-        ):
+        if not logging:
             return
         metrics = {
             self.RENAME[k]: float(v) for k, v in self._throughput.compute().items() if k in self.RENAME
@@ -411,8 +416,7 @@ class TokenThroughputMonitor(LoggingCallback):
             # from the optimizer step, so a resumed run counts on from where it stopped
             metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
         self.last.update(metrics)
-        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
 
     def _record_global_batch(self, trainer: L.Trainer, batch: Any) -> None:
         b, t = batch[0].shape  # one device's micro-batch: (B, T)

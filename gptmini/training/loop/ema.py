@@ -12,14 +12,16 @@ the average as ``state_dict`` (what sampling, evaluation and export read, and sa
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
-from torch.optim.swa_utils import get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from gptmini.checkpoint import TRAINED_WEIGHTS_KEY as TRAINED_KEY
+from gptmini.training.lightning_compat import averaged_model
 
 # Where a checkpoint's average goes while a run resumes from it: the module's hook puts the trained weights in
 # "state_dict" (what Lightning restores into the model) and the average here, for this callback to restore.
@@ -55,7 +57,44 @@ class EMAWeightAveraging(WeightAveraging):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        average = averaged_model(self)
+        if average is not None:
+            # torch's AveragedModel.update_parameters tests its update count, a device tensor, twice a step: each
+            # test waits for the device. The same update here keeps the count on the host as well.
+            average.update_parameters = partial(self._update, average)
+        self._updates: int | None = None
         self._trained: dict[str, torch.Tensor] | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        average = averaged_model(self)
+        if average is not None:
+            self._updates = int(average.n_averaged)  # restored by a resume: read once, before the first step
+
+    def _update(self, average: AveragedModel, model: torch.nn.Module) -> None:
+        """``AveragedModel.update_parameters`` with the EMA of ``decay``: the first update copies the weights,
+        each later one moves the average towards them (``torch._foreach_lerp_``, as
+        ``get_ema_multi_avg_fn``); parameters and buffers alike."""
+        if self._updates is None:
+            self._updates = int(average.n_averaged)
+        ours = [*average.module.parameters(), *average.module.buffers()]
+        theirs = [
+            t.detach().to(o.device)
+            for t, o in zip([*model.parameters(), *model.buffers()], ours, strict=True)
+        ]
+        ours = [o.detach() for o in ours]
+        with torch.no_grad():
+            if self._updates == 0:
+                torch._foreach_copy_(ours, theirs)
+            else:
+                floats = [(o, t) for o, t in zip(ours, theirs, strict=True) if o.is_floating_point()]
+                if floats:
+                    torch._foreach_lerp_([o for o, _ in floats], [t for _, t in floats], 1 - self.decay)
+                for o, t in zip(ours, theirs, strict=True):
+                    if not o.is_floating_point():  # integer tables: constant, copied
+                        o.copy_(t)
+            average.n_averaged.add_(1)
+        self._updates += 1
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # the average goes into the model; the trained weights are kept for the checkpoint saved after training
@@ -75,11 +114,12 @@ class EMAWeightAveraging(WeightAveraging):
     ) -> None:
         # the model already holds the trained weights (the module's hook put them in "state_dict")
         average = checkpoint.get(AVERAGE_KEY)
-        if self._average_model is None:
+        average_model = averaged_model(self)
+        if average_model is None:
             return
         if average is None or AVERAGING_STATE_KEY not in checkpoint:
             # a checkpoint without an average: the average starts from the weights the run continues from
-            self._average_model.module.load_state_dict(pl_module.state_dict())
+            average_model.module.load_state_dict(pl_module.state_dict())
             return
         state = {"module." + name: value for name, value in average.items()}
-        self._average_model.load_state_dict(state | checkpoint[AVERAGING_STATE_KEY])
+        average_model.load_state_dict(state | checkpoint[AVERAGING_STATE_KEY])

@@ -14,6 +14,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
+from gptmini.training.lightning_compat import logs_after_step
 from gptmini.training.loop.ema import AVERAGE_KEY, TRAINED_KEY
 from gptmini.training.loop.probe import ValidationProbe
 
@@ -37,7 +38,8 @@ def optimizer_kernel_kwargs(
     device_type = device if isinstance(device, str) else device.type
     accepted = inspect.signature(factory).parameters
     preset = getattr(factory, "keywords", None) or {}  # what the config already chose
-    if "fused" in preset or "foreach" in preset:
+    # the plan's optimizer node carries every setting of the constructor's signature: None is "not chosen"
+    if preset.get("fused") is not None or preset.get("foreach") is not None:
         return {}
     if device_type in FUSED_DEVICES and "fused" in accepted and precision not in FLOAT16_AMP:
         return {"fused": True}
@@ -117,11 +119,26 @@ class GPTLightningModule(L.LightningModule):
         b, t = batch[0].shape
         if t not in self._flops_per_token:
             self._flops_per_token[t] = self.model.flops_per_token(t)
-        self.flops_per_batch = int(self._flops_per_token[t] * b * t)
+        flops = int(self._flops_per_token[t] * b * t)
+        if flops != self.flops_per_batch:  # an nn.Module attribute write costs more than the comparison
+            self.flops_per_batch = flops
         loss = self._shared_step(batch)
-        # A tensor, not .item(): Lightning reads it only when it logs, so there is no device sync per step.
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # Logged only on the steps Lightning writes the logs after (every other step's value would never be
+        # written, and self.log costs more host time than the rest of this method). A tensor, not .item():
+        # Lightning reads it only when it writes. Not prog_bar=True: Lightning would turn it into a number after
+        # every batch (a device sync); the progress bar reads it itself when it redraws (callbacks.ProgressBar).
+        if self._logs_this_step():
+            self.log("train/loss", loss, on_step=True, on_epoch=False)
         return loss
+
+    def _logs_this_step(self) -> bool:
+        """Whether Lightning writes the logs after the optimizer step under way (``global_step + 1``); True
+        outside a Trainer (training_step called alone)."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:
+            return True
+        return logs_after_step(trainer, trainer.global_step + 1)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss = self._shared_step(batch)
@@ -170,8 +187,9 @@ class GPTLightningModule(L.LightningModule):
         return self.trainer.precision_plugin.forward_context()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Pre-clipping global gradient norm, only on logging steps.
-        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps) != 0:
+        # Pre-clipping global gradient norm, only on the steps Lightning writes the logs after (this step's
+        # number is global_step + 1): elsewhere it would be computed and never written.
+        if not self._logs_this_step():
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:

@@ -114,7 +114,8 @@ class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` whose Newton-Schulz iterations run once per shape: the momentum updates of a group's
     same-shaped matrices are stacked and orthogonalised by batched products. The update and the state (one
     ``momentum_buffer`` per parameter) are Muon's own; only the number of kernel launches changes, from about
-    fifteen per matrix to fifteen per shape. That is what keeps a GPU busy when the hidden matrices are small
+    fifteen per matrix to fifteen per shape (the momentum, the weight decay and the update each one multi-tensor
+    kernel for all the matrices of a shape). That is what keeps a GPU busy when the hidden matrices are small
     (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
     Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default), from the GPT-2 speedrun (modded-nanogpt) and
@@ -163,15 +164,26 @@ class BatchedMuon(torch.optim.Muon):
             self._step_group(group)
         return loss
 
-    def _momentum_update(self, p: nn.Parameter, group: dict[str, Any]) -> Tensor:
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-        momentum = warmup_momentum(state.get("step", 0), group)
-        state["step"] = state.get("step", 0) + 1
-        buf = state["momentum_buffer"]
-        buf.lerp_(p.grad, 1 - momentum)
-        return p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+    def _momentum_updates(self, params: list[nn.Parameter], group: dict[str, Any]) -> list[Tensor]:
+        """Each parameter's momentum buffer moved towards its gradient, and its update (Nesterov: the gradient
+        moved towards the buffer; else the buffer): one multi-tensor kernel per momentum value instead of one or
+        two per matrix (the parameters of a group share their step count, hence their momentum, unless resumed
+        from mixed states)."""
+        by_momentum: dict[float, list[nn.Parameter]] = {}
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+            by_momentum.setdefault(warmup_momentum(state.get("step", 0), group), []).append(p)
+            state["step"] = state.get("step", 0) + 1
+        updates: dict[nn.Parameter, Tensor] = {}
+        for momentum, same in by_momentum.items():
+            grads = [p.grad for p in same]
+            bufs = [self.state[p]["momentum_buffer"] for p in same]
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)
+            moved = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+            updates.update(zip(same, moved, strict=True))
+        return [updates[p] for p in params]
 
     def _second_moments(self, params: list[nn.Parameter]) -> Tensor:
         # each matrix's NorMuon buffer, stacked: (N, rows, 1) for tall or square matrices, (N, 1, cols) for wide
@@ -183,14 +195,13 @@ class BatchedMuon(torch.optim.Muon):
         return torch.stack([self.state[p]["second_momentum_buffer"] for p in params])
 
     def _step_group(self, group: dict[str, Any]) -> None:
-        by_shape: dict[tuple[Any, ...], list[tuple[nn.Parameter, Tensor]]] = {}
-        for p in group["params"]:
-            if p.grad is None:
-                continue
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
             if p.grad.is_sparse or torch.is_complex(p):
                 raise RuntimeError("Muon takes dense real gradients only")
-            key = (tuple(p.shape), p.device, p.dtype)
-            by_shape.setdefault(key, []).append((p, self._momentum_update(p, group)))
+        by_shape: dict[tuple[Any, ...], list[tuple[nn.Parameter, Tensor]]] = {}
+        for p, update in zip(params, self._momentum_updates(params, group), strict=True):
+            by_shape.setdefault((tuple(p.shape), p.device, p.dtype), []).append((p, update))
         lr = float(group["lr"])
         decay = lr * group["weight_decay"]
         for (shape, _, _), items in by_shape.items():
@@ -203,14 +214,16 @@ class BatchedMuon(torch.optim.Muon):
                 for p, s in zip(params, second.unbind(0), strict=True):
                     self.state[p]["second_momentum_buffer"].copy_(s)
             step = lr * muon_lr_scale(torch.Size(shape), group["adjust_lr_fn"])
-            for p, o in zip(params, ortho.unbind(0), strict=True):
-                if group["cautious_weight_decay"]:
-                    # decay only the coordinates the step moves towards zero: update (-o) and weight of opposite
-                    # signs, o * p >= 0
+            updates = list(ortho.unbind(0))
+            if group["cautious_weight_decay"]:
+                # decay only the coordinates the step moves towards zero: update (-o) and weight of opposite
+                # signs, o * p >= 0
+                for p, o in zip(params, updates, strict=True):
                     p.sub_(p * (o * p >= 0), alpha=decay)
-                else:
-                    p.mul_(1 - decay)
-                p.add_(o, alpha=-step)
+            else:
+                torch._foreach_mul_(params, 1 - decay)
+            # one multi-tensor kernel for the shape's matrices, as the decay above
+            torch._foreach_add_(params, updates, alpha=-step)
 
 
 # BatchedMuon's options beyond torch.optim.Muon's, with their defaults: its keyword-only parameters

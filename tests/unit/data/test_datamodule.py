@@ -140,3 +140,50 @@ def test_trainer_resume_continues_the_exact_batch_stream(corpus, tmp_path):
     for step in (4, 6):  # mid-epoch and end-of-epoch checkpoints
         resumed = fit(7, tmp_path / f"r{step}", tmp_path / "a" / f"step={step}.ckpt")
         assert resumed == straight[step:]
+
+
+def test_a_split_that_fits_the_gpu_gives_the_same_batches_cut_on_the_device(corpus, tmp_path, monkeypatch):
+    """The device path (DeviceWindows), taken here on the CPU by letting the size rule accept it: the same
+    batches as the host path, from the same position on a resume, in as many batches."""
+    from gptmini.data import datamodule, windows
+
+    kwargs = dict(
+        source=str(corpus), tokenizer="char", data_dir=tmp_path / "dm", block_size=32, batch_size=4, seed=3
+    )
+    host = TokenDataModule(**kwargs)
+    host.prepare_data()
+    host.setup("fit")
+    expected = [b for _, b in zip(range(6), host.train_dataloader(), strict=False)]
+    assert not isinstance(host.train_dataloader().dataset, windows.DeviceWindows)
+
+    monkeypatch.setattr(windows, "DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(datamodule, "device_memory", lambda device: 10**9)
+    on_device = TokenDataModule(**kwargs)
+    on_device.setup("fit")
+    loader = on_device.train_dataloader()
+    assert isinstance(loader.dataset, windows.DeviceWindows) and len(loader) == len(host.train_dataloader())
+    got = [b for _, b in zip(range(6), loader, strict=False)]
+    for (x, y), (ex, ey) in zip(got, expected, strict=True):
+        assert x.dtype == y.dtype == torch.int64
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    on_device.trainer = SimpleNamespace(
+        global_rank=0,
+        world_size=1,
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        fit_loop=SimpleNamespace(
+            epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(processed=3)))
+        ),
+    )
+    first = next(iter(on_device.train_dataloader()))
+    assert torch.equal(first[0], expected[3][0]) and torch.equal(first[1], expected[3][1])
+
+
+def test_the_size_rule_keeps_a_split_on_a_gpu_only_when_it_takes_a_small_share_of_its_memory():
+    from gptmini.data.windows import DEVICE_SPLIT_SHARE, split_fits_device
+
+    gpu, gib = torch.device("cuda", 0), 2**30
+    limit = int(DEVICE_SPLIT_SHARE * 80 * gib) // 4  # tokens, as int32
+    assert split_fits_device(limit, gpu, 80 * gib)
+    assert not split_fits_device(limit + 1, gpu, 80 * gib)
+    assert not split_fits_device(10, torch.device("cpu"), None)  # the host path on a CPU, whatever the size
+    assert not split_fits_device(10, gpu, None)

@@ -23,7 +23,7 @@ def _trainer(max_steps: int, start: int = 0) -> SimpleNamespace:
         is_global_zero=True,
         global_step=start,
         max_steps=max_steps,
-        callback_metrics={},
+        accumulate_grad_batches=1,
         monitor=TokenThroughputMonitor(),
     )
 
@@ -37,9 +37,8 @@ def _drive(
     for step in steps:
         clock[0] += 2.0  # two seconds a step
         trainer.global_step = step
-        trainer.callback_metrics["train/loss"] = torch.tensor(10.0 / step)
         trainer.monitor.last["perf/tokens_per_sec"] = 1000.0 * step
-        progress.on_train_batch_end(trainer, None, None, None, step - 1)
+        progress.on_train_batch_end(trainer, None, {"loss": torch.tensor(10.0 / step)}, None, step - 1)
 
 
 def _lines(caplog) -> list[str]:

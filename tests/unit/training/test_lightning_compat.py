@@ -116,3 +116,41 @@ def test_tips_come_from_the_rank_zero_loggers_and_silence_tips_drops_only_them(t
     messages = [r.getMessage() for r in lightning_records]
     assert not [m for m in messages if "Tip:" in m]
     assert other and other <= set(messages)  # everything else Lightning says still gets through
+
+
+def test_logs_after_step_is_lightnings_own_test_of_a_logging_step(tmp_path):
+    """At every batch end (the step done) the same answer as Lightning's private test; before every optimizer step
+    (the step to come), the cadence's."""
+    seen = []
+
+    class Compare(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            # Lightning's test counts the steps taken, as it will after this one
+            seen.append(
+                (
+                    lightning_compat.logs_after_step(trainer, trainer.global_step + 1),
+                    (trainer.global_step + 1) % trainer.log_every_n_steps == 0,
+                )
+            )
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(
+                (
+                    lightning_compat.logs_after_step(trainer, trainer.global_step),
+                    trainer._logger_connector.should_update_logs,
+                )
+            )
+
+    _trainer(tmp_path, max_steps=7, log_every_n_steps=3, callbacks=[Compare()]).fit(BoringModel())
+    assert len(seen) == 14 and all(ours == lightnings for ours, lightnings in seen[1::2]), seen
+    assert [ours for ours, _ in seen[1::2]] == [False, False, True, False, False, True, False]
+
+
+def test_averaged_model_is_the_one_weight_averaging_swaps_in_for_validation(tmp_path):
+    from lightning.pytorch.callbacks import WeightAveraging
+
+    callback = WeightAveraging()
+    assert lightning_compat.averaged_model(callback) is None
+    _trainer(tmp_path, max_steps=2, callbacks=[callback]).fit(BoringModel())
+    average = lightning_compat.averaged_model(callback)
+    assert average is not None and int(average.n_averaged) == 2

@@ -29,6 +29,10 @@ def test_kernel_choice_per_device_and_config_wins():
     # a kernel chosen in the config (optimizer.fused=true / optimizer.foreach=false) is never overridden
     assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, fused=True), "cpu") == {}
     assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, foreach=False), "cuda") == {}
+    # the plan's node carries the signature's every setting: fused/foreach left at None are not a choice
+    assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, fused=None, foreach=None), "cpu") == {
+        "fused": True
+    }
     # an optimizer without these options gets none
     assert optimizer_kernel_kwargs(partial(torch.optim.SGD, lr=0.1), "cpu") == {"fused": True}
     assert optimizer_kernel_kwargs(partial(torch.optim.SGD, lr=0.1), "mps") == {"foreach": True}

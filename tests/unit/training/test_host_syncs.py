@@ -1,0 +1,108 @@
+"""No host-device sync inside a training step between two logging steps: reading a tensor's value (``.item()``,
+``float()``, a truth test, ``.cpu()``, ``.tolist()``) waits for the device, which on a GPU leaves it idle while
+the host catches up. Counted during a real fit through the app's own trainer, every default callback on (the CPU
+has no device to wait for, but the calls that would wait are the same ones)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from gptmini.training.run import app
+
+# torch.Tensor's methods that read a value back to the host; on a GPU tensor each one waits for the device
+READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+LOG_EVERY = 5
+QUIET = range(LOG_EVERY + 1, 2 * LOG_EVERY)  # the optimizer steps between the logging steps 5 and 10
+# every default callback, validation once at the end, the console's progress line on the logging steps
+QUIET_RUN = [
+    "debug=smoke",
+    "trainer.max_steps=12",
+    f"trainer.log_every_n_steps={LOG_EVERY}",
+    "trainer.val_check_interval=24",
+    f"callbacks.progress_log.every_n_steps={LOG_EVERY}",
+]
+
+
+class ReadCounter(L.Callback):
+    """Counts the reads of ``READS`` from the start of the first quiet step to the start of the step after the
+    last one (the step's data, every callback's hooks, the module's step, the optimizer, Lightning's loop), by
+    step and call site."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.step: int | None = None
+        self.reads: dict[int, list[str]] = defaultdict(list)
+        for name in READS:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counting(name, original))
+
+    def _counting(self, name: str, original: Any) -> Any:
+        import traceback
+
+        def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if self.step is not None:
+                frame = traceback.extract_stack(limit=2)[0]
+                self.reads[self.step].append(f"{name} at {Path(frame.filename).name}:{frame.lineno}")
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step + 1  # the optimizer step this batch makes
+        self.step = step if step in QUIET else None
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["trainer.accumulate_grad_batches=2"],
+        ["callbacks.ema={_target_: gptmini.training.loop.ema.EMAWeightAveraging, decay: 0.9}"],
+    ],
+    ids=["default", "accumulating", "ema"],
+)
+def test_no_value_is_read_from_the_device_between_two_logging_steps(
+    train_in_process, tmp_path, monkeypatch, extra
+):
+    counter = ReadCounter(monkeypatch)
+    build = app.build_trainer
+
+    def with_counter(plan):
+        trainer, named = build(plan)
+        trainer.callbacks.insert(0, counter)  # first: the other callbacks' batch-start hooks are counted
+        return trainer, named
+
+    monkeypatch.setattr(app, "build_trainer", with_counter)
+    train_in_process([*QUIET_RUN, *extra], tmp_path / "run")
+    assert dict(counter.reads) == {}, dict(counter.reads)
+
+
+def test_the_counter_sees_a_read_in_a_quiet_step(train_in_process, tmp_path, monkeypatch):
+    """The oracle is not blind: a module that reads its loss every step is caught on each quiet step."""
+    from gptmini.training.loop.module import GPTLightningModule
+
+    counter = ReadCounter(monkeypatch)
+    build = app.build_trainer
+
+    def with_counter(plan):
+        trainer, named = build(plan)
+        trainer.callbacks.insert(0, counter)
+        return trainer, named
+
+    step = GPTLightningModule.training_step
+
+    def reading_step(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        loss.item()
+        return loss
+
+    monkeypatch.setattr(app, "build_trainer", with_counter)
+    monkeypatch.setattr(GPTLightningModule, "training_step", reading_step)
+    train_in_process(QUIET_RUN, tmp_path / "run")
+    here = f"item at {Path(__file__).name}:{reading_step.__code__.co_firstlineno + 2}"
+    assert {step: reads for step, reads in counter.reads.items()} == {step: [here] for step in QUIET}
