@@ -270,8 +270,9 @@ def human_size(n: int) -> str:
 
 
 def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
-    """The runs as an aligned table; the folder that ``--ckpt last`` opens is marked with ``*``."""
-    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "OVERRIDES", "FOLDER")
+    """The runs as an aligned table; the folder that ``--ckpt last`` opens is marked with ``*``. The overrides
+    come last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
+    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES")
     rows = [header]
     for r in runs:
         marked = last is not None and r.checkpoint is not None and Path(r.checkpoint) == last
@@ -283,8 +284,8 @@ def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
                 f"{r.state} (sweep job)" if r.sweep_job else r.state,
-                " ".join(r.overrides) or "-",
                 r.folder,
+                " ".join(r.overrides) or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

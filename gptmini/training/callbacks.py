@@ -396,6 +396,37 @@ def console_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
+class _CurrentStream:
+    """A stream that writes to whatever ``sys.stdout``/``sys.stderr`` is at the time of the write: while Rich
+    draws the bar it redirects them so that text goes above the bar, which a log handler holding the original
+    stream would bypass (its lines then land on the bar's own line)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
+def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
+    """Points the root logger's console handlers (Hydra's) at the current stdout/stderr; (handler, old stream)
+    pairs to put back."""
+    changed = []
+    for handler in logging.getLogger().handlers:
+        if (
+            type(handler) is not logging.StreamHandler
+        ):  # not a FileHandler (a subclass): train.log stays as is
+            continue
+        for name in ("stdout", "stderr"):
+            if handler.stream in (getattr(sys, name), getattr(sys, f"__{name}__")):
+                changed.append((handler, handler.setStream(_CurrentStream(name))))
+                break
+    return changed
+
+
 class ProgressBar(RichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
     Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
@@ -415,9 +446,19 @@ class ProgressBar(RichProgressBar):
         super().setup(trainer, pl_module, stage)
         if not console_is_terminal():
             self.disable()
+        elif trainer.is_global_zero:
+            self._streams = follow_console_streams()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        for handler, stream in getattr(self, "_streams", []):
+            handler.setStream(stream)
+        self._streams = []
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
+        # the logger's version, which names nothing here (the TensorBoard run is named after the run)
+        metrics.pop("v_num", None)
         for cb in trainer.callbacks:
             if isinstance(cb, TokenThroughputMonitor) and "perf/tokens_per_sec" in cb.last:
                 metrics["tok/s"] = f"{cb.last['perf/tokens_per_sec']:,.0f}"
@@ -517,6 +558,34 @@ class ProgressLog(LoggingCallback):
         if total is not None and total > step and done > 0:
             parts.append(f"ETA {_duration(elapsed / done * (total - step))}")
         return " | ".join(parts)
+
+
+class ValidationLog(LoggingCallback):
+    """One line at each validation, terminal or not, in the style of nanoGPT's ``step N: train loss X, val loss
+    Y``: the step, the latest training loss, and val/loss, val/bpb and val/ppl. The console and ``train.log``
+    then show the curve without TensorBoard."""
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        log.info("%s", validation_line(trainer.global_step, trainer.callback_metrics))
+
+
+def validation_line(step: int, metrics: Any) -> str:
+    """``step 300: train loss 2.1234, val loss 2.2345, val bpb 1.2345, val ppl 9.35``; a metric not logged is
+    left out."""
+    parts = []
+    for key, label, digits in (
+        ("train/loss", "train loss", 4),
+        ("val/loss", "val loss", 4),
+        ("val/bpb", "val bpb", 4),
+        ("val/ppl", "val ppl", 2),
+    ):
+        value = metrics.get(key)
+        if value is not None:
+            parts.append(f"{label} {float(value):.{digits}f}")
+    return f"step {step}: " + ", ".join(parts)
 
 
 def _duration(seconds: float) -> str:

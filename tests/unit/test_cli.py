@@ -181,8 +181,8 @@ def test_train_help_starts_with_gptminis_own_description(run_cli):
 DEFAULTS = {
     "sample": "--max-new-tokens MAX_NEW_TOKENS tokens to generate (default: 200)",
     "eval": "--batch-size BATCH_SIZE windows per forward pass (default: 16)",
-    "attention": "(default: attention_png)",
-    "analyze": "(default: head_report)",
+    "attention": "(default: outputs/attention_png)",
+    "analyze": "(default: outputs/head_report)",
     "export": "--format {gpt2,llama}",
     "import": "--force replace an existing --out file (default: False)",
     "runs": "--runs-dir RUNS_DIR the runs folder (paths.output_root of training) (default: outputs)",
