@@ -108,7 +108,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, cfg, plan)
     fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
-    return report(trainer, output_dir, time.monotonic() - started)
+    return report(trainer, output_dir, time.monotonic() - started, str(cfg.paths.output_root))
 
 
 def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
@@ -271,7 +271,9 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
     trainer.strategy.checkpoint_io.teardown()
 
 
-def report(trainer: Any, output_dir: Path, wall_seconds: float = 0.0) -> dict[str, Any]:
+def report(
+    trainer: Any, output_dir: Path, wall_seconds: float = 0.0, output_root: str = "outputs"
+) -> dict[str, Any]:
     """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
     ``loss_curve.png`` and a summary in the log (``training.run_report``); its folder, checkpoints, step and
     final metrics."""
@@ -296,8 +298,9 @@ def report(trainer: Any, output_dir: Path, wall_seconds: float = 0.0) -> dict[st
         tokens_seen=trainer.global_step * _tokens_per_step(trainer),
         checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
         event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
+        output_root=output_root,
     )
-    title = f"{output_dir}: {trainer.global_step:,} steps"
+    title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
     return result | report_run(facts, title)
 
 

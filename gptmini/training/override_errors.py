@@ -67,7 +67,7 @@ def _unknown_key(err: ConfigCompositionException, argv: Sequence[str]) -> str | 
             "(`gptmini train --cfg job` prints every setting)"
         )
     keys = [str(k) for k in parent.keys() if not str(k).startswith("_")]
-    close = difflib.get_close_matches(leaf, keys, n=3, cutoff=0.75)
+    close = difflib.get_close_matches(leaf, keys, n=3, cutoff=0.8)
     if close:  # a misspelling: the likely keys, not every key of the group
         meant = " or ".join(f"{group}.{k}" if group else k for k in close)
         fix = f"{override}: {where}; did you mean {meant}? (`gptmini train --cfg job` prints every setting)"

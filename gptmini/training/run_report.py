@@ -11,6 +11,7 @@ import csv
 import io
 import logging
 import math
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ class RunFacts:
     tokens_seen: int
     checkpoints: list[Path]
     event_folder: Path | None
+    output_root: str = "outputs"  # paths.output_root: where `gptmini runs` and `gptmini board` look
 
 
 def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] | None) -> str:
@@ -123,12 +125,14 @@ def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] |
     if files is not None:
         lines.append(f"  loss curve: {files[1]}; every scalar: {files[0]}")
     run = shlex.quote(str(facts.run_dir))
+    root = shlex.quote(facts.output_root)
+    elsewhere = os.path.normpath(facts.output_root) != "outputs"  # the commands' default runs folder
     lines += [
         "  next:",
-        "    gptmini runs                                   # every run, newest first",
+        f"    gptmini runs{f' --runs-dir {root}' if elsewhere else ''}    # every run, newest first",
         f'    gptmini sample --ckpt {run} --prompt "ROMEO:"',
         f"    gptmini eval --ckpt {run}",
-        "    gptmini board                                  # TensorBoard, http://localhost:6006",
+        f"    gptmini board{f' --logdir {root}' if elsewhere else ''}    # TensorBoard, http://localhost:6006",
     ]
     return "\n".join(lines)
 

@@ -84,7 +84,7 @@ def test_output_that_is_not_a_terminal_gets_a_progress_line_every_n_steps(smoke_
 
 
 VALIDATION_LINE = re.compile(
-    r"^step (\d+): train loss (\d+\.\d{4}), val loss (\d+\.\d{4}), val bpb (\d+\.\d{4}), val ppl (\d+\.\d{2})$",
+    r"(?:^|\] - )step (\d+): train loss (\d+\.\d{4}), val loss (\d+\.\d{4}), val bpb (\d+\.\d{4}), val ppl (\d+\.\d{2})$",
     re.M,
 )
 
@@ -129,11 +129,12 @@ def test_the_run_ends_with_a_summary_a_loss_curve_and_its_scalars(smoke_run, tb_
     assert f"checkpoints: {run_dir / 'checkpoints'} (last.ckpt)" in out
     assert f"TensorBoard run: {run_dir / 'tb'}" in out
     assert f"loss curve: {run_dir / 'loss_curve.png'}; every scalar: {run_dir / 'scalars.csv'}" in out
+    root = run_dir.parent.parent  # paths.output_root, not the commands' default: named in the commands
     for command in (
-        "gptmini runs",
+        f"gptmini runs --runs-dir {root}",
         f"gptmini sample --ckpt {run_dir}",
         f"gptmini eval --ckpt {run_dir}",
-        "gptmini board",
+        f"gptmini board --logdir {root}",
     ):
         assert command in out, command
 
