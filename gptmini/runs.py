@@ -232,8 +232,11 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     val_loss, val_step = _last_val_loss(events, done) if events is not None else (None, None)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
+    name = config.get("run_name")
+    if not isinstance(name, str) or not name or "${" in name:  # run_name's default, as saved: unresolved
+        name = relative.parts[0]  # outputs/<run_name>/...
     return RunInfo(
-        name=str(config.get("run_name") or relative.parts[0]),
+        name=name,
         folder=str(folder),
         sweep_job=is_sweep_job(relative),
         steps_done=done,

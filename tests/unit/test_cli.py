@@ -174,7 +174,7 @@ def test_train_help_starts_with_gptminis_own_description(run_cli):
     assert "powered by Hydra" not in proc.stdout
     # then Hydra's lists: the groups with their options, and the config with its defaults
     assert "callbacks: default, final, last, none" in proc.stdout
-    assert "run_name: default" in proc.stdout
+    assert "run_name: ${default_run_name:" in proc.stdout
 
 
 # each subcommand's options with a default, and one default of each
