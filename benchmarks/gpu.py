@@ -1,11 +1,19 @@
-"""``make gpu-check`` (``python -m benchmarks.gpu``): the one command that proves gptmini on a CUDA GPU, in about
-8 minutes on one H100, and writes one Markdown table (``results/gpu.md``). It refuses to run on a machine without
-CUDA (``make bench`` is the CPU benchmark). Sections (``--only``; the first three run by default):
+"""``make gpu-check`` (``python -m benchmarks.gpu``): the one command that proves gptmini on a CUDA GPU and writes
+one Markdown table (``results/gpu.md``). It refuses to run on a machine without CUDA (``make bench`` is the CPU
+benchmark). Sections (``--only``; all but the last three run by default, ``speedrun`` when its two paths are given):
 
+- ``speedrun``: nanoGPT's own ``train.py`` with its published ``config/train_shakespeare_char.py`` (``--nanogpt
+  PATH``, a checkout run in place; nothing of it is copied) against ``experiment=speedrun_char_gpu``, both on
+  ``--tinyshakespeare PATH``, in alternating pairs (``--pairs``), each a whole process, compilation included: the
+  wall clocks, gptmini's time to nanoGPT's published val/loss, and how each side measures its loss;
+- ``gpt2_train``: GPT-2 124M through the training command (``experiment=gpt2_124m``, ``--gpt2-train-steps``
+  optimizer steps): its logged MFU and tokens/s;
 - ``default``: the GPU default run (``gptmini train hardware=gpu``, the recipe) and nanoGPT's baby-GPT recipe
   (``experiment=shakespeare_char`` at the same batch), each for the same number of steps (``--default-steps``)
   through the training command: whole-process wall clock, final val/loss, tokens/s, MFU, and the seconds the
   default takes to reach the val/loss nanoGPT's recipe ends at;
+- ``gpt2_floor``: where GPT-2 124M's compiled step goes: GPU time by kernel family (torch.profiler), the GPU's idle
+  time, and each of its matrix products alone (the ceiling its 768-wide shapes allow);
 - ``gpt2``: GPT-2 124M training steps, compiled, bf16, fused AdamW (the bare loop; ``--gpt2-lightning`` adds the
   same steps through Lightning): tokens/s and MFU against the GPU's datasheet peak;
 - ``flex``: one GPT-2-shaped forward + backward (T = 1024, bf16) with each attention option; the options that
@@ -42,8 +50,20 @@ from gptmini.model import GPT, GPTConfig
 from gptmini.options import finite_float, positive_int
 from gptmini.training import hardware
 
-SECTIONS = ("default", "gpt2", "flex", "muon", "attention", "decode", "shakespeare_char")
-DEFAULT_SECTIONS = ("default", "gpt2", "flex", "muon")
+SECTIONS = (
+    "speedrun",
+    "default",
+    "gpt2_train",
+    "gpt2_floor",
+    "gpt2",
+    "flex",
+    "muon",
+    "attention",
+    "decode",
+    "shakespeare_char",
+)
+# speedrun joins them when --nanogpt and --tinyshakespeare are given
+DEFAULT_SECTIONS = ("default", "gpt2_train", "gpt2", "gpt2_floor", "flex", "muon")
 
 # nanoGPT's shakespeare_char figure: val/loss 1.4697 on tinyshakespeare
 CHAR_TARGET = 1.47
@@ -422,6 +442,309 @@ def bench_default(out: Path, steps: int, timeout: float) -> list[dict[str, Any]]
     return rows
 
 
+# --- the GPU speedrun against nanoGPT's own program --------------------------------------------------------------
+
+SPEEDRUN_EXPERIMENT = "speedrun_char_gpu"
+SPEEDRUN_COLUMNS = [
+    "program",
+    "pair",
+    "wall_s",
+    "seconds_to_target",
+    "target",
+    "final_val_loss",
+    "best_val_loss",
+    "best_at_s",
+    "steps",
+    "measured_on",
+]
+# how each side measures its validation loss on the same held-out tenth of tinyshakespeare
+NANOGPT_MEASURE = "mean of 200 random 64 x 256 batches of the held-out tenth (its estimate_loss)"
+GPTMINI_MEASURE = "every 256-token window of the held-out tenth (limit_val_batches=1.0)"
+
+
+def speedrun_target() -> float:
+    """The speedrun's target, read from its experiment (one place holds it): nanoGPT's published val/loss."""
+    from omegaconf import OmegaConf
+
+    from gptmini.conf_dir import conf_dir
+
+    return float(OmegaConf.load(conf_dir() / "experiment" / f"{SPEEDRUN_EXPERIMENT}.yaml").target_val_loss)
+
+
+def _loss_row(
+    program: str,
+    pair: int,
+    wall_s: float,
+    evals: Sequence[tuple[int, float, float]],
+    target: float,
+    measure: str,
+) -> dict[str, Any]:
+    # evals: (step, val loss, seconds from the process start)
+    best = min(evals, key=lambda e: e[1]) if evals else None
+    return {
+        "program": program,
+        "pair": pair,
+        "wall_s": wall_s,
+        "seconds_to_target": next((t for _, v, t in evals if v <= target), None),
+        "target": target,
+        "final_val_loss": evals[-1][1] if evals else None,
+        "best_val_loss": best[1] if best else None,
+        "best_at_s": best[2] if best else None,
+        "steps": evals[-1][0] if evals else None,
+        "measured_on": measure,
+    }
+
+
+def bench_speedrun(
+    out: Path, nanogpt: Path, tinyshakespeare: Path, pairs: int, overrides: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """nanoGPT's own ``train.py`` with its published ``config/train_shakespeare_char.py`` (a checkout, run in place)
+    and ``experiment=speedrun_char_gpu``, on the same tinyshakespeare, alternating ``pairs`` times; each a whole
+    process, compilation included, each corpus prepared beforehand by its own program (untimed)."""
+    import tempfile
+
+    from benchmarks.end_to_end import REPO, child_env, prepare_char_data, run_timed
+    from benchmarks.nanogpt import check_inputs, nanogpt_evals, prepare_nanogpt
+
+    check_inputs(nanogpt, tinyshakespeare)
+    target = speedrun_target()
+    logs = out / "gpu_runs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="gptmini-speedrun-") as tmp:
+        work = Path(tmp)
+        nano_dir = prepare_nanogpt(nanogpt.resolve(), tinyshakespeare, work)
+        source = str(tinyshakespeare.resolve())
+        data_dir = work / "gptmini_data"
+        prepare_char_data(source, data_dir)
+        train_py = str(nanogpt.resolve() / "train.py")
+        config = str(nanogpt.resolve() / "config" / "train_shakespeare_char.py")
+        for pair in range(1, pairs + 1):
+            run = run_timed(
+                [sys.executable, train_py, config],
+                nano_dir,
+                logs / f"nanogpt_{stamp}_{pair}.out",
+                child_env(),
+            )
+            rows.append(
+                _loss_row(
+                    "nanoGPT train.py",
+                    pair,
+                    run.ended - run.started,
+                    nanogpt_evals(run),
+                    target,
+                    NANOGPT_MEASURE,
+                )
+            )
+            run_dir = logs / f"speedrun_{stamp}_{pair}"
+            cmd = training_command(
+                run_dir,
+                [
+                    f"experiment={SPEEDRUN_EXPERIMENT}",
+                    f"data.source={source}",
+                    f"data.data_dir={data_dir}",
+                    *overrides,
+                ],
+            )
+            run = run_timed(cmd, REPO, logs / f"speedrun_{stamp}_{pair}.out", child_env())
+            val = read_run(run_dir).get("val/loss", [])
+            evals = [(step, value, wall - run.started) for step, value, wall in val]
+            rows.append(
+                _loss_row(
+                    f"gptmini {SPEEDRUN_EXPERIMENT}",
+                    pair,
+                    run.ended - run.started,
+                    evals,
+                    target,
+                    GPTMINI_MEASURE,
+                )
+            )
+            for r in rows[-2:]:
+                log.info("speedrun pair %d: %s", pair, r)
+    return rows
+
+
+def speedrun_ratios(
+    rows: Sequence[dict[str, Any]],
+) -> list[tuple[int, float, dict[str, Any], dict[str, Any]]]:
+    """Per pair: gptmini's whole process over nanoGPT's, and the two rows."""
+    out = []
+    for pair in sorted({r["pair"] for r in rows}):
+        nano, ours = (
+            next(r for r in rows if r["pair"] == pair and r["program"].startswith(p))
+            for p in ("nanoGPT", "gptmini")
+        )
+        out.append((pair, ours["wall_s"] / nano["wall_s"], nano, ours))
+    return out
+
+
+# --- GPT-2 124M through the training command ----------------------------------------------------------------------
+
+
+def gpt2_train_overrides(steps: int) -> list[str]:
+    """``experiment=gpt2_124m`` as users run it, for ``steps`` optimizer steps on the embedded corpus, perf/mfu
+    logged every step, one short validation at the end and none of the validation-time pictures."""
+    return [
+        "experiment=gpt2_124m",
+        f"trainer.max_steps={steps}",
+        "trainer.log_every_n_steps=1",
+        f"trainer.val_check_interval={steps}",
+        "trainer.limit_val_batches=2",
+        f"checkpoint_every_n_steps={10 * steps}",
+        *(
+            f"callbacks.{name}=null"
+            for name in ("attention_maps", "head_insight", "attention_summary", "text_samples")
+        ),
+    ]
+
+
+def bench_gpt2_train(
+    out: Path, steps: int, timeout: float, overrides: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    run_dir = out / "gpu_runs" / time.strftime("gpt2_train_%Y-%m-%d_%H-%M-%S")
+    started = time.time()
+    try:
+        proc = subprocess.run(
+            training_command(run_dir, [*gpt2_train_overrides(steps), *overrides]),
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        note = "" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired:
+        note = f"stopped after {timeout:.0f} s"
+    r = run_summary(run_dir, started, time.time() - started, note)
+    r.pop("val")
+    return [{"path": "gptmini train experiment=gpt2_124m " + " ".join(overrides), **r}]
+
+
+# --- where GPT-2's step goes ------------------------------------------------------------------------------------
+
+# kernel-name fragments of each family, as CUDA libraries and the compiler name their kernels; the first match wins
+KERNEL_FAMILIES = (
+    ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
+    ("attention", ("flash", "fmha", "cudnn", "attention")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("compiled elementwise (Triton)", ("triton",)),
+)
+FLOOR_COLUMNS = ["part", "ms_per_step", "share_of_step", "tflops", "of_peak", "note"]
+
+
+def kernel_family(name: str) -> str:
+    low = name.lower()
+    return next(
+        (family for family, parts in KERNEL_FAMILIES if any(p in low for p in parts)), "other kernels"
+    )
+
+
+def _device_ms(event: Any) -> float:
+    # torch >= 2.4 names it self_device_time_total; microseconds
+    return getattr(event, "self_device_time_total", 0.0) / 1e3
+
+
+def bench_gpt2_floor(
+    s: GpuSetup, peak: float | None, seed: int = 1337, profiled_steps: int = 3
+) -> list[dict[str, Any]]:
+    """GPT-2 124M's compiled bf16 step (fused AdamW, batch ``s.gpt2_batch`` x 1,024): its time by kernel family from
+    torch.profiler (the GPU's idle time is the step less every kernel), then each of its matrix products alone, the
+    ceiling the 768-wide shapes allow on this GPU."""
+    cfg = s.gpt2
+    x, y = _random_batches(cfg, s.gpt2_batch, 1, s.device, seed)[0]
+    torch.manual_seed(seed)
+    model = GPT(cfg).to(s.device)
+    if s.compile:
+        torch.compiler.reset()
+        model.compile()
+    from gptmini.training.module import optimizer_kernel_kwargs
+
+    kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, **kernel)
+
+    def step() -> None:
+        with autocast(s.device):
+            _, loss = model(x, y, return_logits=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(s.gpt2_warmup):
+        step()
+    step_s = median_time(step, s.gpt2_steps, s.device)[0]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if s.device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(profiled_steps):
+            step()
+        sync(s.device)
+    by_family: dict[str, float] = {}
+    for e in prof.key_averages():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            by_family[kernel_family(e.key)] = by_family.get(kernel_family(e.key), 0.0) + _device_ms(e)
+    step_ms = step_s * 1e3
+    tokens = s.gpt2_batch * cfg.block_size
+    flops = model.flops_per_token(cfg.block_size) * tokens
+    rows = [
+        {
+            "part": "the whole step",
+            "ms_per_step": step_ms,
+            "share_of_step": 1.0,
+            "tflops": flops / step_s / 1e12,
+            "of_peak": flops / step_s / peak if peak else None,
+            "note": f"batch {s.gpt2_batch} x {cfg.block_size}, {'compiled' if s.compile else 'eager'}",
+        }
+    ]
+    kernels = 0.0
+    for family, ms in sorted(by_family.items(), key=lambda kv: -kv[1]):
+        per_step = ms / profiled_steps
+        kernels += per_step
+        rows.append(
+            {"part": family, "ms_per_step": per_step, "share_of_step": per_step / step_ms, "note": ""}
+        )
+    if by_family:
+        idle = max(0.0, step_ms - kernels)
+        rows.append(
+            {
+                "part": "GPU idle (no kernel running)",
+                "ms_per_step": idle,
+                "share_of_step": idle / step_ms,
+                "note": "",
+            }
+        )
+    rows += _matmul_ceilings(cfg, tokens, s, peak)
+    return rows
+
+
+def _matmul_ceilings(cfg: GPTConfig, tokens: int, s: GpuSetup, peak: float | None) -> list[dict[str, Any]]:
+    d = cfg.n_embd
+    vocab = model_vocab = cfg.vocab_size
+    if cfg.pad_vocab_multiple:
+        model_vocab = -(-vocab // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
+    shapes = {"qkv": (d, 3 * d), "attention out": (d, d), "MLP up": (d, 4 * d), "MLP down": (4 * d, d)}
+    shapes["LM head"] = (d, model_vocab)
+    dtype = s.dtype if s.device.startswith("cuda") else torch.float32
+    rows = []
+    for name, (k, n) in shapes.items():
+        a = torch.randn(tokens, k, device=s.device, dtype=dtype)
+        b = torch.randn(k, n, device=s.device, dtype=dtype)
+        seconds = median_time(lambda a=a, b=b: a @ b, max(3, s.flex_repeats), s.device)[0]
+        tflops = 2 * tokens * k * n / seconds / 1e12
+        rows.append(
+            {
+                "part": f"matrix product alone: {name} ({tokens} x {k} @ {k} x {n})",
+                "ms_per_step": seconds * 1e3,
+                "tflops": tflops,
+                "of_peak": tflops * 1e12 / peak if peak else None,
+                "note": "forward only, bf16" if dtype == torch.bfloat16 else "forward only",
+            }
+        )
+        del a, b
+    return rows
+
+
 # --- attention options on FlexAttention -------------------------------------------------------------------------
 
 # The options of conf/attention_variant/ (a window wide enough to matter at T = 1024)
@@ -539,6 +862,22 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
     def num(v: Any, spec: str) -> str:
         return "—" if v is None else format(v, spec)
 
+    for pair, ratio, nano, ours in speedrun_ratios(results.get("speedrun", [])):
+        add(
+            f"speedrun pair {pair}: whole process, gptmini / nanoGPT's train.py",
+            ratio,
+            f"gptmini {num(ours['wall_s'], '.1f')} s, val/loss <= {ours['target']} at "
+            f"{num(ours['seconds_to_target'], '.1f')} s (final {num(ours['final_val_loss'], '.4f')}); nanoGPT "
+            f"{num(nano['wall_s'], '.1f')} s, final {num(nano['final_val_loss'], '.4f')}, best "
+            f"{num(nano['best_val_loss'], '.4f')} at {num(nano['best_at_s'], '.1f')} s",
+        )
+    for r in results.get("gpt2_train", []):
+        add(
+            "GPT-2 124M through the training command: MFU",
+            r.get("mfu"),
+            f"{num(r.get('tokens_per_s'), ',.0f')} tokens/s; {r['path']}"
+            + (f"; {r['note']}" if r.get("note") else ""),
+        )
     for r in results.get("default", []):
         steps = r.get("steps")
         add(
@@ -559,6 +898,14 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
             r.get("tokens_per_s"),
             f"MFU {num(r.get('mfu'), '.1%')}; {num(r.get('step_ms'), '.1f')} ms/step; "
             f"first step (compile) {num(r.get('compile_s'), '.0f')} s",
+        )
+    for r in results.get("gpt2_floor", []):
+        add(
+            f"GPT-2 124M step, {r['part']}: ms",
+            r.get("ms_per_step"),
+            f"{num(r.get('share_of_step'), '.0%')} of the step"
+            if r.get("share_of_step") is not None
+            else f"{num(r.get('tflops'), '.0f')} TFLOP/s = {num(r.get('of_peak'), '.0%')} of peak",
         )
     for r in results.get("flex", []):
         add(
@@ -589,7 +936,10 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
 
 
 SECTION_COLUMNS = {
+    "speedrun": SPEEDRUN_COLUMNS,
     "default": DEFAULT_COLUMNS,
+    "gpt2_floor": FLOOR_COLUMNS,
+    "gpt2_train": ["path", "steps", "final_val_loss", "wall_s", "first_log_s", "tokens_per_s", "mfu", "note"],
     "gpt2": GPT2_COLUMNS,
     "flex": FLEX_COLUMNS,
     "muon": MUON_COLUMNS,
@@ -621,7 +971,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"sections, of {','.join(SECTIONS)}")
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"sections, of {','.join(SECTIONS)} (default: {','.join(DEFAULT_SECTIONS)}, and speedrun first when "
+        "--nanogpt and --tinyshakespeare are given)",
+    )
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder")
     p.add_argument(
         "--default-steps",
@@ -636,7 +991,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds each training command may take",
     )
     p.add_argument("--gpt2-lightning", action="store_true", help="also time GPT-2's steps through Lightning")
-    p.add_argument("--tinyshakespeare", type=Path, default=None, help="a local copy, for shakespeare_char")
+    p.add_argument(
+        "--tinyshakespeare", type=Path, default=None, help="a local copy, for speedrun and shakespeare_char"
+    )
+    p.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout, run in place by speedrun")
+    p.add_argument(
+        "--pairs", type=positive_int, default=1, help="alternating speedrun pairs (nanoGPT, gptmini)"
+    )
+    p.add_argument("--gpt2-train-steps", type=positive_int, default=8, help="optimizer steps of gpt2_train")
+    p.add_argument(
+        "--gpt2-train-overrides", default="", help="extra overrides of gpt2_train, space-separated"
+    )
     p.add_argument(
         "--peak-flops",
         type=finite_float(0.0, low_open=True),
@@ -645,6 +1010,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1337)
     a = p.parse_args(argv)
+    with_speedrun = a.nanogpt is not None and a.tinyshakespeare is not None
+    if a.only is None:
+        a.only = ",".join((("speedrun",) if with_speedrun else ()) + DEFAULT_SECTIONS)
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = sorted(set(a.only) - set(SECTIONS))
     if bad or not a.only:
@@ -653,14 +1021,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if a.tinyshakespeare is not None and not a.tinyshakespeare.is_file():
         p.error(f"--tinyshakespeare {a.tinyshakespeare}: no such file")
+    if a.nanogpt is not None and not (a.nanogpt / "train.py").is_file():
+        p.error(
+            f"--nanogpt {a.nanogpt}: not a nanoGPT checkout (no train.py); clone karpathy/nanoGPT and pass its folder"
+        )
+    if "speedrun" in a.only and not with_speedrun:
+        p.error(
+            "--only speedrun needs --nanogpt PATH (a nanoGPT checkout) and --tinyshakespeare PATH (the char-rnn file)"
+        )
     return a
 
 
 def run_section(section: str, a: argparse.Namespace, s: GpuSetup, peak: float | None) -> list[dict[str, Any]]:
+    if section == "speedrun":
+        return bench_speedrun(a.out, a.nanogpt, a.tinyshakespeare, a.pairs)
     if section == "default":
         return bench_default(a.out, a.default_steps, a.run_timeout)
+    if section == "gpt2_train":
+        return bench_gpt2_train(a.out, a.gpt2_train_steps, a.run_timeout, a.gpt2_train_overrides.split())
     if section == "gpt2":
         return bench_gpt2(s, peak, a.seed)
+    if section == "gpt2_floor":
+        return bench_gpt2_floor(s, peak, a.seed)
     if section == "flex":
         return bench_flex(s, a.seed)
     if section == "muon":

@@ -59,8 +59,8 @@ NANOGPT_FLAGS = [
     "--dropout=0.0",
 ]
 
-_ITER = re.compile(r"^iter (\d+): loss [-\d.]+, time ([\d.]+)ms")
-_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+ITER_LINE = re.compile(r"^iter (\d+): loss [-\d.]+, time ([\d.]+)ms")
+EVAL_LINE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
 
 COLUMNS = [
     "program",
@@ -84,14 +84,23 @@ def nanogpt_flags(cadence: Cadence) -> list[str]:
     return flags + [f"--eval_interval={cadence.eval_every}", f"--warmup_iters={cadence.warmup_steps}"]
 
 
+def nanogpt_evals(run: Run) -> list[tuple[int, float, float]]:
+    """nanoGPT's evaluations from its own log: (step, val loss, seconds from the process start to the line)."""
+    return [
+        (int(m.group(1)), float(m.group(3)), arrived - run.started)
+        for arrived, line in run.lines
+        if (m := EVAL_LINE.match(line.strip()))
+    ]
+
+
 def nanogpt_phases(run: Run, eval_interval: int = 250) -> dict[str, Any]:
     """nanoGPT's phases from its own log (see the module docstring)."""
     iters: dict[int, tuple[float, float]] = {}  # iter -> (arrival, ms)
     val_loss = None
     for arrived, line in run.lines:
-        if m := _ITER.match(line.strip()):
+        if m := ITER_LINE.match(line.strip()):
             iters[int(m.group(1))] = (arrived, float(m.group(2)))
-        elif m := _EVAL.match(line.strip()):
+        elif m := EVAL_LINE.match(line.strip()):
             val_loss = float(m.group(3))
     if 0 not in iters:
         raise ValueError(f"no 'iter 0' line in nanoGPT's output ({run.output})")

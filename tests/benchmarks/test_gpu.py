@@ -50,7 +50,7 @@ def test_bad_arguments_are_refused_before_anything_runs(args, tmp_path, monkeypa
 
 def test_the_default_sections_are_the_proof():
     a = gpu.parse_args([])
-    assert a.only == ["default", "gpt2", "flex", "muon"] and a.default_steps > 0
+    assert a.only == ["default", "gpt2_train", "gpt2", "gpt2_floor", "flex", "muon"] and a.default_steps > 0
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def quick_results():
         "attention": gpu.bench_attention_gpu(s),
         "decode": gpu.bench_decode(s),
         "muon": gpu.bench_muon(s),
+        "gpt2_floor": gpu.bench_gpt2_floor(s, peak=1e12),
     }
 
 
@@ -233,3 +234,142 @@ def test_the_muon_section_times_the_three_optimizers(quick_results):
     assert list(rows) == ["torch.optim.Muon", "BatchedMuon", "AdamW (fused on a GPU)"]
     assert all(r["step_ms"] > 0 and r["matrices"] > 0 for r in rows.values())
     assert rows["AdamW (fused on a GPU)"]["vs_adamw"] == 1.0
+
+
+# --- the speedrun against nanoGPT's own program --------------------------------------------------------------------
+
+
+def test_the_speedrun_needs_both_paths_and_joins_the_defaults_with_them(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu.parse_args(["--only", "speedrun"])
+    assert e.value.code == 2 and "--nanogpt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--nanogpt", str(tmp_path), "--tinyshakespeare", __file__])  # no train.py there
+    assert "not a nanoGPT checkout" in capsys.readouterr().err
+    (tmp_path / "train.py").write_text("")
+    a = gpu.parse_args(["--nanogpt", str(tmp_path), "--tinyshakespeare", __file__])
+    assert a.only[0] == "speedrun" and a.only[1:] == list(gpu.DEFAULT_SECTIONS)
+    assert "speedrun" not in gpu.parse_args([]).only
+
+
+def test_the_speedrun_target_is_the_experiments(compose_cfg):
+    cfg = compose_cfg([f"experiment={gpu.SPEEDRUN_EXPERIMENT}", "data.source=x.txt"])
+    assert gpu.speedrun_target() == cfg.target_val_loss == 1.4697  # nanoGPT's published shakespeare_char loss
+
+
+def test_each_side_is_timed_to_the_target_and_paired():
+    evals_nano = [(0, 4.2, 31.0), (1750, 1.468, 85.8), (5000, 1.69, 156.8)]
+    evals_ours = [(100, 1.72, 22.4), (700, 1.468, 44.5)]
+    rows = [
+        gpu._loss_row("nanoGPT train.py", 1, 159.7, evals_nano, 1.4697, gpu.NANOGPT_MEASURE),
+        gpu._loss_row("gptmini speedrun_char_gpu", 1, 47.3, evals_ours, 1.4697, gpu.GPTMINI_MEASURE),
+    ]
+    nano, ours = rows
+    assert (nano["seconds_to_target"], nano["final_val_loss"], nano["best_val_loss"]) == (85.8, 1.69, 1.468)
+    assert (nano["best_at_s"], nano["steps"]) == (85.8, 5000)
+    assert (ours["seconds_to_target"], ours["steps"]) == (44.5, 700)
+    [(pair, ratio, n, o)] = gpu.speedrun_ratios(rows)
+    assert pair == 1 and n is nano and o is ours
+    torch.testing.assert_close(ratio, 47.3 / 159.7)
+    summary = {r["measure"]: r for r in gpu.summary_rows({"speedrun": rows})}
+    row = summary["speedrun pair 1: whole process, gptmini / nanoGPT's train.py"]
+    assert row["value"] == ratio and "at 44.5 s" in row["detail"] and "best 1.4680 at 85.8 s" in row["detail"]
+    never = gpu._loss_row("gptmini", 2, 9.0, [(10, 2.0, 8.0)], 1.4697, gpu.GPTMINI_MEASURE)
+    assert never["seconds_to_target"] is None
+
+
+def test_nanogpts_evaluations_are_read_with_their_arrival():
+    from benchmarks.end_to_end import Run
+    from benchmarks.nanogpt import nanogpt_evals
+
+    lines = [
+        (101.0, "iter 0: loss 4.2, time 30958.45ms, mfu -100.00%"),
+        (100.5, "step 0: train loss 4.2790, val loss 4.2823"),
+        (180.0, "step 250: train loss 1.9, val loss 2.0823"),
+        (181.0, "saving checkpoint to out-shakespeare-char"),
+    ]
+    run = Run(100.0, 260.0, 0, lines, None)
+    assert nanogpt_evals(run) == [(0, 4.2823, 0.5), (250, 2.0823, 80.0)]
+
+
+def test_gpt2_train_runs_the_users_experiment_with_mfu_every_step():
+    o = gpu.gpt2_train_overrides(8)
+    assert (
+        o[0] == "experiment=gpt2_124m" and "trainer.max_steps=8" in o and "trainer.log_every_n_steps=1" in o
+    )
+
+
+def test_gpt2_train_overrides_compose(compose_cfg):
+    cfg = compose_cfg(gpu.gpt2_train_overrides(8))
+    assert cfg.trainer.max_steps == 8 and cfg.model.n_layer == 12 and cfg.callbacks.throughput is not None
+
+
+def _fake_nanogpt(root):
+    """A stand-in checkout: nanoGPT's file layout, a train.py that prints evaluation lines as nanoGPT's does."""
+    (root / "config").mkdir(parents=True)
+    (root / "data" / "shakespeare_char").mkdir(parents=True)
+    (root / "configurator.py").write_text("")
+    (root / "config" / "train_shakespeare_char.py").write_text("max_iters = 2\n")
+    (root / "data" / "shakespeare_char" / "prepare.py").write_text("open('train.bin', 'wb').write(b'0')\n")
+    (root / "train.py").write_text(
+        "for step, loss in ((0, 4.28), (250, 1.46), (500, 1.52)):\n"
+        "    print(f'step {step}: train loss 1.0, val loss {loss}', flush=True)\n"
+    )
+    return root
+
+
+@pytest.mark.slow
+def test_the_speedrun_section_runs_both_programs_in_pairs(tmp_path):
+    text = tmp_path / "tiny.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 300)
+    tiny = [
+        "trainer.accelerator=cpu",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.block_size=32",
+        "data.batch_size=4",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+    ]
+    rows = gpu.bench_speedrun(
+        tmp_path / "out", _fake_nanogpt(tmp_path / "nano"), text, pairs=1, overrides=tiny
+    )
+    nano, ours = rows
+    assert nano["program"] == "nanoGPT train.py" and nano["steps"] == 500 and nano["best_val_loss"] == 1.46
+    assert nano["seconds_to_target"] is not None and nano["final_val_loss"] == 1.52
+    assert ours["program"].startswith("gptmini") and ours["steps"] == 4 and ours["final_val_loss"] > 0
+    assert ours["wall_s"] > 0 and ours["measured_on"] == gpu.GPTMINI_MEASURE
+
+
+def test_the_floor_times_the_step_and_each_matrix_product_alone(quick_results):
+    rows = {r["part"]: r for r in quick_results["gpt2_floor"]}
+    whole = rows["the whole step"]
+    assert whole["ms_per_step"] > 0 and whole["share_of_step"] == 1.0 and whole["of_peak"] > 0
+    alone = [r for part, r in rows.items() if part.startswith("matrix product alone")]
+    assert len(alone) == 5 and all(r["tflops"] > 0 for r in alone)
+    assert any("LM head (32 x 16 @ 16 x 128)" in part for part in rows)  # the padded vocabulary: 101 -> 128
+    # on the CPU the profiler sees no CUDA kernel: no family rows, no idle row
+    assert not any(part.startswith("GPU idle") for part in rows)
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matrix products"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matrix products"),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+            "optimizer",
+        ),
+        ("triton_per_fused_add_native_layer_norm_0", "compiled elementwise (Triton)"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+            "other kernels",
+        ),
+    ],
+)
+def test_kernels_are_sorted_into_families(name, family):
+    assert gpu.kernel_family(name) == family
