@@ -205,7 +205,7 @@ def write_summary_run(logdir: Path, config: Any, t: int = 64, steps: int = 3, se
 
     from gptmini.board.summary import summary_proto
     from gptmini.model import GPT
-    from gptmini.training.summary_logging import probe_summary
+    from gptmini.training.callbacks.summary_logging import probe_summary
 
     torch.manual_seed(seed)
     model = GPT(config)
@@ -333,7 +333,7 @@ def _validation_share(
     from benchmarks.training import TrainSetup, _batches, run_bare_loop
     from gptmini.board.summary import summary_proto
     from gptmini.model import GPT
-    from gptmini.training.summary_logging import probe_summary
+    from gptmini.training.callbacks.summary_logging import probe_summary
 
     setup = TrainSetup(model=config, batch=8)
     torch.manual_seed(opts.seed)

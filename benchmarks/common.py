@@ -76,7 +76,7 @@ def run_module(args: Sequence[str], what: str) -> float:
     return run_command([sys.executable, "-m", *args], what)[0]
 
 
-# host allocator of a benchmark process (gptmini.training.allocator)
+# host allocator of a benchmark process (gptmini.training.run.allocator)
 ALLOC_DEFAULT = "glibc default"
 
 
@@ -89,7 +89,7 @@ class BenchOptions:
     quick: bool = False
     compile: bool = True
     out: Path = Path("results")
-    # whether this process keeps freed memory for reuse (gptmini.training.allocator), as training does by default;
+    # whether this process keeps freed memory for reuse (gptmini.training.run.allocator), as training does by default;
     # main() turns it on unless --no-retain-memory
     retain_memory: bool = False
     seed: int = 1337

@@ -22,7 +22,7 @@ import torch
 from benchmarks.common import TARGETS, BenchOptions, log, sync
 from benchmarks.training import autocast, train_setup
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
+from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
 
 
 def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:

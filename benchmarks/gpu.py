@@ -208,7 +208,7 @@ def bench_gpt2(s: GpuSetup, peak: float | None, seed: int = 1337) -> list[dict[s
     state = copy.deepcopy(model.state_dict())
     tokens = s.gpt2_batch * cfg.block_size
     flops_per_step = model.flops_per_token(cfg.block_size) * tokens
-    from gptmini.training.module import optimizer_kernel_kwargs
+    from gptmini.training.loop.module import optimizer_kernel_kwargs
 
     kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
 
@@ -657,7 +657,7 @@ def bench_gpt2_floor(
     if s.compile:
         torch.compiler.reset()
         model.compile()
-    from gptmini.training.module import optimizer_kernel_kwargs
+    from gptmini.training.loop.module import optimizer_kernel_kwargs
 
     kernel = optimizer_kernel_kwargs(torch.optim.AdamW, torch.device(s.device).type, "bf16-mixed")
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, **kernel)
@@ -818,7 +818,7 @@ def bench_flex(s: GpuSetup, seed: int = 1337) -> list[dict[str, Any]]:
 
 
 def _optimizers(model: GPT, device: str) -> dict[str, Callable[[], torch.optim.Optimizer]]:
-    from gptmini.training.optimizers import BatchedMuon
+    from gptmini.training.loop.optimizers import BatchedMuon
 
     hidden = model.parameter_roles()["hidden"]
     kernel = {"fused": True} if device.startswith("cuda") else {}

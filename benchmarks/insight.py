@@ -5,7 +5,7 @@ default validation cadence; the goal: at most 5% of training time. Two measureme
   written to TensorBoard);
 - the validation extras: every logger of conf/callbacks/default.yaml that runs at a validation (attention maps,
   head insight, the ATTENTION tab's summary, the text sample), driven through their own hooks as a validation
-  drives them, with the one attention pass they share (``gptmini.training.probe``)."""
+  drives them, with the one attention pass they share (``gptmini.training.loop.probe``)."""
 
 from __future__ import annotations
 
@@ -103,10 +103,10 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from gptmini.data.tokenizers import CharTokenizer, TiktokenTokenizer
-    from gptmini.training.callbacks import AttentionMapLogger, TextSampleLogger
-    from gptmini.training.insight_logging import HeadInsightLogger
-    from gptmini.training.probe import ValidationProbe
-    from gptmini.training.summary_logging import AttentionSummaryLogger
+    from gptmini.training.callbacks.insight_logging import HeadInsightLogger
+    from gptmini.training.callbacks.loggers import AttentionMapLogger, TextSampleLogger
+    from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
+    from gptmini.training.loop.probe import ValidationProbe
 
     vocab = model.config.vocab_size
     tokenizer = CharTokenizer(sorted(CHARS)) if vocab == len(CHARS) else TiktokenTokenizer("gpt2")
@@ -116,13 +116,16 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
         sanity_checking=False,
         loggers=[TensorBoardLogger(logdir, name="", version="extras")],
         datamodule=SimpleNamespace(tokenizer=tokenizer, val_dataset=SimpleNamespace(tokens=tokens)),
-        callbacks=[],  # no BackgroundWork: drawing runs inside the timing
         callback_metrics={},
         precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext),
         global_step=0,
     )
     probe = ValidationProbe()
-    module = SimpleNamespace(model=model, device=next(model.parameters()).device, validation_probe=probe)
+    # the readers of the validation's one attention pass share it, as in training; no background worker is
+    # handed over, so the images are drawn inside the timing
+    for logger in loggers[:3]:
+        logger.probe = probe
+    module = SimpleNamespace(model=model, device=next(model.parameters()).device)
 
     def extras(step: int) -> None:
         trainer.global_step = step
@@ -140,7 +143,7 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
 def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
 
-    from gptmini.training.insight_logging import HeadInsightLogger
+    from gptmini.training.callbacks.insight_logging import HeadInsightLogger
 
     dev, s, c = opts.device, setup.train, setup.train.model
     torch.manual_seed(opts.seed)

@@ -12,7 +12,7 @@ import torch
 from benchmarks.attention import _peak_bytes
 from benchmarks.common import BenchOptions, interleaved_times, log
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
+from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
 
 LM_LOSS_COLUMNS = ["case", "vocab", "path", "ms", "vs_logits", "peak_mem_mib"]
 GPT2_VOCAB = 50257

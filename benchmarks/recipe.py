@@ -103,7 +103,7 @@ CONFIGS = (
     ),
     RecipeConfig(
         "+ ema",
-        (SPEEDRUN, "callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.95}"),
+        (SPEEDRUN, "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.95}"),
         "validation on an exponential moving average of the weights (decay 0.95 per step)",
     ),
 )

@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.common import BenchOptions, fmt, log, num_threads, sync
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
+from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
 
 
 @dataclass
@@ -101,7 +101,7 @@ def run_lightning(
     import lightning as L
     from torch.utils.data import DataLoader
 
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.loop.module import GPTLightningModule
 
     class StepTimer(L.Callback):
         def __init__(self) -> None:

@@ -24,7 +24,7 @@ from benchmarks.attention import _peak_bytes
 from benchmarks.common import BenchOptions, fmt, interleaved_times, log
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.module import optimizer_kernel_kwargs, weight_decay_groups
+from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
 
 CHAR_VOCAB = 65  # tinyshakespeare's characters: the vocabulary of the README's runs
 

@@ -2,15 +2,13 @@
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
 previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
 at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
-another model. Also the one rule for which file
-``last`` means, in every command (:func:`find_last_checkpoint`)."""
+another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs``' (``resolve_checkpoint``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
 import pickle
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,15 +26,6 @@ log = logging.getLogger(__name__)
 CHECKSUM_KEY = "gptmini_checksum"
 # The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
-# The files ``last`` chooses among (see find_last_checkpoint).
-LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
-# What --ckpt takes, in every command's --help (resolve_checkpoint).
-CKPT_RULE = (
-    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
-    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
-    "`gptmini runs` lists them"
-)
 
 
 class CheckpointError(ValueError):
@@ -344,12 +333,17 @@ def check_resume_compatible(
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
 
 
+# Optimizer classes a checkpoint may name by an earlier module path: the same class, so its state resumes.
+MOVED_OPTIMIZERS = {"gptmini.training.optimizers.MuonAdamW": "gptmini.training.loop.optimizers.MuonAdamW"}
+
+
 def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
     """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
     config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
     (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
     saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
     was, now = saved.get("_target_"), optimizer.get("_target_")
+    was = MOVED_OPTIMIZERS.get(was, was)
     if was and now and was != now:
         raise CheckpointError(
             f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "
@@ -395,108 +389,6 @@ def check_trained_data(
     if other_data == "refuse":
         raise CheckpointError(text + (f": {fix}" if fix else ""))
     return text
-
-
-# --- which file "last" means ---------------------------------------------------------------------------------
-
-
-def find_last_checkpoint(
-    output_root: str | Path,
-    run_name: str | None = None,
-    exclude: str | Path | None = None,
-    sweep_jobs: bool = True,
-) -> Path | None:
-    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
-    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
-    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
-    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
-    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
-
-    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
-    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
-    root = Path(output_root) / run_name if run_name else Path(output_root)
-    skip = Path(exclude).resolve() if exclude is not None else None
-    candidates = [
-        p
-        for name in LAST_NAMES
-        for p in root.glob(f"**/checkpoints/{name}")
-        if p.is_file()
-        and (skip is None or skip not in p.resolve().parents)
-        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
-    ]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
-
-
-def is_sweep_job(relative: Path) -> bool:
-    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
-    return any(part.startswith("multirun_") for part in relative.parts)
-
-
-def _sweep_only(root: Path) -> str:
-    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
-    job = find_last_checkpoint(root)
-    return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
-
-
-def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
-    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
-    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
-    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
-    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
-    (a training setting)."""
-    named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
-    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
-        too_long = fileio.name_too_long(value)
-        if too_long:
-            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
-    if str(spec) == "last":
-        found = find_last_checkpoint(output_root, sweep_jobs=False)
-        if found is None:
-            raise CheckpointError(
-                f"no last.ckpt or on_exception.ckpt found under {output_root}/"
-                f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
-            )
-        remove_stale_temp_files(found.parent)
-        return found
-    path = Path(spec)
-    if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
-        run = Path(output_root) / path  # a run name
-        path = run if run.is_dir() else path
-    if path.is_dir():
-        found = find_last_checkpoint(path, sweep_jobs=False)
-        if found is None:
-            raise CheckpointError(
-                f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
-                f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
-                "or 'last'"
-            )
-        remove_stale_temp_files(found.parent)
-        return found
-    if path.is_symlink() and not path.exists():
-        raise CheckpointError(
-            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
-        )
-    if not path.exists():
-        root = Path(output_root)
-        runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        there = (
-            f"its runs: {', '.join(runs[:10])}{', ...' if len(runs) > 10 else ''}"
-            if runs
-            else ("which holds no runs" if root.is_dir() else "no such folder")
-        )
-        raise CheckpointError(
-            f"{named} does not exist: pass a .ckpt file written by training, a run folder, a run name under "
-            f"{root}/ ({there}), or 'last'"
-        )
-    if not path.is_file():
-        raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
-    if not os.access(path, os.R_OK):
-        raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
-    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
-    remove_stale_temp_files(path.parent)
-    return path
 
 
 # --- atomic saving ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ tab's own text turn what the user named into a model to run.
 
 ``open_run(spec)`` takes a checkpoint file, a run folder (its newest ``last.ckpt``/``on_exception.ckpt``), a run
 name (a folder of the runs folder, ``outputs/``) or ``last`` (the newest checkpoint of any run), the rule of
-:func:`gptmini.checkpoint.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
+:func:`gptmini.runs.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
 chosen device, the tokenizer it was trained with, the run's config and the checkpoint's metadata. The checkpoint
 is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.checkpoint.load_checkpoint`), and the
 device is checked by :func:`gptmini.options.resolve_device` before any file is read.
@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint, resolve_checkpoint
+from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
 from gptmini.data.tokenizers import SAVED_TOKENIZERS, Tokenizer, build_tokenizer
 from gptmini.fileio import name_too_long
 from gptmini.model import GPT
 from gptmini.options import resolve_device
+from gptmini.runs import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,11 @@ A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it start
 a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
 run's own files: the planned steps and the name from ``.hydra/config.yaml``, the steps done from its newest
 ``last.ckpt``/``on_exception.ckpt`` (read with ``weights_only=True``, tensors memory-mapped, not read), the last
-val/loss from its TensorBoard events."""
+val/loss from its TensorBoard events.
+
+Also the one rule for which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and
+``model.init_from``) means: a file, a run folder, a run name or ``last`` (``resolve_checkpoint``, :data:`CKPT_RULE`),
+and the search under it (``newest_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -23,10 +27,123 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import CKPT_RULE, LAST_NAMES, CheckpointError, find_last_checkpoint, is_sweep_job
+from gptmini import fileio
+from gptmini.checkpoint import CheckpointError, remove_stale_temp_files
 from gptmini.options import HelpFormatter
 
 log = logging.getLogger(__name__)
+
+# The files ``last`` chooses among (see newest_checkpoint).
+LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
+# What --ckpt takes, in every command's --help (resolve_checkpoint).
+CKPT_RULE = (
+    "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
+    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
+    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
+    "`gptmini runs` lists them"
+)
+
+
+# --- which file "last" means ---------------------------------------------------------------------------------
+
+
+def newest_checkpoint(
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
+) -> Path | None:
+    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
+    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
+    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
+    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
+    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
+
+    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
+    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
+    root = Path(output_root) / run_name if run_name else Path(output_root)
+    skip = Path(exclude).resolve() if exclude is not None else None
+    candidates = [
+        p
+        for name in LAST_NAMES
+        for p in root.glob(f"**/checkpoints/{name}")
+        if p.is_file()
+        and (skip is None or skip not in p.resolve().parents)
+        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
+    ]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
+
+
+def is_sweep_job(relative: Path) -> bool:
+    """Whether a path below a runs folder lies in a sweep's folder (Hydra's ``multirun_<time>/``)."""
+    return any(part.startswith("multirun_") for part in relative.parts)
+
+
+def _sweep_only(root: Path) -> str:
+    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
+    job = newest_checkpoint(root)
+    return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
+
+
+def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
+    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
+    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
+    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
+    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
+    (a training setting)."""
+    named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
+    for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
+        too_long = fileio.name_too_long(value)
+        if too_long:
+            raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
+    if str(spec) == "last":
+        found = newest_checkpoint(output_root, sweep_jobs=False)
+        if found is None:
+            raise CheckpointError(
+                f"no last.ckpt or on_exception.ckpt found under {output_root}/"
+                f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
+            )
+        remove_stale_temp_files(found.parent)
+        return found
+    path = Path(spec)
+    if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
+        run = Path(output_root) / path  # a run name
+        path = run if run.is_dir() else path
+    if path.is_dir():
+        found = newest_checkpoint(path, sweep_jobs=False)
+        if found is None:
+            raise CheckpointError(
+                f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
+                f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
+                "or 'last'"
+            )
+        remove_stale_temp_files(found.parent)
+        return found
+    if path.is_symlink() and not path.exists():
+        raise CheckpointError(
+            f"{named} is a symlink that leads nowhere (a loop, or its target is missing): pass the checkpoint itself"
+        )
+    if not path.exists():
+        root = Path(output_root)
+        runs = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        there = (
+            f"its runs: {', '.join(runs[:10])}{', ...' if len(runs) > 10 else ''}"
+            if runs
+            else ("which holds no runs" if root.is_dir() else "no such folder")
+        )
+        raise CheckpointError(
+            f"{named} does not exist: pass a .ckpt file written by training, a run folder, a run name under "
+            f"{root}/ ({there}), or 'last'"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
+    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
+    remove_stale_temp_files(path.parent)
+    return path
 
 
 @dataclass(frozen=True)
@@ -328,6 +445,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         which = f"of run name {args.name!r} " if args.name else ""
         sys.stdout.write(f"no runs {which}under {root}/\n")
         return 0
-    last = find_last_checkpoint(root, args.name, sweep_jobs=False)
+    last = newest_checkpoint(root, args.name, sweep_jobs=False)
     sys.stdout.write(format_table(runs, last))
     return 0

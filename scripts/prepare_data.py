@@ -33,7 +33,9 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
     from gptmini.data.prepare import cli_logging
     from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import TokenizerError
-    from gptmini.training.config import RunError, check_input_files, register_configs
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.compose import register_configs
+    from gptmini.training.run.inputs import check_input_files
 
     callback, shown = cli_logging()
     try:

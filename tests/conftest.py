@@ -25,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"
-# The training entry point (also `gptmini.training.app` and the command `gptmini train`).
+# The training entry point (also `gptmini.training.run.app` and the command `gptmini train`).
 TRAIN_MODULE = "gptmini.training"
 
 
@@ -135,7 +135,7 @@ def compose_cfg(conf_path: Path, tmp_path: Path) -> Iterator[Callable[..., Any]]
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from gptmini.training.config import register_configs
+    from gptmini.training.run.compose import register_configs
 
     def _compose(overrides: Sequence[str], keep_hydra: bool = False) -> Any:
         register_configs()
@@ -165,8 +165,8 @@ def train_in_process(conf_path: Path) -> Callable[..., dict[str, Any]]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from gptmini.training.app import train
-    from gptmini.training.config import register_configs
+    from gptmini.training.run.app import train
+    from gptmini.training.run.compose import register_configs
 
     def _train(overrides: Sequence[str], output_dir: Path) -> dict[str, Any]:
         register_configs()

@@ -5,17 +5,15 @@ recorded position. No torch or Lightning."""
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from gptmini.data.corpora import ARROW, EMBEDDED_SOURCES, PARQUET, Corpus, Fragment
+from gptmini.data.corpora import Corpus, Fragment
 from gptmini.data.errors import DataError
 from gptmini.data.progress import PrepareProgress, Reporter
 from gptmini.data.reader import DTYPES
@@ -209,50 +207,3 @@ def tokenize_corpus(
         pool.shutdown(wait=True, cancel_futures=True)
     report(stats[0], writer.tokens, corpus.total_bytes, force=True)
     return stats[0], stats[1]
-
-
-def scan_corpus(
-    corpus: Corpus, collect_chars: bool, callback: Callable[[PrepareProgress], None] | None
-) -> dict[str, Any]:
-    """Read every file once before tokenizing: bad input (a byte that is not UTF-8, a line that is not JSON, a
-    missing column) stops here, in seconds; the SHA-256 of each file's bytes, and the characters for ``char``."""
-    hashes: list[str] = []
-    chars: set[str] = set()
-    text_hash = hashlib.sha256() if corpus.source in EMBEDDED_SOURCES else None
-    report = Reporter("checking", corpus.total_bytes, callback)
-    nonblank, documents, done = False, 0, 0
-    for frag in corpus.fragments(file_hashes=hashes, records=collect_chars):
-        if collect_chars:
-            chars.update(frag.text)
-        if text_hash is not None:
-            text_hash.update(frag.text.encode("utf-8", "surrogatepass"))
-        nonblank = nonblank or not frag.text.isspace()
-        documents += frag.end
-        done += frag.nbytes
-        report(documents, 0, done)
-    report(documents, 0, corpus.total_bytes, force=True)
-    # (the rows of Parquet and Arrow files are not read here: an empty one is found when nothing is tokenized)
-    if not nonblank and not any(f.kind in (PARQUET, ARROW) for f in corpus.files):
-        raise DataError(
-            f"corpus {corpus.source!r} is empty (no non-whitespace characters); point the source at real text"
-        )
-    return {
-        "file_sha256": hashes,
-        "text_sha256": text_hash.hexdigest() if text_hash is not None else None,
-        "chars": sorted(chars) if collect_chars else None,
-    }
-
-
-def source_sha256(corpus: Corpus, scan: Mapping[str, Any], tok: Tokenizer) -> str:
-    """The corpus's content, for ``data_identity``: the text's SHA-256 for one continuous text (as before token
-    shards, so checkpoints trained on such data still match it), else one over every file's and the settings."""
-    if scan.get("text_sha256"):
-        return str(scan["text_sha256"])
-    if corpus.single_text:
-        return str(scan["file_sha256"][0])
-    payload = {
-        "files": [[f.kind, sha] for f, sha in zip(corpus.files, scan["file_sha256"], strict=True)],
-        "text_field": corpus.text_field,
-        "end_of_text": tok.eot_id,
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

@@ -39,14 +39,12 @@ from gptmini.data.corpora import (
 from gptmini.data.encoding import (
     CHUNK_CHARS,
     encode_text,
-    scan_corpus,
-    source_sha256,
     split_for_encoding,
     token_dtype,
     tokenize_corpus,
 )
 from gptmini.data.errors import DataError
-from gptmini.data.progress import PrepareProgress, cli_logging, progress_bar
+from gptmini.data.progress import PrepareProgress, Reporter, cli_logging, progress_bar
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
 from gptmini.data.schema import SHARD_PREFIX, check_progress
 from gptmini.data.shards import ShardWriter
@@ -127,6 +125,53 @@ def _settings(
         "chunk_chars": CHUNK_CHARS,
         "shard_tokens": shard_tokens,
     }
+
+
+def scan_corpus(
+    corpus: Corpus, collect_chars: bool, callback: Callable[[PrepareProgress], None] | None
+) -> dict[str, Any]:
+    """Read every file once before tokenizing: bad input (a byte that is not UTF-8, a line that is not JSON, a
+    missing column) stops here, in seconds; the SHA-256 of each file's bytes, and the characters for ``char``."""
+    hashes: list[str] = []
+    chars: set[str] = set()
+    text_hash = hashlib.sha256() if corpus.source in EMBEDDED_SOURCES else None
+    report = Reporter("checking", corpus.total_bytes, callback)
+    nonblank, documents, done = False, 0, 0
+    for frag in corpus.fragments(file_hashes=hashes, records=collect_chars):
+        if collect_chars:
+            chars.update(frag.text)
+        if text_hash is not None:
+            text_hash.update(frag.text.encode("utf-8", "surrogatepass"))
+        nonblank = nonblank or not frag.text.isspace()
+        documents += frag.end
+        done += frag.nbytes
+        report(documents, 0, done)
+    report(documents, 0, corpus.total_bytes, force=True)
+    # (the rows of Parquet and Arrow files are not read here: an empty one is found when nothing is tokenized)
+    if not nonblank and not any(f.kind in (PARQUET, ARROW) for f in corpus.files):
+        raise DataError(
+            f"corpus {corpus.source!r} is empty (no non-whitespace characters); point the source at real text"
+        )
+    return {
+        "file_sha256": hashes,
+        "text_sha256": text_hash.hexdigest() if text_hash is not None else None,
+        "chars": sorted(chars) if collect_chars else None,
+    }
+
+
+def source_sha256(corpus: Corpus, scan: Mapping[str, Any], tok: Tokenizer) -> str:
+    """The corpus's content, for ``data_identity``: the text's SHA-256 for one continuous text (as before token
+    shards, so checkpoints trained on such data still match it), else one over every file's and the settings."""
+    if scan.get("text_sha256"):
+        return str(scan["text_sha256"])
+    if corpus.single_text:
+        return str(scan["file_sha256"][0])
+    payload = {
+        "files": [[f.kind, sha] for f, sha in zip(corpus.files, scan["file_sha256"], strict=True)],
+        "text_field": corpus.text_field,
+        "end_of_text": tok.eot_id,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def _inputs_digest(corpus: Corpus, settings: Mapping[str, Any]) -> str:

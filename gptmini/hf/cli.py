@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import CKPT_RULE
 from gptmini.hf.common import HFWeightsError
 from gptmini.hf.gpt2 import save_hf_gpt2
 from gptmini.options import HelpFormatter
+from gptmini.runs import CKPT_RULE
 
 log = logging.getLogger("gptmini.hf")
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gptmini.checkpoint import CKPT_RULE, CheckpointError
+from gptmini.checkpoint import CheckpointError
 from gptmini.data.errors import DataError
 from gptmini.data.reader import load_split
 from gptmini.fileio import unwritable_reason
@@ -24,6 +24,7 @@ from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.options import EtaProgress, HelpFormatter, positive_int, seed_int
 from gptmini.run import open_run
+from gptmini.runs import CKPT_RULE
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")

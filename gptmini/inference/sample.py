@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
-from gptmini.checkpoint import CKPT_RULE, CheckpointError
+from gptmini.checkpoint import CheckpointError
 from gptmini.limits import check_fits, generation_bytes
 from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
 from gptmini.run import open_run
+from gptmini.runs import CKPT_RULE
 
 log = logging.getLogger("gptmini.inference.sample")
 

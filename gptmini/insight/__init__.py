@@ -1,7 +1,7 @@
 """What the heads learn: head-type scores from the explicit attention probabilities on fixed probes, the loss by
 position in the context and the in-context-learning score, phase-change detection, mean ablation, and the
 self-contained HTML/JSON head report. Plain torch (no Lightning): the training callback
-(``gptmini.training.insight_logging``) and ``gptmini analyze`` both use it."""
+(``gptmini.training.callbacks.insight_logging``) and ``gptmini analyze`` both use it."""
 
 from gptmini.insight.icl import PhaseChange, PhaseChangeDetector, icl_bands, icl_score, loss_by_position
 from gptmini.insight.probes import Probes, make_probes

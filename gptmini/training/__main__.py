@@ -1,3 +1,3 @@
-from gptmini.training.app import main
+from gptmini.training.run.app import main
 
 main()

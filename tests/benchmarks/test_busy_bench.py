@@ -17,7 +17,7 @@ from benchmarks.common import BenchOptions
     "program", [busy.SPEEDRUN, busy.SPEEDRUN_FIXED_THREADS, busy.QUICK_START], ids=lambda p: p.slug
 )
 def test_every_gptmini_command_composes_and_passes_the_config_checks(program, compose_cfg, tmp_path: Path):
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     cmd = busy.gptmini_command(program, str(tmp_path / "input.txt"), tmp_path, "run", quick=False)
     assert cmd[1:3] == ["-m", "gptmini.training"]
@@ -27,7 +27,7 @@ def test_every_gptmini_command_composes_and_passes_the_config_checks(program, co
     if program is busy.SPEEDRUN_FIXED_THREADS:
         assert cfg.callbacks.cpu_threads is None
     else:
-        assert cfg.callbacks.cpu_threads._target_ == "gptmini.training.cpu_threads.CpuThreads"
+        assert cfg.callbacks.cpu_threads._target_ == "gptmini.training.callbacks.cpu_threads.CpuThreads"
     if program is busy.QUICK_START:
         assert cfg.trainer.max_steps == 2000 and cfg.data.batch_size == 12
     else:

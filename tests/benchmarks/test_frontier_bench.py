@@ -16,8 +16,8 @@ RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
 def test_every_run_composes_with_its_budget_pacing_the_schedule(recipe, compose_cfg, tmp_path: Path):
-    from gptmini.training.config import validate_config
-    from gptmini.training.schedulers import max_time_seconds
+    from gptmini.training.loop.schedulers import max_time_seconds
+    from gptmini.training.run.plan import validate_config
 
     source = tmp_path / "input.txt"
     source.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50)
@@ -48,7 +48,7 @@ def test_the_frontier_experiment_is_the_quick_start_model_with_the_recipe_on_a_t
 
 
 def max_time_seconds_of(cfg) -> float:
-    from gptmini.training.schedulers import max_time_seconds
+    from gptmini.training.loop.schedulers import max_time_seconds
 
     return max_time_seconds(cfg.trainer.max_time)
 

@@ -114,7 +114,7 @@ def test_a_failing_option_is_a_row_not_a_lost_section(monkeypatch):
 
 @pytest.mark.parametrize("name", ["default", "nanogpt"])
 def test_the_default_sections_runs_compose_as_named(name, compose_cfg):
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     # the checks refuse trainer.accelerator=gpu on this GPU-less machine: the rest is checked as a GPU would run it
     overrides = [*gpu.default_runs(1200)[name], "trainer.accelerator=cpu"]

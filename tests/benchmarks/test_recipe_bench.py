@@ -16,7 +16,7 @@ RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 
 def _composed(config, compose_cfg, tmp_path: Path):
     """``config``'s training config as its run composes it (on a small corpus), and its checked model config."""
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     corpus = tmp_path / "input.txt"
     corpus.write_text("ROMEO: hello\n" * 10)
@@ -59,7 +59,7 @@ def test_every_configuration_composes_and_passes_the_config_checks(config, compo
     # optimizer=adamw or scheduler=warmup_cosine once failed only here, in a real run)
     from hydra.utils import instantiate
 
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.loop.module import GPTLightningModule
 
     module = GPTLightningModule(
         model_config=gpt.to_dict(), optimizer=instantiate(cfg.optimizer), scheduler=instantiate(cfg.scheduler)

@@ -17,7 +17,7 @@ RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
 
 @pytest.mark.parametrize("config", TOKENIZERS, ids=[c.label for c in TOKENIZERS])
 def test_every_run_composes_with_its_tokenizer_and_clock(config, compose_cfg, tmp_path: Path):
-    from gptmini.training.config import output_vocab, validate_config
+    from gptmini.training.run.plan import output_vocab, validate_config
 
     args = [a for a in run_args(config, tmp_path, 300, False, 1) if a not in RUN_ONLY]
     cfg = compose_cfg(args)
@@ -32,7 +32,7 @@ def test_every_run_composes_with_its_tokenizer_and_clock(config, compose_cfg, tm
 
 
 def test_clock_strings():
-    from gptmini.training.schedulers import max_time_seconds
+    from gptmini.training.loop.schedulers import max_time_seconds
 
     assert max_time_string(3) == "00:00:00:03" and max_time_string(0) == "00:00:00:01"
     assert max_time_string(3725) == "00:01:02:05" and max_time_seconds(max_time_string(3725)) == 3725

@@ -21,7 +21,7 @@ OPTIONS = {
     "normuon": ["optimizer.hidden.normuon=true"],
     "cautious_wd": ["optimizer.hidden.weight_decay=0.1", "optimizer.hidden.cautious_weight_decay=true"],
     "momentum_warmup": ["optimizer.hidden.momentum_warmup_steps=4"],
-    "ema": ["callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.9}"],
+    "ema": ["callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.9}"],
 }
 QUIET = [
     "~callbacks.progress_bar",
@@ -79,7 +79,7 @@ def test_all_ingredients_killed_and_resumed_end_bit_identical(tmp_path, run_cli)
         "optimizer.hidden.weight_decay=0.1",
         "optimizer.hidden.cautious_weight_decay=true",
         "optimizer.hidden.momentum_warmup_steps=8",
-        "callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.8}",
+        "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.8}",
         "trainer.max_steps=10",
         "trainer.val_check_interval=5",
         "checkpoint_every_n_steps=3",

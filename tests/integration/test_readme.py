@@ -151,7 +151,7 @@ def test_every_gptmini_train_line_of_the_readme_composes_and_passes_the_checks(
 ):
     from omegaconf import OmegaConf
 
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     corpus = tmp_path / "tinyshakespeare.txt"
     corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50)

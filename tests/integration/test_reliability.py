@@ -386,7 +386,7 @@ BAD_INPUT = [
         # its Muon state would not load into AdamW: a KeyError traceback, and an on_exception.ckpt written
         "resume_with_another_optimizer",
         ["ckpt_path={ref_ckpt}", "optimizer=adamw", "trainer.max_steps=40"],
-        r"error: ckpt_path=\S*last\.ckpt was trained with the optimizer gptmini\.training\.optimizers\.MuonAdamW, and "
+        r"error: ckpt_path=\S*last\.ckpt was trained with the optimizer gptmini\.training\.loop\.optimizers\.MuonAdamW, and "
         r"this run builds torch\.optim\.AdamW: its saved optimizer state cannot be loaded",
         2,
     ),
@@ -632,11 +632,11 @@ def test_bad_input_table_is_large_enough() -> None:
 
 
 def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
-    from gptmini.training.config import find_last_checkpoint
+    from gptmini.training.run.resume import ckpt_path_last
 
     assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
     # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.
-    assert find_last_checkpoint(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
+    assert ckpt_path_last(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
     # Nor a run folder: a run that fails its checks removes the one Hydra created for it (only .hydra/, train.log).
     assert run_dirs(ws.out, "ref") == [ws.ref_dir]
 

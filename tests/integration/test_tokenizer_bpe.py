@@ -266,14 +266,15 @@ def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, run_cli):
     ],
 )
 def test_config_checks_name_the_tokenizer_key(overrides, message, compose_cfg):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     with pytest.raises(RunError, match=message):
         validate_config(compose_cfg(overrides))
 
 
 def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):
-    from gptmini.training.config import output_vocab, validate_config
+    from gptmini.training.run.plan import output_vocab, validate_config
 
     cfg = compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
     validate_config(cfg)

@@ -209,7 +209,8 @@ def _touch(path: Path, mtime: float) -> Path:
 
 
 def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch):
-    from gptmini.training.config import find_last_checkpoint as training_last
+    from gptmini.runs import newest_checkpoint, resolve_checkpoint
+    from gptmini.training.run.resume import ckpt_path_last
 
     out = tmp_path / "outputs"
     _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "last.ckpt", 1000)
@@ -221,19 +222,18 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
     _touch(job / ".last.ckpt.123.abcd1234.tmp", 5000)  # a killed save's temp file: never a candidate
     _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "best.ckpt", 6000)  # not "last"
 
-    find_last_checkpoint, resolve_checkpoint = checkpoint.find_last_checkpoint, checkpoint.resolve_checkpoint
-    assert find_last_checkpoint(out, "exp") == newest
-    assert training_last(out, "exp") == newest  # ckpt_path=last
+    assert newest_checkpoint(out, "exp") == newest
+    assert ckpt_path_last(out, "exp") == newest  # ckpt_path=last
     monkeypatch.chdir(tmp_path)
     # --ckpt last in the commands: the newest run outside the sweeps (tests/unit/test_runs.py)
     top = out / "exp" / "2026-01-01_11-00-00_000000" / "checkpoints" / "on_exception.ckpt"
     assert resolve_checkpoint("last") == Path("outputs") / top.relative_to(out)
     # A newer run of another run_name is "last" for the commands that take no run_name, not for ckpt_path=last.
     other = _touch(out / "other" / "2026-01-02_00-00-00_000000" / "checkpoints" / "last.ckpt", 7000)
-    assert find_last_checkpoint(out) == other and find_last_checkpoint(out, "exp") == newest
+    assert newest_checkpoint(out) == other and newest_checkpoint(out, "exp") == newest
     # A resumed run's own (fresh) folder is left out.
-    assert find_last_checkpoint(out, "exp", exclude=job.parent) != newest
-    assert find_last_checkpoint(tmp_path / "nothing", "exp") is None
+    assert newest_checkpoint(out, "exp", exclude=job.parent) != newest
+    assert newest_checkpoint(tmp_path / "nothing", "exp") is None
     with pytest.raises(CheckpointError, match=r"no last\.ckpt or on_exception\.ckpt found under nowhere/"):
         resolve_checkpoint("last", "nowhere")
 
@@ -256,3 +256,22 @@ def test_resuming_compares_every_model_setting_but_dropout(tmp_path, write_check
     old = {k: v for k, v in ckpt["hyper_parameters"]["model_config"].items() if k != "attn_sink"}
     ckpt["hyper_parameters"]["model_config"] = old
     checkpoint.check_resume_compatible(path, saved.to_dict(), ckpt=ckpt)
+
+
+def test_a_checkpoint_naming_muon_by_its_earlier_module_path_resumes_with_muon():
+    """Checkpoints record their optimizer's ``_target_``; one written while MuonAdamW lived in
+    ``gptmini.training.optimizers`` names the same class as ``gptmini.training.loop.optimizers.MuonAdamW``."""
+    from gptmini.checkpoint import check_resume_optimizer
+
+    def ckpt(target: str) -> dict:
+        return {"hyper_parameters": {"run_config": {"optimizer": {"_target_": target}}}}
+
+    muon = {"_target_": "gptmini.training.loop.optimizers.MuonAdamW"}
+    check_resume_optimizer("old.ckpt", ckpt("gptmini.training.optimizers.MuonAdamW"), muon)  # no refusal
+    check_resume_optimizer("new.ckpt", ckpt(muon["_target_"]), muon)
+    with pytest.raises(
+        CheckpointError, match=r"trained with the optimizer gptmini\.training\.loop\.optimizers\.Muon"
+    ):
+        check_resume_optimizer(
+            "old.ckpt", ckpt("gptmini.training.optimizers.MuonAdamW"), {"_target_": "torch.optim.AdamW"}
+        )

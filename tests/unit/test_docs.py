@@ -180,8 +180,8 @@ def test_the_data_readmes_options_are_those_of_gptmini_data():
 def test_reliability_promises_the_exit_status_the_code_gives():
     """The page's promise (one line starting with `error:`, exit status N) is the code's: the training refusals,
     Hydra's restated errors and the command-line tools' (tests/integration/test_reliability.py runs them)."""
-    from gptmini.training.app import EXIT_USER_ERROR
-    from gptmini.training.override_errors import EXIT_HYDRA_ERROR
+    from gptmini.training.run.app import EXIT_USER_ERROR
+    from gptmini.training.run.override_errors import EXIT_HYDRA_ERROR
 
     page = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
     promise = re.search(r"one line starting with `error:`.*?exit status (\d+)", page, re.S)

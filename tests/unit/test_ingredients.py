@@ -398,8 +398,8 @@ def test_each_ingredient_composes_with_debug_smoke_and_the_zoo_and_trains_a_step
     real command line runs in tests/integration/test_ingredients_runs.py, marked slow.)"""
     from hydra.utils import instantiate
 
-    from gptmini.training.config import validate_config
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.loop.module import GPTLightningModule
+    from gptmini.training.run.plan import validate_config
 
     cfg = compose_cfg(["debug=smoke", "tokenizer=char", "attention_variant=best", *SMOKE_OPTIONS[option]])
     gpt = validate_config(cfg)
@@ -436,8 +436,8 @@ def test_each_ingredient_composes_with_debug_smoke_and_the_zoo_and_trains_a_step
 def test_an_exact_bigram_table_is_planned_with_the_tokenizers_vocabulary(compose_cfg, tokenizer, vocab):
     """Before the data is prepared, an exact bigram table is checked against a vocabulary near the tokenizer's
     (char: 256 stands in; a BPE to be trained: its size), not GPT-2's 50257, whose table is refused."""
-    from gptmini.training.config import RunError, plan_run
-    from gptmini.training.plan import VOCAB_PLACEHOLDER
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import VOCAB_PLACEHOLDER, plan_run
 
     cfg = compose_cfg(["debug=smoke", *tokenizer, "model.bigram_embed=true"])
     if vocab is None:

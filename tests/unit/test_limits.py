@@ -22,9 +22,9 @@ from gptmini.limits import (
     training_step_bytes,
 )
 from gptmini.model import GPTConfig
-from gptmini.training.callbacks import AttentionMapLogger, TextSampleLogger
-from gptmini.training.insight_logging import HeadInsightLogger
-from gptmini.training.summary_logging import AttentionSummaryLogger
+from gptmini.training.callbacks.insight_logging import HeadInsightLogger
+from gptmini.training.callbacks.loggers import AttentionMapLogger, TextSampleLogger
+from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
 
 GIB = 2**30
 CONFIG = GPTConfig(vocab_size=65, block_size=128, n_layer=2, n_head=4, n_embd=32)

@@ -249,7 +249,8 @@ def test_the_attention_tab_opens_the_checkpoint_as_the_commands_do(world):
 def test_training_resolves_ckpt_path_and_init_from_by_the_same_rule(world, tmp_path):
     from omegaconf import OmegaConf
 
-    from gptmini.training.config import RunError, resolve_ckpt_path, resolve_init_from
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.resume import resolve_ckpt_path, resolve_init_from
 
     def cfg(ckpt_path: str) -> Any:
         paths = {"output_root": str(world["outputs"]), "output_dir": str(tmp_path / "fresh")}

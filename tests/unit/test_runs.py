@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.checkpoint import CheckpointError, resolve_checkpoint
+from gptmini.checkpoint import CheckpointError
+from gptmini.runs import resolve_checkpoint
 
 
 def _run(

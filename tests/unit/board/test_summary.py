@@ -99,8 +99,8 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
     from gptmini.data.tokenizers import CharTokenizer
     from gptmini.insight.scores import head_types
     from gptmini.model import GPT, GPTConfig
-    from gptmini.training.probe import ValidationProbe
-    from gptmini.training.summary_logging import AttentionSummaryLogger
+    from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
+    from gptmini.training.loop.probe import ValidationProbe
 
     text = "ROMEO: but soft, what light"
     tokenizer = CharTokenizer.from_text(text)
@@ -117,9 +117,7 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
     )
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8)
     torch.manual_seed(0)
-    module = SimpleNamespace(
-        model=GPT(config).train(), device=torch.device("cpu"), validation_probe=ScoredProbe()
-    )
+    module = SimpleNamespace(model=GPT(config).train(), device=torch.device("cpu"))
     scores = {
         "previous_token": torch.tensor([[0.9, 0.0], [0.0, 0.0]]),
         "induction": torch.tensor([[0.0, 0.0], [0.8, 0.0]]),
@@ -127,6 +125,7 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
         "mean_distance": torch.tensor([[1.0, 5.0], [2.0, 9.0]]),
     }
     logger = AttentionSummaryLogger(probe_text=text, max_tokens=12)
+    logger.probe = ScoredProbe()  # what the app hands over: the LightningModule's probe
     logger.on_validation_end(trainer, module)
     trainer.global_step = 6
     logger.on_validation_end(trainer, module)
@@ -242,7 +241,7 @@ def test_the_default_probe_holds_both_copies_of_its_line_at_character_level_too(
     from omegaconf import OmegaConf
 
     from gptmini.data.tokenizers import CharTokenizer, build_tokenizer
-    from gptmini.training.summary_logging import AttentionSummaryLogger
+    from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
 
     conf = OmegaConf.load(repo_root / "conf" / "callbacks" / "default.yaml").attention_summary
     default = AttentionSummaryLogger()

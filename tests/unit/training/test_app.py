@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gptmini.training import app
+from gptmini.training.run import app
 
 PACKAGE = Path(__file__).resolve().parents[3] / "gptmini"
 
@@ -60,3 +60,38 @@ def test_a_folder_the_user_named_keeps_existing_after_a_failed_start(tmp_path):
     app._remove_failed_run_folder(named, keep_folder=True)
     assert named.is_dir() and list(named.iterdir()) == []  # what the run wrote went, the folder stays
     assert tmp_path.is_dir()
+
+
+def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
+    """The app hands the LightningModule's validation probe to every logger of attention, the throughput monitor
+    to the progress bar and the progress lines, and the background worker to the attention maps; none of them
+    looks for any of them."""
+    from types import SimpleNamespace
+
+    from gptmini.training.callbacks.background import BackgroundWork
+    from gptmini.training.callbacks.console import ProgressBar, ProgressLog
+    from gptmini.training.callbacks.insight_logging import HeadInsightLogger
+    from gptmini.training.callbacks.loggers import (
+        AttentionMapLogger,
+        TextSampleLogger,
+        TokenThroughputMonitor,
+    )
+    from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
+    from gptmini.training.loop.probe import ValidationProbe
+
+    readers = [AttentionMapLogger(), HeadInsightLogger(), AttentionSummaryLogger()]
+    shows = [ProgressBar(), ProgressLog()]
+    monitor, work = TokenThroughputMonitor(), BackgroundWork()
+    module = SimpleNamespace(validation_probe=ValidationProbe())
+    assert all(r.probe is not module.validation_probe for r in readers)  # each starts with a private one
+    app.connect_callbacks([*readers, TextSampleLogger(), *shows, monitor, work], module)
+    assert all(r.probe is module.validation_probe for r in readers)
+    assert all(s.throughput is monitor for s in shows)
+    assert readers[0].background is work
+    monitor.last["perf/tokens_per_sec"] = 1234.0
+    assert [s.tokens_per_sec() for s in shows] == [1234.0, 1234.0]
+
+    alone, maps = ProgressLog(), AttentionMapLogger()  # a run without a monitor or a worker
+    app.connect_callbacks([alone, maps], module)
+    assert alone.throughput is None and alone.tokens_per_sec() is None
+    assert maps.background is None  # its images are drawn at once

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from types import SimpleNamespace
 
 import pytest
 
-from gptmini.training.background import BackgroundWork, submit
+from gptmini.training.callbacks.background import BackgroundWork, submit
 
 
 def test_jobs_run_in_order_on_one_background_thread_and_wait_returns_when_done():
     work = BackgroundWork()
-    trainer = SimpleNamespace(callbacks=[object(), work])
     gate = threading.Event()
     seen: list[tuple[int, str]] = []
 
@@ -24,7 +22,7 @@ def test_jobs_run_in_order_on_one_background_thread_and_wait_returns_when_done()
         seen.append((i, threading.current_thread().name))
 
     for i in range(5):
-        submit(trainer, "job", lambda i=i: job(i))
+        submit(work, "job", lambda i=i: job(i))
     assert seen == []  # queued: the submitter did not wait for them
     gate.set()
     work.wait()
@@ -83,7 +81,7 @@ def test_a_full_queue_holds_the_submitter_until_a_job_is_done():
 
 def test_without_the_callback_a_job_runs_at_once_on_the_caller():
     seen = []
-    submit(SimpleNamespace(), "job", lambda: seen.append(threading.current_thread()))
+    submit(None, "job", lambda: seen.append(threading.current_thread()))
     assert seen == [threading.current_thread()]
     with pytest.raises(ValueError, match="max_pending=0 must be >= 1"):
         BackgroundWork(max_pending=0)

@@ -1,6 +1,6 @@
 """The logging callbacks never stop a training run: probe texts and prompts adapt to the run's vocabulary (a char
-vocabulary of a lower-case corpus lacks the "R" of the built-in "ROMEO:"), and any exception in a logging hook is
-reported once while training goes on."""
+vocabulary of a lower-case corpus lacks the "R" of the built-in "ROMEO:"), and the first exception in a logging
+callback is reported once, with its traceback, and turns that callback off while training goes on."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import torch
 
 from gptmini.data.tokenizers import CharTokenizer
 from gptmini.model import GPT, GPTConfig
-from gptmini.training import callbacks
-from gptmini.training.callbacks import (
+from gptmini.training.callbacks import loggers as callbacks
+from gptmini.training.callbacks.console import ParameterSummary, ProgressLog
+from gptmini.training.callbacks.loggers import (
     AttentionMapLogger,
-    ParameterSummary,
     TextSampleLogger,
     TokenThroughputMonitor,
 )
@@ -80,7 +80,9 @@ def test_a_probe_with_nothing_left_uses_the_validation_data(tmp_path, caplog):
     assert "the start of the validation data stands in" in warning
 
 
-def test_an_exception_in_a_logging_hook_is_reported_once_and_training_goes_on(tmp_path, caplog):
+def test_an_exception_in_a_logging_hook_is_reported_once_with_its_traceback_and_turns_the_logger_off(
+    tmp_path, caplog
+):
     tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
     trainer, module = _run(tmp_path, tokenizer)
 
@@ -94,15 +96,42 @@ def test_an_exception_in_a_logging_hook_is_reported_once_and_training_goes_on(tm
         logger.on_validation_end(trainer, module)
     (report,) = _warnings(caplog, "failed at step")
     assert report == (
-        "AttentionMapLogger.on_validation_end failed at step 3 and is skipped; training goes on (reported once): "
-        "RuntimeError: out of memory in the probe"
+        "AttentionMapLogger.on_validation_end failed at step 3: RuntimeError: out of memory in the probe. "
+        "This logger is off for the rest of the run; training goes on"
     )
+    (record,) = [r for r in caplog.records if "failed at step" in r.getMessage()]
+    assert record.exc_info is not None and "out of memory in the probe" in str(record.exc_info[1])
+    assert logger.failed_at == "on_validation_end at step 3"
     assert module.model.training  # the model is back in training mode (dropout) despite the failure
+
+
+def test_a_failed_logger_runs_none_of_its_hooks_again(tmp_path, caplog):
+    """Off after its first failure, in every hook: a broken logger neither floods the log nor half-logs."""
+    tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
+    trainer, module = _run(tmp_path, tokenizer)
+    calls = []
+
+    def broken(idx):
+        calls.append("maps")
+        raise RuntimeError("a bug in the maps")
+
+    module.model.attention_maps = broken
+    logger = AttentionMapLogger()
+    with caplog.at_level(logging.WARNING):
+        logger.on_validation_end(trainer, module)
+        trainer.global_step = 4
+        logger.on_validation_epoch_end(trainer, module)  # another hook of the same logger: skipped too
+        logger.on_validation_end(trainer, module)
+    assert calls == ["maps"]
+    assert len(_warnings(caplog, "failed at step")) == 1
+    other = AttentionMapLogger()  # the policy is per callback: another logger still runs
+    other.on_validation_end(trainer, module)
+    assert calls == ["maps", "maps"]
 
 
 def test_every_logging_callback_is_guarded():
     LoggingCallback = callbacks.LoggingCallback
-    for cls in (AttentionMapLogger, TextSampleLogger, TokenThroughputMonitor, ParameterSummary):
+    for cls in (AttentionMapLogger, TextSampleLogger, TokenThroughputMonitor, ParameterSummary, ProgressLog):
         assert issubclass(cls, LoggingCallback), cls
 
     class Mine(LoggingCallback):
@@ -124,14 +153,14 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
 
     from PIL import Image
 
-    from gptmini.training.background import BackgroundWork
+    from gptmini.training.callbacks.background import BackgroundWork
     from gptmini.viz import attention_images, token_labels
 
     tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
     trainer, module = _run(tmp_path, tokenizer)
     work = BackgroundWork()
-    trainer.callbacks = [work]
     logger = AttentionMapLogger(probe_text="ROMEO: but soft", max_tokens=8)
+    logger.background = work  # what the app hands over (connect_callbacks)
     ids = tokenizer.encode("ROMEO: b")
     expected = attention_images(
         module.model.eval().attention_maps(torch.tensor([ids]))[:, 0], token_labels(tokenizer, ids)
@@ -168,8 +197,8 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
-    from gptmini.training.guards import NonFiniteLossError, NonFiniteLossGuard
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.callbacks.guards import NonFiniteLossError, NonFiniteLossGuard
+    from gptmini.training.loop.module import GPTLightningModule
 
     class SlowIO(TorchCheckpointIO):
         def save_checkpoint(self, *args, **kwargs):

@@ -1,4 +1,4 @@
-"""The validation's one attention pass (``gptmini.training.probe``): every probe sequence of a validation runs through
+"""The validation's one attention pass (``gptmini.training.loop.probe``): every probe sequence of a validation runs through
 the model's explicit attention path once, in one batch, whatever the loggers that read it; each reader gets the
 attention of its own sequence as if computed alone; and every log of a validation is at the same step."""
 
@@ -11,7 +11,7 @@ import torch
 from gptmini.insight import head_scores, make_probes
 from gptmini.insight.probes import repeated_segments_text
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.probe import ValidationProbe, eval_mode
+from gptmini.training.loop.probe import ValidationProbe, eval_mode
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
 
@@ -101,7 +101,7 @@ def test_one_validation_with_every_default_callback_computes_each_probe_once(
     the tab's text, head insight's text and repeated probes) in that one pass exactly once; and val/loss, the
     text samples, the insight scalars, the maps and the tab's summary are all logged at steps 3 and 6."""
     from gptmini.board.summary import TAG
-    from gptmini.training.app import train
+    from gptmini.training.run.app import train
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT + repeated_segments_text(6000, seed=1))  # not periodic: every probe window differs

@@ -10,19 +10,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptmini.training import callbacks
-from gptmini.training.callbacks import ProgressBar, ProgressLog, TokenThroughputMonitor
+from gptmini.training.callbacks import console as callbacks
+from gptmini.training.callbacks.console import ProgressBar, ProgressLog
+from gptmini.training.callbacks.loggers import TokenThroughputMonitor
 
 
 def _trainer(max_steps: int, start: int = 0) -> SimpleNamespace:
-    """The trainer's attributes ProgressLog reads; the steps advance as the test drives the hooks."""
-    throughput = TokenThroughputMonitor()
+    """The trainer's attributes ProgressLog reads (no ``callbacks``: it is handed its throughput monitor, not
+    looking for one), and ``monitor``, the monitor the app hands it; the steps advance as the test drives the
+    hooks."""
     return SimpleNamespace(
         is_global_zero=True,
         global_step=start,
         max_steps=max_steps,
         callback_metrics={},
-        callbacks=[throughput],
+        monitor=TokenThroughputMonitor(),
     )
 
 
@@ -30,17 +32,18 @@ def _drive(
     progress: ProgressLog, trainer: SimpleNamespace, steps: range, clock: list[float], monkeypatch
 ) -> None:
     monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock[0])
+    progress.throughput = trainer.monitor
     progress.on_train_start(trainer, None)
     for step in steps:
         clock[0] += 2.0  # two seconds a step
         trainer.global_step = step
         trainer.callback_metrics["train/loss"] = torch.tensor(10.0 / step)
-        trainer.callbacks[0].last["perf/tokens_per_sec"] = 1000.0 * step
+        trainer.monitor.last["perf/tokens_per_sec"] = 1000.0 * step
         progress.on_train_batch_end(trainer, None, None, None, step - 1)
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "gptmini.training.callbacks"]
+    return [r.getMessage() for r in caplog.records if r.name == "gptmini.training.callbacks.console"]
 
 
 def test_a_line_every_n_steps_and_at_the_last_with_loss_rate_and_eta(monkeypatch, caplog):
@@ -141,7 +144,9 @@ def test_the_bar_shows_no_logger_version(monkeypatch):
     trainer = SimpleNamespace(
         loggers=[logger], logger=logger, progress_bar_metrics={"train/loss": 2.5}, callbacks=[throughput]
     )
-    metrics = ProgressBar().get_metrics(trainer, None)
+    bar = ProgressBar()
+    bar.throughput = throughput  # what the app hands it (receive)
+    metrics = bar.get_metrics(trainer, None)
     assert "v_num" not in metrics
     assert metrics["tok/s"] == "1,234" and metrics["train/loss"] == 2.5
 

@@ -13,7 +13,9 @@ from omegaconf import OmegaConf
 
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPTConfig
-from gptmini.training.config import RunError, resolve_precision, validate_config
+from gptmini.training.errors import RunError
+from gptmini.training.hardware import resolve_precision
+from gptmini.training.run.plan import validate_config
 
 
 def _options(group: str) -> list[str]:
@@ -28,7 +30,7 @@ def instantiate_all(cfg) -> None:
     gpt = GPTConfig.from_dict(model)
     assert gpt.n_embd % gpt.n_head == 0
     from gptmini.model import GPT
-    from gptmini.training.module import build_optimizer
+    from gptmini.training.loop.module import build_optimizer
 
     tiny = GPT(GPTConfig(vocab_size=10, block_size=4, n_layer=1, n_head=1, n_embd=4))
     optimizer = build_optimizer(instantiate(cfg.optimizer), tiny, "cpu")
@@ -153,7 +155,7 @@ def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg)
 
 
 def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None:
-    import gptmini.training.config as config
+    import gptmini.training.run.compose as config
     from gptmini.training import hardware
     from gptmini.training.hardware import DeviceFacts
 
@@ -180,7 +182,7 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None
 
 
 def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
-    from gptmini.training.config import cpu_cores
+    from gptmini.training.hardware import cpu_cores
 
     cores = cpu_cores()
     with pytest.raises(
@@ -197,7 +199,7 @@ def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
 
 def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
     from gptmini.limits import SizeError
-    from gptmini.training.config import check_training_memory
+    from gptmini.training.run.memory import check_training_memory
 
     big = GPTConfig.from_preset("small", vocab_size=50257, block_size=100000)
     sixteen_gib = (16 * 2**30, "this machine's memory")
@@ -221,7 +223,7 @@ def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
 def test_unwritable_data_and_output_folders_are_refused_before_any_work(
     compose_cfg, tmp_path, capsys
 ) -> None:
-    from gptmini.training.config import OutputFolderCheck
+    from gptmini.training.run.run_folder import OutputFolderCheck
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -260,7 +262,7 @@ def test_a_folder_without_write_permission_is_unwritable(tmp_path, monkeypatch) 
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "/abs", ".hidden", "", "-x", "a\\b", "x" * 201])
 def test_a_run_name_must_be_one_plain_folder_name(name) -> None:
-    from gptmini.training.config import check_run_name
+    from gptmini.training.run.run_folder import check_run_name
 
     with pytest.raises(
         RunError, match=r"run_name=.* is invalid: it names one folder under paths\.output_root"
@@ -270,13 +272,13 @@ def test_a_run_name_must_be_one_plain_folder_name(name) -> None:
 
 @pytest.mark.parametrize("name", ["default", "my_run", "lr=1e-3,bs=8", "v1.2", "a+b@c"])
 def test_plain_run_names_are_accepted(name) -> None:
-    from gptmini.training.config import check_run_name
+    from gptmini.training.run.run_folder import check_run_name
 
     check_run_name(name)
 
 
 def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming(tmp_path) -> None:
-    from gptmini.training.config import check_run_folder_free
+    from gptmini.training.run.run_folder import check_run_folder_free
 
     check_run_folder_free(tmp_path / "missing", None, "hydra.run.dir")
     check_run_folder_free(tmp_path, None, "hydra.run.dir")  # empty
@@ -287,7 +289,7 @@ def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming(tmp_path) -
 
 
 def test_resume_plans_that_cannot_continue_are_refused(compose_cfg, tmp_path) -> None:
-    from gptmini.training.config import check_resume_plan
+    from gptmini.training.run.resume import check_resume_plan
 
     ckpt = {
         "global_step": 10,
@@ -375,7 +377,7 @@ def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog
     what the user wrote, and the plan cannot be changed afterwards."""
     import dataclasses
 
-    from gptmini.training.plan import plan_run
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(
         ["debug=smoke", "tokenizer=char", "trainer.max_steps=2", "trainer.accumulate_grad_batches=2"]
@@ -431,7 +433,7 @@ def test_each_group_s_schema_refuses_a_bad_key_or_type_in_one_line(compose_cfg, 
 def test_every_option_of_an_instantiated_group_has_a_schema(group, compose_cfg, tmp_path) -> None:
     """A new option adds its schema (docs/configuration.md, "Adding an option"): without one, its keys would go
     unchecked until the object is built."""
-    from gptmini.training.schema import OPTION_SCHEMAS
+    from gptmini.training.run.schema import OPTION_SCHEMAS
 
     for option in _options(group):
         extra = [f"data.source={tmp_path}/corpus.txt"] if (group, option) == ("data", "text") else []
@@ -444,7 +446,7 @@ def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkey
     once the data is prepared; only Lightning's own load reads it again."""
     import gptmini.checkpoint as checkpoint
     from gptmini.model import GPT
-    from gptmini.training.plan import plan_run
+    from gptmini.training.run.plan import plan_run
 
     path = tmp_path / "c.ckpt"
     overrides = ["model=tiny", "tokenizer=char", "model.vocab_size=16", "trainer=cpu", "trainer.max_steps=20"]
@@ -484,7 +486,7 @@ def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkey
     ],
 )
 def test_a_run_on_other_data_or_another_tokenizer_is_not_named_default(overrides, name, compose_cfg):
-    from gptmini.training.run_folder import check_run_name
+    from gptmini.training.run.run_folder import check_run_name
 
     cfg = compose_cfg(overrides)
     assert cfg.run_name == name

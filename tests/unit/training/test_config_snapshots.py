@@ -48,8 +48,8 @@ def _resolve(overrides: list[str]) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from gptmini.training.config import register_configs
     from gptmini.training.hardware import DeviceFacts, register_hardware_configs
+    from gptmini.training.run.compose import register_configs
 
     register_configs()
     register_hardware_configs(

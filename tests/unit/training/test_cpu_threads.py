@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptmini.training import cpu_threads
-from gptmini.training.cpu_threads import (
+from gptmini.training.callbacks import cpu_threads
+from gptmini.training.callbacks.cpu_threads import (
     CpuThreads,
     CpuTimes,
     others_busy_cores,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gptmini.model import GPTConfig
-from gptmini.training.ema import EMAWeightAveraging
-from gptmini.training.module import GPTLightningModule
+from gptmini.training.loop.ema import EMAWeightAveraging
+from gptmini.training.loop.module import GPTLightningModule
 
 pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 
@@ -122,11 +122,11 @@ def test_bad_ema_settings_are_refused_when_the_trainer_is_built(compose_cfg, ove
     naming it, when the trainer's callbacks are built (training builds them before it prepares any data)."""
     from hydra.errors import InstantiationException
 
-    from gptmini.training.app import build_trainer
-    from gptmini.training.config import plan_run
+    from gptmini.training.run.app import build_trainer
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(
-        ["debug=smoke", f"callbacks.ema={{_target_:gptmini.training.ema.EMAWeightAveraging,{override}}}"]
+        ["debug=smoke", f"callbacks.ema={{_target_:gptmini.training.loop.ema.EMAWeightAveraging,{override}}}"]
     )
     plan = plan_run(cfg)  # the plan does not read callbacks' own settings
     with pytest.raises(InstantiationException) as caught:
@@ -139,10 +139,10 @@ def test_bad_ema_settings_are_refused_when_the_trainer_is_built(compose_cfg, ove
 def test_a_good_ema_setting_composes_and_builds(compose_cfg):
     from hydra.utils import instantiate
 
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     cfg = compose_cfg(
-        ["debug=smoke", "callbacks.ema={_target_:gptmini.training.ema.EMAWeightAveraging,decay:0.9}"]
+        ["debug=smoke", "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.9}"]
     )
     validate_config(cfg)
     callback = instantiate(cfg.callbacks.ema)

@@ -16,9 +16,16 @@ from omegaconf import OmegaConf
 
 from gptmini.model import GPT, GPTConfig
 from gptmini.training import hardware
-from gptmini.training.config import CPU_BF16_MIN_VOCAB, RunError, output_vocab, resolve_precision
-from gptmini.training.hardware import DeviceFacts, compute_dtype, peak_flops
-from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs
+from gptmini.training.errors import RunError
+from gptmini.training.hardware import (
+    CPU_BF16_MIN_VOCAB,
+    DeviceFacts,
+    compute_dtype,
+    peak_flops,
+    resolve_precision,
+)
+from gptmini.training.loop.module import GPTLightningModule, optimizer_kernel_kwargs
+from gptmini.training.run.plan import output_vocab
 
 H100 = DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", capability=(9, 0), bf16=True, count=1)
 H200 = DeviceFacts(type="cuda", name="NVIDIA H200", capability=(9, 0), bf16=True, count=1)
@@ -303,12 +310,12 @@ def _fit_with_monitor(tmp_path, monitor, precision: str = "bf16-mixed") -> None:
     ids=["h100-lightning", "h200-gptmini", "unknown-override", "cpu-override", "unknown", "cpu"],
 )
 def test_mfu_is_flops_per_second_over_the_peak_it_logs(device, override, peak, tmp_path, caplog, named_gpu):
-    from gptmini.training.callbacks import TokenThroughputMonitor
+    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
 
     if device.is_cuda:
         device = named_gpu(device.name, device.capability, device.bf16)
     monitor = TokenThroughputMonitor(window_size=2, peak_flops=override, device=device)
-    with caplog.at_level(logging.INFO, logger="gptmini.training.callbacks"):
+    with caplog.at_level(logging.INFO, logger="gptmini.training.callbacks.loggers"):
         _fit_with_monitor(tmp_path, monitor)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("perf/mfu")]
     assert monitor.last["perf/tokens_per_sec"] > 0 and monitor.last["perf/flops_per_sec"] > 0
@@ -321,7 +328,7 @@ def test_mfu_is_flops_per_second_over_the_peak_it_logs(device, override, peak, t
 
 
 def test_a_non_positive_peak_is_refused():
-    from gptmini.training.callbacks import TokenThroughputMonitor
+    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
 
     with pytest.raises(ValueError, match=r"perf.peak_flops=0 must be > 0"):
         TokenThroughputMonitor(peak_flops=0)
@@ -334,7 +341,7 @@ def test_a_non_positive_peak_is_refused():
 def machine(monkeypatch):
     """``machine(facts)``: composing the training config (``compose_cfg``) as on a machine with ``facts``:
     ``hardware=auto`` is registered for them. Restored to this machine's afterwards."""
-    import gptmini.training.config as config
+    import gptmini.training.run.compose as config
 
     def _machine(facts: DeviceFacts) -> None:
         monkeypatch.setattr(
@@ -382,7 +389,11 @@ def test_a_gpu_machine_defaults_to_the_gpu_sized_run(compose_cfg, machine):
     assert (cfg.tokenizer.name, cfg.data.batch_size, cfg.trainer.max_steps) == ("char", 128, 5000)
     assert (cfg.run_name, cfg.compile, cfg.trainer.accelerator) == ("default_gpu", True, "gpu")
     # the recipe, as on the CPU
-    assert cfg.optimizer._target_ == cpu_default.optimizer._target_ == "gptmini.training.optimizers.MuonAdamW"
+    assert (
+        cfg.optimizer._target_
+        == cpu_default.optimizer._target_
+        == "gptmini.training.loop.optimizers.MuonAdamW"
+    )
     assert cfg.scheduler._target_ == cpu_default.scheduler._target_
     assert resolve_precision(_plain(cfg.trainer), H100) == "bf16-mixed"
     # it logs everything the CPU default logs

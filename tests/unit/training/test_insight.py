@@ -11,7 +11,7 @@ import torch
 
 from gptmini.insight import SCORES, PhaseChangeDetector
 from gptmini.insight.probes import repeated_segments_text
-from gptmini.training.insight_logging import (
+from gptmini.training.callbacks.insight_logging import (
     HPARAM_METRICS,
     HeadInsightLogger,
     custom_scalars_layout,
@@ -28,8 +28,8 @@ def run(tmp_path_factory):
     from omegaconf import open_dict
 
     from gptmini.conf_dir import conf_dir
-    from gptmini.training.app import train
-    from gptmini.training.config import register_configs
+    from gptmini.training.run.app import train
+    from gptmini.training.run.compose import register_configs
 
     tmp = tmp_path_factory.mktemp("insight")
     corpus = tmp / "corpus.txt"
@@ -160,7 +160,7 @@ def test_bad_settings_are_refused_by_name():
 
 
 def test_the_attention_tab_summary_is_labelled_by_the_same_validations_scores(run, tb_events):
-    """The ATTENTION tab's summary (gptmini.training.summary_logging) at each validation, its head types those of the
+    """The ATTENTION tab's summary (gptmini.training.callbacks.summary_logging) at each validation, its head types those of the
     insight scalars logged at the same step."""
     from tensorboard.util import tensor_util
 

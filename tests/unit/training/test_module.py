@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gptmini.model import GPTConfig
-from gptmini.training.module import GPTLightningModule, optimizer_kernel_kwargs, weight_decay_groups
+from gptmini.training.loop.module import GPTLightningModule, optimizer_kernel_kwargs, weight_decay_groups
 
 pytestmark = [
     # the small fits below train without validation data on purpose
@@ -149,10 +149,10 @@ def test_bf16_mixed_clips_with_the_fused_kernel_like_the_manual_loop(tmp_path, a
 def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count(
     tmp_path, monkeypatch, max_epochs, label
 ):
-    import gptmini.training.callbacks as callbacks
-    from gptmini.training.callbacks import ProgressBar
+    import gptmini.training.callbacks.console as console
+    from gptmini.training.callbacks.console import ProgressBar
 
-    monkeypatch.setattr(callbacks, "console_is_terminal", lambda: True)  # the bar is drawn on a terminal only
+    monkeypatch.setattr(console, "console_is_terminal", lambda: True)  # the bar is drawn on a terminal only
     seen = []
 
     class Probe(L.Callback):  # runs after the bar's own hooks (callbacks run in list order)
@@ -167,7 +167,7 @@ def test_progress_bar_names_step_based_runs_without_a_negative_epoch_count(
 def test_throughput_logs_tokens_once_per_optimizer_step(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
-    from gptmini.training.callbacks import TokenThroughputMonitor
+    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
 
     monitor = TokenThroughputMonitor(window_size=2)
     trainer = _fit(
@@ -192,9 +192,9 @@ def test_throughput_logs_tokens_once_per_optimizer_step(tmp_path):
 
 
 def test_parameter_summary_logs_params_without_flops(tmp_path, caplog):
-    from gptmini.training.callbacks import ParameterSummary
+    from gptmini.training.callbacks.console import ParameterSummary
 
-    with caplog.at_level(logging.INFO, logger="gptmini.training.callbacks"):
+    with caplog.at_level(logging.INFO, logger="gptmini.training.callbacks.console"):
         _fit(_tiny_module(), [ParameterSummary()], tmp_path, max_steps=1)
     (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model summary")]
     assert "| GPT " in text and "trainable params" in text and "Mode" in text

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gptmini.training.guards import SafeOnExceptionCheckpoint
+from gptmini.training.callbacks.guards import SafeOnExceptionCheckpoint
 
 
 class FailsAtStep3(L.LightningModule):

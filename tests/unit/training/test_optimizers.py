@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
+from gptmini.training.loop.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
 
 VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
 MUON = OmegaConf.to_container(OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"))
@@ -130,7 +130,7 @@ def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
 
 
 def test_state_dict_round_trips_and_the_scheduler_sets_each_inner_optimizers_lr(tmp_path: Path):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     a = _params_and_grads()
     opt = MuonAdamW(a.parameter_roles(), stacked=a.stacked_projections(), **copy.deepcopy(SETTINGS))
@@ -165,7 +165,7 @@ def test_state_dict_round_trips_and_the_scheduler_sets_each_inner_optimizers_lr(
 def test_the_module_builds_muon_from_roles_with_the_fused_adamw_kernel():
     from hydra.utils import instantiate
 
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.loop.module import GPTLightningModule
 
     cfg = _tiny().config.to_dict()
     module = GPTLightningModule(cfg, optimizer=instantiate(OmegaConf.create(MUON)))
@@ -198,7 +198,8 @@ def test_the_module_builds_muon_from_roles_with_the_fused_adamw_kernel():
     ],
 )
 def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, message):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     cfg = compose_cfg(["debug=smoke", "optimizer=muon", *overrides])
     with pytest.raises(RunError, match=message):
@@ -227,7 +228,8 @@ def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, m
     ],
 )
 def test_a_plain_optimizer_refuses_keys_its_constructor_does_not_take(compose_cfg, overrides, message):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     cfg = compose_cfg(["debug=smoke", *overrides, "optimizer=adamw"])
     with pytest.raises(RunError, match=message):
@@ -236,26 +238,27 @@ def test_a_plain_optimizer_refuses_keys_its_constructor_does_not_take(compose_cf
 
 @pytest.mark.parametrize("scheduler", ["warmup_cosine", "wsd"])
 def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, scheduler):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     # the speedrun's WSD settings (decay_fraction) under scheduler=warmup_cosine failed with a TypeError traceback
     if scheduler == "warmup_cosine":
         overrides, message = (
             ["experiment=speedrun_char_cpu", "data.source=x.txt", "scheduler=warmup_cosine"],
-            r"scheduler\.decay_fraction is not a setting of gptmini\.training\.schedulers\.WarmupCosineLR: its "
+            r"scheduler\.decay_fraction is not a setting of gptmini\.training\.loop\.schedulers\.WarmupCosineLR: its "
             r"settings are .*max_steps, max_time, min_lr_ratio, warmup_steps; drop it \(~scheduler\.decay_fraction\)",
         )
     else:
         overrides, message = (
             ["debug=smoke", "scheduler=wsd", "+scheduler.cycles=2"],
-            r"scheduler\.cycles is not a setting of gptmini\.training\.schedulers\.WarmupStableDecayLR",
+            r"scheduler\.cycles is not a setting of gptmini\.training\.loop\.schedulers\.WarmupStableDecayLR",
         )
     with pytest.raises(RunError, match=message):
         validate_config(compose_cfg(overrides))
 
 
 def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
-    from gptmini.training.config import validate_config
+    from gptmini.training.run.plan import validate_config
 
     validate_config(
         compose_cfg(["debug=smoke", "optimizer=adamw", "+optimizer.amsgrad=true", "+optimizer.fused=true"])
@@ -272,7 +275,7 @@ def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
 def test_batched_muon_steps_as_torch_muon(nesterov, adjust_lr_fn):
     """The oracle: torch.optim.Muon's loop over matrices. Same-shaped matrices (wide, tall, square) are
     orthogonalised in one batched product; the parameters and the state must come out the same."""
-    from gptmini.training.optimizers import BatchedMuon
+    from gptmini.training.loop.optimizers import BatchedMuon
 
     torch.manual_seed(0)
     shapes = [(8, 24), (24, 8), (8, 24), (16, 16), (24, 8), (16, 16), (16, 16)]
@@ -304,7 +307,7 @@ def test_batched_muon_steps_as_torch_muon(nesterov, adjust_lr_fn):
 def test_newton_schulz_orthogonalises_each_matrix_of_the_stack():
     """Independent check: after Muon's five quintic steps every singular value of each matrix lies near 1
     (Keller Jordan's iteration lands them in roughly [0.7, 1.2]), whatever the scale of the input."""
-    from gptmini.training.optimizers import newton_schulz
+    from gptmini.training.loop.optimizers import newton_schulz
 
     torch.manual_seed(0)
     g = torch.randn(3, 16, 48) * torch.tensor([1e-3, 1.0, 1e3]).view(3, 1, 1)
@@ -343,7 +346,7 @@ def test_muon_adamw_follows_a_model_moved_after_it_was_built():
 def _reference_muon(params, grads_per_step, *, lr, wd, momentum, start, warmup, beta2, normuon, cautious):
     """Muon with the options, one matrix at a time in float64, written from the formulas (modded-nanogpt's
     NorMuon and cautious weight decay): the oracle for BatchedMuon's batched float32 version."""
-    from gptmini.training.optimizers import muon_lr_scale, newton_schulz
+    from gptmini.training.loop.optimizers import muon_lr_scale, newton_schulz
 
     ps = [p.detach().double().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ps]
@@ -378,7 +381,7 @@ def _reference_muon(params, grads_per_step, *, lr, wd, momentum, start, warmup, 
     ids=["normuon", "cautious", "momentum_warmup", "all"],
 )
 def test_batched_muon_options_step_as_the_formulas(options):
-    from gptmini.training.optimizers import BatchedMuon
+    from gptmini.training.loop.optimizers import BatchedMuon
 
     torch.manual_seed(0)
     shapes = [(8, 24), (24, 8), (8, 24), (16, 16)]  # wide (per-column statistics), tall (per-row), square
@@ -413,7 +416,7 @@ def test_batched_muon_options_step_as_the_formulas(options):
 
 
 def test_normuon_evens_out_the_neurons_and_keeps_the_update_norm():
-    from gptmini.training.optimizers import normuon_scale
+    from gptmini.training.loop.optimizers import normuon_scale
 
     torch.manual_seed(0)
     o = torch.randn(3, 12, 5) * torch.linspace(0.1, 3.0, 12)[:, None]  # tall: rows of very different sizes
@@ -426,7 +429,7 @@ def test_normuon_evens_out_the_neurons_and_keeps_the_update_norm():
 
 
 def test_cautious_weight_decay_spares_the_weights_the_update_pushes_away_from_zero():
-    from gptmini.training.optimizers import BatchedMuon, newton_schulz
+    from gptmini.training.loop.optimizers import BatchedMuon, newton_schulz
 
     torch.manual_seed(1)
     w = torch.randn(6, 6)
@@ -446,7 +449,7 @@ def test_cautious_weight_decay_spares_the_weights_the_update_pushes_away_from_ze
 
 
 def test_momentum_warmup_ramps_linearly_then_holds():
-    from gptmini.training.optimizers import warmup_momentum
+    from gptmini.training.loop.optimizers import warmup_momentum
 
     group = {"momentum": 0.95, "momentum_warmup_start": 0.85, "momentum_warmup_steps": 4}
     got = [warmup_momentum(s, group) for s in range(7)]
@@ -515,7 +518,8 @@ def test_muon_options_resume_exactly_from_a_saved_state(tmp_path: Path):
     ],
 )
 def test_bad_muon_options_fail_at_config_time(compose_cfg, override, message):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     with pytest.raises(RunError, match=message):
         validate_config(compose_cfg(["debug=smoke", "optimizer=muon", override]))
@@ -565,7 +569,8 @@ def test_cautious_weight_decay_of_an_adamw_role_steps_as_the_formula():
 
 
 def test_a_bad_adamw_role_cautious_setting_fails_at_config_time(compose_cfg):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     cfg = compose_cfg(["debug=smoke", "optimizer=muon", "+optimizer.matrix.cautious_weight_decay=3"])
     with pytest.raises(

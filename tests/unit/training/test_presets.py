@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPTConfig, available_presets
-from gptmini.training.config import ModelSchema, register_configs
+from gptmini.training.run.compose import register_configs
+from gptmini.training.run.schema import ModelSchema
 
 INIT_FIELDS = {f.name for f in fields(GPTConfig) if f.init}
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from gptmini.training.schedulers import WarmupConstantLR, WarmupCosineLR
+from gptmini.training.loop.schedulers import WarmupConstantLR, WarmupCosineLR
 
 BASE_LR = 1e-3
 
@@ -58,7 +58,7 @@ def test_constant_holds_the_base_lr_after_warmup_and_without_one():
 
 def test_constant_is_not_torchs_constant_lr():
     # The old name shadowed torch.optim.lr_scheduler.ConstantLR, a different schedule.
-    import gptmini.training.schedulers as schedulers
+    import gptmini.training.loop.schedulers as schedulers
 
     assert not hasattr(schedulers, "ConstantLR")
 
@@ -100,7 +100,7 @@ def test_invalid_arguments_are_rejected():
 
 
 def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     # 10 steps, 2 of warmup, the last 40% (4 steps: 6..9) decaying from 1 to 0.1 linearly, flat after
     s = WarmupStableDecayLR(_optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4, min_lr_ratio=0.1)
@@ -119,7 +119,7 @@ def test_wsd_warms_up_holds_then_decays_linearly_to_its_floor():
     ],
 )
 def test_wsd_decay_shapes(shape, left):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     s = WarmupStableDecayLR(
         _optimizer(), max_steps=8, decay_fraction=0.5, min_lr_ratio=0.0, decay_shape=shape
@@ -131,7 +131,7 @@ def test_wsd_decay_shapes(shape, left):
 
 
 def test_wsd_scales_every_parameter_group_by_the_same_factor_and_resumes_exactly():
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     def make():
         opt = torch.optim.SGD(
@@ -154,7 +154,7 @@ def test_wsd_scales_every_parameter_group_by_the_same_factor_and_resumes_exactly
 
 
 def test_wsd_refuses_bad_settings_naming_them():
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     with pytest.raises(ValueError, match=r"scheduler\.decay_shape='step' is invalid"):
         WarmupStableDecayLR(_optimizer(), max_steps=10, decay_shape="step")
@@ -174,7 +174,7 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
-    import gptmini.training.schedulers as schedulers
+    import gptmini.training.loop.schedulers as schedulers
 
     fake = FakeClock()
     monkeypatch.setattr(schedulers.time, "monotonic", fake)
@@ -189,7 +189,7 @@ def _lr_at(scheduler, clock: FakeClock, seconds: float) -> float:
 
 
 def test_max_time_reads_lightnings_format_and_refuses_others():
-    from gptmini.training.schedulers import max_time_seconds
+    from gptmini.training.loop.schedulers import max_time_seconds
 
     assert max_time_seconds(None) is None
     assert max_time_seconds("00:00:10:00") == 600.0
@@ -200,7 +200,7 @@ def test_max_time_reads_lightnings_format_and_refuses_others():
 
 
 def test_wsd_with_a_time_budget_decays_by_the_clock_when_time_runs_out_before_the_steps(clock):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     # a million steps would never end: the 100 s budget paces the schedule, the last 40% of it decaying linearly
     s = WarmupStableDecayLR(
@@ -214,7 +214,7 @@ def test_wsd_with_a_time_budget_decays_by_the_clock_when_time_runs_out_before_th
 
 
 def test_a_time_budget_that_outlasts_the_steps_leaves_the_step_schedule_unchanged(clock):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     by_steps = _lrs(WarmupStableDecayLR(_optimizer(), max_steps=10, warmup_steps=2, decay_fraction=0.4), 12)
     budgeted = WarmupStableDecayLR(
@@ -235,7 +235,7 @@ def test_cosine_with_a_time_budget_is_half_way_down_at_half_the_time(clock):
 
 
 def test_a_resumed_schedule_counts_the_seconds_already_spent(clock):
-    from gptmini.training.schedulers import WarmupStableDecayLR
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
 
     def make():
         return WarmupStableDecayLR(
@@ -259,7 +259,8 @@ def test_a_resumed_schedule_counts_the_seconds_already_spent(clock):
 
 @pytest.mark.parametrize("scheduler", ["wsd", "warmup_cosine"])
 def test_the_schedule_takes_trainer_max_time_and_a_bad_one_fails_at_config_time(compose_cfg, scheduler):
-    from gptmini.training.config import RunError, validate_config
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.plan import validate_config
 
     cfg = compose_cfg(["debug=smoke", f"scheduler={scheduler}", "trainer.max_time=00:00:10:00"])
     assert cfg.scheduler.max_time == "00:00:10:00"

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from gptmini.runs import LABEL_MAX, event_folders, run_event_folder, task_overrides, tensorboard_label
-from gptmini.training.resume import continued_event_folder
-from gptmini.training.run_folder import RUN_NAME, tensorboard_place
+from gptmini.training.run.resume import continued_event_folder
+from gptmini.training.run.run_folder import RUN_NAME, tensorboard_place
 
 
 def test_the_label_is_the_run_name_and_its_sorted_overrides():

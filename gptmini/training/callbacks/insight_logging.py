@@ -3,7 +3,7 @@ induction phase change, and the run's hyperparameters for TensorBoard's HPARAMS 
 
 All of it runs at validation (and once for the untrained model, as the baseline), never in a training step: the
 fixed probes' attention from the validation's one pass through the model's explicit attention path
-(``gptmini.training.probe``, shared with the attention maps and the ATTENTION tab's summary), one forward over fixed
+(``gptmini.training.loop.probe``, shared with the attention maps and the ATTENTION tab's summary), one forward over fixed
 validation windows, and images drawn with Pillow. The computations and the drawing live in ``gptmini.insight``.
 """
 
@@ -33,8 +33,8 @@ from gptmini.insight import (
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
-from gptmini.training.callbacks import LoggingCallback, tensorboard_writer
-from gptmini.training.probe import ValidationProbe, eval_mode, shared_probe
+from gptmini.training.callbacks.loggers import ProbeReader, tensorboard_writer
+from gptmini.training.loop.probe import eval_mode
 from gptmini.viz import loss_curve, score_grid
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
     return layout
 
 
-class HeadInsightLogger(LoggingCallback):
+class HeadInsightLogger(ProbeReader):
     """At each validation (and once for the untrained model, the baseline, logged as step 0): every head's
     scores as one grid image per score (``insight/grid/<score>``, layers x heads, fixed colour scale) and as
     per-head scalars (``insight/<score>/layerL_headH``, charted per layer in CUSTOM SCALARS), the loss by position
@@ -112,6 +112,7 @@ class HeadInsightLogger(LoggingCallback):
         log_hparams: bool = True,
     ) -> None:
         check_probe_settings(probe_tokens, probe_batch, loss_windows, where="callbacks.head_insight.")
+        super().__init__()
         self.probe_tokens = probe_tokens
         self.probe_batch = probe_batch
         self.loss_windows = loss_windows
@@ -122,7 +123,6 @@ class HeadInsightLogger(LoggingCallback):
         self.last_seconds: float | None = None  # how long the last insight pass took
         # (step, name -> (n_layer, n_head) on the CPU) of the last pass
         self.last_scores: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._own_probe = ValidationProbe()  # used when the LightningModule shares none
         self._probes: Probes | None = None
         self._curves: list[tuple[str, torch.Tensor]] = []
         self._session_end: Any = None
@@ -164,12 +164,12 @@ class HeadInsightLogger(LoggingCallback):
 
     @rank_zero_only
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # asks the validation's one attention pass for the head scores (see gptmini.training.probe)
+        # asks the validation's one attention pass for the head scores (see gptmini.training.loop.probe)
         if trainer.sanity_checking or tensorboard_writer(trainer) is None:
             return
         probes = self._probe_data(trainer, pl_module)
         if probes is not None:
-            shared_probe(pl_module, self._own_probe).scores(trainer.global_step, probes)
+            self.probe.scores(trainer.global_step, probes)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -235,9 +235,8 @@ class HeadInsightLogger(LoggingCallback):
             return
         scores = None
         if model is None:  # the validation's model: its scores come from the validation's one attention pass
-            probe = shared_probe(pl_module, self._own_probe)
-            probe.scores(trainer.global_step, probes)
-            scores = probe.head_scores(pl_module.model, trainer.global_step)
+            self.probe.scores(trainer.global_step, probes)
+            scores = self.probe.head_scores(pl_module.model, trainer.global_step)
         # the run's precision (bf16 autocast on GPUs), as in the validation steps
         self.insight_pass(
             pl_module.model if model is None else model,

@@ -13,9 +13,8 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.config import FLOAT16_AMP
-from gptmini.training.hardware import DeviceFacts
-from gptmini.training.probe import ValidationProbe
+from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
+from gptmini.training.loop.probe import ValidationProbe
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 # device types whose fused AdamW kernel gptmini picks (PyTorch has one for CUDA and, since 2.4, for the CPU)

@@ -12,8 +12,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from gptmini.board.summary import TAG, AttentionSummary, summary_proto
 from gptmini.insight.scores import head_types
-from gptmini.training.callbacks import ProbeTextCallback, PromptTokens
-from gptmini.training.probe import ValidationProbe, eval_mode, shared_probe
+from gptmini.training.callbacks.loggers import ProbeTextCallback, PromptTokens
+from gptmini.training.loop.probe import eval_mode
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ class AttentionSummaryLogger(ProbeTextCallback):
     ) -> None:
         if max_tokens < 2:
             raise ValueError(f"callbacks.attention_summary.max_tokens={max_tokens} must be >= 2")
+        super().__init__()
         self.probe_text = probe_text
         self.max_tokens = max_tokens
         self.last_seconds: float | None = None
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
-        self._own_probe = ValidationProbe()
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -51,7 +51,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
         if probe is None:
             return
         writer, tokenizer, ids, maps = probe
-        scores = shared_probe(pl_module, self._own_probe).head_scores(pl_module.model, trainer.global_step)
+        scores = self.probe.head_scores(pl_module.model, trainer.global_step)
         tokens = [tokenizer.token_text(i) for i in ids]  # as they are: the tab shows spaces and newlines
         proto = summary_proto(attention_summary(maps, tokens, scores), TAG)
         writer.file_writer.add_summary(proto, trainer.global_step)

@@ -22,7 +22,7 @@ from gptmini.options import duration
 from gptmini.runs import read_events
 from gptmini.viz import png, training_curves
 
-log = logging.getLogger("gptmini.training.app")
+log = logging.getLogger("gptmini.training.run.app")
 
 SCALARS_CSV = "scalars.csv"
 LOSS_CURVE_PNG = "loss_curve.png"

@@ -10,20 +10,20 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.checkpoint import CheckpointError, resolve_checkpoint
-from gptmini.checkpoint import find_last_checkpoint as _find_last_checkpoint
+from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
-from gptmini.runs import event_folders, recorded_event_folder
+from gptmini.runs import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
 from gptmini.training.errors import RunError
 
 log = logging.getLogger(__name__)
 
 
-def find_last_checkpoint(output_root: str | Path, run_name: str) -> Path:
-    """``ckpt_path=last``: :func:`gptmini.checkpoint.find_last_checkpoint`, the one rule every command uses (the
-    most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included)."""
-    found = _find_last_checkpoint(output_root, run_name)
+def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
+    """What ``ckpt_path=last`` resumes: :func:`gptmini.runs.newest_checkpoint`, the one rule every command uses (the
+    most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included);
+    refused in one line when there is none."""
+    found = newest_checkpoint(output_root, run_name)
     if found is None:
         raise RunError(
             f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under "
@@ -36,15 +36,15 @@ def find_last_checkpoint(output_root: str | Path, run_name: str) -> Path:
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
     itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
-    :func:`gptmini.checkpoint.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
+    :func:`gptmini.runs.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
     a run name under ``paths.output_root``: its newest checkpoint)."""
     if cfg.ckpt_path is None:
         return None
     if cfg.ckpt_path == "last":
-        own = _find_last_checkpoint(cfg.paths.output_dir)
+        own = newest_checkpoint(cfg.paths.output_dir)
         if own is not None:
             return str(own)
-        return str(find_last_checkpoint(cfg.paths.output_root, cfg.run_name))
+        return str(ckpt_path_last(cfg.paths.output_root, cfg.run_name))
     try:  # a file, a run folder or a run name, as every command opens one
         return str(resolve_checkpoint(cfg.ckpt_path, cfg.paths.output_root, option="ckpt_path"))
     except CheckpointError as err:
@@ -136,12 +136,10 @@ def continued_event_folder(path: str, ckpt: dict[str, Any]) -> str | None:
     return None
 
 
-# the key of StopAtTargetLoss's state in a checkpoint
-TARGET_STATE_KEY = "StopAtTargetLoss"
-
-
 def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
     """The step and val/loss at which the run of ``ckpt`` reached its ``target_val_loss`` (None: it did not)."""
+    from gptmini.training.callbacks.guards import TARGET_STATE_KEY
+
     state = (ckpt.get("callbacks") or {}).get(TARGET_STATE_KEY) or {}
     if state.get("reached_at") is None or state.get("val_loss") is None:
         return None

@@ -127,7 +127,7 @@ class TrainSchema:
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
     compile: bool = False
-    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.allocator).
+    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.run.allocator).
     retain_freed_memory: bool = True
     # Steps between periodic "last.ckpt" saves (a hard kill loses at most this many steps).
     checkpoint_every_n_steps: int = 100
@@ -153,7 +153,7 @@ def check_top_level(cfg: DictConfig) -> None:
     stoppers = [
         c
         for c in (cfg.get("callbacks") or {}).values()
-        if c is not None and c.get("_target_") == "gptmini.training.guards.StopAtTargetLoss"
+        if c is not None and c.get("_target_") == "gptmini.training.callbacks.guards.StopAtTargetLoss"
     ]
     if not stoppers:
         raise RunError(
@@ -308,7 +308,7 @@ class MuonRoleSchema:
     eps: Optional[float] = None
     # "original": Keller Jordan's scale; "match_rms_adamw": Moonshot's, for reusing AdamW's lr and weight decay
     adjust_lr_fn: Optional[str] = None
-    # BatchedMuon's options beyond torch.optim.Muon's (gptmini.training.optimizers.MUON_OPTIONS), all off by
+    # BatchedMuon's options beyond torch.optim.Muon's (gptmini.training.loop.optimizers.MUON_OPTIONS), all off by
     # default. The switches are Any, not bool: OmegaConf would read 3 or "yes" as true, while the optimizer is
     # built from the config as written and takes only true or false (checked below).
     normuon: Any = False
@@ -318,7 +318,7 @@ class MuonRoleSchema:
     momentum_warmup_start: float = 0.85
 
     def check(self, key: str) -> None:
-        from gptmini.training.optimizers import MUON_OPTIONS, check_muon_options
+        from gptmini.training.loop.optimizers import MUON_OPTIONS, check_muon_options
 
         _check_lr_and_decay(key, self.lr, self.weight_decay)
         try:
@@ -357,7 +357,7 @@ class RoleSchema:
 class MuonAdamWSchema:
     """``optimizer=muon``: Muon on the hidden matrices, AdamW on the rest, one parameter group per role."""
 
-    _target_: str = "gptmini.training.optimizers.MuonAdamW"
+    _target_: str = "gptmini.training.loop.optimizers.MuonAdamW"
     _partial_: bool = True
     hidden: MuonRoleSchema = field(default_factory=MuonRoleSchema)
     adamw: AdamWSharedSchema = field(default_factory=AdamWSharedSchema)
@@ -390,7 +390,7 @@ def _check_warmup(key: str, warmup_steps: int) -> None:
 
 
 def _check_max_time(max_time: Optional[str]) -> None:
-    from gptmini.training.schedulers import max_time_seconds
+    from gptmini.training.loop.schedulers import max_time_seconds
 
     try:
         max_time_seconds(max_time)
@@ -408,7 +408,7 @@ def _check_min_lr_ratio(key: str, min_lr_ratio: float) -> None:
 class WarmupCosineSchema:
     """``scheduler=warmup_cosine``."""
 
-    _target_: str = "gptmini.training.schedulers.WarmupCosineLR"
+    _target_: str = "gptmini.training.loop.schedulers.WarmupCosineLR"
     _partial_: bool = True
     max_steps: int = 1
     warmup_steps: int = 100
@@ -426,7 +426,7 @@ class WarmupCosineSchema:
 class WarmupStableDecaySchema:
     """``scheduler=wsd``."""
 
-    _target_: str = "gptmini.training.schedulers.WarmupStableDecayLR"
+    _target_: str = "gptmini.training.loop.schedulers.WarmupStableDecayLR"
     _partial_: bool = True
     max_steps: int = 1
     warmup_steps: int = 0
@@ -436,7 +436,7 @@ class WarmupStableDecaySchema:
     max_time: Optional[str] = None
 
     def check(self, key: str) -> None:
-        from gptmini.training.schedulers import check_wsd
+        from gptmini.training.loop.schedulers import check_wsd
 
         try:
             check_wsd(self.decay_fraction, self.min_lr_ratio, self.decay_shape)
@@ -452,7 +452,7 @@ class WarmupStableDecaySchema:
 class WarmupConstantSchema:
     """``scheduler=constant``."""
 
-    _target_: str = "gptmini.training.schedulers.WarmupConstantLR"
+    _target_: str = "gptmini.training.loop.schedulers.WarmupConstantLR"
     _partial_: bool = True
     warmup_steps: int = 0
 

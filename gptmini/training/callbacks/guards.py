@@ -20,9 +20,11 @@ import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 from gptmini.training.lightning_compat import request_graceful_stop
-from gptmini.training.resume import TARGET_STATE_KEY
 
 log = logging.getLogger(__name__)
+
+# the key of StopAtTargetLoss's state in a checkpoint (read by training.run.resume.target_reached)
+TARGET_STATE_KEY = "StopAtTargetLoss"
 
 
 class NonFiniteLossError(RuntimeError):

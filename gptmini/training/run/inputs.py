@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.training.errors import RunError
-from gptmini.training.resume import resolve_init_from
+from gptmini.training.run.resume import resolve_init_from
 
 
 def check_input_files(cfg: DictConfig) -> None:

@@ -6,15 +6,15 @@ Each of those callbacks asks the :class:`ValidationProbe` for what it needs in `
 reads it in ``on_validation_end``; Lightning runs every callback's ``on_validation_epoch_end`` before any
 callback's ``on_validation_end``, so by the first read every request of the validation is in, and one batched
 pass through the model's explicit attention path (``GPT.attention_maps``) answers them all, whatever the order of
-the callbacks in the config. The LightningModule owns the probe (``GPTLightningModule.validation_probe``); a
-callback driven on its own keeps a private one and reads what it asked for, computed on demand.
+the callbacks in the config. The LightningModule owns the probe (``GPTLightningModule.validation_probe``) and the
+app hands it to each of those callbacks (``ProbeReader.probe``); a callback driven on its own keeps the private one
+it starts with and reads what it asked for, computed on demand.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import torch
 
@@ -118,9 +118,3 @@ class ValidationProbe:
             repeated = maps[:, first + b_text :, :, :r, :r]  # (n_layer, B_rep, n_head, 2P, 2P)
             scores = score_patterns(text, repeated, probes.period)
             self._scores = {k: v.cpu() for k, v in scores.items()}
-
-
-def shared_probe(pl_module: Any, own: ValidationProbe) -> ValidationProbe:
-    """The probe ``pl_module`` shares among the validation's loggers (``validation_probe``), else ``own``."""
-    probe = getattr(pl_module, "validation_probe", None)
-    return probe if isinstance(probe, ValidationProbe) else own

@@ -1,69 +1,15 @@
-"""The run's configuration as Hydra composes it: the schemas and resolvers it needs registered
-(``register_configs``, before composing), and the names the rest of gptmini uses to check one.
-
-Where each part lives: the schema of every group and the checks of its own values in ``training.schema``; the
-checks across groups and the machine, and what they derive, in ``training.plan`` (``plan_run`` -> ``RunPlan``);
-the files a run reads in ``training.inputs``; resuming in ``training.resume``; the run folder in
-``training.run_folder``; sweeps in ``training.sweeps``; precision and the CPU's share in ``training.hardware``;
-memory in ``training.memory``.
-"""
+"""What Hydra needs before it composes the run's config: the schema of the top-level keys stored, and the
+resolvers the YAML files name (``register_configs``)."""
 
 from __future__ import annotations
 
 import re
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from gptmini.model import GPTConfig
-from gptmini.training.errors import RunError
-from gptmini.training.hardware import (
-    CPU_BF16_MIN_VOCAB,
-    FLOAT16_AMP,
-    PRECISIONS,
-    cpu_cores,
-    register_hardware_configs,
-    resolve_precision,
-)
-from gptmini.training.inputs import check_input_files
-from gptmini.training.memory import check_training_memory, training_memory_estimate
-from gptmini.training.plan import RunPlan, output_vocab, plan_run
-from gptmini.training.resume import (
-    check_resume_plan,
-    find_last_checkpoint,
-    resolve_ckpt_path,
-    resolve_init_from,
-)
-from gptmini.training.run_folder import OutputFolderCheck, check_run_folder_free, check_run_name
-from gptmini.training.schema import ModelSchema, TrainSchema
-from gptmini.training.sweeps import JobFailed, SweepSummary
-
-__all__ = [
-    "CPU_BF16_MIN_VOCAB",
-    "FLOAT16_AMP",
-    "PRECISIONS",
-    "JobFailed",
-    "ModelSchema",
-    "OutputFolderCheck",
-    "RunError",
-    "RunPlan",
-    "SweepSummary",
-    "check_input_files",
-    "check_resume_plan",
-    "check_run_folder_free",
-    "check_run_name",
-    "check_training_memory",
-    "cpu_cores",
-    "find_last_checkpoint",
-    "output_vocab",
-    "plan_run",
-    "register_configs",
-    "resolve_ckpt_path",
-    "resolve_init_from",
-    "resolve_precision",
-    "training_memory_estimate",
-    "validate_config",
-]
+from gptmini.training.hardware import register_hardware_configs
+from gptmini.training.run.schema import TrainSchema
 
 
 def register_configs() -> None:
@@ -106,8 +52,3 @@ def attention_variants() -> str:
     from gptmini.conf_dir import conf_dir
 
     return ",".join(sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml")))
-
-
-def validate_config(cfg: DictConfig) -> GPTConfig:
-    """``plan_run``'s checks, for callers that need only the checked model config."""
-    return plan_run(cfg).model

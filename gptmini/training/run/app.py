@@ -26,16 +26,16 @@ from gptmini.conf_dir import conf_dir
 from gptmini.fileio import RUN_LOCK
 from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
-from gptmini.training.config import register_configs
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import DeviceFacts, hardware_summary
-from gptmini.training.inputs import check_input_files
-from gptmini.training.memory import check_training_memory
-from gptmini.training.plan import RunPlan, plan_run
-from gptmini.training.resume import check_resumed_data, resolve_init_from
-from gptmini.training.sweeps import JobFailed
+from gptmini.training.run.compose import register_configs
+from gptmini.training.run.inputs import check_input_files
+from gptmini.training.run.memory import check_training_memory
+from gptmini.training.run.plan import RunPlan, plan_run
+from gptmini.training.run.resume import check_resumed_data, resolve_init_from
+from gptmini.training.run.sweeps import JobFailed
 
-log = logging.getLogger("gptmini.training.app")
+log = logging.getLogger("gptmini.training.run.app")
 
 
 # --- the run ------------------------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # First, before importing Lightning (seconds): a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
     if cfg.retain_freed_memory:
-        from gptmini.training.allocator import retain_freed_memory
+        from gptmini.training.run.allocator import retain_freed_memory
 
         retain_freed_memory()  # before the first large allocation
     import lightning as L
@@ -104,6 +104,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if check is not None:
             check(gpt_config, device, f"callbacks.{name}.")
     module = build_module(cfg, plan, trainer, datamodule, gpt_config)
+    connect_callbacks(trainer.callbacks, module)
     output_dir = Path(cfg.paths.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, cfg, plan)
@@ -126,7 +127,7 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
     if plan.trainer.enable_model_summary:
         from lightning.pytorch.callbacks import ModelSummary
 
-        from gptmini.training.callbacks import ParameterSummary
+        from gptmini.training.callbacks.console import ParameterSummary
 
         # In place of Lightning's default summary, whose FLOPs column and total read 0 for this model; a
         # summary callback in the config wins.
@@ -148,6 +149,22 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
     return trainer, named
 
 
+def connect_callbacks(callbacks: list[Any], module: Any) -> None:
+    """Hands every callback that reads a part of the run it does not own (a ``Receiver``) the parts, so that none
+    of them goes looking for it: the LightningModule's validation probe (one attention pass for every logger of
+    attention), the throughput monitor (tokens/s for the progress bar and lines), the background worker."""
+    from gptmini.training.callbacks.background import BackgroundWork
+    from gptmini.training.callbacks.loggers import Receiver, RunParts, TokenThroughputMonitor
+
+    def first(kind: type) -> Any:
+        return next((c for c in callbacks if isinstance(c, kind)), None)
+
+    parts = RunParts(module.validation_probe, first(TokenThroughputMonitor), first(BackgroundWork))
+    for callback in callbacks:
+        if isinstance(callback, Receiver):
+            callback.receive(parts)
+
+
 # the TensorBoard logger's targets: its events are placed by the run (run_folder.tensorboard_place)
 TENSORBOARD_LOGGERS = (
     "lightning.pytorch.loggers.TensorBoardLogger",
@@ -159,7 +176,7 @@ def _logger(node: DictConfig, cfg: DictConfig, plan: RunPlan) -> Any:
     """A logger of ``cfg.logger``; TensorBoard's writes where ``tensorboard_place`` says."""
     if node.get("_target_") not in TENSORBOARD_LOGGERS:
         return instantiate(node)
-    from gptmini.training.run_folder import tensorboard_place
+    from gptmini.training.run.run_folder import tensorboard_place
 
     return instantiate(node, **tensorboard_place(node, cfg.run_name, plan.tensorboard_dir))
 
@@ -174,7 +191,7 @@ def _tensorboard(trainer: Any) -> Any:
 def _log_overrides(trainer: Any, cfg: DictConfig, plan: RunPlan) -> None:
     """The run's command line as text in its TensorBoard run (``run/overrides``, TEXT tab): every override in
     full, where the run's label may be cut; a resumed run adds its own at the step it resumes from."""
-    from gptmini.training.run_folder import command_overrides
+    from gptmini.training.run.run_folder import command_overrides
 
     logger = _tensorboard(trainer)
     if logger is None:
@@ -210,7 +227,7 @@ def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, 
     """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
     the starting weights of ``model.init_from``."""
     from gptmini.data.reader import data_identity, load_meta
-    from gptmini.training.module import GPTLightningModule
+    from gptmini.training.loop.module import GPTLightningModule
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
     run_config["trainer"]["val_check_interval"] = plan.val_check_interval
@@ -275,7 +292,7 @@ def report(
     trainer: Any, output_dir: Path, wall_seconds: float = 0.0, output_root: str = "outputs"
 ) -> dict[str, Any]:
     """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
-    ``loss_curve.png`` and a summary in the log (``training.run_report``); its folder, checkpoints, step and
+    ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
     final metrics."""
     ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
@@ -288,7 +305,7 @@ def report(
     }
     if not trainer.is_global_zero:
         return result
-    from gptmini.training.run_report import RunFacts, report_run
+    from gptmini.training.run.run_report import RunFacts, report_run
 
     tensorboard = _tensorboard(trainer)
     facts = RunFacts(
@@ -307,7 +324,7 @@ def report(
 def _tokens_per_step(trainer: Any) -> int:
     """Tokens per optimizer step, all processes together: the throughput callback's count of a real batch, else
     the data's batch and context."""
-    from gptmini.training.callbacks import TokenThroughputMonitor
+    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
 
     counts = [cb.global_batch_tokens for cb in trainer.callbacks if isinstance(cb, TokenThroughputMonitor)]
     if any(counts):
@@ -439,7 +456,7 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:
-        from gptmini.training.guards import NonFiniteLossError
+        from gptmini.training.callbacks.guards import NonFiniteLossError
 
         if full_error or not isinstance(err, NonFiniteLossError):
             raise
@@ -458,7 +475,7 @@ def main() -> None:
     except FileNotFoundError as err:
         sys.stderr.write(f"error: {err}\n")
         sys.exit(EXIT_USER_ERROR)
-    from gptmini.training.override_errors import run_hydra
+    from gptmini.training.run.override_errors import run_hydra
 
     run_hydra(_hydra_main, config_path)  # Hydra's command-line errors as one line
 

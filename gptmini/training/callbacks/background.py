@@ -5,11 +5,12 @@ Callbacks compute what needs the model on the training thread (small tensors, co
 to :func:`submit`::
 
     maps = model.attention_maps(idx)[:, 0].cpu().numpy()  # the model: training thread
-    submit(trainer, "attention maps", lambda: writer.add_image(tag, heatmap_grid(maps, ...), step, dataformats="HWC"))
+    submit(self.background, "attention maps", lambda: writer.add_image(tag, heatmap_grid(maps, ...), step, ...))
 
 A job must not use torch (its intra-op threads would compete with training's) nor anything the training thread
 changes afterwards. :class:`BackgroundWork` (``callbacks.background`` in ``conf/callbacks/default.yaml``) owns the
-thread; without it in the trainer, :func:`submit` runs the job at once. Every job submitted is finished before the
+thread, and the app hands it to the callbacks that submit work (``RunParts.background``); without it in the run,
+:func:`submit` runs the job at once. Every job submitted is finished before the
 loggers close at the end of fitting, whatever ended it, so no image is lost; a job that fails is logged once (per
 name) as a warning and never stops the run.
 """
@@ -64,6 +65,7 @@ class BackgroundWork(L.Callback):
                     name,
                     type(err).__name__,
                     err,
+                    exc_info=True,
                 )
         finally:
             self._slots.release()
@@ -91,10 +93,9 @@ class BackgroundWork(L.Callback):
         self.close()
 
 
-def submit(trainer: Any, name: str, job: Callable[[], Any]) -> None:
-    """Runs ``job()`` on the trainer's :class:`BackgroundWork` thread, or at once when it has none."""
-    for callback in getattr(trainer, "callbacks", None) or ():
-        if isinstance(callback, BackgroundWork):
-            callback.submit(name, job)
-            return
-    job()
+def submit(worker: BackgroundWork | None, name: str, job: Callable[[], Any]) -> None:
+    """Runs ``job()`` on the run's :class:`BackgroundWork` thread, or at once when the run has none."""
+    if worker is None:
+        job()
+    else:
+        worker.submit(name, job)

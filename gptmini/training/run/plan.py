@@ -1,7 +1,7 @@
 """The run plan: every check a run needs before any expensive work, and what they derive, in one frozen
 ``RunPlan`` that the rest of training reads (the composed config itself is never changed).
 
-Each group's own values are checked by its schema (``gptmini.training.schema``); what depends on several groups
+Each group's own values are checked by its schema (``gptmini.training.run.schema``); what depends on several groups
 or on the machine (the precision, the optimizer under a strategy, CPU processes, the resume checkpoint) is
 checked here. Nothing here imports Lightning or prepares data: a bad run fails within the time it takes to import
 torch.
@@ -22,8 +22,8 @@ from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.resume import continued_event_folder, read_resume
-from gptmini.training.schema import (
+from gptmini.training.run.resume import continued_event_folder, read_resume
+from gptmini.training.run.schema import (
     DataSchema,
     TokenizerSchema,
     TrainerSchema,
@@ -119,6 +119,11 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         init_from=str(init_from) if init_from and not resume else None,
         tensorboard_dir=continued_event_folder(*resume) if resume else None,
     )
+
+
+def validate_config(cfg: DictConfig) -> GPTConfig:
+    """``plan_run``'s checks, for callers that need only the checked model config."""
+    return plan_run(cfg).model
 
 
 def _check_missing(cfg: DictConfig) -> None:

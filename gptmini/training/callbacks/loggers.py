@@ -1,31 +1,30 @@
-"""Lightning callbacks that observe and log (attention maps, text samples, throughput, the progress bar and the
-model summary), so ``training_step`` stays short; none of them may stop a run. The callbacks that stop, save or
-reseed a run are in ``gptmini.training.guards``; the head insight and the ATTENTION tab's summary in
-``gptmini.training.insight_logging`` and ``gptmini.training.summary_logging``."""
+"""Lightning callbacks that observe and log (attention maps, text samples, throughput), so ``training_step`` stays
+short; none of them may stop a run (``LoggingCallback``: what happens when one fails). The console's are in
+``gptmini.training.callbacks.console``; the callbacks that stop, save or reseed a run in
+``gptmini.training.callbacks.guards``; the head insight and the ATTENTION tab's summary in
+``gptmini.training.callbacks.insight_logging`` and ``gptmini.training.callbacks.summary_logging``."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import math
-import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import Throughput
-from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
 from gptmini.data.tokenizers import encode_known
 from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes, generation_bytes
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
-from gptmini.training.background import submit
-from gptmini.training.probe import ValidationProbe, eval_mode, shared_probe
+from gptmini.training.callbacks.background import BackgroundWork, submit
+from gptmini.training.loop.probe import ValidationProbe, eval_mode
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
 log = logging.getLogger(__name__)
@@ -47,29 +46,53 @@ def run_tokenizer(trainer: L.Trainer) -> Any | None:
 def _guarded(hook: Any) -> Any:
     @functools.wraps(hook)
     def guarded(self: Any, trainer: L.Trainer, *args: Any, **kwargs: Any) -> Any:
+        if self.failed_at is not None:
+            return None  # off since its first failure
         try:
             return hook(self, trainer, *args, **kwargs)
         except Exception as err:
-            reported = self.__dict__.setdefault("_reported_failures", set())
-            if hook.__name__ not in reported:
-                reported.add(hook.__name__)
-                log.warning(
-                    "%s.%s failed at step %d and is skipped; training goes on (reported once): %s: %s",
-                    type(self).__name__,
-                    hook.__name__,
-                    trainer.global_step,
-                    type(err).__name__,
-                    err,
-                )
+            self.failed_at = f"{hook.__name__} at step {trainer.global_step}"
+            log.warning(
+                "%s.%s failed at step %d: %s: %s. This logger is off for the rest of the run; training goes on",
+                type(self).__name__,
+                hook.__name__,
+                trainer.global_step,
+                type(err).__name__,
+                err,
+                exc_info=True,
+            )
             return None
 
     return guarded
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """What the app hands the callbacks once the LightningModule is built (``Receiver.receive``), so that none of
+    them goes looking for it in the trainer or the module."""
+
+    probe: ValidationProbe  # the module's: one attention pass per validation for every logger of attention
+    throughput: TokenThroughputMonitor | None  # the run's throughput monitor, if it has one
+    background: BackgroundWork | None  # the run's background worker, if it has one
+
+
+class Receiver:
+    """A callback that reads a part of the run it does not own: the app calls ``receive`` before training."""
+
+    def receive(self, parts: RunParts) -> None:
+        raise NotImplementedError
+
+
 class LoggingCallback(L.Callback):
-    """Base of the callbacks that only observe and log (attention maps, text samples, throughput, the summary):
-    none of them may ever stop a training run. Every Lightning hook a subclass defines is guarded: an exception
-    in it is logged once, as a warning naming the callback, the hook and the error, and training goes on."""
+    """Base of the callbacks that only observe and log (attention maps, text samples, throughput, the console's
+    lines, the summary): none of them may ever stop a training run.
+
+    The failure policy (docs/architecture.md): every Lightning hook a subclass defines is guarded. The first
+    exception in any of them is logged as one warning, with its traceback, naming the callback, the hook and the
+    step; that callback is then off for the rest of the run (none of its hooks runs again, so a broken logger
+    neither floods the log nor half-logs), and training goes on. ``failed_at`` says where it failed."""
+
+    failed_at: str | None = None  # "hook at step N" once a hook has failed
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -126,16 +149,27 @@ class PromptTokens:
         return []
 
 
-class ProbeTextCallback(LoggingCallback):
+class ProbeReader(Receiver, LoggingCallback):
+    """Base of the loggers that read the validation's one attention pass (``gptmini.training.loop.probe``): the
+    app hands each of them the LightningModule's probe (``receive``), so that one pass answers them all; a logger
+    driven on its own keeps the private probe it starts with."""
+
+    def __init__(self) -> None:
+        self.probe = ValidationProbe()
+
+    def receive(self, parts: RunParts) -> None:
+        self.probe = parts.probe
+
+
+class ProbeTextCallback(ProbeReader):
     """Base of the callbacks that read the model's attention on a fixed probe text at each validation (the
     attention maps and the ATTENTION tab's summary): its size check, and the probe's token ids and attention from
-    the validation's one attention pass (``gptmini.training.probe``): asked for at the end of the validation
-    epoch, read at the end of the validation."""
+    the validation's one attention pass (``probe``): asked for at the end of the validation epoch, read at the end
+    of the validation."""
 
     probe_text: str
     max_tokens: int
     _probe: PromptTokens
-    _own_probe: ValidationProbe  # used when the LightningModule shares none
 
     def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
         per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
@@ -158,7 +192,7 @@ class ProbeTextCallback(LoggingCallback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         probe = self.probe_ids(trainer, pl_module)
         if probe is not None:
-            shared_probe(pl_module, self._own_probe).text(trainer.global_step, probe[2])
+            self.probe.text(trainer.global_step, probe[2])
 
     def probe_maps(
         self, trainer: L.Trainer, pl_module: L.LightningModule
@@ -168,7 +202,7 @@ class ProbeTextCallback(LoggingCallback):
         if probe is None:
             return None
         writer, tokenizer, ids = probe
-        maps = shared_probe(pl_module, self._own_probe).text_maps(pl_module.model, trainer.global_step, ids)
+        maps = self.probe.text_maps(pl_module.model, trainer.global_step, ids)
         return writer, tokenizer, ids, maps
 
 
@@ -182,10 +216,15 @@ class AttentionMapLogger(ProbeTextCallback):
         probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?",
         max_tokens: int = 24,
     ) -> None:
+        super().__init__()
         self.probe_text = probe_text
         self.max_tokens = check_positive("callbacks.attention_maps.max_tokens", max_tokens)
         self._probe = PromptTokens("callbacks.attention_maps.probe_text")
-        self._own_probe = ValidationProbe()
+        self.background: BackgroundWork | None = None  # where the images are drawn; None: at once
+
+    def receive(self, parts: RunParts) -> None:
+        super().receive(parts)
+        self.background = parts.background
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -206,7 +245,7 @@ class AttentionMapLogger(ProbeTextCallback):
                 writer.add_image(f"attention/layer{layer}_heads", grid, step, dataformats="HWC")
                 writer.add_image(f"attention/layer{layer}_mean", mean, step, dataformats="HWC")
 
-        submit(trainer, "attention maps", draw_and_log)
+        submit(self.background, "attention maps", draw_and_log)
 
 
 class TextSampleLogger(LoggingCallback):
@@ -389,242 +428,3 @@ class TokenThroughputMonitor(LoggingCallback):
                 trainer.num_nodes,
                 accumulate,
             )
-
-
-def console_is_terminal() -> bool:
-    """Whether the console is a terminal, where a progress bar can be redrawn in place (not a file or a pipe)."""
-    return sys.stdout.isatty()
-
-
-class _CurrentStream:
-    """A stream that writes to whatever ``sys.stdout``/``sys.stderr`` is at the time of the write: while Rich
-    draws the bar it redirects them so that text goes above the bar, which a log handler holding the original
-    stream would bypass (its lines then land on the bar's own line)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def write(self, text: str) -> int:
-        return getattr(sys, self.name).write(text)
-
-    def flush(self) -> None:
-        getattr(sys, self.name).flush()
-
-
-def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
-    """Points the root logger's console handlers (Hydra's) at the current stdout/stderr; (handler, old stream)
-    pairs to put back."""
-    changed = []
-    for handler in logging.getLogger().handlers:
-        if (
-            type(handler) is not logging.StreamHandler
-        ):  # not a FileHandler (a subclass): train.log stays as is
-            continue
-        for name in ("stdout", "stderr"):
-            if handler.stream in (getattr(sys, name), getattr(sys, f"__{name}__")):
-                changed.append((handler, handler.setStream(_CurrentStream(name))))
-                break
-    return changed
-
-
-class ProgressBar(RichProgressBar):
-    """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
-    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
-    terminal: in a file or a pipe Rich would print the final frame at the end of the log (``ProgressLog``'s plain
-    lines say how far the run is there).
-
-    The screen is redrawn ``refresh_rate`` times a second (Lightning's thread); the training bar's count and
-    metrics are updated no more often than that either, instead of after every step (each update reads every
-    progress-bar metric)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._updated_at = -math.inf
-        self._holding = False
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if not console_is_terminal():
-            self.disable()
-        elif trainer.is_global_zero:
-            self._streams = follow_console_streams()
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().teardown(trainer, pl_module, stage)
-        for handler, stream in getattr(self, "_streams", []):
-            handler.setStream(stream)
-        self._streams = []
-
-    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        metrics = super().get_metrics(trainer, pl_module)
-        # the logger's version, which names nothing here (the TensorBoard run is named after the run)
-        metrics.pop("v_num", None)
-        for cb in trainer.callbacks:
-            if isinstance(cb, TokenThroughputMonitor) and "perf/tokens_per_sec" in cb.last:
-                metrics["tok/s"] = f"{cb.last['perf/tokens_per_sec']:,.0f}"
-        return metrics
-
-    def train_description(self, trainer: L.Trainer) -> str | None:
-        """The training bar's label, or None to keep Lightning's ("Epoch N/M")."""
-        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-            return None
-        return f"{'Training':{len(self.validation_description)}}"
-
-    def _relabel(self, trainer: L.Trainer) -> None:
-        description = self.train_description(trainer)
-        if description is None or self.progress is None or self.train_progress_bar_id is None:
-            return
-        if self.theme.description:
-            description = f"[{self.theme.description}]{description}"
-        self.progress.update(self.train_progress_bar_id, description=description)
-
-    def refresh(self, hard: bool = False) -> None:
-        if not self._holding:
-            super().refresh(hard)
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning's hook creates the bar labelled "Epoch 0/-2" and draws it at once: hold the drawing until
-        # the bar has its own label.
-        self._holding = True
-        try:
-            super().on_train_epoch_start(trainer, pl_module)
-            self._relabel(trainer)
-        finally:
-            self._holding = False
-        self.refresh()
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        # A run resumed mid-epoch creates its bar here, not at the epoch start.
-        relabel = self.train_progress_bar_id is None
-        now = time.monotonic()
-        last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
-        if not (relabel or last or now - self._updated_at >= 1.0 / max(self.refresh_rate, 1e-9)):
-            return  # not drawn before the next refresh anyway
-        self._updated_at = now
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if relabel:
-            self._relabel(trainer)
-
-
-class ProgressLog(LoggingCallback):
-    """One plain line every ``every_n_steps`` optimizer steps (step, training loss, tokens/s, elapsed, ETA) in
-    the log, so the console and the run's ``train.log`` show progress where no progress bar can be drawn:
-    output redirected to a file or a pipe (``make train > log 2>&1``, ``| tee``). ``when``: ``not_a_terminal``
-    (the console is not a terminal; a terminal has the progress bar), ``always`` or ``never``. The last step is
-    always logged."""
-
-    WHEN = ("not_a_terminal", "always", "never")
-
-    def __init__(self, every_n_steps: int = 50, when: str = "not_a_terminal") -> None:
-        self.every_n_steps = check_positive("callbacks.progress_log.every_n_steps", every_n_steps)
-        if when not in self.WHEN:
-            raise ValueError(f"callbacks.progress_log.when={when!r} is not one of {', '.join(self.WHEN)}")
-        self.when = when
-        self._active = False
-        self._start_step = self._logged_step = 0
-        self._t0 = 0.0
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._active = trainer.is_global_zero and (
-            self.when == "always" or (self.when == "not_a_terminal" and not console_is_terminal())
-        )
-        # a resumed run: its rate and ETA from its own start
-        self._start_step = self._logged_step = trainer.global_step
-        self._t0 = time.monotonic()
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step, total = trainer.global_step, trainer.max_steps
-        last = total is not None and 0 <= total <= step
-        # step == _logged_step: gradient accumulation, several batches end on the same optimizer step
-        if not self._active or step == self._logged_step or (step % self.every_n_steps and not last):
-            return
-        self._logged_step = step
-        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0))
-
-    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float) -> str:
-        parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
-        loss = trainer.callback_metrics.get("train/loss")
-        if loss is not None:
-            parts.append(f"loss {float(loss):.4f}")
-        for cb in trainer.callbacks:
-            if isinstance(cb, TokenThroughputMonitor) and "perf/tokens_per_sec" in cb.last:
-                parts.append(f"{cb.last['perf/tokens_per_sec']:,.0f} tok/s")
-        parts.append(f"elapsed {_duration(elapsed)}")
-        done = step - self._start_step
-        if total is not None and total > step and done > 0:
-            parts.append(f"ETA {_duration(elapsed / done * (total - step))}")
-        return " | ".join(parts)
-
-
-class ValidationLog(LoggingCallback):
-    """One line at each validation, terminal or not, in the style of nanoGPT's ``step N: train loss X, val loss
-    Y``: the step, the latest training loss, and val/loss, val/bpb and val/ppl. The console and ``train.log``
-    then show the curve without TensorBoard."""
-
-    @rank_zero_only
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        log.info("%s", validation_line(trainer.global_step, trainer.callback_metrics))
-
-
-def validation_line(step: int, metrics: Any) -> str:
-    """``step 300: train loss 2.1234, val loss 2.2345, val bpb 1.2345, val ppl 9.35``; a metric not logged is
-    left out."""
-    parts = []
-    for key, label, digits in (
-        ("train/loss", "train loss", 4),
-        ("val/loss", "val loss", 4),
-        ("val/bpb", "val bpb", 4),
-        ("val/ppl", "val ppl", 2),
-    ):
-        value = metrics.get(key)
-        if value is not None:
-            parts.append(f"{label} {float(value):.{digits}f}")
-    return f"step {step}: " + ", ".join(parts)
-
-
-def _duration(seconds: float) -> str:
-    """``1h02m03s``, ``2m05s`` or ``7s``."""
-    s = int(round(seconds))
-    h, m = divmod(s, 3600)
-    m, s = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-class ParameterSummary(LoggingCallback, ModelSummary):
-    """Lightning's model summary without its FLOPs column and "Total FLOPs" line, which read 0 unless the
-    module defines an ``example_input_array`` (gptmini's does not: the model's cost is logged as
-    ``perf/flops_per_sec`` from ``flops_per_token``). Written to the run's log, not only to the console."""
-
-    def __init__(self, max_depth: int = 1) -> None:
-        super().__init__(max_depth=max_depth)
-        self.max_depth = max_depth
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.max_depth or not trainer.is_global_zero:
-            return
-        summary = summarize(pl_module, max_depth=self.max_depth)
-        columns = {
-            "Name": summary.layer_names,
-            "Type": summary.layer_types,
-            "Params": [get_human_readable_count(n) for n in summary.param_nums],
-            "Mode": ["train" if m else "eval" for m in summary.training_modes],
-        }
-        widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in columns.items()}
-        rule = "-" * (sum(widths.values()) + 3 * (len(widths) - 1))
-        rows = [" | ".join(f"{name:<{w}}" for name, w in widths.items()).rstrip(), rule]
-        for i in range(len(summary.layer_names)):
-            rows.append(" | ".join(f"{columns[name][i]:<{w}}" for name, w in widths.items()).rstrip())
-        trainable, total = summary.trainable_parameters, summary.total_parameters
-        rows += [
-            rule,
-            f"{get_human_readable_count(trainable):<10} trainable params",
-            f"{get_human_readable_count(total - trainable):<10} non-trainable params",
-            f"{summary.model_size:<10,.3f} estimated params size (MB)",
-        ]
-        log.info("model summary:\n%s", "\n".join(rows))

@@ -1,0 +1,274 @@
+"""What the console shows while a run trains: the progress bar (a terminal), the plain progress lines (a file
+or a pipe), a line at each validation and the model summary."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
+
+from gptmini.limits import check_positive
+from gptmini.training.callbacks.loggers import LoggingCallback, Receiver, RunParts, TokenThroughputMonitor
+
+log = logging.getLogger(__name__)
+
+
+def console_is_terminal() -> bool:
+    """Whether the console is a terminal, where a progress bar can be redrawn in place (not a file or a pipe)."""
+    return sys.stdout.isatty()
+
+
+class ShowsThroughput(Receiver):
+    """A console callback that shows the latest tokens/s: the app hands it the run's ``TokenThroughputMonitor``
+    (``receive``; None: the run measures none, and nothing is shown)."""
+
+    throughput: TokenThroughputMonitor | None = None
+
+    def receive(self, parts: RunParts) -> None:
+        self.throughput = parts.throughput
+
+    def tokens_per_sec(self) -> float | None:
+        if self.throughput is None:
+            return None
+        return self.throughput.last.get("perf/tokens_per_sec")
+
+
+class _CurrentStream:
+    """A stream that writes to whatever ``sys.stdout``/``sys.stderr`` is at the time of the write: while Rich
+    draws the bar it redirects them so that text goes above the bar, which a log handler holding the original
+    stream would bypass (its lines then land on the bar's own line)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
+def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
+    """Points the root logger's console handlers (Hydra's) at the current stdout/stderr; (handler, old stream)
+    pairs to put back."""
+    changed = []
+    for handler in logging.getLogger().handlers:
+        if (
+            type(handler) is not logging.StreamHandler
+        ):  # not a FileHandler (a subclass): train.log stays as is
+            continue
+        for name in ("stdout", "stderr"):
+            if handler.stream in (getattr(sys, name), getattr(sys, f"__{name}__")):
+                changed.append((handler, handler.setStream(_CurrentStream(name))))
+                break
+    return changed
+
+
+class ProgressBar(ShowsThroughput, RichProgressBar):
+    """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
+    Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
+    terminal: in a file or a pipe Rich would print the final frame at the end of the log (``ProgressLog``'s plain
+    lines say how far the run is there).
+
+    The screen is redrawn ``refresh_rate`` times a second (Lightning's thread); the training bar's count and
+    metrics are updated no more often than that either, instead of after every step (each update reads every
+    progress-bar metric)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._updated_at = -math.inf
+        self._holding = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if not console_is_terminal():
+            self.disable()
+        elif trainer.is_global_zero:
+            self._streams = follow_console_streams()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        for handler, stream in getattr(self, "_streams", []):
+            handler.setStream(stream)
+        self._streams = []
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        # the logger's version, which names nothing here (the TensorBoard run is named after the run)
+        metrics.pop("v_num", None)
+        rate = self.tokens_per_sec()
+        if rate is not None:
+            metrics["tok/s"] = f"{rate:,.0f}"
+        return metrics
+
+    def train_description(self, trainer: L.Trainer) -> str | None:
+        """The training bar's label, or None to keep Lightning's ("Epoch N/M")."""
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+            return None
+        return f"{'Training':{len(self.validation_description)}}"
+
+    def _relabel(self, trainer: L.Trainer) -> None:
+        description = self.train_description(trainer)
+        if description is None or self.progress is None or self.train_progress_bar_id is None:
+            return
+        if self.theme.description:
+            description = f"[{self.theme.description}]{description}"
+        self.progress.update(self.train_progress_bar_id, description=description)
+
+    def refresh(self, hard: bool = False) -> None:
+        if not self._holding:
+            super().refresh(hard)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning's hook creates the bar labelled "Epoch 0/-2" and draws it at once: hold the drawing until
+        # the bar has its own label.
+        self._holding = True
+        try:
+            super().on_train_epoch_start(trainer, pl_module)
+            self._relabel(trainer)
+        finally:
+            self._holding = False
+        self.refresh()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # A run resumed mid-epoch creates its bar here, not at the epoch start.
+        relabel = self.train_progress_bar_id is None
+        now = time.monotonic()
+        last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
+        if not (relabel or last or now - self._updated_at >= 1.0 / max(self.refresh_rate, 1e-9)):
+            return  # not drawn before the next refresh anyway
+        self._updated_at = now
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if relabel:
+            self._relabel(trainer)
+
+
+class ProgressLog(ShowsThroughput, LoggingCallback):
+    """One plain line every ``every_n_steps`` optimizer steps (step, training loss, tokens/s, elapsed, ETA) in
+    the log, so the console and the run's ``train.log`` show progress where no progress bar can be drawn:
+    output redirected to a file or a pipe (``make train > log 2>&1``, ``| tee``). ``when``: ``not_a_terminal``
+    (the console is not a terminal; a terminal has the progress bar), ``always`` or ``never``. The last step is
+    always logged."""
+
+    WHEN = ("not_a_terminal", "always", "never")
+
+    def __init__(self, every_n_steps: int = 50, when: str = "not_a_terminal") -> None:
+        self.every_n_steps = check_positive("callbacks.progress_log.every_n_steps", every_n_steps)
+        if when not in self.WHEN:
+            raise ValueError(f"callbacks.progress_log.when={when!r} is not one of {', '.join(self.WHEN)}")
+        self.when = when
+        self._active = False
+        self._start_step = self._logged_step = 0
+        self._t0 = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._active = trainer.is_global_zero and (
+            self.when == "always" or (self.when == "not_a_terminal" and not console_is_terminal())
+        )
+        # a resumed run: its rate and ETA from its own start
+        self._start_step = self._logged_step = trainer.global_step
+        self._t0 = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step, total = trainer.global_step, trainer.max_steps
+        last = total is not None and 0 <= total <= step
+        # step == _logged_step: gradient accumulation, several batches end on the same optimizer step
+        if not self._active or step == self._logged_step or (step % self.every_n_steps and not last):
+            return
+        self._logged_step = step
+        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0))
+
+    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float) -> str:
+        parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            parts.append(f"loss {float(loss):.4f}")
+        rate = self.tokens_per_sec()
+        if rate is not None:
+            parts.append(f"{rate:,.0f} tok/s")
+        parts.append(f"elapsed {_duration(elapsed)}")
+        done = step - self._start_step
+        if total is not None and total > step and done > 0:
+            parts.append(f"ETA {_duration(elapsed / done * (total - step))}")
+        return " | ".join(parts)
+
+
+class ValidationLog(LoggingCallback):
+    """One line at each validation, terminal or not, in the style of nanoGPT's ``step N: train loss X, val loss
+    Y``: the step, the latest training loss, and val/loss, val/bpb and val/ppl. The console and ``train.log``
+    then show the curve without TensorBoard."""
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        log.info("%s", validation_line(trainer.global_step, trainer.callback_metrics))
+
+
+def validation_line(step: int, metrics: Any) -> str:
+    """``step 300: train loss 2.1234, val loss 2.2345, val bpb 1.2345, val ppl 9.35``; a metric not logged is
+    left out."""
+    parts = []
+    for key, label, digits in (
+        ("train/loss", "train loss", 4),
+        ("val/loss", "val loss", 4),
+        ("val/bpb", "val bpb", 4),
+        ("val/ppl", "val ppl", 2),
+    ):
+        value = metrics.get(key)
+        if value is not None:
+            parts.append(f"{label} {float(value):.{digits}f}")
+    return f"step {step}: " + ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m03s``, ``2m05s`` or ``7s``."""
+    s = int(round(seconds))
+    h, m = divmod(s, 3600)
+    m, s = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class ParameterSummary(LoggingCallback, ModelSummary):
+    """Lightning's model summary without its FLOPs column and "Total FLOPs" line, which read 0 unless the
+    module defines an ``example_input_array`` (gptmini's does not: the model's cost is logged as
+    ``perf/flops_per_sec`` from ``flops_per_token``). Written to the run's log, not only to the console."""
+
+    def __init__(self, max_depth: int = 1) -> None:
+        super().__init__(max_depth=max_depth)
+        self.max_depth = max_depth
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.max_depth or not trainer.is_global_zero:
+            return
+        summary = summarize(pl_module, max_depth=self.max_depth)
+        columns = {
+            "Name": summary.layer_names,
+            "Type": summary.layer_types,
+            "Params": [get_human_readable_count(n) for n in summary.param_nums],
+            "Mode": ["train" if m else "eval" for m in summary.training_modes],
+        }
+        widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in columns.items()}
+        rule = "-" * (sum(widths.values()) + 3 * (len(widths) - 1))
+        rows = [" | ".join(f"{name:<{w}}" for name, w in widths.items()).rstrip(), rule]
+        for i in range(len(summary.layer_names)):
+            rows.append(" | ".join(f"{columns[name][i]:<{w}}" for name, w in widths.items()).rstrip())
+        trainable, total = summary.trainable_parameters, summary.total_parameters
+        rows += [
+            rule,
+            f"{get_human_readable_count(trainable):<10} trainable params",
+            f"{get_human_readable_count(total - trainable):<10} non-trainable params",
+            f"{summary.model_size:<10,.3f} estimated params size (MB)",
+        ]
+        log.info("model summary:\n%s", "\n".join(rows))
