@@ -92,6 +92,7 @@ def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
     from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
     from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
     from benchmarks.recipe import RECIPE_COLUMNS, bench_recipe
+    from benchmarks.runs import RUNS_COLUMNS, bench_runs
     from benchmarks.summary import (
         E2E_COLUMNS,
         GENERATE_COLUMNS,
@@ -124,6 +125,7 @@ def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
         ],
         "busy": [(bench_busy, "busy", "The speedrun's lead on a busy machine", BUSY_COLUMNS)],
         "board": [(bench_board, "board", "Attention tab: size, render and own-text timings", BOARD_COLUMNS)],
+        "runs": [(bench_runs, "runs", "`gptmini runs` over many runs", RUNS_COLUMNS)],
         "generate": [(bench_generate, "generate", "Generation (batch 1, greedy)", GENERATE_COLUMNS)],
     }
 

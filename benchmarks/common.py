@@ -25,7 +25,7 @@ from gptmini.fileio import atomic_write_text
 log = logging.getLogger("benchmarks")
 
 
-SECTIONS = ("attention", "train", "e2e", "generate", "data", "recipe", "frontier", "busy", "board")
+SECTIONS = ("attention", "train", "e2e", "generate", "data", "recipe", "frontier", "busy", "board", "runs")
 
 
 # Published A100 numbers of the reference material (book chapter 3 bonus: B=8, T=1024, 12 heads, 768 wide).

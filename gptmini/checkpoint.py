@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,6 +20,7 @@ import torch
 
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
+from gptmini.run_files import SUMMARY_FILE, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,12 @@ log = logging.getLogger(__name__)
 CHECKSUM_KEY = "gptmini_checksum"
 # The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
 DATA_IDENTITY_KEY = "data_identity"
+# Within it: the tokenizer itself when it is not known by name (the char vocabulary, the trained BPE; as
+# gptmini.data.reader.saved_tokenizer gives it), so the checkpoint samples and exports without its data folder.
+SAVED_TOKENIZER_KEY = "saved_tokenizer"
+# A checkpoint of a run with callbacks.ema (Lightning's WeightAveraging) holds the average as "state_dict", what
+# every command reads, and the trained weights under this key, what a resume continues from.
+TRAINED_WEIGHTS_KEY = "current_model_state"
 
 
 class CheckpointError(ValueError):
@@ -176,7 +184,7 @@ def load_checkpoint(
         raise _not_a_checkpoint(path, "not a PyTorch archive: another kind of file, or truncated")
     _check_archive_sizes(path)
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        ckpt = _torch_load(path, map_location, mmap)
     except pickle.UnpicklingError as err:
         if "GLOBAL" not in str(err):  # the unpickler met bytes it cannot read, not a forbidden object
             raise _not_a_checkpoint(path, "its contents do not unpickle: damaged") from None
@@ -193,6 +201,17 @@ def load_checkpoint(
     if verify:
         verify_checksum(ckpt, path)
     return ckpt
+
+
+def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        # torch's archive reader takes a file name as UTF-8: a folder name that is not UTF-8 (its bytes held as
+        # lone surrogates) is read through a file Python opened, without memory-mapping
+        with open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 # Slack over the archive's own size that its entries may declare in all: zip headers are counted in the file
@@ -276,7 +295,16 @@ def model_and_checkpoint(
     # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
     model.eval()
+    _say_if_averaged(ckpt, path)
     return model, ckpt
+
+
+def _say_if_averaged(ckpt: Mapping[str, Any], path: str | Path) -> None:
+    if TRAINED_WEIGHTS_KEY in ckpt:
+        log.info(
+            "%s holds an average of the weights (callbacks.ema) beside the trained ones: using the average",
+            path,
+        )
 
 
 def load_weights_into(model: GPT, path: str | Path) -> None:
@@ -294,6 +322,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
         )
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
+    _say_if_averaged(ckpt, path)
 
 
 def model_from_checkpoint(
@@ -395,7 +424,9 @@ def check_trained_data(
 
 
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
-    """Deletes the temp checkpoint files a process killed while saving left in ``folder`` (see ``fileio``)."""
+    """Deletes the temp checkpoint files a process of this host killed while saving left in ``folder`` (see
+    ``fileio``). Only training calls it, on the checkpoints folder of the run it writes or resumes: a command
+    that only reads a checkpoint deletes nothing."""
     return fileio.remove_stale_temp_files(folder, ".*.ckpt.*.tmp")
 
 
@@ -424,13 +455,12 @@ def _os_error(err: BaseException | None) -> OSError | None:
 
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
     """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
-    ``write(checkpoint, file)`` serialises. Temp files left by killed saves in the same folder are removed first.
+    ``write(checkpoint, file)`` serialises.
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)
     payload = with_checksum(checkpoint)
     try:
-        remove_stale_temp_files(path.parent)
         fileio.atomic_write(path, lambda f: write(payload, f))
     except Exception as err:
         cause = _os_error(err)
@@ -456,7 +486,13 @@ def _make_atomic_checkpoint_io() -> type:
         ) -> None:
             if storage_options is not None or "://" in str(path):
                 return super().save_checkpoint(checkpoint, path, storage_options)
+            # the run's own checkpoints folder: a save of this host killed there earlier left its temp file
+            remove_stale_temp_files(Path(path).parent)
             atomic_save(checkpoint, path, write=self.write)
+            try:
+                write_summary(path, checkpoint)
+            except OSError as err:  # the checkpoint is saved; `gptmini runs` reads it instead
+                log.warning("could not record %s in its run's %s: %s", path, SUMMARY_FILE, err)
 
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None

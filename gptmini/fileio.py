@@ -8,6 +8,8 @@ import atexit
 import contextlib
 import json
 import os
+import re
+import socket
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +26,20 @@ def fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def host_identity() -> str:
+    """This host's name as temp files carry it (letters, digits and '-' only, at most 32 characters): on storage
+    several machines share, a process id means something only on the host that wrote it."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+
+
+# ``.<name>.<pid>@<host>.<8 hex digits>.tmp``: what ``temp_name`` writes, and all that clean-up ever removes
+TEMP_FILE = re.compile(r"\..+\.(?P<pid>[0-9]{1,9})@(?P<host>[A-Za-z0-9-]+)\.[0-9a-f]{8}\.tmp")
+
+
 def temp_name(path: Path) -> Path:
-    """``.<name>.<pid>.<id>.tmp`` beside ``path``: the pid tells a stale temp file (its writer is gone)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    """``.<name>.<pid>@<host>.<id>.tmp`` beside ``path``: the pid and the host tell a stale temp file (its
+    writer, a process of this host, is gone)."""
+    return path.with_name(f".{path.name}.{os.getpid()}@{host_identity()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -40,13 +53,18 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temp_files(folder: str | Path, pattern: str = ".*.tmp") -> list[Path]:
-    """Deletes the temp files (see ``temp_name``) that a process killed while writing left in ``folder``, only
-    those whose process is gone: a write in progress is never touched. Returns the deleted paths."""
+    """Deletes the temp files that a process killed while writing left in ``folder``: only names ``temp_name``
+    writes, carrying this host's identity and the id of a process of this host that is gone (a write in progress,
+    another host's, or a file of the user's that merely looks alike is never touched). Callers pass only the
+    folder a run is writing or resuming. Returns the deleted paths."""
     removed = []
+    host = host_identity()
     for tmp in Path(folder).glob(pattern):
-        parts = tmp.name.split(".")
-        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
-        if pid is None or pid == os.getpid() or _pid_alive(pid):
+        match = TEMP_FILE.fullmatch(tmp.name)
+        if match is None or match["host"] != host or not tmp.is_file() or tmp.is_symlink():
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _pid_alive(pid):
             continue
         with contextlib.suppress(OSError):
             tmp.unlink()

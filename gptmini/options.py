@@ -11,8 +11,6 @@ import math
 import time
 from collections.abc import Callable
 
-import torch
-
 
 def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer >= ``low`` (and <= ``high``)."""
@@ -65,6 +63,9 @@ def finite_float(
 def resolve_device(spec: str, option: str = "--device") -> str:
     """``auto``: ``cuda`` when PyTorch sees a GPU, else ``cpu``. Any other value must name a device this machine
     has (cpu, cuda, cuda:N, mps): else ValueError naming the option, the value and why."""
+    # imported here, not with the module: commands that run no model (`gptmini runs`) start without torch
+    import torch
+
     if spec == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:

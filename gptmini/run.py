@@ -16,10 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import CheckpointError, check_trained_data, model_and_checkpoint
+from gptmini.checkpoint import (
+    DATA_IDENTITY_KEY,
+    SAVED_TOKENIZER_KEY,
+    CheckpointError,
+    check_trained_data,
+    model_and_checkpoint,
+)
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
-from gptmini.data.tokenizers import SAVED_TOKENIZERS, Tokenizer, build_tokenizer
+from gptmini.data.tokenizers import (
+    SAVED_TOKENIZERS,
+    Tokenizer,
+    TokenizerError,
+    build_tokenizer,
+    tokenizer_from_payload,
+)
 from gptmini.fileio import name_too_long
 from gptmini.model import GPT
 from gptmini.options import resolve_device
@@ -125,12 +137,32 @@ def tokenizer_for_run(
     return tokenizer
 
 
+def carried_tokenizer(path: str | Path, checkpoint: dict[str, Any]) -> Tokenizer | None:
+    """The tokenizer a checkpoint carries (the char vocabulary or trained BPE of its data, recorded at training
+    time); None when it carries none (a tokenizer known by name, or a checkpoint written before they were
+    carried)."""
+    identity = (checkpoint.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
+    payload = identity.get(SAVED_TOKENIZER_KEY) if isinstance(identity, dict) else None
+    if payload is None:
+        return None
+    try:
+        return tokenizer_from_payload(payload, f"the tokenizer checkpoint {path} carries")
+    except TokenizerError as err:
+        raise CheckpointError(
+            f"{err}: pass --data-dir with the prepared data folder it was trained on"
+        ) from None
+
+
 def _tokenizer_for_run(
     run_config: dict[str, Any],
     data_dir: str | Path | None,
     checkpoint: tuple[Path, dict[str, Any]] | None,
     model_vocab: int | None,
 ) -> Tokenizer:
+    # its own copy first, unless a data folder is named: the recorded folder may be re-prepared or gone
+    carried = carried_tokenizer(*checkpoint) if checkpoint is not None and not data_dir else None
+    if carried is not None:
+        return carried
     folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
     too_long = name_too_long(folder / "meta.json")
     if too_long:

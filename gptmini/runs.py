@@ -4,9 +4,12 @@ run finished, can be resumed, or left no checkpoint. The row ``--ckpt last`` ope
 
 A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it started): ``outputs/<name>/<time>/`` for
 a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
-run's own files: the planned steps and the name from ``.hydra/config.yaml``, the steps done from its newest
-``last.ckpt``/``on_exception.ckpt`` (read with ``weights_only=True``, tensors memory-mapped, not read), the last
-val/loss from its TensorBoard events.
+run's own files: the summary training writes with each ``last.ckpt``/``on_exception.ckpt``
+(``run_summary.json``: steps done and planned, name, last val/loss), and ``.hydra/overrides.yaml``. Without a
+summary that still describes the newest checkpoint: the planned steps and the name from ``.hydra/config.yaml``,
+the steps done from the checkpoint (read with ``weights_only=True``, tensors memory-mapped, not read), the last
+val/loss from its TensorBoard events. Nothing imports torch or TensorBoard unless a run needs the long way.
+
 
 Also the one rule for which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and
 ``model.init_from``) means: a file, a run folder, a run name or ``last`` (``resolve_checkpoint``, :data:`CKPT_RULE`),
@@ -23,23 +26,21 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gptmini import fileio
-from gptmini.checkpoint import CheckpointError, remove_stale_temp_files
 from gptmini.options import HelpFormatter
+from gptmini.run_files import LAST_NAMES, read_summary
 
 log = logging.getLogger(__name__)
 
-# The files ``last`` chooses among (see newest_checkpoint).
-LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
 # What --ckpt takes, in every command's --help (resolve_checkpoint).
 CKPT_RULE = (
     "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last), and a run name the newest such run of "
-    "that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
+    "run (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
+    "warning), and a run name the newest such run of that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
     "`gptmini runs` lists them"
 )
 
@@ -61,6 +62,16 @@ def newest_checkpoint(
 
     Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
     previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
+    return next(iter(last_checkpoints(output_root, run_name, exclude, sweep_jobs)), None)
+
+
+def last_checkpoints(
+    output_root: str | Path,
+    run_name: str | None = None,
+    exclude: str | Path | None = None,
+    sweep_jobs: bool = True,
+) -> list[Path]:
+    """Every file :func:`newest_checkpoint` chooses among, the one it chooses first."""
     root = Path(output_root) / run_name if run_name else Path(output_root)
     skip = Path(exclude).resolve() if exclude is not None else None
     candidates = [
@@ -71,9 +82,37 @@ def newest_checkpoint(
         and (skip is None or skip not in p.resolve().parents)
         and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
     ]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)))
+    return sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
+
+
+def newest_usable_checkpoint(root: str | Path) -> Path | None:
+    """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out) that
+    loads and matches its checksum. The damaged ones newer than it are named in one warning; CheckpointError
+    naming them when every one is damaged; None when there is none."""
+    from gptmini.checkpoint import CheckpointError, load_checkpoint
+
+    damaged: list[Path] = []
+    for path in last_checkpoints(root, sweep_jobs=False):
+        try:
+            load_checkpoint(path, mmap=True)
+        except CheckpointError:
+            damaged.append(path)
+            continue
+        if damaged:
+            log.warning(
+                "skipped %d damaged checkpoint%s newer than %s: %s",
+                len(damaged),
+                "s" if len(damaged) > 1 else "",
+                path,
+                ", ".join(map(str, damaged)),
+            )
+        return path
+    if damaged:
+        raise CheckpointError(
+            f"every checkpoint under {root} is damaged ({', '.join(map(str, damaged[:5]))}"
+            f"{', ...' if len(damaged) > 5 else ''}): pass another checkpoint, or train again"
+        )
+    return None
 
 
 def is_sweep_job(relative: Path) -> bool:
@@ -93,33 +132,34 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
     folder of that name under ``output_root`` (the same); or "last" (the same over every run under
     ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
     (a training setting)."""
+    # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
+    from gptmini.checkpoint import CheckpointError
+
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
         too_long = fileio.name_too_long(value)
         if too_long:
             raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
-        found = newest_checkpoint(output_root, sweep_jobs=False)
+        found = newest_usable_checkpoint(output_root)
         if found is None:
             raise CheckpointError(
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
                 f"{_sweep_only(Path(output_root))}: train first (gptmini train) or pass {option} PATH"
             )
-        remove_stale_temp_files(found.parent)
         return found
     path = Path(spec)
     if not path.exists() and not path.is_absolute() and len(path.parts) == 1:
         run = Path(output_root) / path  # a run name
         path = run if run.is_dir() else path
     if path.is_dir():
-        found = newest_checkpoint(path, sweep_jobs=False)
+        found = newest_usable_checkpoint(path)
         if found is None:
             raise CheckpointError(
                 f"{named}: {path} is a folder without a checkpoint of a run (no checkpoints/last.ckpt or "
                 f"on_exception.ckpt under it){_sweep_only(path)}: pass a run folder that holds one, a .ckpt file, "
                 "or 'last'"
             )
-        remove_stale_temp_files(found.parent)
         return found
     if path.is_symlink() and not path.exists():
         raise CheckpointError(
@@ -141,8 +181,6 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         raise CheckpointError(f"{named} is not a regular file: pass a .ckpt file or a run folder")
     if not os.access(path, os.R_OK):
         raise CheckpointError(f"{named} is not readable (permissions): pass a checkpoint you can read")
-    # a save killed mid-write (the run's final best.ckpt, say) left a temp file there: its writer is gone
-    remove_stale_temp_files(path.parent)
     return path
 
 
@@ -170,13 +208,43 @@ class RunInfo:
         return f"{done}/{'-' if self.steps_planned is None else self.steps_planned}"
 
 
-def _config(folder: Path) -> dict[str, Any]:
+# The largest YAML file of a run folder read: Hydra's config.yaml of a run is a few kilobytes.
+YAML_MAX_BYTES = 1 << 20
+
+
+def read_run_yaml(path: Path) -> Any:
+    """A YAML file of a run folder (Hydra's ``.hydra/*.yaml``), read with bounded memory: a file over
+    ``YAML_MAX_BYTES``, or one using aliases (``*name``: Hydra never writes them, and nested ones stand for
+    gigabytes of text once expanded), is refused with one warning naming it, as is one that does not parse.
+    None when refused or missing: the fields it holds show as unknown."""
     import yaml
 
+    # libyaml's loader when PyYAML has it (ten times faster: `gptmini runs` may read a thousand of these)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        loaded = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return {}
+        size = path.stat().st_size
+        if size > YAML_MAX_BYTES:
+            raise yaml.YAMLError(f"it is {size:,} bytes, over the {YAML_MAX_BYTES:,} a run's file may hold")
+        text = path.read_text(encoding="utf-8")
+        # the events, streamed, before anything is built
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=loader)):
+            raise yaml.YAMLError("it uses YAML aliases, which a run's files never hold")
+        return yaml.load(text, Loader=loader)  # noqa: S506 (a safe loader)
+    except FileNotFoundError:
+        return None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
+        log.warning("%s is not read (%s): its fields show as unknown", display_path(path), err)
+        return None
+
+
+def display_path(path: str | Path) -> str:
+    """``path`` as text that is valid UTF-8: bytes of a name that are not UTF-8 (Python holds them as lone
+    surrogates) are written ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    loaded = read_run_yaml(folder / ".hydra" / "config.yaml")
     return loaded if isinstance(loaded, dict) else {}
 
 
@@ -191,13 +259,8 @@ def task_overrides(overrides: Sequence[Any]) -> tuple[str, ...]:
 
 
 def _overrides(folder: Path) -> tuple[str, ...]:
-    import yaml
-
-    try:
-        loaded = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return ()
-    if not isinstance(loaded, list):
+    loaded = read_run_yaml(folder / ".hydra" / "overrides.yaml")
+    if not isinstance(loaded, list) or not all(isinstance(o, str) for o in loaded):
         return ()
     return task_overrides(loaded)
 
@@ -281,14 +344,11 @@ def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
 
 
 def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
-    """The checkpoint's global step and the TensorBoard folder its run logged to."""
+    """The checkpoint's global step and the TensorBoard folder its run logged to. Raises CheckpointError when it
+    does not load."""
     from gptmini.checkpoint import load_checkpoint
 
-    try:
-        ckpt = load_checkpoint(path, mmap=True, verify=False)
-    except CheckpointError as err:
-        log.warning("%s", err)
-        return None, None
+    ckpt = load_checkpoint(path, mmap=True, verify=False)
     step = ckpt.get("global_step")
     return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, ckpt)
 
@@ -296,8 +356,14 @@ def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
 def run_event_folder(run_dir: Path) -> Path | None:
     """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
+    from gptmini.checkpoint import CheckpointError
+
     ckpt = _checkpoint(Path(run_dir))
-    recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
+    try:
+        recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
+    except CheckpointError as err:
+        log.warning("%s", err)
+        recorded = None
     if recorded is not None and recorded.is_dir():
         return recorded
     return next(iter(event_folders(Path(run_dir))), None)
@@ -322,23 +388,62 @@ def _last_val_loss(folder: Path, up_to: int | None) -> tuple[float | None, int |
 
 
 def _size_and_mtime(folder: Path) -> tuple[int, float]:
+    """The bytes of the files under ``folder`` and the newest modification time, symlinks left out: one
+    ``stat`` per file (``os.scandir`` knows each entry's type), the listing's main cost over many runs."""
     size, newest = 0, folder.stat().st_mtime
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            stat = path.stat()
-            size += stat.st_size
-            newest = max(newest, stat.st_mtime)
+    stack = [os.fspath(folder)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    stat = entry.stat(follow_symlinks=False)
+                    size += stat.st_size
+                    newest = max(newest, stat.st_mtime)
     return size, newest
 
 
+def _wanted(value: Any, kind: type) -> Any:
+    """``value`` when it is of ``kind`` (not a bool standing for an int), else None: a field of the wrong type in a
+    run's file shows as unknown."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
 def run_info(folder: Path, output_root: Path) -> RunInfo:
-    config = _config(folder)
+    """One run's row. From the run's summary (``run_summary.json``, written with each checkpoint) when it still
+    describes the newest checkpoint; else from ``.hydra/config.yaml``, the checkpoint (memory-mapped) and the
+    TensorBoard events."""
     ckpt = _checkpoint(folder)
-    done, recorded = _checkpoint_facts(ckpt) if ckpt is not None else (None, None)
-    planned = (config.get("trainer") or {}).get("max_steps")
-    planned = planned if isinstance(planned, int) and planned >= 0 else None
+    summary = read_summary(ckpt) if ckpt is not None else None
+    val_loss = val_step = None
+    if summary is not None:
+        config: dict[str, Any] = {
+            "run_name": summary.get("run_name"),
+            "trainer": {"max_steps": summary.get("max_steps")},
+        }
+        done = _wanted(summary.get("global_step"), int)
+        recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
+        val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
+        damaged = False
+    else:
+        config = _config(folder)
+        done, recorded, damaged = None, None, False
+        if ckpt is not None:
+            from gptmini.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
+
+            try:
+                done, recorded = _checkpoint_facts(ckpt)
+            except CheckpointError as err:
+                log.warning("%s", err)
+                damaged = True
+    trainer = _wanted(config.get("trainer"), dict) or {}
+    planned = _wanted(trainer.get("max_steps"), int)
+    planned = planned if planned is not None and planned >= 0 else None
     if ckpt is None:
         state = "no checkpoint"
+    elif damaged:
+        state = "damaged"
     elif done is not None and planned is not None and done >= planned and ckpt.name == "last.ckpt":
         state = "finished"
     else:
@@ -346,15 +451,16 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     events = (
         recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
     )
-    val_loss, val_step = _last_val_loss(events, done) if events is not None else (None, None)
+    if val_loss is None and events is not None:
+        val_loss, val_step = _last_val_loss(events, done)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     name = config.get("run_name")
     if not isinstance(name, str) or not name or "${" in name:  # run_name's default, as saved: unresolved
         name = relative.parts[0]  # outputs/<run_name>/...
     return RunInfo(
-        name=name,
-        folder=str(folder),
+        name=display_path(name),
+        folder=display_path(folder),
         sweep_job=is_sweep_job(relative),
         steps_done=done,
         steps_planned=planned,
@@ -362,23 +468,56 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         val_step=val_step,
         size_bytes=size,
         state=state,
-        checkpoint=str(ckpt) if ckpt is not None else None,
+        checkpoint=display_path(ckpt) if ckpt is not None else None,
         modified=modified,
-        overrides=_overrides(folder),
-        tensorboard=str(events) if events is not None else None,
+        overrides=tuple(display_path(o) for o in _overrides(folder)),
+        tensorboard=display_path(events) if events is not None else None,
     )
 
 
 def find_runs(output_root: str | Path = "outputs", name: str | None = None) -> list[RunInfo]:
     """Every run under ``output_root`` (of run name ``name`` when given), newest first."""
-    root = Path(output_root)
+    return [r for r, _ in _scan(Path(output_root), name)]
+
+
+def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
+    """Every run's row with its checkpoint's path (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():
         return []
     folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    runs = [run_info(f, root) for f in folders]
+    scanned = [(run_info(f, root), f) for f in folders]
     if name is not None:
-        runs = [r for r in runs if r.name == name or Path(r.folder).relative_to(root).parts[0] == name]
-    return sorted(runs, key=lambda r: (r.modified, r.folder), reverse=True)
+        # a run name is the first folder under the runs folder, or the run_name its row shows
+        scanned = [(r, f) for r, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
+    scanned.sort(key=lambda rf: (rf[0].modified, rf[0].folder), reverse=True)
+    return [(r, _checkpoint(f)) for r, f in scanned]
+
+
+def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
+    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.checkpoint.newest_usable_checkpoint`): the
+    newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
+    it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
+    the marked one."""
+    rows = [r for r, _ in scanned]
+    candidates = [
+        (i, path)
+        for i, (r, path) in enumerate(scanned)
+        if path is not None and not r.sweep_job and r.state in ("finished", "resumable") and path.is_file()
+    ]
+    candidates.sort(key=lambda c: (c[1].stat().st_mtime_ns, str(c[1])), reverse=True)
+    for i, path in candidates:
+        if read_summary(path) is not None:
+            return rows, rows[i]
+        from gptmini.checkpoint import CheckpointError, load_checkpoint
+
+        try:
+            load_checkpoint(path, mmap=True)
+        except CheckpointError as err:
+            log.warning("%s", err)
+            rows[i] = replace(rows[i], state="damaged")
+            continue
+        return rows, rows[i]
+    return rows, None
 
 
 def human_size(n: int) -> str:
@@ -389,13 +528,13 @@ def human_size(n: int) -> str:
     raise AssertionError("not reached")
 
 
-def format_table(runs: Sequence[RunInfo], last: Path | None) -> str:
-    """The runs as an aligned table; the folder that ``--ckpt last`` opens is marked with ``*``. The overrides
-    come last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
+def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
+    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``. The overrides come
+    last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
     header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES")
     rows = [header]
     for r in runs:
-        marked = last is not None and r.checkpoint is not None and Path(r.checkpoint) == last
+        marked = last is not None and r is last
         rows.append(
             (
                 "*" if marked else "",
@@ -437,14 +576,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not root.is_dir():
         sys.stderr.write(f"error: --runs-dir {root} does not exist: train first (gptmini train)\n")
         return 2
-    runs = find_runs(root, args.name)
+    runs, last = mark_last(_scan(root, args.name))
     if args.json:
         sys.stdout.write(json.dumps([asdict(r) for r in runs], indent=2) + "\n")
         return 0
     if not runs:
         which = f"of run name {args.name!r} " if args.name else ""
-        sys.stdout.write(f"no runs {which}under {root}/\n")
+        sys.stdout.write(f"no runs {which}under {display_path(root)}/\n")
         return 0
-    last = newest_checkpoint(root, args.name, sweep_jobs=False)
     sys.stdout.write(format_table(runs, last))
     return 0

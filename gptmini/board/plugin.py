@@ -132,9 +132,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         )
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
-        return base_plugin.FrontendMetadata(
-            es_module_path="/static/index.js", tab_name="Attention", disable_reload=True
-        )
+        # TensorBoard's reload button stays on: the page refreshes its runs and steps at each reload
+        return base_plugin.FrontendMetadata(es_module_path="/static/index.js", tab_name="Attention")
 
     # --- what the data provider knows ---
 
@@ -230,14 +229,16 @@ class AttentionPlugin(base_plugin.TBPlugin):
         if len(text) > MAX_TEXT_CHARS:
             raise BadRequest(f"the text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
         path = self._checkpoint(run)
+        # The errors about the run's own files leave its name out: the page shows them under the run's name, and a
+        # name (with its overrides) may be 200 characters
         if path is None:
             raise NotFound(
-                f"run {run!r} has no checkpoint beside its event files ({' or '.join(CHECKPOINT_NAMES)} in its "
+                f"this run has no checkpoint beside its event files ({' or '.join(CHECKPOINT_NAMES)} in its "
                 "checkpoints/ folder, inside the log folder): own text needs a run trained with checkpoints"
             )
         # Loaded (or refused) before the computation's lock: a slow or refused checkpoint never holds up the text
         # of another run. A request waits for the one before it rather than being turned away.
-        model, tokenizer, step = self._model(run, path)
+        model, tokenizer, step = self._model(path)
         if not self._lock.acquire(timeout=self.wait_seconds):
             raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
         try:
@@ -298,7 +299,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         header, tri = encode(AttentionSummary(tokens, maps.float().numpy()))  # as training encodes its probe
         return {**header, "tag": "own text", "left_out": unknown[:50], "data": _b64(tri)}
 
-    def _model(self, run: str, path: Path) -> tuple[Any, Any, int | None]:
+    def _model(self, path: Path) -> tuple[Any, Any, int | None]:
         """The cached (model, tokenizer, step) of ``path``, loaded again whenever the file changed in any way
         (its inode change time moves with every write, even one that restores the modification time), and its
         checksum verified again at every load."""
@@ -315,9 +316,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
             try:
                 loaded = open_checkpoint(path)
             except TokenizerMissing as err:
-                raise BadRequest(f"run {run!r}: {err}") from None
+                raise BadRequest(str(err)) from None
             except (CheckpointError, DataError, ValueError, OSError) as err:
-                raise BadRequest(f"the checkpoint of run {run!r} cannot be loaded: {err}") from None
+                raise BadRequest(f"this run's checkpoint cannot be loaded: {err}") from None
         with self._cache_lock:
             self._models[key] = loaded
             while len(self._models) > CACHED_MODELS:

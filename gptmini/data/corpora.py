@@ -380,9 +380,17 @@ _BOMS = (
 )
 
 
+# Control characters text does not hold (all C0 but tab, newlines, form feed and escape; DEL; the C1 range, which
+# latin1 text hardly uses): more than BINARY_SHARE of them, or any NUL byte, and the bytes are not text at all.
+_CONTROL = frozenset([*range(0, 8), 11, *range(14, 27), *range(28, 32), *range(0x7F, 0xA0)])
+BINARY_SHARE = 0.1
+BINARY = "binary"
+
+
 def guess_encoding(head: bytes) -> str:
     """The encoding the first bytes of a file that is not UTF-8 most likely are in, for the hint: a byte-order
-    mark's; UTF-16 when every other byte is zero (ASCII text in UTF-16); else latin1."""
+    mark's; UTF-16 when every other byte is zero (ASCII text in UTF-16); ``binary`` when they hold NUL bytes or
+    many control characters (random bytes, an image, an archive); else latin1."""
     for bom, name in _BOMS:
         if head.startswith(bom):
             return name
@@ -393,6 +401,8 @@ def guess_encoding(head: bytes) -> str:
             return "utf-16le"
         if even.count(0) > 0.4 * len(even) and odd.count(0) == 0:
             return "utf-16be"
+    if 0 in head or sum(b in _CONTROL for b in head) > BINARY_SHARE * len(head):
+        return BINARY
     return "latin1"
 
 
@@ -402,9 +412,11 @@ def _utf8_error(path: Path, offset: int, bad: bytes, reason: str) -> DataError:
             encoding = guess_encoding(f.read(4096))
     except OSError:
         encoding = "latin1"
+    where = f"{path} is not valid UTF-8: byte offset {offset} ({bad!r}: {reason})"
+    if encoding == BINARY:
+        return DataError(f"{where}; it looks binary, not text: pass a text file (UTF-8) as the corpus")
     return DataError(
-        f"{path} is not valid UTF-8: byte offset {offset} ({bad!r}: {reason}); it looks like {encoding}: convert "
-        f"it, e.g. `iconv -f {encoding} -t utf-8 {path} > fixed.txt`"
+        f"{where}; it looks like {encoding}: convert it, e.g. `iconv -f {encoding} -t utf-8 {path} > fixed.txt`"
     )
 
 

@@ -55,6 +55,7 @@ from gptmini.data.tokenizers import (
     Tokenizer,
     TokenizerError,
     available_tokenizers,
+    bpe_file_facts,
     build_tokenizer,
     default_threads,
 )
@@ -377,7 +378,9 @@ def _prepare_locked(
         "source_chars": chars,
         "documents": documents,
         "tokenizer": settings["tokenizer"],
-        "tokenizer_spec": tok.to_dict(),
+        # a trained BPE's file: its size and digest, checked before it is read back
+        "tokenizer_spec": tok.to_dict()
+        | (bpe_file_facts(out / vocab_file) if isinstance(tok, BPETokenizer) else {}),
         "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id,
         # the end-of-text id follows every document (corpora of one continuous text have none)

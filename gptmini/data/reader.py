@@ -185,6 +185,16 @@ def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -
     }
 
 
+def saved_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The tokenizer of a prepared folder as plain data, for a checkpoint to carry (what its ``vocab_file``
+    holds: the char vocabulary, the trained BPE), checked against meta.json; None for a tokenizer known by name
+    (gpt2 and the other tiktoken encodings)."""
+    meta = load_meta(data_dir) if meta is None else meta
+    if not meta.get("vocab_file"):
+        return None
+    return load_tokenizer(data_dir, meta).payload()  # type: ignore[attr-defined] (char and bpe have one)
+
+
 def check_vocab(model_vocab_size: int, meta: Mapping[str, Any]) -> None:
     """Refuse a model whose embedding table cannot hold every token id of the prepared data."""
     need = int(meta["vocab_size"])

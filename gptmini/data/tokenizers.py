@@ -315,22 +315,29 @@ class CharTokenizer:
         return {"chars": "".join(self.chars)}
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        payload = {"format_version": CHAR_VOCAB_FORMAT, "kind": "char", "chars": self.chars}
-        atomic_write_json(path, payload, ensure_ascii=True, indent=0)
+        atomic_write_json(Path(path), self.payload(), ensure_ascii=True, indent=0)
+
+    def payload(self) -> dict[str, Any]:
+        """What its file holds (``save``), as plain data: what a checkpoint carries of it."""
+        return {"format_version": CHAR_VOCAB_FORMAT, "kind": "char", "chars": self.chars}
 
     @classmethod
-    def load(cls, path: str | Path) -> CharTokenizer:
-        path = Path(path)
-        payload = _read_json(path, "char vocabulary", "run prepare with --tokenizer char")
+    def from_payload(cls, payload: Any, where: str) -> CharTokenizer:
+        """The vocabulary ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin
+        in a refusal."""
         if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
-            raise TokenizerError(f"{path} is not a char vocabulary file; re-run prepare with --force")
+            raise TokenizerError(f"{where} is not a char vocabulary; re-run prepare with --force")
         if payload.get("format_version") != CHAR_VOCAB_FORMAT:
             raise TokenizerError(
-                f"{path} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
+                f"{where} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
                 "re-run prepare with --force"
             )
         return cls(payload["chars"])
+
+    @classmethod
+    def load(cls, path: str | Path) -> CharTokenizer:
+        payload = _read_json(Path(path), "char vocabulary", "run prepare with --tokenizer char")
+        return cls.from_payload(payload, str(path))
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -370,7 +377,7 @@ class BPETokenizer(TiktokenTokenizer):
             "special_tokens": special,
             "tokens": [_b64(t) for t in tokens],
         }
-        self.sha256 = hashlib.sha256(json.dumps(self._payload, sort_keys=True).encode()).hexdigest()
+        self.sha256 = _payload_sha256(self._payload)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -388,33 +395,106 @@ class BPETokenizer(TiktokenTokenizer):
         atomic_write_json(Path(path), self._payload, ensure_ascii=True, indent=0)
 
     @classmethod
-    def load(cls, path: str | Path) -> BPETokenizer:
+    def load(cls, path: str | Path, sha256: str | None = None) -> BPETokenizer:
+        """The BPE saved at ``path``; ``sha256``: the digest it must have (``to_dict``'s), compared on the parsed
+        JSON before any token is decoded or the encoder built."""
         path = Path(path)
         payload = _read_json(path, "trained BPE", "prepare the data with --tokenizer bpe")
+        if sha256 is not None and isinstance(payload, dict) and _payload_sha256(payload) != sha256:
+            raise TokenizerError(
+                f"{path} is not the tokenizer its data was prepared with (its sha256 differs from the "
+                f"{sha256[:12]} meta.json records): re-run prepare with --force"
+            )
+        return cls.from_payload(payload, str(path))
+
+    def payload(self) -> dict[str, Any]:
+        """What its file holds (``save``), as plain data: what a checkpoint carries of it."""
+        return self._payload
+
+    @classmethod
+    def from_payload(cls, payload: Any, where: str) -> BPETokenizer:
+        """The BPE ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin in a
+        refusal."""
         if not isinstance(payload, dict) or payload.get("kind") != "bpe":
-            raise TokenizerError(f"{path} is not a trained BPE file; re-run prepare with --force")
+            raise TokenizerError(f"{where} is not a trained BPE; re-run prepare with --force")
         if payload.get("format_version") != BPE_FORMAT:
             raise TokenizerError(
-                f"{path} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
+                f"{where} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
                 "prepare with --force"
             )
         try:
             tokens = [base64.b64decode(t, validate=True) for t in payload["tokens"]]
             tok = cls(tokens, str(payload["pattern"]))
         except (KeyError, TypeError, ValueError) as e:
-            raise TokenizerError(f"{path} is damaged ({e}); re-run prepare with --force") from e
+            raise TokenizerError(f"{where} is damaged ({e}); re-run prepare with --force") from e
         if payload.get("special_tokens") != tok._payload["special_tokens"]:
-            raise TokenizerError(f"{path} has unexpected special tokens; re-run prepare with --force")
+            raise TokenizerError(f"{where} has unexpected special tokens; re-run prepare with --force")
         return tok
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
 
+def _payload_sha256(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# A saved BPE holds each token's bytes in base64 (4 characters per 3 bytes) with a few characters of JSON around
+# them. Without a recorded file size (data prepared before it was recorded), a file over this many bytes per token
+# of its recorded vocabulary, plus BPE_FILE_SLACK, is refused unread: no merge of text comes near that length.
+BPE_FILE_BYTES_PER_TOKEN = 1024
+BPE_FILE_SLACK = 1 << 16
+
+
+def bpe_file_facts(path: str | Path) -> dict[str, Any]:
+    """What meta.json records of a saved BPE file (``tokenizer_spec``), checked before it is read: its size
+    and the SHA-256 of its bytes."""
+    data = Path(path).read_bytes()
+    return {"file_bytes": len(data), "file_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _check_bpe_file(path: Path, spec: Mapping[str, Any]) -> None:
+    """Refuse a BPE file whose size (a ``stat``), then whose bytes' digest, is not what ``spec`` records, before
+    anything is parsed: a padded or replaced file would otherwise be decoded whole first."""
+    fix = "re-run prepare with --force"
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError as e:
+        raise TokenizerError(f"trained BPE {path} not found; prepare the data with --tokenizer bpe") from e
+    except OSError as e:
+        raise TokenizerError(f"trained BPE {path} is unreadable ({e}); {fix}") from e
+    recorded = spec.get("file_bytes")
+    vocab = spec.get("vocab_size")
+    if isinstance(recorded, int):
+        if size != recorded:
+            raise TokenizerError(
+                f"{path} is {size:,} bytes but meta.json records {recorded:,}: it is not the tokenizer its data "
+                f"was prepared with (refused unread); {fix}"
+            )
+    elif isinstance(vocab, int) and size > vocab * BPE_FILE_BYTES_PER_TOKEN + BPE_FILE_SLACK:
+        raise TokenizerError(
+            f"{path} is {size:,} bytes, far more than a BPE of {vocab} tokens takes (at most "
+            f"{vocab * BPE_FILE_BYTES_PER_TOKEN + BPE_FILE_SLACK:,}): refused unread; {fix}"
+        )
+    digest = spec.get("file_sha256")
+    if isinstance(digest, str):
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != digest:
+            raise TokenizerError(
+                f"{path} has sha256 {actual[:12]} but meta.json records {digest[:12]}: it is not the tokenizer "
+                f"its data was prepared with (refused unparsed); {fix}"
+            )
+
+
 def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokenizer:
     """The BPE saved at ``path``, refused when it is not the one ``spec`` (meta.json's ``tokenizer_spec``)
-    records: the shards' ids would mean other text."""
-    tok = BPETokenizer.load(path)
+    records: the shards' ids would mean other text. The file's size and digest are checked before it is parsed,
+    the digest of its content before any token is decoded."""
+    path = Path(path)
+    if spec:
+        _check_bpe_file(path, spec)
+    recorded = spec.get("sha256") if spec else None
+    tok = BPETokenizer.load(path, recorded if isinstance(recorded, str) else None)
     if spec and (spec.get("sha256"), spec.get("vocab_size")) != (tok.sha256, tok.vocab_size):
         raise TokenizerError(
             f"{path} is not the tokenizer its data was prepared with (meta.json records {spec.get('vocab_size')} "
@@ -422,6 +502,15 @@ def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokeni
             "re-run prepare with --force"
         )
     return tok
+
+
+def tokenizer_from_payload(payload: Any, where: str) -> Tokenizer:
+    """A saved tokenizer (char or bpe) from what its file holds, e.g. a checkpoint's copy; ``where`` names
+    it in a refusal."""
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    if kind == "bpe":
+        return BPETokenizer.from_payload(payload, where)
+    return CharTokenizer.from_payload(payload, where)
 
 
 def encode_known(tokenizer: Tokenizer, text: str) -> tuple[list[int], list[str]]:

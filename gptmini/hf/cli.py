@@ -4,8 +4,8 @@
     gptmini export --format llama --ckpt last --out outputs/my-llama [--tokenizer auto|gpt2|char|bpe|none]
     gptmini import --hf DIR --out outputs/model.ckpt    # a GPT-2 or Llama folder, by its config.json
 
-``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights (and, with ``--tokenizer auto``, the run's
-tokenizer files); ``--format llama`` writes ``LlamaForCausalLM`` weights and the run's tokenizer
+``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights (and the run's tokenizer files, unless the
+run used GPT-2's own BPE: then with ``--tokenizer auto``); ``--format llama`` writes ``LlamaForCausalLM`` weights and the run's tokenizer
 (``AutoTokenizer`` loads it), read from the checkpoint's run settings: the GPT-2 BPE, or the ``char`` vocabulary
 or trained BPE of the prepared data folder it was trained on (``--data-dir`` when that folder has moved).
 """
@@ -29,6 +29,17 @@ EXPORT_FORMATS = ("gpt2", "llama")
 TOKENIZER_CHOICES = ("auto", "gpt2", "char", "bpe", "none")
 
 
+def default_tokenizer_choice(export_format: str, run_config: dict[str, Any]) -> str:
+    """``--tokenizer`` left out: ``auto`` (the run's own tokenizer files), except ``none`` for a GPT-2 export of
+    a run trained with GPT-2's BPE or recording no tokenizer (Hugging Face's own ``gpt2`` tokenizer is the one).
+    A char vocabulary or trained BPE is always written: without its files ``AutoTokenizer`` would load an empty
+    tokenizer from the folder, silently."""
+    from gptmini.data.tokenizers import SAVED_TOKENIZERS
+
+    recorded = (run_config.get("tokenizer") or {}).get("name")
+    return "auto" if export_format == "llama" or recorded in SAVED_TOKENIZERS else "none"
+
+
 def export_tokenizer(
     choice: str, run_config: dict[str, Any], data_dir: str | None, checkpoint: tuple[Path, dict[str, Any]]
 ) -> Any | None:
@@ -38,6 +49,7 @@ def export_tokenizer(
     from gptmini.checkpoint import check_trained_data
     from gptmini.data.reader import load_tokenizer
     from gptmini.data.tokenizers import SAVED_TOKENIZERS, build_tokenizer
+    from gptmini.run import carried_tokenizer
 
     if choice == "none":
         return None
@@ -55,6 +67,9 @@ def export_tokenizer(
         )
     if name not in SAVED_TOKENIZERS:
         return build_tokenizer(name)
+    carried = carried_tokenizer(*checkpoint) if not data_dir else None
+    if carried is not None and carried.name == name:  # the checkpoint's own copy: no data folder needed
+        return carried
     folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
     if not (folder / "meta.json").is_file():
         raise HFWeightsError(
@@ -78,6 +93,8 @@ def _export(args: argparse.Namespace) -> None:
     try:
         run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
         model, ckpt_path = run.model, run.path
+        if args.tokenizer is None:
+            args.tokenizer = default_tokenizer_choice(args.format, run.config)
         if args.format == "gpt2":
             tokenizer = export_tokenizer(
                 args.tokenizer, run.config, args.data_dir, (run.path, run.checkpoint)
@@ -215,8 +232,8 @@ def _add_export(sub: Any) -> None:
         "--tokenizer",
         choices=TOKENIZER_CHOICES,
         default=None,
-        help="the tokenizer files to write (auto: the one the run trained with; default: auto for --format llama, "
-        "none for --format gpt2)",
+        help="the tokenizer files to write (auto: the one the run trained with; default: auto, except none for "
+        "--format gpt2 of a run trained with GPT-2's own BPE, which Hugging Face ships as 'gpt2')",
     )
     exp.add_argument(
         "--data-dir",
@@ -262,8 +279,6 @@ def _add_import(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "export" and args.tokenizer is None:
-        args.tokenizer = "auto" if args.format == "llama" else "none"
     if args.command == "export" and args.tokenizer == "none" and args.data_dir:
         parser.error(
             "--data-dir finds a tokenizer's vocabulary: pass --tokenizer auto (or char, bpe) with it"

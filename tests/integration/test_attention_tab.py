@@ -3,7 +3,10 @@ patterns, the tab opened in headless Chromium. The head view draws one line per 
 previous-token pattern draws one line per token, a uniform one a line per causal pair), the step slider changes
 what is drawn, hovering a token keeps its lines alone, a second run shows side by side, own text runs the run's
 checkpoint, and the view exports as SVG and PNG. A second run of another shape is drawn with its own layers and
-heads; own text runs for both runs shown; export works while a panel shows an error.
+heads; own text runs for both runs shown; export works while a panel shows an error. The head picks follow the
+shape of the runs shown; a run named after its overrides (about 200 characters) and its long error stay inside
+their panels, on the page and in the export, which is sized by the maps; own text pressed again and again is
+computed once per run shown; a run started after the tab opened joins the run boxes at TensorBoard's reload.
 
 Runs whenever Chromium, chromedriver and selenium are installed (Debian: apt-get install chromium
 chromium-driver; pip install -e '.[dev]'), else is skipped with the reason."""
@@ -19,6 +22,23 @@ pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=f"browser 
 
 T = 6
 TOKENS = ["ROM", "EO", ":", " But", " soft", ","]
+# a run named as training names one after its overrides: about 200 characters, without a space
+LONG_FOLDER = "speedrun/2026-01-01_10-00-00_000000"
+LONG_LABEL = "speedrun," + ",".join(
+    f"{key}={value}"
+    for key, value in (
+        ("model.n_layer", 2),
+        ("model.n_head", 2),
+        ("model.n_embd", 8),
+        ("trainer.max_steps", 2000),
+        ("data.batch_size", 32),
+        ("optimizer.lr", 0.003),
+        ("tokenizer", "bpe"),
+        ("data.corpus", "tinyshakespeare_extended"),
+        ("callbacks.attention_summary.max_tokens", 64),
+    )
+)
+LONG = f"{LONG_FOLDER}/tb/{LONG_LABEL}"
 
 
 def previous_token(n_layer: int, n_head: int) -> np.ndarray:
@@ -38,7 +58,8 @@ def uniform(n_layer: int, n_head: int) -> np.ndarray:
 def logdir(tmp_path_factory, write_checkpoint):
     """ "a/tb": previous-token attention at step 10, uniform at step 20, and a checkpoint; "b/tb": uniform at
     step 10 only, no checkpoint; both 2 layers x 3 heads. "c/tb": another shape, 1 layer x 4 heads, previous-token
-    attention at steps 10 and 20, and a checkpoint of that shape."""
+    attention at steps 10 and 20, and a checkpoint of that shape. LONG: 2 layers x 2 heads, previous-token attention
+    at step 20, and a damaged checkpoint."""
     from torch.utils.tensorboard import SummaryWriter
 
     from gptmini.board.summary import AttentionSummary, summary_proto
@@ -56,6 +77,11 @@ def logdir(tmp_path_factory, write_checkpoint):
             summary = AttentionSummary(TOKENS, pattern(n_layer, n_head), run_types)
             writer.file_writer.add_summary(summary_proto(summary), step)
         writer.close()
+    writer = SummaryWriter(str(root / LONG))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, previous_token(2, 2))), 20)
+    writer.close()
+    (root / LONG_FOLDER / "checkpoints").mkdir()
+    (root / LONG_FOLDER / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really an archive")
     for run, n_layer, n_head in (("a", 2, 3), ("c", 1, 4)):
         write_checkpoint(
             root / run / "checkpoints" / "last.ckpt",
@@ -257,11 +283,220 @@ def test_own_text_for_two_runs_and_export_beside_an_error(board):
         svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
         assert svg.count("<line ") == _count(driver, "svg.headview line") > 0 and "no checkpoint" in svg
 
-        # text over the limit is not cut silently: the tab says how long it is and what the limit is
+        # text over the limit is not cut silently and not sent: the tab says how long it is and what the limit is,
+        # as the text is typed and when it is sent
+        _count_text_requests(driver)
         driver.execute_script(
             "const box = document.querySelector('.text-input'); box.value = 'a'.repeat(2001);"
             "box.dispatchEvent(new Event('input'));"
         )
-        assert "2001 characters; at most 2000" in driver.find_element(By.CSS_SELECTOR, ".status").text
+        said = (
+            "your text has 2001 characters; at most 2000 (and 128 tokens) can be shown: shorten it, a longer "
+        )
+        assert said + "text is not sent" == driver.find_element(By.CSS_SELECTOR, ".status").text
         driver.find_element(By.CSS_SELECTOR, ".text-go").click()
-        assert "2001 characters; at most 2000" in driver.find_element(By.CSS_SELECTOR, ".status").text
+        assert said + "text is not sent" == driver.find_element(By.CSS_SELECTOR, ".status").text
+        assert driver.execute_script("return window.textRequests.length") == 0
+        assert _drawn(driver) == drawn
+
+
+def _count_text_requests(driver) -> None:
+    """From now on the page's own-text requests are listed in ``window.textRequests``, each with its abort signal."""
+    driver.execute_script(
+        "const real = window.fetch; window.textRequests = [];"
+        "window.fetch = (url, options = {}) => {"
+        "  if (url === 'text') window.textRequests.push(options.signal);"
+        "  return real(url, options);"
+        "};"
+    )
+
+
+def test_head_picks_follow_the_shape_of_the_run_shown(board):
+    from selenium.webdriver.common.by import By
+
+    def chips_on(driver) -> list[str]:
+        return [c.get_attribute("data-head") for c in driver.find_elements(By.CSS_SELECTOR, ".chip.on")]
+
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _drawn(driver)
+        driver.find_element(By.CSS_SELECTOR, ".cell[data-layer='0'][data-head='0']").click()
+        drawn = wait_drawn(driver, drawn)
+        driver.find_element(By.XPATH, "//button[text()='all']").click()
+        drawn = wait_drawn(driver, drawn)
+        assert chips_on(driver) == ["0", "1", "2"]
+
+        # every head of the 3-head run, then the 4-head run: every head of it, none hidden unasked
+        drawn = _select(driver, ".run-select", "c/tb", drawn)
+        assert chips_on(driver) == ["0", "1", "2", "3"]
+        assert _count(driver, ".panel[data-run='c/tb'] svg.headview g[data-head]") == 4
+
+        # heads 1 and 3 picked, then the 3-head run: head 1 stays picked, head 3 is not in it
+        driver.find_element(By.XPATH, "//button[text()='none']").click()
+        drawn = wait_drawn(driver, drawn)
+        for head in ("1", "3"):
+            driver.find_element(By.CSS_SELECTOR, f".chip[data-head='{head}']").click()
+            drawn = wait_drawn(driver, drawn)
+        drawn = _select(driver, ".run-select", "a/tb", drawn)
+        assert chips_on(driver) == ["1"]
+        assert _count(driver, ".panel[data-run='a/tb'] svg.headview g[data-head]") == 1
+
+
+# the export's layout (currentSVG): padding, the gap between panels, the widest message, a model view's cell
+PAD, GAP, MESSAGE_W, CELL_W = 12, 30, 480, 84 + 6
+
+
+def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board):
+    """A run named after its overrides whose checkpoint is damaged, beside the 4-head run, on own text: the error
+    names the run once (its panel's title), wraps inside its panel on the page and in the export, and the export
+    is as wide as the maps and the message, not as the names; it is named after the panel that shows maps."""
+    import base64
+    import struct
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".run-select", LONG, _drawn(driver))
+        drawn = _select(driver, ".compare-select", "c/tb", drawn)
+        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys("But soft", Keys.ENTER)
+        drawn = wait_drawn(driver, drawn)
+        panel = f".panel[data-run='{LONG}']"
+        error = driver.find_element(By.CSS_SELECTOR, f"{panel} .error").text
+        assert (
+            error.startswith("this run's checkpoint cannot be loaded: ")
+            and "is not a gptmini checkpoint" in error
+        )
+        page = driver.execute_script(
+            "return [document.querySelector(arguments[0]).textContent, document.querySelector('.status').textContent]",
+            panel,
+        )
+        assert page[0].count(LONG) == 1 and LONG_LABEL not in page[1] and error in page[1], page
+
+        # on the page: the panel is as wide as its message allows, its title wraps inside it
+        box = driver.execute_script(
+            "const p = document.querySelector(arguments[0]), t = p.querySelector('.panel-title');"
+            "return [p.querySelector('.error').getBoundingClientRect().width, t.scrollWidth, t.clientWidth];",
+            panel,
+        )
+        assert box[0] <= MESSAGE_W and box[1] <= box[2], box
+
+        # the export: drawn by the browser, every text inside its own panel; the message and the name whole
+        layout = driver.execute_script(
+            "const holder = document.createElement('div');"
+            "holder.innerHTML = window.gptminiAttention.currentSVG(); document.body.append(holder);"
+            "const root = holder.querySelector('svg');"
+            "const texts = [...root.querySelectorAll('text')].map((t) => { const b = t.getBBox();"
+            "  return {x: Number(t.getAttribute('x')), right: b.x + b.width, text: t.textContent,"
+            "          bold: t.getAttribute('font-weight') === 'bold', fill: t.getAttribute('fill')}; });"
+            "holder.remove();"
+            "return {width: Number(root.getAttribute('width')), height: Number(root.getAttribute('height')), texts};"
+        )
+        texts = layout["texts"]
+        second = min(t["x"] for t in texts if t["bold"] and t["x"] > 0)  # where the panel of c/tb starts
+        assert layout["width"] <= 2 * PAD + MESSAGE_W + GAP + 60 + 4 * CELL_W, layout["width"]
+        for t in texts:
+            end = second - GAP if t["x"] < second else layout["width"] - 2 * PAD
+            assert t["right"] <= end + 0.5, (t, end)
+        first_panel = [t for t in texts if t["x"] < second]
+        assert "".join(t["text"] for t in first_panel if t["bold"]) == LONG
+        message = [t["text"] for t in first_panel if t["fill"] == "#b00020"]
+        assert len(message) > 1 and "".join(message).replace(" ", "") == error.replace(" ", ""), message
+
+        # the PNG: twice the SVG's size; the file named after c/tb, the panel that shows maps
+        png = driver.execute_async_script(
+            "const done = arguments[0]; window.gptminiAttention.pngBlob().then((b) => {"
+            "  const r = new FileReader(); r.onload = () => done(r.result); r.readAsDataURL(b); });"
+        )
+        header = base64.b64decode(png.split(",", 1)[1])[:24]
+        assert struct.unpack(">II", header[16:24]) == (2 * layout["width"], 2 * layout["height"])
+        assert driver.execute_script("return window.gptminiAttention.fileName('png')") == (
+            "attention-c_tb-model-text.png"
+        )
+
+
+def test_own_text_pressed_again_and_again_is_computed_once_per_run_shown(board):
+    """Six texts sent at once (two runs shown): each new one aborts the requests of the one before, whose second
+    run is then never asked; the same text sent six times while it is computed is sent once per run."""
+    from selenium.webdriver.common.by import By
+
+    from gptmini.data.tokenizers import build_tokenizer
+
+    press = (
+        "const box = document.querySelector('.text-input'), go = document.querySelector('.text-go');"
+        "for (const t of arguments[0]) { box.value = t; go.click(); }"
+    )
+    texts = [
+        "But",
+        "But soft",
+        "But soft,",
+        "But soft, what",
+        "But soft, what light",
+        "But soft, what light?",
+    ]
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
+        _count_text_requests(driver)
+        driver.execute_script(press, texts)
+        drawn = wait_drawn(driver, drawn)
+        aborted = driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))")
+        assert aborted == [True] * 5 + [False, False], aborted
+        n = len(build_tokenizer("gpt2").encode(texts[-1]))
+        status = driver.find_element(By.CSS_SELECTOR, ".status").text
+        assert (
+            _count(driver, ".panel[data-run='a/tb'] .cell") == 6 and _count(driver, ".panel .error") == 0
+        ), status
+        assert all(f"{n} tokens" in t for t in _titles(driver)), _titles(driver)
+
+        driver.execute_script("window.textRequests.length = 0")
+        driver.execute_script(press, ["what light"] * 6)
+        wait_drawn(driver, drawn)
+        assert driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))") == [
+            False,
+            False,
+        ]
+
+
+def _titles(driver) -> list[str]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('.panel-title')].map((t) => t.textContent)"
+    )
+
+
+def test_a_run_started_after_the_tab_opened_joins_the_run_boxes_at_tensorboards_reload(tmp_path, repo_root):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from torch.utils.tensorboard import SummaryWriter
+
+    from benchmarks.board import get_json
+    from gptmini.board import PLUGIN_NAME
+    from gptmini.board.summary import AttentionSummary, summary_proto
+
+    def write(run: str) -> None:
+        writer = SummaryWriter(str(tmp_path / run))
+        writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, uniform(1, 2))), 1)
+        writer.close()
+
+    def options(driver, css: str) -> list[str]:
+        return driver.execute_script(
+            f"return [...document.querySelectorAll('{css} option')].map((o) => o.value)"
+        )
+
+    write("first/tb")
+    with tensorboard(tmp_path, env={"PYTHONPATH": str(repo_root)}) as url, chrome() as driver:
+        open_tab(driver, url)
+        assert options(driver, ".run-select") == ["first/tb"]
+        write("second/tb")
+        WebDriverWait(driver, 30).until(
+            lambda _: len(get_json(f"{url}/data/plugin/{PLUGIN_NAME}/runs")["runs"]) == 2
+        )
+        driver.switch_to.default_content()
+        reload = driver.find_element(By.CSS_SELECTOR, "button.reload-button")
+        assert reload.is_enabled()
+        reload.click()
+        driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+        WebDriverWait(driver, 30).until(lambda d: options(d, ".run-select") == ["first/tb", "second/tb"])
+        assert options(driver, ".compare-select") == ["", "first/tb", "second/tb"]
+        assert driver.execute_script("return document.querySelector('.run-select').value") == "first/tb"

@@ -115,10 +115,12 @@ def test_export_force_replaces_only_an_earlier_export(world, tmp_path, capsys, c
     assert tree(run) == before  # checkpoints, TensorBoard events and .git untouched
     out = tmp_path / "export"
     assert hf_main(["export", "--ckpt", str(world["ckpt"]), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir()) == [  # a char run: its tokenizer files by default
         "config.json",
         "gptmini-export.json",
         "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     assert (
         hf_main(["export", "--ckpt", str(world["ckpt"]), "--out", str(out), "--force"]) == 0
@@ -497,20 +499,36 @@ def test_a_symlink_loop_as_checkpoint_is_named_as_one(world, tmp_path, capsys, c
     refused(sample_main, ["--ckpt", str(loop)], r"is a symlink that leads nowhere \(a loop", capsys, caplog)
 
 
-def test_opening_a_run_removes_the_temp_file_of_a_save_killed_mid_write(world, capsys, caplog) -> None:
-    """A kill during the run's last save (its final best.ckpt) leaves a temp file that no later save in that
-    folder would clear; the next command that opens the run does, once its writer is gone."""
+def test_read_only_commands_delete_no_file(world, tmp_path, capsys, caplog) -> None:
+    """sample, eval and attention only read: a user's file that looks like a temp file, and even a temp file of
+    a gptmini save whose writer is gone, are kept, beside a bare checkpoint and in a run folder alike."""
     import subprocess
     import sys
 
+    from gptmini.fileio import host_identity
+
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    folder = world["ckpt"].parent
-    stale = folder / f".best.ckpt.{gone.pid}.0123abcd.tmp"
-    stale.write_bytes(b"half a checkpoint")
-    live = folder / ".best.ckpt.1.0123abcd.tmp"  # pid 1 is alive: a save in progress is never touched
-    live.write_bytes(b"being written")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    ckpt = mine / "model.ckpt"
+    ckpt.write_bytes(world["ckpt"].read_bytes())
+    kept = []
+    for folder in (mine, world["ckpt"].parent):
+        for name in (
+            ".thesis.ckpt.424242.draft.tmp",
+            f".best.ckpt.{gone.pid}@{host_identity()}.0123abcd.tmp",
+        ):
+            (folder / name).write_text("x\n")
+            kept.append(folder / name)
+    data = ["--data-dir", str(world["data"])]
     with caplog.at_level(logging.INFO):
-        assert sample_main(["--ckpt", str(world["run"]), "--max-new-tokens", "2"]) == 0
-    assert not stale.exists() and live.exists()
-    live.unlink()
+        for spec in (ckpt, world["run"]):
+            assert sample_main(["--ckpt", str(spec), "--max-new-tokens", "2"]) == 0
+            assert eval_main(["--ckpt", str(spec), *data, "--max-batches", "1", "--batch-size", "2"]) == 0
+            out = tmp_path / f"attention_{spec.name}"
+            assert attention_main(["--ckpt", str(spec), "--text", "ROMEO", "--out", str(out)]) == 0
+    assert [p for p in kept if not p.exists()] == []
+    assert all(p.read_text() == "x\n" for p in kept)
+    for p in kept:
+        p.unlink()

@@ -132,6 +132,23 @@ def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_wr
     assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
 
 
+@pytest.mark.parametrize("version", ["../../../../x", "a/b", ".hidden"])
+def test_a_tensorboard_version_that_is_not_one_folder_name_is_refused_before_anything_is_written(
+    run_cli, tmp_path, version
+) -> None:
+    """logger.tensorboard.version=../../../../x wrote events outside the output root: one plain name, as run_name."""
+    out = tmp_path / "root" / "out"
+    proc = run_cli.train(
+        ["model=tiny", "tokenizer=char", f"logger.tensorboard.version={version}", f"paths.output_root={out}"]
+    )
+    check_refused(
+        proc,
+        rf"error: logger\.tensorboard\.version='{re.escape(version)}' is invalid: it names one folder of the "
+        r"run's TensorBoard runs",
+    )
+    assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
+
+
 def test_a_sweep_runs_every_job_and_ends_with_the_failures(run_cli, data_root, tmp_path) -> None:
     """`-m model.attention=bogus,sdpa`: the bogus job fails with its one line, the next job still runs (and its
     validation interval, longer than the 1-step run, is scaled down instead of refused); the sweep ends with a

@@ -196,9 +196,11 @@ def test_gpt2_export_with_the_trained_bpe(bpe_run, tmp_path, write_checkpoint):
 
     _, _, data_dir = bpe_run
     ckpt = write_checkpoint(tmp_path / "gpt2.ckpt", data_dir=data_dir, block_size=32, n_embd=16)
-    # GPT-2 exports write weights alone unless asked for the tokenizer
-    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "bare")]) == 0
+    # a trained BPE's files go with a GPT-2 export by default; --tokenizer none writes the weights alone
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "bare"), "--tokenizer", "none"]) == 0
     assert not (tmp_path / "bare" / "tokenizer.json").exists()
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "default")]) == 0
+    assert (tmp_path / "default" / "tokenizer.json").is_file()
     assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf"), "--tokenizer", "auto"]) == 0
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     ours = load_tokenizer(data_dir)

@@ -208,13 +208,15 @@ def _touch(path: Path, mtime: float) -> Path:
     return path
 
 
-def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch):
+def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch, write_checkpoint):
     from gptmini.runs import newest_checkpoint, resolve_checkpoint
     from gptmini.training.run.resume import ckpt_path_last
 
     out = tmp_path / "outputs"
     _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "last.ckpt", 1000)
-    _touch(out / "exp" / "2026-01-01_11-00-00_000000" / "checkpoints" / "on_exception.ckpt", 2000)
+    # the commands' "last" opens it: a checkpoint that loads (a damaged one is skipped)
+    top = write_checkpoint(out / "exp" / "2026-01-01_11-00-00_000000" / "checkpoints" / "on_exception.ckpt")
+    os.utime(top, (2000, 2000))
     job = out / "exp" / "multirun_2026-01-01_12-00-00" / "model.n_head=2" / "checkpoints"
     _touch(job / "last.ckpt", 3000)
     # a multirun job interrupted after its last periodic save
@@ -226,7 +228,6 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
     assert ckpt_path_last(out, "exp") == newest  # ckpt_path=last
     monkeypatch.chdir(tmp_path)
     # --ckpt last in the commands: the newest run outside the sweeps (tests/unit/test_runs.py)
-    top = out / "exp" / "2026-01-01_11-00-00_000000" / "checkpoints" / "on_exception.ckpt"
     assert resolve_checkpoint("last") == Path("outputs") / top.relative_to(out)
     # A newer run of another run_name is "last" for the commands that take no run_name, not for ckpt_path=last.
     other = _touch(out / "other" / "2026-01-02_00-00-00_000000" / "checkpoints" / "last.ckpt", 7000)

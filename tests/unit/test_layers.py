@@ -10,7 +10,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gptmini"
 
 # lowest first; a module may import from its own layer or any lower one
 LAYERS = [
-    ("gptmini.fileio", "gptmini.conf_dir", "gptmini.options", "gptmini.attention", "gptmini.lm_loss"),
+    (
+        "gptmini.fileio",
+        "gptmini.conf_dir",
+        "gptmini.options",
+        "gptmini.attention",
+        "gptmini.lm_loss",
+        "gptmini.run_files",
+    ),
     ("gptmini.model", "gptmini.feed_forward", "gptmini.generation", "gptmini.ingredients", "gptmini.limits"),
     ("gptmini.data",),
     ("gptmini.checkpoint", "gptmini.run", "gptmini.runs", "gptmini.hf", "gptmini.viz", "gptmini.insight"),

@@ -37,6 +37,8 @@ const state = {
   view: 'model',       // 'model' | 'head'
   layer: 0,
   heads: null,         // Set of active head indices in the head view
+  headCount: 0,        // the head count the picks were made for (the most heads of the panels shown)
+  panels: [],          // the panels drawn: [{run, att} or {run, error}]
   text: null,          // own text shown instead of the probe (null: the logged probe)
   cache: new Map(),    // url -> decoded attention
 };
@@ -109,11 +111,13 @@ async function attention(run, step) {
   }
 }
 
-async function ownText(run, text) {
+// `signal` aborts the request when a later draw supersedes the one that sent it
+async function ownText(run, text, signal) {
   const body = await getJSON('text', {
     method: 'POST',
     headers: {'Content-Type': 'application/json'},
     body: JSON.stringify({run, text}),
+    signal,
   });
   return decodeAttention(body);
 }
@@ -154,6 +158,11 @@ function shown(token) {
   // spaces and newlines made visible, long tokens cut
   const s = token.replace(/\n/g, '↵').replace(/\t/g, '⇥').replace(/ /g, '·');
   return s.length > 12 ? s.slice(0, 11) + '…' : s || '∅';
+}
+
+// `s` cut to at most `n` characters in the middle (a run's name differs at its start and at its end)
+function middle(s, n) {
+  return s.length <= n ? s : s.slice(0, Math.ceil(n / 2) - 1) + '…' + s.slice(s.length - Math.floor(n / 2));
 }
 
 function plural(n, word) {
@@ -421,7 +430,7 @@ function headControls(att, nLayer, nHead) {
 // ---------------------------------------------------------------------------------------------------------
 // drawing: one panel per run (the run, and the run compared with it)
 
-async function panelsData() {
+async function panelsData(signal) {
   const runs = [state.run, ...(state.compare ? [state.compare] : [])];
   if (state.text !== null) {
     // one run after the other: the backend computes one text at a time
@@ -433,8 +442,9 @@ async function panelsData() {
         continue;
       }
       try {
-        panels.push({run, att: await ownText(run, state.text)});
+        panels.push({run, att: await ownText(run, state.text, signal)});
       } catch (err) {
+        if (signal.aborted) throw err;  // superseded: the next run's request is never sent
         panels.push({run, error: err.message});
       }
     }
@@ -451,32 +461,48 @@ async function panelsData() {
   }));
 }
 
-let drawing = 0;
+let drawing = 0;   // the ticket of the latest draw() started
+let settled = 0;   // the ticket of the latest draw() that ended (drawn or failed)
+let drawAbort = null;  // aborts the own-text requests of the draw in flight
 
 async function draw() {
   const ticket = ++drawing;
+  // a later draw supersedes this one: the requests of the one before are aborted, not left to be computed
+  if (drawAbort) drawAbort.abort();
+  drawAbort = new AbortController();
   let panels;
   try {
-    panels = await panelsData();
+    panels = await panelsData(drawAbort.signal);
   } catch (err) {
+    if (ticket !== drawing) return;
+    settled = ticket;
     setStatus(err.message, true);
     return;
   }
   if (ticket !== drawing) return;  // a later draw() superseded this one
+  settled = ticket;
+  state.panels = panels;
   const t0 = performance.now();
   const first = panels.find((p) => p.att);
   const shapes = panels.filter((p) => p.att).map((p) => p.att);
   const nLayer = Math.max(0, ...shapes.map((a) => a.n_layer));
   const nHead = Math.max(0, ...shapes.map((a) => a.n_head));
-  if (first && (state.heads === null || [...state.heads].some((h) => h >= nHead))) {
-    state.heads = new Set([...Array(nHead).keys()]);
+  // the head picks follow the shape shown: every head stays every head when the count changes (a 2-head run,
+  // then a 4-head one: heads 0-3), a choice of some keeps those that exist (every head when none is left)
+  if (first && nHead !== state.headCount) {
+    const every = state.heads === null || state.heads.size === state.headCount;
+    const kept = every ? [] : [...state.heads].filter((h) => h < nHead);
+    state.heads = new Set(kept.length ? kept : [...Array(nHead).keys()]);
+    state.headCount = nHead;
   }
   if (first && state.layer >= nLayer) state.layer = 0;
   ui.view.replaceChildren();
   if (state.view === 'head' && first) ui.view.append(headControls(first.att, nLayer, nHead));
   const row = el('div', {class: 'panels'});
   for (const p of panels) {
-    const title = el('div', {class: 'panel-title'}, p.run);
+    // the run's name may break after its separators (a name with its overrides is one long word otherwise)
+    const title = el('div', {class: 'panel-title'},
+      ...p.run.split(/(?<=[,/=])/).flatMap((part, i) => (i ? [el('wbr'), part] : [part])));
     if (p.att) {
       const what = state.text !== null
         ? `your text, checkpoint of step ${p.att.step ?? '?'}`
@@ -514,9 +540,12 @@ async function draw() {
   ui.stepLabel.textContent = state.text !== null ? 'your text' : `step ${state.steps[state.stepIndex] ?? '–'}`;
   ui.slider.disabled = state.text !== null || state.steps.length < 2;
   ui.back.hidden = state.text === null;
+  // a panel names its run above its message; the status repeats the message, with the run shortened when two
+  // panels are shown (a run's name may be 200 characters: said once in full, in its panel)
   const errors = panels.filter((p) => p.error);
-  if (errors.length) setStatus(errors.map((p) => `${p.run}: ${p.error}`).join('  ·  '), true);
-  else setStatus('');
+  if (errors.length) {
+    setStatus(errors.map((p) => (panels.length > 1 ? `${middle(p.run, 48)}: ` : '') + p.error).join('  ·  '), true);
+  } else setStatus('');
   const sync = performance.now() - t0;
   requestAnimationFrame(() => {
     const ms = performance.now() - t0;
@@ -528,51 +557,118 @@ async function draw() {
 // ---------------------------------------------------------------------------------------------------------
 // export: the current view as SVG or PNG
 
+const EXPORT_FONT = 'sans-serif';
+const LABEL_W = 320;     // a panel's run name and subtitle wrap within its maps' width, or this much if narrower
+const MESSAGE_W = 480;   // a panel's message (an error, a note) wraps within this width
+const NAME_LINES = 6;    // at most this many lines of a run's name, the last ending in "…" when cut
+
+// the SVG may lay a line out a little wider than the canvas measured it (its own rounding of glyph advances)
+const MEASURE_SLACK = 2;
+
+// `text` as lines no wider than `width` pixels in `font`, measured by the browser that draws the export: broken
+// after spaces and after , / = (run names and paths), inside a word only where the word alone is wider
+function wrapLines(ctx, text, font, width, maxLines = Infinity) {
+  ctx.font = font;
+  const fits = (s) => ctx.measureText(s).width + MEASURE_SLACK <= width;
+  const lines = [];
+  let line = '';
+  for (const piece of text.split(/(?<=[\s,/=])/)) {
+    if (fits(line + piece)) {
+      line += piece;
+      continue;
+    }
+    if (line.trim()) lines.push(line.trimEnd());
+    line = piece;
+    while (line.length > 1 && !fits(line)) {
+      let n = line.length - 1;
+      while (n > 1 && !fits(line.slice(0, n))) n--;
+      lines.push(line.slice(0, n));
+      line = line.slice(n);
+    }
+  }
+  if (line.trim()) lines.push(line.trimEnd());
+  if (lines.length <= maxLines) return lines;
+  let last = lines[maxLines - 1];
+  while (last && !fits(last + '…')) last = last.slice(0, -1);
+  return [...lines.slice(0, maxLines - 1), last + '…'];
+}
+
+// one panel of the export: {w, h, body(x, top)}, its maps or message at the size they are drawn
+function exportBody(panel, ctx) {
+  const head = panel.querySelector('svg.headview');
+  const cells = [...panel.querySelectorAll('.cell')];
+  if (!head && !cells.length) {
+    // a panel without maps (an error, or a layer its run lacks): its message, wrapped
+    const message = panel.querySelector('.error, .note');
+    const font = `12px ${EXPORT_FONT}`;
+    const lines = message ? wrapLines(ctx, message.textContent, font, MESSAGE_W) : [];
+    const fill = message && message.classList.contains('error') ? '#b00020' : '#555';
+    return {
+      w: Math.ceil(Math.max(0, ...lines.map((l) => ctx.measureText(l).width))) + MEASURE_SLACK,
+      h: 15 * lines.length + 6,
+      body: (x, top) => lines.map((l, i) => `<text x="${x}" y="${top + 14 + 15 * i}" font-size="12" ` +
+        `font-family="${EXPORT_FONT}" fill="${fill}">${esc(l)}</text>`).join(''),
+    };
+  }
+  if (head) {
+    return {
+      w: Number(head.getAttribute('width')),
+      h: Number(head.getAttribute('height')),
+      body: (x, top) => new XMLSerializer().serializeToString(head).replace('<svg', `<svg x="${x}" y="${top}"`),
+    };
+  }
+  const nHead = Math.max(...cells.map((c) => Number(c.dataset.head))) + 1;
+  const nLayer = Math.max(...cells.map((c) => Number(c.dataset.layer))) + 1;
+  const cw = CELL + 6, ch = CELL + 20;
+  return {
+    w: 60 + nHead * cw,
+    h: 20 + nLayer * ch,
+    body: (x, top) => cells.map((c) => {
+      const l = Number(c.dataset.layer), hd = Number(c.dataset.head);
+      const cx = x + 60 + hd * cw, cy = top + 20 + l * ch;
+      const type = c.querySelector('.type').textContent.trim();
+      return `<image x="${cx}" y="${cy}" width="${CELL}" height="${CELL}" style="image-rendering:pixelated" ` +
+        `preserveAspectRatio="none" href="${c.querySelector('canvas').toDataURL()}"/>` +
+        `<text x="${cx}" y="${cy + CELL + 12}" font-size="10" font-family="${EXPORT_FONT}" ` +
+        `fill="${TYPE_COLOURS[Object.keys(TYPE_TITLES).find((k) => TYPE_TITLES[k] === type)] || '#999'}">${esc(type)}</text>`;
+    }).join('') +
+      [...Array(nLayer).keys()].map((l) => `<text x="${x}" y="${top + 20 + l * ch + CELL / 2}" font-size="11" font-family="${EXPORT_FONT}">layer ${l}</text>`).join('') +
+      [...Array(nHead).keys()].map((hd) => `<text x="${x + 60 + hd * cw}" y="${top + 14}" font-size="11" font-family="${EXPORT_FONT}">head ${hd}</text>`).join(''),
+  };
+}
+
 function currentSVG() {
-  // one SVG holding every panel: the head views as they are, the model view's maps as embedded images
-  const panels = [...ui.view.querySelectorAll('.panel')];
+  // one SVG holding every panel: the head views as they are, the model view's maps as embedded images. The
+  // panels are as wide as their maps: a long run name wraps above them instead of widening the image
+  const ctx = document.createElement('canvas').getContext('2d');
+  const nameFont = `bold 13px ${EXPORT_FONT}`, subFont = `12px ${EXPORT_FONT}`;
+  const blocks = [...ui.view.querySelectorAll('.panel')].map((panel) => {
+    const block = exportBody(panel, ctx);
+    const labelW = Math.max(block.w, LABEL_W);
+    const sub = [...panel.querySelectorAll('.panel-title .sub')].map((s) => s.textContent).join('').trim();
+    block.name = wrapLines(ctx, panel.dataset.run, nameFont, labelW, NAME_LINES);
+    block.sub = sub ? wrapLines(ctx, sub, subFont, labelW) : [];
+    ctx.font = nameFont;
+    const nameW = Math.max(0, ...block.name.map((l) => ctx.measureText(l).width));
+    ctx.font = subFont;
+    const subW = Math.max(0, ...block.sub.map((l) => ctx.measureText(l).width));
+    block.w = Math.max(block.w, Math.ceil(Math.max(nameW, subW)) + MEASURE_SLACK);
+    block.labelH = 16 * block.name.length + 15 * block.sub.length;
+    return block;
+  });
+  const top = Math.max(0, ...blocks.map((b) => b.labelH)) + 8;  // the maps of every panel start on one line
   const parts = [];
   let x = 0, height = 0;
-  for (const panel of panels) {
-    const title = panel.querySelector('.panel-title').textContent;
-    const head = panel.querySelector('svg.headview');
-    const cells = [...panel.querySelectorAll('.cell')];
-    let w, h, body;
-    if (!head && !cells.length) {
-      // a panel without maps (an error, or a layer its run lacks): its message, as text
-      const message = panel.querySelector('.error, .note');
-      const text = message ? message.textContent : '';
-      w = Math.min(600, 7 * text.length);
-      h = 30;
-      body = `<text x="${x}" y="${24 + 16}" font-size="12" font-family="sans-serif" fill="${message && message.classList.contains('error') ? '#b00020' : '#555'}">${esc(text)}</text>`;
-    } else if (head) {
-      w = Number(head.getAttribute('width'));
-      h = Number(head.getAttribute('height'));
-      body = new XMLSerializer().serializeToString(head).replace('<svg', `<svg x="${x}" y="24"`);
-    } else {
-      const nHead = Math.max(...cells.map((c) => Number(c.dataset.head))) + 1;
-      const nLayer = Math.max(...cells.map((c) => Number(c.dataset.layer))) + 1;
-      const cw = CELL + 6, ch = CELL + 20;
-      w = 60 + nHead * cw;
-      h = 20 + nLayer * ch;
-      body = cells.map((c) => {
-        const l = Number(c.dataset.layer), hd = Number(c.dataset.head);
-        const cx = x + 60 + hd * cw, cy = 24 + 20 + l * ch;
-        const type = c.querySelector('.type').textContent.trim();
-        return `<image x="${cx}" y="${cy}" width="${CELL}" height="${CELL}" style="image-rendering:pixelated" ` +
-          `preserveAspectRatio="none" href="${c.querySelector('canvas').toDataURL()}"/>` +
-          `<text x="${cx}" y="${cy + CELL + 12}" font-size="10" font-family="sans-serif" ` +
-          `fill="${TYPE_COLOURS[Object.keys(TYPE_TITLES).find((k) => TYPE_TITLES[k] === type)] || '#999'}">${esc(type)}</text>`;
-      }).join('') +
-        [...Array(nLayer).keys()].map((l) => `<text x="${x}" y="${24 + 20 + l * ch + CELL / 2}" font-size="11" font-family="sans-serif">layer ${l}</text>`).join('') +
-        [...Array(nHead).keys()].map((hd) => `<text x="${x + 60 + hd * cw}" y="${24 + 14}" font-size="11" font-family="sans-serif">head ${hd}</text>`).join('');
-    }
-    parts.push(`<text x="${x}" y="14" font-size="13" font-family="sans-serif" font-weight="bold">${esc(title)}</text>`, body);
-    w = Math.max(w, 7 * title.length);  // the title may be wider than the maps
-    x += w + 30;
-    height = Math.max(height, h + 24);
+  for (const b of blocks) {
+    b.name.forEach((l, i) => parts.push(`<text x="${x}" y="${13 + 16 * i}" font-size="13" ` +
+      `font-family="${EXPORT_FONT}" font-weight="bold">${esc(l)}</text>`));
+    b.sub.forEach((l, i) => parts.push(`<text x="${x}" y="${16 * b.name.length + 12 + 15 * i}" ` +
+      `font-size="12" font-family="${EXPORT_FONT}" fill="#757575">${esc(l)}</text>`));
+    parts.push(b.body(x, top));
+    x += b.w + 30;
+    height = Math.max(height, top + b.h);
   }
-  const pad = 12, width = x - 30 + 2 * pad, full = height + 2 * pad;
+  const pad = 12, width = Math.max(0, x - 30) + 2 * pad, full = height + 2 * pad;
   return `<svg xmlns="${SVG_NS}" width="${width}" height="${full}" viewBox="0 0 ${width} ${full}">` +
     `<rect width="100%" height="100%" fill="white"/><g transform="translate(${pad},${pad})">${parts.join('')}</g></svg>`;
 }
@@ -590,10 +686,14 @@ function download(blob, name) {
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
+// named after the first panel that shows maps (the run beside when the Run box's panel is an error), at that
+// panel's own step; the run's part bounded (a run's name may be 200 characters, a file name at most 255 bytes)
 function fileName(ext) {
+  const shown = state.panels.find((p) => p.att) || state.panels[0] || {run: state.run};
+  const run = middle(shown.run.replace(/[^\w.-]+/g, '_'), 101).replace('…', '--');
   const what = state.view === 'head' ? `layer${state.layer}` : 'model';
-  const when = state.text !== null ? 'text' : `step${state.steps[state.stepIndex]}`;
-  return `attention-${state.run.replace(/[^\w.-]+/g, '_')}-${what}-${when}.${ext}`;
+  const when = state.text !== null ? 'text' : `step${shown.att ? shown.att.step : state.steps[state.stepIndex]}`;
+  return `attention-${run}-${what}-${when}.${ext}`;
 }
 
 function saveSVG() {
@@ -644,6 +744,10 @@ async function selectRun(run) {
   state.tag = info.tags.includes(state.contract.tag) ? state.contract.tag : info.tags[0];
   const steps = await stepsOf(run);
   setSteps(steps, steps.length - 1);
+  offerText(info);
+}
+
+function offerText(info) {
   ui.textBtn.disabled = !info.has_checkpoint;
   ui.textInput.placeholder = info.has_checkpoint
     ? 'Type a sentence to see this run\'s attention on it'
@@ -652,9 +756,31 @@ async function selectRun(run) {
 
 function runSelect(cls, withNone, onchange) {
   const select = el('select', {class: cls, onchange});
-  if (withNone) select.append(el('option', {value: ''}, '— none —'));
-  for (const r of state.runs) select.append(el('option', {value: r.run}, r.run));
+  fillRuns(select, withNone);
   return select;
+}
+
+// the options of a run box: every run listed, the one picked kept
+function fillRuns(select, withNone) {
+  const picked = select.value;
+  select.replaceChildren(...(withNone ? [el('option', {value: ''}, '— none —')] : []),
+    ...state.runs.map((r) => el('option', {value: r.run}, r.run)));
+  if (picked) select.value = picked;
+}
+
+// the runs the backend lists now: a run started after the tab opened joins both run boxes, and a run whose first
+// checkpoint was written since offers own text
+async function refreshRuns() {
+  const listing = await getJSON('runs');
+  const names = (runs) => runs.map((r) => r.run).join('\n');
+  const changed = names(listing.runs) !== names(state.runs);
+  state.runs = listing.runs;
+  if (changed) {
+    fillRuns(ui.runSelect, false);
+    fillRuns(ui.compareSelect, true);
+  }
+  const info = state.runs.find((r) => r.run === state.run);
+  if (info) offerText(info);
 }
 
 function controls() {
@@ -666,21 +792,29 @@ function controls() {
   ui.slider = el('input', {type: 'range', min: 0, max: 0, value: 0, step: 1, class: 'step-slider', list: 'step-ticks',
     oninput: (e) => { state.stepIndex = Number(e.target.value); draw(); }});
   ui.stepLabel = el('span', {class: 'step-label'}, '');
-  // no maxlength: the box would cut a longer paste without a word; the length is said instead
+  // no maxlength: the box would cut a longer paste without a word; the length is said instead, and a text over
+  // the limit is not sent (the box and the button say the same)
   const maxChars = state.contract.max_text_chars;
+  const tooLong = (n) => `your text has ${n} characters; at most ${maxChars} (and ` +
+    `${state.contract.max_text_tokens} tokens) can be shown: shorten it, a longer text is not sent`;
+  let warned = false;  // the status shows tooLong's message
   ui.textInput = el('input', {type: 'text', class: 'text-input',
     onkeydown: (e) => { if (e.key === 'Enter') ui.textBtn.click(); },
     oninput: () => {
       const n = ui.textInput.value.length;
-      if (n > maxChars) setStatus(`your text has ${n} characters; at most ${maxChars} (and ${state.contract.max_text_tokens} tokens) are shown`, true);
+      if (n > maxChars) setStatus(tooLong(n), true);
+      else if (warned) setStatus('');
+      warned = n > maxChars;
     }});
   ui.textBtn = el('button', {class: 'text-go', onclick: () => {
     const text = ui.textInput.value;
     if (!text.trim()) { setStatus('type a sentence first', true); return; }
     if (text.length > maxChars) {
-      setStatus(`your text has ${text.length} characters; at most ${maxChars}: shorten it`, true);
+      setStatus(tooLong(text.length), true);
+      warned = true;
       return;
     }
+    if (text === state.text && settled !== drawing) return;  // this text is being computed: pressed again
     state.text = text;
     draw();
   }}, 'Show attention');
@@ -728,15 +862,19 @@ export async function render() {
   await selectRun(state.runs[0].run);
   await draw();
   setInterval(followTraining, FOLLOW_MS);
+  followReload();
 }
 
-// A run still training logs new steps: pick them up; when the newest step was shown, show the new newest.
+// New runs and the steps of a run still training: picked up every FOLLOW_MS and at each of TensorBoard's reloads
+// (its reload button, its periodic reload); when the newest step was shown, the new newest is shown.
 const FOLLOW_MS = 30000;
 
 async function followTraining() {
-  if (document.hidden || state.text !== null) return;
+  if (document.hidden) return;
   let steps;
   try {
+    await refreshRuns();
+    if (state.text !== null) return;
     steps = await stepsOf(state.run);
   } catch (err) {
     return;  // the next poll tries again
@@ -748,5 +886,25 @@ async function followTraining() {
   if (atEnd) draw();
 }
 
+// TensorBoard's reloads, through its channel to plugin frames (the frame hands TensorBoard a MessagePort with
+// "experimental.bootstrap"; TensorBoard sends "experimental.DataReloaded" after each reload as JSON messages
+// {type, id, payload, error, isReply} and waits for a reply to each). Without it the FOLLOW_MS poll remains.
+function followReload() {
+  if (window.parent === window) return;
+  const channel = new MessageChannel();
+  channel.port1.onmessage = (event) => {
+    let message;
+    try {
+      message = JSON.parse(event.data);
+    } catch (err) {
+      return;
+    }
+    if (!message || message.isReply) return;
+    if (message.type === 'experimental.DataReloaded') followTraining();
+    channel.port1.postMessage(JSON.stringify({type: message.type, id: message.id, payload: null, error: null, isReply: true}));
+  };
+  window.parent.postMessage('experimental.bootstrap', '*', [channel.port2]);
+}
+
 // for the browser test and the benchmark
-window.gptminiAttention = {state, timings, currentSVG, pngBlob, draw};
+window.gptminiAttention = {state, timings, currentSVG, pngBlob, draw, fileName};

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, RichProgressBar, Timer
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
@@ -169,6 +169,11 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         self._active = False
         self._start_step = self._logged_step = 0
         self._t0 = 0.0
+        self.timer: Timer | None = None
+
+    def receive(self, parts: RunParts) -> None:
+        super().receive(parts)
+        self.timer = parts.timer
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._active = trainer.is_global_zero and (
@@ -199,8 +204,15 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
             parts.append(f"{rate:,.0f} tok/s")
         parts.append(f"elapsed {_duration(elapsed)}")
         done = step - self._start_step
+        etas = []
         if total is not None and total > step and done > 0:
-            parts.append(f"ETA {_duration(elapsed / done * (total - step))}")
+            etas.append(elapsed / done * (total - step))
+        if total is None or total < 0 or total > step:
+            # trainer.max_time: Lightning's Timer stops the run when the budget is spent, whatever the steps left
+            etas.append(self.timer.time_remaining("train") if self.timer is not None else None)
+        etas = [eta for eta in etas if eta is not None]
+        if etas:
+            parts.append(f"ETA {_duration(max(0.0, min(etas)))}")
         return " | ".join(parts)
 
 

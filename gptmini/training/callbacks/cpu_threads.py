@@ -6,7 +6,9 @@ with the speedrun's many small operations a training step then costs several tim
 (docs/benchmarks.md, "A busy machine"). So every ``interval_s`` seconds of training this callback reads how much
 CPU time other processes took (Linux's ``/proc``) and sets ``torch.set_num_threads`` to the cores left free — at
 least one, at most the count training started with — and gives that count back when fitting ends. Elsewhere (no
-``/proc``) and on a GPU it does nothing."""
+``/proc``), on a GPU, and in a run that asks for reproducible results (``trainer.deterministic=true``, which turns
+on torch's deterministic algorithms) it does nothing: a CPU operation's result depends on how many threads split
+it, so a thread count that follows other programs' load makes two same-seed runs differ in their last digits."""
 
 from __future__ import annotations
 
@@ -90,6 +92,13 @@ class CpuThreads(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last = None
         if pl_module.device.type != "cpu":
+            return
+        if torch.are_deterministic_algorithms_enabled():
+            log.info(
+                "trainer.deterministic: torch keeps %d threads whatever other programs use (results would depend "
+                "on the thread count)",
+                torch.get_num_threads(),
+            )
             return
         self._start_threads = torch.get_num_threads()
         try:

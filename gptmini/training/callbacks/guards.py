@@ -314,6 +314,9 @@ class StopAtTargetLoss(L.Callback):
         self.reached_at: int | None = None
         self._reached_loss: float | None = None
         self._fit_start: float | None = None
+        # the last validation's val/loss and step, whatever the target: in every checkpoint, for the run's
+        # summary (``gptmini runs`` shows it without reading the event files)
+        self._last_val: tuple[float, int] | None = None
 
     # the key of its state in a checkpoint (``target_reached`` reads it there)
     @property
@@ -321,19 +324,30 @@ class StopAtTargetLoss(L.Callback):
         return TARGET_STATE_KEY
 
     def state_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "reached_at": self.reached_at, "val_loss": self._reached_loss}
+        last_loss, last_step = self._last_val or (None, None)
+        return {
+            "target": self.target,
+            "reached_at": self.reached_at,
+            "val_loss": self._reached_loss,
+            "last_val_loss": last_loss,
+            "last_val_step": last_step,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reached_at = state_dict.get("reached_at")
         self._reached_loss = state_dict.get("val_loss")
+        last = state_dict.get("last_val_loss"), state_dict.get("last_val_step")
+        self._last_val = last if None not in last else None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = time.time()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is not None and not trainer.sanity_checking:
+            self._last_val = (float(loss), trainer.global_step)
         if self.target is None or trainer.sanity_checking or self.reached_at is not None:
             return
-        loss = trainer.callback_metrics.get("val/loss")
         if loss is None or not float(loss) <= self.target:
             return
         now = time.time()

@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import Throughput
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -74,6 +75,8 @@ class RunParts:
     probe: ValidationProbe  # the module's: one attention pass per validation for every logger of attention
     throughput: TokenThroughputMonitor | None  # the run's throughput monitor, if it has one
     background: BackgroundWork | None  # the run's background worker, if it has one
+    # Lightning's Timer, which stops the run when trainer.max_time is spent (None: no time budget)
+    timer: Timer | None = None
 
 
 class Receiver:

@@ -3,17 +3,30 @@
 
 After each optimizer step from ``start_step`` on the average moves towards the weights, ``avg = decay * avg +
 (1 - decay) * w`` (the first update copies them). Validation runs on the average (Lightning swaps it in and back),
-checkpoints hold the average as ``state_dict`` (what sampling, evaluation and export read) and the trained weights
-as ``current_model_state``, and training ends with the average in the model. A resumed run restores both: the
-average continues exactly. Off unless ``callbacks.ema`` is set (docs/training-recipe.md).
+and training ends with the average in the model. Every checkpoint, the final one included, keeps the two apart:
+the average as ``state_dict`` (what sampling, evaluation and export read, and say so) and the trained weights as
+``current_model_state``. A resume continues from the trained weights whether or not the average is kept on
+(``GPTLightningModule.on_load_checkpoint``); with it on, the average continues exactly. Off unless
+``callbacks.ema`` is set (docs/training-recipe.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import lightning as L
+import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+from gptmini.checkpoint import TRAINED_WEIGHTS_KEY as TRAINED_KEY
+
+# Where a checkpoint's average goes while a run resumes from it: the module's hook puts the trained weights in
+# "state_dict" (what Lightning restores into the model) and the average here, for this callback to restore.
+AVERAGE_KEY = "averaged_state_dict"
+# Lightning's key in a checkpoint of WeightAveraging for the AveragedModel's own counters (the trained weights'
+# is TRAINED_KEY)
+AVERAGING_STATE_KEY = "averaging_state"
 
 
 def check_ema(decay: Any, start_step: Any, prefix: str = "callbacks.ema") -> None:
@@ -35,6 +48,38 @@ class EMAWeightAveraging(WeightAveraging):
         super().__init__(device=device, use_buffers=True, multi_avg_fn=get_ema_multi_avg_fn(decay))
         self.decay = decay
         self.start_step = start_step
+        self._trained: dict[str, torch.Tensor] | None = None  # set when training ends (``on_train_end``)
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         return step_idx is not None and step_idx >= self.start_step
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._trained: dict[str, torch.Tensor] | None = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the average goes into the model; the trained weights are kept for the checkpoint saved after training
+        self._trained = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._trained is not None and TRAINED_KEY in checkpoint:
+            # after training the model holds the average: Lightning would save it as the trained weights too
+            checkpoint[TRAINED_KEY] = self._trained
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # the model already holds the trained weights (the module's hook put them in "state_dict")
+        average = checkpoint.get(AVERAGE_KEY)
+        if self._average_model is None:
+            return
+        if average is None or AVERAGING_STATE_KEY not in checkpoint:
+            # a checkpoint without an average: the average starts from the weights the run continues from
+            self._average_model.module.load_state_dict(pl_module.state_dict())
+            return
+        state = {"module." + name: value for name, value in average.items()}
+        self._average_model.load_state_dict(state | checkpoint[AVERAGING_STATE_KEY])

@@ -14,6 +14,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
+from gptmini.training.loop.ema import AVERAGE_KEY, TRAINED_KEY
 from gptmini.training.loop.probe import ValidationProbe
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -154,6 +155,15 @@ class GPTLightningModule(L.LightningModule):
         # callbacks log (samples, insight, the ATTENTION tab), instead of Lightning's count of batches stepped
         # before this one (one less during training)
         self.log("step", float(self.trainer.global_step))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A checkpoint of callbacks.ema holds the average as "state_dict" and the trained weights beside it. A run
+        # continues from the trained weights, whether or not it keeps an average (the optimizer's state is theirs):
+        # they go where Lightning restores the model from, and the average aside for the EMA callback, if any.
+        trained = checkpoint.get(TRAINED_KEY)
+        if trained is not None:
+            checkpoint[AVERAGE_KEY] = checkpoint["state_dict"]
+            checkpoint["state_dict"] = trained
 
     def _forward_context(self) -> contextlib.AbstractContextManager:
         # the run's precision (bf16 autocast on GPUs), as in the validation steps

@@ -3,16 +3,23 @@
 The decaying schedules (warmup-cosine, warmup-stable-decay) run over ``max_steps`` optimizer steps or, when
 ``max_time`` is given (the config passes ``trainer.max_time``, Lightning's "DD:HH:MM:SS"), over whichever of the
 two runs out first: the schedule's progress is the larger of the steps' fraction and the elapsed time's, so a run
-stopped by its time budget has finished its decay when Lightning stops it, on any machine."""
+stopped by its time budget has finished its decay when Lightning stops it, on any machine.
+
+A resumed run follows the schedule of its own settings (docs/training.md, "Extending a run"): a checkpoint gives
+back only the schedule's progress (the optimizer steps taken and the seconds spent), never its length or shape, so
+a run resumed with a larger ``trainer.max_steps`` or ``trainer.max_time`` is re-laid over the new length."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+log = logging.getLogger(__name__)
 
 
 def max_time_seconds(max_time: str | None) -> float | None:
@@ -25,6 +32,12 @@ def max_time_seconds(max_time: str | None) -> float | None:
     if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
         raise ValueError(f"trainer.max_time={max_time!r} is invalid: {fix}")
     days, hours, minutes, seconds = (int(p) for p in parts)
+    # Lightning adds the fields up as they come, so "00:00:99:99" would pass as 1h40m39s: a typo, refused
+    for value, unit, most in ((hours, "hours", 23), (minutes, "minutes", 59), (seconds, "seconds", 59)):
+        if value > most:
+            raise ValueError(
+                f"trainer.max_time={max_time!r} is invalid: {unit} {value} is over {most}; {fix}"
+            )
     total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
     if total <= 0:
         raise ValueError(f"trainer.max_time={max_time!r} is invalid: it must be longer than 0 s; {fix}")
@@ -52,7 +65,39 @@ class _TimeBudget:
         self.started = time.monotonic()
 
 
-class _BudgetedLR(LRScheduler):
+# What a checkpoint's schedule state gives back: its progress, and the base rates (the optimizer's, which a resume
+# keeps). Everything else in it (``max_steps``, the warmup, the decay's start and shape) is the plan of the run
+# that wrote it, and the resumed run has its own.
+RESTORED_KEYS = ("last_epoch", "_step_count", "base_lrs")
+
+
+class _PlannedLR(LRScheduler):
+    """An ``LRScheduler`` given by a closed-form ``factor`` of the step, resumed onto this run's plan: loading a
+    state restores the steps taken and sets each group's learning rate to what this run's schedule gives there
+    (the optimizer's state holds the rate the old schedule set after its last step)."""
+
+    # the attributes that lay out the schedule, compared with the checkpoint's to say what changed
+    plan_settings: tuple[str, ...] = ()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict({k: state_dict[k] for k in RESTORED_KEYS if k in state_dict})
+        changed = {
+            k: (state_dict[k], getattr(self, k))
+            for k in self.plan_settings
+            if k in state_dict and state_dict[k] != getattr(self, k)
+        }
+        if changed:
+            log.info(
+                "the learning-rate schedule follows this run's settings from step %d on (%s)",
+                self.last_epoch,
+                ", ".join(f"{k} {was} -> {now}" for k, (was, now) in sorted(changed.items())),
+            )
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+class _BudgetedLR(_PlannedLR):
     """An ``LRScheduler`` whose ``factor(step, time_fraction)`` is read with the time budget's share."""
 
     clock: _TimeBudget
@@ -71,14 +116,16 @@ class _BudgetedLR(LRScheduler):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = dict(state_dict)
-        self.clock.load(state.pop("time_budget", {}))
-        super().load_state_dict(state)
+        # the seconds already spent carry over; the budget is this run's trainer.max_time
+        self.clock.load(dict(state_dict).get("time_budget", {}))
+        super().load_state_dict(state_dict)
 
 
 class WarmupCosineLR(_BudgetedLR):
     """Linear warmup from 0 to the base LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` of
     it at ``max_steps``, flat after. Stepped once per optimizer step."""
+
+    plan_settings = ("max_steps", "warmup_steps", "min_lr_ratio")
 
     def __init__(
         self,
@@ -113,11 +160,13 @@ class WarmupCosineLR(_BudgetedLR):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class WarmupConstantLR(LRScheduler):
+class WarmupConstantLR(_PlannedLR):
     """Linear warmup from 0 to the base LR over ``warmup_steps`` (the same ramp as ``WarmupCosineLR``), then
     the base LR unchanged (for fine-tuning and debugging). Stepped once per optimizer step.
 
     Not ``torch.optim.lr_scheduler.ConstantLR``, which scales the LR by a constant factor for a while instead."""
+
+    plan_settings = ("warmup_steps",)
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
         if warmup_steps < 0:
@@ -142,6 +191,8 @@ class WarmupStableDecayLR(_BudgetedLR):
     ``max_steps``, then down to ``min_lr_ratio`` of it at ``max_steps`` along ``decay_shape``: "linear",
     "cosine" (half a cosine) or "1-sqrt" (1 - sqrt(progress), Hägele et al.); flat after. Every parameter group
     is scaled by the same factor of its own base LR. Stepped once per optimizer step."""
+
+    plan_settings = ("max_steps", "warmup_steps", "decay_start", "min_lr_ratio", "decay_shape")
 
     def __init__(
         self,

@@ -152,14 +152,19 @@ def build_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[Any, dict[str, Any]]:
 def connect_callbacks(callbacks: list[Any], module: Any) -> None:
     """Hands every callback that reads a part of the run it does not own (a ``Receiver``) the parts, so that none
     of them goes looking for it: the LightningModule's validation probe (one attention pass for every logger of
-    attention), the throughput monitor (tokens/s for the progress bar and lines), the background worker."""
+    attention), the throughput monitor (tokens/s for the progress bar and lines), the background worker, and
+    Lightning's Timer (trainer.max_time, for the progress lines' ETA)."""
+    from lightning.pytorch.callbacks import Timer
+
     from gptmini.training.callbacks.background import BackgroundWork
     from gptmini.training.callbacks.loggers import Receiver, RunParts, TokenThroughputMonitor
 
     def first(kind: type) -> Any:
         return next((c for c in callbacks if isinstance(c, kind)), None)
 
-    parts = RunParts(module.validation_probe, first(TokenThroughputMonitor), first(BackgroundWork))
+    parts = RunParts(
+        module.validation_probe, first(TokenThroughputMonitor), first(BackgroundWork), first(Timer)
+    )
     for callback in callbacks:
         if isinstance(callback, Receiver):
             callback.receive(parts)
@@ -226,10 +231,16 @@ def build_data(cfg: DictConfig, plan: RunPlan, trainer: Any) -> tuple[Any, GPTCo
 def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
     """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
     the starting weights of ``model.init_from``."""
-    from gptmini.data.reader import data_identity, load_meta
+    from gptmini.checkpoint import SAVED_TOKENIZER_KEY
+    from gptmini.data.reader import data_identity, load_meta, saved_tokenizer
     from gptmini.training.loop.module import GPTLightningModule
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
+    meta = load_meta(datamodule.data_dir)
+    # the tokenizer travels with the checkpoint: a re-prepared or moved data folder does not orphan it
+    identity = data_identity(datamodule.data_dir, meta) | {
+        SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
+    }
     run_config["trainer"]["val_check_interval"] = plan.val_check_interval
     # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
@@ -244,7 +255,7 @@ def build_module(cfg: DictConfig, plan: RunPlan, trainer: Any, datamodule: Any, 
         scheduler=instantiate(cfg.scheduler) if cfg.scheduler is not None else None,
         compile=cfg.compile,
         run_config=run_config,
-        data_identity=data_identity(datamodule.data_dir, load_meta(datamodule.data_dir)),
+        data_identity=identity,
     )
     if plan.init_from is not None:
         _load_initial_weights(module.model, *resolve_init_from(plan.init_from, cfg.paths.output_root))

@@ -117,7 +117,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         ckpt_path=resume[0] if resume else None,
         resume=resume[1] if resume else None,
         init_from=str(init_from) if init_from and not resume else None,
-        tensorboard_dir=continued_event_folder(*resume) if resume else None,
+        tensorboard_dir=continued_event_folder(*resume, cfg.paths.output_root) if resume else None,
     )
 
 

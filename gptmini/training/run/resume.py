@@ -90,13 +90,48 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
     check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
     check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
     check_resume_plan(path, ckpt, cfg)
+    say_average_change(path, ckpt, cfg)
     return path, ckpt
+
+
+def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None:
+    """One log line when ``callbacks.ema`` differs from the checkpoint's run: the resume continues from the
+    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average."""
+    from gptmini.checkpoint import TRAINED_WEIGHTS_KEY
+
+    callbacks = cfg.get("callbacks") or {}
+    node = callbacks.get("ema")
+    now = OmegaConf.to_container(node, resolve=True) if node is not None else None
+    saved_callbacks = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("callbacks") or {}
+    had = TRAINED_WEIGHTS_KEY in ckpt
+    was = saved_callbacks.get("ema") if had else None
+    if had and now is None:
+        log.warning(
+            "%s was trained with callbacks.ema and this run has none: it continues from the trained weights, and "
+            "its checkpoints hold them without an average",
+            path,
+        )
+    elif now is not None and not had:
+        log.warning(
+            "%s was trained without callbacks.ema: the average starts from its trained weights at step %s",
+            path,
+            ckpt.get("global_step"),
+        )
+    elif had and was is not None and was != now:
+        log.warning(
+            "callbacks.ema differs from the one %s was trained with (%s, now %s): the average continues under "
+            "the new settings",
+            path,
+            was,
+            now,
+        )
 
 
 def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: Any, model: GPTConfig) -> None:
     """Once the data is prepared: the checkpoint against it (another corpus or tokenizer is said, and another
     vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
-    The temp file a save killed midway left beside the checkpoint (its writer is gone) is removed."""
+    The temp file a save of this host killed midway left in the resumed run's checkpoints folder (its writer is
+    gone) is removed."""
     from gptmini.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
 
     other_data = check_trained_data(
@@ -110,30 +145,48 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     if other_data:
         log.warning("resuming on other data: %s; the run will differ from one never interrupted", other_data)
     check_resume_compatible(path, model.to_dict(), ckpt=ckpt)
-    for stale in remove_stale_temp_files(Path(path).parent):
-        log.info("removed %s, left by a save that was interrupted", stale)
+    folder = Path(path).parent
+    # only the checkpoints folder of a run (the one this run resumes), never a folder of the user's own
+    if folder.name == "checkpoints" and (folder.parent / ".hydra").is_dir():
+        for stale in remove_stale_temp_files(folder):
+            log.info("removed %s, left by a save that was interrupted", stale)
 
 
-def continued_event_folder(path: str, ckpt: dict[str, Any]) -> str | None:
+def continued_event_folder(path: str, ckpt: dict[str, Any], output_root: str | Path) -> str | None:
     """The TensorBoard folder of the run a checkpoint belongs to, which the resumed run logs on into (one run,
     one curve in TensorBoard): the folder the checkpoint records (a run resumed before logged into its own
-    first run's), else the one of the run folder holding ``checkpoints/<file>``. None: a checkpoint outside a
-    run folder, or one whose events are gone; the resumed run then logs to a TensorBoard run of its own."""
+    first run's), else the one of the run folder holding ``checkpoints/<file>``. Only a folder that resolves
+    inside ``output_root`` or the checkpoint's run folder is followed: a checkpoint is a file anyone can write,
+    so one recording another place is said in one line and the run logs to a TensorBoard run of its own. None: a
+    checkpoint outside a run folder, or one whose events are gone or elsewhere (a TensorBoard run of its own)."""
     ckpt_file = Path(path)
     if ckpt_file.parent.name != "checkpoints":
         return None
     run_dir = ckpt_file.parent.parent
+    allowed = (Path(output_root).resolve(), run_dir.resolve())
     recorded = recorded_event_folder(run_dir, ckpt)
     if recorded is not None and recorded.is_dir():
-        return str(recorded.resolve())
-    found = event_folders(run_dir)
+        if _inside(recorded.resolve(), allowed):
+            return str(recorded.resolve())
+        log.warning(
+            "the TensorBoard folder %s recorded in %s is outside paths.output_root and the checkpoint's run "
+            "folder: not followed, this run logs to a TensorBoard run of its own",
+            recorded,
+            path,
+        )
+        return None
+    found = [f.resolve() for f in event_folders(run_dir) if _inside(f.resolve(), allowed)]
     if found:
-        return str(found[0].resolve())
+        return str(found[0])
     log.info(
         "no TensorBoard events of the run of %s were found: this run logs to a TensorBoard run of its own",
         path,
     )
     return None
+
+
+def _inside(folder: Path, roots: tuple[Path, ...]) -> bool:
+    return any(folder == root or folder.is_relative_to(root) for root in roots)
 
 
 def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
@@ -144,6 +197,28 @@ def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
     if state.get("reached_at") is None or state.get("val_loss") is None:
         return None
     return int(state["reached_at"]), float(state["val_loss"])
+
+
+# the key of Lightning's Timer callback (trainer.max_time) in a checkpoint's callback states
+TIMER_STATE_KEY = "Timer"
+
+
+def check_time_left(path: str | Path, ckpt: dict[str, Any], max_time: str | None) -> None:
+    """Refuses a resume whose ``trainer.max_time`` the checkpoint's run has already spent training (Lightning's
+    Timer carries the seconds over and would stop at once, training nothing)."""
+    from gptmini.training.loop.schedulers import max_time_seconds
+
+    budget = max_time_seconds(max_time)
+    timer = (ckpt.get("callbacks") or {}).get(TIMER_STATE_KEY) or {}
+    spent = (timer.get("time_elapsed") or {}).get("train")
+    if budget is None or not isinstance(spent, (int, float)) or spent < budget:
+        return
+    raise RunError(
+        f"checkpoint {path} has already trained for {spent:.0f} s and trainer.max_time={max_time} allows "
+        f"{budget:.0f} s: the run is finished and resuming would train nothing. To train on, resume with a larger "
+        "trainer.max_time (the schedule is re-laid over it) or trainer.max_time=null; to evaluate it, use the "
+        "eval command"
+    )
 
 
 def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
@@ -167,6 +242,7 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
+    check_time_left(path, ckpt, cfg.trainer.get("max_time"))
     saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
     saved_data, saved_trainer = saved.get("data") or {}, saved.get("trainer") or {}
     changes = []

@@ -32,6 +32,22 @@ def check_run_name(name: Any) -> None:
         )
 
 
+def check_tensorboard_version(config: DictConfig) -> None:
+    """Refuses a logger's ``version`` that is not one plain folder name, as ``run_name`` (``../../x`` would write
+    events outside the run folder); null (the run's own label) and a version number are fine."""
+    for key, node in (config.get("logger") or {}).items():
+        version = node.get("version") if isinstance(node, DictConfig) else None
+        if version is None or (isinstance(version, int) and not isinstance(version, bool) and version >= 0):
+            continue
+        text = str(version)
+        if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
+            raise RunError(
+                f"logger.{key}.version={text!r} is invalid: it names one folder of the run's TensorBoard runs, so "
+                "it may hold letters, digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), "
+                f"e.g. logger.{key}.version=my_run, or null for the run's own name"
+            )
+
+
 def command_overrides() -> list[str]:
     """The run's command-line overrides as Hydra recorded them (``hydra.overrides.task``; a sweep job's own
     values included), [] outside a Hydra run."""
@@ -113,6 +129,7 @@ def _one_of_several_processes() -> bool:
 def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
     try:
         check_run_name(config.get("run_name"))
+        check_tensorboard_version(config)
         if name_too_long(folder):
             raise RunError(
                 f"the run folder {folder[:80]}...: {name_too_long(folder)}; pass a shorter paths.output_root (or {key})"

@@ -189,7 +189,7 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
             {"run": "no_ckpt/tb", "text": "hello"},
             "application/json",
             404,
-            "run 'no_ckpt/tb' has no checkpoint",
+            "this run has no checkpoint beside its event files",
         ),
         ({"run": "../with_ckpt/tb", "text": "hi"}, "application/json", 400, "unknown run '../with_ckpt/tb'"),
         ({"run": "outside", "text": "hi"}, "application/json", 400, "unknown run 'outside'"),
@@ -275,6 +275,25 @@ def test_a_text_that_waits_too_long_is_told_busy(client, app):
         del plugin._own_text
         plugin.wait_seconds = plugin_module().WAIT_SECONDS
     assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200
+
+
+def test_errors_about_a_runs_files_say_its_long_name_only_where_the_page_shows_it(tmp_path):
+    """A run named after its overrides (about 200 characters) with a damaged checkpoint: the error names the file
+    once and leaves the run's name to the panel it is shown under."""
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    label = "speedrun," + ",".join(f"model.setting_{i}=value_{i}" for i in range(8))
+    run = f"speedrun/2026-01-01_10-00-00_000000/tb/{label}"
+    writer = SummaryWriter(str(tmp_path / run))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+    writer.close()
+    checkpoint = tmp_path / "speedrun" / "2026-01-01_10-00-00_000000" / "checkpoints" / "last.ckpt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"PK\x03\x04 not really an archive")
+    code, body = _post(Client(_app(tmp_path)[0]), {"run": run, "text": "hi"})
+    assert code == 400 and "this run's checkpoint cannot be loaded" in body["error"], body
+    assert label not in body["error"] and body["error"].count(str(checkpoint)) == 1, body["error"]
 
 
 def plugin_module():
@@ -411,7 +430,7 @@ def test_a_refused_checkpoint_is_answered_while_another_text_is_computed(tmp_pat
         worker.start()
         assert started.wait(10)
         code, body = _post(client, {"run": "bad/tb", "text": "hello"})
-        assert code == 400 and "the checkpoint of run 'bad/tb' cannot be loaded" in body["error"], body
+        assert code == 400 and "this run's checkpoint cannot be loaded" in body["error"], body
         assert "is not a gptmini checkpoint" in body["error"]
     finally:
         release.set()

@@ -127,6 +127,51 @@ def test_saved_file_round_trips_and_is_json(bpe, tmp_path):
         BPETokenizer.load(path)
 
 
+def _refuse_decoding(monkeypatch) -> None:
+    """Any parse of a JSON text or decoding of a token fails the test: a refusal must come before them."""
+    import base64
+
+    from gptmini.data import tokenizers
+
+    def called(*args, **kwargs):
+        raise AssertionError("decoded before it was checked")
+
+    monkeypatch.setattr(tokenizers.json, "loads", called)
+    monkeypatch.setattr(base64, "b64decode", called)
+
+
+def test_a_padded_or_replaced_bpe_file_is_refused_before_it_is_parsed(bpe, tmp_path, monkeypatch):
+    from gptmini.data.tokenizers import bpe_file_facts, load_recorded
+
+    path = tmp_path / BPE_FILE
+    bpe.save(path)
+    spec = bpe.to_dict() | bpe_file_facts(path)
+    assert load_recorded(path, spec).sha256 == bpe.sha256
+    original = path.read_bytes()
+    with monkeypatch.context() as patch:
+        _refuse_decoding(patch)
+        path.write_bytes(original + b" " * 4096)  # the same JSON, padded: the recorded size differs
+        with pytest.raises(TokenizerError, match=r"bytes but meta\.json records .*refused unread"):
+            load_recorded(path, spec)
+        path.write_bytes(original.replace(b'"kind"', b'"kinD"'))  # the same size, other bytes
+        with pytest.raises(TokenizerError, match=r"has sha256 .* \(refused unparsed\)"):
+            load_recorded(path, spec)
+        # data prepared before the file's size was recorded: refused when far over what its vocabulary takes
+        old_spec = bpe.to_dict()
+        path.write_bytes(original + b" " * (bpe.vocab_size * 1024 + (1 << 16)))
+        with pytest.raises(TokenizerError, match=r"far more than a BPE of 320 tokens takes"):
+            load_recorded(path, old_spec)
+    # ... and within it, its content's digest compared before any token is decoded
+    other = json.loads(original) | {"pattern": r"\s+"}
+    path.write_text(json.dumps(other))
+    with monkeypatch.context() as patch:
+        import base64
+
+        patch.setattr(base64, "b64decode", lambda *a, **k: pytest.fail("a token was decoded"))
+        with pytest.raises(TokenizerError, match="its sha256 differs"):
+            load_recorded(path, old_spec)
+
+
 @pytest.mark.parametrize(
     ("vocab", "train_bytes", "match"),
     [

@@ -216,3 +216,26 @@ def test_a_busy_program_elsewhere_counts_as_others_and_a_child_as_own() -> None:
         child.kill()
         child.wait()
     assert after.own - before.own >= spun - 2  # read a moment apart: a tick or two either way
+
+
+def test_a_deterministic_run_keeps_its_thread_count_whatever_the_load(
+    monkeypatch: pytest.MonkeyPatch, two_threads: None
+) -> None:
+    """trainer.deterministic=true (torch's deterministic algorithms on) is the reproducible mode: the thread count,
+    which changes a CPU operation's result, stays what the run started with even with every core busy."""
+    # other programs keep both cores busy: without the switch, one thread (test_the_callback_drops_...)
+    ticks = iter(CpuTimes(busy=200 * k, total=200 * k, own=0) for k in range(100))
+    monkeypatch.setattr(cpu_threads, "read_cpu_times", ticks.__next__)
+    monkeypatch.setattr(cpu_threads.time, "monotonic", iter(float(t) for t in range(100)).__next__)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        cb = CpuThreads(interval_s=1.0)
+        cb.cores = 2
+        module = SimpleNamespace(device=torch.device("cpu"))
+        cb.on_train_start(None, module)
+        for i in range(3):
+            cb.on_train_batch_end(None, module, None, None, i)
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -107,6 +107,65 @@ def test_checkpoints_hold_the_average_and_a_resumed_run_ends_exactly_as_an_unint
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+class StartWeights(L.Callback):
+    """The weights a (resumed) run starts training from."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.weights = pl_module.model.wte.weight.detach().clone()
+
+
+def test_the_final_checkpoint_keeps_the_trained_weights_beside_the_average(tmp_path):
+    """Training ends with the average in the model; the checkpoint saved after it (the run's final last.ckpt)
+    still holds the trained weights as current_model_state, not a second copy of the average."""
+    module, recorder = _module(), Recorder()
+    trainer = _trainer(tmp_path, [recorder, EMAWeightAveraging(decay=0.7)], limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=_loader())
+    trainer.save_checkpoint(tmp_path / "last.ckpt")  # as training.app.fit writes the final last.ckpt
+    ckpt = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    expected = _ema(recorder.trained, 0.7, 0)
+    torch.testing.assert_close(ckpt["state_dict"]["model.wte.weight"], expected[3])
+    torch.testing.assert_close(ckpt["current_model_state"]["model.wte.weight"], recorder.trained[3])
+    assert not torch.equal(expected[3], recorder.trained[3])
+
+
+@pytest.mark.parametrize("ema_now", [True, False], ids=["with_ema", "without_ema"])
+def test_a_resume_continues_from_the_trained_weights_with_or_without_ema(tmp_path, ema_now):
+    """A 4-step EMA run's checkpoint, resumed for 2 more steps with callbacks.ema on or off: training starts from
+    the trained weights (the optimizer's state is theirs), never from the average; with EMA on, the average
+    continues from the checkpoint's; the weights end as those of a 6-step run never interrupted."""
+    first_recorder = Recorder()
+    first = _trainer(tmp_path / "a", [first_recorder, EMAWeightAveraging(decay=0.7)], limit_val_batches=0)
+    first.fit(_module(), train_dataloaders=_loader())
+    first.save_checkpoint(tmp_path / "a.ckpt")
+    ckpt = torch.load(tmp_path / "a.ckpt", weights_only=True)
+    trained = ckpt["current_model_state"]["model.wte.weight"]
+    average = ckpt["state_dict"]["model.wte.weight"]
+
+    start, recorder = StartWeights(), Recorder()
+    ema = EMAWeightAveraging(decay=0.7)
+    callbacks = [start, recorder, ema] if ema_now else [start, recorder]
+    resumed = _module()
+    _trainer(tmp_path / "b", callbacks, max_steps=6, limit_val_batches=0).fit(
+        resumed, train_dataloaders=_loader(), ckpt_path=tmp_path / "a.ckpt"
+    )
+    torch.testing.assert_close(start.weights, trained, rtol=0, atol=0)
+    assert not torch.equal(start.weights, average)
+    # the oracle: the same 6 steps uninterrupted (the average does not change what is trained)
+    whole_recorder = Recorder()
+    _trainer(tmp_path / "c", [whole_recorder], max_steps=6, limit_val_batches=0).fit(
+        _module(), train_dataloaders=_loader()
+    )
+    torch.testing.assert_close(recorder.trained, whole_recorder.trained[4:], rtol=0, atol=0)
+    if ema_now:
+        # the average went on from the checkpoint's: two more EMA updates of the resumed steps' weights
+        want = average
+        for w in recorder.trained:
+            want = 0.7 * want + 0.3 * w
+        torch.testing.assert_close(resumed.model.wte.weight.detach(), want)
+    else:
+        torch.testing.assert_close(resumed.model.wte.weight.detach(), recorder.trained[-1], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

@@ -4,6 +4,7 @@ resume from a state_dict (the scheduler's state is part of every checkpoint)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -267,3 +268,79 @@ def test_the_schedule_takes_trainer_max_time_and_a_bad_one_fails_at_config_time(
     validate_config(cfg)
     with pytest.raises(RunError, match=r"trainer\.max_time='10min' is invalid: give trainer\.max_time as"):
         validate_config(compose_cfg(["debug=smoke", f"scheduler={scheduler}", "trainer.max_time=10min"]))
+
+
+def _resume(make, first: torch.optim.lr_scheduler.LRScheduler, state: dict | None = None) -> Any:
+    """As Lightning resumes: a fresh optimizer and scheduler of this run's settings, then the checkpoint's
+    optimizer state, then its scheduler state (``state``: as saved earlier)."""
+    resumed = make(_optimizer())
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
+    resumed.load_state_dict(first.state_dict() if state is None else state)
+    return resumed
+
+
+def test_a_finished_wsd_run_extended_keeps_its_stable_phase_and_decays_to_the_new_end(caplog):
+    """6 steps decayed to 0; resumed with max_steps=12, the stable phase runs on and the decay (its fraction of
+    the new length) moves to the new end, as a 12-step run from the start would have it."""
+    import logging
+
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def wsd(max_steps: int):
+        return lambda o: WarmupStableDecayLR(o, max_steps=max_steps, warmup_steps=2, decay_fraction=0.3)
+
+    first = wsd(6)(_optimizer())
+    assert _lrs(first, 6)[-1] > 0.0 and first.optimizer.param_groups[0]["lr"] == 0.0  # finished: at its floor
+    with caplog.at_level(logging.INFO, logger="gptmini.training.loop.schedulers"):
+        extended = _resume(wsd(12), first)
+    assert "follows this run's settings from step 6 on (decay_start 4 -> 8, max_steps 6 -> 12)" in caplog.text
+    new = _lrs(extended, 6)
+    # the oracle: the schedule of a 12-step run, at steps 6..11
+    assert new == pytest.approx(_lrs(wsd(12)(_optimizer()), 12)[6:])
+    assert new[:2] == pytest.approx([BASE_LR, BASE_LR]) and all(lr > 0.0 for lr in new)
+
+
+def test_an_interrupted_cosine_run_extended_is_re_laid_over_the_new_length():
+    def cosine(max_steps: int):
+        return lambda o: WarmupCosineLR(o, max_steps=max_steps, warmup_steps=2, min_lr_ratio=0.1)
+
+    first = cosine(10)(_optimizer())
+    _lrs(first, 4)  # stopped at step 4 of 10
+    assert _lrs(_resume(cosine(40), first), 36) == pytest.approx(_lrs(cosine(40)(_optimizer()), 40)[4:])
+
+
+def test_a_resume_on_the_same_plan_is_exact_and_says_nothing(caplog):
+    import logging
+
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def make(o):
+        return WarmupStableDecayLR(o, max_steps=10, warmup_steps=2, decay_fraction=0.5)
+
+    first = make(_optimizer())
+    _lrs(first, 7)
+    saved_lr = first.optimizer.param_groups[0]["lr"]
+    with caplog.at_level(logging.INFO, logger="gptmini.training.loop.schedulers"):
+        resumed = _resume(make, first)
+    assert resumed.optimizer.param_groups[0]["lr"] == saved_lr  # bit for bit
+    assert resumed.get_last_lr() == [saved_lr] and caplog.text == ""
+
+
+def test_an_extended_time_budget_continues_the_schedule_with_the_seconds_spent(clock):
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def make(max_time: str):
+        return lambda o: WarmupStableDecayLR(
+            o, max_steps=1_000_000, decay_fraction=0.5, min_lr_ratio=0.0, max_time=max_time
+        )
+
+    first = make("00:00:01:40")(_optimizer())
+    assert _lr_at(first, clock, 100.0) == 0.0  # its 100 s spent: at the floor
+    state = first.state_dict()  # as the checkpoint saved it
+    clock.now = 5000.0
+    extended = _resume(make("00:00:06:40"), first, state)  # 400 s: 100 spent, the decay starts at 200 s
+    assert extended.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR)
+    clock.now = 5000.0 + 200.0  # 300 s of 400: half-way down
+    extended.optimizer.step()
+    extended.step()
+    assert extended.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR * 0.5)

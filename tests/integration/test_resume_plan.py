@@ -1,0 +1,183 @@
+"""A resumed run follows the plan of its own command, through the real ``gptmini train``: a finished or interrupted
+run extended with a larger ``trainer.max_steps`` or ``trainer.max_time`` trains the new steps on the new schedule
+(learning rate above 0, val/loss moving) and a spent time budget is refused in one line; an EMA run resumes from
+its trained weights with or without ``callbacks.ema``; ``trainer.deterministic=true`` makes same-seed runs
+bit-identical whatever the machine's load."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gptmini.data.prepare import prepare
+
+EMA = "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.8}"
+LR = "lr-MuonAdamW/hidden"
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def finished(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, output(proc)[-3000:]
+    return proc
+
+
+def sigterm(step: int) -> str:
+    """test_reliability's fault injector (on the subprocess's PYTHONPATH): SIGTERM at the start of ``step``."""
+    return f"+callbacks.fault={{_target_:test_reliability.FaultInjector,action:sigterm,step:{step},where:batch_start}}"
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    prepare("shakespeare", "char", root / "shakespeare_char")
+    return root
+
+
+@pytest.fixture
+def train(run_cli: Any, data_root: Path, tmp_path: Path) -> Any:
+    """``train(run_name, *overrides, env=None)``: ``debug=smoke`` on characters under ``tmp_path/out``."""
+
+    def _train(name: str, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        base = ["debug=smoke", "tokenizer=char", f"run_name={name}"]
+        paths = [f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={data_root}"]
+        return run_cli.train([*base, *paths, *overrides], env=env)
+
+    return _train
+
+
+def run_folders(root: Path, name: str) -> list[Path]:
+    return sorted(p for p in (root / name).iterdir() if p.is_dir())
+
+
+def ckpt_of(folder: Path, name: str = "last.ckpt") -> dict[str, Any]:
+    return torch.load(folder / "checkpoints" / name, weights_only=True, map_location="cpu")
+
+
+def scalars(events: Any, tag: str) -> dict[int, float]:
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+def test_a_finished_run_extended_trains_its_new_steps(train, tmp_path, tb_events) -> None:
+    """6 steps of WSD decayed to 0; resumed with trainer.max_steps=12, the stable phase runs on and the decay
+    moves to step 12: every new step has a learning rate above 0, and val/loss moves."""
+    finished(train("ext"))
+    (first,) = run_folders(tmp_path / "out", "ext")
+    assert ckpt_of(first)["global_step"] == 6
+    resumed = finished(train("ext", f"ckpt_path={first}", "trainer.max_steps=12"))
+    assert (
+        "the learning-rate schedule follows this run's settings from step 6 on (decay_start 4 -> 8, "
+        "max_steps 6 -> 12)" in output(resumed)
+    )
+    second = run_folders(tmp_path / "out", "ext")[-1]
+    assert ckpt_of(second)["global_step"] == 12
+    events = tb_events(second)  # the resumed run logs on into the first run's TensorBoard run
+    lr = scalars(events, LR)
+    new = [v for k, v in sorted(lr.items()) if k >= 6]  # Lightning logs a resumed step's rate one step on
+    assert len(new) == 6 and all(v > 0.0 for v in new), lr
+    assert new[0] == new[1] == max(lr.values())  # the stable phase, at the base rate
+    val = scalars(events, "val/loss")
+    assert val[12] < val[6], val
+
+
+def test_an_interrupted_run_extended_trains_past_its_old_end(train, tmp_path, tb_events) -> None:
+    """A run of 8 steps stopped by SIGTERM after step 4, resumed with trainer.max_steps=16: the steps past 8,
+    where the old schedule had reached 0, train at a rate above 0, and val/loss moves."""
+    first_run = train("cut", "trainer.max_steps=8", sigterm(3))
+    assert first_run.returncode == 143, output(first_run)[-3000:]
+    (first,) = run_folders(tmp_path / "out", "cut")
+    assert ckpt_of(first, "on_exception.ckpt")["global_step"] == 4
+    finished(train("cut", "ckpt_path=last", "trainer.max_steps=16", "trainer.val_check_interval=4"))
+    second = run_folders(tmp_path / "out", "cut")[-1]
+    events = tb_events(second)
+    lr = scalars(events, LR)
+    new = [v for k, v in sorted(lr.items()) if k >= 4]
+    assert len(new) == 12 and all(v > 0.0 for v in new), lr
+    val = scalars(events, "val/loss")
+    assert val[16] < val[8], val
+
+
+def test_a_spent_time_budget_is_refused_and_a_larger_one_trains_on(train, tmp_path, tb_events) -> None:
+    finished(train("timed", "trainer.max_steps=100000", "trainer.max_time=00:00:00:01"))
+    (first,) = run_folders(tmp_path / "out", "timed")
+    step = ckpt_of(first)["global_step"]
+    assert 0 < step < 100000
+    again = train("timed", f"ckpt_path={first}", "trainer.max_steps=100000", "trainer.max_time=00:00:00:01")
+    text = output(again)
+    assert again.returncode == 2, text[-3000:]
+    assert re.search(
+        r"error: checkpoint \S+last\.ckpt has already trained for \d+ s and trainer\.max_time=00:00:00:01 "
+        r"allows 1 s: the run is finished and resuming would train nothing\. To train on, resume with a larger "
+        r"trainer\.max_time",
+        text,
+    ), text[-3000:]
+    assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1
+    assert len(run_folders(tmp_path / "out", "timed")) == 1  # nothing left of the refused run
+    finished(
+        train("timed", f"ckpt_path={first}", f"trainer.max_steps={step + 3}", "trainer.max_time=00:00:30:00")
+    )
+    second = run_folders(tmp_path / "out", "timed")[-1]
+    assert ckpt_of(second)["global_step"] == step + 3
+    lr = scalars(tb_events(second), LR)
+    new = [v for k, v in sorted(lr.items()) if k >= step]
+    assert len(new) == 3 and all(v > 0.0 for v in new), lr
+
+
+def test_an_ema_run_resumes_from_its_trained_weights_with_or_without_ema(train, tmp_path, caplog) -> None:
+    """An EMA run's final checkpoint keeps the trained weights apart from the average. Resumed without
+    callbacks.ema (said in one line) or with it, training continues from the trained weights: both end with the
+    weights of a run never averaged nor interrupted (a constant rate: the schedule's length changes nothing);
+    sampling uses the average and says so."""
+    from gptmini.cli import main as gptmini
+
+    constant = ["scheduler=constant", "trainer.val_check_interval=2"]
+    finished(train("ema", *constant, "trainer.max_steps=4", EMA))
+    (first,) = run_folders(tmp_path / "out", "ema")
+    saved = ckpt_of(first)
+    assert saved["global_step"] == 4
+    key = "model.wte.weight"
+    assert not torch.equal(saved["state_dict"][key], saved["current_model_state"][key])
+    without = finished(train("ema", *constant, f"ckpt_path={first}", "trainer.max_steps=6"))
+    assert "was trained with callbacks.ema and this run has none: it continues from the trained weights" in (
+        output(without)
+    )
+    without_dir = run_folders(tmp_path / "out", "ema")[-1]
+    finished(train("ema", *constant, f"ckpt_path={first}", "trainer.max_steps=6", EMA))
+    with_dir = run_folders(tmp_path / "out", "ema")[-1]
+    finished(train("plain", *constant, "trainer.max_steps=6"))
+    (plain_dir,) = run_folders(tmp_path / "out", "plain")
+    plain = ckpt_of(plain_dir)["state_dict"]
+    for name, want in plain.items():
+        torch.testing.assert_close(ckpt_of(without_dir)["state_dict"][name], want, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(
+            ckpt_of(with_dir)["current_model_state"][name], want, rtol=0, atol=0, msg=name
+        )
+    assert not torch.equal(ckpt_of(with_dir)["state_dict"][key], plain[key])  # the average, apart
+    assert "current_model_state" not in ckpt_of(without_dir)
+    with caplog.at_level(logging.INFO):
+        assert gptmini(["sample", "--ckpt", str(first), "--max-new-tokens", "2"]) == 0
+    assert "holds an average of the weights (callbacks.ema) beside the trained ones: using the average" in (
+        caplog.text
+    )
+
+
+def test_a_deterministic_run_is_bit_identical_whatever_the_load(train, tmp_path) -> None:
+    """docs/training.md's promise: with trainer.deterministic=true, two runs of the same seed on one machine end
+    with the same weights to the last bit, on two threads each, whatever other programs run meanwhile."""
+    env = {"OMP_NUM_THREADS": "2"}
+    runs = []
+    for name in ("det_a", "det_b"):
+        proc = finished(train(name, "trainer.deterministic=true", env=env))
+        assert "trainer.deterministic: torch keeps 2 threads whatever other programs use" in output(proc)
+        (folder,) = run_folders(tmp_path / "out", name)
+        runs.append(ckpt_of(folder)["state_dict"])
+    for name, want in runs[0].items():
+        torch.testing.assert_close(runs[1][name], want, rtol=0, atol=0, msg=name)
