@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 help: ## Show this help (target names in colour on a terminal only)
 	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
 	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "; printf "Usage: make <target> [ARGS=\"hydra overrides\"]\n\n"} \
-		/^[a-zA-Z_-]+:.*## / {printf "  %s%-12s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
+		/^[a-zA-Z_-]+:.*## / {printf "  %s%-17s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

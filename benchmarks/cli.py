@@ -12,15 +12,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.attention import (
-    attention_key_other_allocator,
-    bench_attention,
-    bench_attention_key,
-    bench_attention_options,
-    plot_attention,
-)
-from benchmarks.board import BOARD_COLUMNS, bench_board
-from benchmarks.busy import BUSY_COLUMNS, bench_busy
 from benchmarks.common import (
     ALLOC_DEFAULT,
     ALLOC_RETAINED,
@@ -31,27 +22,6 @@ from benchmarks.common import (
     machine_info,
     write_table,
 )
-from benchmarks.data import bench_data
-from benchmarks.end_to_end import bench_end_to_end
-from benchmarks.frontier import FRONTIER_COLUMNS, MARGIN_S, bench_frontier
-from benchmarks.generation import bench_generate
-from benchmarks.host import HOST_COLUMNS, bench_host
-from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
-from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
-from benchmarks.recipe import RECIPE_COLUMNS, bench_recipe
-from benchmarks.runs import RUNS_COLUMNS, bench_runs
-from benchmarks.summary import (
-    ATTENTION_COLUMNS,
-    ATTENTION_KEY_COLUMNS,
-    ATTENTION_OPTION_COLUMNS,
-    DATA_COLUMNS,
-    E2E_COLUMNS,
-    GENERATE_COLUMNS,
-    TRAIN_COLUMNS,
-    write_summary,
-)
-from benchmarks.training import bench_train
-from benchmarks.zoo import ZOO_COLUMNS, bench_attention_zoo
 from gptmini.fileio import unwritable_reason
 from gptmini.options import positive_int, seed_int
 
@@ -94,6 +64,8 @@ def run(opts: BenchOptions, only: Sequence[str] = SECTIONS) -> dict[str, list[di
     extra["wall time"] = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + (
         f"; total {time.perf_counter() - t_all:.0f} s"
     )
+    from benchmarks.summary import write_summary
+
     print(write_summary(out, results, info, extra), flush=True)
     return results
 
@@ -108,37 +80,81 @@ Table = Callable[[str, str, list[dict[str, Any]], list[str], list[str]], None]
 
 Benchmark = Callable[[BenchOptions], tuple[list[dict[str, Any]], list[str]]]
 
-# The sections whose benchmarks each give one table as it is: (benchmark, table name, title, columns).
-TABLES: dict[str, list[tuple[Benchmark, str, str, list[str]]]] = {
-    "train": [
-        (bench_train, "train", "Training throughput", TRAIN_COLUMNS),
-        (bench_insight, "insight", "Head insight: cost per validation", INSIGHT_COLUMNS),
-        (bench_lm_loss, "lm_loss", "Output-layer loss: logits vs chunked", LM_LOSS_COLUMNS),
-    ],
-    "host": [(bench_host, "host", "Host cost per step: the training command vs the bare loop", HOST_COLUMNS)],
-    "e2e": [(bench_end_to_end, "e2e", "The whole run: training command vs bare loop", E2E_COLUMNS)],
-    "recipe": [
-        (
-            bench_recipe,
-            "recipe",
-            "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
-            RECIPE_COLUMNS,
-        )
-    ],
-    "frontier": [
-        (bench_frontier, "frontier", "The frontier: val/loss within a wall-clock budget", FRONTIER_COLUMNS)
-    ],
-    "busy": [(bench_busy, "busy", "The speedrun's lead on a busy machine", BUSY_COLUMNS)],
-    "board": [(bench_board, "board", "Attention tab: size, render and own-text timings", BOARD_COLUMNS)],
-    "generate": [(bench_generate, "generate", "Generation (batch 1, greedy)", GENERATE_COLUMNS)],
-    "runs": [(bench_runs, "runs", "`gptmini runs` over many runs", RUNS_COLUMNS)],
-}
+
+def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
+    """The sections whose benchmarks each give one table as it is: (benchmark, table name, title, columns). The
+    sections are imported here, not at the top: `gptmini bench --help` needs none of them (nor Lightning)."""
+    from benchmarks.board import BOARD_COLUMNS, bench_board
+    from benchmarks.busy import BUSY_COLUMNS, bench_busy
+    from benchmarks.end_to_end import bench_end_to_end
+    from benchmarks.frontier import FRONTIER_COLUMNS, bench_frontier
+    from benchmarks.generation import bench_generate
+    from benchmarks.host import HOST_COLUMNS, bench_host
+    from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
+    from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
+    from benchmarks.recipe import RECIPE_COLUMNS, bench_recipe
+    from benchmarks.runs import RUNS_COLUMNS, bench_runs
+    from benchmarks.summary import (
+        E2E_COLUMNS,
+        GENERATE_COLUMNS,
+        TRAIN_COLUMNS,
+    )
+    from benchmarks.training import bench_train
+
+    return {
+        "train": [
+            (bench_train, "train", "Training throughput", TRAIN_COLUMNS),
+            (bench_insight, "insight", "Head insight: cost per validation", INSIGHT_COLUMNS),
+            (bench_lm_loss, "lm_loss", "Output-layer loss: logits vs chunked", LM_LOSS_COLUMNS),
+        ],
+        "host": [
+            (bench_host, "host", "Host cost per step: the training command vs the bare loop", HOST_COLUMNS)
+        ],
+        "e2e": [(bench_end_to_end, "e2e", "The whole run: training command vs bare loop", E2E_COLUMNS)],
+        "recipe": [
+            (
+                bench_recipe,
+                "recipe",
+                "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
+                RECIPE_COLUMNS,
+            )
+        ],
+        "frontier": [
+            (
+                bench_frontier,
+                "frontier",
+                "The frontier: val/loss within a wall-clock budget",
+                FRONTIER_COLUMNS,
+            )
+        ],
+        "busy": [(bench_busy, "busy", "The speedrun's lead on a busy machine", BUSY_COLUMNS)],
+        "board": [(bench_board, "board", "Attention tab: size, render and own-text timings", BOARD_COLUMNS)],
+        "runs": [(bench_runs, "runs", "`gptmini runs` over many runs", RUNS_COLUMNS)],
+        "generate": [(bench_generate, "generate", "Generation (batch 1, greedy)", GENERATE_COLUMNS)],
+    }
 
 
 def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> None:
     """One section's benchmarks, each of its tables handed to ``table`` (name, title, rows, columns, notes)."""
-    if section in TABLES:
-        for bench, name, title, columns in TABLES[section]:
+    from benchmarks.attention import (
+        attention_key_other_allocator,
+        bench_attention,
+        bench_attention_key,
+        bench_attention_options,
+        plot_attention,
+    )
+    from benchmarks.data import bench_data
+    from benchmarks.summary import (
+        ATTENTION_COLUMNS,
+        ATTENTION_KEY_COLUMNS,
+        ATTENTION_OPTION_COLUMNS,
+        DATA_COLUMNS,
+    )
+    from benchmarks.zoo import ZOO_COLUMNS, bench_attention_zoo
+
+    by_section = tables()
+    if section in by_section:
+        for bench, name, title, columns in by_section[section]:
             rows, notes = bench(opts)
             table(name, title, rows, columns, notes)
     elif section == "attention":
@@ -182,7 +198,7 @@ def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> N
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench",
+        prog="gptmini bench",
         description="gptmini benchmarks: attention, training, generation, data (tables in results/)",
     )
     p.add_argument(
@@ -265,6 +281,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
     bad = sorted(set(only) - set(SECTIONS))
     if bad:
         p.error(f"--only: unknown section(s) {', '.join(bad)}; valid: {', '.join(SECTIONS)}")
+    from benchmarks.frontier import MARGIN_S
+
     short = [b for b in a.frontier_budgets or () if b <= MARGIN_S]
     if short:
         p.error(

@@ -1,11 +1,14 @@
 """Command-line options checked where they are parsed: numbers finite and in range (argparse ``type=`` functions,
 so a bad value is argparse's one-line usage error, exit status 2, naming the option), and the one rule for
-``--device`` (:func:`resolve_device`), which names the real cause of a device this machine cannot use."""
+``--device`` (:func:`resolve_device`), which names the real cause of a device this machine cannot use; and the
+progress lines of the commands that work for a while (:class:`EtaProgress`)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import time
 from collections.abc import Callable
 
 
@@ -97,3 +100,40 @@ def resolve_device(spec: str, option: str = "--device") -> str:
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Every command's ``--help``: the description as written (its paragraphs and example lines), and each
     option's default after its help."""
+
+
+class EtaProgress:
+    """``progress(done, total)`` for a long command (``eval``, ``analyze``): a log line at most every
+    ``every_s`` seconds and at the end, e.g. ``eval: 120/480 batches (25%), elapsed 30s, ETA 1m30s``; nothing for
+    work done within ``every_s``. Plain log lines: readable in a terminal, a file or a pipe alike."""
+
+    def __init__(self, log: logging.Logger, what: str, unit: str, every_s: float = 5.0) -> None:
+        self.log, self.what, self.unit, self.every_s = log, what, unit, every_s
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        finished = done >= total
+        if now - self.last < self.every_s and not (finished and now - self.t0 >= self.every_s):
+            return
+        self.last = now
+        elapsed = now - self.t0
+        eta = "" if finished or done == 0 else f", ETA {duration(elapsed / done * (total - done))}"
+        self.log.info(
+            "%s: %s/%s %s (%d%%), elapsed %s%s",
+            self.what,
+            f"{done:,}",
+            f"{total:,}",
+            self.unit,
+            100 * done // max(1, total),
+            duration(elapsed),
+            eta,
+        )
+
+
+def duration(seconds: float) -> str:
+    """``1h02m03s``, ``2m05s`` or ``7s``."""
+    s = int(round(seconds))
+    h, m = divmod(s, 3600)
+    m, s = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"

@@ -455,8 +455,11 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         val_loss, val_step = _last_val_loss(events, done)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
+    name = config.get("run_name")
+    if not isinstance(name, str) or not name or "${" in name:  # run_name's default, as saved: unresolved
+        name = relative.parts[0]  # outputs/<run_name>/...
     return RunInfo(
-        name=display_path(_wanted(config.get("run_name"), str) or relative.parts[0]),
+        name=display_path(name),
         folder=display_path(folder),
         sweep_job=is_sweep_job(relative),
         steps_done=done,
@@ -526,8 +529,9 @@ def human_size(n: int) -> str:
 
 
 def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
-    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``."""
-    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "OVERRIDES", "FOLDER")
+    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``. The overrides come
+    last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
+    header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES")
     rows = [header]
     for r in runs:
         marked = last is not None and r is last
@@ -539,8 +543,8 @@ def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
                 f"{r.state} (sweep job)" if r.sweep_job else r.state,
-                " ".join(r.overrides) or "-",
                 r.folder,
+                " ".join(r.overrides) or "-",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

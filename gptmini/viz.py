@@ -71,10 +71,12 @@ def context_sweep_figure(runs: Sequence[dict[str, Any]]) -> Any:
     run sits at its own training context. A matplotlib figure (``savefig``)."""
     fig = _figure(6.4, 4.2, dpi=120)
     ax = fig.add_subplot()
+    drawn = 0
     for run in runs:
         points = [(r["context"], r["loss"]) for r in run["results"] if r["loss"] is not None]
         if not points:
             continue
+        drawn += 1
         xs, ys = [c for c, _ in points], [loss for _, loss in points]
         (line,) = ax.plot(xs, ys, marker="o", label=run["name"])
         trained = [p for p in points if p[0] == run["block_size"]]
@@ -87,7 +89,20 @@ def context_sweep_figure(runs: Sequence[dict[str, Any]]) -> Any:
     ax.set_ylabel(f"{runs[0]['split']} loss")
     ax.set_title("Length extrapolation")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if drawn:
+        ax.legend(fontsize=8)
+    else:  # every length skipped (e.g. learned positions past their context): the chart says why
+        reasons = sorted({r["skipped"] for run in runs for r in run["results"] if r.get("skipped")})
+        ax.text(
+            0.5,
+            0.5,
+            "no context length could be evaluated:\n" + "\n".join(reasons),
+            ha="center",
+            va="center",
+            wrap=True,
+            fontsize=8,
+            transform=ax.transAxes,
+        )
     fig.tight_layout()
     return fig
 
@@ -391,6 +406,36 @@ def loss_curve(
         (x1, height - 4), "position (tokens); green: early band, red: late band", (60, 60, 60), small, "rb"
     )
     return np.asarray(img)
+
+
+def training_curves(curves: Sequence[tuple[str, Sequence[tuple[int, float]]]], title: str) -> np.ndarray:
+    """A run's losses against the optimizer step, one line per (tag, [(step, value), ...]): the training loss
+    thin, the validation loss with a marker at each validation: (H, W, 3) uint8. An empty list draws the axes
+    and says that nothing was logged."""
+    fig = _figure(7.0, 4.2, dpi=110)
+    ax = fig.add_subplot()
+    for tag, points in curves:
+        steps, values = [s for s, _ in points], [v for _, v in points]
+        training = tag.startswith("train/")
+        ax.plot(
+            steps,
+            values,
+            label=tag,
+            linewidth=1.0 if training else 1.8,
+            marker=None if training else "o",
+            markersize=3,
+            alpha=0.7 if training else 1.0,
+        )
+    if curves:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no loss was logged", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _to_array(fig)
 
 
 def pattern_panels(

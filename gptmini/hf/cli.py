@@ -1,8 +1,8 @@
 """``gptmini export`` and ``gptmini import``: training checkpoints to Hugging Face folders and back.
 
-    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force] [--tokenizer none|auto|...]
-    gptmini export --format llama --ckpt last --out my-llama [--tokenizer auto|gpt2|char|bpe|none]
-    gptmini import --hf DIR --out model.ckpt    # a GPT-2 or Llama folder, by its config.json
+    gptmini export --ckpt last --out outputs/my-gpt2 [--force] [--tokenizer none|auto|...]
+    gptmini export --format llama --ckpt last --out outputs/my-llama [--tokenizer auto|gpt2|char|bpe|none]
+    gptmini import --hf DIR --out outputs/model.ckpt    # a GPT-2 or Llama folder, by its config.json
 
 ``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights (and the run's tokenizer files, unless the
 run used GPT-2's own BPE: then with ``--tokenizer auto``); ``--format llama`` writes ``LlamaForCausalLM`` weights and the run's tokenizer
@@ -212,8 +212,7 @@ def _add_export(sub: Any) -> None:
     )
     exp.add_argument(
         "--ckpt",
-        required=True,
-        default=argparse.SUPPRESS,
+        default="last",
         help=f"a .ckpt written by gptmini training (or imported): {CKPT_RULE}",
     )
     exp.add_argument(

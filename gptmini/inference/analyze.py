@@ -1,7 +1,7 @@
 """The head report of a checkpoint: which heads look at the previous token, copy, do induction, park on the first
 token, which matter (mean ablation), and the loss by position in the context.
 
-``gptmini analyze --ckpt last --out head_report/`` writes ``report.html`` (self-contained: images
+``gptmini analyze --ckpt last --out outputs/head_report/`` writes ``report.html`` (self-contained: images
 inline, opens in any browser without a server) and ``report.json`` (one record per head: ``layer``, ``head`` and
 every score by name).
 """
@@ -22,7 +22,7 @@ from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
-from gptmini.options import HelpFormatter, positive_int, seed_int
+from gptmini.options import EtaProgress, HelpFormatter, positive_int, seed_int
 from gptmini.run import open_run
 from gptmini.runs import CKPT_RULE
 from gptmini.viz import token_labels
@@ -39,7 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="last",
         help=CKPT_RULE,
     )
-    p.add_argument("--out", default="head_report", help="folder for report.html and report.json")
+    p.add_argument("--out", default="outputs/head_report", help="folder for report.html and report.json")
     p.add_argument("--force", action="store_true", help="replace the report an earlier run wrote in --out")
     p.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
     p.add_argument("--split", default="val", choices=["train", "val"], help="the split probed")
@@ -98,7 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         c.block_size,
         "" if args.no_ablation else f", ablating each of the {c.n_layer * c.n_head} heads",
     )
-    analysis = analyze(model, probes, ablate=not args.no_ablation, batch_size=args.batch_size)
+    analysis = analyze(
+        model,
+        probes,
+        ablate=not args.no_ablation,
+        batch_size=args.batch_size,
+        progress=EtaProgress(log, "analyze", "passes"),
+    )
     analysis.summary["about"] = {
         "checkpoint": str(path),
         "step": run.step,

@@ -2,8 +2,8 @@
 ``--context``, at several context lengths, longer than training included (length extrapolation), for one
 checkpoint or several side by side, as JSON and a PNG of loss against context length.
 
-``gptmini eval --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out eval.json]``
-``gptmini eval --ckpt a/last.ckpt b/last.ckpt --context 64,128,256,512 --out lengths.json``
+``gptmini eval --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out outputs/eval.json]``
+``gptmini eval --ckpt a/last.ckpt b/last.ckpt --context 64,128,256,512 --out outputs/lengths.json``
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import sys
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,14 @@ from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
-from gptmini.options import HelpFormatter, positive_int, resolve_device
+from gptmini.options import EtaProgress, HelpFormatter, positive_int, resolve_device
 from gptmini.run import LoadedRun, open_run
 from gptmini.runs import CKPT_RULE, resolve_checkpoint
 from gptmini.viz import context_sweep_figure
 
 log = logging.getLogger("gptmini.inference.evaluate")
+# --out of a sweep (--context, or several checkpoints) when none is named: under the runs folder, not loose
+SWEEP_OUT = "outputs/length_extrapolation.json"
 
 
 @torch.no_grad()
@@ -45,10 +47,11 @@ def evaluate(
     batch_size: int = 16,
     block_size: int | None = None,
     max_batches: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Token-weighted mean cross entropy over strided (non-overlapping) windows of a prepared split, and bits per
     byte: the summed nats over ln 2 times the UTF-8 bytes the scored tokens stand for (comparable across
-    tokenizers)."""
+    tokenizers). ``progress(done, total)`` is called after each batch."""
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"--max-batches {max_batches} is out of range: it must be an integer >= 1")
     if batch_size < 1:
@@ -62,14 +65,17 @@ def evaluate(
     loader = DataLoader(windows, batch_size=batch_size)
     device = next(model.parameters()).device
     model.eval()
+    batches = len(loader) if max_batches is None else min(len(loader), max_batches)
     total, count, nbytes, t0 = 0.0, 0, 0, time.perf_counter()
     for i, (x, y) in enumerate(loader):
-        if max_batches is not None and i >= max_batches:
+        if i >= batches:
             break
         _, loss = model(x.to(device), y.to(device))
         total += loss.item() * y.numel()
         count += y.numel()
         nbytes += int(token_bytes[y].sum())
+        if progress is not None:
+            progress(i + 1, batches)
     if count == 0:
         raise DataError(
             f"the {split} split of {data_dir} has no window of {block} tokens to evaluate: use a smaller context "
@@ -146,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_contexts,
         default=None,
         help="context lengths to evaluate at, e.g. 64,128,256,512 (longer than training: length extrapolation; "
-        "learned positions cannot and say so). Writes --out (length_extrapolation.json when not given) and a PNG "
+        f"learned positions cannot and say so). Writes --out ({SWEEP_OUT} when not given) and a PNG "
         "beside it",
     )
     parser.add_argument(
@@ -173,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--max-tokens applies with --context (without it, use --max-batches)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     sweep = args.context is not None or len(args.ckpt) > 1
-    out = args.out or ("length_extrapolation.json" if sweep else None)
+    out = args.out or (SWEEP_OUT if sweep else None)
     try:
         args.device = resolve_device(args.device)
         if out and (reason := unwritable_reason(Path(out).absolute().parent)) is not None:
@@ -188,23 +194,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             run, data_dir = _open(path, args)
             model = run.model
             if not sweep:
+                log.info("%s", _what_is_measured(args, data_dir))
                 result = evaluate(
-                    model, data_dir, args.split, args.batch_size, max_batches=args.max_batches
+                    model,
+                    data_dir,
+                    args.split,
+                    args.batch_size,
+                    max_batches=args.max_batches,
+                    progress=EtaProgress(log, "eval", "batches"),
                 ) | {"checkpoint": str(path)}
                 log.info(
-                    "%s loss %.4f, perplexity %.2f, %.4f bits per byte over %d tokens",
+                    "%s loss %.4f, perplexity %.2f, %.4f bits per byte over %s tokens (%s)",
                     args.split,
                     result["loss"],
                     result["ppl"],
                     result["bpb"] if result["bpb"] is not None else float("nan"),
-                    result["tokens"],
+                    f"{result['tokens']:,}",
+                    "the first --max-batches batches"
+                    if args.max_batches
+                    else f"the whole {args.split} split",
                 )
                 return _emit(result, out)
             log.info("%s (%s):", path, run.name)
             contexts = args.context or [model.config.block_size]
             runs.append(
                 {
-                    "name": run.name,
+                    "name": _label(run),
                     "checkpoint": str(path),
                     "data_dir": str(data_dir),
                     "split": args.split,
@@ -218,6 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, DataError, ValueError) as err:
         log.error("error: %s", err)
         return 2
+    labels = [r["name"] for r in runs]
+    for r in runs:  # two runs of one name and shape apart: their folders
+        if labels.count(r["name"]) > 1:
+            r["name"] += f" ({Path(r['checkpoint']).parent.parent.name})"
     plot = Path(out).with_suffix(".png")
     try:
         plot_context_sweep(runs, plot)
@@ -226,6 +245,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log.info("loss against context length: %s", plot)
     return _emit({"runs": runs}, out)
+
+
+def _label(run: LoadedRun) -> str:
+    """A run's name in the chart's legend: its run_name, position encoding and training context (its folder,
+    a time stamp, says little)."""
+    name = run.config.get("run_name") or run.name
+    c = run.model.config
+    return f"{name}: {c.position} positions, trained at {c.block_size}"
+
+
+def _what_is_measured(args: argparse.Namespace, data_dir: str) -> str:
+    """Why this loss differs from the val/loss training logged: what each one scores."""
+    scope = (
+        f"the first {args.max_batches} batches of {args.batch_size} windows"
+        if args.max_batches
+        else f"the whole {args.split} split"
+    )
+    return (
+        f"evaluating {scope} of {data_dir}, in non-overlapping windows of the model's context; the val/loss "
+        "training logs (and `gptmini runs` shows) scores only the first trainer.limit_val_batches batches "
+        "of the validation split, so the two differ a little"
+    )
 
 
 def _open(path: Path, args: argparse.Namespace) -> tuple[LoadedRun, str]:

@@ -1,6 +1,6 @@
 """Attention maps of a checkpoint for a given text, as PNG files (one grid of heads and one mean map per layer).
 
-``gptmini attention --ckpt last --text "ROMEO: But soft" --out attention_png/``
+``gptmini attention --ckpt last --text "ROMEO: But soft" --out outputs/attention_png/``
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--out",
-        default="attention_png",
+        default="outputs/attention_png",
         help="folder for the PNG files and entropy.json (created if missing)",
     )
     parser.add_argument(

@@ -81,9 +81,12 @@ def _mean_loss(model: GPT, windows: torch.Tensor, batch_size: int) -> float:
 
 
 @torch.no_grad()
-def mean_ablation(model: GPT, windows: torch.Tensor, batch_size: int = 8) -> tuple[float, torch.Tensor]:
+def mean_ablation(
+    model: GPT, windows: torch.Tensor, batch_size: int = 8, progress: Callable[[int], None] | None = None
+) -> tuple[float, torch.Tensor]:
     """The mean loss over ``windows`` (B, T + 1), and for each head the loss with that head mean-ablated minus
-    it: (n_layer, n_head), positive where the head helps. Costs n_layer * n_head + 1 passes over the windows."""
+    it: (n_layer, n_head), positive where the head helps. Costs n_layer * n_head + 1 passes over the windows;
+    ``progress(passes)`` is called after each."""
     model.eval()
     c = model.config
     hs = c.n_embd // c.n_head
@@ -98,6 +101,8 @@ def mean_ablation(model: GPT, windows: torch.Tensor, batch_size: int = 8) -> tup
 
     with _attention_hooks(model, accumulate):
         base = _mean_loss(model, windows, batch_size)
+    if progress is not None:
+        progress(1)
     means = (sums / count).float()  # (n_layer, C): z̄ per layer, heads side by side
 
     delta = torch.zeros(c.n_layer, c.n_head)
@@ -120,4 +125,6 @@ def mean_ablation(model: GPT, windows: torch.Tensor, batch_size: int = 8) -> tup
 
             with _attention_hooks(model, ablate):
                 delta[layer, head] = _mean_loss(model, windows, batch_size) - base
+            if progress is not None:
+                progress(2 + layer * c.n_head + head)
     return base, delta

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,18 +46,33 @@ def _top(values: torch.Tensor, k: int = TOP_K) -> list[dict[str, Any]]:
 
 
 @torch.no_grad()
-def analyze(model: GPT, probes: Probes, ablate: bool = True, batch_size: int = 8) -> HeadAnalysis:
-    """Scores, ablation and the loss by position of ``model`` on ``probes``."""
+def analyze(
+    model: GPT,
+    probes: Probes,
+    ablate: bool = True,
+    batch_size: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+) -> HeadAnalysis:
+    """Scores, ablation and the loss by position of ``model`` on ``probes``. ``progress(done, total)`` is called
+    after each pass: the probes, the loss by position, and with ``ablate`` one more per head and the baseline."""
     model.eval()
+    c = model.config
+    total = 2 + (1 + c.n_layer * c.n_head if ablate else 0)
+
+    def done(n: int) -> None:
+        if progress is not None:
+            progress(n, total)
+
     text_maps, repeated_maps = probe_maps(model, probes)
     scores = {k: v.cpu() for k, v in score_patterns(text_maps, repeated_maps, probes.period).items()}
+    done(1)
     losses = loss_by_position(model, probes.windows, batch_size)
+    done(2)
     if ablate:
-        val_loss, delta = mean_ablation(model, probes.windows, batch_size)
+        val_loss, delta = mean_ablation(model, probes.windows, batch_size, lambda n: done(2 + n))
         scores[ABLATION] = delta
     else:
         val_loss = float(losses.mean())
-    c = model.config
     heads = [
         {"layer": layer, "head": head} | {name: float(v[layer, head]) for name, v in scores.items()}
         for layer in range(c.n_layer)

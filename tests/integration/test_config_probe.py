@@ -1,7 +1,7 @@
 """The config probe's rows through the training command's own entry point (``gptmini.training.run.app.main``, what
 ``gptmini train`` runs): each bad override ends with one ``error:`` line naming the key and the fix, the exit
-status docs/reliability.md states (1: Hydra could not apply the override; 2: the plan refused the config), no
-traceback, before anything is built (no prepared data, no run folder left); the documented overrides train.
+status docs/reliability.md states (2, whether Hydra could not apply the override or the plan refused the
+config), no traceback, before anything is built (no prepared data, no run folder left); the documented overrides train.
 
 Most rows run in this process (one interpreter, Hydra composing from scratch each time: the same code path as the
 command, a second each); a few run as a real ``gptmini train`` process to hold the in-process route to it."""
@@ -23,7 +23,7 @@ REFUSED = [
         ["data.tokenizer=gpt2"],
         r"data\.tokenizer=gpt2 is not a setting: the run derives it from tokenizer\.name; "
         r"set tokenizer=<name>",
-        1,
+        2,
     ),
     (
         ["+data.tokenizer=gpt2"],
@@ -34,10 +34,10 @@ REFUSED = [
         ["scheduler.max_steps=3"],
         r"scheduler\.max_steps=3 is not a setting: the run derives it from "
         r"trainer\.max_steps; set trainer\.max_steps=<steps> instead",
-        1,
+        2,
     ),
     (["+scheduler.max_steps=3"], r"scheduler\.max_steps is not a setting: .* set trainer\.max_steps=", 2),
-    (["data.block_size=16"], r"data\.block_size=16 is not a setting: .* set model\.block_size=<tokens>", 1),
+    (["data.block_size=16"], r"data\.block_size=16 is not a setting: .* set model\.block_size=<tokens>", 2),
     (
         ["+data.block_size=16"],
         r"data\.block_size is not a setting: the run derives it from model\.block_size",

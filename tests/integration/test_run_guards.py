@@ -65,7 +65,7 @@ def check_refused(proc: subprocess.CompletedProcess, pattern: str) -> str:
     assert proc.returncode == 2, text[-3000:]
     assert re.search(pattern, text), text[-3000:]
     assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1, text[-3000:]
-    assert "done:" not in text
+    assert "run finished" not in text
     return text
 
 
@@ -91,9 +91,9 @@ def finished_run(
 def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_changes_nothing(train, finished_run) -> None:
     """hydra.run.dir naming a finished run's folder: refused before Hydra writes anything (no silent resume of its
     last.ckpt, no Lightning traceback with another model), naming both ways out; the old run is byte-identical.
-    The final hint quotes the checkpoint path (a space in it)."""
+    The summary's next commands quote the run folder (a space in it)."""
     run_dir, first = finished_run
-    assert f"make sample CKPT='{run_dir}/checkpoints/last.ckpt'" in output(first)
+    assert f"gptmini sample --ckpt '{run_dir}' --prompt" in output(first)
     before = files(run_dir)
     assert "checkpoints/last.ckpt" in before and ".hydra/config.yaml" in before
     # the same command again, with another model (which used to end in a Lightning traceback)
@@ -205,7 +205,7 @@ def test_resuming_a_finished_run_or_with_another_batch_is_refused_and_in_place_r
     resumed = train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=4")
     assert resumed.returncode == 0, output(resumed)[-3000:]
     assert f"resuming from {run_dir}/checkpoints/last.ckpt" in output(resumed)
-    assert "done: 4 steps" in output(resumed)
+    assert "run finished: 4 steps" in output(resumed)
 
 
 @pytest.mark.slow
@@ -256,7 +256,7 @@ def test_resuming_a_run_that_reached_its_target_is_refused(train, tmp_path) -> N
     assert files(run_dir) == before and not (tmp_path / "out" / "again").exists()
     # without the target it trains on
     resumed = train(f"hydra.run.dir={run_dir}", "trainer.max_steps=4", "ckpt_path=last")
-    assert resumed.returncode == 0 and "done: 4 steps" in output(resumed), output(resumed)[-3000:]
+    assert resumed.returncode == 0 and "run finished: 4 steps" in output(resumed), output(resumed)[-3000:]
 
 
 def test_init_from_with_ckpt_path_is_refused(train, finished_run, tmp_path) -> None:

@@ -31,7 +31,7 @@ def test_smoke_run_writes_checkpoints_config_and_a_final_message(smoke_run):
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     assert saved.run_name == "smoke" and saved.model.n_layer == 2
     out = proc.stdout + proc.stderr
-    assert "make tensorboard" in out and str(run_dir / "checkpoints") in out
+    assert "gptmini board" in out and str(run_dir / "checkpoints") in out
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 6
     assert ckpt["hyper_parameters"]["model_config"]["vocab_size"] == 50257
@@ -83,11 +83,79 @@ def test_output_that_is_not_a_terminal_gets_a_progress_line_every_n_steps(smoke_
     assert "Epoch 0/-2" not in proc.stdout + proc.stderr
 
 
+VALIDATION_LINE = re.compile(
+    r"(?:^|\] - )step (\d+): train loss (\d+\.\d{4}), val loss (\d+\.\d{4}), val bpb (\d+\.\d{4}), val ppl (\d+\.\d{2})$",
+    re.M,
+)
+
+
+def test_output_that_is_not_a_terminal_shows_every_validation(smoke_run, tb_events):
+    """nanoGPT's "step N: train loss X, val loss Y", with bpb and perplexity, at each validation (steps 3 and 6),
+    in the console and in train.log; the values are those of the TensorBoard run."""
+    _, run_dir, proc = smoke_run
+    events = tb_events(run_dir)
+    logged = {
+        tag: {e.step: e.value for e in events.Scalars(tag)} for tag in ("val/loss", "val/bpb", "val/ppl")
+    }
+    for text in (proc.stdout + proc.stderr, (run_dir / "train.log").read_text()):
+        lines = VALIDATION_LINE.findall(text)
+        assert [int(line[0]) for line in lines] == [3, 6], text[-3000:]
+        for step, _, loss, bpb, ppl in lines:
+            assert float(loss) == pytest.approx(logged["val/loss"][int(step)], abs=5e-5)
+            assert float(bpb) == pytest.approx(logged["val/bpb"][int(step)], abs=5e-5)
+            assert float(ppl) == pytest.approx(logged["val/ppl"][int(step)], abs=5e-3)
+
+
+def test_the_run_ends_with_a_summary_a_loss_curve_and_its_scalars(smoke_run, tb_events):
+    """The run explains itself: a summary (wall time, tokens, the final validation, the best step, where things
+    are, the next commands), loss_curve.png and scalars.csv in its folder, the CSV holding the TensorBoard run's
+    scalars."""
+    import csv
+
+    from PIL import Image
+
+    _, run_dir, proc = smoke_run
+    out = proc.stdout + proc.stderr
+    events = tb_events(run_dir)
+    val = {e.step: e.value for e in events.Scalars("val/loss")}
+    best_step = min(val, key=val.get)
+    # 6 steps of 4 sequences x 32 tokens
+    assert re.search(r"run finished: 6 steps in \d+(m\d\ds)?s? \(wall time\), 768 tokens seen", out), out[
+        -3000:
+    ]
+    assert (
+        f"val/loss {val[6]:.4f}" in out and f"best val/loss {val[best_step]:.4f} at step {best_step}" in out
+    )
+    assert f"checkpoints: {run_dir / 'checkpoints'} (last.ckpt)" in out
+    assert f"TensorBoard run: {run_dir / 'tb'}" in out
+    assert f"loss curve: {run_dir / 'loss_curve.png'}; every scalar: {run_dir / 'scalars.csv'}" in out
+    root = run_dir.parent.parent  # paths.output_root, not the commands' default: named in the commands
+    for command in (
+        f"gptmini runs --runs-dir {root}",
+        f"gptmini sample --ckpt {run_dir}",
+        f"gptmini eval --ckpt {run_dir}",
+        f"gptmini board --logdir {root}",
+    ):
+        assert command in out, command
+
+    with open(run_dir / "scalars.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {"step", "train/loss", "val/loss", "val/bpb", "val/ppl", "perf/tokens_per_sec"} <= set(rows[0])
+    in_csv = {int(r["step"]): float(r["val/loss"]) for r in rows if r["val/loss"]}
+    assert in_csv == pytest.approx(val, abs=0)
+    train = {int(r["step"]): float(r["train/loss"]) for r in rows if r["train/loss"]}
+    assert train == pytest.approx({e.step: e.value for e in events.Scalars("train/loss")}, abs=0)
+
+    image = Image.open(run_dir / "loss_curve.png")
+    assert image.format == "PNG" and image.width > 300 and image.height > 200
+    assert len(image.convert("RGB").getcolors(1 << 20)) > 10  # lines and text drawn, not a blank image
+
+
 def test_gptmini_runs_lists_the_run_and_its_name_opens_it(smoke_run, run_cli):
     root, run_dir, _ = smoke_run
     listed = run_cli("gptmini.cli", ["runs", "--runs-dir", root / "outputs", "smoke"])
     assert listed.returncode == 0, listed.stderr
-    (row,) = [line for line in listed.stdout.splitlines() if line.endswith(str(run_dir))]
+    (row,) = [line for line in listed.stdout.splitlines() if str(run_dir) in line.split()]
     assert "6/6" in row.split() and "finished" in row.split()
     sample = run_cli(
         "gptmini.cli",

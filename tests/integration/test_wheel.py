@@ -199,7 +199,7 @@ def test_gptmini_train_debug_smoke_works_from_the_wheel_in_an_empty_folder(insta
     # everything it wrote is in the folder it ran in: the prepared corpus and the run
     assert sorted(p.name for p in work.iterdir()) == ["data", "outputs"], sorted(work.iterdir())
     (run_dir,) = (work / "outputs" / "smoke").iterdir()
-    assert "done: 6 steps" in (run_dir / "train.log").read_text()
+    assert "run finished: 6 steps" in (run_dir / "train.log").read_text()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
     for command in ("sample", "eval", "attention", "data", "analyze"):

@@ -174,15 +174,15 @@ def test_train_help_starts_with_gptminis_own_description(run_cli):
     assert "powered by Hydra" not in proc.stdout
     # then Hydra's lists: the groups with their options, and the config with its defaults
     assert "callbacks: default, final, last, none" in proc.stdout
-    assert "run_name: default" in proc.stdout
+    assert "run_name: ${default_run_name:" in proc.stdout
 
 
 # each subcommand's options with a default, and one default of each
 DEFAULTS = {
     "sample": "--max-new-tokens MAX_NEW_TOKENS tokens to generate (default: 200)",
     "eval": "--batch-size BATCH_SIZE windows per forward pass (default: 16)",
-    "attention": "(default: attention_png)",
-    "analyze": "(default: head_report)",
+    "attention": "(default: outputs/attention_png)",
+    "analyze": "(default: outputs/head_report)",
     "export": "--format {gpt2,llama}",
     "import": "--force replace an existing --out file (default: False)",
     "runs": "--runs-dir RUNS_DIR the runs folder (paths.output_root of training) (default: outputs)",
@@ -198,3 +198,57 @@ def test_every_subcommand_help_has_a_description_and_its_defaults(name, cli_help
     # a description between the usage lines and the options
     usage, rest = out.split("\n\n", 1)
     assert usage.startswith(f"usage: gptmini {name}") and not rest.startswith(("options:", "positional"))
+
+
+def test_export_takes_the_newest_run_without_ckpt_like_the_other_commands(
+    tmp_path, write_checkpoint, run_cli
+):
+    """`gptmini export --out DIR` exports what `--ckpt last` opens (the default, as in sample, eval, attention,
+    analyze): the newest run under outputs/."""
+    import json
+
+    (tmp_path / "outputs" / "r" / "t" / "checkpoints").mkdir(parents=True)
+    ckpt = write_checkpoint(tmp_path / "outputs" / "r" / "t" / "checkpoints" / "last.ckpt")
+    proc = run_cli("gptmini.cli", ["export", "--out", "outputs/hf"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"exported {ckpt.relative_to(tmp_path)} -> outputs/hf" in proc.stderr
+    assert json.loads((tmp_path / "outputs" / "hf" / "config.json").read_text())["n_layer"] == 1
+
+
+def test_every_default_output_of_a_command_is_under_outputs(cli_help):
+    """What a command writes when no --out is named goes under the runs folder, never loose where it is run."""
+    from gptmini.inference import analyze, evaluate
+
+    assert analyze.parse_args([]).out == "outputs/head_report"
+    assert evaluate.SWEEP_OUT == "outputs/length_extrapolation.json"
+    assert "(default: outputs/attention_png)" in " ".join(cli_help("attention").split())
+    assert "outputs/length_extrapolation.json when not given" in " ".join(cli_help("eval").split())
+
+
+def test_make_help_aligns_every_target(repo_root):
+    proc = subprocess.run(["make", "help"], cwd=repo_root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert any(line.split()[0] == "bench-tokenizers" for line in rows)
+    # each description starts in the same column, after at least one space
+    columns = {len(line) - len(line[2:].split(None, 1)[1]) for line in rows}
+    assert len(columns) == 1, rows
+    assert all(len(line.split()[0]) + 2 < next(iter(columns)) for line in rows)
+
+
+def test_bench_help_names_its_command_and_imports_no_benchmark(repo_root, cli_env):
+    """`gptmini bench --help` answers from the parser alone: no section (nor Lightning, TensorBoard, matplotlib)
+    is imported for it."""
+    code = (
+        "import sys\n"
+        "from benchmarks.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('lightning', 'tensorboard', 'matplotlib', 'benchmarks.training', 'benchmarks.attention')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo_root, env=cli_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: gptmini bench")
+    assert proc.stdout.splitlines()[-1] == "[]"

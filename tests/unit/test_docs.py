@@ -104,3 +104,87 @@ def test_the_configuration_page_names_every_group_and_option():
     assert set(rows) == set(groups)
     for group, options in groups.items():
         assert set(re.findall(r"`(\w+)`", rows[group])) == options, group
+
+
+USER_PAGES = [*PAGES, ROOT / "data" / "README.md"]
+# Phrases that narrate the code's history instead of describing it; each chosen so that a description does not
+# use it ("before the dot product", "a round trip" and "round 1" of a measurement stay allowed).
+NARRATION = [
+    r"\bas it is\b",
+    r"\bpreviously\b",
+    r"\bearlier code\b",
+    r"\bfirst-hour\b",
+    r"\bthe code before\b",
+    r"\bthe default before\b",
+    r"\b(?:did|was|were|had) before\b",
+    r"\bbefore (?:its one|there were|gptmini)\b",
+    r"\bbefore the (?:recipe|thread policy|typed|fused|cap|change)\b",
+    r"\b(?:first|second|third|fourth|fifth|this|last|next|reliability|review) round\b",
+    r"\bno longer\b",
+]
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_user_page_narrates_history(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    found = [m.group(0) for pattern in NARRATION for m in re.finditer(pattern, text, re.I)]
+    assert found == [], f"{page.relative_to(ROOT)} narrates history: {found}"
+
+
+def test_the_narration_check_finds_what_it_looks_for() -> None:
+    text = "the code as it is against the code before the typed run config, the fourth reliability round"
+    assert {m.group(0) for p in NARRATION for m in re.finditer(p, text, re.I)} == {
+        "as it is",
+        "the code before",
+        "before the typed",
+        "reliability round",
+    }
+    fine = "the mask, before the dot product; the own-text round trip; round 1 (s); checked when it is parsed"
+    assert [m.group(0) for p in NARRATION for m in re.finditer(p, fine, re.I)] == []
+
+
+def test_the_training_pages_config_table_lists_every_option_of_each_group():
+    """docs/training.md's table of groups: each row's groups (``a/``, ``b/``) with their options, one list per
+    group separated by ``;``, exactly conf/'s files."""
+    page = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    section = page[page.index("## Configuration") :]
+    conf = ROOT / "conf"
+    groups = {p.name: {f.stem for f in p.glob("*.yaml")} for p in conf.iterdir() if p.is_dir()}
+    groups["hardware"].add("auto")  # registered in code (gptmini/training/hardware.py), not a file
+    seen = set()
+    for names, cell in re.findall(r"^\| ((?:`\w+/`(?:, )?)+) \| ([^\n]+) \|$", section, re.M):
+        named = re.findall(r"`(\w+)/`", names)
+        parts = cell.split(";")
+        assert len(parts) == len(named), (names, cell)
+        for group, part in zip(named, parts, strict=True):
+            # the options: code spans that are one word (links and other text left out)
+            listed = set(re.findall(r"`(\w+)`", re.sub(r"\[[^\]]*\]\([^)]*\)", "", part)))
+            assert listed == groups[group], (group, sorted(listed), sorted(groups[group]))
+            seen.add(group)
+    assert seen == set(groups), sorted(set(groups) - seen)
+
+
+def test_the_data_readmes_options_are_those_of_gptmini_data():
+    from gptmini.data.prepare import _parser
+
+    page = (ROOT / "data" / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(-[-\w]+)`(?:, `(--[-\w]+)`)? \|", page, re.M))
+    documented = {o for pair in documented for o in pair if o}
+    options = {o for action in _parser()._actions for o in action.option_strings} - {"-h", "--help"}
+    assert documented == options
+    row = next(line for line in page.splitlines() if line.startswith("| `--tokenizer`"))
+    tokenizers = {f.stem for f in (ROOT / "conf" / "tokenizer").glob("*.yaml")}
+    assert tokenizers <= set(re.findall(r"`(\w+)`", row)), row
+
+
+def test_reliability_promises_the_exit_status_the_code_gives():
+    """The page's promise (one line starting with `error:`, exit status N) is the code's: the training refusals,
+    Hydra's restated errors and the command-line tools' (tests/integration/test_reliability.py runs them)."""
+    from gptmini.training.run.app import EXIT_USER_ERROR
+    from gptmini.training.run.override_errors import EXIT_HYDRA_ERROR
+
+    page = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    promise = re.search(r"one line starting with `error:`.*?exit status (\d+)", page, re.S)
+    assert promise is not None
+    assert EXIT_USER_ERROR == EXIT_HYDRA_ERROR == int(promise.group(1))
+    assert "exit status 1" not in page

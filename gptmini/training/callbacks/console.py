@@ -1,5 +1,5 @@
 """What the console shows while a run trains: the progress bar (a terminal), the plain progress lines (a file
-or a pipe) and the model summary."""
+or a pipe), a line at each validation and the model summary."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, RichProgressBar, Timer
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
 from gptmini.limits import check_positive
@@ -40,6 +41,37 @@ class ShowsThroughput(Receiver):
         return self.throughput.last.get("perf/tokens_per_sec")
 
 
+class _CurrentStream:
+    """A stream that writes to whatever ``sys.stdout``/``sys.stderr`` is at the time of the write: while Rich
+    draws the bar it redirects them so that text goes above the bar, which a log handler holding the original
+    stream would bypass (its lines then land on the bar's own line)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
+def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
+    """Points the root logger's console handlers (Hydra's) at the current stdout/stderr; (handler, old stream)
+    pairs to put back."""
+    changed = []
+    for handler in logging.getLogger().handlers:
+        if (
+            type(handler) is not logging.StreamHandler
+        ):  # not a FileHandler (a subclass): train.log stays as is
+            continue
+        for name in ("stdout", "stderr"):
+            if handler.stream in (getattr(sys, name), getattr(sys, f"__{name}__")):
+                changed.append((handler, handler.setStream(_CurrentStream(name))))
+                break
+    return changed
+
+
 class ProgressBar(ShowsThroughput, RichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
     Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
@@ -60,12 +92,22 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
         super().setup(trainer, pl_module, stage)
         if not console_is_terminal():
             self.disable()
+        elif trainer.is_global_zero:
+            self._streams = follow_console_streams()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        for handler, stream in getattr(self, "_streams", []):
+            handler.setStream(stream)
+        self._streams = []
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
         loss = trainer.callback_metrics.get("train/loss")
         if loss is not None:
             metrics["train/loss"] = float(loss)  # read here, not by Lightning after every step
+        # the logger's version, which names nothing here (the TensorBoard run is named after the run)
+        metrics.pop("v_num", None)
         rate = self.tokens_per_sec()
         if rate is not None:
             metrics["tok/s"] = f"{rate:,.0f}"
@@ -190,6 +232,34 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         if etas:
             parts.append(f"ETA {_duration(max(0.0, min(etas)))}")
         return " | ".join(parts)
+
+
+class ValidationLog(LoggingCallback):
+    """One line at each validation, terminal or not, in the style of nanoGPT's ``step N: train loss X, val loss
+    Y``: the step, the latest training loss, and val/loss, val/bpb and val/ppl. The console and ``train.log``
+    then show the curve without TensorBoard."""
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        log.info("%s", validation_line(trainer.global_step, trainer.callback_metrics))
+
+
+def validation_line(step: int, metrics: Any) -> str:
+    """``step 300: train loss 2.1234, val loss 2.2345, val bpb 1.2345, val ppl 9.35``; a metric not logged is
+    left out."""
+    parts = []
+    for key, label, digits in (
+        ("train/loss", "train loss", 4),
+        ("val/loss", "val loss", 4),
+        ("val/bpb", "val bpb", 4),
+        ("val/ppl", "val ppl", 2),
+    ):
+        value = metrics.get(key)
+        if value is not None:
+            parts.append(f"{label} {float(value):.{digits}f}")
+    return f"step {step}: " + ", ".join(parts)
 
 
 def _duration(seconds: float) -> str:

@@ -12,9 +12,9 @@ import copy
 import dataclasses
 import logging
 import os
-import shlex
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -80,14 +80,18 @@ def _log_hardware(plan: RunPlan) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """plan -> build (trainer, data, module) -> fit -> report."""
+    started = time.monotonic()  # the summary's wall time: the whole command, checks and data included
     # First, before any data or model: a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
     # from here on the plan alone: the composed config does not travel past planning
-    return train_plan(plan)
+    return train_plan(plan, started)
 
 
-def train_plan(plan: RunPlan) -> dict[str, Any]:
-    """build (trainer, data, module) -> fit -> report, from the checked plan."""
+def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
+    """build (trainer, data, module) -> fit -> report, from the checked plan. ``started``: the command's start
+    (``time.monotonic()``), for the summary's wall time; None: now."""
+    if started is None:
+        started = time.monotonic()
     if plan.retain_freed_memory:
         from gptmini.training.run.allocator import retain_freed_memory
 
@@ -115,7 +119,7 @@ def train_plan(plan: RunPlan) -> dict[str, Any]:
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
     fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
-    return report(trainer, output_dir)
+    return report(trainer, output_dir, time.monotonic() - started, plan.output_root)
 
 
 def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
@@ -320,29 +324,49 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
     trainer.strategy.checkpoint_io.teardown()
 
 
-def report(trainer: Any, output_dir: Path) -> dict[str, Any]:
-    """What the run reached: its folder, checkpoints, step and final metrics (logged on the first process)."""
+def report(
+    trainer: Any, output_dir: Path, wall_seconds: float = 0.0, output_root: str = "outputs"
+) -> dict[str, Any]:
+    """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
+    ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
+    final metrics."""
     ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    tensorboard = _tensorboard(trainer)
-    if trainer.is_global_zero:
-        val = metrics.get("val/loss")
-        log.info(
-            "done: %d steps, val/loss %s. Checkpoints: %s. TensorBoard logs: %s (open with `make tensorboard`, "
-            "then http://localhost:6006). Sample: make sample CKPT=%s",
-            trainer.global_step,
-            f"{val:.4f}" if val is not None else "n/a",
-            ckpt_dir,
-            tensorboard.log_dir if tensorboard is not None else "none (no TensorBoard logger)",
-            shlex.quote(str(ckpt_dir / "last.ckpt")),
-        )
-    return {
+    result: dict[str, Any] = {
         "output_dir": str(output_dir),
         "checkpoint": str(ckpt_dir / "last.ckpt"),
         "best_checkpoint": str(ckpt_dir / "best.ckpt"),
         "global_step": trainer.global_step,
         "metrics": metrics,
     }
+    if not trainer.is_global_zero:
+        return result
+    from gptmini.training.run.run_report import RunFacts, report_run
+
+    tensorboard = _tensorboard(trainer)
+    facts = RunFacts(
+        run_dir=output_dir,
+        steps=trainer.global_step,
+        wall_seconds=wall_seconds,
+        tokens_seen=trainer.global_step * _tokens_per_step(trainer),
+        checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
+        event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
+        output_root=output_root,
+    )
+    title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
+    return result | report_run(facts, title)
+
+
+def _tokens_per_step(trainer: Any) -> int:
+    """Tokens per optimizer step, all processes together: the throughput callback's count of a real batch, else
+    the data's batch and context."""
+    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
+
+    counts = [cb.global_batch_tokens for cb in trainer.callbacks if isinstance(cb, TokenThroughputMonitor)]
+    if any(counts):
+        return int(next(c for c in counts if c))
+    data = trainer.datamodule
+    return int(data.batch_size * data.block_size * trainer.accumulate_grad_batches * trainer.world_size)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -425,10 +449,12 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         msg = str(err)
         if isinstance(err, InstantiationException) and err.__cause__ is not None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
-        log.error("error: %s", msg)
         _remove_failed_run_folder(Path(cfg.paths.output_dir), keep_folder=_run_folder_given())
         if _in_sweep():
-            return JobFailed(EXIT_USER_ERROR, msg)  # the sweep goes on; SweepSummary reports it at the end
+            log.error("error: %s", msg)  # in the job's log: the sweep goes on
+            return JobFailed(EXIT_USER_ERROR, msg)  # SweepSummary reports it at the end
+        # the one line docs/reliability.md promises: "error: ...", no logging prefix, exit status 2
+        sys.stderr.write(f"error: {msg}\n")
         sys.exit(EXIT_USER_ERROR)
     except (
         KeyboardInterrupt

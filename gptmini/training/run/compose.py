@@ -3,6 +3,8 @@ resolvers the YAML files name (``register_configs``)."""
 
 from __future__ import annotations
 
+import re
+
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
@@ -26,10 +28,24 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("attention_variants", attention_variants)
     # ${prepared_folder:SOURCE,TOKENIZER}: the prepared-data folder name of a corpus, keyed by the corpus itself
     # (conf/data/text.yaml), so two corpora never share one folder
+    # ${default_run_name:SOURCE,TOKENIZER}: run_name's default (conf/train.yaml)
+    if not OmegaConf.has_resolver("default_run_name"):
+        OmegaConf.register_new_resolver("default_run_name", default_run_name)
     if not OmegaConf.has_resolver("prepared_folder"):
         from gptmini.data.corpora import prepared_folder_name
 
         OmegaConf.register_new_resolver("prepared_folder", prepared_folder_name)
+
+
+def default_run_name(source: str | None, tokenizer: str) -> str:
+    """``default`` for the embedded corpus in GPT-2's BPE, else ``<corpus name>_<tokenizer>``: a run on other data
+    or another tokenizer is not named like the default run."""
+    from gptmini.data.corpora import source_name
+
+    if source == "shakespeare" and tokenizer == "gpt2":
+        return "default"
+    corpus = source_name(source) if source else "corpus"
+    return re.sub(r"[^A-Za-z0-9_.,=+@-]", "_", f"{corpus}_{tokenizer}")
 
 
 def attention_variants() -> str:

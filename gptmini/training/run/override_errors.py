@@ -9,6 +9,7 @@ them, Hydra is asked to raise its composition errors (``HYDRA_FULL_ERROR=1`` unt
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import sys
@@ -19,8 +20,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-# Hydra's own exit status for these errors, kept (docs/configuration.md)
-EXIT_HYDRA_ERROR = 1
+# the exit status of every refused input (docs/reliability.md), Hydra's command-line errors included
+EXIT_HYDRA_ERROR = 2
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 # set beside HYDRA_FULL_ERROR when run_hydra set it (not the user), so that it is removed again
 _SET_BY_GPTMINI = "GPTMINI_RESTATES_HYDRA_ERRORS"
@@ -69,8 +70,16 @@ def _unknown_key(err: ConfigCompositionException, argv: Sequence[str]) -> str | 
             f"{override}: {where}; the settings named {leaf!r} there are {', '.join(named)}: set one of those "
             "(`gptmini train --cfg job` prints every setting)"
         )
-    keys = ", ".join(str(k) for k in parent.keys() if not str(k).startswith("_"))
-    fix = f"{override}: {where} (its settings: {keys}): fix the key (`gptmini train --cfg job` prints every setting)"
+    keys = [str(k) for k in parent.keys() if not str(k).startswith("_")]
+    close = difflib.get_close_matches(leaf, keys, n=3, cutoff=0.8)
+    if close:  # a misspelling: the likely keys, not every key of the group
+        meant = " or ".join(f"{group}.{k}" if group else k for k in close)
+        fix = f"{override}: {where}; did you mean {meant}? (`gptmini train --cfg job` prints every setting)"
+    else:
+        fix = (
+            f"{override}: {where} (its settings: {', '.join(keys)}): fix the key (`gptmini train --cfg job` prints "
+            "every setting)"
+        )
     if OmegaConf.get_type(parent) is dict:  # an open group (no schema) takes new keys, on purpose
         fix += f"; only a key the config lacks on purpose is added, with +{override.lstrip('+')}"
     return fix
@@ -131,7 +140,7 @@ def run_hydra(
     config_name: str = "train",
     argv: Sequence[str] | None = None,
 ) -> None:
-    """``hydra.main(...)(task)()``, with Hydra's command-line errors restated as one line (exit status 1). With
+    """``hydra.main(...)(task)()``, with Hydra's command-line errors restated as one line (exit status 2). With
     ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report and traceback instead."""
     import hydra
 

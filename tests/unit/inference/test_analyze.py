@@ -70,3 +70,29 @@ def test_bad_input_is_refused_before_any_work_and_an_earlier_report_is_kept(tmp_
     assert (out / "report.json").read_text() == '{"earlier": true}'
     assert main(["--ckpt", "x.ckpt", "--out", str(out), "--probe-tokens", "2"]) == 2
     assert "error: --probe_tokens=2 is invalid: it must be an integer >= 4" in caplog.text
+
+
+def test_analyze_shows_its_progress_with_an_eta(tmp_path, write_checkpoint, caplog, monkeypatch):
+    """One line per pass here (the interval set to 0): the probes, the loss by position, the ablation's baseline
+    and one pass per head (2 layers x 2 heads), each with how many are left and an ETA until the last."""
+    import functools
+    import re
+
+    from gptmini.inference import analyze as command
+    from gptmini.options import EtaProgress
+
+    monkeypatch.setattr(command, "EtaProgress", functools.partial(EtaProgress, every_s=0.0))
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    folder = prepare(str(tmp_path / "corpus.txt"), "char", tmp_path / "data").out_dir
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, block_size=16, n_layer=2, n_head=2)
+    caplog.set_level(logging.INFO)
+    args = ["--ckpt", str(ckpt), "--out", str(tmp_path / "r"), "--probe-tokens", "16", "--probe-batch", "2"]
+    assert main([*args, "--windows", "3"]) == 0
+    lines = re.findall(
+        r"^analyze: (\d+)/(\d+) passes \((\d+)%\), elapsed \d+s(, ETA \d+s)?$",
+        "\n".join(caplog.messages),
+        re.M,
+    )
+    total = 2 + 1 + 2 * 2
+    assert [(int(d), int(t)) for d, t, _, _ in lines] == [(d, total) for d in range(1, total + 1)]
+    assert all(eta for *_, eta in lines[:-1]) and not lines[-1][3] and lines[-1][2] == "100"

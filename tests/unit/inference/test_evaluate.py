@@ -91,7 +91,7 @@ def test_context_sweep_runs_past_the_training_length_where_positions_allow(
     assert main(["--ckpt", *map(str, runs.values()), "--context", "32,8,16", "--out", str(out)]) == 0
 
     report = json.loads(out.read_text())
-    assert [run["name"] for run in report["runs"]] == list(runs)
+    assert [run["name"] for run in report["runs"]] == [f"{p}: {p} positions, trained at 8" for p in runs]
     tokens = load_split(folder, "val", load_meta(folder))
     for run in report["runs"]:
         assert [r["context"] for r in run["results"]] == [8, 16, 32]  # sorted, training length (8) first
@@ -120,3 +120,65 @@ def test_a_bad_context_list_is_refused_before_loading(tmp_path, capsys):
         assert f"--context {bad!r} is invalid: give context lengths > 1 separated by commas" in (
             capsys.readouterr().err
         )
+
+
+def test_eval_says_what_it_measures_and_shows_its_progress(tmp_path, write_checkpoint, caplog, monkeypatch):
+    """The whole split by default, said before the work (and why it differs from training's val/loss); one
+    progress line per batch here (the interval set to 0) with an ETA until the last; the tokens it scored."""
+    import functools
+    import math
+    import re
+
+    from gptmini.data.reader import load_split
+    from gptmini.inference import evaluate as command
+    from gptmini.options import EtaProgress
+
+    monkeypatch.setattr(command, "EtaProgress", functools.partial(EtaProgress, every_s=0.0))
+    (tmp_path / "c.txt").write_text("to be, or not to be: that is the question.\n" * 60)
+    folder = prepare(str(tmp_path / "c.txt"), "char", tmp_path / "data").out_dir
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder)
+    caplog.set_level(logging.INFO)
+    assert main(["--ckpt", str(ckpt), "--batch-size", "2"]) == 0
+    tokens = load_split(folder, "val")
+    last = len(tokens) - 8 - 1  # the oracle's windows: every 8 tokens, plus the one ending at the last token
+    windows = len(set(range(0, last + 1, 8)) | {last})
+    batches = math.ceil(windows / 2)
+    assert f"evaluating the whole val split of {folder}" in caplog.text
+    assert "trainer.limit_val_batches" in caplog.text
+    lines = re.findall(
+        r"^eval: (\d+)/(\d+) batches \(\d+%\), elapsed \d+s(, ETA \d+s)?$", "\n".join(caplog.messages), re.M
+    )
+    assert [(int(d), int(t)) for d, t, _ in lines] == [(d, batches) for d in range(1, batches + 1)]
+    assert all(eta for *_, eta in lines[:-1]) and not lines[-1][2]
+    assert f"over {windows * 8:,} tokens (the whole val split)" in caplog.text
+
+
+def test_a_sweep_with_no_length_to_evaluate_draws_why_and_warns_nothing(tmp_path, write_checkpoint, recwarn):
+    """Learned positions past their table: every length is skipped; the chart says so (no empty legend, no
+    matplotlib warning), and the legend names a run by its name and shape, not its folder's time stamp."""
+    from PIL import Image
+
+    (tmp_path / "c.txt").write_text("to be, or not to be: that is the question.\n" * 60)
+    folder = prepare(str(tmp_path / "c.txt"), "char", tmp_path / "data").out_dir
+    (tmp_path / "2026-01-01_10-00-00" / "checkpoints").mkdir(parents=True)
+    ckpt = write_checkpoint(
+        tmp_path / "2026-01-01_10-00-00" / "checkpoints" / "last.ckpt", data_dir=folder, position="learned"
+    )
+    out = tmp_path / "sweep.json"
+    assert main(["--ckpt", str(ckpt), "--context", "16,32", "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["name"] == "2026-01-01_10-00-00: learned positions, trained at 8"
+    assert all(r["loss"] is None and "learned position table" in r["skipped"] for r in run["results"])
+    assert [str(w.message) for w in recwarn] == []
+    image = Image.open(out.with_suffix(".png")).convert("RGB")
+    assert len(image.getcolors(1 << 20)) > 20  # axes and the reason drawn
+
+
+def test_a_run_is_named_by_its_run_name_in_the_legend(tmp_path):
+    from types import SimpleNamespace
+
+    from gptmini.inference.evaluate import _label
+
+    config = SimpleNamespace(position="rope", block_size=64)
+    run = SimpleNamespace(config={"run_name": "zoo"}, name="2026-01-01", model=SimpleNamespace(config=config))
+    assert _label(run) == "zoo: rope positions, trained at 64"

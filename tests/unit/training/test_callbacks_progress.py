@@ -133,3 +133,47 @@ def test_the_bar_is_not_drawn_when_the_console_is_not_a_terminal(tmp_path, monke
     bar = ProgressBar()
     _fit_tiny(tmp_path, bar)
     assert not bar.is_enabled and bar.progress is None
+
+
+def test_the_bar_shows_no_logger_version(monkeypatch):
+    """Lightning adds the logger's version (`v_num: s=12`), which names nothing here; tok/s stays."""
+    throughput = TokenThroughputMonitor()
+    throughput.last["perf/tokens_per_sec"] = 1234.0
+    logger = SimpleNamespace(version="s=12", name="tb")
+    trainer = SimpleNamespace(
+        loggers=[logger],
+        logger=logger,
+        progress_bar_metrics={"train/loss": 2.5},
+        callback_metrics={"train/loss": 2.5},  # where the bar reads the loss (on the logging steps)
+        callbacks=[throughput],
+    )
+    bar = ProgressBar()
+    bar.throughput = throughput  # what the app hands it (receive)
+    metrics = bar.get_metrics(trainer, None)
+    assert "v_num" not in metrics
+    assert metrics["tok/s"] == "1,234" and metrics["train/loss"] == 2.5
+
+
+def test_log_lines_follow_stdout_while_the_bar_redirects_it(monkeypatch):
+    """Rich redirects sys.stdout while it draws the bar so that text lands above it; a console log handler holding
+    the original stream would write onto the bar's line. Followed, the handler writes to the redirected stream,
+    and gets its own stream back afterwards; a file handler (train.log) is left alone."""
+    import io
+    import sys
+
+    console = logging.StreamHandler(sys.stdout)
+    file_handler = logging.FileHandler("/dev/null")
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [console, file_handler])
+    original = console.stream
+    changed = callbacks.follow_console_streams()
+    assert [h for h, _ in changed] == [console]
+    redirected = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", redirected)
+    console.handle(logging.makeLogRecord({"msg": "step 3: val loss 2.0", "levelno": logging.INFO}))
+    assert redirected.getvalue() == "step 3: val loss 2.0\n"
+    assert file_handler.stream.name == "/dev/null"
+    for handler, stream in changed:
+        handler.setStream(stream)
+    assert console.stream is original
+    file_handler.close()

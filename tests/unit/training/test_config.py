@@ -570,3 +570,22 @@ def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkey
     plan = plan_run(cfg)
     assert reads == [str(path)]
     assert plan.ckpt_path == str(path) and plan.resume["global_step"] == 5 and plan.init_from is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        ([], "default"),
+        (["tokenizer=char"], "shakespeare_char"),
+        (["data=text", "data.source=/corpora/tinyshakespeare.txt", "tokenizer=bpe"], "tinyshakespeare_bpe"),
+        (["data=text", "data.source=/corpora/my notes.txt"], "my_notes_gpt2"),
+        (["experiment=shakespeare_char_cpu"], "shakespeare_char_cpu"),
+        (["tokenizer=bpe", "run_name=mine"], "mine"),
+    ],
+)
+def test_a_run_on_other_data_or_another_tokenizer_is_not_named_default(overrides, name, compose_cfg):
+    from gptmini.training.run.run_folder import check_run_name
+
+    cfg = compose_cfg(overrides)
+    assert cfg.run_name == name
+    check_run_name(cfg.run_name)  # one plain folder name

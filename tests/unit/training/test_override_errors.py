@@ -1,5 +1,6 @@
 """A bad override on the training command line is one ``error:`` line naming the override and the real fix (not
-Hydra's several lines, nor its "+key=value" for a key that is misplaced rather than missing), exit status 1,
+Hydra's several lines, nor its "+key=value" for a key that is misplaced rather than missing), exit status 2 like
+every refusal (docs/reliability.md),
 before any run folder exists; HYDRA_FULL_ERROR=1 still gives Hydra's own report."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ CASES = {
     "optimizer.lr=inf": "error: optimizer.lr=inf: optimizer has no setting 'lr'; the settings named 'lr' there are "
     "optimizer.hidden.lr, optimizer.embedding.lr, optimizer.head.lr, optimizer.matrix.lr, optimizer.vector.lr: "
     "set one of those (`gptmini train --cfg job` prints every setting)",
-    "trainer.max_step=3": "error: trainer.max_step=3: trainer has no setting 'max_step' (its settings: ",
+    "trainer.max_step=3": "error: trainer.max_step=3: trainer has no setting 'max_step'; did you mean "
+    "trainer.max_steps? ",
     "model=foo": "error: Could not find 'model/foo'; available options in 'model': baby, cpu, gpt2, llama_small, "
     "llama_tiny, small, tiny",
     "model.n_layer=abc": "error: model.n_layer=abc: Value 'abc' of type 'str' could not be converted to Integer",
@@ -22,7 +24,7 @@ CASES = {
 @pytest.mark.parametrize("override", sorted(CASES))
 def test_a_bad_override_is_one_line_naming_it_and_the_fix(override, run_cli, tmp_path):
     proc = run_cli.train([override, f"paths.output_root={tmp_path}/outputs"])
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stdout == ""
     (line,) = proc.stderr.splitlines()
     assert line.startswith(CASES[override]), line
@@ -30,13 +32,20 @@ def test_a_bad_override_is_one_line_naming_it_and_the_fix(override, run_cli, tmp
     assert not (tmp_path / "outputs").exists()
 
 
-def test_the_misspelt_key_names_every_setting_of_its_group_and_adding_only_as_a_last_resort(
-    run_cli, tmp_path
-):
+def test_a_misspelt_key_suggests_the_likely_one_and_adding_only_as_a_last_resort(run_cli, tmp_path):
     proc = run_cli.train(["trainer.max_step=3", f"paths.output_root={tmp_path}/outputs"])
     (line,) = proc.stderr.splitlines()
-    assert " max_steps, " in line
+    assert "did you mean trainer.max_steps?" in line
+    assert "max_epochs" not in line and "its settings:" not in line  # not the group's every key
     assert line.endswith("only a key the config lacks on purpose is added, with +trainer.max_step=3")
+
+
+def test_a_key_like_none_of_its_group_names_every_setting_of_the_group(run_cli, tmp_path):
+    proc = run_cli.train(["model.zzz=64", f"paths.output_root={tmp_path}/outputs"])
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: model.zzz=64: model has no setting 'zzz' (its settings: vocab_size, ")
+    assert " n_embd, " in line and "+model" not in line
 
 
 def test_hydra_full_error_keeps_hydras_own_report(run_cli, tmp_path):
@@ -52,7 +61,7 @@ def test_a_typed_group_is_not_offered_a_new_key(run_cli, tmp_path):
     proc = run_cli.train(["model.n_embdd=64", f"paths.output_root={tmp_path}/outputs"])
     (line,) = proc.stderr.splitlines()
     assert line.startswith(
-        "error: model.n_embdd=64: model has no setting 'n_embdd' (its settings: vocab_size, "
+        "error: model.n_embdd=64: model has no setting 'n_embdd'; did you mean model.n_embd"
     )
-    assert " n_embd, " in line and "+model" not in line
-    assert line.endswith("fix the key (`gptmini train --cfg job` prints every setting)")
+    assert "+model" not in line
+    assert line.endswith("(`gptmini train --cfg job` prints every setting)")

@@ -1,0 +1,152 @@
+"""What a finished run leaves beside its checkpoints so that it can be judged without TensorBoard: every scalar of
+its TensorBoard run as ``scalars.csv``, the loss curves as ``loss_curve.png``, and a short summary in the log
+(wall time, tokens seen, the final validation, the best step, where everything is, the next commands).
+
+The TensorBoard events are the one record of the scalars: the CSV and the curve are read from them at the end, so
+a resumed run's files cover its whole history (it logs on into the run it resumes)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptmini.fileio import atomic_write_bytes, atomic_write_text
+from gptmini.options import duration
+from gptmini.runs import read_events
+from gptmini.viz import png, training_curves
+
+log = logging.getLogger("gptmini.training.run.app")
+
+SCALARS_CSV = "scalars.csv"
+LOSS_CURVE_PNG = "loss_curve.png"
+# the scalars the curve draws, in this order
+CURVE_TAGS = ("train/loss", "val/loss")
+
+
+@dataclass
+class Scalars:
+    """Each scalar tag's (step, value) points, in step order; one value per step (a resumed run's last)."""
+
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def last(self, tag: str) -> float | None:
+        points = self.series.get(tag)
+        return points[-1][1] if points else None
+
+    def best(self, tag: str) -> tuple[int, float] | None:
+        """(step, value) of the lowest finite value of ``tag``."""
+        points = [p for p in self.series.get(tag, []) if math.isfinite(p[1])]
+        return min(points, key=lambda p: (p[1], p[0])) if points else None
+
+    def csv_text(self) -> str:
+        """One row per step, one column per tag (``step`` first, the tags sorted); a blank cell: not logged."""
+        tags = sorted(self.series)
+        rows: dict[int, dict[str, float]] = {}
+        for tag, points in self.series.items():
+            for step, value in points:
+                rows.setdefault(step, {})[tag] = value
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["step", *tags])
+        for step in sorted(rows):
+            writer.writerow([step, *(_cell(rows[step].get(tag)) for tag in tags)])
+        return out.getvalue()
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def read_scalars(event_folder: Path) -> Scalars:
+    """Every scalar of a TensorBoard run folder."""
+    # only the scalars are of use: keep one of everything else (the attention images are large)
+    guidance = {"images": 1, "tensors": 1, "histograms": 1, "audio": 1, "compressedHistograms": 1}
+    events = read_events(event_folder, **guidance)
+    series = {}
+    for tag in events.Tags().get("scalars", []):
+        by_step = {int(e.step): float(e.value) for e in events.Scalars(tag)}  # a later write of a step wins
+        series[tag] = sorted(by_step.items())
+    return Scalars(series)
+
+
+def write_curves(scalars: Scalars, run_dir: Path, title: str) -> tuple[Path, Path]:
+    """``scalars.csv`` and ``loss_curve.png`` in ``run_dir``, each replaced whole or not at all."""
+    csv_path, png_path = run_dir / SCALARS_CSV, run_dir / LOSS_CURVE_PNG
+    atomic_write_text(csv_path, scalars.csv_text())
+    curves = [(tag, scalars.series[tag]) for tag in CURVE_TAGS if scalars.series.get(tag)]
+    atomic_write_bytes(png_path, png(training_curves(curves, title)))
+    return csv_path, png_path
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary states that the scalars do not hold."""
+
+    run_dir: Path
+    steps: int
+    wall_seconds: float
+    tokens_seen: int
+    checkpoints: list[Path]
+    event_folder: Path | None
+    output_root: str = "outputs"  # paths.output_root: where `gptmini runs` and `gptmini board` look
+
+
+def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] | None) -> str:
+    """The end-of-run summary: a few lines, each one fact and where to look next."""
+    lines = [
+        f"run finished: {facts.steps:,} steps in {duration(facts.wall_seconds)} (wall time), "
+        f"{facts.tokens_seen:,} tokens seen"
+    ]
+    if scalars is not None and scalars.last("val/loss") is not None:
+        parts = [f"val/loss {scalars.last('val/loss'):.4f}"]
+        if (bpb := scalars.last("val/bpb")) is not None:
+            parts.append(f"val/bpb {bpb:.4f}")
+        if (ppl := scalars.last("val/ppl")) is not None:
+            parts.append(f"val/ppl {ppl:.2f}")
+        best = scalars.best("val/loss")
+        if best is not None:
+            parts.append(f"best val/loss {best[1]:.4f} at step {best[0]:,}")
+        lines.append("  final validation: " + ", ".join(parts))
+    else:
+        lines.append("  final validation: none logged")
+    names = ", ".join(p.name for p in facts.checkpoints) or "none"
+    lines.append(f"  checkpoints: {facts.run_dir / 'checkpoints'} ({names})")
+    if facts.event_folder is not None:
+        lines.append(f"  TensorBoard run: {facts.event_folder}")
+    else:
+        lines.append("  TensorBoard run: none (no TensorBoard logger)")
+    if files is not None:
+        lines.append(f"  loss curve: {files[1]}; every scalar: {files[0]}")
+    run = shlex.quote(str(facts.run_dir))
+    root = shlex.quote(facts.output_root)
+    elsewhere = os.path.normpath(facts.output_root) != "outputs"  # the commands' default runs folder
+    lines += [
+        "  next:",
+        f"    gptmini runs{f' --runs-dir {root}' if elsewhere else ''}    # every run, newest first",
+        f'    gptmini sample --ckpt {run} --prompt "ROMEO:"',
+        f"    gptmini eval --ckpt {run}",
+        f"    gptmini board{f' --logdir {root}' if elsewhere else ''}    # TensorBoard, http://localhost:6006",
+    ]
+    return "\n".join(lines)
+
+
+def report_run(facts: RunFacts, title: str) -> dict[str, Any]:
+    """Writes the CSV and the curve (when the run has a TensorBoard run) and logs the summary; what it wrote."""
+    scalars, files = None, None
+    if facts.event_folder is not None:
+        try:
+            scalars = read_scalars(facts.event_folder)
+            files = write_curves(scalars, facts.run_dir, title)
+        except Exception as err:  # the run is trained and saved: a curve that cannot be drawn only says so
+            log.warning(
+                "could not write %s and %s: %s: %s", SCALARS_CSV, LOSS_CURVE_PNG, type(err).__name__, err
+            )
+    log.info("%s", summary(facts, scalars, files))
+    return {"scalars_csv": str(files[0]), "loss_curve": str(files[1])} if files else {}
