@@ -141,7 +141,11 @@ def test_the_bar_shows_no_logger_version(monkeypatch):
     throughput.last["perf/tokens_per_sec"] = 1234.0
     logger = SimpleNamespace(version="s=12", name="tb")
     trainer = SimpleNamespace(
-        loggers=[logger], logger=logger, progress_bar_metrics={"train/loss": 2.5}, callbacks=[throughput]
+        loggers=[logger],
+        logger=logger,
+        progress_bar_metrics={},
+        callback_metrics={"train/loss": torch.tensor(2.5)},  # read by the bar on its logging steps
+        callbacks=[throughput],
     )
     bar = ProgressBar()
     bar.throughput = throughput  # what the app hands it (receive)

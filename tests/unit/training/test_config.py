@@ -88,7 +88,11 @@ def test_every_experiment_composes_and_instantiates(experiment, compose_cfg):
     overrides = [f"experiment={experiment}"]
     if experiment == "finetune_shakespeare":
         overrides.append("model.init_from=/path/to/gpt2")
-    if experiment in ("speedrun_char_cpu", "frontier_char_cpu"):  # the user's tinyshakespeare file
+    if experiment in (
+        "speedrun_char_cpu",
+        "speedrun_char_gpu",
+        "frontier_char_cpu",
+    ):  # the user's tinyshakespeare file
         overrides.append("data.source=/path/to/tinyshakespeare.txt")
     cfg = compose_cfg(overrides)
     assert cfg.run_name == experiment

@@ -286,6 +286,7 @@ def _fit_with_monitor(tmp_path, monitor, precision: str = "bf16-mixed") -> None:
         accelerator="cpu",
         precision=precision,
         max_steps=4,
+        log_every_n_steps=1,  # the monitor reads its clock on the logging steps
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
@@ -417,7 +418,9 @@ def _options(group: str) -> list[str]:
 )
 def test_experiments_and_debug_configs_compose_the_same_on_every_machine(override, compose_cfg, machine):
     extra = ["model.init_from=/path/to/gpt2"] if override.endswith("finetune_shakespeare") else []
-    if override.endswith(("speedrun_char_cpu", "frontier_char_cpu")):  # the user's tinyshakespeare file
+    if override.endswith(
+        ("speedrun_char_cpu", "speedrun_char_gpu", "frontier_char_cpu")
+    ):  # the user's tinyshakespeare file
         extra.append("data.source=/path/to/tinyshakespeare.txt")
     machine(CPU)
     on_cpu = _plain(compose_cfg([override, *extra]))
