@@ -283,9 +283,9 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, run_cli, 
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    # the smoke run's own validation at its last step (6): a resume of it (run earlier in this worker) logs on
-    # into the same TensorBoard run, at step 9 with other weights
-    (logged,) = [e.value for e in tb_events(run_dir).Scalars("val/loss") if e.step == 6]
+    # the checkpoint's own step: a resume of this run (test_resume_...) logs on into the same TensorBoard run
+    step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    logged = next(e.value for e in tb_events(run_dir).Scalars("val/loss") if e.step == step)
     assert result["loss"] == pytest.approx(logged, abs=1e-4)
     assert result["ppl"] == pytest.approx(torch.exp(torch.tensor(result["loss"])).item(), rel=1e-6)
     assert result["tokens"] == 2 * 4 * 32

@@ -143,8 +143,8 @@ def test_the_bar_shows_no_logger_version(monkeypatch):
     trainer = SimpleNamespace(
         loggers=[logger],
         logger=logger,
-        progress_bar_metrics={"train/loss": 2.5},
-        callback_metrics={"train/loss": 2.5},  # where the bar reads the loss (on the logging steps)
+        progress_bar_metrics={},
+        callback_metrics={"train/loss": torch.tensor(2.5)},  # read by the bar on its logging steps
         callbacks=[throughput],
     )
     bar = ProgressBar()
