@@ -414,25 +414,28 @@ def run_summary(run_dir: Path, started: float, wall_s: float, note: str) -> dict
     }
 
 
+def run_and_summarize(run_dir: Path, overrides: Sequence[str], timeout: float) -> dict[str, Any]:
+    """One training command into ``run_dir``, a whole process stopped after ``timeout`` seconds; its summary."""
+    started = time.time()
+    try:
+        proc = subprocess.run(
+            training_command(run_dir, overrides),
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        note = "" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired:
+        note = f"stopped after {timeout:.0f} s"
+    return run_summary(run_dir, started, time.time() - started, note)
+
+
 def bench_default(out: Path, steps: int, timeout: float) -> list[dict[str, Any]]:
-    root = Path(__file__).resolve().parent.parent
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     runs: dict[str, dict[str, Any]] = {}
     for name, overrides in default_runs(steps).items():
-        run_dir = out / "gpu_runs" / f"gpu_check_{name}_{stamp}"
-        started = time.time()
-        try:
-            proc = subprocess.run(
-                training_command(run_dir, overrides),
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-            note = "" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
-        except subprocess.TimeoutExpired:
-            note = f"stopped after {timeout:.0f} s"
-        runs[name] = run_summary(run_dir, started, time.time() - started, note)
+        runs[name] = run_and_summarize(out / "gpu_runs" / f"gpu_check_{name}_{stamp}", overrides, timeout)
         log.info("default %s: %s", name, {k: v for k, v in runs[name].items() if k != "val"})
     reference = runs["nanogpt"]["final_val_loss"]
     rows = []
@@ -503,8 +506,8 @@ def bench_speedrun(
     process, compilation included, each corpus prepared beforehand by its own program (untimed)."""
     import tempfile
 
-    from benchmarks.end_to_end import REPO, child_env, prepare_char_data, run_timed
-    from benchmarks.nanogpt import check_inputs, nanogpt_evals, prepare_nanogpt
+    from benchmarks.end_to_end import REPO, child_env, run_timed
+    from benchmarks.nanogpt import check_inputs, nanogpt_evals, prepare_both
 
     check_inputs(nanogpt, tinyshakespeare)
     target = speedrun_target()
@@ -514,12 +517,7 @@ def bench_speedrun(
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gptmini-speedrun-") as tmp:
         work = Path(tmp)
-        nano_dir = prepare_nanogpt(nanogpt.resolve(), tinyshakespeare, work)
-        source = str(tinyshakespeare.resolve())
-        data_dir = work / "gptmini_data"
-        prepare_char_data(source, data_dir)
-        train_py = str(nanogpt.resolve() / "train.py")
-        config = str(nanogpt.resolve() / "config" / "train_shakespeare_char.py")
+        nano_dir, source, data_dir, train_py, config = prepare_both(nanogpt, tinyshakespeare, work)
         for pair in range(1, pairs + 1):
             run = run_timed(
                 [sys.executable, train_py, config],
@@ -603,19 +601,7 @@ def bench_gpt2_train(
     out: Path, steps: int, timeout: float, overrides: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     run_dir = out / "gpu_runs" / time.strftime("gpt2_train_%Y-%m-%d_%H-%M-%S")
-    started = time.time()
-    try:
-        proc = subprocess.run(
-            training_command(run_dir, [*gpt2_train_overrides(steps), *overrides]),
-            cwd=Path(__file__).resolve().parent.parent,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        note = "" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
-    except subprocess.TimeoutExpired:
-        note = f"stopped after {timeout:.0f} s"
-    r = run_summary(run_dir, started, time.time() - started, note)
+    r = run_and_summarize(run_dir, [*gpt2_train_overrides(steps), *overrides], timeout)
     r.pop("val")
     return [{"path": "gptmini train experiment=gpt2_124m " + " ".join(overrides), **r}]
 

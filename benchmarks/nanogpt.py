@@ -134,6 +134,17 @@ def prepare_nanogpt(nanogpt: Path, tinyshakespeare: Path, work: Path) -> Path:
     return work / "nanogpt"
 
 
+def prepare_both(nanogpt: Path, tinyshakespeare: Path, work: Path) -> tuple[Path, str, Path, str, str]:
+    """Each program's corpus prepared in ``work`` by its own code (untimed): nanoGPT's scratch folder, the corpus's
+    path, gptmini's prepared folder, and nanoGPT's train.py and shakespeare_char config, as paths to pass."""
+    nano_dir = prepare_nanogpt(nanogpt.resolve(), tinyshakespeare, work)
+    source = str(tinyshakespeare.resolve())
+    data_dir = work / "gptmini_data"
+    prepare_char_data(source, data_dir)
+    config = str(nanogpt.resolve() / "config" / "train_shakespeare_char.py")
+    return nano_dir, source, data_dir, str(nanogpt.resolve() / "train.py"), config
+
+
 def check_inputs(nanogpt: Path, tinyshakespeare: Path) -> None:
     needed = [
         nanogpt / "train.py",
@@ -160,12 +171,7 @@ def compare(
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gptmini-vs-nanogpt-") as tmp:
         work = Path(tmp)
-        nano_dir = prepare_nanogpt(nanogpt.resolve(), tinyshakespeare, work)
-        source = str(tinyshakespeare.resolve())
-        data_dir = work / "gptmini_data"
-        prepare_char_data(source, data_dir)
-        train_py = str(nanogpt.resolve() / "train.py")
-        config = str(nanogpt.resolve() / "config" / "train_shakespeare_char.py")
+        nano_dir, source, data_dir, train_py, config = prepare_both(nanogpt, tinyshakespeare, work)
         for r in range(1, repeats + 1):
             log.info("nanoGPT, run %d/%d (load average %s)", r, repeats, loadavg())
             run = run_timed(
