@@ -236,3 +236,17 @@ def write_checkpoint() -> Callable[..., Path]:
         return Path(path)
 
     return _write
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_handlers_restored() -> Iterator[None]:
+    """Each test leaves the root logger's handlers as it found them: a command run in the test process (TensorBoard's
+    absl app behind `gptmini board`, Hydra's job logging) may add its own, which would print every later test's
+    log lines a second time in its own format."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
