@@ -62,7 +62,7 @@ bench: $(STAMP) ## Benchmarks: attention, training, host cost per step, generati
 bench-tokenizers: $(STAMP) ## Tokenizers by bits per byte at equal training time (ARGS="--seconds 300", "--quick")
 	$(PY) -m benchmarks.tokenizers $(ARGS)
 
-gpu-check: $(STAMP) ## The GPU proof: default run vs nanoGPT's recipe, GPT-2 124M step, attention options (results/gpu.md)
+gpu-check: $(STAMP) ## The GPU proof (results/gpu.md); ARGS="--nanogpt DIR --tinyshakespeare FILE" adds the speedrun against nanoGPT
 	$(PY) -m benchmarks.gpu $(ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check
