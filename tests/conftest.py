@@ -250,3 +250,13 @@ def _root_logging_handlers_restored() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def char_data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root holding the embedded corpus prepared in characters, once per test module."""
+    from gptmini.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    prepare("shakespeare", "char", root / "shakespeare_char")
+    return root

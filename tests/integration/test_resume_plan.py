@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-from gptmini.data.prepare import prepare
-
 EMA = "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.8}"
 LR = "lr-MuonAdamW/hidden"
 
@@ -35,20 +33,13 @@ def sigterm(step: int) -> str:
     return f"+callbacks.fault={{_target_:test_reliability.FaultInjector,action:sigterm,step:{step},where:batch_start}}"
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    prepare("shakespeare", "char", root / "shakespeare_char")
-    return root
-
-
 @pytest.fixture
-def train(run_cli: Any, data_root: Path, tmp_path: Path) -> Any:
+def train(run_cli: Any, char_data_root: Path, tmp_path: Path) -> Any:
     """``train(run_name, *overrides, env=None)``: ``debug=smoke`` on characters under ``tmp_path/out``."""
 
     def _train(name: str, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         base = ["debug=smoke", "tokenizer=char", f"run_name={name}"]
-        paths = [f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={data_root}"]
+        paths = [f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"]
         return run_cli.train([*base, *paths, *overrides], env=env)
 
     return _train

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from gptmini.data.prepare import prepare
-
 # A tiny char model, 2 steps, validation at the end, the slow loggers off.
 TINY = [
     "model=tiny",
@@ -39,22 +37,15 @@ def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    prepare("shakespeare", "char", root / "shakespeare_char")
-    return root
-
-
 @pytest.fixture
-def train(run_cli: Any, data_root: Path, tmp_path: Path) -> Any:
+def train(run_cli: Any, char_data_root: Path, tmp_path: Path) -> Any:
     """``train(*overrides)``: TINY under ``tmp_path/out``; ``overrides`` replace TINY's keys."""
 
     def _train(*overrides: str) -> subprocess.CompletedProcess:
         keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         base = [a for a in TINY if a.split("=", 1)[0].lstrip("+~") not in keys]
         return run_cli.train(
-            [*base, f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={data_root}", *overrides]
+            [*base, f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}", *overrides]
         )
 
     return _train
@@ -71,7 +62,7 @@ def check_refused(proc: subprocess.CompletedProcess, pattern: str) -> str:
 
 @pytest.fixture(scope="module")
 def finished_run(
-    run_cli: Any, data_root: Path, tmp_path_factory: pytest.TempPathFactory
+    run_cli: Any, char_data_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, subprocess.CompletedProcess]:
     """One finished TINY run in a folder named with hydra.run.dir (a space in its path), and its command's output;
     the tests that only try to start runs against it share it and check that it stays byte-identical."""
@@ -80,7 +71,7 @@ def finished_run(
         [
             *TINY,
             f"paths.output_root={run_dir.parent}",
-            f"paths.data_root={data_root}",
+            f"paths.data_root={char_data_root}",
             f"hydra.run.dir={run_dir}",
         ]
     )
@@ -120,7 +111,7 @@ def test_a_failed_start_keeps_a_folder_that_existed_before(train, tmp_path) -> N
 
 
 def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_written(
-    run_cli, data_root, tmp_path
+    run_cli, char_data_root, tmp_path
 ) -> None:
     """run_name=../../escape wrote outside the output root (and `last` could not find it); other names: unit tests
     (tests/unit/training/test_config.py)."""
@@ -149,7 +140,7 @@ def test_a_tensorboard_version_that_is_not_one_folder_name_is_refused_before_any
     assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
 
 
-def test_a_sweep_runs_every_job_and_ends_with_the_failures(run_cli, data_root, tmp_path) -> None:
+def test_a_sweep_runs_every_job_and_ends_with_the_failures(run_cli, char_data_root, tmp_path) -> None:
     """`-m model.attention=bogus,sdpa`: the bogus job fails with its one line, the next job still runs (and its
     validation interval, longer than the 1-step run, is scaled down instead of refused); the sweep ends with a
     summary of the failed jobs and exit status 2."""
@@ -164,7 +155,7 @@ def test_a_sweep_runs_every_job_and_ends_with_the_failures(run_cli, data_root, t
             "~callbacks.text_samples",
             "~callbacks.attention_maps",
             f"paths.output_root={out}",
-            f"paths.data_root={data_root}",
+            f"paths.data_root={char_data_root}",
         ]
     )
     text = output(proc)
@@ -209,7 +200,7 @@ def test_resuming_a_finished_run_or_with_another_batch_is_refused_and_in_place_r
 
 
 @pytest.mark.slow
-def test_the_attention_zoo_runs_with_a_short_max_steps(run_cli, data_root, tmp_path) -> None:
+def test_the_attention_zoo_runs_with_a_short_max_steps(run_cli, char_data_root, tmp_path) -> None:
     """experiment=attention_zoo's validation interval (250) is scaled to a 2-step run instead of refused."""
     proc = run_cli.train(
         [
@@ -218,7 +209,7 @@ def test_the_attention_zoo_runs_with_a_short_max_steps(run_cli, data_root, tmp_p
             "trainer.max_steps=2",
             "trainer.limit_val_batches=1",
             f"paths.output_root={tmp_path / 'out'}",
-            f"paths.data_root={data_root}",
+            f"paths.data_root={char_data_root}",
         ]
     )
     assert proc.returncode == 0, output(proc)[-3000:]
