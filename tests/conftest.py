@@ -1,6 +1,7 @@
 """Fixtures shared by the whole test tree: where the repository and its configs are, one way to run a gptmini
 command in a subprocess (``run_cli``), one way to compose the training config as the app receives it
-(``compose_cfg``), one way to train in this process (``train_in_process``), and one way to read a run's
+(``compose_cfg``), two ways to train in this process (``train_in_process``: the app's ``train`` on a composed
+config; ``gptmini_train``: the whole command), and one way to read a run's
 TensorBoard events (``tb_events``).
 
 Heavy imports (torch, Hydra, TensorBoard) happen inside the fixtures, so collecting tests that use none of them
@@ -178,6 +179,59 @@ def train_in_process(conf_path: Path) -> Callable[..., dict[str, Any]]:
         with open_dict(cfg):
             del cfg["hydra"]  # as the app's task function receives it
         return train(cfg)
+
+    return _train
+
+
+@pytest.fixture
+def gptmini_train(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """``gptmini_train(args) -> CompletedProcess``: ``gptmini train <args>`` through the command's own ``main`` in
+    this process (Hydra composing from scratch, the run folder it chooses, the one-line errors, the exit status,
+    what it prints and logs), a second or two instead of an interpreter, torch and Lightning started again.
+    ``run_cli.train`` stays the way for what only a process shows (signals, a second process, the environment).
+    What a run changes in this process (Hydra's global state, logging, torch's thread count and flags) is put back
+    after each call."""
+    import logging
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    from gptmini.training.run.app import main
+
+    def _train(args: Sequence[str]) -> subprocess.CompletedProcess:
+        capsys.readouterr()  # what the test printed before is not the command's
+        GlobalHydra.instance().clear()
+        monkeypatch.setattr(sys, "argv", ["gptmini train", *map(str, args)])
+        loggers = {
+            name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
+            for name, lg in logging.Logger.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger)
+        }
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        torch_state = (
+            torch.get_num_threads(),
+            torch.are_deterministic_algorithms_enabled(),
+            torch.get_float32_matmul_precision(),
+        )
+        status = 0
+        try:
+            main()
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        finally:
+            GlobalHydra.instance().clear()
+            root.handlers[:], root.level = handlers, level
+            for name, lg in logging.Logger.manager.loggerDict.items():
+                if isinstance(lg, logging.Logger):
+                    lg.handlers[:], lg.level, lg.propagate, lg.disabled = loggers.get(
+                        name, ([], 0, True, False)
+                    )
+            torch.set_num_threads(torch_state[0])
+            torch.use_deterministic_algorithms(torch_state[1])
+            torch.set_float32_matmul_precision(torch_state[2])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["gptmini", "train", *map(str, args)], status, out, err)
 
     return _train
 

@@ -317,9 +317,14 @@ def _check_out_folder(out: Path) -> None:
         raise DataError(
             f"the prepared-data folder {out} is a file: pass a folder (new, or one prepared before)"
         )
-    if not out.is_dir() or (out / META_FILE).is_file() or any(out.glob(SHARD_PREFIX + "*")):
+    if not out.is_dir():
         return
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_FILE, "raw"))
+    # One listing decides: a preparation running now (it holds the lock, this check does not) may create its
+    # shard folder between two looks, and the second look would call that folder foreign.
+    names = sorted(p.name for p in out.iterdir())
+    if META_FILE in names or any(n.startswith(SHARD_PREFIX) for n in names):
+        return
+    foreign = [n for n in names if n not in (LOCK_FILE, "raw")]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise DataError(

@@ -34,13 +34,17 @@ def sigterm(step: int) -> str:
 
 
 @pytest.fixture
-def train(run_cli: Any, char_data_root: Path, tmp_path: Path) -> Any:
-    """``train(run_name, *overrides, env=None)``: ``debug=smoke`` on characters under ``tmp_path/out``."""
+def train(run_cli: Any, gptmini_train: Any, char_data_root: Path, tmp_path: Path) -> Any:
+    """``train(run_name, *overrides, process=False, env=None)``: ``gptmini train debug=smoke`` on characters under
+    ``tmp_path/out``, in this process (``gptmini_train``) or, with ``process=True``, as a process of its own."""
 
-    def _train(name: str, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def _train(
+        name: str, *overrides: str, process: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         base = ["debug=smoke", "tokenizer=char", f"run_name={name}"]
         paths = [f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"]
-        return run_cli.train([*base, *paths, *overrides], env=env)
+        args = [*base, *paths, *overrides]
+        return run_cli.train(args, env=env) if process else gptmini_train(args)
 
     return _train
 
@@ -82,7 +86,7 @@ def test_a_finished_run_extended_trains_its_new_steps(train, tmp_path, tb_events
 def test_an_interrupted_run_extended_trains_past_its_old_end(train, tmp_path, tb_events) -> None:
     """A run of 8 steps stopped by SIGTERM after step 4, resumed with trainer.max_steps=16: the steps past 8,
     where the old schedule had reached 0, train at a rate above 0, and val/loss moves."""
-    first_run = train("cut", "trainer.max_steps=8", sigterm(3))
+    first_run = train("cut", "trainer.max_steps=8", sigterm(3), process=True)
     assert first_run.returncode == 143, output(first_run)[-3000:]
     (first,) = run_folders(tmp_path / "out", "cut")
     assert ckpt_of(first, "on_exception.ckpt")["global_step"] == 4
@@ -163,10 +167,9 @@ def test_an_ema_run_resumes_from_its_trained_weights_with_or_without_ema(train, 
 def test_a_deterministic_run_is_bit_identical_whatever_the_load(train, tmp_path) -> None:
     """docs/training.md's promise: with trainer.deterministic=true, two runs of the same seed on one machine end
     with the same weights to the last bit, on two threads each, whatever other programs run meanwhile."""
-    env = {"OMP_NUM_THREADS": "2"}
     runs = []
     for name in ("det_a", "det_b"):
-        proc = finished(train(name, "trainer.deterministic=true", env=env))
+        proc = finished(train(name, "trainer.deterministic=true"))
         assert "trainer.deterministic: torch keeps 2 threads whatever other programs use" in output(proc)
         (folder,) = run_folders(tmp_path / "out", name)
         runs.append(ckpt_of(folder)["state_dict"])

@@ -38,13 +38,14 @@ def files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def train(run_cli: Any, char_data_root: Path, tmp_path: Path) -> Any:
-    """``train(*overrides)``: TINY under ``tmp_path/out``; ``overrides`` replace TINY's keys."""
+def train(gptmini_train: Any, char_data_root: Path, tmp_path: Path) -> Any:
+    """``train(*overrides)``: ``gptmini train`` TINY under ``tmp_path/out`` (in this process); ``overrides``
+    replace TINY's keys."""
 
     def _train(*overrides: str) -> subprocess.CompletedProcess:
         keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         base = [a for a in TINY if a.split("=", 1)[0].lstrip("+~") not in keys]
-        return run_cli.train(
+        return gptmini_train(
             [*base, f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}", *overrides]
         )
 
@@ -111,12 +112,12 @@ def test_a_failed_start_keeps_a_folder_that_existed_before(train, tmp_path) -> N
 
 
 def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_written(
-    run_cli, char_data_root, tmp_path
+    gptmini_train, char_data_root, tmp_path
 ) -> None:
     """run_name=../../escape wrote outside the output root (and `last` could not find it); other names: unit tests
     (tests/unit/training/test_config.py)."""
     name, out = "../../escape", tmp_path / "root" / "out"
-    proc = run_cli.train(["model=tiny", "tokenizer=char", f"run_name={name}", f"paths.output_root={out}"])
+    proc = gptmini_train(["model=tiny", "tokenizer=char", f"run_name={name}", f"paths.output_root={out}"])
     check_refused(
         proc, rf"error: run_name='{re.escape(name)}' is invalid: it names one folder under paths\.output_root"
     )
@@ -125,11 +126,11 @@ def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_wr
 
 @pytest.mark.parametrize("version", ["../../../../x", "a/b", ".hidden"])
 def test_a_tensorboard_version_that_is_not_one_folder_name_is_refused_before_anything_is_written(
-    run_cli, tmp_path, version
+    gptmini_train, tmp_path, version
 ) -> None:
     """logger.tensorboard.version=../../../../x wrote events outside the output root: one plain name, as run_name."""
     out = tmp_path / "root" / "out"
-    proc = run_cli.train(
+    proc = gptmini_train(
         ["model=tiny", "tokenizer=char", f"logger.tensorboard.version={version}", f"paths.output_root={out}"]
     )
     check_refused(
@@ -140,12 +141,12 @@ def test_a_tensorboard_version_that_is_not_one_folder_name_is_refused_before_any
     assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
 
 
-def test_a_sweep_runs_every_job_and_ends_with_the_failures(run_cli, char_data_root, tmp_path) -> None:
+def test_a_sweep_runs_every_job_and_ends_with_the_failures(gptmini_train, char_data_root, tmp_path) -> None:
     """`-m model.attention=bogus,sdpa`: the bogus job fails with its one line, the next job still runs (and its
     validation interval, longer than the 1-step run, is scaled down instead of refused); the sweep ends with a
     summary of the failed jobs and exit status 2."""
     out = tmp_path / "out"
-    proc = run_cli.train(
+    proc = gptmini_train(
         [
             "-m",
             "debug=smoke",
@@ -220,8 +221,8 @@ def test_the_attention_zoo_runs_with_a_short_max_steps(run_cli, char_data_root, 
 @pytest.mark.skipif(
     __import__("torch").cuda.is_available(), reason="a machine with a CUDA GPU trains hardware=gpu"
 )
-def test_hardware_gpu_without_a_gpu_names_hardware_and_the_fix(run_cli, tmp_path) -> None:
-    proc = run_cli.train(["hardware=gpu", f"paths.output_root={tmp_path}/outputs"])
+def test_hardware_gpu_without_a_gpu_names_hardware_and_the_fix(gptmini_train, tmp_path) -> None:
+    proc = gptmini_train(["hardware=gpu", f"paths.output_root={tmp_path}/outputs"])
     assert proc.returncode == 2
     (line,) = [ln for ln in output(proc).splitlines() if "error:" in ln]
     assert line.endswith(
