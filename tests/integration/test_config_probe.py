@@ -3,14 +3,12 @@
 status docs/reliability.md states (2, whether Hydra could not apply the override or the plan refused the
 config), no traceback, before anything is built (no prepared data, no run folder left); the documented overrides train.
 
-Most rows run in this process (one interpreter, Hydra composing from scratch each time: the same code path as the
-command, a second each); a few run as a real ``gptmini train`` process to hold the in-process route to it."""
+Most rows run in this process (the ``gptmini_train`` fixture: Hydra composing from scratch each time, the same code
+path as the command, a second each); a few run as a real ``gptmini train`` process to hold the in-process route to it."""
 
 from __future__ import annotations
 
-import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,54 +161,22 @@ def _base(corpus: Path, root: Path) -> list[str]:
     ]
 
 
-def _train_in_this_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """``gptmini train <argv>`` through the command's own ``main``, in this process; its exit status."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from gptmini.training.run.app import main
-
-    GlobalHydra.instance().clear()
-    monkeypatch.setattr(sys, "argv", ["gptmini train", *argv])
-    # Hydra configures logging for its job (handlers, levels, disabled loggers): put it back for the tests after
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    loggers = {
-        name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
-        for name, lg in logging.Logger.manager.loggerDict.items()
-        if isinstance(lg, logging.Logger)
-    }
-    try:
-        main()
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    finally:
-        GlobalHydra.instance().clear()
-        root.handlers[:], root.level = handlers, level
-        for name, lg in logging.Logger.manager.loggerDict.items():
-            if isinstance(lg, logging.Logger):
-                lg.handlers[:], lg.level, lg.propagate, lg.disabled = loggers.get(name, ([], 0, True, False))
-    return 0
-
-
 def _error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "error:" in line]
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[" ".join(c[0]) for c in REFUSED])
 def test_each_probe_row_is_refused_in_one_line_before_anything_is_built(
-    case: tuple[list[str], str, int],
-    corpus: Path,
-    tmp_path: Path,
-    capsys: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[list[str], str, int], corpus: Path, tmp_path: Path, gptmini_train: Any
 ) -> None:
     overrides, message, status = case
-    assert _train_in_this_process([*_base(corpus, tmp_path), *overrides], monkeypatch) == status
-    out, err = capsys.readouterr()
-    lines = _error_lines(out + err)
-    assert len(lines) == 1, out + err
+    proc = gptmini_train([*_base(corpus, tmp_path), *overrides])
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == status, text
+    lines = _error_lines(text)
+    assert len(lines) == 1, text
     assert re.search(r"error: " + message, lines[0]), lines[0]
-    assert "Traceback" not in out + err
+    assert "Traceback" not in text
     # nothing built: no data prepared, no run folder left behind
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.*"))
@@ -229,13 +195,14 @@ def test_probe_rows_through_the_gptmini_train_process(
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
 
 
-def test_the_documented_overrides_train(corpus: Path, tmp_path: Path, capsys: Any, monkeypatch) -> None:
+def test_the_documented_overrides_train(corpus: Path, tmp_path: Path, gptmini_train: Any) -> None:
     """docs/configuration.md's `optimizer.embedding.cautious_weight_decay=true` (no `+`) and
     `+trainer.enable_progress_bar=false` (the config's progress bar is then left out) train to the end."""
     import torch
 
     overrides = ["optimizer.embedding.cautious_weight_decay=true", "+trainer.enable_progress_bar=false"]
-    assert _train_in_this_process([*_base(corpus, tmp_path), *overrides], monkeypatch) == 0
+    proc = gptmini_train([*_base(corpus, tmp_path), *overrides])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     (last,) = (tmp_path / "outputs").rglob("last.ckpt")
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 6
