@@ -1,7 +1,7 @@
 """What a run logs for the ATTENTION tab's sink, lens and neuron views and for TensorBoard's PROJECTOR, through
-the real ``gptmini train``: the sink shares and the lens's last row checked against the final checkpoint's own
-attention and loss on the probe; ``lens`` and ``projector_every`` turned off; a bad ``projector_every`` refused in
-one line before anything is written."""
+``gptmini train`` (in this process): the sink shares and the lens's last row checked against the final
+checkpoint's own attention and loss on the probe; ``lens`` and ``projector_every`` turned off; a bad
+``projector_every`` refused in one line before anything is written."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import torch
 
 
 @pytest.fixture(scope="module")
-def detail_run(tmp_path_factory, run_cli):
+def detail_run(tmp_path_factory, train_in_process):
     root = tmp_path_factory.mktemp("detail")
-    proc = run_cli.train(["debug=smoke", f"paths.output_root={root}/outputs", f"paths.data_root={root}/data"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (root / "outputs" / "smoke").iterdir()
+    run_dir = root / "outputs" / "smoke" / "run"
+    train_in_process(
+        ["debug=smoke", f"paths.output_root={root}/outputs", f"paths.data_root={root}/data"], run_dir
+    )
     return root, run_dir
 
 
@@ -77,8 +78,8 @@ def test_the_projector_holds_each_heads_queries_and_keys_labelled(detail_run) ->
     assert len(vectors[0].split("\t")) == 16  # the tiny model's head size
 
 
-def test_lens_and_projector_turned_off(tmp_path, run_cli, tb_events) -> None:
-    proc = run_cli.train(
+def test_lens_and_projector_turned_off(tmp_path, gptmini_train, tb_events) -> None:
+    proc = gptmini_train(
         [
             "debug=smoke",
             "trainer.max_steps=3",
@@ -97,8 +98,8 @@ def test_lens_and_projector_turned_off(tmp_path, run_cli, tb_events) -> None:
     assert header["lens"] is None and header["vectors"] is not None
 
 
-def test_a_bad_projector_every_is_refused_in_one_line(tmp_path, run_cli) -> None:
-    proc = run_cli.train(
+def test_a_bad_projector_every_is_refused_in_one_line(tmp_path, gptmini_train) -> None:
+    proc = gptmini_train(
         [
             "debug=smoke",
             "callbacks.attention_summary.projector_every=-1",

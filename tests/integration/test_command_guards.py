@@ -222,7 +222,7 @@ def test_an_imported_char_model_asks_for_its_vocabulary_and_works_with_it(
     assert capsys.readouterr().out.startswith("ROMEO")
 
 
-def test_resuming_an_imported_checkpoint_is_refused_naming_init_from(world, tmp_path, run_cli) -> None:
+def test_resuming_an_imported_checkpoint_is_refused_naming_init_from(world, tmp_path, gptmini_train) -> None:
     imported = tmp_path / "imported.ckpt"
     assert (
         hf_main(
@@ -238,7 +238,7 @@ def test_resuming_an_imported_checkpoint_is_refused_naming_init_from(world, tmp_
         )
         == 0
     )
-    proc = run_cli.train(
+    proc = gptmini_train(
         [
             "model=llama_tiny",
             "tokenizer=char",

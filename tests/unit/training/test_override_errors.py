@@ -1,7 +1,8 @@
 """A bad override on the training command line is one ``error:`` line naming the override and the real fix (not
 Hydra's several lines, nor its "+key=value" for a key that is misplaced rather than missing), exit status 2 like
 every refusal (docs/reliability.md),
-before any run folder exists; HYDRA_FULL_ERROR=1 still gives Hydra's own report."""
+before any run folder exists; HYDRA_FULL_ERROR=1 still gives Hydra's own report. Through the command's own main in
+this process (``gptmini_train``); the HYDRA_FULL_ERROR case as a process of its own (an environment variable)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("override", sorted(CASES))
-def test_a_bad_override_is_one_line_naming_it_and_the_fix(override, run_cli, tmp_path):
-    proc = run_cli.train([override, f"paths.output_root={tmp_path}/outputs"])
+def test_a_bad_override_is_one_line_naming_it_and_the_fix(override, gptmini_train, tmp_path):
+    proc = gptmini_train([override, f"paths.output_root={tmp_path}/outputs"])
     assert proc.returncode == 2
     assert proc.stdout == ""
     (line,) = proc.stderr.splitlines()
@@ -32,16 +33,16 @@ def test_a_bad_override_is_one_line_naming_it_and_the_fix(override, run_cli, tmp
     assert not (tmp_path / "outputs").exists()
 
 
-def test_a_misspelt_key_suggests_the_likely_one_and_adding_only_as_a_last_resort(run_cli, tmp_path):
-    proc = run_cli.train(["trainer.max_step=3", f"paths.output_root={tmp_path}/outputs"])
+def test_a_misspelt_key_suggests_the_likely_one_and_adding_only_as_a_last_resort(gptmini_train, tmp_path):
+    proc = gptmini_train(["trainer.max_step=3", f"paths.output_root={tmp_path}/outputs"])
     (line,) = proc.stderr.splitlines()
     assert "did you mean trainer.max_steps?" in line
     assert "max_epochs" not in line and "its settings:" not in line  # not the group's every key
     assert line.endswith("only a key the config lacks on purpose is added, with +trainer.max_step=3")
 
 
-def test_a_key_like_none_of_its_group_names_every_setting_of_the_group(run_cli, tmp_path):
-    proc = run_cli.train(["model.zzz=64", f"paths.output_root={tmp_path}/outputs"])
+def test_a_key_like_none_of_its_group_names_every_setting_of_the_group(gptmini_train, tmp_path):
+    proc = gptmini_train(["model.zzz=64", f"paths.output_root={tmp_path}/outputs"])
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: model.zzz=64: model has no setting 'zzz' (its settings: vocab_size, ")
@@ -56,9 +57,9 @@ def test_hydra_full_error_keeps_hydras_own_report(run_cli, tmp_path):
     assert "Traceback" in proc.stderr and "Could not override 'optimizer.lr'" in proc.stderr
 
 
-def test_a_typed_group_is_not_offered_a_new_key(run_cli, tmp_path):
+def test_a_typed_group_is_not_offered_a_new_key(gptmini_train, tmp_path):
     """model has a schema: a key it lacks cannot be added, so the line does not suggest +model.n_embdd."""
-    proc = run_cli.train(["model.n_embdd=64", f"paths.output_root={tmp_path}/outputs"])
+    proc = gptmini_train(["model.n_embdd=64", f"paths.output_root={tmp_path}/outputs"])
     (line,) = proc.stderr.splitlines()
     assert line.startswith(
         "error: model.n_embdd=64: model has no setting 'n_embdd'; did you mean model.n_embd"
