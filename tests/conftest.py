@@ -1,7 +1,7 @@
 """Fixtures shared by the whole test tree: where the repository and its configs are, one way to run a gptmini
 command in a subprocess (``run_cli``), one way to compose the training config as the app receives it
 (``compose_cfg``), two ways to train in this process (``train_in_process``: the app's ``train`` on a composed
-config; ``gptmini_train``: the whole command), and one way to read a run's
+config; ``gptmini_train``: the whole command), the other commands in this process (``gptmini_cli``), and one way to read a run's
 TensorBoard events (``tb_events``).
 
 Heavy imports (torch, Hydra, TensorBoard) happen inside the fixtures, so collecting tests that use none of them
@@ -234,6 +234,42 @@ def gptmini_train(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monkey
         return subprocess.CompletedProcess(["gptmini", "train", *map(str, args)], status, out, err)
 
     return _train
+
+
+@pytest.fixture
+def gptmini_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess]:
+    """``gptmini_cli(args, cwd=None) -> CompletedProcess``: ``gptmini <args>`` (sample, eval, runs, export, data,
+    ...) through ``gptmini.cli.main`` in this process, from ``cwd``; what it prints, and its log lines as the
+    command's own ``%(message)s`` lines on stderr. Not for ``train`` (``gptmini_train``)."""
+    import logging
+
+    from gptmini.cli import main
+
+    def _cli(args: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        assert argv[:1] != ["train"], "gptmini_train runs the training command"
+        capsys.readouterr()
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        # the commands' logging.basicConfig does nothing under pytest (its capture handler is on the root
+        # logger): their lines go to stderr through this handler instead, as the command prints them
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        try:
+            with monkeypatch.context() as m:
+                if cwd is not None:
+                    m.chdir(cwd)
+                status = main(argv)
+        finally:
+            root.handlers[:], root.level = handlers, level
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["gptmini", *argv], status, out, err)
+
+    return _cli
 
 
 @pytest.fixture(scope="session")

@@ -156,13 +156,13 @@ def test_a_yaml_alias_bomb_is_one_warning_and_unknown_cells_in_bounded_memory(tm
     assert 0 < peak_kb < 100_000, f"peak RSS {peak_kb} KiB"
 
 
-def test_a_run_yaml_over_the_size_cap_is_not_read(tmp_path, run_cli) -> None:
+def test_a_run_yaml_over_the_size_cap_is_not_read(tmp_path, gptmini_cli) -> None:
     from gptmini.runs import YAML_MAX_BYTES
 
     hydra = tmp_path / "outputs" / "big" / "2026-01-01_00-00-00_000000" / ".hydra"
     hydra.mkdir(parents=True)
     (hydra / "config.yaml").write_text("run_name: big\n" + "#" * YAML_MAX_BYTES + "\n", encoding="utf-8")
-    proc = run_cli("gptmini.cli", ["runs", "--runs-dir", tmp_path / "outputs"])
+    proc = gptmini_cli(["runs", "--runs-dir", tmp_path / "outputs"])
     assert proc.returncode == 0 and "over the 1,048,576 a run's file may hold" in proc.stderr, proc.stderr
 
 
@@ -198,7 +198,9 @@ def _copy_run(run: Path, to: Path, summary: bool = True) -> Path:
     return to
 
 
-def test_a_run_in_a_folder_whose_name_is_not_utf8_is_listed_and_opened(char_run, tmp_path, run_cli) -> None:
+def test_a_run_in_a_folder_whose_name_is_not_utf8_is_listed_and_opened(
+    char_run, tmp_path, run_cli, gptmini_cli
+) -> None:
     root, _ = char_run
     odd = tmp_path / "outputs" / os.fsdecode(b"caf\xe9") / "2026-01-01_00-00-00_000000"
     _copy_run(_run_dir(root), odd, summary=False)  # the checkpoint itself is opened
@@ -213,11 +215,13 @@ def test_a_run_in_a_folder_whose_name_is_not_utf8_is_listed_and_opened(char_run,
     (row,) = json.loads(proc.stdout.decode("utf-8"))  # strict: valid UTF-8, no lone surrogates
     assert row["state"] == "resumable" and row["steps_done"] > 0, row
     assert "caf\\xe9" in row["folder"] and "not a gptmini checkpoint" not in proc.stderr.decode()
-    sample = run_cli("gptmini.cli", ["sample", "--ckpt", odd, "--max-new-tokens", "5", "--device", "cpu"])
+    sample = gptmini_cli(["sample", "--ckpt", odd, "--max-new-tokens", "5", "--device", "cpu"])
     assert sample.returncode == 0, sample.stderr[-2000:]
 
 
-def test_a_damaged_newest_checkpoint_is_never_starred_and_last_skips_it(char_run, tmp_path, run_cli) -> None:
+def test_a_damaged_newest_checkpoint_is_never_starred_and_last_skips_it(
+    char_run, tmp_path, gptmini_cli
+) -> None:
     root, _ = char_run
     out = tmp_path / "outputs"
     good = _copy_run(_run_dir(root), out / "smoke" / "2026-01-01_00-00-00_000000")
@@ -226,13 +230,13 @@ def test_a_damaged_newest_checkpoint_is_never_starred_and_last_skips_it(char_run
     data = ckpt.read_bytes()
     ckpt.write_bytes(data[: len(data) // 2])  # truncated: a copy cut short
     os.utime(good / "checkpoints" / "last.ckpt", (1000, 1000))
-    listed = run_cli("gptmini.cli", ["runs", "--runs-dir", out])
+    listed = gptmini_cli(["runs", "--runs-dir", out])
     assert listed.returncode == 0, listed.stderr
     (star,) = [line for line in listed.stdout.splitlines() if line.startswith("*")]
     (damaged,) = [line for line in listed.stdout.splitlines() if str(bad) in line]
     assert str(good) in star and " damaged " in damaged, listed.stdout
-    sample = run_cli(
-        "gptmini.cli", ["sample", "--ckpt", "last", "--max-new-tokens", "5", "--device", "cpu"], cwd=tmp_path
+    sample = gptmini_cli(
+        ["sample", "--ckpt", "last", "--max-new-tokens", "5", "--device", "cpu"], cwd=tmp_path
     )
     assert sample.returncode == 0, sample.stderr[-2000:]
     skipped = [line for line in sample.stderr.splitlines() if "skipped" in line]
@@ -246,36 +250,36 @@ def test_a_damaged_newest_checkpoint_is_never_starred_and_last_skips_it(char_run
 # --- items 6 and 10: bpe.json checked before it is read; checkpoints carry their tokenizer ------------------
 
 
-def test_a_padded_bpe_json_is_refused_unread_and_the_checkpoint_samples_without_it(bpe_run, run_cli) -> None:
+def test_a_padded_bpe_json_is_refused_unread_and_the_checkpoint_samples_without_it(
+    bpe_run, gptmini_cli
+) -> None:
     run = _run_dir(bpe_run)
     (bpe_file,) = (bpe_run / "data").glob("*/tokens-*/bpe.json")
     with open(bpe_file, "ab") as f:
         f.write(b" " * (32 << 20))  # 32 MiB of padding: the same JSON, parsed
-    proc = run_cli("gptmini.cli", ["eval", "--ckpt", run, "--device", "cpu"])
+    proc = gptmini_cli(["eval", "--ckpt", run, "--device", "cpu"])
     (line,) = _errors(proc)
     assert proc.returncode != 0 and "bytes but meta.json records" in line and "refused unread" in line, line
     # the checkpoint carries its BPE: sampling needs no data folder
     shutil.rmtree(bpe_run / "data")
-    sample = run_cli("gptmini.cli", ["sample", "--ckpt", run, "--max-new-tokens", "5", "--device", "cpu"])
+    sample = gptmini_cli(["sample", "--ckpt", run, "--max-new-tokens", "5", "--device", "cpu"])
     assert sample.returncode == 0, sample.stderr[-2000:]
 
 
 def test_a_char_checkpoint_samples_after_its_data_folder_is_reprepared_or_it_moved(
-    char_run, tmp_path, run_cli
+    char_run, tmp_path, gptmini_cli
 ):
     root, _ = char_run
     moved = tmp_path / "elsewhere.ckpt"
     shutil.copy(_run_dir(root) / "checkpoints" / "last.ckpt", moved)
-    before = run_cli("gptmini.cli", ["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
+    before = gptmini_cli(["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
     # the data folder re-prepared from another corpus: another char vocabulary under the same path
     (data,) = (root / "data").iterdir()
     other = tmp_path / "other.txt"
     other.write_text("zyxwvutsrq 0123456789\n" * 100, encoding="utf-8")
-    prepared = run_cli(
-        "gptmini.cli", ["data", "--source", other, "--tokenizer", "char", "--out", data, "--force"]
-    )
+    prepared = gptmini_cli(["data", "--source", other, "--tokenizer", "char", "--out", data, "--force"])
     assert prepared.returncode == 0, prepared.stderr[-2000:]
-    after = run_cli("gptmini.cli", ["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
+    after = gptmini_cli(["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
     assert before.returncode == after.returncode == 0, after.stderr[-2000:]
     assert after.stdout == before.stdout  # the same ids, the same characters
 
@@ -287,7 +291,7 @@ ROUND_TRIP = "To be, or not to be: that is the question.\nWhether 'tis nobler"
 
 @pytest.mark.parametrize("which", ["char", "bpe"])
 def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trips(
-    which, char_run, bpe_run, tmp_path, run_cli
+    which, char_run, bpe_run, tmp_path, gptmini_cli
 ) -> None:
     import torch
     from transformers import AutoTokenizer
@@ -296,7 +300,7 @@ def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trip
 
     run = _run_dir(char_run[0] if which == "char" else bpe_run)
     out = tmp_path / "export"
-    proc = run_cli("gptmini.cli", ["export", "--ckpt", run, "--out", out])  # no --tokenizer
+    proc = gptmini_cli(["export", "--ckpt", run, "--out", out])  # no --tokenizer
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)

@@ -167,11 +167,15 @@ def test_an_ema_run_resumes_from_its_trained_weights_with_or_without_ema(train, 
 def test_a_deterministic_run_is_bit_identical_whatever_the_load(train, tmp_path) -> None:
     """docs/training.md's promise: with trainer.deterministic=true, two runs of the same seed on one machine end
     with the same weights to the last bit, on two threads each, whatever other programs run meanwhile."""
-    runs = []
-    for name in ("det_a", "det_b"):
-        proc = finished(train(name, "trainer.deterministic=true"))
-        assert "trainer.deterministic: torch keeps 2 threads whatever other programs use" in output(proc)
-        (folder,) = run_folders(tmp_path / "out", name)
-        runs.append(ckpt_of(folder)["state_dict"])
+    runs, threads = [], torch.get_num_threads()
+    torch.set_num_threads(2)  # a test worker keeps one thread; the runs start as a command on two would
+    try:
+        for name in ("det_a", "det_b"):
+            proc = finished(train(name, "trainer.deterministic=true"))
+            assert "trainer.deterministic: torch keeps 2 threads whatever other programs use" in output(proc)
+            (folder,) = run_folders(tmp_path / "out", name)
+            runs.append(ckpt_of(folder)["state_dict"])
+    finally:
+        torch.set_num_threads(threads)
     for name, want in runs[0].items():
         torch.testing.assert_close(runs[1][name], want, rtol=0, atol=0, msg=name)

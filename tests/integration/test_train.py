@@ -151,17 +151,13 @@ def test_the_run_ends_with_a_summary_a_loss_curve_and_its_scalars(smoke_run, tb_
     assert len(image.convert("RGB").getcolors(1 << 20)) > 10  # lines and text drawn, not a blank image
 
 
-def test_gptmini_runs_lists_the_run_and_its_name_opens_it(smoke_run, run_cli):
+def test_gptmini_runs_lists_the_run_and_its_name_opens_it(smoke_run, gptmini_cli):
     root, run_dir, _ = smoke_run
-    listed = run_cli("gptmini.cli", ["runs", "--runs-dir", root / "outputs", "smoke"])
+    listed = gptmini_cli(["runs", "--runs-dir", root / "outputs", "smoke"])
     assert listed.returncode == 0, listed.stderr
     (row,) = [line for line in listed.stdout.splitlines() if str(run_dir) in line.split()]
     assert "6/6" in row.split() and "finished" in row.split()
-    sample = run_cli(
-        "gptmini.cli",
-        ["sample", "--ckpt", "smoke", "--max-new-tokens", "2", "--prompt", "A"],
-        cwd=root,
-    )
+    sample = gptmini_cli(["sample", "--ckpt", "smoke", "--max-new-tokens", "2", "--prompt", "A"], cwd=root)
     assert sample.returncode == 0, sample.stderr
     assert "loaded outputs/smoke/" in sample.stderr and "/checkpoints/last.ckpt" in sample.stderr
 

@@ -201,7 +201,7 @@ def test_every_subcommand_help_has_a_description_and_its_defaults(name, cli_help
 
 
 def test_export_takes_the_newest_run_without_ckpt_like_the_other_commands(
-    tmp_path, write_checkpoint, run_cli
+    tmp_path, write_checkpoint, gptmini_cli
 ):
     """`gptmini export --out DIR` exports what `--ckpt last` opens (the default, as in sample, eval, attention,
     analyze): the newest run under outputs/."""
@@ -209,7 +209,7 @@ def test_export_takes_the_newest_run_without_ckpt_like_the_other_commands(
 
     (tmp_path / "outputs" / "r" / "t" / "checkpoints").mkdir(parents=True)
     ckpt = write_checkpoint(tmp_path / "outputs" / "r" / "t" / "checkpoints" / "last.ckpt")
-    proc = run_cli("gptmini.cli", ["export", "--out", "outputs/hf"], cwd=tmp_path)
+    proc = gptmini_cli(["export", "--out", "outputs/hf"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"exported {ckpt.relative_to(tmp_path)} -> outputs/hf" in proc.stderr
     assert json.loads((tmp_path / "outputs" / "hf" / "config.json").read_text())["n_layer"] == 1

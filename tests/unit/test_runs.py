@@ -123,9 +123,9 @@ def test_a_run_name_with_only_sweep_jobs_names_a_job_to_pass(tmp_path, write_che
         resolve_checkpoint("last", out)
 
 
-def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, run_cli):
+def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, gptmini_cli):
     out, made = runs_folder
-    proc = run_cli("gptmini.cli", ["runs", "--runs-dir", out])
+    proc = gptmini_cli(["runs", "--runs-dir", out])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES"]
@@ -141,7 +141,7 @@ def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, r
     # the overrides that set what each run trains, not those that place it (run_name, paths.*)
     assert "trainer.max_steps=700" in done.split() and "run_name=" not in done and "paths." not in done
 
-    proc = run_cli("gptmini.cli", ["runs", "--runs-dir", out, "char", "--json"])
+    proc = gptmini_cli(["runs", "--runs-dir", out, "char", "--json"])
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(proc.stdout)
     assert row["name"] == "char" and row["state"] == "no checkpoint" and row["steps_planned"] == 50
@@ -149,8 +149,8 @@ def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, r
     assert row["overrides"] == ["trainer.max_steps=50"]
 
 
-def test_gptmini_runs_without_a_runs_folder_says_so(tmp_path, run_cli):
-    proc = run_cli("gptmini.cli", ["runs", "--runs-dir", tmp_path / "none"])
+def test_gptmini_runs_without_a_runs_folder_says_so(tmp_path, gptmini_cli):
+    proc = gptmini_cli(["runs", "--runs-dir", tmp_path / "none"])
     assert proc.returncode == 2
     assert (
         proc.stderr.strip()
