@@ -252,19 +252,7 @@ def ws(
     ws.jobs["kill_save"] = pool.submit(
         kill_then_resume_runs, ws, "kill_save", [fault("kill_mid_write", 10, "save")]
     )
-    ws.jobs["nan"] = pool.submit(
-        ws.cli.train, ws.args("nan", "optimizer=adamw", "optimizer.lr=1e6", "checkpoint_every_n_steps=1")
-    )
     ws.jobs["signals"] = pool.submit(signal_runs, ws)
-    ws.jobs["disk_full"] = pool.submit(ws.cli.train, ws.args("disk_full", fault("disk_full", 15, "save")))
-    # every logging callback on (RUN turns the attention maps and samples off), two validations
-    logging_on = [
-        a for a in ws.args("lower", "data=text", f"data.source={corpora['lower']}") if "samples" not in a
-    ]
-    logging_on = [a for a in logging_on if "attention_maps" not in a]
-    ws.jobs["lower"] = pool.submit(
-        ws.cli.train, [*logging_on, "trainer.max_steps=4", "trainer.val_check_interval=2"]
-    )
     ref = ref.result()
     assert ref.returncode == 0, output(ref)[-3000:]
     (ws.ref_dir,) = run_dirs(out, "ref")
@@ -806,8 +794,11 @@ def test_signal_then_resume_is_exact(ws: Workspace, action: str) -> None:
 # --- non-finite loss ----------------------------------------------------------------------------------------
 
 
-def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(ws: Workspace) -> None:
-    name, proc = "nan", ws.jobs["nan"].result()  # optimizer=adamw optimizer.lr=1e6 checkpoint_every_n_steps=1
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+    ws: Workspace, gptmini_train: Any
+) -> None:
+    name = "nan"
+    proc = gptmini_train(ws.args(name, "optimizer=adamw", "optimizer.lr=1e6", "checkpoint_every_n_steps=1"))
     text = output(proc)
     assert proc.returncode == 3, text[-3000:]
     assert "Traceback" not in text
@@ -840,11 +831,13 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
 # --- a full disk, a corpus the built-in texts do not fit ------------------------------------------------------
 
 
-def test_a_full_disk_during_a_save_is_one_error_that_says_what_was_kept(ws: Workspace) -> None:
+def test_a_full_disk_during_a_save_is_one_error_that_says_what_was_kept(
+    ws: Workspace, gptmini_train: Any
+) -> None:
     """Every save from step 15 on fails with ENOSPC (FaultInjector disk_full): the run stops with one line naming
     the file and what survived, exit 2; the step-10 last.ckpt is intact and loads (checksum verified), and no
     temp file or on_exception.ckpt is left."""
-    proc = ws.jobs["disk_full"].result()
+    proc = gptmini_train(ws.args("disk_full", fault("disk_full", 15, "save")))
     text = output(proc)
     assert proc.returncode == 2, text[-3000:]
     assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1, text[-3000:]
@@ -859,10 +852,15 @@ def test_a_full_disk_during_a_save_is_one_error_that_says_what_was_kept(ws: Work
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
 
 
-def test_a_corpus_without_the_probe_and_prompt_characters_trains_with_every_logger(ws: Workspace) -> None:
+def test_a_corpus_without_the_probe_and_prompt_characters_trains_with_every_logger(
+    ws: Workspace, gptmini_train: Any
+) -> None:
     """A char vocabulary of a lower-case corpus lacks most of "ROMEO:...": the probe and the prompt lose those
     characters with one warning each, and the run logs its attention maps and samples to the end."""
-    proc = ws.jobs["lower"].result()
+    # every logging callback on (RUN turns the attention maps and samples off), two validations
+    args = ws.args("lower", "data=text", f"data.source={ws.corpora['lower']}")
+    args = [a for a in args if "samples" not in a and "attention_maps" not in a]
+    proc = gptmini_train([*args, "trainer.max_steps=4", "trainer.val_check_interval=2"])
     text = output(proc)
     assert proc.returncode == 0, text[-3000:]
     assert "Traceback" not in text and "error: " not in text
@@ -970,7 +968,7 @@ def test_training_never_uses_a_truncated_bin(ws: Workspace, tmp_path) -> None:
 
 
 def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_data_folder(
-    ws: Workspace, tmp_path
+    ws: Workspace, tmp_path, gptmini_train: Any
 ) -> None:
     """meta.json's shard_dir named the folder a re-preparation removed afterwards, and the files read as data."""
     data_root = tmp_path / "data"
@@ -983,7 +981,7 @@ def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_dat
     meta = json.loads(meta_file.read_text())
     meta["shard_dir"] = "../../victim"
     meta_file.write_text(json.dumps(meta))
-    proc = ws.cli.train(
+    proc = gptmini_train(
         [
             *RUN,
             "run_name=crafted_meta",
