@@ -14,6 +14,7 @@ import mimetypes
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,9 @@ MAX_TEXT_TOKENS = 128  # own text: at most this many tokens (and the model's con
 MAX_NAME_CHARS = 1000  # run and tag names
 # own text: the most bytes of a request body read (a character is at most 6 bytes as a JSON \u escape); the body is
 # read up to this bound whatever its headers say, so a chunked body without Content-Length is held to it too
-MAX_BODY_BYTES = 6 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS
+MAX_BODY_BYTES = 6 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS + 200
+MAX_PAGE_CHARS = 64  # own text: the page's id, sent with its draw number (a later draw supersedes an earlier)
+MAX_PAGES = 64  # own text: the pages whose latest draw is remembered (the oldest forgotten first)
 WAIT_SECONDS = 30.0  # own text: how long a request waits for the one computed before it
 DEFAULT_SAMPLES = (
     100  # logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
@@ -63,6 +66,22 @@ class TooLarge(BadRequest):
 
 class Busy(BadRequest):
     code = 429
+
+
+class Superseded(BadRequest):
+    """A later text of the same page arrived while this one waited: it is not computed (the page has dropped it)."""
+
+    code = 409
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """An own-text request: ``page`` (an id the page draws once) and ``draw`` (its draw number) are optional."""
+
+    run: str
+    text: str
+    page: str | None = None
+    draw: int | None = None
 
 
 def _json(request: wrappers.Request, body: Any, code: int = 200) -> wrappers.Response:
@@ -106,6 +125,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
             threading.Lock()
         )  # one checkpoint loaded at a time (each may take the model's memory)
         self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
+        self._draws: OrderedDict[str, int] = OrderedDict()  # page -> its latest draw number
+        self._draws_lock = threading.Lock()
         self.wait_seconds = WAIT_SECONDS
         self._models: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
@@ -221,7 +242,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     @_route
     def _text_route(self, request: wrappers.Request) -> wrappers.Response:
-        run, text = _text_request(request)
+        asked = _text_request(request)
+        run, text = asked.run, asked.text
+        self._note_draw(asked)
         if run not in self._series(request):
             raise BadRequest(f"unknown run {run[:MAX_NAME_CHARS]!r}: it holds no attention summaries")
         if not text.strip():
@@ -238,10 +261,14 @@ class AttentionPlugin(base_plugin.TBPlugin):
             )
         # Loaded (or refused) before the computation's lock: a slow or refused checkpoint never holds up the text
         # of another run. A request waits for the one before it rather than being turned away.
+        self._drop_if_superseded(asked)
         model, tokenizer, step = self._model(path)
         if not self._lock.acquire(timeout=self.wait_seconds):
             raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
         try:
+            # the page aborts a superseded request, but the server learns that only when it writes the answer:
+            # a text that waited here while a later one of its page arrived is dropped before it is computed
+            self._drop_if_superseded(asked)
             result = self._own_text(model, tokenizer, text)
         finally:
             self._lock.release()
@@ -257,6 +284,23 @@ class AttentionPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, content, mimetype)
 
     # --- own text ---
+
+    def _note_draw(self, asked: TextRequest) -> None:
+        if asked.page is None or asked.draw is None:
+            return
+        with self._draws_lock:
+            latest = self._draws.pop(asked.page, asked.draw)
+            self._draws[asked.page] = max(latest, asked.draw)
+            while len(self._draws) > MAX_PAGES:
+                self._draws.popitem(last=False)
+
+    def _drop_if_superseded(self, asked: TextRequest) -> None:
+        if asked.page is None or asked.draw is None:
+            return
+        with self._draws_lock:
+            latest = self._draws.get(asked.page, asked.draw)
+        if latest > asked.draw:
+            raise Superseded(f"superseded: draw {latest} of this page came after draw {asked.draw}; not computed")
 
     def _checkpoint(self, run: str) -> Path | None:
         """The newest checkpoint of ``run``: in ``checkpoints/`` of its run folder, the one whose ``tb/`` folder
@@ -338,8 +382,8 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def _text_request(request: wrappers.Request) -> tuple[str, str]:
-    """(run, text) of an own-text request. The body is read up to MAX_BODY_BYTES + 1 bytes, never more, whatever
+def _text_request(request: wrappers.Request) -> TextRequest:
+    """An own-text request's fields. The body is read up to MAX_BODY_BYTES + 1 bytes, never more, whatever
     its headers say (a chunked body has no Content-Length)."""
     if request.method != "POST":
         raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
@@ -365,7 +409,14 @@ def _text_request(request: wrappers.Request) -> tuple[str, str]:
         or not isinstance(body.get("text"), str)
     ):
         raise BadRequest('expected a JSON object {"run": "<run>", "text": "<text>"} of two strings')
-    return body["run"], body["text"]
+    page, draw = body.get("page"), body.get("draw")
+    if (page is None) != (draw is None):
+        raise BadRequest('"page" and "draw" come together: the page\'s id and its draw number, or neither')
+    if page is not None and (not isinstance(page, str) or not 0 < len(page) <= MAX_PAGE_CHARS):
+        raise BadRequest(f'"page" must be a string of 1 to {MAX_PAGE_CHARS} characters')
+    if draw is not None and (not isinstance(draw, int) or isinstance(draw, bool) or draw < 0):
+        raise BadRequest('"draw" must be an integer >= 0')
+    return TextRequest(body["run"], body["text"], page, draw)
 
 
 def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:

@@ -113,12 +113,16 @@ async function attention(run, step) {
   }
 }
 
-// `signal` aborts the request when a later draw supersedes the one that sent it
-async function ownText(run, text, signal) {
+// this page's id: with a draw's number, it lets the backend drop a text that a later draw superseded while it
+// waited for the one computed before it
+const PAGE = Math.random().toString(36).slice(2, 12) + Date.now().toString(36);
+
+// `signal` aborts the request when a later draw supersedes the one that sent it (draw number `draw`)
+async function ownText(run, text, signal, draw) {
   const body = await getJSON('text', {
     method: 'POST',
     headers: {'Content-Type': 'application/json'},
-    body: JSON.stringify({run, text}),
+    body: JSON.stringify({run, text, page: PAGE, draw}),
     signal,
   });
   return decodeAttention(body);
@@ -443,7 +447,7 @@ function headControls(att, nLayer, nHead) {
 // ---------------------------------------------------------------------------------------------------------
 // drawing: one panel per run (the run, and the run compared with it)
 
-async function panelsData(signal) {
+async function panelsData(signal, ticket) {
   const runs = [state.run, ...(state.compare ? [state.compare] : [])];
   if (state.text !== null) {
     // one run after the other: the backend computes one text at a time
@@ -455,7 +459,7 @@ async function panelsData(signal) {
         continue;
       }
       try {
-        panels.push({run, att: await ownText(run, state.text, signal)});
+        panels.push({run, att: await ownText(run, state.text, signal, ticket)});
       } catch (err) {
         if (signal.aborted) throw err;  // superseded: the next run's request is never sent
         panels.push({run, error: err.message});
@@ -485,7 +489,7 @@ async function draw() {
   drawAbort = new AbortController();
   let panels;
   try {
-    panels = await panelsData(drawAbort.signal);
+    panels = await panelsData(drawAbort.signal, ticket);
   } catch (err) {
     if (ticket !== drawing) return;
     settled = ticket;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 
 import numpy as np
@@ -284,6 +285,77 @@ def test_a_text_that_waits_too_long_is_told_busy(client, app):
         del plugin._own_text
         plugin.wait_seconds = plugin_module().WAIT_SECONDS
     assert _post(client, {"run": "with_ckpt/tb", "text": "hello"})[0] == 200
+
+
+def test_a_text_superseded_by_its_page_while_it_waits_is_dropped_not_computed(client, app):
+    """The page sends its id and draw number with each text. Draws 1, 2 and 3 of one page and one text without
+    them wait while another is computed: draws 1 and 2 are answered 409 without being computed, draw 3 and the
+    text without a page are computed; a draw of another page is never dropped by this page's draws."""
+    plugin = app[1]
+    computed: list[str] = []
+    started, release = _slowed(plugin)
+    slow = plugin._own_text
+
+    def counted(model, tokenizer, text):
+        computed.append(text)
+        return slow(model, tokenizer, text)
+
+    plugin._own_text = counted
+    results: dict[str, tuple] = {}
+
+    def send(name: str, **fields) -> threading.Thread:
+        body = {"run": "with_ckpt/tb", "text": name, **fields}
+        thread = threading.Thread(target=lambda: results.__setitem__(name, _post(client, body)))
+        thread.start()
+        return thread
+
+    try:
+        threads = [send("first", page="other", draw=7)]
+        assert started.wait(10)
+        for name, draw in (("draw1", 1), ("draw2", 2)):
+            threads.append(send(name, page="p", draw=draw))
+        threads.append(send("no_page"))
+        while len(plugin._draws) < 2 or plugin._draws["p"] < 2:
+            threading.Event().wait(0.01)
+        threads.append(send("draw3", page="p", draw=3))
+        while plugin._draws["p"] < 3:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.2)  # every request is past its first check, waiting for the computation
+        release.set()
+        for thread in threads:
+            thread.join(20)
+    finally:
+        release.set()
+        del plugin._own_text
+    assert {name: code for name, (code, _) in results.items()} == {
+        "first": 200,
+        "draw1": 409,
+        "draw2": 409,
+        "no_page": 200,
+        "draw3": 200,
+    }
+    assert re.fullmatch(
+        r"superseded: draw [23] of this page came after draw 1; not computed", results["draw1"][1]["error"]
+    )
+    assert sorted(computed) == ["draw3", "first", "no_page"]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"page": "p"}, '"page" and "draw" come together'),
+        ({"draw": 1}, '"page" and "draw" come together'),
+        ({"page": "", "draw": 1}, '"page" must be a string of 1 to 64 characters'),
+        ({"page": "p" * 65, "draw": 1}, '"page" must be a string of 1 to 64 characters'),
+        ({"page": 5, "draw": 1}, '"page" must be a string'),
+        ({"page": "p", "draw": -1}, '"draw" must be an integer >= 0'),
+        ({"page": "p", "draw": True}, '"draw" must be an integer >= 0'),
+        ({"page": "p", "draw": 1.5}, '"draw" must be an integer >= 0'),
+    ],
+)
+def test_a_bad_page_or_draw_is_one_json_error(client, fields, message):
+    code, body = _post(client, {"run": "with_ckpt/tb", "text": "hi", **fields})
+    assert code == 400 and message in body["error"], body
 
 
 def test_errors_about_a_runs_files_say_its_long_name_only_where_the_page_shows_it(tmp_path):
