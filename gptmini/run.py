@@ -89,6 +89,43 @@ class LoadedRun:
         check_vocab(self.model.config.vocab_size, meta)
         return str(folder), meta
 
+    def can_rebuild_data(self) -> bool:
+        """Whether ``rebuild_data`` can try: the checkpoint carries its tokenizer and records its data and corpus."""
+        recorded = (self.checkpoint.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
+        return (
+            isinstance(recorded, dict)
+            and "fingerprint" in recorded
+            and bool(recorded.get("source"))
+            and recorded.get(SAVED_TOKENIZER_KEY) is not None
+        )
+
+    def rebuild_data(self, out: Path) -> str:
+        """The data this run trained on, prepared again into the new folder ``out`` from its corpus with the
+        tokenizer its checkpoint carries (its data folder was re-prepared with another vocabulary since, or is
+        gone), and proven the same data by the fingerprint the checkpoint recorded; DataError when the corpus
+        changed since (its split could not be the one the run trained and validated on)."""
+        from gptmini.data.prepare import prepare
+        from gptmini.data.reader import data_identity
+
+        recorded = self.checkpoint["hyper_parameters"][DATA_IDENTITY_KEY]
+        data = self.config.get("data") or {}
+        tokenizer = carried_tokenizer(self.path, self.checkpoint)
+        assert tokenizer is not None, "rebuild_data needs can_rebuild_data()"
+        prepared = prepare(
+            recorded["source"],
+            recorded["tokenizer"],
+            out,
+            val_fraction=float(data.get("val_fraction", 0.1)),
+            text_field=str(data.get("text_field") or "text"),
+            given_tokenizer=tokenizer,
+        )
+        if data_identity(prepared.out_dir, prepared.meta)["fingerprint"] != recorded["fingerprint"]:
+            raise DataError(
+                f"the corpus {recorded['source']!r} changed since checkpoint {self.path} was trained on it: its "
+                "validation split cannot be rebuilt; pass --data-dir to evaluate on other data on purpose"
+            )
+        return str(prepared.out_dir)
+
 
 def open_run(
     spec: str | Path,

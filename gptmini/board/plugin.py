@@ -300,7 +300,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         with self._draws_lock:
             latest = self._draws.get(asked.page, asked.draw)
         if latest > asked.draw:
-            raise Superseded(f"superseded: draw {latest} of this page came after draw {asked.draw}; not computed")
+            raise Superseded(
+                f"superseded: draw {latest} of this page came after draw {asked.draw}; not computed"
+            )
 
     def _checkpoint(self, run: str) -> Path | None:
         """The newest checkpoint of ``run``: in ``checkpoints/`` of its run folder, the one whose ``tb/`` folder

@@ -241,6 +241,7 @@ def prepare(
     buffer_mb: int = DEFAULT_BUFFER_MB,
     progress: Callable[[PrepareProgress], None] | None = None,
     tokenizer_options: Mapping[str, Any] | None = None,
+    given_tokenizer: Tokenizer | None = None,
 ) -> PreparedData:
     """Tokenize ``source`` once into ``out_dir`` (default ``data/<source name>_<hash of the source>_<tokenizer>``,
     see ``corpora.prepared_folder_name``); skip if current.
@@ -250,7 +251,8 @@ def prepare(
     ``val_fraction`` only re-splits. Memory stays within the interpreter's own plus about ``buffer_mb`` (text
     and ids in flight between the reader and the tokenizer threads; plus one Parquet row group being decoded),
     whatever the corpus size. ``tokenizer_options``: ``vocab_size`` and ``train_bytes`` of ``tokenizer="bpe"``
-    (``gptmini.data.bpe``), trained here on the corpus's training text. A killed preparation resumes at its last
+    (``gptmini.data.bpe``), trained here on the corpus's training text. ``given_tokenizer``: that tokenizer of kind
+    ``tokenizer`` instead of one built from the corpus (a checkpoint's own char vocabulary or trained BPE). A killed preparation resumes at its last
     finished shard; a write that fails (full disk, unwritable folder) raises DataError, and the previous data
     stays as it was until the new is complete.
     """
@@ -274,13 +276,15 @@ def prepare(
     options = dict(tokenizer_options or {})
     bpe = (
         bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)
-        if tokenizer == "bpe"
+        if tokenizer == "bpe" and given_tokenizer is None
         else None
     )
     out = Path(out_dir) if out_dir is not None else default_out_dir(source, tokenizer)
     _check_out_folder(out)
     corpus = resolve_source(source, download_dir=out / "raw", text_field=text_field)
     settings = _settings(corpus, tokenizer, shard_tokens, bpe)
+    if given_tokenizer is not None:  # a folder of its tokens is up to date only with that very tokenizer
+        settings["given_tokenizer"] = given_tokenizer.identity()
 
     if not force:
         meta, touched = _freshness(out, corpus, settings)
@@ -290,7 +294,16 @@ def prepare(
     try:
         with _folder_lock(out):
             return _prepare_locked(
-                corpus, out, settings, val_fraction, force, num_threads, buffer_mb, progress, t0
+                corpus,
+                out,
+                settings,
+                val_fraction,
+                force,
+                num_threads,
+                buffer_mb,
+                progress,
+                t0,
+                given_tokenizer,
             )
     except DataError:
         if created:  # bad input found before anything was written: leave no empty folder behind
@@ -343,6 +356,7 @@ def _prepare_locked(
     buffer_mb: int,
     callback: Callable[[PrepareProgress], None] | None,
     t0: float,
+    given: Tokenizer | None = None,
 ) -> PreparedData:
     if not force:
         # Again, holding the lock: another process may have prepared it meanwhile.
@@ -360,7 +374,7 @@ def _prepare_locked(
     for stale in out.glob(SHARD_PREFIX + "*"):  # earlier preparations, interrupted or replaced
         if stale.name not in (live, name) and stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
-    state, tok = _begin(corpus, out, folder, name, settings, force, callback)
+    state, tok = _begin(corpus, out, folder, name, settings, force, callback, given)
     dropped: collections.Counter[str] = collections.Counter()
     documents, chars, shards = _write_shards(
         corpus, tok, folder, state, settings, num_threads or default_threads(), buffer_mb, callback, dropped
@@ -444,6 +458,7 @@ def _begin(
     settings: Mapping[str, Any],
     force: bool,
     callback: Callable[[PrepareProgress], None] | None,
+    given: Tokenizer | None = None,
 ) -> tuple[dict[str, Any], Tokenizer]:
     """The progress record of the shards' folder (resumed after its finished shards, or new after a scan of the
     corpus) and the tokenizer."""
@@ -457,7 +472,9 @@ def _begin(
             f"corpus {corpus.source!r} has no text (every document is empty); point the source at text"
         )
     tok: Tokenizer
-    if char:
+    if given is not None:
+        tok = given
+    elif char:
         tok = CharTokenizer(scan["chars"])
     elif "bpe" in settings:  # trained on the corpus, before any tokenizing (a resumed one reads it back)
         tok = trained_bpe(corpus, settings["bpe"], folder / BPE_FILE if state is not None else None)

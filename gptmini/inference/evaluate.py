@@ -13,9 +13,11 @@ import json
 import logging
 import math
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     sweep = args.context is not None or len(args.ckpt) > 1
     out = args.out or (SWEEP_OUT if sweep else None)
+    scratch = ExitStack()  # folders rebuilt for the runs evaluated, removed at the end
     try:
         args.device = resolve_device(args.device)
         if out and (reason := unwritable_reason(Path(out).absolute().parent)) is not None:
@@ -191,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [resolve_checkpoint(spec) for spec in args.ckpt]
         runs = []
         for path in paths:
-            run, data_dir = _open(path, args)
+            run, data_dir = _open(path, args, scratch)
             model = run.model
             if not sweep:
                 log.info("%s", _what_is_measured(args, data_dir))
@@ -233,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, DataError, ValueError) as err:
         log.error("error: %s", err)
         return 2
+    finally:
+        scratch.close()
     labels = [r["name"] for r in runs]
     for r in runs:  # two runs of one name and shape apart: their folders
         if labels.count(r["name"]) > 1:
@@ -269,15 +274,26 @@ def _what_is_measured(args: argparse.Namespace, data_dir: str) -> str:
     )
 
 
-def _open(path: Path, args: argparse.Namespace) -> tuple[LoadedRun, str]:
-    """The run at ``path`` and the prepared folder to evaluate it on, every size and data check done."""
+def _open(path: Path, args: argparse.Namespace, scratch: ExitStack) -> tuple[LoadedRun, str]:
+    """The run at ``path`` and the prepared folder to evaluate it on, every size and data check done; a folder
+    rebuilt for it lives as long as ``scratch``."""
     run = open_run(path, args.device, tokenizer=False)
     contexts = args.context or [run.model.config.block_size]
     per_window = max(forward_bytes(run.model.config, c, clamp=False) for c in contexts)
     check_fits("--batch-size", args.batch_size, per_window, args.device, "windows")
     # The folder it trained on must still hold that data (a folder re-prepared from another corpus would give
     # a wrong loss, silently); other data given explicitly with --data-dir is evaluated, with a note.
-    data_dir, _ = run.data_folder(args.data_dir, "evaluate")
+    try:
+        data_dir, _ = run.data_folder(args.data_dir, "evaluate")
+    except (CheckpointError, DataError) as refused:
+        if args.data_dir is not None or not run.can_rebuild_data():
+            raise
+        # re-prepared with another vocabulary, or gone: the checkpoint's own tokenizer on its own corpus gives the
+        # same tokens again when the corpus is unchanged (checked against the fingerprint it recorded)
+        log.info("note: %s", refused)
+        log.info("re-tokenizing the corpus it was trained on with its own tokenizer, into a temporary folder")
+        folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="gptmini-eval-")))
+        data_dir = run.rebuild_data(folder / "data")
     return run, data_dir
 
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -281,6 +282,47 @@ def test_a_char_checkpoint_samples_after_its_data_folder_is_reprepared_or_it_mov
     after = gptmini_cli(["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
     assert before.returncode == after.returncode == 0, after.stderr[-2000:]
     assert after.stdout == before.stdout  # the same ids, the same characters
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_eval_after_the_data_folder_is_reprepared_rebuilds_the_same_split_or_says_the_corpus_changed(
+    tokenizer, tmp_path, gptmini_train, gptmini_cli
+) -> None:
+    """The data folder re-prepared from another corpus (another vocabulary under the same path): eval re-tokenizes
+    the run's own corpus with the tokenizer its checkpoint carries, in a temporary folder, and scores exactly what
+    it scored before; the data folder is left as it is. Once the corpus itself changed, one line says so."""
+    (tmp_path / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+    extra = ["tokenizer.vocab_size=300"] if tokenizer == "bpe" else []
+    trained = gptmini_train(_train_args(tmp_path, f"tokenizer={tokenizer}", *extra))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run = _run_dir(tmp_path)
+
+    def evaluate(name: str) -> tuple[Any, dict[str, Any] | None]:
+        out = tmp_path / f"{name}.json"
+        proc = gptmini_cli(["eval", "--ckpt", run, "--device", "cpu", "--out", out])
+        return proc, json.loads(out.read_text()) if proc.returncode == 0 else None
+
+    before, first = evaluate("before")
+    assert before.returncode == 0 and "re-tokenizing" not in before.stderr, before.stderr[-2000:]
+    (data,) = (tmp_path / "data").iterdir()
+    other = tmp_path / "other.txt"
+    other.write_text("zyxwvutsrq 0123456789\n" * 100, encoding="utf-8")
+    options = ["--vocab-size", "280"] if tokenizer == "bpe" else []
+    args = ["data", "--source", other, "--tokenizer", tokenizer, "--out", data, "--force", *options]
+    assert gptmini_cli(args).returncode == 0
+    reprepared = (data / "meta.json").read_bytes()
+    after, second = evaluate("after")
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert "re-tokenizing the corpus it was trained on with its own tokenizer" in after.stderr
+    assert (second["tokens"], second["loss"], second["bpb"]) == (first["tokens"], first["loss"], first["bpb"])
+    assert (data / "meta.json").read_bytes() == reprepared  # the folder the user re-prepared is theirs
+    with open(tmp_path / "corpus.txt", "a", encoding="utf-8") as f:
+        f.write("A line the run never saw.\n")
+    changed, _ = evaluate("changed")
+    (line,) = _errors(changed)
+    assert changed.returncode == 2 and "changed since checkpoint" in line and "cannot be rebuilt" in line, (
+        line
+    )
 
 
 # --- item 9: a default export carries a usable tokenizer ---------------------------------------------------
