@@ -111,19 +111,29 @@ class LoadedRun:
         data = self.config.get("data") or {}
         tokenizer = carried_tokenizer(self.path, self.checkpoint)
         assert tokenizer is not None, "rebuild_data needs can_rebuild_data()"
-        prepared = prepare(
-            recorded["source"],
-            recorded["tokenizer"],
-            out,
-            val_fraction=float(data.get("val_fraction", 0.1)),
-            text_field=str(data.get("text_field") or "text"),
-            given_tokenizer=tokenizer,
+        changed = (
+            f"the corpus {recorded['source']!r} changed since checkpoint {self.path} was trained on it: its "
+            "validation split cannot be rebuilt; pass --data-dir to evaluate on other data on purpose"
         )
-        if data_identity(prepared.out_dir, prepared.meta)["fingerprint"] != recorded["fingerprint"]:
-            raise DataError(
-                f"the corpus {recorded['source']!r} changed since checkpoint {self.path} was trained on it: its "
-                "validation split cannot be rebuilt; pass --data-dir to evaluate on other data on purpose"
+        try:
+            prepared = prepare(
+                recorded["source"],
+                recorded["tokenizer"],
+                out,
+                val_fraction=float(data.get("val_fraction", 0.1)),
+                text_field=str(data.get("text_field") or "text"),
+                # a trained BPE's settings, as meta.json records them (the BPE itself is the one given)
+                tokenizer_options={
+                    k: v
+                    for k, v in (self.config.get("tokenizer") or {}).items()
+                    if k in ("vocab_size", "train_bytes")
+                },
+                given_tokenizer=tokenizer,
             )
+        except (DataError, TokenizerError) as err:  # gone, or text the carried vocabulary lacks
+            raise DataError(f"{changed} ({err})") from None
+        if data_identity(prepared.out_dir, prepared.meta)["fingerprint"] != recorded["fingerprint"]:
+            raise DataError(changed)
         return str(prepared.out_dir)
 
 

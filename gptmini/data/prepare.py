@@ -252,7 +252,8 @@ def prepare(
     and ids in flight between the reader and the tokenizer threads; plus one Parquet row group being decoded),
     whatever the corpus size. ``tokenizer_options``: ``vocab_size`` and ``train_bytes`` of ``tokenizer="bpe"``
     (``gptmini.data.bpe``), trained here on the corpus's training text. ``given_tokenizer``: that tokenizer of kind
-    ``tokenizer`` instead of one built from the corpus (a checkpoint's own char vocabulary or trained BPE). A killed preparation resumes at its last
+    ``tokenizer`` instead of one built from the corpus (a checkpoint's own char vocabulary or trained BPE); the
+    corpus is then always tokenized again. A killed preparation resumes at its last
     finished shard; a write that fails (full disk, unwritable folder) raises DataError, and the previous data
     stays as it was until the new is complete.
     """
@@ -276,15 +277,14 @@ def prepare(
     options = dict(tokenizer_options or {})
     bpe = (
         bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)
-        if tokenizer == "bpe" and given_tokenizer is None
+        if tokenizer == "bpe"
         else None
     )
     out = Path(out_dir) if out_dir is not None else default_out_dir(source, tokenizer)
     _check_out_folder(out)
     corpus = resolve_source(source, download_dir=out / "raw", text_field=text_field)
     settings = _settings(corpus, tokenizer, shard_tokens, bpe)
-    if given_tokenizer is not None:  # a folder of its tokens is up to date only with that very tokenizer
-        settings["given_tokenizer"] = given_tokenizer.identity()
+    force = force or given_tokenizer is not None  # meta.json's settings do not say which tokenizer was given
 
     if not force:
         meta, touched = _freshness(out, corpus, settings)
