@@ -59,10 +59,13 @@ def gptmini_commands() -> list[list[str]]:
 
 
 def clean_shell(script: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``script`` in bash with a new user's environment: no virtual environment active, a bare PATH."""
+    """``script`` in bash with a new user's environment: no virtual environment active, a bare PATH, a home folder
+    of its own beside ``cwd`` (what lands in ~/.cache is not left where the commands ran)."""
+    home = cwd.parent / f"{cwd.name}.home"
+    home.mkdir(exist_ok=True)
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(cwd),
+        "HOME": str(home),
         "LANG": "C.UTF-8",
         "OMP_NUM_THREADS": "1",
     }
