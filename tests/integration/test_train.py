@@ -260,13 +260,13 @@ def test_export_attention_writes_png_files(smoke_run, tmp_path):
     assert (out / "layer0_heads.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, run_cli, tb_events, tmp_path):
+def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, gptmini_cli, tb_events, tmp_path):
     _, run_dir, _ = smoke_run
     out = tmp_path / "eval.json"
     # The smoke run validated 2 batches of 4 strided windows with the weights saved in last.ckpt.
-    proc = run_cli(
-        "gptmini.inference.evaluate",
+    proc = gptmini_cli(
         [
+            "eval",
             "--ckpt",
             run_dir / "checkpoints" / "last.ckpt",
             "--batch-size",
