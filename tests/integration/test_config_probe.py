@@ -4,7 +4,8 @@ status docs/reliability.md states (2, whether Hydra could not apply the override
 config), no traceback, before anything is built (no prepared data, no run folder left); the documented overrides train.
 
 Most rows run in this process (the ``gptmini_train`` fixture: Hydra composing from scratch each time, the same code
-path as the command, a second each); one runs as a real ``gptmini train`` process to hold the in-process route to it."""
+path as the command, a second each); one runs as a real ``gptmini train`` process to hold the in-process route
+to it."""
 
 from __future__ import annotations
 
