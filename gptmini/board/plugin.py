@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 MAX_TEXT_CHARS = 2000  # own text: longer requests are refused before tokenizing
 MAX_TEXT_TOKENS = 128  # own text: at most this many tokens (and the model's context)
 MAX_NAME_CHARS = 1000  # run and tag names
-# own text: the most bytes of a request body read (a character is at most 6 bytes as a JSON \u escape); the body is
-# read up to this bound whatever its headers say, so a chunked body without Content-Length is held to it too
+# own text: the most bytes of a request body read (a character is at most 6 bytes as a JSON \u escape; 200 for the
+# field names, the page's id and its draw number); the body is read up to this bound whatever its headers say, so a
+# chunked body without Content-Length is held to it too
 MAX_BODY_BYTES = 6 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS + 200
 MAX_PAGE_CHARS = 64  # own text: the page's id, sent with its draw number (a later draw supersedes an earlier)
 MAX_PAGES = 64  # own text: the pages whose latest draw is remembered (the oldest forgotten first)
