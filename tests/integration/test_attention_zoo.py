@@ -106,9 +106,10 @@ def test_every_option_resumes_exactly_and_trains_under_ddp(zoo_run, run_cli, tmp
     (resumed,) = [d for d in (root / "outputs" / "all_options").iterdir() if d != first]
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 9
 
-    # float32 on both (precision "auto" is bf16-mixed on an AMX CPU): the comparison is about the reduction
-    fp32 = "trainer.precision=32-true"
-    single = run_cli.train(_overrides(tmp_path, "single", "data.batch_size=8", "trainer.max_steps=4", fp32))
+    # float32 and AdamW on both (precision "auto" is bf16-mixed on an AMX CPU; Muon's Newton-Schulz runs in
+    # bfloat16, test_ddp.py): the comparison is about the reduction
+    exact = ("trainer.precision=32-true", "optimizer=adamw")
+    single = run_cli.train(_overrides(tmp_path, "single", "data.batch_size=8", "trainer.max_steps=4", *exact))
     ddp = run_cli.train(
         _overrides(
             tmp_path,
@@ -118,7 +119,7 @@ def test_every_option_resumes_exactly_and_trains_under_ddp(zoo_run, run_cli, tmp
             "trainer.devices=2",
             "data.batch_size=4",
             "trainer.max_steps=4",
-            fp32,
+            *exact,
         )
     )
     assert single.returncode == 0 and ddp.returncode == 0, ddp.stderr[-3000:]
