@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# a global batch of 8 sequences as two CPU processes (gloo) of 4 each
+TWO_PROCESSES_OF_4 = ("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=4")
+
 
 @pytest.fixture
 def train(run_cli, tmp_path):
@@ -44,14 +47,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(train, t
     # processes and one over a batch flips a rounding now and then (its own check: the next test)
     exact = ("trainer.precision=32-true", "optimizer=adamw")
     single = train("single", "data.batch_size=8", *exact)
-    ddp = train(
-        "ddp",
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "data.batch_size=4",
-        *exact,
-    )
+    ddp = train("ddp", *TWO_PROCESSES_OF_4, *exact)
     a = torch.load(single / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(ddp / "checkpoints" / "last.ckpt", weights_only=True)
     assert a["global_step"] == b["global_step"] == 4
@@ -82,14 +78,7 @@ def test_two_process_ddp_with_muon_is_as_close_to_one_process_as_its_own_accumul
     exact = ("trainer.precision=32-true",)
     single = train("single", "data.batch_size=8", *exact)
     accumulated = train("accum", "data.batch_size=4", "trainer.accumulate_grad_batches=2", *exact)
-    ddp = train(
-        "ddp",
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "trainer.devices=2",
-        "data.batch_size=4",
-        *exact,
-    )
+    ddp = train("ddp", *TWO_PROCESSES_OF_4, *exact)
     a, b, c = (
         torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
         for run in (single, ddp, accumulated)
