@@ -98,9 +98,29 @@ class _PlannedLR(LRScheduler):
 
 
 class _BudgetedLR(_PlannedLR):
-    """An ``LRScheduler`` whose ``factor(step, time_fraction)`` is read with the time budget's share."""
+    """An ``LRScheduler`` whose ``factor(step, time_fraction)`` is read with the time budget's share, over
+    ``max_steps`` after ``warmup_steps``, down to ``min_lr_ratio`` of the base LR (the settings both schedules
+    that end have, checked here once)."""
 
-    clock: _TimeBudget
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        max_steps: int,
+        warmup_steps: int,
+        min_lr_ratio: float,
+        max_time: str | None,
+        last_epoch: int,
+    ) -> None:
+        if max_steps <= 0:
+            raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
+        _check_warmup(warmup_steps)
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
+        self.max_steps = max_steps
+        self.warmup_steps = min(warmup_steps, max_steps)
+        self.min_lr_ratio = min_lr_ratio
+        self.clock = _TimeBudget(max_time)
+        super().__init__(optimizer, last_epoch)
 
     def factor(self, step: int, time_fraction: float = 0.0) -> float:
         raise NotImplementedError
@@ -136,17 +156,7 @@ class WarmupCosineLR(_BudgetedLR):
         max_time: str | None = None,
         last_epoch: int = -1,
     ) -> None:
-        if max_steps <= 0:
-            raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
-        if warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
-        if not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
-        self.max_steps = max_steps
-        self.warmup_steps = min(warmup_steps, max_steps)
-        self.min_lr_ratio = min_lr_ratio
-        self.clock = _TimeBudget(max_time)
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, max_steps, warmup_steps, min_lr_ratio, max_time, last_epoch)
 
     def factor(self, step: int, time_fraction: float = 0.0) -> float:
         if step < self.warmup_steps:
@@ -169,8 +179,7 @@ class WarmupConstantLR(_PlannedLR):
     plan_settings = ("warmup_steps",)
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
-        if warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
+        _check_warmup(warmup_steps)
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, last_epoch)
 
@@ -205,19 +214,19 @@ class WarmupStableDecayLR(_BudgetedLR):
         max_time: str | None = None,
         last_epoch: int = -1,
     ) -> None:
-        if max_steps <= 0:
-            raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
-        if warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
-        check_wsd(decay_fraction, min_lr_ratio, decay_shape)
-        self.max_steps = max_steps
-        self.warmup_steps = min(warmup_steps, max_steps)
-        # the decay starts here, never before the warmup has ended
-        self.decay_start = max(self.warmup_steps, max_steps - round(decay_fraction * max_steps))
-        self.min_lr_ratio = min_lr_ratio
+        if isinstance(decay_fraction, bool) or not 0.0 <= float(decay_fraction) <= 1.0:
+            raise ValueError(
+                f"scheduler.decay_fraction={decay_fraction!r} is invalid: the fraction of training spent decaying, "
+                "in [0, 1] (0.3 is usual)"
+            )
+        if decay_shape not in DECAY_SHAPES:
+            raise ValueError(
+                f"scheduler.decay_shape={decay_shape!r} is invalid: valid shapes are {', '.join(DECAY_SHAPES)}"
+            )
+        # the decay starts here, never before the warmup has ended (set before the base's first get_lr)
+        self.decay_start = max(min(warmup_steps, max_steps), max_steps - round(decay_fraction * max_steps))
         self.decay_shape = decay_shape
-        self.clock = _TimeBudget(max_time)
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, max_steps, warmup_steps, min_lr_ratio, max_time, last_epoch)
 
     def factor(self, step: int, time_fraction: float = 0.0) -> float:
         if step < self.warmup_steps:
@@ -239,19 +248,9 @@ class WarmupStableDecayLR(_BudgetedLR):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * left
 
 
-def check_wsd(decay_fraction: float, min_lr_ratio: float, decay_shape: str) -> None:
-    """The WSD settings' checks (also run at config time): raises ValueError naming the bad one."""
-    if isinstance(decay_fraction, bool) or not 0.0 <= float(decay_fraction) <= 1.0:
-        raise ValueError(
-            f"scheduler.decay_fraction={decay_fraction!r} is invalid: the fraction of training spent decaying, "
-            "in [0, 1] (0.3 is usual)"
-        )
-    if not 0.0 <= float(min_lr_ratio) <= 1.0:
-        raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
-    if decay_shape not in DECAY_SHAPES:
-        raise ValueError(
-            f"scheduler.decay_shape={decay_shape!r} is invalid: valid shapes are {', '.join(DECAY_SHAPES)}"
-        )
+def _check_warmup(warmup_steps: int) -> None:
+    if warmup_steps < 0:
+        raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
 
 
 def _warmup(step: int, warmup_steps: int) -> float:
