@@ -120,8 +120,9 @@ class LoadedRun:
                 recorded["source"],
                 recorded["tokenizer"],
                 out,
-                val_fraction=float(data.get("val_fraction", 0.1)),
-                text_field=str(data.get("text_field") or "text"),
+                # the run's own split and field, where its config records them; prepare's defaults where not (a
+                # wrong guess fails the fingerprint below, never gives other data)
+                **{k: data[k] for k in ("val_fraction", "text_field") if data.get(k) is not None},
                 # a trained BPE's settings, as meta.json records them (the BPE itself is the one given)
                 tokenizer_options={
                     k: v
