@@ -121,15 +121,22 @@ class GptminiLM(TemplateLM):
         return self.tok.decode(list(ids))
 
     @torch.no_grad()
-    def _logprobs(self, rows: list[list[int]]) -> torch.Tensor:
-        """Log-probabilities of the next token at each position of each row, (B, T, vocab), the rows padded on
-        the right (a causal model's earlier positions never see the padding)."""
+    def _logprobs(self, rows: list[list[int]], scored: list[int]) -> list[torch.Tensor]:
+        """The log-probabilities of the next token at the last ``scored[i]`` positions of each row, (n_i, vocab)
+        each. The rows go through the model together, padded on the right (a causal model's earlier positions
+        never see the padding); only the scored positions become logits."""
         width = max(len(r) for r in rows)
         x = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # (B, T)
         for i, r in enumerate(rows):
             x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        logits, _ = self.model(x)  # (B, T, vocab)
-        return F.log_softmax(logits.float(), dim=-1)
+        h = self.model.hidden_states(x)  # (B, T, C)
+        vocab = self.model.config.vocab_size
+        return [
+            F.log_softmax(
+                self.model.logits(h[i, len(r) - n : len(r)])[..., :vocab].float(), dim=-1
+            )  # (n, vocab)
+            for i, (r, n) in enumerate(zip(rows, scored, strict=True))
+        ]
 
     def _loglikelihood_tokens(
         self, requests: list[Request], disable_tqdm: bool = False, **kwargs: Any
@@ -147,9 +154,9 @@ class GptminiLM(TemplateLM):
         for chunk in order.get_batched(n=self.batch_size):
             # the last max_length + 1 tokens: max_length inputs, each predicting the next
             rows = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in chunk]
-            logprobs = self._logprobs(rows)  # (B, T, vocab)
-            for (key, ctx, cont), row, lp in zip(chunk, rows, logprobs, strict=True):
-                span = lp[len(row) - len(cont) : len(row)].unsqueeze(0)  # (1, len(cont), vocab)
+            spans = self._logprobs(rows, [len(cont) for _, _, cont in chunk])
+            for (key, ctx, cont), span in zip(chunk, spans, strict=True):
+                span = span.unsqueeze(0)  # (1, len(cont), vocab)
                 for key_, cont_, span_ in order.get_cache(
                     req_str=key, cxt_toks=ctx, cont_toks=cont, logits=span
                 ):
