@@ -20,11 +20,14 @@ CHOICE, ROLLING, GEN = "gptmini_tiny_choice", "gptmini_tiny_rolling", "gptmini_t
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch, tmp_path):
-    """Nothing tries the network; the datasets cache of the task files in the test's folder (both settings are
+    """Nothing tries the network; the datasets cache of the task files in the test's folder (these settings are
     read when `datasets` and `huggingface_hub` are first imported)."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    # the harness's report of the machine in its results (torch's collect_env: subprocesses, seconds per call),
+    # which gptmini's results leave out
+    monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
 
 
 def _gpt2_run(run_dir: Path, block_size: int) -> Path:
