@@ -45,9 +45,9 @@ from gptmini.runs import resolve_checkpoint, run_event_folder
 
 log = logging.getLogger("gptmini.inference.benchmark_tasks")
 
-MODEL_NAME = (
-    "gptmini"  # the harness's name of the wrapper: `lm_eval --model gptmini --model_args pretrained=...`
-)
+# the harness's name of the wrapper, once this module is imported:
+# simple_evaluate(model="gptmini", model_args={"pretrained": "outputs/my_run"}, tasks=[...])
+MODEL_NAME = "gptmini"
 # tokens generated between two looks for a stop string (greedy decoding gives the same text in one go)
 GEN_CHUNK = 16
 # a (context, continuation) request as the harness hands it to _loglikelihood_tokens: its strings, then the ids
