@@ -150,6 +150,11 @@ class GptminiLM(TemplateLM):
             group_by="contexts",
             group_fn=lambda r: r[-2] + r[-1][:-1],
         )
+        if (longest := max((len(cont) for _, _, cont in requests), default=0)) > self.max_length:
+            raise ValueError(
+                f"a task's answer of {longest} tokens is longer than the model's context ({self.max_length} "
+                "tokens): it cannot be scored"
+            )
         results = []
         for chunk in order.get_batched(n=self.batch_size):
             # the last max_length + 1 tokens: max_length inputs, each predicting the next
@@ -165,7 +170,8 @@ class GptminiLM(TemplateLM):
                     greedy = bool((span_.argmax(dim=-1) == target).all())
                     total = float(span_.gather(2, target[..., None]).sum())
                     results.append((total, greedy))
-                    self.cache_hook.add_partial("loglikelihood", key_, (total, greedy))
+                    if key_ is not None:  # a window of a whole text is cached as that text's total
+                        self.cache_hook.add_partial("loglikelihood", key_, (total, greedy))
         return order.get_original(results)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:

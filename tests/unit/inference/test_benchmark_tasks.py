@@ -146,9 +146,9 @@ def _char_oracle(model, tokenizer, block: int) -> tuple[float, float]:
     return nats / math.log(2) / nbytes, sum(right) / len(right)
 
 
-def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, write_checkpoint):
+def _char_checkpoint(tmp_path: Path, write_checkpoint, block_size: int) -> Path:
+    """A char-vocabulary checkpoint at step 3, its vocabulary the characters of the tasks' texts."""
     from gptmini.data.prepare import prepare
-    from gptmini.run import open_run
 
     # a corpus of the tasks' own characters: nothing is left out of the texts scored
     corpus = tmp_path / "corpus.txt"
@@ -157,8 +157,15 @@ def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, wri
     ]
     corpus.write_text(("\n".join([*texts, "Question: Answer:"]) + "\n") * 20)  # and the generation's prompt
     data = prepare(str(corpus), "char", tmp_path / "data").out_dir
-    ckpt = write_checkpoint(tmp_path / "char.ckpt", data_dir=data, block_size=16, n_embd=16, global_step=3)
+    return write_checkpoint(
+        tmp_path / "char.ckpt", data_dir=data, block_size=block_size, n_embd=16, global_step=3
+    )
 
+
+def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, write_checkpoint):
+    from gptmini.run import open_run
+
+    ckpt = _char_checkpoint(tmp_path, write_checkpoint, block_size=16)
     result = gptmini_cli(
         ["eval", "--ckpt", ckpt, "--tasks", f"{ROLLING},{CHOICE},{GEN}", "--include-path", TASKS], cwd=TASKS
     )
@@ -171,6 +178,17 @@ def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, wri
     assert results[CHOICE]["acc,none"] == pytest.approx(acc)
     assert results[GEN]["exact_match,none"] == 0.0
     assert "no TensorBoard run beside" in result.stderr  # a loose checkpoint: the JSON file alone
+
+
+def test_an_answer_longer_than_the_context_is_one_error_line(tmp_path, gptmini_cli, write_checkpoint):
+    ckpt = _char_checkpoint(tmp_path, write_checkpoint, block_size=8)  # " made of glass": 14 characters
+    result = gptmini_cli(["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS], cwd=TASKS)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: a task's answer of 14 tokens is longer than the model's context (8 tokens): it cannot be scored"
+    ]
+    assert not (tmp_path / "eval_tasks_step3.json").exists()
 
 
 def test_an_existing_file_that_is_no_result_is_never_written_over(tmp_path, gptmini_cli):
