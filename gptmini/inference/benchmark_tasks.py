@@ -307,9 +307,10 @@ def metric_scalars(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     return scalars
 
 
-def _earlier_results(out: Path) -> dict[str, Any]:
-    """The results an earlier ``--tasks`` evaluation wrote to ``out`` (kept for its other tasks), none when
-    ``out`` does not exist; ValueError when it holds something else, which is never written over."""
+def _earlier_results(out: Path, checkpoint: Path, step: int | None) -> dict[str, Any]:
+    """The results an earlier ``--tasks`` evaluation of this checkpoint at this step wrote to ``out`` (kept for
+    its other tasks), none when ``out`` does not exist; ValueError when it holds anything else, which is never
+    written over."""
     if not out.exists():
         return {}
     try:
@@ -319,6 +320,16 @@ def _earlier_results(out: Path) -> dict[str, Any]:
     if not isinstance(earlier, dict) or not isinstance(earlier.get("results"), dict):
         raise ValueError(
             f"--out {out} exists and is not a result of `gptmini eval --tasks`: name another file"
+        )
+    recorded = earlier.get("checkpoint")
+    if (
+        not isinstance(recorded, str)
+        or Path(recorded).resolve() != checkpoint.resolve()
+        or earlier.get("step") != step
+    ):
+        raise ValueError(
+            f"--out {out} holds the results of another checkpoint ({recorded}, step {earlier.get('step')}): "
+            "name another file with --out"
         )
     return earlier
 
@@ -356,7 +367,7 @@ def run_tasks(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {out} is a folder: name a .json file for the results")
         if (reason := unwritable_reason(out.absolute().parent)) is not None:
             raise ValueError(f"--out {out} cannot be written: {reason}")
-        earlier = _earlier_results(out)
+        earlier = _earlier_results(out, path, step)
         lm = GptminiLM(run, batch_size=args.batch_size)
         log.info("evaluating %s (step %s) on %s", path, step, ", ".join(args.tasks))
         evaluated = simple_evaluate(

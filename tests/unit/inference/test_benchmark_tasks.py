@@ -206,6 +206,19 @@ def test_an_existing_file_that_is_no_result_is_never_written_over(tmp_path, gptm
     assert out.read_text() == '["mine"]\n'
     assert "evaluating" not in result.stderr
 
+    # nor the results of another checkpoint
+    other = {"checkpoint": str(tmp_path / "other.ckpt"), "step": 7, "results": {CHOICE: {"acc,none": 1.0}}}
+    out.write_text(json.dumps(other))
+    result = gptmini_cli(
+        ["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS, "--out", out], cwd=TASKS
+    )
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: --out {out} holds the results of another checkpoint ({tmp_path / 'other.ckpt'}, step 7): name "
+        "another file with --out"
+    ]
+    assert json.loads(out.read_text()) == other
+
 
 def test_without_the_harness_tasks_is_one_error_line(tmp_path, gptmini_cli, monkeypatch, write_checkpoint):
     ckpt = write_checkpoint(tmp_path / "last.ckpt")
