@@ -131,12 +131,11 @@ class GptminiLM(TemplateLM):
             x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         h = self.model.hidden_states(x)  # (B, T, C)
         vocab = self.model.config.vocab_size
-        return [
-            F.log_softmax(
-                self.model.logits(h[i, len(r) - n : len(r)])[..., :vocab].float(), dim=-1
-            )  # (n, vocab)
-            for i, (r, n) in enumerate(zip(rows, scored, strict=True))
-        ]
+        spans = []
+        for i, (r, n) in enumerate(zip(rows, scored, strict=True)):
+            logits = self.model.logits(h[i, len(r) - n : len(r)])[..., :vocab]  # (n, vocab)
+            spans.append(F.log_softmax(logits.float(), dim=-1))
+        return spans
 
     def _loglikelihood_tokens(
         self, requests: list[Request], disable_tqdm: bool = False, **kwargs: Any
