@@ -350,7 +350,9 @@ def _log_scalars(run_dir: Path, scalars: dict[str, float], step: int) -> Path | 
 
 
 def run_tasks(args: argparse.Namespace) -> int:
-    """``gptmini eval --tasks``: every refusal before the evaluation, as one ``error:`` line and status 2."""
+    """``gptmini eval --tasks``. Each refusal is one ``error:`` line and status 2: bad names, files and
+    checkpoints before the model runs, a task the model cannot take (an answer longer than its context) when the
+    harness hands it over."""
     try:
         device = resolve_device(args.device)
         path = resolve_checkpoint(args.ckpt[0])
