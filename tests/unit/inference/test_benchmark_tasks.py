@@ -1,6 +1,7 @@
 """``gptmini eval --tasks``: lm-evaluation-harness tasks on a checkpoint, offline, on the three small tasks of
 tests/lm_eval_tasks (multiple choice, rolling perplexity, generation). The wrapper agrees with the harness's own
-``hf`` model on the Hugging Face export of the same checkpoint; a char run agrees with the model's own losses."""
+``hf`` model on the Hugging Face export of the same checkpoint (GPT-2's BPE); a char run and a trained-BPE run
+agree with the model's own losses."""
 
 from __future__ import annotations
 
@@ -120,14 +121,16 @@ def test_tasks_agree_with_the_harness_hf_model_on_the_export(tmp_path, gptmini_c
     assert f"eval/{CHOICE}/acc_stderr" not in events.Tags()["scalars"]
 
 
-def _char_oracle(model, tokenizer, block: int) -> tuple[float, float]:
+def _oracle(model, tokenizer, block: int) -> tuple[float, float]:
     """bits per byte of the rolling task and accuracy of the choice task, from the model's own losses: each text
-    after a newline, ``block`` tokens at a time, each after as many tokens as the context holds; each choice after
-    its context's last tokens."""
+    after the end-of-text token (a newline for a char vocabulary), ``block`` tokens at a time, each after as many
+    tokens as the context holds; each choice (the ids of context + choice past the context's own) after its
+    context's last tokens."""
+    start = tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]
     nats, nbytes = 0.0, 0
     for line in (TASKS / "rolling.jsonl").read_text().splitlines():
         text = json.loads(line)["text"]
-        seq = torch.tensor(tokenizer.encode("\n" + text))  # seq[i + 1] is the text's token i
+        seq = torch.tensor([start, *tokenizer.encode(text)])  # seq[i + 1] is the text's token i
         for first in range(0, len(seq) - 1, block):  # the text's tokens [first, end) scored together
             end = min(first + block, len(seq) - 1)
             x, y = seq[max(0, end - block) : end], seq[max(0, end - block) + 1 : end + 1]  # a full context
@@ -138,34 +141,37 @@ def _char_oracle(model, tokenizer, block: int) -> tuple[float, float]:
         doc = json.loads(line)
         scores = []
         for choice in doc["choices"]:
-            ctx, cont = tokenizer.encode(doc["context"]), tokenizer.encode(" " + choice)
-            seq = torch.tensor((ctx + cont)[-(block + 1) :])
+            whole = tokenizer.encode(doc["context"] + " " + choice)
+            cont = whole[len(tokenizer.encode(doc["context"])) :]
+            seq = torch.tensor(whole[-(block + 1) :])
             losses = model.token_losses(seq[None, :-1], seq[None, 1:])[0]
             scores.append(-float(losses[-len(cont) :].sum()))
         right.append(max(range(len(scores)), key=scores.__getitem__) == doc["label"])
     return nats / math.log(2) / nbytes, sum(right) / len(right)
 
 
-def _char_checkpoint(tmp_path: Path, write_checkpoint, block_size: int) -> Path:
-    """A char-vocabulary checkpoint at step 3, its vocabulary the characters of the tasks' texts."""
+def _own_vocabulary_checkpoint(tmp_path: Path, write_checkpoint, tokenizer: str, block_size: int) -> Path:
+    """A checkpoint at step 3 whose vocabulary (``char``, or a ``bpe`` of 300 tokens) was made from the tasks'
+    own texts, so that nothing is left out of the texts scored."""
     from gptmini.data.prepare import prepare
 
-    # a corpus of the tasks' own characters: nothing is left out of the texts scored
     corpus = tmp_path / "corpus.txt"
     texts = [
         json.dumps(json.loads(line)) for f in TASKS.glob("*.jsonl") for line in f.read_text().splitlines()
     ]
     corpus.write_text(("\n".join([*texts, "Question: Answer:"]) + "\n") * 20)  # and the generation's prompt
-    data = prepare(str(corpus), "char", tmp_path / "data").out_dir
+    options = {"vocab_size": 300} if tokenizer == "bpe" else None
+    data = prepare(str(corpus), tokenizer, tmp_path / "data", tokenizer_options=options).out_dir
     return write_checkpoint(
-        tmp_path / "char.ckpt", data_dir=data, block_size=block_size, n_embd=16, global_step=3
+        tmp_path / f"{tokenizer}.ckpt", data_dir=data, block_size=block_size, n_embd=16, global_step=3
     )
 
 
-def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, write_checkpoint):
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_a_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, write_checkpoint, tokenizer):
     from gptmini.run import open_run
 
-    ckpt = _char_checkpoint(tmp_path, write_checkpoint, block_size=16)
+    ckpt = _own_vocabulary_checkpoint(tmp_path, write_checkpoint, tokenizer, block_size=16)
     result = gptmini_cli(
         ["eval", "--ckpt", ckpt, "--tasks", f"{ROLLING},{CHOICE},{GEN}", "--include-path", TASKS], cwd=TASKS
     )
@@ -173,7 +179,8 @@ def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, wri
     assert "left out" not in result.stderr
     results = json.loads((tmp_path / "eval_tasks_step3.json").read_text())["results"]
     run = open_run(ckpt, "cpu")
-    bpb, acc = _char_oracle(run.model, run.tokenizer, block=16)
+    assert run.tokenizer.name == tokenizer
+    bpb, acc = _oracle(run.model, run.tokenizer, block=16)
     torch.testing.assert_close(results[ROLLING]["bits_per_byte,none"], bpb, rtol=1e-5, atol=0)
     assert results[CHOICE]["acc,none"] == pytest.approx(acc)
     assert results[GEN]["exact_match,none"] == 0.0
@@ -181,7 +188,9 @@ def test_a_char_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, wri
 
 
 def test_an_answer_longer_than_the_context_is_one_error_line(tmp_path, gptmini_cli, write_checkpoint):
-    ckpt = _char_checkpoint(tmp_path, write_checkpoint, block_size=8)  # " made of glass": 14 characters
+    ckpt = _own_vocabulary_checkpoint(
+        tmp_path, write_checkpoint, "char", block_size=8
+    )  # " made of glass": 14
     result = gptmini_cli(["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS], cwd=TASKS)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
