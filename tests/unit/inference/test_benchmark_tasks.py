@@ -267,3 +267,22 @@ def test_an_unknown_task_is_one_error_line_naming_close_matches(tmp_path, gptmin
     assert errors[0].startswith("error: --tasks: unknown task 'helaswag' (close matches: hellaswag")
     assert "loaded" not in result.stderr  # before the checkpoint is read
     assert list(tmp_path.iterdir()) == [ckpt]
+
+
+def test_each_metric_is_one_scalar_named_by_its_task_metric_and_filter():
+    from gptmini.inference.benchmark_tasks import metric_scalars
+
+    results = {
+        "gsm8k": {
+            "alias": "gsm8k",
+            "exact_match,strict-match": 0.25,
+            "exact_match_stderr,strict-match": 0.01,
+            "exact_match,flexible-extract": 0.5,
+        },
+        "wikitext": {"word_perplexity,none": 40.5, "word_perplexity_stderr,none": "N/A", "sample_len": 62},
+    }
+    assert metric_scalars(results) == {
+        "eval/gsm8k/exact_match_strict-match": 0.25,
+        "eval/gsm8k/exact_match_flexible-extract": 0.5,
+        "eval/wikitext/word_perplexity": 40.5,
+    }
