@@ -92,7 +92,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "sample": Subcommand("continue a prompt with a checkpoint", _argv_tool("gptmini.inference.sample")),
     "eval": Subcommand(
-        "validation loss and perplexity of a checkpoint", _argv_tool("gptmini.inference.evaluate")
+        "validation loss and perplexity of a checkpoint, or benchmark tasks (--tasks hellaswag)",
+        _argv_tool("gptmini.inference.evaluate"),
     ),
     "attention": Subcommand(
         "export a checkpoint's attention maps as PNG files", _argv_tool("gptmini.inference.export_attention")

@@ -4,6 +4,10 @@ checkpoint or several side by side, as JSON and a PNG of loss against context le
 
 ``gptmini eval --ckpt last [--data-dir data/shakespeare_gpt2] [--split val] [--out outputs/eval.json]``
 ``gptmini eval --ckpt a/last.ckpt b/last.ckpt --context 64,128,256,512 --out outputs/lengths.json``
+
+With ``--tasks``, benchmark tasks of EleutherAI's lm-evaluation-harness instead
+(``gptmini.inference.benchmark_tasks``):
+``gptmini eval --ckpt last --tasks hellaswag,arc_easy [--num-fewshot N] [--limit N] [--include-path DIR]``
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from gptmini.data.windows import StridedWindowDataset
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
-from gptmini.options import EtaProgress, HelpFormatter, positive_int, resolve_device
+from gptmini.options import EtaProgress, HelpFormatter, int_at_least, positive_int, resolve_device
 from gptmini.run import LoadedRun, open_run
 from gptmini.runs import CKPT_RULE, resolve_checkpoint
 from gptmini.viz import context_sweep_figure
@@ -141,6 +145,13 @@ def _contexts(text: str) -> list[int]:
     return sorted(set(values))
 
 
+def _task_names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"--tasks {text!r} names no task: e.g. hellaswag,arc_easy")
+    return list(dict.fromkeys(names))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
@@ -171,6 +182,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default=None, help="also write the result as JSON here (None: the log only)")
     parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    tasks = parser.add_argument_group("benchmark tasks (lm-evaluation-harness: pip install 'gptmini[eval]')")
+    tasks.add_argument(
+        "--tasks",
+        type=_task_names,
+        default=None,
+        help="the harness's tasks, groups or tags, e.g. hellaswag,arc_easy: a table, eval_tasks_step<N>.json in "
+        "the run folder (or --out) and eval/<task>/<metric> scalars in its TensorBoard run; --batch-size is "
+        "then requests per forward pass",
+    )
+    tasks.add_argument(
+        "--num-fewshot",
+        type=int_at_least(0),
+        default=None,
+        help="examples before each question (None: the task's)",
+    )
+    tasks.add_argument(
+        "--limit",
+        type=positive_int,
+        default=None,
+        help="score the first N documents of each task (a quick look)",
+    )
+    tasks.add_argument("--include-path", default=None, help="a folder of task YAML files of your own")
     return parser
 
 
@@ -179,7 +212,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_tokens is not None and args.context is None:
         parser.error("--max-tokens applies with --context (without it, use --max-batches)")
+    if args.tasks is None and (args.num_fewshot is not None or args.limit or args.include_path):
+        parser.error("--num-fewshot, --limit and --include-path apply with --tasks")
+    if args.tasks is not None and (args.context is not None or args.max_batches or len(args.ckpt) > 1):
+        parser.error("--tasks evaluates one --ckpt, without --context, --max-tokens or --max-batches")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.tasks is not None:
+        try:
+            from gptmini.inference.benchmark_tasks import run_tasks
+        except ModuleNotFoundError as err:
+            log.error(
+                "error: --tasks needs EleutherAI's lm-evaluation-harness (%s is not installed): "
+                "pip install 'gptmini[eval]'",
+                err.name,
+            )
+            return 2
+        return run_tasks(args)
     sweep = args.context is not None or len(args.ckpt) > 1
     out = args.out or (SWEEP_OUT if sweep else None)
     scratch = ExitStack()  # folders rebuilt for the runs evaluated, removed at the end
