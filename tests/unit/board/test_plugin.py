@@ -516,3 +516,46 @@ def test_a_refused_checkpoint_is_answered_while_another_text_is_computed(tmp_pat
     finally:
         release.set()
         worker.join(10)
+
+
+def test_a_checkpoint_renamed_during_a_text_or_a_failing_route_gets_a_json_error(tmp_path, write_checkpoint):
+    """The checkpoint renamed between the moment the run's files are looked at and the moment it is loaded: a
+    JSON 404 saying so, not TensorBoard's HTML 500; and any other failure inside a route is a JSON 500."""
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    writer = SummaryWriter(str(tmp_path / "run" / "tb"))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+    writer.close()
+    ckpt = write_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", vocab_size=50257, block_size=16)
+    app, plugin = _app(tmp_path)
+    client = Client(app)
+    found = plugin._checkpoint
+
+    def found_then_renamed(run):
+        path = found(run)
+        ckpt.rename(ckpt.with_name("renamed.ckpt"))
+        return path
+
+    plugin._checkpoint = found_then_renamed
+    try:
+        code, body = _post(client, {"run": "run/tb", "text": "hello"})
+    finally:
+        del plugin._checkpoint
+    assert code == 404 and "renamed or removed" in body["error"], body
+
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    plugin._own_text = broken
+    ckpt.with_name("renamed.ckpt").rename(ckpt)
+    try:
+        response = client.post(
+            f"{PREFIX}/text",
+            data=json.dumps({"run": "run/tb", "text": "hello"}),
+            content_type="application/json",
+        )
+    finally:
+        del plugin._own_text
+    assert response.status_code == 500 and response.mimetype == "application/json"
+    assert json.loads(response.get_data(as_text=True)) == {"error": "internal error (RuntimeError): a bug"}
