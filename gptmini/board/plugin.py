@@ -357,7 +357,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         x = torch.tensor([ids], dtype=torch.long)  # (1, T)
         with torch.inference_mode():
             inspection = model.inspect(x)
-            detail = probe_detail(model, inspection, ids, tokenizer)  # the neuron and lens views, the sinks
+            # the neuron and lens views, the sinks; the queries and keys of every layer (no summary's size cap)
+            detail = probe_detail(model, inspection, ids, tokenizer, every_layer=True)
         maps = inspection.maps[:, 0]  # (n_layer, n_head, T, T)
         tokens = [tokenizer.token_text(i) for i in ids]
         # as training encodes its probe
