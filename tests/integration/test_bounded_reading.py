@@ -372,6 +372,8 @@ def test_a_crafted_checkpoint_makes_eval_fetch_no_url_and_read_no_recorded_file(
     secret = tmp_path / "secret-never-named.txt"
     secret.write_text("SECRET-CONTENT-" * 20 + "\n", encoding="utf-8")
     opened: list[str] = []
+    # an audit hook sees every open of the process, builtins.open, os.open and io alike; it cannot be removed, so
+    # it looks at this test's one file name only
     sys.addaudithook(
         lambda event, args: (
             opened.append(str(args[0])) if event == "open" and secret.name in str(args[0]) else None
