@@ -99,11 +99,12 @@ class LoadedRun:
             and recorded.get(SAVED_TOKENIZER_KEY) is not None
         )
 
-    def rebuild_data(self, out: Path) -> str:
-        """The data this run trained on, prepared again into the new folder ``out`` from its corpus with the
+    def rebuild_data(self, out: Path, source: str) -> str:
+        """The data this run trained on, prepared again into the new folder ``out`` from ``source`` with the
         tokenizer its checkpoint carries (its data folder was re-prepared with another vocabulary since, or is
         gone), and proven the same data by the fingerprint the checkpoint recorded; DataError when the corpus
-        changed since (its split could not be the one the run trained and validated on)."""
+        changed since (its split could not be the one the run trained and validated on). ``source`` is a corpus
+        the user named (the one the checkpoint records is never fetched or read on its say-so)."""
         from gptmini.data.prepare import prepare
         from gptmini.data.reader import data_identity
 
@@ -112,12 +113,12 @@ class LoadedRun:
         tokenizer = carried_tokenizer(self.path, self.checkpoint)
         assert tokenizer is not None, "rebuild_data needs can_rebuild_data()"
         changed = (
-            f"the corpus {recorded['source']!r} changed since checkpoint {self.path} was trained on it: its "
+            f"the corpus {source!r} is not the one checkpoint {self.path} was trained on, or it changed since: its "
             "validation split cannot be rebuilt; pass --data-dir to evaluate on other data on purpose"
         )
         try:
             prepared = prepare(
-                recorded["source"],
+                source,
                 recorded["tokenizer"],
                 out,
                 # the run's own split and field, where its config records them; prepare's defaults where not (a

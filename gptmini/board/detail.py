@@ -8,16 +8,23 @@ from typing import Any
 
 import torch
 
-from gptmini.board.summary import lens_header, sink_header, vectors_header
+from gptmini.board.summary import MAX_VECTOR_VALUES, lens_header, sink_header, vectors_header
 from gptmini.insight.lens import Lens, logit_lens, sink_shares
 from gptmini.model import Inspection
 
 
 def probe_detail(
-    model: torch.nn.Module, inspection: Inspection, ids: list[int], tokenizer: Any, lens: bool = True
+    model: torch.nn.Module,
+    inspection: Inspection,
+    ids: list[int],
+    tokenizer: Any,
+    lens: bool = True,
+    every_layer: bool = False,
 ) -> dict[str, Any]:
     """The summary's ``sink``, ``lens`` (None without ``lens``) and ``vectors`` (None where the attention does not
-    expose them or not one layer fits) of ``model`` on one sequence ``ids``, from its ``inspection``."""
+    expose them or not one layer fits) of ``model`` on one sequence ``ids``, from its ``inspection``. A logged
+    summary keeps the queries and keys of the layers that fit ``MAX_VECTOR_VALUES``; ``every_layer`` keeps them
+    all (your own text: one answer, never stored)."""
     first, learned = (
         x if x is None else x.cpu() for x in sink_shares(inspection.maps[:, 0], model.config.attn_sink)
     )
@@ -39,6 +46,7 @@ def probe_detail(
             None if v[0].slopes is None else v[0].slopes.float().cpu().numpy(),
             v[0].window,
             sink,
+            max_values=None if every_layer else MAX_VECTOR_VALUES,
         )
     return detail
 

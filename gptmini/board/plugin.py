@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from tensorboard import context as tb_context
@@ -91,7 +92,8 @@ def _json(request: wrappers.Request, body: Any, code: int = 200) -> wrappers.Res
 
 def _route(handler: Handler) -> Handler:
     """A werkzeug application (method) from ``handler(self, request)``: BadRequest and its kin become JSON
-    errors with their HTTP code."""
+    errors with their HTTP code, and anything else a JSON error 500 (logged with its traceback), never
+    TensorBoard's HTML page: the tab shows the message under the run."""
 
     @wrappers.Request.application
     def app(self: Any, request: wrappers.Request) -> wrappers.Response:
@@ -99,6 +101,10 @@ def _route(handler: Handler) -> Handler:
             return handler(self, request)
         except BadRequest as err:
             return _json(request, {"error": str(err)}, err.code)
+        # a bug, or a file changed under a route's feet: one JSON answer all the same
+        except Exception as err:
+            log.exception("the ATTENTION tab's %s request failed", request.path)
+            return _json(request, {"error": f"internal error ({type(err).__name__}): {err}"[:500]}, 500)
 
     return app
 
@@ -321,9 +327,17 @@ class AttentionPlugin(base_plugin.TBPlugin):
         # may be above the log folder when --logdir is one run's tb/ folder
         run_dir = folder.parent.parent if folder.parent.name == "tb" else folder
         run_dir = run_dir.parent if run_dir.name == "tb" else run_dir
-        found = [(run_dir / "checkpoints" / name) for name in CHECKPOINT_NAMES]
-        found = [p for p in found if p.is_file() and _inside(p.resolve(), run_dir)]
-        return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+        found = []
+        for name in CHECKPOINT_NAMES:
+            path = run_dir / "checkpoints" / name
+            try:  # each file stated once: one renamed or replaced meanwhile is absent, not an error
+                inside = _inside(path.resolve(strict=True), run_dir)
+                st = path.stat()
+            except (OSError, RuntimeError):  # gone, unreadable, or a symlink loop (RuntimeError before 3.13)
+                continue
+            if inside and S_ISREG(st.st_mode):
+                found.append((st.st_mtime_ns, path))
+        return max(found)[1] if found else None
 
     def _own_text(self, model: Any, tokenizer: Any, text: str) -> dict[str, Any]:
         import torch
@@ -343,7 +357,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         x = torch.tensor([ids], dtype=torch.long)  # (1, T)
         with torch.inference_mode():
             inspection = model.inspect(x)
-            detail = probe_detail(model, inspection, ids, tokenizer)  # the neuron and lens views, the sinks
+            # the neuron and lens views, the sinks; the queries and keys of every layer (no summary's size cap)
+            detail = probe_detail(model, inspection, ids, tokenizer, every_layer=True)
         maps = inspection.maps[:, 0]  # (n_layer, n_head, T, T)
         tokens = [tokenizer.token_text(i) for i in ids]
         # as training encodes its probe
@@ -357,7 +372,12 @@ class AttentionPlugin(base_plugin.TBPlugin):
         from gptmini.checkpoint import CheckpointError
         from gptmini.data.errors import DataError
 
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError:  # renamed or removed since _checkpoint found it
+            raise NotFound(
+                "this run's checkpoint was renamed or removed while the text was sent; send it again"
+            ) from None
         key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         with self._cache_lock:
             if key in self._models:

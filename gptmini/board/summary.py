@@ -177,12 +177,13 @@ def vectors_header(
     slopes: np.ndarray | None = None,
     window: int | None = None,
     sink: np.ndarray | None = None,
+    max_values: int | None = MAX_VECTOR_VALUES,
 ) -> dict[str, Any] | None:
     """The ``vectors`` entry from queries and keys (n_layer, n_head, T, hs), ALiBi's slopes (n_head,), the window
-    and the sink logits (n_layer, n_head): the first layers within ``MAX_VECTOR_VALUES``, or None when not one
-    layer fits."""
+    and the sink logits (n_layer, n_head): the first layers within ``max_values`` (None: every layer, as your own
+    text gets them), or None when not one layer fits."""
     per_layer = 2 * q[0].size
-    layers = min(q.shape[0], MAX_VECTOR_VALUES // per_layer)
+    layers = q.shape[0] if max_values is None else min(q.shape[0], max_values // per_layer)
     if layers == 0:
         return None
 

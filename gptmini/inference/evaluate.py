@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gptmini.checkpoint import CheckpointError
+from gptmini.checkpoint import DATA_IDENTITY_KEY, CheckpointError
+from gptmini.data.corpora import EMBEDDED_SOURCES
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_split, load_tokenizer
 from gptmini.data.windows import StridedWindowDataset
@@ -175,6 +176,14 @@ def _parser() -> argparse.ArgumentParser:
         help="with --context: score about this many tokens per length",
     )
     parser.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="the corpus the run trained on (a file, folder, glob or URL, as `gptmini data --source` takes), for "
+        "when its data folder is gone or was re-prepared: re-tokenized with the checkpoint's own tokenizer into a "
+        "temporary folder and checked against the data it recorded. The corpus a checkpoint records is never "
+        "fetched or read unless named here (the embedded shakespeare excepted)",
+    )
     parser.add_argument("--split", default="val", choices=["train", "val"], help="the split scored")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="windows per forward pass")
     parser.add_argument(
@@ -216,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--num-fewshot, --limit and --include-path apply with --tasks")
     if args.tasks is not None and (args.context is not None or args.max_batches or len(args.ckpt) > 1):
         parser.error("--tasks evaluates one --ckpt, without --context, --max-tokens or --max-batches")
+    if args.corpus is not None and args.data_dir is not None:
+        parser.error("--corpus rebuilds the run's own data folder; with --data-dir there is none to rebuild")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.tasks is not None:
         try:
@@ -337,11 +348,26 @@ def _open(path: Path, args: argparse.Namespace, scratch: ExitStack) -> tuple[Loa
         if args.data_dir is not None or not run.can_rebuild_data():
             raise
         # re-prepared with another vocabulary, or gone: the checkpoint's own tokenizer on its own corpus gives the
-        # same tokens again when the corpus is unchanged (checked against the fingerprint it recorded)
+        # same tokens again when the corpus is unchanged (checked against the fingerprint it recorded). A
+        # checkpoint is data: the corpus it records is read only when the user names it (or it is embedded).
+        recorded = str(run.checkpoint["hyper_parameters"][DATA_IDENTITY_KEY]["source"])
+        source = args.corpus or (recorded if recorded in EMBEDDED_SOURCES else None)
+        if source is None:
+            raise DataError(
+                f"{refused}; to re-tokenize the corpus it trained on, name it with --corpus (it recorded "
+                f"{recorded[:200]!r}, which eval does not fetch or read unless named), or pass --data-dir"
+            ) from None
         log.info("note: %s", refused)
         log.info("re-tokenizing the corpus it was trained on with its own tokenizer, into a temporary folder")
         folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="gptmini-eval-")))
-        data_dir = run.rebuild_data(folder / "data")
+        data_dir = run.rebuild_data(folder / "data", source)
+        return run, data_dir
+    if args.corpus is not None:
+        log.info(
+            "note: --corpus %s is not read: the run's data folder %s still holds its data",
+            args.corpus,
+            data_dir,
+        )
     return run, data_dir
 
 

@@ -16,6 +16,8 @@ chromium-driver; pip install -e '.[dev]'), else is skipped with the reason."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=f"browser 
 
 T = 6
 TOKENS = ["ROM", "EO", ":", " But", " soft", ","]
+# run b's: a byte-level BPE's tokens of "é" split over two tokens, as the tokenizer writes them (\xNN)
+B_TOKENS = ["ROM", "EO", ":", " caf", "\\xc3", "\\xa9"]
 # a run named as training names one after its overrides: about 200 characters, without a space
 LONG_FOLDER = "speedrun/2026-01-01_10-00-00_000000"
 LONG_LABEL = "speedrun," + ",".join(
@@ -61,7 +65,8 @@ def uniform(n_layer: int, n_head: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, write_checkpoint):
     """ "a/tb": previous-token attention at step 10, uniform at step 20, and a checkpoint; "b/tb": uniform at
-    step 10 only, no checkpoint; both 2 layers x 3 heads. "c/tb": another shape, 1 layer x 4 heads, previous-token
+    step 10 only over B_TOKENS, no checkpoint; "gone/tb" (deleted by a test): uniform at steps 10 and 20; all
+    2 layers x 3 heads. "c/tb": another shape, 1 layer x 4 heads, previous-token
     attention at steps 10 and 20, and a checkpoint of that shape. LONG: 2 layers x 2 heads, previous-token attention
     at step 20, and a damaged checkpoint."""
     from torch.utils.tensorboard import SummaryWriter
@@ -74,11 +79,13 @@ def logdir(tmp_path_factory, write_checkpoint):
         ("a", (2, 3), {10: previous_token, 20: uniform}, types),
         ("b", (2, 3), {10: uniform}, types),
         ("c", (1, 4), {10: previous_token, 20: previous_token}, [["local"] * 4]),
+        ("gone", (2, 3), {10: uniform, 20: uniform}, types),
     )
     for run, (n_layer, n_head), patterns, run_types in runs:
         writer = SummaryWriter(str(root / run / "tb"))
         for step, pattern in patterns.items():
-            summary = AttentionSummary(TOKENS, pattern(n_layer, n_head), run_types)
+            tokens = B_TOKENS if run == "b" else TOKENS
+            summary = AttentionSummary(tokens, pattern(n_layer, n_head), run_types)
             writer.file_writer.add_summary(summary_proto(summary), step)
         writer.close()
     writer = SummaryWriter(str(root / LONG))
@@ -102,11 +109,13 @@ def logdir(tmp_path_factory, write_checkpoint):
 
 def _detail_run(folder, write_checkpoint) -> None:
     """Run "d/tb": a 2-layer, 2-head model with rotary positions, QK-norm and a learned sink, its summaries at
-    steps 10 and 20 written as training writes them (attention, sinks, lens, queries and keys), and its checkpoint."""
+    steps 10 and 20 written as training writes them (attention, sinks, lens, queries and keys), and its checkpoint.
+    At step 10 the queries and keys of its first layer only, as the summary's size cap keeps a larger model's."""
+    import torch
     from torch.utils.tensorboard import SummaryWriter
 
     from gptmini.board.detail import probe_detail
-    from gptmini.board.summary import summary_proto
+    from gptmini.board.summary import summary_proto, vectors_header
     from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
     from gptmini.training.callbacks.summary_logging import attention_summary, inspect
@@ -128,6 +137,14 @@ def _detail_run(folder, write_checkpoint) -> None:
         found = inspect(model, ids)
         summary = attention_summary(found.maps[:, 0], tokens)
         detail = probe_detail(model, found, ids, tokenizer)
+        if step == 10:
+            v = found.vectors
+            q, k = (torch.stack([getattr(x, name)[0] for x in v]).numpy() for name in ("q", "k"))
+            sink = torch.stack([x.sink for x in v]).numpy()
+            detail["vectors"] = vectors_header(
+                q, k, v[0].scale, None, v[0].window, sink, max_values=2 * q[0].size
+            )
+            assert detail["vectors"]["layers"] == 1
         writer.file_writer.add_summary(summary_proto(dataclasses.replace(summary, **detail)), step)
     writer.close()
 
@@ -198,6 +215,17 @@ def test_the_tab_draws_scrubs_compares_and_takes_your_text(board):
         assert (
             '" soft" (4) attends to: " But" (3) 1.00' in driver.find_element(By.CSS_SELECTOR, ".status").text
         )
+        # the whole row of a token takes the pointer, not its glyphs alone (the gaps made the hover flicker):
+        # the blank left end of query 4's row is still query 4
+        hit = driver.execute_script(
+            "const g = document.querySelectorAll('.tok-q')[4], box = g.querySelector('text').getBBox();"
+            "const svg = g.ownerSVGElement.getBoundingClientRect();"
+            "const at = document.elementFromPoint(svg.left + 3, svg.top + box.y + box.height / 2);"
+            "return at && at.closest('.tok-q') === g;"
+        )
+        assert hit
+        # spaces are shown as ␣ (a middle dot was hard to see)
+        assert driver.find_elements(By.CSS_SELECTOR, ".tok-q text")[3].text == "␣But"
 
         # run b beside run a: two panels, b at its step <= 10
         Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value("b/tb")
@@ -205,6 +233,30 @@ def test_the_tab_draws_scrubs_compares_and_takes_your_text(board):
         panels = driver.find_elements(By.CSS_SELECTOR, ".panel")
         assert [p.get_attribute("data-run") for p in panels] == ["a/tb", "b/tb"]
         assert _count(driver, ".panel[data-run='b/tb'] svg.headview line") == 3 * T * (T + 1) // 2
+        # the bytes of a character split over two tokens are shown as bytes, not as backslash escapes
+        keys = driver.execute_script(
+            "return [...document.querySelectorAll(\".panel[data-run='b/tb'] .tok-k text\")].map(t => t.textContent)"
+        )
+        assert keys[3:] == ["␣caf", "⟨C3⟩", "⟨A9⟩"], keys
+        # the run beside's steps are asked once, not at every draw: two slider moves ask none
+        driver.execute_script(
+            "const real = window.fetch; window.stepRequests = [];"
+            "window.fetch = (url, options) => {"
+            "  if (String(url).startsWith('steps')) window.stepRequests.push(url);"
+            "  return real(url, options);"
+            "};"
+        )
+        slider = driver.find_element(By.CSS_SELECTOR, ".step-slider")
+        for key in (Keys.END, Keys.HOME):
+            slider.send_keys(key)
+            drawn = wait_drawn(driver, drawn)
+        assert driver.execute_script("return window.stepRequests") == []
+        assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+        # beside a run whose first step is later (20) than the one shown (10): it says so, it shows no later step
+        drawn = _select(driver, ".compare-select", LONG, drawn)
+        note = driver.find_element(By.CSS_SELECTOR, f".panel[data-run='{LONG}'] .note").text
+        assert note == "this run logged no step at or before step 10 (its first: 20)"
+        assert _count(driver, f".panel[data-run='{LONG}'] svg") == 0
         Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value("")
         drawn = wait_drawn(driver, drawn)
 
@@ -551,7 +603,8 @@ def test_a_run_started_after_the_tab_opened_joins_the_run_boxes_at_tensorboards_
 
 def _shown(token: str) -> str:
     # as the page shows a token (index.js, shown)
-    s = token.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
+    s = re.sub(r"\\x([0-9a-f]{2})", lambda m: f"⟨{m[1].upper()}⟩", token)
+    s = s.replace("\n", "↵").replace("\t", "⇥").replace(" ", "␣")
     return (s[:11] + "…" if len(s) > 12 else s) or "∅"
 
 
@@ -605,10 +658,18 @@ def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
         assert "holds no queries and keys" in note
         drawn = _select(driver, ".compare-select", "", drawn)
 
-        # your own text: the checkpoint's queries and keys, the last token's row for every key
+        # step 10 kept its first layer's queries and keys only (the size cap): layer 1 asks for your own text
+        driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
+        drawn = wait_drawn(driver, drawn)
+        note = driver.find_element(By.CSS_SELECTOR, ".panel .note").text
+        assert "type your own text to see layer 1" in note, note
+
+        # your own text: the checkpoint's queries and keys at every layer, the last token's row for every key
         text = "But soft, what light through"
         driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
         drawn = wait_drawn(driver, drawn)
+        assert driver.execute_script("return document.querySelector('.pick-layer').value") == "1"
+        assert _count(driver, ".panel .note") == 0
         n = len(tokenizer.encode(text))
         assert _count(driver, ".pick-query option") == n
         drawn = _select(driver, ".pick-query", str(n - 1), drawn)
@@ -622,6 +683,7 @@ def test_the_lens_view_and_the_head_map(board, logdir):
     import torch
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
@@ -636,6 +698,10 @@ def test_the_lens_view_and_the_head_map(board, logdir):
         drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
         driver.find_element(By.CSS_SELECTOR, "button.view-lens").click()
         drawn = wait_drawn(driver, drawn)
+        # the lens view is HTML, not exported: Save is off (it wrote an empty image)
+        assert not any(
+            driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg")
+        )
         # layers down (the embeddings, then each block), tokens across; the last row is the model's prediction
         rows = driver.find_elements(By.CSS_SELECTOR, "table.lens tr[data-row]")
         assert [r.get_attribute("data-row") for r in rows] == ["embed", "layer0", "layer1"]
@@ -661,3 +727,72 @@ def test_the_lens_view_and_the_head_map(board, logdir):
         ActionChains(driver).move_to_element(token).perform()
         assert _count(driver, ".panel .ct.hl") == 2
         assert _count(driver, ".panel .axis-x .hl") == 4  # both maps of both panels
+
+        # a longer text beside itself: two panels wider together than the 1,500 px window each hold their own maps
+        # (squeezed, a panel's maps ran 200 px into the next one); the keys' labels stand under their own columns,
+        # the queries' beside their own rows
+        text = "But soft, what light through yonder window breaks? It is the east."  # 16 tokens: its context
+        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+        drawn = wait_drawn(driver, drawn)
+        boxes = driver.execute_script(
+            "return [...document.querySelectorAll('.panel')].map(p => [p.getBoundingClientRect().left,"
+            "  p.getBoundingClientRect().right,"
+            "  Math.max(...[...p.querySelectorAll('.bigmap-wrap')].map(w => w.getBoundingClientRect().right))])"
+        )
+        assert len(boxes) == 2 and boxes[0][1] <= boxes[1][0], boxes
+        assert all(maps <= right for _, right, maps in boxes), boxes
+        axes = driver.execute_script(
+            "const wrap = document.querySelector('.bigmap-wrap');"
+            "const map = wrap.querySelector('canvas.bigmap').getBoundingClientRect();"
+            "const centre = (sel, lo, hi) => [...wrap.querySelectorAll(sel)].map(l => {"
+            "  const b = l.getBoundingClientRect(); return (b[lo] + b[hi]) / 2; });"
+            "return {map: [map.left + 1, map.top + 1, map.width - 2], x: centre('.axis-x .tok-label', 'left', 'right'),"
+            "        y: centre('.axis-y .tok-label', 'top', 'bottom')};"
+        )
+        n = len(tokenizer.encode(text))
+        left, top, width = axes["map"]
+        cell = width / n
+        assert len(axes["x"]) == len(axes["y"]) == n
+        np.testing.assert_allclose(axes["x"], [left + (j + 0.5) * cell for j in range(n)], atol=cell / 4)
+        np.testing.assert_allclose(axes["y"], [top + (i + 0.5) * cell for i in range(n)], atol=cell / 4)
+
+        # the head map is not exported either; the model view is
+        assert not driver.find_element(By.CSS_SELECTOR, ".save-svg").is_enabled()
+        driver.find_element(By.CSS_SELECTOR, "button.tab").click()  # the model view
+        wait_drawn(driver, drawn)
+        assert all(driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg"))
+
+
+def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir):
+    """Run "gone/tb" shown beside "b/tb", then its folder deleted: once TensorBoard no longer lists it, the next
+    slider move (answered with errors) leaves it for the first run listed, says so, and draws without errors."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmarks.board import get_json
+    from gptmini.board import PLUGIN_NAME
+
+    def listed() -> set[str]:
+        return {r["run"] for r in get_json(f"{board}/data/plugin/{PLUGIN_NAME}/runs")["runs"]}
+
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".run-select", "gone/tb", _drawn(driver))
+        drawn = _select(driver, ".compare-select", "b/tb", drawn)
+        shutil.rmtree(logdir / "gone")
+        WebDriverWait(driver, 30).until(lambda _: "gone/tb" not in listed())
+        driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
+
+        def settled(d) -> bool:
+            runs = d.execute_script("return [...document.querySelectorAll('.panel')].map(p => p.dataset.run)")
+            return runs == ["a/tb", "b/tb"] and _count(d, ".panel .error") == 0
+
+        WebDriverWait(driver, 30).until(settled)
+        assert driver.execute_script("return document.querySelector('.run-select').value") == "a/tb"
+        options = driver.execute_script(
+            "return [...document.querySelectorAll('.run-select option')].map((o) => o.value)"
+        )
+        assert "gone/tb" not in options
+        status = driver.find_element(By.CSS_SELECTOR, ".status").text
+        assert status == "gone/tb: no longer listed (deleted?); showing a/tb", status

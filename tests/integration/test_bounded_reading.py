@@ -290,16 +290,18 @@ def test_eval_after_the_data_folder_is_reprepared_rebuilds_the_same_split_or_say
 ) -> None:
     """The data folder re-prepared from another corpus (another vocabulary under the same path): eval re-tokenizes
     the run's own corpus with the tokenizer its checkpoint carries, in a temporary folder, and scores exactly what
-    it scored before; the data folder is left as it is. Once the corpus itself changed, one line says so."""
+    it scored before when the user names that corpus with --corpus (never on the checkpoint's say-so: without
+    it, one line asks for it); the data folder is left as it is. Once the corpus itself changed, one line says
+    so."""
     (tmp_path / "corpus.txt").write_text(CORPUS, encoding="utf-8")
     extra = ["tokenizer.vocab_size=300"] if tokenizer == "bpe" else []
     trained = gptmini_train(_train_args(tmp_path, f"tokenizer={tokenizer}", *extra))
     assert trained.returncode == 0, trained.stderr[-3000:]
     run = _run_dir(tmp_path)
 
-    def evaluate(name: str) -> tuple[Any, dict[str, Any] | None]:
+    def evaluate(name: str, *extra: Any) -> tuple[Any, dict[str, Any] | None]:
         out = tmp_path / f"{name}.json"
-        proc = gptmini_cli(["eval", "--ckpt", run, "--device", "cpu", "--out", out])
+        proc = gptmini_cli(["eval", "--ckpt", run, "--device", "cpu", "--out", out, *extra])
         return proc, json.loads(out.read_text()) if proc.returncode == 0 else None
 
     before, first = evaluate("before")
@@ -311,18 +313,88 @@ def test_eval_after_the_data_folder_is_reprepared_rebuilds_the_same_split_or_say
     args = ["data", "--source", other, "--tokenizer", tokenizer, "--out", data, "--force", *options]
     assert gptmini_cli(args).returncode == 0
     reprepared = (data / "meta.json").read_bytes()
-    after, second = evaluate("after")
+    unnamed, _ = evaluate("unnamed")
+    (line,) = _errors(unnamed)
+    assert unnamed.returncode == 2 and "name it with --corpus" in line, line
+    after, second = evaluate("after", "--corpus", tmp_path / "corpus.txt")
     assert after.returncode == 0, after.stderr[-2000:]
     assert "re-tokenizing the corpus it was trained on with its own tokenizer" in after.stderr
     assert (second["tokens"], second["loss"], second["bpb"]) == (first["tokens"], first["loss"], first["bpb"])
     assert (data / "meta.json").read_bytes() == reprepared  # the folder the user re-prepared is theirs
     with open(tmp_path / "corpus.txt", "a", encoding="utf-8") as f:
         f.write("A line the run never saw.\n")
-    changed, _ = evaluate("changed")
+    changed, _ = evaluate("changed", "--corpus", tmp_path / "corpus.txt")
     (line,) = _errors(changed)
-    assert changed.returncode == 2 and "changed since checkpoint" in line and "cannot be rebuilt" in line, (
-        line
+    assert changed.returncode == 2 and "or it changed since" in line and "cannot be rebuilt" in line, line
+
+
+def _crafted(run: Path, to: Path, source: str) -> Path:
+    """A copy of ``run``'s checkpoint whose recorded data folder is gone and whose recorded corpus is ``source``
+    (its checksums written again, as whoever crafts one would)."""
+    import torch
+
+    from gptmini.checkpoint import CHECKSUM_KEY, with_checksum
+
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    ckpt["hyper_parameters"]["run_config"]["data"]["data_dir"] = str(to.parent / "no-such-data")
+    ckpt["hyper_parameters"]["data_identity"]["source"] = source
+    del ckpt[CHECKSUM_KEY]
+    torch.save(with_checksum(ckpt), to)
+    return to
+
+
+def test_a_crafted_checkpoint_makes_eval_fetch_no_url_and_read_no_recorded_file(
+    char_run, tmp_path, gptmini_cli
+) -> None:
+    """Its data folder gone, a checkpoint's recorded corpus is never fetched (no request reaches a local HTTP
+    server serving it) nor read (a recorded local file is never opened: an audit hook sees every open): one
+    line asks for --corpus; named there, the same corpus is re-tokenized and evaluated."""
+    import http.server
+    import threading
+
+    root, _ = char_run
+    requests: list[str] = []
+
+    class Corpus(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            requests.append(self.path)
+            body = CORPUS.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Corpus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret = tmp_path / "secret-never-named.txt"
+    secret.write_text("SECRET-CONTENT-" * 20 + "\n", encoding="utf-8")
+    opened: list[str] = []
+    # an audit hook sees every open of the process, builtins.open, os.open and io alike; it cannot be removed, so
+    # it looks at this test's one file name only
+    sys.addaudithook(
+        lambda event, args: (
+            opened.append(str(args[0])) if event == "open" and secret.name in str(args[0]) else None
+        )
     )
+    url = f"http://127.0.0.1:{server.server_port}/corpus.txt"
+    try:
+        for source in (url, str(secret)):
+            ckpt = _crafted(_run_dir(root), tmp_path / f"crafted-{len(opened)}-{len(requests)}.ckpt", source)
+            proc = gptmini_cli(["eval", "--ckpt", ckpt, "--device", "cpu"])
+            (line,) = _errors(proc)
+            assert proc.returncode == 2 and "name it with --corpus" in line, proc.stderr[-2000:]
+            assert "SECRET-CONTENT" not in proc.stdout + proc.stderr
+        assert requests == [] and opened == []
+        # named by the user, the URL is fetched and the run's own data evaluated
+        named = gptmini_cli(["eval", "--ckpt", ckpt, "--device", "cpu", "--corpus", url])
+        assert named.returncode == 0, named.stderr[-2000:]
+        assert requests == ["/corpus.txt"]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # --- item 9: a default export carries a usable tokenizer ---------------------------------------------------

@@ -43,6 +43,8 @@ const state = {
   panels: [],          // the panels drawn: [{run, att} or {run, error}]
   text: null,          // own text shown instead of the probe (null: the logged probe)
   cache: new Map(),    // url -> decoded attention
+  stepsCache: new Map(),  // url -> the run's logged steps (emptied whenever the runs are listed again)
+  notice: null,        // said once in the status by the next draw (a run shown that is gone)
 };
 
 let ui = {};
@@ -128,14 +130,22 @@ async function ownText(run, text, signal, draw) {
   return decodeAttention(body);
 }
 
-async function stepsOf(run) {
+// a run's logged steps, asked once per run until the runs are listed again (followTraining) or `fresh` is set
+async function stepsOf(run, fresh = false) {
   const url = `steps?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
-  return (await getJSON(url)).steps;
+  if (fresh || !state.stepsCache.has(url)) state.stepsCache.set(url, getJSON(url).then((body) => body.steps));
+  try {
+    return await state.stepsCache.get(url);
+  } catch (err) {
+    state.stepsCache.delete(url);
+    throw err;
+  }
 }
 
-// the step of `run` shown beside the primary run's `step`: the same, else the latest before it, else its first
+// the step of `run` shown beside the primary run's `step`: the same, else the latest before it; null when it
+// logged none at or before it
 function nearestStep(steps, step) {
-  let best = steps[0];
+  let best = null;
   for (const s of steps) if (s <= step) best = s;
   return best;
 }
@@ -161,8 +171,10 @@ function svg(tag, attrs = {}) {
 }
 
 function shown(token) {
-  // spaces and newlines made visible, long tokens cut
-  const s = token.replace(/\n/g, '↵').replace(/\t/g, '⇥').replace(/ /g, '·');
+  // a byte of a character the token holds only part of (written \xNN by the tokenizer) as ⟨NN⟩; spaces, tabs and
+  // newlines made visible; long tokens cut
+  const s = token.replace(/\\x([0-9a-f]{2})/g, (_, hex) => `⟨${hex.toUpperCase()}⟩`)
+    .replace(/\n/g, '↵').replace(/\t/g, '⇥').replace(/ /g, '␣');
   return s.length > 12 ? s.slice(0, 11) + '…' : s || '∅';
 }
 
@@ -351,13 +363,16 @@ function headView(att) {
   for (let i = 0; i < T; i++) {
     for (const [side, group, x, anchor] of [['q', left, x0 - 6, 'end'], ['k', right, x1 + 6, 'start']]) {
       const g = svg('g', {class: `tok tok-${side}`, 'data-i': i});
+      // the token's whole row takes the pointer (the gaps between glyphs would leave and re-enter it: flicker)
+      const hit = svg('rect', {x: side === 'q' ? x0 - TOKEN_W : x1, y: y(i) - ROW / 2, width: TOKEN_W,
+        height: ROW, fill: '#fff', 'fill-opacity': 0, class: 'hit'});
       const bar = svg('rect', {x: side === 'q' ? x0 - TOKEN_W : x1, y: y(i) - ROW / 2 + 1, width: 0,
         height: ROW - 2, fill: '#ffd54f', 'fill-opacity': 0.8});
       const t = svg('text', {x, y: y(i) + 4, 'text-anchor': anchor});
       t.textContent = shown(att.tokens[i]);
       const title = svg('title');
       title.textContent = `${i}: ${JSON.stringify(att.tokens[i])}`;
-      g.append(bar, t, title);
+      g.append(hit, bar, t, title);
       g.addEventListener('mouseenter', () => focus(root, att, side, i, weightLabels));
       g.addEventListener('mouseleave', () => unfocus(root, weightLabels));
       group.append(g);
@@ -470,7 +485,11 @@ async function panelsData(signal, ticket) {
   const step = state.steps[state.stepIndex];
   return Promise.all(runs.map(async (run, n) => {
     try {
-      const s = n === 0 ? step : nearestStep(await stepsOf(run), step);
+      const steps = n === 0 ? [step] : await stepsOf(run);
+      const s = nearestStep(steps, step);
+      if (s === null) {
+        return {run, note: `this run logged no step at or before step ${step} (its first: ${steps[0]})`};
+      }
       return {run, att: await attention(run, s)};
     } catch (err) {
       return {run, error: err.message};
@@ -533,6 +552,7 @@ async function draw() {
     }
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));
+    else if (p.note) panel.append(el('div', {class: 'note'}, p.note));
     else if (DRAW[state.view]) panel.append(DRAW[state.view](viewContext(), p.att));
     else if (state.view === 'model') panel.append(modelView(p.att));
     else if (state.layer >= p.att.n_layer) {
@@ -560,12 +580,21 @@ async function draw() {
   ui.stepLabel.textContent = state.text !== null ? 'your text' : `step ${state.steps[state.stepIndex] ?? '–'}`;
   ui.slider.disabled = state.text !== null || state.steps.length < 2;
   ui.back.hidden = state.text === null;
+  // the neuron, lens and head-map views are HTML tables and pictures: Save exports the model and head views only
+  const exportable = !DRAW[state.view];
+  for (const button of [ui.savePng, ui.saveSvg]) {
+    button.disabled = !exportable;
+    button.title = exportable ? '' : NOT_EXPORTED;
+  }
   // a panel names its run above its message; the status repeats the message, with the run shortened when two
   // panels are shown (a run's name may be 200 characters: said once in full, in its panel)
   const errors = panels.filter((p) => p.error);
   if (errors.length) {
     setStatus(errors.map((p) => (panels.length > 1 ? `${middle(p.run, 48)}: ` : '') + p.error).join('  ·  '), true);
-  } else setStatus('');
+    // a run deleted while shown answers errors only: the runs are listed again, and a gone one is left
+    if (state.text === null) refreshRuns().catch(() => {});
+  } else setStatus(state.notice || '');
+  state.notice = null;
   const sync = performance.now() - t0;
   requestAnimationFrame(() => {
     const ms = performance.now() - t0;
@@ -716,7 +745,11 @@ function fileName(ext) {
   return `attention-${run}-${what}-${when}.${ext}`;
 }
 
+const NOT_EXPORTED = 'this view is not exported (HTML tables and pictures): Save exports the model and head views; ' +
+  'scripts/attention_tab_screenshot.py saves this one';
+
 function saveSVG() {
+  if (DRAW[state.view]) { setStatus(NOT_EXPORTED, true); return; }
   try {
     download(new Blob([currentSVG()], {type: 'image/svg+xml'}), fileName('svg'));
   } catch (err) {
@@ -740,6 +773,7 @@ async function pngBlob() {
 }
 
 async function savePNG() {
+  if (DRAW[state.view]) { setStatus(NOT_EXPORTED, true); return; }
   try {
     download(await pngBlob(), fileName('png'));
   } catch (err) {
@@ -762,7 +796,7 @@ async function selectRun(run) {
   state.run = run;
   const info = state.runs.find((r) => r.run === run);
   state.tag = info.tags.includes(state.contract.tag) ? state.contract.tag : info.tags[0];
-  const steps = await stepsOf(run);
+  const steps = await stepsOf(run, true);
   setSteps(steps, steps.length - 1);
   offerText(info);
 }
@@ -801,6 +835,30 @@ async function refreshRuns() {
   }
   const info = state.runs.find((r) => r.run === state.run);
   if (info) offerText(info);
+  await leaveGoneRuns();
+}
+
+// the run shown or the run beside is no longer listed (its folder deleted): the first run listed is shown instead
+// (nothing beside), said once in the status; with no run left, the tab says so
+async function leaveGoneRuns() {
+  const known = (run) => state.runs.some((r) => r.run === run);
+  const gone = [state.run, state.compare].filter((run) => run && !known(run));
+  if (!gone.length) return;
+  if (state.compare && !known(state.compare)) {
+    state.compare = '';
+    ui.compareSelect.value = '';
+  }
+  if (!known(state.run)) {
+    if (!state.runs.length) {
+      ui.view.replaceChildren(el('div', {class: 'empty'}, 'No run holds attention summaries any more.'));
+      return;
+    }
+    await selectRun(state.runs[0].run);
+    ui.runSelect.value = state.run;
+  }
+  state.notice = `${gone.map((run) => middle(run, 48)).join(' and ')}: no longer listed (deleted?); ` +
+    `showing ${middle(state.run, 48)}`;
+  await draw();
 }
 
 function controls() {
@@ -847,8 +905,8 @@ function controls() {
     el('label', {}, 'beside ', ui.compareSelect),
     el('span', {class: 'tabs'}, ui.modelBtn, ui.headBtn, ...Object.values(ui.viewBtns)),
     el('span', {class: 'save'}, 'Save ',
-      el('button', {class: 'save-png', onclick: savePNG}, 'PNG'),
-      el('button', {class: 'save-svg', onclick: saveSVG}, 'SVG')));
+      ui.savePng = el('button', {class: 'save-png', onclick: savePNG}, 'PNG'),
+      ui.saveSvg = el('button', {class: 'save-svg', onclick: saveSVG}, 'SVG')));
   const steps = el('div', {class: 'bar'}, el('span', {class: 'caption'}, 'Logged step'), ui.slider, ui.ticks, ui.stepLabel);
   const text = el('div', {class: 'bar'}, ui.textInput, ui.textBtn, ui.back);
   const legend = el('div', {class: 'legend'}, 'Head types: ',
@@ -895,6 +953,7 @@ async function followTraining() {
   if (document.hidden) return;
   let steps;
   try {
+    state.stepsCache.clear();  // every run's steps asked again (a run still training logged more)
     await refreshRuns();
     if (state.text !== null) return;
     steps = await stepsOf(state.run);

@@ -2,7 +2,8 @@
 sent over a socket as a browser or a client sends them. What only a real server shows: a chunked body without
 Content-Length is held to the size limit, a damaged checkpoint is refused after the board first loaded it, a
 checkpoints/ folder linked out of the log folder is not followed, malformed summaries get a JSON error naming
-the field, and two texts sent at once are both answered."""
+the field, two texts sent at once are both answered, and a checkpoint renamed or replaced while clients send
+texts never gets an HTML 500."""
 
 from __future__ import annotations
 
@@ -77,16 +78,16 @@ def _write_run(folder: Path, protos) -> None:
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, write_checkpoint):
-    """Runs "a", "b" and "damaged" with checkpoints (2 layers x 3 heads, GPT-2 vocabulary), "linked_dir" whose
+    """Runs "a", "b", "damaged" and "swapped" with checkpoints (2 layers x 3 heads, GPT-2 vocabulary), "linked_dir" whose
     checkpoints/ folder and "linked_file" whose last.ckpt are links to a checkpoint outside the log folder, and
     "malformed" whose tags hold the headers of MALFORMED."""
     root = tmp_path_factory.mktemp("http")
     logs = root / "logs"
     shape = {"vocab_size": 50257, "block_size": 16, "n_layer": 2, "n_head": 3, "n_embd": 6}
     good = summary_proto(AttentionSummary(TOKENS, _maps(2, 3, 4)))
-    for run in ("a", "b", "damaged", "linked_dir", "linked_file"):
+    for run in ("a", "b", "damaged", "swapped", "linked_dir", "linked_file"):
         _write_run(logs / run, [good])
-    for run in ("a", "b", "damaged"):
+    for run in ("a", "b", "damaged", "swapped"):
         write_checkpoint(logs / run / "checkpoints" / "last.ckpt", global_step=7, **shape)
     outside = write_checkpoint(root / "outside" / "last.ckpt", global_step=99, **shape)
     (logs / "linked_dir" / "checkpoints").symlink_to(outside.parent, target_is_directory=True)
@@ -101,7 +102,8 @@ def logdir(tmp_path_factory, write_checkpoint):
 
 @pytest.fixture(scope="module")
 def board(logdir, repo_root):
-    runs = {f"{name}/tb" for name in ("a", "b", "damaged", "linked_dir", "linked_file", "malformed")}
+    names = ("a", "b", "damaged", "swapped", "linked_dir", "linked_file", "malformed")
+    runs = {f"{name}/tb" for name in names}
     with tensorboard(logdir, env={"PYTHONPATH": str(repo_root)}) as url:
         deadline = time.monotonic() + 60
         while {r["run"] for r in get_json(f"{url}{PREFIX}/runs")["runs"]} != runs:  # every run loaded
@@ -230,3 +232,54 @@ def test_the_contract_is_the_summary_modules(board):
 
     got = get_json(f"{board}{PREFIX}/contract")
     assert {k: got[k] for k in contract()} == contract() and got["tag"] == TAG
+
+
+def test_a_checkpoint_renamed_and_replaced_while_texts_are_sent_gets_json_answers_only(board, logdir):
+    """While one thread renames the run's checkpoint away and puts a fresh copy back (a new file each time),
+    four clients send texts and list the runs: every answer is JSON, a 200 or the run's own 4xx error."""
+    import shutil
+
+    path = logdir / "swapped" / "checkpoints" / "last.ckpt"
+    spare = path.with_name("spare.bin")
+    shutil.copy(path, spare)
+    stop = threading.Event()
+    answers: list[tuple[int, str]] = []
+
+    def swap() -> None:
+        while not stop.is_set():
+            path.rename(path.with_name("moved.bin"))
+            time.sleep(0.002)
+            shutil.copy(spare, path.with_name("incoming.bin"))
+            os.replace(path.with_name("incoming.bin"), path)
+            time.sleep(0.002)
+
+    def client(n: int) -> None:
+        host = urllib.parse.urlsplit(board)
+        for i in range(15):
+            connection = http.client.HTTPConnection(host.hostname, host.port, timeout=60)
+            try:
+                if i % 3 == n % 3:
+                    connection.request("GET", f"{PREFIX}/runs")
+                else:
+                    body = json.dumps({"run": "swapped/tb", "text": "hi"})
+                    connection.request("POST", f"{PREFIX}/text", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                answers.append((response.status, response.getheader("Content-Type") or ""))
+                json.loads(response.read())
+            finally:
+                connection.close()
+
+    swapper = threading.Thread(target=swap)
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    swapper.start()
+    try:
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(120)
+    finally:
+        stop.set()
+        swapper.join(10)
+    assert len(answers) == 60
+    assert all("application/json" in kind for _, kind in answers), answers
+    assert {code for code, _ in answers} <= {200, 400, 404}, answers

@@ -516,3 +516,83 @@ def test_a_refused_checkpoint_is_answered_while_another_text_is_computed(tmp_pat
     finally:
         release.set()
         worker.join(10)
+
+
+def test_a_checkpoint_renamed_during_a_text_or_a_failing_route_gets_a_json_error(tmp_path, write_checkpoint):
+    """The checkpoint renamed between the moment the run's files are looked at and the moment it is loaded: a
+    JSON 404 saying so, not TensorBoard's HTML 500; and any other failure inside a route is a JSON 500."""
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    writer = SummaryWriter(str(tmp_path / "run" / "tb"))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(1, 2, 4, seed=0))), 1)
+    writer.close()
+    ckpt = write_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", vocab_size=50257, block_size=16)
+    app, plugin = _app(tmp_path)
+    client = Client(app)
+    found = plugin._checkpoint
+
+    def found_then_renamed(run):
+        path = found(run)
+        ckpt.rename(ckpt.with_name("renamed.ckpt"))
+        return path
+
+    plugin._checkpoint = found_then_renamed
+    try:
+        code, body = _post(client, {"run": "run/tb", "text": "hello"})
+    finally:
+        del plugin._checkpoint
+    assert code == 404 and "renamed or removed" in body["error"], body
+
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    plugin._own_text = broken
+    ckpt.with_name("renamed.ckpt").rename(ckpt)
+    try:
+        response = client.post(
+            f"{PREFIX}/text",
+            data=json.dumps({"run": "run/tb", "text": "hello"}),
+            content_type="application/json",
+        )
+    finally:
+        del plugin._own_text
+    assert response.status_code == 500 and response.mimetype == "application/json"
+    assert json.loads(response.get_data(as_text=True)) == {"error": "internal error (RuntimeError): a bug"}
+
+
+def test_own_text_keeps_the_queries_and_keys_of_every_layer(tmp_path, write_checkpoint):
+    """A model whose logged summary keeps the queries and keys of its first layers only (the size cap): your own
+    text gets them for every layer, each layer's own (the neuron view's promise on your own text)."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    from gptmini.board.summary import MAX_VECTOR_VALUES
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.prepare import prepare
+    from gptmini.data.reader import load_meta, load_tokenizer
+
+    corpus = tmp_path / "lower.txt"
+    corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)
+    data = prepare(str(corpus), "char", tmp_path / "data").out_dir
+    shape = {"n_layer": 3, "n_head": 4, "n_embd": 256, "block_size": 128}
+    ckpt = write_checkpoint(tmp_path / "logs" / "run" / "checkpoints" / "last.ckpt", data_dir=data, **shape)
+    writer = SummaryWriter(str(tmp_path / "logs" / "run" / "tb"))
+    writer.file_writer.add_summary(summary_proto(AttentionSummary(TOKENS, _maps(3, 4, 4, seed=0))), 1)
+    writer.close()
+    text = ("but soft, what light " * 7)[:128]
+    assert 3 * 2 * 256 * len(text) > MAX_VECTOR_VALUES  # a summary of this text would keep fewer layers
+    code, body = _post(Client(_app(tmp_path / "logs")[0]), {"run": "run/tb", "text": text})
+    assert code == 200, body["error"]
+    vectors = body["vectors"]
+    assert vectors["layers"] == 3
+    model, _ = model_and_checkpoint(ckpt)
+    ids = load_tokenizer(data, load_meta(data)).encode(text)
+    with torch.no_grad():
+        found = model.inspect(torch.tensor([ids])).vectors
+    want = torch.stack([v.q[0] for v in found])  # (L, nh, T, hs)
+    got = np.frombuffer(base64.b64decode(vectors["q"]), dtype="<f2").reshape(want.shape)
+    torch.testing.assert_close(
+        torch.from_numpy(got.astype(np.float32)), want, rtol=1e-3, atol=1e-3
+    )  # float16
