@@ -113,3 +113,19 @@ def test_a_bad_projector_every_is_refused_in_one_line(tmp_path, gptmini_train) -
     # refused before training: no checkpoint, no events
     written = [p.name for p in (tmp_path / "outputs").rglob("*") if p.is_file()]
     assert not [n for n in written if n.endswith(".ckpt") or n.startswith("events.out")], written
+
+
+def test_the_projector_lists_each_step_once(tmp_path, gptmini_train) -> None:
+    # a validation at the last step writes the PROJECTOR's embeddings; the end of training must not add them again
+    proc = gptmini_train(
+        [
+            "debug=smoke",
+            "callbacks.attention_summary.projector_every=1",
+            f"paths.output_root={tmp_path}/outputs",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (config,) = (tmp_path / "outputs").rglob("projector_config.pbtxt")
+    names = [line.split('"')[1] for line in config.read_text().splitlines() if "tensor_name" in line]
+    steps = {name.rsplit(":", 1)[1] for name in names}
+    assert len(steps) >= 2 and len(names) == len(set(names)), names

@@ -69,6 +69,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
         self.projector_every = projector_every
         self._validations = 0
         self._last_ids: list[int] | None = None
+        self._projector_step: int | None = None  # the step whose embeddings the PROJECTOR holds last
         self.last_seconds: float | None = None
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
@@ -100,13 +101,17 @@ class AttentionSummaryLogger(ProbeTextCallback):
         self._last_ids = ids
         if self.projector_every and self._validations % self.projector_every == 0:
             write_projector(writer, inspection, tokens, step)
+            self._projector_step = step
         self.last_bytes = proto.ByteSize()
         self.last_seconds = time.perf_counter() - t0
         writer.add_scalar("perf/attention_summary_seconds", self.last_seconds, step)
 
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        probe = self.probe_ids(trainer, pl_module) if self.projector_every is not None else None
+        # a step written at its validation is not written again (the PROJECTOR would list it twice)
+        if self.projector_every is None or self._projector_step == trainer.global_step:
+            return
+        probe = self.probe_ids(trainer, pl_module)
         if probe is None:
             return
         writer, tokenizer, ids = probe
