@@ -1,10 +1,11 @@
-"""The production kernels of ``model.attention=sdpa``, one module each, behind one dispatch by declared capability.
+"""The production kernels of ``model.attention=sdpa``, one module each; an attention module chooses its kernel once,
+when it is built, from the features its options need and the capabilities each kernel class declares.
 
 ========== ============================================================ =========================================
 kernel     what it runs                                                 supports
 ========== ============================================================ =========================================
 causal     SDPA with ``is_causal`` (flash / memory-efficient), cached    gqa, cache, dropout
-           decoding
+           decoding: the module's own call
 flex       FlexAttention: ALiBi ``score_mod``, causal/window            alibi, window, sink, gqa
            ``block_mask``, a sink from the log-sum-exp
 chunked    SDPA per chunk of queries on the keys it can see, with that   alibi, window, gqa, dropout
@@ -14,47 +15,90 @@ sink_slot  SDPA with the sink as one more key and head dimension        sink, gq
 mask       SDPA with an additive float mask (a sink as one more column) every feature
 ========== ============================================================ =========================================
 
-``KERNELS`` is the order of the automatic choice: the first kernel that supports a call and suits it (device,
-length: see each kernel's ``suits``). ``CausalSelfAttention(kernel=...)`` (``build_attention("sdpa", ...,
-kernel=...)``) names one to prefer wherever it supports the call, or passes a kernel instance (e.g. a
-``ChunkedKernel`` with smaller chunks, or a new ``AttentionKernel`` subclass).
+``choose_kernel`` makes the choice: the kernel named (``CausalSelfAttention(kernel=...)``, ``build_attention("sdpa",
+..., kernel=...)``: a name in ``KERNELS`` or a kernel instance such as ``ChunkedKernel(queries=64)``), which must
+support every feature of the module, or the automatic choice of ``auto_kernel``.
 """
 
-from gptmini.attention.kernels.base import AttentionKernel, KernelDispatch, MaskCache, Scores
+from __future__ import annotations
+
+import torch
+
+from gptmini.attention.kernels.base import AttentionKernel, MaskCache, ScoreOptions
 from gptmini.attention.kernels.causal import CausalKernel
 from gptmini.attention.kernels.chunked import ChunkedKernel
-from gptmini.attention.kernels.explicit import ExplicitKernel
-from gptmini.attention.kernels.flex import FlexKernel
-from gptmini.attention.kernels.masked import MaskKernel
+from gptmini.attention.kernels.explicit import EXPLICIT_SINK_MAX_LEN, ExplicitKernel
+from gptmini.attention.kernels.flex import FlexKernel, flex_available
+from gptmini.attention.kernels.masked import MASK, MaskKernel
 from gptmini.attention.kernels.sink_slot import SinkSlotKernel
 
-# the automatic choice's order; MaskKernel, which supports every feature, last
-KERNELS: tuple[AttentionKernel, ...] = (
-    CausalKernel(),
-    FlexKernel(),
-    ChunkedKernel(),
-    ExplicitKernel(),
-    SinkSlotKernel(),
-    MaskKernel(),
-)
+KERNELS: dict[str, type[AttentionKernel]] = {
+    kernel.name: kernel
+    for kernel in (CausalKernel, FlexKernel, ChunkedKernel, ExplicitKernel, SinkSlotKernel, MaskKernel)
+}
 
 
 def available_kernels() -> list[str]:
-    """The names ``kernel=`` takes, besides ``"auto"``, in the automatic choice's order."""
-    return [kernel.name for kernel in KERNELS]
+    """The names ``kernel=`` takes, besides ``"auto"``."""
+    return list(KERNELS)
+
+
+def auto_kernel(features: frozenset[str], context_length: int) -> AttentionKernel:
+    """The kernel for a module's features when none is named. Plain causal scores keep SDPA's ``is_causal``. On a
+    CPU, ALiBi and windows run in chunks of queries (one chunk below two chunks' length), a sink in a module built
+    for short sequences in the explicit softmax, beyond that in the sink slot, or, with ALiBi or a window too,
+    in the float mask. A machine with a CUDA device trains them in FlexAttention (without dropout, which it
+    lacks), which hands the calls on a CPU to that CPU kernel."""
+    scores = features & {"alibi", "window"}
+    if not scores and "sink" not in features:
+        return CausalKernel()
+    if "sink" not in features:
+        cpu: AttentionKernel = ChunkedKernel()
+    elif context_length <= EXPLICIT_SINK_MAX_LEN:
+        cpu = ExplicitKernel()
+    else:
+        cpu = MaskKernel() if scores else SinkSlotKernel()
+    if "dropout" in features or not (torch.cuda.is_available() and flex_available()):
+        return cpu
+    return FlexKernel(cpu=cpu)
+
+
+def choose_kernel(
+    kernel: str | AttentionKernel, features: frozenset[str], context_length: int
+) -> AttentionKernel | None:
+    """A module's kernel, once, when it is built: ``kernel`` (``"auto"``, a name in ``KERNELS`` or an instance),
+    refused where it does not support one of ``features``. None: plain ``is_causal``, the module's own SDPA call."""
+    if kernel == "auto":
+        chosen = auto_kernel(features, context_length)
+    elif isinstance(kernel, AttentionKernel):
+        chosen = kernel
+    elif kernel in KERNELS:
+        chosen = KERNELS[kernel]()
+    else:
+        raise ValueError(f"unknown attention kernel {kernel!r}; valid kernels: auto, {', '.join(KERNELS)}")
+    if not chosen.covers(features):
+        missing = sorted(features - chosen.supports)
+        able = [name for name, cls in KERNELS.items() if features <= cls.supports]
+        raise ValueError(
+            f"attention kernel {chosen.name!r} does not support {', '.join(missing)}; "
+            f"kernels that support {', '.join(sorted(features))}: {', '.join(able) or 'none'} (or auto)"
+        )
+    return None if type(chosen) is CausalKernel else chosen
 
 
 __all__ = [
     "KERNELS",
+    "MASK",
     "AttentionKernel",
     "CausalKernel",
     "ChunkedKernel",
     "ExplicitKernel",
     "FlexKernel",
-    "KernelDispatch",
     "MaskCache",
     "MaskKernel",
-    "Scores",
+    "ScoreOptions",
     "SinkSlotKernel",
+    "auto_kernel",
     "available_kernels",
+    "choose_kernel",
 ]
