@@ -140,33 +140,38 @@ class CausalSelfAttention(LMAttention):
         qkv = self.qkv(x)  # (B, T, C + 2 C_kv)
         # split, not slicing: a split's backward is one concatenation, a slice's a zero-filled copy per slice
         if self.q_norm is None and not self.rope:
-            q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)
-            v = v if values is None else v + values.to(v.dtype)
+            q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)  # (B, T, C), (B, T, C_kv) x2
+            v = v if values is None else v + values.to(v.dtype)  # (B, T, C_kv)
             q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
             k, v = (t.view(B, T, self.n_kv_head, self.head_size) for t in (k, v))  # (B, T, n_kv, hs)
-            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return (
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+            )  # (B, nh, T, hs), (B, n_kv, T, hs) x2
         heads = self.n_head + self.n_kv_head
-        qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)
-        v = v if values is None else v + values.to(v.dtype)
+        qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)  # (B, T, C + C_kv), (B, T, C_kv)
+        v = v if values is None else v + values.to(v.dtype)  # (B, T, C_kv)
         qk = qk.view(B, T, heads, self.head_size)  # (B, T, nh + n_kv, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size)  # (B, T, n_kv, hs)
         if self.q_norm is not None:
             # the queries' gain on their heads, the keys' on theirs
             gains = (self.q_norm.weight, self.k_norm.weight)
-            qk = head_rms_norm(qk, gains, (self.n_head, self.n_kv_head), self.q_norm.eps)
+            qk = head_rms_norm(
+                qk, gains, (self.n_head, self.n_kv_head), self.q_norm.eps
+            )  # (B, T, nh + n_kv, hs)
         if self.rope:
             if start + T > self.rope_cos.shape[0]:
                 self._grow_rope(start + T)
             cos, sin = (t[start : start + T, None] for t in (self.rope_cos, self.rope_sin))  # (T, 1, hs)
-            qk = apply_rope(qk, cos, sin)
-        q, k = qk.split((self.n_head, self.n_kv_head), dim=2)
-        # (B, nh, T, hs), (B, n_kv, T, hs), (B, n_kv, T, hs)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qk = apply_rope(qk, cos, sin)  # (B, T, nh + n_kv, hs)
+        q, k = qk.split((self.n_head, self.n_kv_head), dim=2)  # (B, T, nh, hs), (B, T, n_kv, hs)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs), (B, n_kv, T, hs) x2
 
     def _grow_rope(self, length: int) -> None:
         # positions past the training context (evaluation at longer lengths): double, so growth happens rarely
         size = max(length, 2 * self.rope_cos.shape[0])
-        cos, sin = rope_tables(self.head_size, size, self.rope_base)
+        cos, sin = rope_tables(self.head_size, size, self.rope_base)  # (size, hs) each
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
     @property
@@ -231,11 +236,11 @@ class CausalSelfAttention(LMAttention):
 
     def reference_forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
-        probs, v = self._reference(x)
+        probs, v = self._reference(x)  # (B, nh, T, T), (B, nh, T, hs)
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
         if self.gate is not None:
-            y = y * torch.sigmoid(self.gate(x))
-        return self.out_proj(y)
+            y = y * torch.sigmoid(self.gate(x))  # (B, T, C)
+        return self.out_proj(y)  # (B, T, C)
 
     def _extra(self) -> dict[str, Tensor | None]:
         # the parameters only some options add, by the names AttentionWeights.extra uses

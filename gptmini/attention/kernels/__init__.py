@@ -26,7 +26,7 @@ import torch
 
 from gptmini.attention.kernels.base import AttentionKernel, MaskCache, ScoreOptions
 from gptmini.attention.kernels.causal import CausalKernel
-from gptmini.attention.kernels.chunked import ChunkedKernel
+from gptmini.attention.kernels.chunked import CHUNK_QUERIES, ChunkedKernel
 from gptmini.attention.kernels.explicit import EXPLICIT_SINK_MAX_LEN, ExplicitKernel
 from gptmini.attention.kernels.flex import FlexKernel, flex_available
 from gptmini.attention.kernels.masked import MASK, MaskKernel
@@ -45,15 +45,15 @@ def available_kernels() -> list[str]:
 
 def auto_kernel(features: frozenset[str], context_length: int) -> AttentionKernel:
     """The kernel for a module's features when none is named. Plain causal scores keep SDPA's ``is_causal``. On a
-    CPU, ALiBi and windows run in chunks of queries (one chunk below two chunks' length), a sink in a module built
-    for short sequences in the explicit softmax, beyond that in the sink slot, or, with ALiBi or a window too,
+    CPU, ALiBi and windows run in a float mask, in a module built for sequences of two chunks or more in chunks of
+    queries; a sink in a module built for short sequences in the explicit softmax, beyond that in the sink slot, or, with ALiBi or a window too,
     in the float mask. A machine with a CUDA device trains them in FlexAttention (without dropout, which it
     lacks), which hands the calls on a CPU to that CPU kernel."""
     scores = features & {"alibi", "window"}
     if not scores and "sink" not in features:
         return CausalKernel()
     if "sink" not in features:
-        cpu: AttentionKernel = ChunkedKernel()
+        cpu: AttentionKernel = ChunkedKernel() if context_length >= 2 * CHUNK_QUERIES else MaskKernel()
     elif context_length <= EXPLICIT_SINK_MAX_LEN:
         cpu = ExplicitKernel()
     else:

@@ -30,6 +30,7 @@ from gptmini.attention.kernels import (
     available_kernels,
     choose_kernel,
 )
+from gptmini.attention.kernels.chunked import CHUNK_QUERIES
 from gptmini.attention.sdpa import CausalSelfAttention
 from gptmini.model import GPT, GPTConfig
 
@@ -202,11 +203,13 @@ def test_the_automatic_choice_follows_the_options_and_the_context():
         return kernel.runs_on(CPU).name  # a CUDA machine's FlexAttention hands a CPU's calls to this one
 
     assert pick(set()) == pick({"gqa", "dropout"}) == "causal"
-    assert pick({"alibi"}) == pick({"window", "gqa"}) == pick({"alibi"}, context=4096) == "chunked"
+    assert pick({"alibi"}) == pick({"window", "gqa"}) == "mask"
+    assert pick({"alibi"}, context=2 * CHUNK_QUERIES) == pick({"window"}, context=4096) == "chunked"
     assert pick({"sink"}) == pick({"sink", "alibi"}) == "explicit"  # built for short sequences
     assert pick({"sink"}, context=129) == "sink_slot" and pick({"sink", "window"}, context=129) == "mask"
     with mock.patch("torch.cuda.is_available", return_value=True):
         on_gpu = auto_kernel(frozenset({"alibi"}), 1024)
+        assert on_gpu.runs_on(CPU).name == "chunked"
         assert isinstance(on_gpu, FlexKernel) and on_gpu.runs_on(torch.device("cuda")) is on_gpu
         assert (
             auto_kernel(frozenset({"alibi", "dropout"}), 1024).name == "chunked"
@@ -216,7 +219,7 @@ def test_the_automatic_choice_follows_the_options_and_the_context():
 
 def test_the_kernel_is_chosen_once_when_the_module_is_built():
     with mock.patch("gptmini.attention.sdpa.choose_kernel", wraps=choose_kernel) as chosen:
-        module = build_attention("sdpa", 32, 4, 64, alibi=True).eval()
+        module = build_attention("sdpa", 32, 4, 64, alibi=True, kernel="chunked").eval()
         cache = KVCache(1, 4, 64, 8)
         with torch.no_grad():
             module(torch.randn(1, 10, 32))
@@ -302,8 +305,8 @@ def test_the_default_attention_is_four_frames_from_gpt_forward_to_sdpa():
 @pytest.mark.parametrize(
     ("options", "kernel"),
     [
-        ({"position": "alibi"}, "ChunkedKernel.__call__"),
-        ({"sliding_window": 4}, "ChunkedKernel.__call__"),
+        ({"position": "alibi"}, "MaskKernel.__call__"),
+        ({"sliding_window": 4, "block_size": 2 * CHUNK_QUERIES}, "ChunkedKernel.__call__"),
         ({"attn_sink": True, "block_size": 256}, "SinkSlotKernel.__call__"),
         ({"attn_sink": True, "sliding_window": 4, "block_size": 256}, "MaskKernel.__call__"),
     ],
