@@ -185,11 +185,6 @@ class CausalSelfAttention(LMAttention):
         }
         return frozenset(name for name, on in options.items() if on)
 
-    @property
-    def changes_scores(self) -> bool:
-        # options that SDPA's is_causal cannot express: ALiBi, a window, a sink
-        return bool(self.features & {"alibi", "window", "sink"})
-
     def kernel_for(self, device: torch.device, cached: bool = False) -> AttentionKernel:
         """The kernel a forward on ``device`` runs, with a KV cache or without."""
         kernel = self.decode_kernel if cached else self.kernel

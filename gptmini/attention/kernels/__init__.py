@@ -1,23 +1,7 @@
-"""The production kernels of ``model.attention=sdpa``, one module each; an attention module chooses its kernel once,
-when it is built, from the features its options need and the capabilities each kernel class declares.
-
-========== ============================================================ =========================================
-kernel     what it runs                                                 supports
-========== ============================================================ =========================================
-causal     SDPA with ``is_causal`` (flash / memory-efficient), cached    gqa, cache, dropout
-           decoding: the module's own call
-flex       FlexAttention: ALiBi ``score_mod``, causal/window            alibi, window, sink, gqa
-           ``block_mask``, a sink from the log-sum-exp
-chunked    SDPA per chunk of queries on the keys it can see, with that   alibi, window, gqa, dropout
-           rectangle of the mask
-explicit   scores, mask, softmax, weights . values: the reference       every feature
-sink_slot  SDPA with the sink as one more key and head dimension        sink, gqa, dropout
-mask       SDPA with an additive float mask (a sink as one more column) every feature
-========== ============================================================ =========================================
-
-``choose_kernel`` makes the choice: the kernel named (``CausalSelfAttention(kernel=...)``, ``build_attention("sdpa",
-..., kernel=...)``: a name in ``KERNELS`` or a kernel instance such as ``ChunkedKernel(queries=64)``), which must
-support every feature of the module, or the automatic choice of ``auto_kernel``.
+"""The production kernels of ``model.attention=sdpa``, one module each (docs/attention.md, "Kernels, and the
+reference path", says what each runs and supports). An attention module chooses its kernel once, when it is built
+(``choose_kernel``): the one named by ``kernel=`` (a name in ``KERNELS`` or an instance such as
+``ChunkedKernel(queries=64)``), which must support every feature of the module, or ``auto_kernel``'s choice.
 """
 
 from __future__ import annotations
@@ -76,7 +60,7 @@ def choose_kernel(
         chosen = KERNELS[kernel]()
     else:
         raise ValueError(f"unknown attention kernel {kernel!r}; valid kernels: auto, {', '.join(KERNELS)}")
-    if not chosen.covers(features):
+    if not features <= chosen.supports:
         missing = sorted(features - chosen.supports)
         able = [name for name, cls in KERNELS.items() if features <= cls.supports]
         raise ValueError(

@@ -63,9 +63,6 @@ class AttentionKernel:
                 f"{cls.__qualname__}.supports names unknown features {unknown}; known: {', '.join(sorted(FEATURES))}"
             )
 
-    def covers(self, features: frozenset[str]) -> bool:
-        return features <= self.supports
-
     def runs_on(self, device: torch.device) -> AttentionKernel:
         """The kernel that computes this one's calls on ``device``: itself unless it hands a device's calls on."""
         return self
@@ -82,16 +79,13 @@ class AttentionKernel:
 def key_mask(module: ScoreOptions, queries: int, start: int, device: torch.device) -> Tensor:
     """What the scores of real keys get added, (1, nh or 1, T, start + T): -inf for the future and beyond a
     window, ALiBi's biases."""
-    if start == 0:  # the training shape: the same (T, T) mask every step
-        return module.masks.get(("scores", queries, device), lambda: _mask(module, queries, 0, device))
-    return _mask(
-        module, queries, start, device
-    )  # decoding: a new offset each token, a mask that costs little
 
+    def build() -> Tensor:
+        slopes, window = module.alibi_slopes, module.sliding_window
+        return score_mask(module.n_head, queries, start, slopes, window, device)  # (1, nh or 1, T, start + T)
 
-def _mask(module: ScoreOptions, queries: int, start: int, device: torch.device) -> Tensor:
-    slopes, window = module.alibi_slopes, module.sliding_window
-    return score_mask(module.n_head, queries, start, slopes, window, device)  # (1, nh or 1, T, start + T)
+    # the training shape repeats every step; decoding has a new offset each token, a mask that costs little
+    return module.masks.get(("scores", queries, device), build) if start == 0 else build()
 
 
 def sink_column(sink: Tensor, like: Tensor) -> Tensor:

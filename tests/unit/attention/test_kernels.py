@@ -217,6 +217,16 @@ def test_the_automatic_choice_follows_the_options_and_the_context():
     assert available_kernels() == ["causal", "flex", "chunked", "explicit", "sink_slot", "mask"]
 
 
+def test_on_a_cuda_machine_flex_attention_hands_a_cpus_calls_to_the_cpu_kernel():
+    with mock.patch("torch.cuda.is_available", return_value=True):
+        module = build_attention("sdpa", 32, 4, 64, alibi=True, attn_sink=True).train()
+    assert isinstance(module.kernel, FlexKernel) and module.kernel_for(CPU).name == "explicit"
+    x = torch.randn(2, 10, 32)
+    with mock.patch("gptmini.attention.kernels.flex.flex_attend") as flex:
+        assert_close(module(x), module.reference_forward(x))  # trains on a CPU, where FlexAttention cannot
+    flex.assert_not_called()
+
+
 def test_the_kernel_is_chosen_once_when_the_module_is_built():
     with mock.patch("gptmini.attention.sdpa.choose_kernel", wraps=choose_kernel) as chosen:
         module = build_attention("sdpa", 32, 4, 64, alibi=True, kernel="chunked").eval()
