@@ -28,11 +28,11 @@ def available_kernels() -> list[str]:
 
 
 def auto_kernel(features: frozenset[str], context_length: int) -> AttentionKernel:
-    """The kernel for a module's features when none is named. Plain causal scores keep SDPA's ``is_causal``. On a
-    CPU, ALiBi and windows run in a float mask, in a module built for sequences of two chunks or more in chunks of
-    queries; a sink in a module built for short sequences in the explicit softmax, beyond that in the sink slot, or, with ALiBi or a window too,
-    in the float mask. A machine with a CUDA device trains them in FlexAttention (without dropout, which it
-    lacks), which hands the calls on a CPU to that CPU kernel."""
+    """The kernel for a module's features when none is named, by the length it is built for (``context_length``).
+    Plain causal scores keep SDPA's ``is_causal``. On a CPU: ALiBi and windows in the float mask, or per chunk of
+    queries from two chunks' length; a sink in the explicit softmax up to ``EXPLICIT_SINK_MAX_LEN``, beyond it in
+    the sink slot, or in the float mask with ALiBi or a window too. A machine with a CUDA device trains them in
+    FlexAttention (not with dropout, which it lacks), which hands the calls on a CPU to that CPU kernel."""
     scores = features & {"alibi", "window"}
     if not scores and "sink" not in features:
         return CausalKernel()
