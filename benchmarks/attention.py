@@ -526,7 +526,7 @@ def bench_attention_options(opts: BenchOptions) -> tuple[list[dict[str, Any]], l
     for n, m in modules.items():
         inner = getattr(m, "inner", m)
         reference = n.endswith("(explicit reference)")
-        kernel = "explicit softmax" if reference else KERNEL_LABELS[inner.kernel_for(T, x.device).name]
+        kernel = "explicit softmax" if reference else KERNEL_LABELS[inner.kernel_for(x.device).name]
         rows.append(
             {
                 "variant": n,

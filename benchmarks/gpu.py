@@ -750,7 +750,7 @@ def attention_kernel(model: GPT, T: int, device: str) -> str:
     from gptmini.attention import CausalSelfAttention
 
     layer = next(m for m in model.modules() if isinstance(m, CausalSelfAttention))
-    return layer.kernel_for(T, torch.device(device)).name
+    return layer.kernel_for(torch.device(device)).name
 
 
 def _flex_row(

@@ -325,17 +325,15 @@ class Block(nn.Module):
         kv_cache: KVCache | None = None,
         values: ingredients.ValuesFn | None = None,
     ) -> torch.Tensor:
-        h = self.ln_1(x)
-        # values: the layer's value embedding (model.value_embeds), from its normalised input to extra values
-        extra = {} if values is None else {"values": values(h)}
-        if kv_cache is None:
-            a = self.attn(h, **extra)
-        else:
-            a = self.attn(h, kv_cache=kv_cache, **extra)
-        x = x + self.resid_dropout(a)
+        h = self.ln_1(x)  # (B, T, C)
+        if values is None:
+            a = self.attn(h, kv_cache)  # (B, T, C)
+        else:  # the layer's value embedding (model.value_embeds): from its normalised input to extra values
+            a = self.attn(h, kv_cache, values(h))  # (B, T, C)
+        x = x + self.resid_dropout(a)  # (B, T, C)
         if self.mlp is None:
             return x
-        return x + self.mlp(self.ln_2(x))
+        return x + self.mlp(self.ln_2(x))  # (B, T, C)
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The block's hidden weight matrices, as its attention and MLP declare them (norm gains, biases and

@@ -1,9 +1,10 @@
 """Every attention mechanism the GPT can use, behind one registry.
 
 - ``sdpa``: the production mechanism (``CausalSelfAttention``, the default): fused QKV, grouped-query heads, RoPE,
-  ALiBi, windows, QK-norm, a gate, a sink and a KV cache; its attention runs in one of the production kernels of
-  ``kernels`` (SDPA ``is_causal``, FlexAttention, chunked, sink slot, explicit mask, explicit softmax), picked per
-  call by the capabilities each kernel declares;
+  ALiBi, windows, QK-norm, a gate, a sink and a KV cache; plain causal scores go to SDPA's ``is_causal`` from its
+  own forward, ALiBi, windows and sinks to one of the production kernels of ``kernels`` (FlexAttention, chunked,
+  sink slot, float mask, explicit softmax), chosen once when the module is built by the capabilities each kernel
+  declares;
 - ``torch_module``: PyTorch's ``nn.MultiheadAttention`` behind the same interface (``torch``);
 - ``teaching``: the book's mechanisms, from simplified self-attention to multi-head attention, Bahdanau's additive
   scores and per-head Q/K/V tensors (``wrapper``, ``mha``, ``einsum``, ``additive`` and the non-causal ones).

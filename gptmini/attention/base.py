@@ -157,9 +157,9 @@ class LMAttention(nn.Module):
 def causal_probs(q: Tensor, k: Tensor) -> Tensor:
     # explicit softmax(q k^T / sqrt(hs)) with the future masked: (B, nh, T, hs) x2 -> (B, nh, T, T)
     T = q.shape[-2]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
-    return torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])  # (B, nh, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)  # (T, T)
+    return torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1)  # (B, nh, T, T)
 
 
 def linears_weights(q: nn.Linear, k: nn.Linear, v: nn.Linear, out: nn.Linear) -> AttentionWeights:

@@ -19,22 +19,22 @@ class _HeadRMSNorm(torch.autograd.Function):
         D = x.shape[-1]
         # 1 / rms over each head's dimensions, (..., 1): one reduction, then small in-place operations
         rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(D).add_(eps).rsqrt_()
-        xhat = x * rstd
+        xhat = x * rstd  # (..., heads, D)
         # each gain on its run of heads, (heads, D), built outside autograd: the backward sums per run itself
-        gain = torch.cat([g.expand(n, -1) for g, n in zip(gains, counts, strict=True)])
+        gain = torch.cat([g.expand(n, -1) for g, n in zip(gains, counts, strict=True)])  # (heads, D)
         ctx.save_for_backward(xhat, rstd, gain)
         ctx.counts = counts
         ctx.x_dtype = x.dtype
-        return xhat * gain
+        return xhat * gain  # (..., heads, D)
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         xhat, rstd, gain = ctx.saved_tensors
         dx = None
         # under autocast the output (x's dtype times a float32 gain) and its gradient may differ in dtype from x
-        dy = dy.to(torch.promote_types(xhat.dtype, gain.dtype))
-        xhat = xhat.to(dy.dtype)
-        dxhat = dy * gain
+        dy = dy.to(torch.promote_types(xhat.dtype, gain.dtype))  # (..., heads, D)
+        xhat = xhat.to(dy.dtype)  # (..., heads, D)
+        dxhat = dy * gain  # (..., heads, D)
         dgains: list[Tensor | None] = [None] * len(ctx.counts)
         if any(ctx.needs_input_grad[3:]):
             # a gain is shared by everything in front of its heads (batch, time) and by the heads of its run
@@ -42,8 +42,10 @@ class _HeadRMSNorm(torch.autograd.Function):
             dgains = [part.sum(0).to(gain.dtype) for part in per_head.split(list(ctx.counts))]
         if ctx.needs_input_grad[0]:
             # d/dx of x * rstd(x): rstd * (g - xhat * mean(g * xhat)) with g the gradient reaching xhat
-            dot = torch.linalg.vecdot(dxhat, xhat, dim=-1).unsqueeze(-1).div_(xhat.shape[-1])
-            dx = torch.addcmul(dxhat, xhat, dot, value=-1).mul_(rstd).to(ctx.x_dtype)
+            dot = (
+                torch.linalg.vecdot(dxhat, xhat, dim=-1).unsqueeze(-1).div_(xhat.shape[-1])
+            )  # (..., heads, 1)
+            dx = torch.addcmul(dxhat, xhat, dot, value=-1).mul_(rstd).to(ctx.x_dtype)  # (..., heads, D)
         return (dx, None, None, *dgains)
 
 

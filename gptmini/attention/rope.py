@@ -24,8 +24,8 @@ def rope_angles(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Te
 def rope_tables(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
     """``apply_rope``'s tables, each (max_len, head_size): cos repeated on both halves, and sin negated on the
     first half, so a rotation is two products and a sum over the whole head."""
-    cos, sin = rope_angles(head_size, max_len, base)
-    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+    cos, sin = rope_angles(head_size, max_len, base)  # (T, hs/2) each
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # (T, hs) each
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -34,5 +34,5 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     # each pair (x1, x2) turns by its angle: (x1 cos - x2 sin, x2 cos + x1 sin) = x * cos + (x2, x1) * (-sin, sin);
     # three operations instead of seven, which is what rotary positions cost at training sizes
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos.to(x.dtype), swapped, sin.to(x.dtype))
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # (..., hs): the halves exchanged
+    return torch.addcmul(x * cos.to(x.dtype), swapped, sin.to(x.dtype))  # (..., hs)

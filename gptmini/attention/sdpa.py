@@ -1,10 +1,12 @@
 """The production mechanism: one fused QKV projection, grouped-query heads, RoPE, QK-norm, a head gate and a sink,
-with a key/value cache for decoding. The attention itself runs in the kernel the dispatch picks (``kernels``)."""
+with a key/value cache for decoding. Plain causal scores go straight to SDPA's ``is_causal``; ALiBi, windows and
+sinks run in the kernel (``kernels``) chosen when the module is built."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from gptmini.attention.alibi import alibi_slopes
@@ -18,14 +20,15 @@ from gptmini.attention.base import (
 )
 from gptmini.attention.checks import check_heads
 from gptmini.attention.kernels import (
-    KERNELS,
+    MASK,
     AttentionKernel,
+    CausalKernel,
     ExplicitKernel,
-    KernelDispatch,
     MaskCache,
-    Scores,
+    choose_kernel,
 )
 from gptmini.attention.kernels.base import repeat_kv
+from gptmini.attention.kernels.causal import cached_rows
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.qk_norm import head_rms_norm
 from gptmini.attention.registry import register_attention
@@ -44,12 +47,11 @@ class CausalSelfAttention(LMAttention):
     ``rope``), ``qk_norm`` RMS-normalises them per head first, ``attn_gate`` multiplies each head's output by a
     learned sigmoid gate of the input before the output projection. All of these keep SDPA's fused kernel.
 
-    ALiBi, sliding windows and sinks change the scores themselves. Each call runs in the production kernel
-    that ``kernels.KernelDispatch`` picks by what the call needs and where it runs: FlexAttention on a CUDA
-    device, else SDPA with an additive float mask (per chunk of queries on long CPU sequences), the sink as one
-    more key (``sink_slot``), or the explicit softmax for a sink on short CPU sequences. ``kernel`` names a kernel
-    to prefer wherever it supports the call (or passes an ``AttentionKernel``); ``kernel_for`` says which one a
-    call runs.
+    ALiBi, sliding windows and sinks change the scores themselves. They run in the production kernel chosen once,
+    here in ``__init__`` (``kernels.choose_kernel``): the one ``kernel`` names (or an ``AttentionKernel``
+    instance), else the automatic choice for the options, FlexAttention where CUDA is, else the CPU's (SDPA per
+    chunk of queries, the explicit softmax, the sink slot or a float mask). Calls with a KV cache run in the mask
+    kernel where the chosen one takes no cache. ``kernel_for`` says which kernel a call runs.
 
     Nothing here is sized by ``context_length`` except the RoPE tables, which grow on demand: with rotary, ALiBi
     or no positions the module runs at any length, longer than it was trained on (length extrapolation)."""
@@ -106,10 +108,15 @@ class CausalSelfAttention(LMAttention):
             raise ValueError(f"sliding_window={sliding_window} must be >= 1")
         # ALiBi's per-head slopes; None without it (a buffer, so it follows the module across devices)
         self.register_buffer("alibi_slopes", alibi_slopes(n_head) if alibi else None, persistent=False)
-        self._masks = MaskCache()  # the score masks its kernels build, once per length and device
-        # the kernel of each call, chosen by what the call needs (see kernels); `kernel` names one to prefer
-        self.kernels = KernelDispatch(KERNELS, kernel)
-        self.kernels.check(self.features)
+        self.masks = MaskCache()  # the score masks its kernels build, once per length and device
+        # the kernel of ALiBi, windows and sinks, chosen once; None: plain causal scores, SDPA's is_causal below
+        self.kernel = choose_kernel(
+            kernel, self.features | ({"dropout"} if dropout > 0 else set()), context_length
+        )
+        # a KV cache's calls: the mask kernel where the chosen kernel takes no cache (FlexAttention, chunks, sink slot)
+        self.decode_kernel = (
+            MASK if self.kernel is not None and "cache" not in self.kernel.supports else self.kernel
+        )
         self.rope = rope_base is not None
         self.rope_base = rope_base
         if self.rope:
@@ -133,81 +140,80 @@ class CausalSelfAttention(LMAttention):
         qkv = self.qkv(x)  # (B, T, C + 2 C_kv)
         # split, not slicing: a split's backward is one concatenation, a slice's a zero-filled copy per slice
         if self.q_norm is None and not self.rope:
-            q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)
-            v = v if values is None else v + values.to(v.dtype)
+            q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)  # (B, T, C), (B, T, C_kv) x2
+            v = v if values is None else v + values.to(v.dtype)  # (B, T, C_kv)
             q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
             k, v = (t.view(B, T, self.n_kv_head, self.head_size) for t in (k, v))  # (B, T, n_kv, hs)
-            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return (
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+            )  # (B, nh, T, hs), (B, n_kv, T, hs) x2
         heads = self.n_head + self.n_kv_head
-        qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)
-        v = v if values is None else v + values.to(v.dtype)
+        qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)  # (B, T, C + C_kv), (B, T, C_kv)
+        v = v if values is None else v + values.to(v.dtype)  # (B, T, C_kv)
         qk = qk.view(B, T, heads, self.head_size)  # (B, T, nh + n_kv, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size)  # (B, T, n_kv, hs)
         if self.q_norm is not None:
             # the queries' gain on their heads, the keys' on theirs
             gains = (self.q_norm.weight, self.k_norm.weight)
-            qk = head_rms_norm(qk, gains, (self.n_head, self.n_kv_head), self.q_norm.eps)
+            qk = head_rms_norm(
+                qk, gains, (self.n_head, self.n_kv_head), self.q_norm.eps
+            )  # (B, T, nh + n_kv, hs)
         if self.rope:
             if start + T > self.rope_cos.shape[0]:
                 self._grow_rope(start + T)
             cos, sin = (t[start : start + T, None] for t in (self.rope_cos, self.rope_sin))  # (T, 1, hs)
-            qk = apply_rope(qk, cos, sin)
-        q, k = qk.split((self.n_head, self.n_kv_head), dim=2)
-        # (B, nh, T, hs), (B, n_kv, T, hs), (B, n_kv, T, hs)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qk = apply_rope(qk, cos, sin)  # (B, T, nh + n_kv, hs)
+        q, k = qk.split((self.n_head, self.n_kv_head), dim=2)  # (B, T, nh, hs), (B, T, n_kv, hs)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs), (B, n_kv, T, hs) x2
 
     def _grow_rope(self, length: int) -> None:
         # positions past the training context (evaluation at longer lengths): double, so growth happens rarely
         size = max(length, 2 * self.rope_cos.shape[0])
-        cos, sin = rope_tables(self.head_size, size, self.rope_base)
+        cos, sin = rope_tables(self.head_size, size, self.rope_base)  # (size, hs) each
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
-
-    def scores(self, start: int = 0, cached: bool = False) -> Scores:
-        """What this module's calls add to plain causal scores: ALiBi, the window, the sink; and this call's."""
-        return Scores(
-            n_head=self.n_head,
-            slopes=self.alibi_slopes,
-            window=self.sliding_window,
-            sink=self.sink,
-            start=start,
-            cached=cached,
-            dropout=self.dropout if self.training else 0.0,
-            masks=self._masks,
-        )
-
-    @property
-    def changes_scores(self) -> bool:
-        # options that SDPA's is_causal cannot express: ALiBi, a window, a sink
-        return self.scores().changes_scores
 
     @property
     def features(self) -> frozenset[str]:
-        """What every call of this module needs of a kernel (a call adds the cache and dropout where it has them)."""
-        return self.scores().features(self.grouped) - {"cache", "dropout"}
+        """What every call of this module needs of a kernel besides a cache and dropout."""
+        options = {
+            "alibi": self.alibi_slopes is not None,
+            "window": self.sliding_window is not None,
+            "sink": self.sink is not None,
+            "gqa": self.grouped,
+        }
+        return frozenset(name for name, on in options.items() if on)
 
-    def kernel_for(self, T: int, device: torch.device, cached: bool = False) -> AttentionKernel:
-        """The kernel a forward of T new tokens on ``device`` runs, in the current mode (training: dropout)."""
-        scores = self.scores(cached=cached)
-        return self.kernels.select(scores.features(self.grouped), T, device, scores)
+    def kernel_for(self, device: torch.device, cached: bool = False) -> AttentionKernel:
+        """The kernel a forward on ``device`` runs, with a KV cache or without."""
+        kernel = self.decode_kernel if cached else self.kernel
+        return CausalKernel() if kernel is None else kernel.runs_on(device)
 
     def forward(self, x: Tensor, kv_cache: KVCache | None = None, values: Tensor | None = None) -> Tensor:
         B, T, C = x.shape
         start = 0 if kv_cache is None else kv_cache.pos  # absolute position of the first new token
-        q, k, v = self._heads(x, start, values)  # keys enter the cache already rotated: each is rotated once
+        q, k, v = self._heads(x, start, values)  # (B, nh, T, hs), (B, n_kv, T, hs) x2: keys rotated once
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs)
-        y = self.kernels(q, k, v, self.scores(start, cached=kv_cache is not None))  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, nh, hs) -> merge heads
+            k, v = kv_cache.update(k, v)  # (B, n_kv, start + T, hs) each
+        kernel = self.kernel if kv_cache is None else self.decode_kernel
+        dropout = self.dropout if self.training else 0.0
+        if kernel is None:  # plain causal scores: PyTorch's fused kernel (flash / memory-efficient)
+            mask = cached_rows(T, start, x.device)  # (T, start + T), or None: is_causal, or one new token
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=start == 0, enable_gqa=self.grouped
+            )  # (B, nh, T, hs)
+        else:  # ALiBi, a window or a sink: the kernel chosen in __init__
+            y = kernel(q, k, v, self, start, dropout)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, nh, hs) -> (B, T, C): heads merged
         if self.gate is not None:
-            y = y * torch.sigmoid(self.gate(x))  # each head's output, dimension by dimension
-        return self.out_proj(y)
+            y = y * torch.sigmoid(self.gate(x))  # (B, T, C): each head's output, dimension by dimension
+        return self.out_proj(y)  # (B, T, C)
 
     def _reference(self, x: Tensor) -> tuple[Tensor, Tensor]:
         # the explicit path the fused kernels skip: scores -> mask/bias -> softmax, with each query head's values
-        q, k, v = self._heads(x)
-        return _REFERENCE.probs(q, k, self.scores()), repeat_kv(
-            v, self.n_head
-        )  # (B, nh, T, T), (B, nh, T, hs)
+        q, k, v = self._heads(x)  # (B, nh, T, hs), (B, n_kv, T, hs) x2
+        return _REFERENCE.probs(q, k, self), repeat_kv(v, self.n_head)  # (B, nh, T, T), (B, nh, T, hs)
 
     def attention_probs(self, x: Tensor) -> Tensor:
         return self._reference(x)[0]
@@ -225,11 +231,11 @@ class CausalSelfAttention(LMAttention):
 
     def reference_forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
-        probs, v = self._reference(x)
+        probs, v = self._reference(x)  # (B, nh, T, T), (B, nh, T, hs)
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
         if self.gate is not None:
-            y = y * torch.sigmoid(self.gate(x))
-        return self.out_proj(y)
+            y = y * torch.sigmoid(self.gate(x))  # (B, T, C)
+        return self.out_proj(y)  # (B, T, C)
 
     def _extra(self) -> dict[str, Tensor | None]:
         # the parameters only some options add, by the names AttentionWeights.extra uses

@@ -46,15 +46,15 @@ class TorchMultiheadAttention(LMAttention):
         T = x.shape[1]
         check_length(T, self.mask.shape[0])
         # need_weights=False lets it dispatch to the fused kernel
-        y, _ = self.mha(x, x, x, attn_mask=self.mask[:T, :T], need_weights=False, is_causal=True)
+        y, _ = self.mha(x, x, x, attn_mask=self.mask[:T, :T], need_weights=False, is_causal=True)  # (B, T, C)
         return y
 
     def attention_probs(self, x: Tensor) -> Tensor:
         # the module's own returned weights would include dropout in training, so recompute them
         B, T, C = x.shape
         check_length(T, self.mask.shape[0])
-        q, k, _ = F.linear(x, self.mha.in_proj_weight, self.mha.in_proj_bias).split(C, dim=2)
-        q, k = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k))
+        q, k, _ = F.linear(x, self.mha.in_proj_weight, self.mha.in_proj_bias).split(C, dim=2)  # (B, T, C) x3
+        q, k = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k))  # (B, nh, T, hs)
         return causal_probs(q, k)  # (B, nh, T, T)
 
     def hidden_matrices(self) -> list[nn.Parameter]:

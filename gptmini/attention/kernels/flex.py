@@ -2,8 +2,10 @@
 wholly outside the window are skipped), so no (T, T) mask is built. A sink carries no value, so each row is
 rescaled by the real keys' share ``exp(lse) / (exp(lse) + exp(sink))`` from FlexAttention's log-sum-exp: exact.
 
-The automatic choice takes it on a CUDA device, where it is compiled and trains; a CPU's FlexAttention has no
-backward (asked for by name there, it runs the eager reference, for inference). It has no dropout and no cache."""
+The automatic choice takes it on a machine with a CUDA device, where it is compiled and trains, with the kernel a
+CPU runs for the same options: a CPU's FlexAttention has no backward, and the module may move between devices
+after it is built. Asked for by name on a CPU it runs the eager reference, for inference. It has no dropout and
+no cache."""
 
 from __future__ import annotations
 
@@ -13,30 +15,39 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from gptmini.attention.kernels.base import AttentionKernel, Scores
+from gptmini.attention.kernels.base import AttentionKernel, ScoreOptions
 
 
 class FlexKernel(AttentionKernel):
     name = "flex"
     supports = frozenset({"alibi", "window", "sink", "gqa"})
 
-    def suits(self, length: int, device: torch.device, scores: Scores) -> bool:
-        return device.type == "cuda" and flex_available()
+    def __init__(self, cpu: AttentionKernel | None = None) -> None:
+        self.cpu = cpu  # the kernel of the calls on a CPU; None: FlexAttention's eager reference there
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, scores: Scores) -> Tensor:
+    def __repr__(self) -> str:
+        return "FlexKernel()" if self.cpu is None else f"FlexKernel(cpu={self.cpu!r})"
+
+    def runs_on(self, device: torch.device) -> AttentionKernel:
+        return self if self.cpu is None or device.type == "cuda" else self.cpu
+
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, module: ScoreOptions, start: int, dropout: float
+    ) -> Tensor:
+        if self.runs_on(q.device) is not self:
+            return self.cpu(q, k, v, module, start, dropout)  # (B, nh, T, hs)
         T = q.shape[-2]
-        block_mask = scores.masks.get(
-            ("flex", T, q.device), lambda: flex_block_mask(T, scores.window, q.device)
-        )
-        score_mod = None if scores.slopes is None else alibi_score_mod(scores.slopes)
-        grouped = k.shape[1] != q.shape[1]
-        y, lse = flex_attend(q, k, v, score_mod, block_mask, grouped, lse=scores.sink is not None)
+        window = module.sliding_window
+        block_mask = module.masks.get(("flex", T, q.device), lambda: flex_block_mask(T, window, q.device))
+        slopes = module.alibi_slopes  # (nh,) or None
+        score_mod = None if slopes is None else alibi_score_mod(slopes)
+        y, lse = flex_attend(q, k, v, score_mod, block_mask, module.grouped, lse=module.sink is not None)
         if lse is None:  # no sink
-            return y
+            return y  # (B, nh, T, hs)
         # the sink's share of each row is exp(sink) / (exp(lse) + exp(sink)); its value is zero, so the real
         # keys' output shrinks by the rest: sigmoid(lse - sink)
-        keep = torch.sigmoid(lse - scores.sink.to(lse.dtype)[None, :, None])  # (B, nh, T)
-        return y * keep[..., None].to(y.dtype)
+        keep = torch.sigmoid(lse - module.sink.to(lse.dtype)[None, :, None])  # (B, nh, T)
+        return y * keep[..., None].to(y.dtype)  # (B, nh, T, hs)
 
 
 @functools.cache

@@ -1,11 +1,13 @@
-"""How model.attention=sdpa trains ALiBi, windows and sinks on a CPU: which kernel the dispatch picks by length,
-and that the picked kernel is the function the explicit reference computes, at lengths either side of the switch.
-(tests/unit/attention/attention_matrix.py asks for every kernel on every option combination at a short length;
-test_kernels.py holds each kernel against the explicit one for each feature it declares.)"""
+"""How model.attention=sdpa trains ALiBi, windows and sinks on a CPU: which kernel a module chooses for its options
+and the length it is built for, and that the chosen kernel is the function the explicit reference computes, at
+lengths either side of a switch. (tests/unit/attention/attention_matrix.py asks for every kernel on every option
+combination at a short length; test_kernels.py holds each kernel against the explicit one for each feature it
+declares.)"""
 
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -18,6 +20,13 @@ from gptmini.attention.kernels.explicit import EXPLICIT_SINK_MAX_LEN
 
 CPU = torch.device("cpu")
 SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
+
+
+@pytest.fixture(autouse=True)
+def a_cpu_machine():
+    # the kernels a machine without CUDA chooses (one with CUDA chooses FlexAttention, which hands these the CPU's)
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        yield
 
 
 @pytest.mark.parametrize(
@@ -33,13 +42,16 @@ SHORT, LONG = EXPLICIT_SINK_MAX_LEN, EXPLICIT_SINK_MAX_LEN + 37
     ],
     ids=lambda o: o if isinstance(o, str) else "+".join(o),
 )
-def test_cpu_path_by_length(options: dict[str, Any], short: str, long: str):
-    module = build_attention("sdpa", 32, 4, 256, **options)
-    assert module.kernel_for(SHORT, CPU).name == short
-    assert module.kernel_for(LONG, CPU).name == long
-    assert module.kernel_for(1, CPU, cached=True).name == "mask"  # decoding: the mask that takes the cache
-    chosen = build_attention("sdpa", 32, 4, 256, kernel="explicit", **options)  # a kernel asked for wins
-    assert chosen.kernel_for(LONG, CPU).name == "explicit"
+def test_cpu_kernel_by_options_and_context(options: dict[str, Any], short: str, long: str):
+    built_short = build_attention("sdpa", 32, 4, SHORT, **options)
+    built_long = build_attention("sdpa", 32, 4, LONG, **options)
+    assert built_short.kernel_for(CPU).name == short
+    assert built_long.kernel_for(CPU).name == long
+    # decoding: the chosen kernel where it takes a cache (explicit, mask), else the mask kernel
+    assert built_short.kernel_for(CPU, cached=True).name == short
+    assert built_long.kernel_for(CPU, cached=True).name == "mask"
+    chosen = build_attention("sdpa", 32, 4, LONG, kernel="explicit", **options)  # a kernel asked for wins
+    assert chosen.kernel_for(CPU).name == "explicit"
 
 
 def assert_default_path_is_the_reference(
@@ -62,8 +74,10 @@ def assert_default_path_is_the_reference(
     ids=["sink", "sink+gqa+rope"],
 )
 def test_default_path_equals_the_reference_either_side_of_the_switch(T: int, options: dict[str, Any]):
+    # built for T tokens: the explicit softmax up to SHORT, the sink slot beyond
     torch.manual_seed(0)
-    module = build_attention("sdpa", 32, 4, 256, **options).train()
+    module = build_attention("sdpa", 32, 4, T, **options).train()
+    assert module.kernel_for(CPU).name == ("explicit" if T <= SHORT else "sink_slot")
     with torch.no_grad():
         module.sink.copy_(torch.randn(4))  # a sink that matters: zeros would be a special case
     x = torch.randn(2, T, 32, requires_grad=True)
@@ -83,10 +97,11 @@ def test_default_path_equals_the_reference_either_side_of_the_switch(T: int, opt
 )
 def test_alibi_and_windows_on_a_long_sequence_train_in_chunks(options: dict[str, Any]):
     module = build_attention("sdpa", 32, 4, 4096, **options)
-    assert module.kernel_for(2 * CHUNK_QUERIES - 1, CPU).name == "mask"
-    assert module.kernel_for(2 * CHUNK_QUERIES, CPU).name == "chunked"
+    assert module.kernel_for(CPU).name == "chunked"
+    assert len(module.kernel.chunks(2 * CHUNK_QUERIES - 1, CPU, module)) == 1  # the whole mask, as fast there
+    assert len(module.kernel.chunks(2 * CHUNK_QUERIES, CPU, module)) == 2
     with_sink = build_attention("sdpa", 32, 4, 4096, attn_sink=True, **options)
-    assert with_sink.kernel_for(4 * CHUNK_QUERIES, CPU).name == "mask"
+    assert with_sink.kernel_for(CPU).name == "mask"
     # the chunked default at a length where it is the default (2 chunks and a ragged third), forward and backward
     torch.manual_seed(0)
     module.train()
@@ -94,7 +109,7 @@ def test_alibi_and_windows_on_a_long_sequence_train_in_chunks(options: dict[str,
     x = torch.randn(1, T, 32, requires_grad=True)
     upstream = torch.randn(1, T, 32)
     assert_default_path_is_the_reference(module, x, upstream)
-    chunks = module.kernel_for(T, CPU).chunks(T, CPU, module.scores())
+    chunks = module.kernel.chunks(T, CPU, module)
     assert [(a, b) for a, b, _, _ in chunks] == [(0, 256), (256, 512), (512, T)]
     window = options.get("sliding_window", T)
     assert [k0 for _, _, k0, _ in chunks] == [max(0, a - window + 1) for a, _, _, _ in chunks]
@@ -111,14 +126,16 @@ def test_a_kernel_asked_for_must_support_the_options():
         ValueError, match=r"^unknown attention kernel 'fast'; valid kernels: auto, causal, flex"
     ):
         build_attention("sdpa", 32, 4, 256, kernel="fast")
+    with pytest.raises(ValueError, match=r"^attention kernel 'flex' does not support dropout; .*: chunked"):
+        build_attention("sdpa", 32, 4, 256, 0.1, alibi=True, kernel="flex")
 
 
 def test_a_kernel_asked_for_runs_only_the_calls_it_supports():
-    # chunked has no cache: decoding falls back to the automatic choice, and still equals the uncached forward
+    # chunked has no cache: the mask kernel decodes, and still equals the uncached forward
     torch.manual_seed(0)
     module = build_attention("sdpa", 32, 4, 64, alibi=True, kernel=ChunkedKernel(queries=2)).eval()
-    assert module.kernel_for(6, CPU).name == "chunked"
-    assert module.kernel_for(1, CPU, cached=True).name == "mask"
+    assert module.kernel_for(CPU).name == "chunked"
+    assert module.kernel_for(CPU, cached=True).name == "mask"
     x = torch.randn(1, 6, 32)
     cache = KVCache(1, 4, 64, 8)
     with torch.no_grad():
