@@ -264,7 +264,6 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
     identity = data_identity(datamodule.data_dir, meta) | {
         SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
     }
-    run_config["trainer"]["val_check_interval"] = plan.val_check_interval
     # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
     tensorboard = _tensorboard(trainer)
