@@ -266,6 +266,9 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
     }
     # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
+    if plan.ckpt_path is not None:
+        # the checkpoint this run continues: `gptmini runs` no longer offers that one to resume
+        run_config["resumed_from"] = os.path.abspath(plan.ckpt_path)
     tensorboard = _tensorboard(trainer)
     if tensorboard is not None:
         # where the run's events are, relative to its folder: a run resumed from it logs on into them
@@ -436,6 +439,14 @@ def _in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _resume_hint(output_dir: str) -> str:
+    """The end of an interrupted run's last line: the command that resumes it, typed as printed."""
+    from gptmini.training.run.run_folder import resume_command
+
+    command = resume_command(output_dir)
+    return f"resume with: {command}" if command else "this run saved no checkpoint to resume from"
+
+
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -470,9 +481,8 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         if isinstance(exc.__context__, KeyboardInterrupt):
             # Lightning's handler of a raw KeyboardInterrupt (a second Ctrl-C) calls sys.exit(1).
             log.error(
-                "interrupted (Ctrl-C twice): stopped at once; resume from the last periodic checkpoint "
-                "with ckpt_path=last run_name=%s",
-                cfg.run_name,
+                "interrupted (Ctrl-C twice): stopped at once without saving; %s",
+                _resume_hint(cfg.paths.output_dir),
             )
             sys.exit(EXIT_SIGINT)
         from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -483,11 +493,10 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "on_exception.ckpt"
         saved = f"saved {ckpt}" if ckpt.is_file() else "no checkpoint saved (no step was done)"
         log.error(
-            "interrupted by %s: %s; resume with ckpt_path=last run_name=%s paths.output_root=%s",
+            "interrupted by %s: %s; %s",
             signal.Signals(signum).name,
             saved,
-            cfg.run_name,
-            cfg.paths.output_root,
+            _resume_hint(cfg.paths.output_dir),
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:

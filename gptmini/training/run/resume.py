@@ -92,7 +92,7 @@ def recorded_config(
 # is compared apart, with its tensors (gptmini.checkpoint.check_resume_compatible).
 FIXED_SETTINGS = ("tokenizer",)
 # What places a run rather than sets it: every run has its own
-PLACING_SETTINGS = ("paths", "ckpt_path", "run_name", "world_size", "tensorboard_dir")
+PLACING_SETTINGS = ("paths", "ckpt_path", "run_name", "world_size", "tensorboard_dir", "resumed_from")
 
 
 def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
