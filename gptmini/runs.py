@@ -570,8 +570,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptmini runs",
         description="List the training runs under the runs folder, newest first: name, steps done/planned, the "
-        "last val/loss, size on disk, whether each finished, can be resumed (ckpt_path=<its folder>) or left no "
-        "checkpoint, and the overrides it was started with. The row marked * is the one `--ckpt last` opens. "
+        "last val/loss, size on disk, whether each finished, can be resumed (ckpt_path=<its folder>), was resumed "
+        "by a later run (resume that one) or left no checkpoint, and the overrides it was started with. The row marked * is the one `--ckpt last` opens. "
         f"--ckpt (sample, eval, attention, analyze, export) takes {CKPT_RULE}.",
         formatter_class=HelpFormatter,
     )
