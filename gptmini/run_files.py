@@ -79,6 +79,7 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
         "val_loss": val_loss,
         "val_step": val_step,
         "tensorboard_dir": config.get("tensorboard_dir"),
+        "resumed_from": config.get("resumed_from"),
     }
     fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
 

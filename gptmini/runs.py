@@ -1,6 +1,6 @@
 """``gptmini runs``: the runs under the runs folder (``outputs/``), newest first, with what tells them apart and
 what can be done with them: name, folder, steps done of planned, the last val/loss, size on disk, and whether the
-run finished, can be resumed, or left no checkpoint. The row ``--ckpt last`` opens is marked.
+run finished, can be resumed, was resumed by a later run, or left no checkpoint. The row ``--ckpt last`` opens is marked.
 
 A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it started): ``outputs/<name>/<time>/`` for
 a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
@@ -194,7 +194,9 @@ class RunInfo:
     val_loss: float | None  # the last val/loss logged
     val_step: int | None
     size_bytes: int
-    state: str  # "finished", "resumable" or "no checkpoint"
+    # "finished", "resumable", "resumed" (a later run resumed it and has a checkpoint: that one is resumable) or
+    # "no checkpoint"
+    state: str
     checkpoint: str | None  # the file a resume (or --ckpt with this folder) reads
     modified: float  # seconds since the epoch: the newest file of the run
     overrides: tuple[
@@ -202,6 +204,7 @@ class RunInfo:
     ] = ()  # the command line's overrides that set what the run trains (not its folders)
     # the folder of the TensorBoard run it logged to (a resumed run: its first run's)
     tensorboard: str | None = None
+    resumed_from: str | None = None  # the checkpoint this run resumed (its summary's record)
 
     def steps(self) -> str:
         done = "-" if self.steps_done is None else str(self.steps_done)
@@ -425,10 +428,11 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         done = _wanted(summary.get("global_step"), int)
         recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
         val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
+        resumed_from = _wanted(summary.get("resumed_from"), str)
         damaged = False
     else:
         config = _config(folder)
-        done, recorded, damaged = None, None, False
+        done, recorded, damaged, resumed_from = None, None, False, None
         if ckpt is not None:
             from gptmini.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
 
@@ -472,6 +476,7 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         modified=modified,
         overrides=tuple(display_path(o) for o in _overrides(folder)),
         tensorboard=display_path(events) if events is not None else None,
+        resumed_from=resumed_from,
     )
 
 
@@ -486,6 +491,12 @@ def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
         return []
     folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
     scanned = [(run_info(f, root), f) for f in folders]
+    # a run another run resumed (and checkpointed) is continued there: that one is the run to resume
+    continued = {Path(r.resumed_from).parent.parent.resolve() for r, _ in scanned if r.resumed_from}
+    scanned = [
+        (replace(r, state="resumed") if r.state == "resumable" and f.resolve() in continued else r, f)
+        for r, f in scanned
+    ]
     if name is not None:
         # a run name is the first folder under the runs folder, or the run_name its row shows
         scanned = [(r, f) for r, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
@@ -502,7 +513,10 @@ def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunI
     candidates = [
         (i, path)
         for i, (r, path) in enumerate(scanned)
-        if path is not None and not r.sweep_job and r.state in ("finished", "resumable") and path.is_file()
+        if path is not None
+        and not r.sweep_job
+        and r.state in ("finished", "resumable", "resumed")
+        and path.is_file()
     ]
     candidates.sort(key=lambda c: (c[1].stat().st_mtime_ns, str(c[1])), reverse=True)
     for i, path in candidates:
@@ -556,8 +570,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptmini runs",
         description="List the training runs under the runs folder, newest first: name, steps done/planned, the "
-        "last val/loss, size on disk, whether each finished, can be resumed (ckpt_path=<its folder>) or left no "
-        "checkpoint, and the overrides it was started with. The row marked * is the one `--ckpt last` opens. "
+        "last val/loss, size on disk, whether each finished, can be resumed (ckpt_path=<its folder>), was resumed "
+        "by a later run (resume that one) or left no checkpoint, and the overrides it was started with. The row marked * is the one `--ckpt last` opens. "
         f"--ckpt (sample, eval, attention, analyze, export) takes {CKPT_RULE}.",
         formatter_class=HelpFormatter,
     )

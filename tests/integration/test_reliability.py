@@ -764,7 +764,8 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_exit_cleanly(ws: Workspace) ->
         assert returncode == status, text[-3000:]
         assert "Traceback" not in text
         assert re.search(
-            rf"interrupted by {sig.name}: saved \S*on_exception\.ckpt; resume with ckpt_path=last run_name={name}",
+            rf"interrupted by {sig.name}: saved \S*on_exception\.ckpt; resume with: gptmini train .*run_name={name} "
+            rf".*ckpt_path=\S*/{name}/[^/\s]+",
             text,
         ), text[-3000:]
         (run_dir,) = run_dirs(ws.out, name)

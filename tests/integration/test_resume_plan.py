@@ -12,8 +12,21 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
+
+
+class OptimizerProbe(L.Callback):
+    """Test-only callback: the optimizer's state dict as the first resumed step will use it (``on_train_start``:
+    after Lightning restored the checkpoint's optimizer and schedule), saved to ``out``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save(trainer.optimizers[0].state_dict(), self.out)
+
 
 EMA = "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.8}"
 LR = "lr-MuonAdamW/hidden"
@@ -179,3 +192,129 @@ def test_a_deterministic_run_is_bit_identical_whatever_the_load(train, tmp_path)
         torch.set_num_threads(threads)
     for name, want in runs[0].items():
         torch.testing.assert_close(runs[1][name], want, rtol=0, atol=0, msg=name)
+
+
+def probe(out: Path) -> str:
+    return f"+callbacks.probe={{_target_:test_resume_plan.OptimizerProbe,out:{out}}}"
+
+
+def test_a_resume_trains_under_its_new_optimizer_settings_with_the_checkpoint_s_buffers(
+    train, tmp_path, tb_events
+) -> None:
+    """Resumed with another lr, weight decay and momentum (Muon's hidden matrices), embedding lr and AdamW betas:
+    the optimizer holds the new settings from the first resumed step, with the momentum and Adam moments of the
+    checkpoint, bit for bit; the log names each change, and the learning rates logged are the new ones."""
+    constant = ["scheduler=constant"]
+    finished(train("opt", *constant))
+    (first,) = run_folders(tmp_path / "out", "opt")
+    saved = ckpt_of(first)["optimizer_states"][0]
+    changed = [
+        "optimizer.hidden.lr=0.002",
+        "optimizer.hidden.weight_decay=0.01",
+        "optimizer.hidden.momentum=0.9",
+        "optimizer.embedding.lr=0.001",
+        "optimizer.adamw.betas=[0.8,0.9]",
+    ]
+    out = tmp_path / "optimizer_at_first_resumed_step.pt"
+    resumed = finished(
+        train("opt", *constant, f"ckpt_path={first}", "trainer.max_steps=8", *changed, probe(out))
+    )
+    assert (
+        "with this run's settings from its first step: optimizer.hidden.lr 0.02 -> 0.002, "
+        "optimizer.hidden.weight_decay 0.0 -> 0.01, optimizer.hidden.momentum 0.95 -> 0.9, "
+        "optimizer.adamw.betas [0.9, 0.99] -> [0.8, 0.9], optimizer.embedding.lr 0.003 -> 0.001, "
+        "trainer.max_steps 6 -> 8" in output(resumed)
+    ), output(resumed)[-3000:]
+    state = torch.load(out, weights_only=True)
+    groups = {g["name"]: g for inner in state.values() for g in inner["param_groups"]}
+    assert (groups["hidden"]["lr"], groups["hidden"]["weight_decay"], groups["hidden"]["momentum"]) == (
+        0.002,
+        0.01,
+        0.9,
+    )
+    assert groups["embedding"]["lr"] == 0.001 and groups["embedding"]["betas"] == (0.8, 0.9)
+    assert groups["vector"]["lr"] == 0.003 and groups["vector"]["betas"] == (0.8, 0.9)  # the shared betas
+    for inner in ("muon", "adamw"):  # the buffers: the checkpoint's own
+        assert state[inner]["state"].keys() == saved[inner]["state"].keys()
+        for index, buffers in saved[inner]["state"].items():
+            assert buffers.keys() == state[inner]["state"][index].keys()
+            for name, want in buffers.items():
+                torch.testing.assert_close(state[inner]["state"][index][name], want, rtol=0, atol=0)
+    lr = scalars(tb_events(run_folders(tmp_path / "out", "opt")[-1]), LR)
+    assert [v for k, v in sorted(lr.items()) if k > 6] == pytest.approx([0.002, 0.002]), lr
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            "model.n_layer=3",
+            "was trained with a different model shape (model.n_layer: checkpoint 2 vs config 3)",
+        ),
+        (
+            "tokenizer=gpt2",
+            "was trained with another tokenizer (tokenizer.name: checkpoint char vs now gpt2): its token ids would "
+            "mean other text",
+        ),
+    ],
+    ids=["shape", "tokenizer"],
+)
+def test_a_change_the_checkpoint_cannot_honour_is_refused_before_any_work(
+    train, tmp_path, char_data_root, change, says
+) -> None:
+    """Another model shape or tokenizer: one error line, exit 2, before the data is prepared (no data folder of
+    the other tokenizer) and with no run folder left."""
+    finished(train("fixed", "trainer.max_steps=2"))
+    (first,) = run_folders(tmp_path / "out", "fixed")
+    data_before = sorted(p.name for p in char_data_root.iterdir())
+    refused = train("fixed", f"ckpt_path={first}", "trainer.max_steps=4", change)
+    text = output(refused)
+    assert refused.returncode == 2, text[-3000:]
+    assert f"error: checkpoint {first / 'checkpoints' / 'last.ckpt'} {says}" in text, text[-3000:]
+    assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1
+    assert "data prepared" not in text
+    assert sorted(p.name for p in char_data_root.iterdir()) == data_before
+    assert run_folders(tmp_path / "out", "fixed") == [first]
+
+
+def test_the_hint_of_an_interrupted_run_typed_as_printed_resumes_that_run(
+    train, tmp_path, cli_env, repo_root, gptmini_cli
+) -> None:
+    """A run of trainer.max_steps=8 stopped by SIGTERM after step 4 prints the command that resumes it. Typed as
+    printed (through a shell), after a newer run of the same name finished, it resumes the interrupted run, with
+    its own settings: to step 8, not the 6 of debug=smoke, and not from the newer run. `gptmini runs` then shows
+    the interrupted run as resumed, not resumable."""
+    import os
+    import sys
+
+    cut = train("hint", "trainer.max_steps=8", sigterm(3), process=True)
+    assert cut.returncode == 143, output(cut)[-3000:]
+    (first,) = run_folders(tmp_path / "out", "hint")
+    found = re.search(r"resume with: (gptmini train .*)$", output(cut), re.MULTILINE)
+    assert found, output(cut)[-3000:]
+    finished(train("hint", "trainer.max_steps=2"))  # newer, of the same run_name
+    path = os.pathsep.join([str(Path(sys.executable).parent), cli_env.get("PATH", "")])
+    resumed = finished(
+        subprocess.run(
+            found.group(1),
+            shell=True,
+            cwd=repo_root,
+            env={**cli_env, "PATH": path},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    )
+    assert f"resuming from {first / 'checkpoints' / 'on_exception.ckpt'}" in output(resumed)
+    third = run_folders(tmp_path / "out", "hint")[-1]
+    assert ckpt_of(third)["global_step"] == 8
+    listed = gptmini_cli(["runs", "--runs-dir", tmp_path / "out"])
+    assert listed.returncode == 0, output(listed)
+    rows = {
+        folder.name: line
+        for folder in run_folders(tmp_path / "out", "hint")
+        for line in listed.stdout.splitlines()
+        if str(folder) in line
+    }
+    assert " resumed " in rows[first.name] and " resumable " not in rows[first.name], listed.stdout
+    assert " finished " in rows[third.name], listed.stdout

@@ -16,6 +16,7 @@ from gptmini.model import GPT, GPTConfig
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
 from gptmini.training.lightning_compat import logs_after_step
 from gptmini.training.loop.ema import AVERAGE_KEY, TRAINED_KEY
+from gptmini.training.loop.optimizers import keep_own_settings
 from gptmini.training.loop.probe import ValidationProbe
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -229,6 +230,8 @@ class GPTLightningModule(L.LightningModule):
         if self.optimizer_factory is None:
             raise ValueError("no optimizer configured: pass optimizer=partial(torch.optim.AdamW, lr=...)")
         optimizer = build_optimizer(self.optimizer_factory, self.model, self.device.type, self._precision())
+        # a resumed run loads the checkpoint's buffers and keeps this run's settings (lr, weight decay, ...)
+        optimizer.register_load_state_dict_pre_hook(keep_own_settings)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

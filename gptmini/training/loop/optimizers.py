@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 # the parameter roles of GPT.parameter_roles; "hidden" goes to Muon, the others to AdamW, each its own group
 ROLES = ("hidden", "embedding", "head", "matrix", "vector")
@@ -278,6 +279,38 @@ def cautious_adamw_step(adamw: torch.optim.Optimizer) -> None:
                 p.sub_(b * ((b - p) * b > 0), alpha=g["lr"] * decay)
 
 
+def keep_own_settings(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A ``load_state_dict`` pre-hook (``Optimizer.register_load_state_dict_pre_hook``): the saved state's buffers
+    (momentum, Adam's moments, step counts) under this optimizer's own group settings (lr, weight decay, momentum,
+    betas, eps, ...), so that a run resumed with other settings trains under them from its first step. Each saved
+    group keeps its parameter ids, which map its buffers to the parameters."""
+    saved = state_dict["param_groups"]
+    if len(saved) != len(optimizer.param_groups):
+        return state_dict  # torch refuses the mismatch itself
+    groups = [
+        {**was, **{k: v for k, v in own.items() if k != "params"}, "params": was["params"]}
+        for was, own in zip(saved, optimizer.param_groups, strict=True)
+    ]
+    return {**state_dict, "param_groups": groups}
+
+
+class HookHandles:
+    """The handles of one hook registered on several optimizers, removed together (``RemovableHandle``'s use)."""
+
+    def __init__(self, handles: list[RemovableHandle]) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def __enter__(self) -> HookHandles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon (Jordan et al.; ``BatchedMuon``: ``torch.optim.Muon`` batched by shape) on the ``hidden`` matrices and
     ``torch.optim.AdamW`` on the embeddings, the LM head, other matrices and vectors, each role one named parameter
@@ -444,3 +477,12 @@ class MuonAdamW(torch.optim.Optimizer):
                 opt.load_state_dict(state_dict[name])
         # loading replaced each inner optimizer's group dicts: expose the new ones
         self.param_groups = [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    def register_load_state_dict_pre_hook(
+        self, hook: Callable[..., Any], prepend: bool = False
+    ) -> HookHandles:  # type: ignore[override]
+        """The hook runs where the loading is done, in each inner optimizer (``load_state_dict``), with that
+        optimizer and its own part of the state."""
+        return HookHandles(
+            [opt.register_load_state_dict_pre_hook(hook, prepend=prepend) for opt in self.optimizers.values()]
+        )

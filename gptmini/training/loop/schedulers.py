@@ -65,16 +65,16 @@ class _TimeBudget:
         self.started = time.monotonic()
 
 
-# What a checkpoint's schedule state gives back: its progress, and the base rates (the optimizer's, which a resume
-# keeps). Everything else in it (``max_steps``, the warmup, the decay's start and shape) is the plan of the run
-# that wrote it, and the resumed run has its own.
-RESTORED_KEYS = ("last_epoch", "_step_count", "base_lrs")
+# What a checkpoint's schedule state gives back: its progress. Everything else in it (the base rates, ``max_steps``,
+# the warmup, the decay's start and shape) is the plan of the run that wrote it, and the resumed run has its own
+# (its optimizer keeps its own settings too: optimizers.keep_own_settings).
+RESTORED_KEYS = ("last_epoch", "_step_count")
 
 
 class _PlannedLR(LRScheduler):
     """An ``LRScheduler`` given by a closed-form ``factor`` of the step, resumed onto this run's plan: loading a
-    state restores the steps taken and sets each group's learning rate to what this run's schedule gives there
-    (the optimizer's state holds the rate the old schedule set after its last step)."""
+    state restores the steps taken and sets each group's learning rate to what this run's schedule gives there,
+    from this run's base rates."""
 
     # the attributes that lay out the schedule, compared with the checkpoint's to say what changed
     plan_settings: tuple[str, ...] = ()
@@ -119,6 +119,7 @@ class _BudgetedLR(_PlannedLR):
         self.max_steps = max_steps
         self.warmup_steps = min(warmup_steps, max_steps)
         self.min_lr_ratio = min_lr_ratio
+        self.max_time = max_time  # trainer.max_time: compared on resume, as the settings above
         self.clock = _TimeBudget(max_time)
         super().__init__(optimizer, last_epoch)
 
@@ -145,7 +146,7 @@ class WarmupCosineLR(_BudgetedLR):
     """Linear warmup from 0 to the base LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` of
     it at ``max_steps``, flat after. Stepped once per optimizer step."""
 
-    plan_settings = ("max_steps", "warmup_steps", "min_lr_ratio")
+    plan_settings = ("max_steps", "max_time", "warmup_steps", "min_lr_ratio")
 
     def __init__(
         self,
@@ -201,7 +202,7 @@ class WarmupStableDecayLR(_BudgetedLR):
     "cosine" (half a cosine) or "1-sqrt" (1 - sqrt(progress), Hägele et al.); flat after. Every parameter group
     is scaled by the same factor of its own base LR. Stepped once per optimizer step."""
 
-    plan_settings = ("max_steps", "warmup_steps", "decay_start", "min_lr_ratio", "decay_shape")
+    plan_settings = ("max_steps", "max_time", "warmup_steps", "decay_start", "min_lr_ratio", "decay_shape")
 
     def __init__(
         self,

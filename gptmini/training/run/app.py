@@ -101,7 +101,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     _quiet_lightning()
     L.seed_everything(plan.seed, workers=True)
     _log_hardware(plan)
-    trainer, named_callbacks = build_trainer(plan)
+    trainer, callbacks = build_trainer(plan)
     datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
@@ -109,23 +109,49 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
         gpt_config, plan.data.batch_size, plan.precision, device, processes=trainer.num_devices
     )
     # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
-    for name, callback in named_callbacks.items():
-        check = getattr(callback, "check_sizes", None)
-        if check is not None:
-            check(gpt_config, device, f"callbacks.{name}.")
+    from gptmini.training.callbacks.loggers import LoggingCallback
+
+    for name, callback in callbacks.named.items():
+        if isinstance(callback, LoggingCallback):
+            callback.check_sizes(gpt_config, device, f"callbacks.{name}.")
     module = build_module(plan, trainer, datamodule, gpt_config)
-    connect_callbacks(trainer.callbacks, module)
+    parts = callbacks.parts(module.validation_probe)
+    connect_callbacks(callbacks.given, parts)
     output_dir = Path(plan.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
     fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
-    return report(trainer, output_dir, time.monotonic() - started, plan.output_root)
+    return report(trainer, output_dir, time.monotonic() - started, plan.output_root, parts.throughput)
 
 
-def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
+# The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
+# build hands them over (RunCallbacks.parts), so that none of the readers looks for them.
+THROUGHPUT, BACKGROUND = "throughput", "background"
+CHECKPOINT_SAVERS = ("checkpoint_last", "checkpoint_best")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCallbacks:
+    """The callbacks the build made: each of the config's by its name, every one handed to the trainer (those,
+    the parameter summary, the time budget's Timer), and that Timer (None without ``trainer.max_time``)."""
+
+    named: dict[str, Any]
+    given: list[Any]
+    timer: Any = None
+
+    def parts(self, probe: Any) -> Any:
+        """The parts of the run the callbacks read (``RunParts``), with the module's validation ``probe``."""
+        from gptmini.training.callbacks.loggers import RunParts
+
+        savers = tuple(self.named[n] for n in CHECKPOINT_SAVERS if n in self.named)
+        return RunParts(probe, self.named.get(THROUGHPUT), self.named.get(BACKGROUND), self.timer, savers)
+
+
+def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
     """The Lightning Trainer of the plan's ``trainer`` settings and values, its callbacks and loggers; and the
-    callbacks by their config name."""
+    callbacks it was given."""
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
+    from lightning.pytorch.callbacks import Timer
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
     from gptmini.checkpoint import AtomicCheckpointIO
@@ -149,6 +175,12 @@ def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
             callbacks.append(ParameterSummary())
     # Either way Lightning adds no summary of its own (nor logs that it skipped one).
     trainer_cfg["enable_model_summary"] = False
+    # trainer.max_time: the Timer Lightning would add itself, made here so that the run holds it
+    timer = None
+    if plan.trainer.max_time is not None:
+        timer = Timer(duration=plan.trainer.max_time, interval="step")
+        callbacks.append(timer)
+    trainer_cfg["max_time"] = None
     loggers = [_logger(settings, plan) for settings in _nodes(plan.loggers).values()]
     trainer = instantiate(
         trainer_cfg,
@@ -160,25 +192,17 @@ def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
         # stops the run at the next save or at the end.
         plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
     )
-    return trainer, named
+    return trainer, RunCallbacks(named, callbacks, timer)
 
 
-def connect_callbacks(callbacks: list[Any], module: Any) -> None:
-    """Hands every callback that reads a part of the run it does not own (a ``Receiver``) the parts, so that none
-    of them goes looking for it: the LightningModule's validation probe (one attention pass for every logger of
-    attention), the throughput monitor (tokens/s for the progress bar and lines), the background worker, and
-    Lightning's Timer (trainer.max_time, for the progress lines' ETA)."""
-    from lightning.pytorch.callbacks import Timer
+def connect_callbacks(callbacks: list[Any], parts: Any) -> None:
+    """Hands every callback that reads a part of the run it does not own (a ``Receiver``) the ``parts``
+    (``RunParts``), so that none of them goes looking for it: the LightningModule's validation probe (one
+    attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
+    lines), the background worker, Lightning's Timer (trainer.max_time, for the progress lines' ETA) and the
+    checkpoint savers (whose files the guards name)."""
+    from gptmini.training.callbacks.loggers import Receiver
 
-    from gptmini.training.callbacks.background import BackgroundWork
-    from gptmini.training.callbacks.loggers import Receiver, RunParts, TokenThroughputMonitor
-
-    def first(kind: type) -> Any:
-        return next((c for c in callbacks if isinstance(c, kind)), None)
-
-    parts = RunParts(
-        module.validation_probe, first(TokenThroughputMonitor), first(BackgroundWork), first(Timer)
-    )
     for callback in callbacks:
         if isinstance(callback, Receiver):
             callback.receive(parts)
@@ -264,9 +288,11 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
     identity = data_identity(datamodule.data_dir, meta) | {
         SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
     }
-    run_config["trainer"]["val_check_interval"] = plan.val_check_interval
     # the number of training processes, which a resume must keep (resume.check_resume_plan)
     run_config["world_size"] = trainer.world_size
+    if plan.ckpt_path is not None:
+        # the checkpoint this run continues: `gptmini runs` no longer offers that one to resume
+        run_config["resumed_from"] = os.path.abspath(plan.ckpt_path)
     tensorboard = _tensorboard(trainer)
     if tensorboard is not None:
         # where the run's events are, relative to its folder: a run resumed from it logs on into them
@@ -325,11 +351,15 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
 
 
 def report(
-    trainer: Any, output_dir: Path, wall_seconds: float = 0.0, output_root: str = "outputs"
+    trainer: Any,
+    output_dir: Path,
+    wall_seconds: float = 0.0,
+    output_root: str = "outputs",
+    throughput: Any = None,
 ) -> dict[str, Any]:
     """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
     ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
-    final metrics."""
+    final metrics. ``throughput``: the run's throughput monitor, if any (its count of the tokens per step)."""
     ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     result: dict[str, Any] = {
@@ -348,7 +378,7 @@ def report(
         run_dir=output_dir,
         steps=trainer.global_step,
         wall_seconds=wall_seconds,
-        tokens_seen=trainer.global_step * _tokens_per_step(trainer),
+        tokens_seen=trainer.global_step * _tokens_per_step(trainer, throughput),
         checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
         event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
         output_root=output_root,
@@ -357,14 +387,11 @@ def report(
     return result | report_run(facts, title)
 
 
-def _tokens_per_step(trainer: Any) -> int:
-    """Tokens per optimizer step, all processes together: the throughput callback's count of a real batch, else
+def _tokens_per_step(trainer: Any, throughput: Any = None) -> int:
+    """Tokens per optimizer step, all processes together: the throughput monitor's count of a real batch, else
     the data's batch and context."""
-    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
-
-    counts = [cb.global_batch_tokens for cb in trainer.callbacks if isinstance(cb, TokenThroughputMonitor)]
-    if any(counts):
-        return int(next(c for c in counts if c))
+    if throughput is not None and throughput.global_batch_tokens:
+        return int(throughput.global_batch_tokens)
     data = trainer.datamodule
     return int(data.batch_size * data.block_size * trainer.accumulate_grad_batches * trainer.world_size)
 
@@ -437,6 +464,14 @@ def _in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _resume_hint(output_dir: str) -> str:
+    """The end of an interrupted run's last line: the command that resumes it, typed as printed."""
+    from gptmini.training.run.run_folder import resume_command
+
+    command = resume_command(output_dir)
+    return f"resume with: {command}" if command else "this run saved no checkpoint to resume from"
+
+
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -471,9 +506,8 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         if isinstance(exc.__context__, KeyboardInterrupt):
             # Lightning's handler of a raw KeyboardInterrupt (a second Ctrl-C) calls sys.exit(1).
             log.error(
-                "interrupted (Ctrl-C twice): stopped at once; resume from the last periodic checkpoint "
-                "with ckpt_path=last run_name=%s",
-                cfg.run_name,
+                "interrupted (Ctrl-C twice): stopped at once without saving; %s",
+                _resume_hint(cfg.paths.output_dir),
             )
             sys.exit(EXIT_SIGINT)
         from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -484,11 +518,10 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "on_exception.ckpt"
         saved = f"saved {ckpt}" if ckpt.is_file() else "no checkpoint saved (no step was done)"
         log.error(
-            "interrupted by %s: %s; resume with ckpt_path=last run_name=%s paths.output_root=%s",
+            "interrupted by %s: %s; %s",
             signal.Signals(signum).name,
             saved,
-            cfg.run_name,
-            cfg.paths.output_root,
+            _resume_hint(cfg.paths.output_dir),
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:

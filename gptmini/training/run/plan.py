@@ -26,7 +26,7 @@ from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.resume import continued_event_folder, read_resume
+from gptmini.training.run.resume import continued_event_folder, read_resume, recorded_config
 from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
@@ -136,7 +136,10 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
             f"model.init_from={init_from} and ckpt_path={cfg.ckpt_path} both say where the weights come from: "
             "drop model.init_from to resume that run, or drop ckpt_path to start a new run from those weights"
         )
-    resume = read_resume(cfg, model, vocab_known) if cfg.get("ckpt_path") is not None else None
+    val_check_interval = _val_check_interval(trainer)
+    resume = (
+        read_resume(cfg, model, vocab_known, val_check_interval) if cfg.get("ckpt_path") is not None else None
+    )
     return RunPlan(
         model=model,
         vocab_known=vocab_known,
@@ -148,7 +151,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         loggers=loggers,
         device=device,
         precision=precision,
-        val_check_interval=_val_check_interval(trainer),
+        val_check_interval=val_check_interval,
         ckpt_path=resume[0] if resume else None,
         resume=resume[1] if resume else None,
         init_from=str(init_from) if init_from and not resume else None,
@@ -157,7 +160,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         output_dir=str(cfg.paths.output_dir),
         output_root=str(cfg.paths.output_root),
         tokenizer=str(cfg.tokenizer.name),
-        run_config=OmegaConf.to_container(cfg, resolve=True),
+        run_config=recorded_config(cfg, val_check_interval),
     )
 
 

@@ -5,6 +5,7 @@ config; once the data is prepared, against the data (``check_resumed_data``)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,10 +72,71 @@ def _world_size(trainer: Any) -> int | None:
     return None  # "auto" or a list: known once the trainer exists
 
 
-def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[str, dict[str, Any]] | None:
+def recorded_config(
+    cfg: DictConfig, val_check_interval: int | float | None, paths: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The config as a checkpoint records it (``run_config``): composed, resolved, with the validation interval
+    the run uses. ``paths``: the folders to resolve it in instead of its own (a resume compares the settings of
+    two runs, each in a folder of its own)."""
+    if paths is not None:
+        cfg = cfg.copy()
+        for key in cfg.paths:
+            if key in paths:
+                cfg.paths[key] = paths[key]
+    recorded = OmegaConf.to_container(cfg, resolve=True)
+    recorded["trainer"]["val_check_interval"] = val_check_interval
+    return recorded
+
+
+# What a checkpoint cannot be resumed under: the tokenizer (its token ids would mean other text). The model's shape
+# is compared apart, with its tensors (gptmini.checkpoint.check_resume_compatible).
+FIXED_SETTINGS = ("tokenizer",)
+# What places a run rather than sets it: every run has its own
+PLACING_SETTINGS = ("paths", "ckpt_path", "run_name", "world_size", "tensorboard_dir", "resumed_from")
+
+
+def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The resume's comparison of the settings a checkpoint's run recorded (``saved``) with this run's (``now``,
+    resolved in the same folders): a changed setting the checkpoint cannot continue under (``FIXED_SETTINGS``) is
+    refused in one line; every other change is returned as ``key old -> new``, and takes effect from the first
+    resumed step (the optimizer keeps this run's group settings, the schedule its own plan, the callbacks are
+    this run's). A setting one of the two does not hold (another version's) is no change."""
+    changes = [
+        (key, was, new)
+        for key in saved
+        if key in now and key not in PLACING_SETTINGS
+        for key, was, new in _differences(saved[key], now[key], key)
+    ]
+    fixed = [(k, was, new) for k, was, new in changes if k.split(".", 1)[0] in FIXED_SETTINGS]
+    if fixed:
+        desc = ", ".join(f"{k}: checkpoint {_shown(was)} vs now {_shown(new)}" for k, was, new in fixed)
+        raise RunError(
+            f"checkpoint {path} was trained with another tokenizer ({desc}): its token ids would mean other text. "
+            "Resume with the tokenizer it was trained with, or start a new run without ckpt_path"
+        )
+    return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new in changes]
+
+
+def _differences(saved: Any, now: Any, key: str) -> list[tuple[str, Any, Any]]:
+    if isinstance(saved, Mapping) and isinstance(now, Mapping):
+        return [d for k in saved if k in now for d in _differences(saved[k], now[k], f"{key}.{k}")]
+    return [] if saved == now else [(key, saved, now)]
+
+
+def _shown(value: Any) -> str:
+    """A setting's value in the resume's line: a whole callback or node by its class."""
+    if isinstance(value, Mapping):
+        return str(value.get("_target_", "{...}")).rsplit(".", 1)[-1]
+    return "null" if value is None else str(value)
+
+
+def read_resume(
+    cfg: DictConfig, model: GPTConfig, vocab_known: bool, val_check_interval: int | float | None = None
+) -> tuple[str, dict[str, Any]] | None:
     """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
-    the config: a training run's checkpoint (not weights alone), of this model's shape (its vocabulary aside when
-    the tokenizer's is not known yet), and one the run can continue (``check_resume_plan``). None: a fresh run."""
+    the config: a training run's checkpoint (not weights alone), of this tokenizer (``resume_changes``, whose
+    other changes are said in one line) and this model's shape (its vocabulary aside when the tokenizer's is not
+    known yet), and one the run can continue (``check_resume_plan``). None: a fresh run."""
     path = resolve_ckpt_path(cfg)
     if path is None:
         return None
@@ -87,10 +149,16 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
             "training run: no optimizer state, no progress), so there is no run to resume. To train from "
             f"these weights with a fresh optimizer, start a new run with model.init_from={path} and no ckpt_path"
         )
+    saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
+    saved_paths = saved.get("paths")
+    now = recorded_config(cfg, val_check_interval, saved_paths if isinstance(saved_paths, Mapping) else None)
+    changes = resume_changes(path, saved, now)
     check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
     check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
     check_resume_plan(path, ckpt, cfg)
     say_average_change(path, ckpt, cfg)
+    if changes:
+        log.info("resuming %s with this run's settings from its first step: %s", path, ", ".join(changes))
     return path, ckpt
 
 

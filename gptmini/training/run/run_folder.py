@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +56,18 @@ def command_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+
+
+def resume_command(output_dir: str | Path) -> str | None:
+    """What to type to resume the run in ``output_dir``, quoted for a shell: ``gptmini train`` with the run's own
+    overrides and a ``ckpt_path`` naming its folder (its newest checkpoint, never another run's of the same name).
+    None when the folder holds no checkpoint."""
+    from gptmini.runs import newest_checkpoint
+
+    if newest_checkpoint(output_dir) is None:
+        return None
+    own = [o for o in command_overrides() if o.split("=", 1)[0].lstrip("+~") != "ckpt_path"]
+    return shlex.join(["gptmini", "train", *own, f"ckpt_path={Path(output_dir).resolve()}"])
 
 
 def tensorboard_place(node: Mapping[str, Any], run_name: str, continued: str | None) -> dict[str, str]:

@@ -577,3 +577,43 @@ def test_a_bad_adamw_role_cautious_setting_fails_at_config_time(compose_cfg):
         RunError, match=r"optimizer\.matrix\.cautious_weight_decay=3 is invalid: true or false"
     ):
         validate_config(cfg)
+
+
+def test_a_loaded_state_keeps_the_optimizer_s_own_settings_and_takes_the_saved_buffers():
+    """keep_own_settings, as a resumed run registers it (GPTLightningModule.configure_optimizers): a plain AdamW
+    loaded from a state saved under other settings trains under its own lr, weight decay, betas and eps, with the
+    saved moments and step counts unchanged."""
+    from gptmini.training.loop.optimizers import keep_own_settings
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    first = torch.optim.AdamW([{"params": weights[:1]}, {"params": weights[1:], "weight_decay": 0.0}], lr=0.1)
+    for _ in range(2):
+        first.zero_grad()
+        sum((w**2).sum() for w in weights).backward()
+        first.step()
+    saved = copy.deepcopy(first.state_dict())
+    own = {"lr": 0.01, "weight_decay": 0.5, "betas": (0.8, 0.9), "eps": 1e-6}
+    resumed = torch.optim.AdamW(
+        [{"params": weights[:1]}, {"params": weights[1:], "weight_decay": 0.0}], **own
+    )
+    resumed.register_load_state_dict_pre_hook(keep_own_settings)
+    resumed.load_state_dict(saved)
+    assert [{k: g[k] for k in own} for g in resumed.param_groups] == [own, {**own, "weight_decay": 0.0}]
+    for index, weight in enumerate(weights):
+        for name, want in saved["state"][index].items():
+            torch.testing.assert_close(resumed.state[weight][name], want, rtol=0, atol=0)
+
+
+def test_muon_adamw_runs_a_load_hook_in_each_inner_optimizer():
+    """MuonAdamW loads through its inner optimizers: a load_state_dict pre-hook registered on it runs in each, with
+    that optimizer and its part of the state, and its handle removes it from all."""
+    opt = MuonAdamW(_tiny().parameter_roles(), **copy.deepcopy(SETTINGS))
+    seen = []
+    handle = opt.register_load_state_dict_pre_hook(lambda inner, state: seen.append((inner, set(state))))
+    opt.load_state_dict(opt.state_dict())
+    assert [inner for inner, _ in seen] == list(opt.optimizers.values())
+    assert all(keys == {"state", "param_groups"} for _, keys in seen)
+    handle.remove()
+    opt.load_state_dict(opt.state_dict())
+    assert len(seen) == 2

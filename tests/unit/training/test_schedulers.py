@@ -344,3 +344,20 @@ def test_an_extended_time_budget_continues_the_schedule_with_the_seconds_spent(c
     extended.optimizer.step()
     extended.step()
     assert extended.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR * 0.5)
+
+
+def test_an_extended_time_budget_is_said_in_the_schedule_s_line(clock, caplog):
+    """A resume with a larger trainer.max_time re-lays the schedule over it, and the log says so as it says a
+    changed max_steps."""
+    import logging
+
+    from gptmini.training.loop.schedulers import WarmupStableDecayLR
+
+    def make(max_time: str):
+        return lambda o: WarmupStableDecayLR(o, max_steps=1_000_000, decay_fraction=0.5, max_time=max_time)
+
+    first = make("00:00:01:40")(_optimizer())
+    _lr_at(first, clock, 100.0)
+    with caplog.at_level(logging.INFO, logger="gptmini.training.loop.schedulers"):
+        _resume(make("00:00:06:40"), first)
+    assert "follows this run's settings from step 1 on (max_time 00:00:01:40 -> 00:00:06:40)" in caplog.text
