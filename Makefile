@@ -38,7 +38,7 @@ train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides
 sample: $(STAMP) ## Generate from a checkpoint: CKPT=path|last PROMPT="..." ARGS="--max-new-tokens 200"
 	$(VENV)/bin/gptmini sample --ckpt "$(CKPT)" --prompt "$(PROMPT)" $(ARGS)
 
-attention: $(STAMP) ## Export attention maps of a checkpoint as PNG: CKPT=path|last TEXT="..."
+attention: $(STAMP) ## Attention maps of a checkpoint as PNG, a new outputs/attention_png/N/ per call: CKPT=path|last TEXT="..."
 	$(VENV)/bin/gptmini attention --ckpt "$(CKPT)" --text "$(TEXT)" $(ARGS)
 
 analyze: $(STAMP) ## Head report of a checkpoint (report.html + report.json): CKPT=path|last ARGS="--out DIR"

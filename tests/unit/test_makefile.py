@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,3 +18,43 @@ def test_make_help_prints_no_colour_codes_into_a_pipe() -> None:
     assert "\033" not in out
     targets = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
     assert {"install", "train", "test", "help"} <= set(targets)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_attention_twice_writes_a_new_folder_each_time(tmp_path, write_checkpoint, cli_env) -> None:
+    """`make attention` as README types it, twice in a row, then docs/export-import.md's `gptmini attention`
+    line: each call writes its maps into a folder of its own, none refused for the maps an earlier call left."""
+    from gptmini.data.prepare import prepare
+
+    if not (REPO / ".venv" / "bin" / "gptmini").is_file():
+        pytest.skip("no .venv in the checkout (`make install` was not run)")
+    (tmp_path / "corpus.txt").write_text("ROMEO: But soft, to be, or not to be: that is the question.\n" * 60)
+    folder = prepare(str(tmp_path / "corpus.txt"), "char", tmp_path / "data").out_dir
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, block_size=16, n_layer=1, n_head=2)
+    venv = REPO / ".venv"
+    make = ["make", "-s", "-f", str(REPO / "Makefile"), f"VENV={venv}", "-o", f"{venv}/.installed"]
+    for n in (1, 2):
+        proc = subprocess.run(
+            [*make, "attention", f"CKPT={ckpt}", "TEXT=to be, or not"],
+            cwd=tmp_path,
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"wrote 2 PNG files to outputs/attention_png/{n}" in proc.stderr
+    docs = (REPO / "docs" / "export-import.md").read_text(encoding="utf-8")
+    line = next(line for line in docs.splitlines() if line.startswith("gptmini attention "))
+    argv = [str(venv / "bin" / "gptmini"), *shlex.split(line, comments=True)[1:]]
+    argv[argv.index("last")] = str(ckpt)
+    proc = subprocess.run(argv, cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    maps = tmp_path / "outputs" / "attention_png"
+    assert sorted(p.name for p in maps.iterdir()) == ["1", "2", "3"]
+    for n in "123":
+        assert sorted(p.name for p in (maps / n).iterdir()) == [
+            "entropy.json",
+            "layer0_heads.png",
+            "layer0_mean.png",
+        ]
