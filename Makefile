@@ -10,6 +10,7 @@ ARGS ?=
 CKPT ?= last
 PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
+PORT ?= 6006
 STAMP := $(VENV)/.installed
 
 .PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-tokenizers gpu-check lint format clean
@@ -44,8 +45,8 @@ attention: $(STAMP) ## Attention maps of a checkpoint as PNG, a new outputs/atte
 analyze: $(STAMP) ## Head report of a checkpoint (report.html + report.json): CKPT=path|last ARGS="--out DIR"
 	$(VENV)/bin/gptmini analyze --ckpt "$(CKPT)" $(ARGS)
 
-tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/
-	$(VENV)/bin/gptmini board --logdir outputs --port 6006
+tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/: PORT=6006
+	$(VENV)/bin/gptmini board --logdir outputs --port $(PORT)
 
 # one pytest-xdist worker per core; a test file's tests stay on one worker, so its module fixtures run once
 PYTEST_PARALLEL = -n auto --dist loadfile

@@ -58,3 +58,19 @@ def test_make_attention_twice_writes_a_new_folder_each_time(tmp_path, write_chec
             "layer0_heads.png",
             "layer0_mean.png",
         ]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize(("args", "port"), [([], "6006"), (["PORT=6007"], "6007")])
+def test_make_tensorboard_serves_on_the_port_asked(args, port) -> None:
+    """`make tensorboard PORT=N` (6006 when not given), as make would run it (-n: printed, not started)."""
+    proc = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "tensorboard", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.split() == [".venv/bin/gptmini", "board", "--logdir", "outputs", "--port", port]
+    help_text = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True).stdout
+    assert "PORT=6006" in next(line for line in help_text.splitlines() if line.split()[:1] == ["tensorboard"])
