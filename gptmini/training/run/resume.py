@@ -83,9 +83,10 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
         raise RunError(
-            f"ckpt_path={path} holds model weights only (imported from Hugging Face, or not written by a "
-            "training run: no optimizer state, no progress), so there is no run to resume. To train from "
-            f"these weights with a fresh optimizer, start a new run with model.init_from={path} and no ckpt_path"
+            f"ckpt_path={path} holds model weights only (a best.ckpt, imported from Hugging Face, or not written "
+            "by a training run: no optimizer state, no progress), so there is no run to resume: resume from the "
+            "run's last.ckpt (ckpt_path=last), or, to train from these weights with a fresh optimizer, start a new "
+            f"run with model.init_from={path} and no ckpt_path"
         )
     check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
     check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
