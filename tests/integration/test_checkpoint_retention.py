@@ -127,3 +127,47 @@ def test_an_ema_runs_best_holds_the_average_its_validation_scored(train, gptmini
     loss = json.loads((tmp_path / "e.json").read_text())["loss"]
     torch.testing.assert_close(loss, min(logged), atol=1e-4, rtol=0)
     assert int(best["global_step"]) in (2, 4, 6)
+
+
+def test_runs_prune_lists_first_and_deletes_only_with_yes(train, gptmini_cli, tmp_path):
+    """`gptmini runs --prune` lists, with sizes, the checkpoints no longer needed: the last.ckpt of a run that a
+    later run resumed and took further, and an on_exception.ckpt older than the last.ckpt beside it; nothing is
+    deleted until `--yes`, and then only those: best.ckpt and what `--ckpt last` opens stay, and a resume of the
+    run name still continues from the later run."""
+    import os
+
+    from gptmini.runs import human_size
+
+    root = tmp_path / "out"
+    assert train("p").returncode == 0
+    resumed = train("p", "ckpt_path=last", "trainer.max_steps=9")
+    assert resumed.returncode == 0, output(resumed)[-3000:]
+    first, second = folders(root, "p")
+    superseded = first / "checkpoints" / "last.ckpt"
+    stale = second / "checkpoints" / "on_exception.ckpt"
+    stale.write_bytes((second / "checkpoints" / "last.ckpt").read_bytes())
+    os.utime(stale, ns=(1, 1))  # written before the last.ckpt beside it
+    before = {p: p.stat().st_size for p in root.rglob("*.ckpt")}
+    size = superseded.stat().st_size + stale.stat().st_size
+
+    dry = gptmini_cli(["runs", "--runs-dir", root, "--prune"])
+    assert dry.returncode == 0, dry.stderr
+    listed = [line.split()[0] for line in dry.stdout.splitlines() if line.startswith("  ")]
+    assert listed == [str(superseded), str(stale)]
+    assert f"resumed by {second}, which went on to step 9" in dry.stdout
+    assert f"2 file(s), {human_size(size)}: gptmini runs --prune --yes deletes them" in dry.stdout
+    assert {p: p.stat().st_size for p in root.rglob("*.ckpt")} == before  # nothing deleted
+
+    refused = gptmini_cli(["runs", "--runs-dir", root, "--yes"])
+    assert refused.returncode == 2 and "error: --yes deletes what --prune lists" in refused.stderr
+
+    done = gptmini_cli(["runs", "--runs-dir", root, "--prune", "--yes"])
+    assert done.returncode == 0, done.stderr
+    assert f"2 file(s), {human_size(size)} freed" in done.stdout
+    assert sorted(root.rglob("*.ckpt")) == sorted(set(before) - {superseded, stale})
+    assert (first / "checkpoints" / "best.ckpt").is_file() and (
+        second / "checkpoints" / "last.ckpt"
+    ).is_file()
+    assert "nothing to prune" in gptmini_cli(["runs", "--runs-dir", root, "--prune"]).stdout
+    again = train("p", "ckpt_path=last", "trainer.max_steps=12")
+    assert again.returncode == 0 and f"resuming from {second / 'checkpoints' / 'last.ckpt'}" in output(again)
