@@ -10,6 +10,7 @@ ARGS ?=
 CKPT ?= last
 PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
+YES ?=
 PORT ?= 6006
 STAMP := $(VENV)/.installed
 
@@ -74,7 +75,15 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix gptmini benchmarks scripts tests
 	$(VENV)/bin/ruff format gptmini benchmarks scripts tests
 
-clean: ## Remove outputs, prepared data, results and caches (keeps .venv)
-	rm -rf outputs results .pytest_cache .ruff_cache
-	find data -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+clean: ## Remove caches; then list outputs/, data/ and results/ with their sizes and ask before deleting them (YES=1: no question)
+	rm -rf .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
+	@paths=$$( { ls -d outputs results 2>/dev/null; find data -mindepth 1 -maxdepth 1 ! -name README.md 2>/dev/null; } ); \
+	if [ -z "$$paths" ]; then echo "no runs, prepared data or results to delete"; exit 0; fi; \
+	echo "the runs, prepared data and results (gptmini runs --prune removes only the checkpoints no longer needed):"; \
+	du -sh -- $$paths; \
+	if [ "$(YES)" != 1 ]; then \
+		read -r -p "delete them? [y/N] " answer || answer=; \
+		case "$$answer" in y|Y|yes) ;; *) echo "nothing deleted"; exit 0;; esac; \
+	fi; \
+	rm -rf -- $$paths && echo "deleted"

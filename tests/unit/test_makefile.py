@@ -74,3 +74,48 @@ def test_make_tensorboard_serves_on_the_port_asked(args, port) -> None:
     assert proc.stdout.split() == [".venv/bin/gptmini", "board", "--logdir", "outputs", "--port", port]
     help_text = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True).stdout
     assert "PORT=6006" in next(line for line in help_text.splitlines() if line.split()[:1] == ["tensorboard"])
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_clean_lists_runs_data_and_results_and_deletes_them_only_when_told(tmp_path) -> None:
+    """`make clean` removes the caches, then lists outputs/, the prepared data and results/ with their sizes and
+    asks: no answer (not a terminal) or "n" deletes nothing, "y" or YES=1 deletes them; data/README.md stays."""
+    (tmp_path / "outputs" / "run").mkdir(parents=True)
+    (tmp_path / "outputs" / "run" / "last.ckpt").write_bytes(b"x" * 5000)
+    (tmp_path / "data" / "shakespeare_gpt2").mkdir(parents=True)
+    (tmp_path / "data" / "README.md").write_text("data")
+    (tmp_path / "results").mkdir()
+    (tmp_path / ".pytest_cache").mkdir()
+
+    def clean(answer: str | None, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["make", "-s", "-f", str(REPO / "Makefile"), "clean", *args],
+            cwd=tmp_path,
+            input=answer,
+            stdin=subprocess.DEVNULL if answer is None else None,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    kept = ["README.md", "shakespeare_gpt2"]
+    for answer in (None, "n\n", "\n"):
+        proc = clean(answer)
+        assert proc.returncode == 0, proc.stderr
+        assert (
+            "outputs" in proc.stdout and "data/shakespeare_gpt2" in proc.stdout and "results" in proc.stdout
+        )
+        assert proc.stdout.rstrip().endswith("nothing deleted")
+        assert (tmp_path / "outputs" / "run" / "last.ckpt").is_file() and (tmp_path / "results").is_dir()
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == kept
+    assert not (tmp_path / ".pytest_cache").exists()  # the caches go at once
+
+    proc = clean("y\n")
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("deleted"), proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["README.md"]
+    assert clean(None).stdout.strip() == "no runs, prepared data or results to delete"
+
+    (tmp_path / "outputs").mkdir()
+    proc = clean(None, "YES=1")
+    assert proc.stdout.rstrip().endswith("deleted") and not (tmp_path / "outputs").exists()
