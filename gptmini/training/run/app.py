@@ -328,7 +328,7 @@ def _load_initial_weights(model: Any, kind: str, source: str) -> None:
 def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -> None:
     """Trains; a finished run's final state is its last.ckpt, written before the run is reported done."""
     if plan.ckpt_path:
-        keeps_best = any(callback.monitor for callback in trainer.checkpoint_callbacks)
+        keeps_best = any(getattr(callback, "monitor", None) for callback in trainer.checkpoint_callbacks)
         log.info(
             "resuming from %s%s",
             plan.ckpt_path,
