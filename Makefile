@@ -10,6 +10,8 @@ ARGS ?=
 CKPT ?= last
 PROMPT ?= ROMEO:
 TEXT ?= ROMEO: But soft, what light through yonder window breaks?
+YES ?=
+PORT ?= 6006
 STAMP := $(VENV)/.installed
 
 .PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-tokenizers gpu-check lint format clean
@@ -38,14 +40,14 @@ train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides
 sample: $(STAMP) ## Generate from a checkpoint: CKPT=path|last PROMPT="..." ARGS="--max-new-tokens 200"
 	$(VENV)/bin/gptmini sample --ckpt "$(CKPT)" --prompt "$(PROMPT)" $(ARGS)
 
-attention: $(STAMP) ## Export attention maps of a checkpoint as PNG: CKPT=path|last TEXT="..."
+attention: $(STAMP) ## Attention maps of a checkpoint as PNG, a new outputs/attention_png/N/ per call: CKPT=path|last TEXT="..."
 	$(VENV)/bin/gptmini attention --ckpt "$(CKPT)" --text "$(TEXT)" $(ARGS)
 
 analyze: $(STAMP) ## Head report of a checkpoint (report.html + report.json): CKPT=path|last ARGS="--out DIR"
 	$(VENV)/bin/gptmini analyze --ckpt "$(CKPT)" $(ARGS)
 
-tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/
-	$(VENV)/bin/gptmini board --logdir outputs --port 6006
+tensorboard: $(STAMP) ## Open TensorBoard on every run under outputs/: PORT=6006
+	$(VENV)/bin/gptmini board --logdir outputs --port $(PORT)
 
 # one pytest-xdist worker per core; a test file's tests stay on one worker, so its module fixtures run once
 PYTEST_PARALLEL = -n auto --dist loadfile
@@ -73,7 +75,15 @@ format: $(STAMP) ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix gptmini benchmarks scripts tests
 	$(VENV)/bin/ruff format gptmini benchmarks scripts tests
 
-clean: ## Remove outputs, prepared data, results and caches (keeps .venv)
-	rm -rf outputs results .pytest_cache .ruff_cache
-	find data -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+clean: ## Remove caches; then list outputs/, data/ and results/ with their sizes and ask before deleting them (YES=1: no question)
+	rm -rf .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
+	@paths=$$( { ls -d outputs results 2>/dev/null; find data -mindepth 1 -maxdepth 1 ! -name README.md 2>/dev/null; } ); \
+	if [ -z "$$paths" ]; then echo "no runs, prepared data or results to delete"; exit 0; fi; \
+	echo "the runs, prepared data and results (gptmini runs --prune removes only the checkpoints no longer needed):"; \
+	du -sh -- $$paths; \
+	if [ "$(YES)" != 1 ]; then \
+		read -r -p "delete them? [y/N] " answer || answer=; \
+		case "$$answer" in y|Y|yes) ;; *) echo "nothing deleted"; exit 0;; esac; \
+	fi; \
+	rm -rf -- $$paths && echo "deleted"

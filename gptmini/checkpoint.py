@@ -453,13 +453,40 @@ def _os_error(err: BaseException | None) -> OSError | None:
     return None
 
 
+# A tied model's output layer is its token embedding (GPTConfig.tie_weights): one tensor under two names of a
+# training checkpoint's weights.
+TIED_WEIGHTS = ("model.lm_head.weight", "model.wte.weight")
+
+
+def share_tied_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``checkpoint`` with a tied weight stored once: Lightning's background save copies every tensor on its own,
+    so the output layer of a tied model, which is its token embedding, would be written twice (about half of the
+    default model's weights). Two names share one tensor only when their tensors are equal."""
+    shared = {}
+    for key in ("state_dict", TRAINED_WEIGHTS_KEY):
+        state = checkpoint.get(key)
+        if not isinstance(state, Mapping):
+            continue
+        head, embedding = (state.get(name) for name in TIED_WEIGHTS)
+        if (
+            isinstance(head, torch.Tensor)
+            and isinstance(embedding, torch.Tensor)
+            and head is not embedding
+            and head.shape == embedding.shape
+            and head.dtype == embedding.dtype
+            and torch.equal(head, embedding)
+        ):
+            shared[key] = {**state, TIED_WEIGHTS[0]: embedding}
+    return {**checkpoint, **shared} if shared else checkpoint
+
+
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
     """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
     ``write(checkpoint, file)`` serialises.
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)
-    payload = with_checksum(checkpoint)
+    payload = with_checksum(share_tied_weights(checkpoint))
     try:
         fileio.atomic_write(path, lambda f: write(payload, f))
     except Exception as err:

@@ -566,6 +566,88 @@ def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- pruning: what no command chooses by itself and no resume needs (gptmini runs --prune) -------------------
+
+
+@dataclass(frozen=True)
+class Prunable:
+    path: Path
+    size_bytes: int
+    reason: str
+
+
+def _step_of(ckpt: Path) -> tuple[int | None, Path | None]:
+    """A checkpoint's global step and the TensorBoard folder its run logged to: from the run's summary when it
+    still describes the file, else from the checkpoint. (None, None) when it does not load."""
+    from gptmini.checkpoint import CheckpointError
+
+    summary = read_summary(ckpt)
+    if summary is not None:
+        recorded = recorded_event_folder(ckpt.parent.parent, {"hyper_parameters": {"run_config": summary}})
+        return _wanted(summary.get("global_step"), int), recorded
+    try:
+        return _checkpoint_facts(ckpt)
+    except CheckpointError as err:
+        log.warning("%s", err)
+        return None, None
+
+
+def prunable(root: Path, name: str | None = None) -> list[Prunable]:
+    """The checkpoint files under ``root`` (of run name ``name``) that a user no longer needs, each with why:
+
+    - the older of a run folder's ``last.ckpt`` and ``on_exception.ckpt``: a resume and ``--ckpt`` read the newer;
+    - the ``last.ckpt``/``on_exception.ckpt`` of a run that a later run folder resumed and took past its step
+      (the later run logs on into the same TensorBoard run, and a resume continues from its checkpoint).
+
+    ``best.ckpt`` stays (the weights of a run's best validation), and so does the checkpoint ``--ckpt last``
+    opens."""
+    scanned = _scan(root, name)
+    _, marked = mark_last(scanned)
+    keep = {path for r, path in scanned if r is marked and path is not None}
+    found: dict[Path, str] = {}
+    groups: dict[Path, list[tuple[int, int, Path]]] = {}  # TensorBoard run -> (step, mtime, run folder)
+    for _, newest in scanned:
+        if newest is None:
+            continue
+        folder = newest.parent.parent
+        for other in (folder / "checkpoints" / n for n in LAST_NAMES):
+            if other != newest and other.is_file():
+                found[other] = f"older than {newest.name} beside it, which a resume and --ckpt read"
+        step, events = _step_of(newest)
+        if step is not None:
+            events = events if events is not None else next(iter(event_folders(folder)), None)
+            if events is not None:
+                groups.setdefault(events.resolve(), []).append((step, newest.stat().st_mtime_ns, folder))
+    for members in groups.values():
+        top_step, _, top = max(members)
+        for step, _, folder in members:
+            if folder == top or step >= top_step:
+                continue
+            for path in (folder / "checkpoints" / n for n in LAST_NAMES):
+                if path.is_file():
+                    found[path] = f"resumed by {display_path(top)}, which went on to step {top_step}"
+    return sorted(
+        (Prunable(p, p.stat().st_size, why) for p, why in found.items() if p not in keep),
+        key=lambda x: str(x.path),
+    )
+
+
+def prune(root: Path, name: str | None, delete: bool) -> str:
+    """What :func:`prunable` finds, listed with its size and why; deleted only when ``delete``."""
+    found = prunable(root, name)
+    if not found:
+        return f"nothing to prune under {display_path(root)}/\n"
+    total = sum(p.size_bytes for p in found)
+    lines = [f"  {display_path(p.path)}  {human_size(p.size_bytes)}  ({p.reason})" for p in found]
+    if not delete:
+        head = "would delete (nothing is deleted without --yes):"
+        tail = f"{len(found)} file(s), {human_size(total)}: gptmini runs --prune --yes deletes them"
+        return "\n".join([head, *lines, tail]) + "\n"
+    for p in found:
+        p.path.unlink(missing_ok=True)
+    return "\n".join(["deleted:", *lines, f"{len(found)} file(s), {human_size(total)} freed"]) + "\n"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gptmini runs",
@@ -580,16 +662,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--runs-dir", default="outputs", help="the runs folder (paths.output_root of training)")
     p.add_argument("--json", action="store_true", help="write the rows as JSON instead of a table")
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="list the checkpoints no longer needed (the older of last.ckpt and on_exception.ckpt in a run folder; "
+        "those of a run that a later run resumed and took further), with their sizes; nothing is deleted without "
+        "--yes. best.ckpt and what --ckpt last opens stay",
+    )
+    p.add_argument("--yes", action="store_true", help="with --prune: delete what it lists")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.yes and not args.prune:
+        parser.error(
+            "--yes deletes what --prune lists: pass --prune --yes (or --prune alone to see the list)"
+        )
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     root = Path(args.runs_dir)
     if not root.is_dir():
         sys.stderr.write(f"error: --runs-dir {root} does not exist: train first (gptmini train)\n")
         return 2
+    if args.prune:
+        sys.stdout.write(prune(root, args.name, args.yes))
+        return 0
     runs, last = mark_last(_scan(root, args.name))
     if args.json:
         sys.stdout.write(json.dumps([asdict(r) for r in runs], indent=2) + "\n")

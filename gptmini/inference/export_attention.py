@@ -1,6 +1,7 @@
 """Attention maps of a checkpoint for a given text, as PNG files (one grid of heads and one mean map per layer).
 
-``gptmini attention --ckpt last --text "ROMEO: But soft" --out outputs/attention_png/``
+``gptmini attention --ckpt last --text "ROMEO: But soft"`` writes a new folder per call, outputs/attention_png/1,
+2, ...; ``--out DIR`` names the folder instead.
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ def earlier_maps(out_dir: str | Path) -> str | None:
     return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "") if found else None
 
 
+MAPS_ROOT = Path("outputs/attention_png")
+
+
+def new_numbered_folder(root: Path) -> Path:
+    """A folder of ``root`` created now, numbered one past the highest number there (1 in a new ``root``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    n = max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0) + 1
+    while True:
+        try:
+            (root / str(n)).mkdir()  # exist_ok=False: two calls at once never share a folder
+            return root / str(n)
+        except FileExistsError:
+            n += 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gptmini attention", description=__doc__, formatter_class=HelpFormatter
@@ -84,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--out",
-        default="outputs/attention_png",
-        help="folder for the PNG files and entropy.json (created if missing)",
+        default=None,
+        help=f"folder for the PNG files and entropy.json (created if missing); without it, each call writes a new "
+        f"numbered folder under {MAPS_ROOT}/ (1, 2, ...)",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace the attention maps an earlier run wrote in --out"
@@ -108,24 +125,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = args.out or MAPS_ROOT
+    made = None  # the numbered folder this call made, removed again if nothing could be written in it
     try:
-        if (reason := unwritable_reason(args.out)) is not None:
-            raise ValueError(f"--out {args.out} cannot be written: {reason}")
-        if not args.force and (earlier := earlier_maps(args.out)):
+        if (reason := unwritable_reason(out)) is not None:
+            raise ValueError(f"--out {out} cannot be written: {reason}")
+        if args.out is not None and not args.force and (earlier := earlier_maps(args.out)):
             raise ValueError(
                 f"--out {args.out} holds the attention maps of an earlier run ({earlier}): choose another --out, "
                 "or pass --force to replace them"
             )
         run = open_run(args.ckpt, args.device, args.data_dir)
-        files = export_attention(run.model, run.tokenizer, args.text, args.out, args.max_tokens)
+        if args.out is None:  # made once the checkpoint opened: a refused call leaves no folder behind
+            out = made = new_numbered_folder(MAPS_ROOT)
+        files = export_attention(run.model, run.tokenizer, args.text, out, args.max_tokens)
     except (CheckpointError, ValueError) as err:
-        log.error("error: %s", err)
-        return 2
+        message = str(err)
     except OSError as err:  # a full disk while writing the images
-        log.error("error: cannot write the attention maps to %s: %s", args.out, err.strerror or err)
-        return 2
-    log.info("wrote %d PNG files to %s", len(files), args.out)
-    return 0
+        message = f"cannot write the attention maps to {out}: {err.strerror or err}"
+    else:
+        log.info("wrote %d PNG files to %s", len(files), out)
+        return 0
+    if made is not None and not any(made.iterdir()):
+        made.rmdir()
+    log.error("error: %s", message)
+    return 2
 
 
 if __name__ == "__main__":

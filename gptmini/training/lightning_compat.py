@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import lightning as L
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import RichProgressBar, WeightAveraging
 from torch.optim.swa_utils import AveragedModel
 
 # Lightning's rank_zero_info() writes through these loggers (one per sub-package).
@@ -77,3 +77,20 @@ def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
     Checked with Lightning 2.6.6.
     """
     return callback._average_model
+
+
+class LabelledRichProgressBar(RichProgressBar):
+    """Lightning's ``RichProgressBar`` whose training bar takes its label from ``train_label`` (None: Lightning's
+    "Epoch N/M") from its first frame on: at the epoch start and when a run resumed mid-epoch creates the bar
+    at its first batch. Rich draws a frame as soon as a bar is added, so relabelling the bar after Lightning
+    adds it would show Lightning's label once; the label is made by the private ``_get_train_description``.
+
+    Checked with Lightning 2.6.6.
+    """
+
+    def train_label(self, trainer: L.Trainer) -> str | None:
+        return None
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        label = self.train_label(self.trainer)
+        return super()._get_train_description(current_epoch) if label is None else label

@@ -91,3 +91,25 @@ def test_two_process_ddp_with_muon_is_as_close_to_one_process_as_its_own_accumul
     assert hidden and max(rel(c[k], a[k]) for k in hidden) > 1e-3  # the bfloat16 spread is real
     for key, value in a.items():
         assert rel(b[key], value) <= 3 * max(rel(c[key], value), 1e-4), key
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_show_no_raw_lightning_warning(run_cli, tmp_path):
+    """Under CPU DDP Lightning warns that val/* and step are logged without sync_dist: they are torchmetrics means
+    reduced across the processes (the test above checks it), so the warning is left out of the output."""
+    proc = run_cli.train(
+        [
+            "debug=smoke",
+            "tokenizer=char",
+            "run_name=quiet",
+            f"paths.output_root={tmp_path}",
+            f"paths.data_root={tmp_path / 'data'}",
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=1",
+            *TWO_PROCESSES_OF_4,
+        ]
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "sync_dist=True" not in out and "site-packages/lightning" not in out, out[-4000:]

@@ -231,6 +231,6 @@ def test_the_readme_commands_run_in_an_empty_folder(tmp_path, cli_env):
         ran.add(name)
         gptmini(*argv[1:], *cheaper.get(name, []))
     assert ran >= {"runs", "sample", "eval", "attention", "analyze", "export", "import"}, ran
-    assert list((work / "outputs" / "attention_png").glob("*.png"))
+    assert list((work / "outputs" / "attention_png").glob("1/*.png"))
     assert (work / "outputs" / "head_report" / "report.json").is_file()
     assert sorted(p.name for p in work.iterdir()) == ["data", "outputs"]

@@ -141,6 +141,8 @@ def test_the_run_ends_with_a_summary_a_loss_curve_and_its_scalars(smoke_run, tb_
     with open(run_dir / "scalars.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {"step", "train/loss", "val/loss", "val/bpb", "val/ppl", "perf/tokens_per_sec"} <= set(rows[0])
+    assert list(rows[0])[:4] == ["step", "train/loss", "val/loss", "val/bpb"]
+    assert list(rows[0])[4].startswith("lr-")
     in_csv = {int(r["step"]): float(r["val/loss"]) for r in rows if r["val/loss"]}
     assert in_csv == pytest.approx(val, abs=0)
     train = {int(r["step"]): float(r["train/loss"]) for r in rows if r["train/loss"]}

@@ -276,3 +276,30 @@ def test_a_checkpoint_naming_muon_by_its_earlier_module_path_resumes_with_muon()
         check_resume_optimizer(
             "old.ckpt", ckpt("gptmini.training.optimizers.MuonAdamW"), {"_target_": "torch.optim.AdamW"}
         )
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_tied_output_layer_is_written_once_after_the_background_copy(tmp_path, tie):
+    """Lightning's background save copies every tensor on its own: the tied output layer (the token embedding)
+    is stored once all the same, and loads back equal under both names; an untied one keeps its own tensor."""
+    from gptmini.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=16, vocab_size=2048, tie_weights=tie)
+    model = GPT(config)
+    state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}  # as the copy does
+    embedding = state["model.wte.weight"]
+    assert state["model.lm_head.weight"] is not embedding
+    atomic_save({"state_dict": state, "hyper_parameters": {"model": config.to_dict()}}, tmp_path / "a.ckpt")
+    loaded = load_checkpoint(tmp_path / "a.ckpt")["state_dict"]
+    torch.testing.assert_close(loaded["model.wte.weight"], embedding, rtol=0, atol=0)
+    torch.testing.assert_close(loaded["model.lm_head.weight"], state["model.lm_head.weight"], rtol=0, atol=0)
+    tensors = sum(v.numel() * v.element_size() for v in state.values())
+    size = (tmp_path / "a.ckpt").stat().st_size
+    if tie:  # the embedding (2048 x 16 floats, 128 KiB) once
+        assert size < tensors - embedding.numel() * embedding.element_size() + 16_000
+        assert loaded["model.lm_head.weight"].untyped_storage().data_ptr() == (
+            loaded["model.wte.weight"].untyped_storage().data_ptr()
+        )
+    else:
+        assert size > tensors

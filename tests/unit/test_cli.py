@@ -181,7 +181,7 @@ def test_train_help_starts_with_gptminis_own_description(run_cli):
 DEFAULTS = {
     "sample": "--max-new-tokens MAX_NEW_TOKENS tokens to generate (default: 200)",
     "eval": "--batch-size BATCH_SIZE windows per forward pass (default: 16)",
-    "attention": "(default: outputs/attention_png)",
+    "attention": "each call writes a new numbered folder under outputs/attention_png/",
     "analyze": "(default: outputs/head_report)",
     "export": "--format {gpt2,llama}",
     "import": "--force replace an existing --out file (default: False)",
@@ -221,7 +221,7 @@ def test_every_default_output_of_a_command_is_under_outputs(cli_help):
 
     assert analyze.parse_args([]).out == "outputs/head_report"
     assert evaluate.SWEEP_OUT == "outputs/length_extrapolation.json"
-    assert "(default: outputs/attention_png)" in " ".join(cli_help("attention").split())
+    assert "a new numbered folder under outputs/attention_png/" in " ".join(cli_help("attention").split())
     assert "outputs/length_extrapolation.json when not given" in " ".join(cli_help("eval").split())
 
 

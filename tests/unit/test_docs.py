@@ -188,3 +188,57 @@ def test_reliability_promises_the_exit_status_the_code_gives():
     assert promise is not None
     assert EXIT_USER_ERROR == EXIT_HYDRA_ERROR == int(promise.group(1))
     assert "exit status 1" not in page
+
+
+def _section(page: str, heading: str) -> str:
+    start = page.index(f"\n{heading}\n")
+    end = page.find("\n## ", start + 1)
+    return page[start : end if end != -1 else len(page)]
+
+
+def _seconds_in_bold(text: str) -> list[float]:
+    return [float(s) for s in re.findall(r"\*\*([\d.]+) s", text)]
+
+
+def test_the_readmes_costs_are_the_measured_figures_with_their_machine_and_load():
+    """README's table of costs: each time names the machine and its load, and is the figure of the section it
+    links to (minutes rounded; the busy machine's factor as that table's medians give it); the disk a run takes is
+    the default's row of training.md's checkpoints table."""
+    import statistics
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    bench = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    costs = _section(readme, "## What it costs")
+    rows = {cells[0]: cells[1:] for cells in (line.strip("|").split("|") for line in costs.splitlines()[4:7])}
+
+    install_time, install_disk = rows[" `make install` "]
+    install = _section(bench, "## Install")
+    m = re.search(r"\| Intel\(R\) Xeon\(R\) Processor \| 2 \| ([\d.]+) s .*?\| ([\d.]+ GB) \|", install)
+    assert m and "shared" in install
+    assert f"about {round(float(m.group(1)) / 60)} minutes on a busy 2-core Intel Xeon" in install_time
+    assert m.group(2) in install_disk
+
+    train_time, train_disk = rows[" `make train` on a 2-core CPU (700 steps) "]
+    default = _section(bench, "## The default run with the recipe")
+    assert "Machine: 2-core AMD EPYC" in default and "the quiet machine" in default
+    wall = next(_seconds_in_bold(line) for line in default.splitlines() if _seconds_in_bold(line))
+    assert f"about {round(statistics.mean(wall) / 60)} minutes on a quiet 2-core AMD EPYC" in train_time
+    busy = _section(bench, "## A busy machine")
+    medians = {
+        load: statistics.median(float(x) for x in cells[2:5])
+        for cells in (line.strip("|").split("|") for line in busy.splitlines())
+        if len(cells) > 5 and cells[0].strip() == "plain quick start"
+        for load in [cells[1].strip()]
+    }
+    assert f"{medians['busy'] / medians['quiet']:.1f}× that" in train_time
+    assert (
+        "one busy single-threaded process per core" in busy
+        and "another program busy on each core" in train_time
+    )
+
+    training = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    total, last, best = re.search(
+        r"^\| `default` \|.*\| 2 files, about (\d+) MB \((\d+) \+ (\d+)\) \|$", training, re.M
+    ).groups()
+    assert int(total) == int(last) + int(best)
+    assert f"about {total} MB a run" in train_disk and f"`last.ckpt` {last}, `best.ckpt` {best}" in train_disk

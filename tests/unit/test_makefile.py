@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,3 +18,104 @@ def test_make_help_prints_no_colour_codes_into_a_pipe() -> None:
     assert "\033" not in out
     targets = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
     assert {"install", "train", "test", "help"} <= set(targets)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_attention_twice_writes_a_new_folder_each_time(tmp_path, write_checkpoint, cli_env) -> None:
+    """`make attention` as README types it, twice in a row, then docs/export-import.md's `gptmini attention`
+    line: each call writes its maps into a folder of its own, none refused for the maps an earlier call left."""
+    from gptmini.data.prepare import prepare
+
+    if not (REPO / ".venv" / "bin" / "gptmini").is_file():
+        pytest.skip("no .venv in the checkout (`make install` was not run)")
+    (tmp_path / "corpus.txt").write_text("ROMEO: But soft, to be, or not to be: that is the question.\n" * 60)
+    folder = prepare(str(tmp_path / "corpus.txt"), "char", tmp_path / "data").out_dir
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, block_size=16, n_layer=1, n_head=2)
+    venv = REPO / ".venv"
+    make = ["make", "-s", "-f", str(REPO / "Makefile"), f"VENV={venv}", "-o", f"{venv}/.installed"]
+    for n in (1, 2):
+        proc = subprocess.run(
+            [*make, "attention", f"CKPT={ckpt}", "TEXT=to be, or not"],
+            cwd=tmp_path,
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"wrote 2 PNG files to outputs/attention_png/{n}" in proc.stderr
+    docs = (REPO / "docs" / "export-import.md").read_text(encoding="utf-8")
+    line = next(line for line in docs.splitlines() if line.startswith("gptmini attention "))
+    argv = [str(venv / "bin" / "gptmini"), *shlex.split(line, comments=True)[1:]]
+    argv[argv.index("last")] = str(ckpt)
+    proc = subprocess.run(argv, cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    maps = tmp_path / "outputs" / "attention_png"
+    assert sorted(p.name for p in maps.iterdir()) == ["1", "2", "3"]
+    for n in "123":
+        assert sorted(p.name for p in (maps / n).iterdir()) == [
+            "entropy.json",
+            "layer0_heads.png",
+            "layer0_mean.png",
+        ]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize(("args", "port"), [([], "6006"), (["PORT=6007"], "6007")])
+def test_make_tensorboard_serves_on_the_port_asked(args, port) -> None:
+    """`make tensorboard PORT=N` (6006 when not given), as make would run it (-n: printed, not started)."""
+    proc = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "tensorboard", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.split() == [".venv/bin/gptmini", "board", "--logdir", "outputs", "--port", port]
+    help_text = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True).stdout
+    assert "PORT=6006" in next(line for line in help_text.splitlines() if line.split()[:1] == ["tensorboard"])
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_clean_lists_runs_data_and_results_and_deletes_them_only_when_told(tmp_path) -> None:
+    """`make clean` removes the caches, then lists outputs/, the prepared data and results/ with their sizes and
+    asks: no answer (not a terminal) or "n" deletes nothing, "y" or YES=1 deletes them; data/README.md stays."""
+    (tmp_path / "outputs" / "run").mkdir(parents=True)
+    (tmp_path / "outputs" / "run" / "last.ckpt").write_bytes(b"x" * 5000)
+    (tmp_path / "data" / "shakespeare_gpt2").mkdir(parents=True)
+    (tmp_path / "data" / "README.md").write_text("data")
+    (tmp_path / "results").mkdir()
+    (tmp_path / ".pytest_cache").mkdir()
+
+    def clean(answer: str | None, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["make", "-s", "-f", str(REPO / "Makefile"), "clean", *args],
+            cwd=tmp_path,
+            input=answer,
+            stdin=subprocess.DEVNULL if answer is None else None,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    kept = ["README.md", "shakespeare_gpt2"]
+    for answer in (None, "n\n", "\n"):
+        proc = clean(answer)
+        assert proc.returncode == 0, proc.stderr
+        assert (
+            "outputs" in proc.stdout and "data/shakespeare_gpt2" in proc.stdout and "results" in proc.stdout
+        )
+        assert proc.stdout.rstrip().endswith("nothing deleted")
+        assert (tmp_path / "outputs" / "run" / "last.ckpt").is_file() and (tmp_path / "results").is_dir()
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == kept
+    assert not (tmp_path / ".pytest_cache").exists()  # the caches go at once
+
+    proc = clean("y\n")
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("deleted"), proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["README.md"]
+    assert clean(None).stdout.strip() == "no runs, prepared data or results to delete"
+
+    (tmp_path / "outputs").mkdir()
+    proc = clean(None, "YES=1")
+    assert proc.stdout.rstrip().endswith("deleted") and not (tmp_path / "outputs").exists()

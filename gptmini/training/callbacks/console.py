@@ -10,13 +10,13 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelSummary, RichProgressBar, Timer
+from lightning.pytorch.callbacks import ModelSummary, Timer
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
 from gptmini.limits import check_positive
 from gptmini.training.callbacks.loggers import LoggingCallback, Receiver, RunParts, TokenThroughputMonitor
-from gptmini.training.lightning_compat import logs_after_step
+from gptmini.training.lightning_compat import LabelledRichProgressBar, logs_after_step
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
     return changed
 
 
-class ProgressBar(ShowsThroughput, RichProgressBar):
+class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
     Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
     terminal: in a file or a pipe Rich would print the final frame at the end of the log (``ProgressLog``'s plain
@@ -86,7 +86,6 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._updated_at = self._counted_at = -math.inf
-        self._holding = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -113,54 +112,29 @@ class ProgressBar(ShowsThroughput, RichProgressBar):
             metrics["tok/s"] = f"{rate:,.0f}"
         return metrics
 
-    def train_description(self, trainer: L.Trainer) -> str | None:
+    def train_label(self, trainer: L.Trainer) -> str | None:
         """The training bar's label, or None to keep Lightning's ("Epoch N/M")."""
         if trainer.max_epochs is not None and trainer.max_epochs >= 0:
             return None
         return f"{'Training':{len(self.validation_description)}}"
 
-    def _relabel(self, trainer: L.Trainer) -> None:
-        description = self.train_description(trainer)
-        if description is None or self.progress is None or self.train_progress_bar_id is None:
-            return
-        if self.theme.description:
-            description = f"[{self.theme.description}]{description}"
-        self.progress.update(self.train_progress_bar_id, description=description)
-
-    def refresh(self, hard: bool = False) -> None:
-        if not self._holding:
-            super().refresh(hard)
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning's hook creates the bar labelled "Epoch 0/-2" and draws it at once: hold the drawing until
-        # the bar has its own label.
-        self._holding = True
-        try:
-            super().on_train_epoch_start(trainer, pl_module)
-            self._relabel(trainer)
-        finally:
-            self._holding = False
-        self.refresh()
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # A run resumed mid-epoch creates its bar here, not at the epoch start.
-        relabel = self.train_progress_bar_id is None
+        first = self.train_progress_bar_id is None
         now = time.monotonic()
         period = 1.0 / max(self.refresh_rate, 1e-9)  # not drawn more often than that anyway
         last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
         # The metrics (the loss: a device tensor) are read only on the steps Lightning reads them for its logs
         # too; the count moves on in between.
         if (
-            relabel
+            first
             or last
             or (now - self._updated_at >= period and logs_after_step(trainer, trainer.global_step))
         ):
             self._updated_at = self._counted_at = now
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-            if relabel:
-                self._relabel(trainer)
         elif now - self._counted_at >= period and self.progress is not None:
             self._counted_at = now
             self.progress.update(self.train_progress_bar_id, completed=batch_idx + 1)

@@ -41,6 +41,19 @@ def check_ema(decay: Any, start_step: Any, prefix: str = "callbacks.ema") -> Non
         raise ValueError(f"{prefix}.start_step={start_step!r} is invalid: an optimizer step >= 0")
 
 
+def average_into_weights_only(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
+    """A checkpoint of weights alone (``best.ckpt``; Lightning runs no callback's hook for one) of a run that keeps
+    an average gets the average as its ``state_dict``, as every other checkpoint of the run does: the weights its
+    validation scored."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, WeightAveraging) and (average := averaged_model(callback)) is not None:
+            checkpoint["state_dict"] = {
+                name.removeprefix("module."): value
+                for name, value in average.state_dict().items()
+                if name.startswith("module.")
+            }
+
+
 class EMAWeightAveraging(WeightAveraging):
     """``WeightAveraging`` with an EMA of decay ``decay`` per optimizer step, updated from optimizer step
     ``start_step`` (0-based) on; parameters and buffers are averaged (the model's buffers are constant tables)."""

@@ -59,6 +59,22 @@ def _quiet_lightning() -> None:
     # Mid-epoch resume is exact here without a stateful loader (see TokenDataModule), so this warning misleads.
     warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    # A resumed run writes into a folder of its own, so ModelCheckpoint says it reloads no best score from the
+    # run it resumes: this folder's best.ckpt is the best of this run's validations (fit's log line says so).
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    # Runs count steps, and log every trainer.log_every_n_steps of them whatever an epoch's length (a small
+    # corpus's epoch is a few batches): the advice about an epoch's logs does not apply.
+    warnings.filterwarnings(
+        "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging"
+    )
+    # callbacks.ema: the model's configure_model compiles it and shards nothing, which is what this warns about.
+    warnings.filterwarnings(
+        "ignore", message=r"You're using the WeightAveraging callback with a model that overrides"
+    )
+    # Under DDP: val/* are torchmetrics means, reduced across the processes by compute(); step is the same on each.
+    warnings.filterwarnings(
+        "ignore", message=r"It is recommended to use `self.log\('(?:val/\w+|step)', \.\.\., sync_dist=True\)`"
+    )
 
 
 def _log_hardware(plan: RunPlan) -> None:
@@ -338,7 +354,14 @@ def _load_initial_weights(model: Any, kind: str, source: str) -> None:
 def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -> None:
     """Trains; a finished run's final state is its last.ckpt, written before the run is reported done."""
     if plan.ckpt_path:
-        log.info("resuming from %s", plan.ckpt_path)
+        keeps_best = any(getattr(callback, "monitor", None) for callback in trainer.checkpoint_callbacks)
+        log.info(
+            "resuming from %s%s",
+            plan.ckpt_path,
+            "; this run's best.ckpt is the best of its own validations (the run it resumes keeps its own)"
+            if keeps_best
+            else "",
+        )
     resuming = plan.ckpt_path is not None
     trainer.fit(
         module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if resuming else None

@@ -145,9 +145,10 @@ def read_resume(
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
         raise RunError(
-            f"ckpt_path={path} holds model weights only (imported from Hugging Face, or not written by a "
-            "training run: no optimizer state, no progress), so there is no run to resume. To train from "
-            f"these weights with a fresh optimizer, start a new run with model.init_from={path} and no ckpt_path"
+            f"ckpt_path={path} holds model weights only (a best.ckpt, imported from Hugging Face, or not written "
+            "by a training run: no optimizer state, no progress), so there is no run to resume: resume from the "
+            "run's last.ckpt (ckpt_path=last), or, to train from these weights with a fresh optimizer, start a new "
+            f"run with model.init_from={path} and no ckpt_path"
         )
     saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
     saved_paths = saved.get("paths")

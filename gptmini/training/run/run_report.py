@@ -28,6 +28,10 @@ SCALARS_CSV = "scalars.csv"
 LOSS_CURVE_PNG = "loss_curve.png"
 # the scalars the curve draws, in this order
 CURVE_TAGS = ("train/loss", "val/loss")
+# scalars.csv's first columns after ``step``, then the learning rates (LearningRateMonitor's ``lr-*`` tags), then
+# every other tag, each part sorted
+LEADING_TAGS = ("train/loss", "val/loss", "val/bpb")
+LR_TAG_PREFIX = "lr-"
 
 
 @dataclass
@@ -46,8 +50,12 @@ class Scalars:
         return min(points, key=lambda p: (p[1], p[0])) if points else None
 
     def csv_text(self) -> str:
-        """One row per step, one column per tag (``step`` first, the tags sorted); a blank cell: not logged."""
-        tags = sorted(self.series)
+        """One row per step, one column per tag (``step``, the losses and bpb, the learning rates, then the other
+        tags sorted); a blank cell: not logged."""
+        tags = [tag for tag in LEADING_TAGS if tag in self.series] + sorted(
+            (tag for tag in self.series if tag not in LEADING_TAGS),
+            key=lambda tag: (not tag.startswith(LR_TAG_PREFIX), tag),
+        )
         rows: dict[int, dict[str, float]] = {}
         for tag, points in self.series.items():
             for step, value in points:

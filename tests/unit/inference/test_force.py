@@ -64,3 +64,19 @@ def test_earlier_results_are_replaced_only_with_force(command, tiny_run, tmp_pat
     with caplog.at_level(logging.INFO):
         assert gptmini([*argv, "--force"]) == 0, caplog.text
     assert (out / written).read_bytes() != b"earlier"
+
+
+def test_without_out_each_call_writes_a_new_numbered_folder(tiny_run, tmp_path, gptmini_cli):
+    """No --out: a new outputs/attention_png/N/ per call, never refused for an earlier call's maps; a refused call
+    (a character the vocabulary lacks) leaves no folder behind."""
+    maps = tmp_path / "outputs" / "attention_png"
+    for n in (1, 2):
+        proc = gptmini_cli(
+            ["attention", "--ckpt", tiny_run, "--text", "to be", "--device", "cpu"], cwd=tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"wrote 2 PNG files to outputs/attention_png/{n}" in proc.stderr
+    assert sorted(p.name for p in maps.iterdir()) == ["1", "2"]
+    proc = gptmini_cli(["attention", "--ckpt", tiny_run, "--text", "ZZZ", "--device", "cpu"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("error:") == 1, proc.stderr
+    assert sorted(p.name for p in maps.iterdir()) == ["1", "2"]

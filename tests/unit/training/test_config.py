@@ -121,6 +121,18 @@ def test_experiments_carry_the_promised_settings(compose_cfg):
     assert sorted(swept) == available_attention()
 
 
+@pytest.mark.parametrize("hardware", ["cpu", "gpu"])
+def test_data_text_changes_the_corpus_and_nothing_else(compose_cfg, hardware):
+    """`data=text data.source=FILE` trains as the default does on another corpus: every setting the embedded
+    corpus has (the batch, the split, the shards) is the same, only where the text comes from and goes differs."""
+    default = compose_cfg([f"hardware={hardware}"])
+    text = compose_cfg([f"hardware={hardware}", "data=text", "data.source=/tmp/corpus.txt"])
+    shared = set(default.data) - {"source", "data_dir"}
+    assert shared <= set(text.data)
+    assert {k: text.data[k] for k in shared} == {k: default.data[k] for k in shared}
+    assert text.data.source != default.data.source and text.data.data_dir != default.data.data_dir
+
+
 def test_a_typo_in_a_model_key_fails_before_any_work(compose_cfg):
     from hydra.errors import ConfigCompositionException
 

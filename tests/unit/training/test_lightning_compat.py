@@ -154,3 +154,41 @@ def test_averaged_model_is_the_one_weight_averaging_swaps_in_for_validation(tmp_
     _trainer(tmp_path, max_steps=2, callbacks=[callback]).fit(BoringModel())
     average = lightning_compat.averaged_model(callback)
     assert average is not None and int(average.n_averaged) == 2
+
+
+def test_labelled_rich_progress_bar_adds_its_bar_with_its_own_label(tmp_path, monkeypatch):
+    """Lightning makes every training bar's label in ``_get_train_description``: each bar Rich adds, at the
+    epoch start and when a bar is first made at a batch, carries ``train_label``'s text, and None keeps
+    Lightning's "Epoch N/M"."""
+    from rich.progress import Progress
+
+    added: list[str] = []
+    add_task = Progress.add_task
+
+    def recording(progress, description, *args, **kwargs):
+        added.append(str(description))
+        return add_task(progress, description, *args, **kwargs)
+
+    monkeypatch.setattr(Progress, "add_task", recording)
+
+    class Steps(lightning_compat.LabelledRichProgressBar):
+        def train_label(self, trainer):
+            return f"steps of {trainer.max_steps}"
+
+    _trainer(tmp_path, max_steps=2, enable_progress_bar=True, callbacks=[Steps()]).fit(BoringModel())
+    assert added == ["steps of 2"]
+    bar = Steps()
+    _trainer(tmp_path, max_steps=2, enable_progress_bar=True, callbacks=[bar]).fit(BoringModel())
+    bar.train_progress_bar_id = (
+        None  # as after a resume mid-epoch: Lightning makes the bar at the batch's end
+    )
+    bar.on_train_batch_end(bar.trainer, None, None, None, 0)
+    assert added[-1] == "steps of 2"
+    added.clear()
+    _trainer(
+        tmp_path,
+        max_steps=2,
+        enable_progress_bar=True,
+        callbacks=[lightning_compat.LabelledRichProgressBar()],
+    ).fit(BoringModel())
+    assert added == ["Epoch 0/-2"]
