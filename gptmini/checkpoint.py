@@ -21,6 +21,7 @@ import torch
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
 from gptmini.run_files import SUMMARY_FILE, write_summary
+from gptmini.run_record import RunRecord, read_record
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +328,10 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
 
 def model_from_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[GPT, dict[str, Any]]:
-    """The plain ``GPT`` stored in a training checkpoint, and the run's resolved config (a dict)."""
+) -> tuple[GPT, RunRecord]:
+    """The plain ``GPT`` stored in a training checkpoint, and the run's record."""
     model, ckpt = model_and_checkpoint(path, map_location)
-    return model, dict(ckpt["hyper_parameters"].get("run_config") or {})
+    return model, read_record(ckpt)
 
 
 def check_resume_compatible(
@@ -370,7 +371,7 @@ def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer:
     """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
     config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
     (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
-    saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
+    saved = read_record(ckpt).optimizer
     was, now = saved.get("_target_"), optimizer.get("_target_")
     was = MOVED_OPTIMIZERS.get(was, was)
     if was and now and was != now:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gptmini import fileio
+from gptmini.run_record import read_record
 
 # The files ``last`` chooses among (``gptmini.runs.newest_checkpoint``).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
@@ -64,8 +65,7 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
     file = _summary_file(path)
     if file is None:
         return
-    config = (checkpoint.get("hyper_parameters") or {}).get("run_config") or {}
-    trainer = config.get("trainer") if isinstance(config.get("trainer"), Mapping) else {}
+    record = read_record(checkpoint)
     st = path.stat()
     step = checkpoint.get("global_step")
     val_loss, val_step = _last_val_loss(checkpoint)
@@ -74,11 +74,11 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
         "bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns,
         "global_step": step if isinstance(step, int) else None,
-        "run_name": config.get("run_name"),
-        "max_steps": trainer.get("max_steps"),
+        "run_name": record.run_name,
+        "max_steps": record.max_steps,
         "val_loss": val_loss,
         "val_step": val_step,
-        "tensorboard_dir": config.get("tensorboard_dir"),
+        "tensorboard_dir": record.tensorboard_dir,
     }
     fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
 

@@ -33,6 +33,7 @@ from typing import Any
 from gptmini import fileio
 from gptmini.options import HelpFormatter
 from gptmini.run_files import LAST_NAMES, read_summary
+from gptmini.run_record import RunRecordError, read_record, read_record_file
 
 log = logging.getLogger(__name__)
 
@@ -332,11 +333,10 @@ def _checkpoint(folder: Path) -> Path | None:
     return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
 
 
-def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
-    """The TensorBoard folder a checkpoint's run logged to, as training records it (``run_config.tensorboard_dir``,
-    relative to the run folder: a resumed run logs into the run it resumes); None when not recorded."""
-    config = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
-    recorded = config.get("tensorboard_dir") if isinstance(config, dict) else None
+def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
+    """The TensorBoard folder a checkpoint's run logged to, as training records it (its run record's
+    ``tensorboard_dir``, relative to the run folder: a resumed run logs into the run it resumes); None when not
+    recorded."""
     if not isinstance(recorded, str) or not recorded:
         return None
     # normalised by name: the run folder of a checkpoint that was copied away may not exist
@@ -350,7 +350,11 @@ def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
 
     ckpt = load_checkpoint(path, mmap=True, verify=False)
     step = ckpt.get("global_step")
-    return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, ckpt)
+    try:
+        events = read_record(ckpt).tensorboard_dir
+    except RunRecordError:
+        events = None
+    return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, events)
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
@@ -423,11 +427,16 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
             "trainer": {"max_steps": summary.get("max_steps")},
         }
         done = _wanted(summary.get("global_step"), int)
-        recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
+        recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
         val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
         damaged = False
     else:
-        config = _config(folder)
+        record = read_record_file(folder)  # written when the run starts
+        config = (
+            {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
+            if record is not None
+            else _config(folder)  # a run of a version before the record
+        )
         done, recorded, damaged = None, None, False
         if ckpt is not None:
             from gptmini.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary

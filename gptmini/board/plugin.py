@@ -441,10 +441,10 @@ def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
         )
     try:
         tokenizer = tokenizer_for_run(
-            run.config, None, (run.path, run.checkpoint), run.model.config.vocab_size
+            run.record, None, (run.path, run.checkpoint), run.model.config.vocab_size
         )
     except (CheckpointError, DataError) as err:
-        folder = (run.config.get("data") or {}).get("data_dir")
+        folder = run.record.data_dir
         log.warning("own text for %s: %s", path, err)  # the command line's wording, in TensorBoard's log
         raise TokenizerMissing(
             "own text needs the vocabulary this run was trained with, from the prepared data folder it recorded "

@@ -17,6 +17,7 @@ LAYERS = [
         "gptmini.attention",
         "gptmini.lm_loss",
         "gptmini.run_files",
+        "gptmini.run_record",
     ),
     ("gptmini.model", "gptmini.feed_forward", "gptmini.generation", "gptmini.ingredients", "gptmini.limits"),
     ("gptmini.data",),

@@ -21,6 +21,7 @@ from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_meta, load_split
 from gptmini.model import GPT, GPTConfig
 from gptmini.run import LoadedRun, open_run, tokenizer_for_run
+from gptmini.run_record import empty_record
 
 STAMP = "2026-01-01_00-00-00_000000"
 
@@ -76,7 +77,7 @@ def test_every_kind_of_spec_opens_the_same_checkpoint(world):
         assert isinstance(run, LoadedRun)
         assert run.path == alpha, kind
         assert run.step == 9 and run.name == "2026-01-02_00-00-00_000000" and run.device == "cpu"
-        assert run.config["data"]["data_dir"] == str(world["data"])
+        assert run.record.data_dir == str(world["data"])
         assert run.checkpoint["hyper_parameters"]["data_identity"]["tokenizer"] == "char"
         assert not run.model.training
         torch.testing.assert_close(run.model(idx)[0], want)
@@ -173,7 +174,7 @@ def test_a_checkpoint_recording_no_tokenizer_needs_a_vocabulary_that_fits(world,
     ):
         open_run(small, device="cpu", data_dir=world["data"])
     with pytest.raises(CheckpointError, match="has more tokens than the model's vocabulary"):
-        tokenizer_for_run({"tokenizer": {"name": "gpt2"}}, model_vocab=100)
+        tokenizer_for_run(empty_record(tokenizer={"name": "gpt2"}), model_vocab=100)
 
 
 def test_the_data_folder_is_the_recorded_one_or_the_one_given(world, tmp_path, write_checkpoint):

@@ -8,7 +8,6 @@ fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import os
@@ -33,7 +32,7 @@ from gptmini.training.run.compose import register_configs
 from gptmini.training.run.inputs import check_input_files
 from gptmini.training.run.memory import check_training_memory
 from gptmini.training.run.plan import RunPlan, plan_run
-from gptmini.training.run.resume import check_resumed_data, resolve_init_from
+from gptmini.training.run.resume import check_resumed_data
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -64,15 +63,13 @@ def _quiet_lightning() -> None:
 def _log_hardware(plan: RunPlan) -> None:
     """One line, among a run's first: the machine, which defaults the run started from (hardware=auto|cpu|gpu)
     and how to pick the others, the precision and compile."""
-    from hydra.core.hydra_config import HydraConfig
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank != 0:
         return
-    choice = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
     log.info(
         "%s; precision %s, compile %s",
-        hardware_summary(choice, plan.device),
+        hardware_summary(plan.hardware, plan.device),
         plan.precision,
         "on" if plan.compile else "off",
     )
@@ -258,20 +255,22 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
     from gptmini.data.reader import data_identity, load_meta, saved_tokenizer
     from gptmini.training.loop.module import GPTLightningModule
 
-    run_config = copy.deepcopy(plan.run_config)
     meta = load_meta(datamodule.data_dir)
     # the tokenizer travels with the checkpoint: a re-prepared or moved data folder does not orphan it
     identity = data_identity(datamodule.data_dir, meta) | {
         SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
     }
-    run_config["trainer"]["val_check_interval"] = plan.val_check_interval
-    # the number of training processes, which a resume must keep (resume.check_resume_plan)
-    run_config["world_size"] = trainer.world_size
     tensorboard = _tensorboard(trainer)
-    if tensorboard is not None:
-        # where the run's events are, relative to its folder: a run resumed from it logs on into them
-        here = os.path.abspath(plan.output_dir)
-        run_config["tensorboard_dir"] = os.path.relpath(os.path.abspath(tensorboard.log_dir), here)
+    # where the run's events are, relative to its folder: a run resumed from it logs on into them
+    events = (
+        os.path.relpath(os.path.abspath(tensorboard.log_dir), os.path.abspath(plan.output_dir))
+        if tensorboard is not None
+        else None
+    )
+    # the training processes are recorded too, which a resume must keep (resume.check_resume_plan)
+    record = plan.record(gpt_config, trainer.world_size, events)
+    if trainer.is_global_zero:
+        record.write(plan.output_dir)
     module = GPTLightningModule(
         model_config=gpt_config.to_dict(),
         optimizer=instantiate(dataclasses.asdict(plan.optimizer), _convert_="all"),
@@ -279,11 +278,11 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         if plan.scheduler
         else None,
         compile=plan.compile,
-        run_config=run_config,
+        run_record=record.to_json(),
         data_identity=identity,
     )
     if plan.init_from is not None:
-        _load_initial_weights(module.model, *resolve_init_from(plan.init_from, plan.output_root))
+        _load_initial_weights(module.model, plan.init_kind, plan.init_from)
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, attention=%s), tokenizer %s (vocab %d)",
         f"{module.model.num_parameters():,}",
@@ -291,7 +290,7 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         gpt_config.n_head,
         gpt_config.n_embd,
         gpt_config.attention,
-        plan.tokenizer,
+        plan.tokenizer.name,
         datamodule.vocab_size,
     )
     return module

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
+from gptmini.run_record import read_record
 from gptmini.runs import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
 from gptmini.training.errors import RunError
 
@@ -102,7 +103,7 @@ def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None
     callbacks = cfg.get("callbacks") or {}
     node = callbacks.get("ema")
     now = OmegaConf.to_container(node, resolve=True) if node is not None else None
-    saved_callbacks = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("callbacks") or {}
+    saved_callbacks = read_record(ckpt).callbacks
     had = TRAINED_WEIGHTS_KEY in ckpt
     was = saved_callbacks.get("ema") if had else None
     if had and now is None:
@@ -164,7 +165,7 @@ def continued_event_folder(path: str, ckpt: dict[str, Any], output_root: str | P
         return None
     run_dir = ckpt_file.parent.parent
     allowed = (Path(output_root).resolve(), run_dir.resolve())
-    recorded = recorded_event_folder(run_dir, ckpt)
+    recorded = recorded_event_folder(run_dir, read_record(ckpt).tensorboard_dir)
     if recorded is not None and recorded.is_dir():
         if _inside(recorded.resolve(), allowed):
             return str(recorded.resolve())
@@ -243,8 +244,8 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
     check_time_left(path, ckpt, cfg.trainer.get("max_time"))
-    saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
-    saved_data, saved_trainer = saved.get("data") or {}, saved.get("trainer") or {}
+    saved = read_record(ckpt)
+    saved_data, saved_trainer = saved.data, saved.trainer
     changes = []
     for key, was, now in (
         ("data.batch_size", saved_data.get("batch_size"), cfg.data.get("batch_size")),
@@ -255,7 +256,7 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
         ),
         (
             "training processes (trainer.devices x trainer.num_nodes)",
-            saved.get("world_size"),
+            saved.world_size,
             _world_size(cfg.trainer),
         ),
     ):
