@@ -32,9 +32,6 @@ SECTIONS = (
     "e2e",
     "generate",
     "data",
-    "recipe",
-    "frontier",
-    "busy",
     "board",
     "runs",
 )
