@@ -148,7 +148,7 @@ def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> N
             key_notes.append(
                 f"allocator: '{ALLOC_DEFAULT}' is glibc's malloc as it comes (every block over 32 MiB is a "
                 f"fresh mmap, faulted in page by page on each call); '{ALLOC_RETAINED}' keeps freed memory "
-                "in the process (gptmini.training.run.allocator, what training uses). The two were measured in separate "
+                "in the process (gptmini.training.hardware.retain_freed_memory, what training uses). The two were measured in separate "
                 "processes. The (T, T) score matrices of chapter 3's MHA (8 x 12 x 1024 x 1024 floats, "
                 "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
                 "call under the default; retained, it runs at the speed of its arithmetic"
@@ -258,7 +258,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
 def main(argv: Sequence[str] | None = None) -> int:
     opts, only = parse_args(argv)
     if opts.retain_memory:
-        from gptmini.training.run.allocator import retain_freed_memory
+        from gptmini.training.hardware import retain_freed_memory
 
         opts.retain_memory = retain_freed_memory()  # False where it is not glibc
     import lightning.pytorch  # noqa: F401  (its loggers exist once imported)

@@ -24,14 +24,12 @@ from omegaconf import DictConfig
 
 from gptmini.conf_dir import conf_dir
 from gptmini.fileio import RUN_LOCK
-from gptmini.limits import SizeError
+from gptmini.limits import SizeError, check_training_step
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary
 from gptmini.training.run.compose import register_configs
-from gptmini.training.run.inputs import check_input_files
-from gptmini.training.run.memory import check_training_memory
-from gptmini.training.run.plan import RunPlan, plan_run
+from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
 from gptmini.training.run.resume import check_resumed_data
 from gptmini.training.run.sweeps import JobFailed
 
@@ -90,7 +88,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     if started is None:
         started = time.monotonic()
     if plan.retain_freed_memory:
-        from gptmini.training.run.allocator import retain_freed_memory
+        from gptmini.training.hardware import retain_freed_memory
 
         retain_freed_memory()  # before the first large allocation
     import lightning as L
@@ -102,7 +100,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
-    check_training_memory(
+    check_training_step(
         gpt_config, plan.data.batch_size, plan.precision, device, processes=trainer.num_devices
     )
     # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.

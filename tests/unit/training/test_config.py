@@ -198,8 +198,7 @@ def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
 
 
 def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
-    from gptmini.limits import SizeError
-    from gptmini.training.run.memory import check_training_memory
+    from gptmini.limits import SizeError, check_training_step
 
     big = GPTConfig.from_preset("small", vocab_size=50257, block_size=100000)
     sixteen_gib = (16 * 2**30, "this machine's memory")
@@ -209,15 +208,13 @@ def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
         r"training step \(activations: [\d,.]+ GiB\) but this machine's memory has 16\.0 GiB: "
         r"lower model\.block_size or data\.batch_size",
     ):
-        check_training_memory(big, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
+        check_training_step(big, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
     # the default run fits (the estimate itself: tests/unit/test_limits.py)
     small = GPTConfig.from_preset("small", vocab_size=50257)
-    check_training_memory(small, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
+    check_training_step(small, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
     # several CPU processes share one machine's memory
     with pytest.raises(SizeError, match=r"needs about"):
-        check_training_memory(
-            small, 8, "32-true", torch.device("cpu"), processes=10**4, available=sixteen_gib
-        )
+        check_training_step(small, 8, "32-true", torch.device("cpu"), processes=10**4, available=sixteen_gib)
 
 
 def test_unwritable_data_and_output_folders_are_refused_before_any_work(
