@@ -52,7 +52,7 @@ def shakespeare_char_command(
 
 def read_run(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
     """A run's TensorBoard scalars as ``{tag: [(step, value, wall_time), ...]}`` ({} when it wrote none)."""
-    from gptmini.runs import read_events, run_event_folder
+    from gptmini.runs.discovery import read_events, run_event_folder
 
     folder = run_event_folder(run_dir)
     if folder is None:

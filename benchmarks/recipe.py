@@ -146,7 +146,7 @@ def run_args(
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What a finished run logged: the validation losses, where the target was reached and how long it took."""
-    from gptmini.runs import read_events, run_event_folder
+    from gptmini.runs.discovery import read_events, run_event_folder
 
     ea = read_events(run_event_folder(run_dir) or run_dir / "tb")
     tags = set(ea.Tags()["scalars"])

@@ -21,8 +21,8 @@ from typing import Any
 from gptmini.hf.common import HFWeightsError
 from gptmini.hf.gpt2 import save_hf_gpt2
 from gptmini.options import HelpFormatter
-from gptmini.run_record import RECORD_KEY, RunRecord, empty_record
-from gptmini.runs import CKPT_RULE
+from gptmini.runs.discovery import CKPT_RULE
+from gptmini.runs.record import RECORD_KEY, RunRecord, empty_record
 
 log = logging.getLogger("gptmini.hf")
 
@@ -47,10 +47,10 @@ def export_tokenizer(
     """The gptmini tokenizer whose files go with an export: ``auto`` is the one the run recorded (None, with a
     warning, for a checkpoint that records none), ``none`` writes none. Raises HFWeightsError when a ``char``
     vocabulary cannot be found or is not the one the checkpoint was trained with."""
-    from gptmini.checkpoint import check_trained_data
     from gptmini.data.reader import load_tokenizer
     from gptmini.data.tokenizers import SAVED_TOKENIZERS, build_tokenizer
-    from gptmini.run import carried_tokenizer
+    from gptmini.runs.checkpoint import check_trained_data
+    from gptmini.runs.loading import carried_tokenizer
 
     if choice == "none":
         return None
@@ -88,8 +88,8 @@ def export_tokenizer(
 
 
 def _export(args: argparse.Namespace) -> None:
-    from gptmini.checkpoint import CheckpointError
-    from gptmini.run import open_run
+    from gptmini.runs.checkpoint import CheckpointError
+    from gptmini.runs.loading import open_run
 
     try:
         run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
@@ -136,7 +136,7 @@ def _check_import_target(out: Path, force: bool) -> None:
 
 
 def _is_training_checkpoint(path: Path) -> bool:
-    from gptmini.checkpoint import CheckpointError, load_checkpoint
+    from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     try:
         ckpt = load_checkpoint(path, mmap=True, verify=False)
@@ -178,8 +178,8 @@ def _imported_record(args: argparse.Namespace, model: dict[str, Any]) -> RunReco
 
 
 def _import(args: argparse.Namespace) -> None:
-    from gptmini.checkpoint import CheckpointError, atomic_save
     from gptmini.hf.formats import load_hf_model
+    from gptmini.runs.checkpoint import CheckpointError, atomic_save
 
     out = Path(args.out)
     _check_import_target(out, args.force)  # before reading the model

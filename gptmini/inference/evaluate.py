@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_split, load_tokenizer
 from gptmini.data.windows import StridedWindowDataset
@@ -32,8 +31,9 @@ from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import EtaProgress, HelpFormatter, positive_int, resolve_device
-from gptmini.run import LoadedRun, open_run
-from gptmini.runs import CKPT_RULE, resolve_checkpoint
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import CKPT_RULE, resolve_checkpoint
+from gptmini.runs.loading import LoadedRun, open_run
 from gptmini.viz import context_sweep_figure
 
 log = logging.getLogger("gptmini.inference.evaluate")

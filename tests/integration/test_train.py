@@ -41,7 +41,7 @@ def test_the_run_keeps_its_plan_as_a_versioned_json_record(smoke_run):
     """The run folder's run_record.json and the checkpoint's record are the same JSON, of this version, holding
     what the run was: the hardware chosen, the overrides, the tokenizer, the tokens of one step; the composed
     config is kept nowhere by gptmini (Hydra's own .hydra/ aside)."""
-    from gptmini.run_record import RECORD_KEY, RECORD_VERSION, read_record, read_record_file
+    from gptmini.runs.record import RECORD_KEY, RECORD_VERSION, read_record, read_record_file
 
     root, run_dir, _ = smoke_run
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -191,8 +191,8 @@ def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run
     """The resumed run trains the remaining steps and logs on into the TensorBoard run of the run it resumes:
     one run whose train/loss goes past the first run's last step, no second one. Its output goes to a file, as
     `make train > log` does: the plain progress lines are there, and no frame of the progress bar."""
-    from gptmini.run_record import read_record
-    from gptmini.runs import event_folders, read_events
+    from gptmini.runs.discovery import event_folders, read_events
+    from gptmini.runs.record import read_record
 
     root, first_run, _ = smoke_run
     first_steps = [e.step for e in read_events(event_folders(first_run)[0]).Scalars("train/loss")]
@@ -349,8 +349,8 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path, ru
 def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     import transformers
 
-    from gptmini.checkpoint import model_from_checkpoint
     from gptmini.hf import load_hf_gpt2
+    from gptmini.runs.checkpoint import model_from_checkpoint
 
     hf = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=50257)

@@ -34,7 +34,7 @@ from gptmini.insight import (
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
-from gptmini.run_record import read_record
+from gptmini.runs.record import read_record
 from gptmini.training.callbacks.loggers import ProbeReader, tensorboard_writer
 from gptmini.training.loop.probe import eval_mode
 from gptmini.viz import loss_curve, score_grid

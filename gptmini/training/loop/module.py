@@ -83,7 +83,7 @@ class GPTLightningModule(L.LightningModule):
         super().__init__()
         # Plain data only (the optimizer/scheduler factories are code, kept out), so a checkpoint's
         # hyper-parameters load with torch.load(weights_only=True). run_record: the run's plan as JSON
-        # (gptmini.run_record). data_identity: which prepared data the run
+        # (gptmini.runs.record). data_identity: which prepared data the run
         # trains on (gptmini.data.reader.data_identity), compared by evaluation, sampling and resuming.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.config = GPTConfig.from_dict(dict(model_config))

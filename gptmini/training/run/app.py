@@ -123,7 +123,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-    from gptmini.checkpoint import AtomicCheckpointIO
+    from gptmini.runs.checkpoint import AtomicCheckpointIO
 
     trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
     named = {
@@ -249,8 +249,8 @@ def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
 def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
     """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
     the starting weights of ``model.init_from``."""
-    from gptmini.checkpoint import SAVED_TOKENIZER_KEY
     from gptmini.data.reader import data_identity, load_meta, saved_tokenizer
+    from gptmini.runs.checkpoint import SAVED_TOKENIZER_KEY
     from gptmini.training.loop.module import GPTLightningModule
 
     meta = load_meta(datamodule.data_dir)
@@ -296,7 +296,7 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
 
 def _load_initial_weights(model: Any, kind: str, source: str) -> None:
     if kind == "checkpoint":  # a gptmini checkpoint: its weights, a fresh optimizer
-        from gptmini.checkpoint import load_weights_into
+        from gptmini.runs.checkpoint import load_weights_into
 
         load_weights_into(model, source)
     else:
@@ -374,7 +374,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     for module, name in (
         ("gptmini.data.errors", "DataError"),
         ("gptmini.data.tokenizers", "TokenizerError"),
-        ("gptmini.checkpoint", "CheckpointError"),
+        ("gptmini.runs.checkpoint", "CheckpointError"),
         ("gptmini.hf", "HFWeightsError"),
         ("lightning.fabric.utilities.exceptions", "MisconfigurationException"),
     ):

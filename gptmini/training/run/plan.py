@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
-from gptmini.run_record import RECORD_VERSION, RunRecord
+from gptmini.runs.record import RECORD_VERSION, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
@@ -96,7 +96,7 @@ class RunPlan:
         return self.trainer.max_steps * self.trainer.accumulate_grad_batches
 
     def record(self, model: GPTConfig, world_size: int, tensorboard_dir: str | None) -> RunRecord:
-        """The run record of this plan (``gptmini.run_record``), which every checkpoint and the run folder keep,
+        """The run record of this plan (``gptmini.runs.record``), which every checkpoint and the run folder keep,
         with what only the build knows: the model with the tokenizer's vocabulary, the training processes and
         the TensorBoard folder (relative to the run folder)."""
         tokens_per_step = (
@@ -617,7 +617,7 @@ def check_input_files(cfg: DictConfig) -> None:
     if init_from is not None:
         kind, path = resolve_init_from(init_from, cfg.paths.output_root)
         if kind == "checkpoint":
-            from gptmini.checkpoint import load_checkpoint
+            from gptmini.runs.checkpoint import load_checkpoint
 
             load_checkpoint(path, mmap=True)  # a gptmini checkpoint (trained or imported): refused if not one
         else:

@@ -10,18 +10,18 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
-from gptmini.run_record import read_record
-from gptmini.runs import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
+from gptmini.runs.record import read_record
 from gptmini.training.errors import RunError
 
 log = logging.getLogger(__name__)
 
 
 def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
-    """What ``ckpt_path=last`` resumes: :func:`gptmini.runs.newest_checkpoint`, the one rule every command uses (the
+    """What ``ckpt_path=last`` resumes: :func:`gptmini.runs.discovery.newest_checkpoint`, the one rule every command uses (the
     most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included);
     refused in one line when there is none."""
     found = newest_checkpoint(output_root, run_name)
@@ -37,7 +37,7 @@ def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
     itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
-    :func:`gptmini.runs.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
+    :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
     a run name under ``paths.output_root``: its newest checkpoint)."""
     if cfg.ckpt_path is None:
         return None
@@ -79,7 +79,7 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
     path = resolve_ckpt_path(cfg)
     if path is None:
         return None
-    from gptmini.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
+    from gptmini.runs.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
@@ -98,7 +98,7 @@ def read_resume(cfg: DictConfig, model: GPTConfig, vocab_known: bool) -> tuple[s
 def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None:
     """One log line when ``callbacks.ema`` differs from the checkpoint's run: the resume continues from the
     trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average."""
-    from gptmini.checkpoint import TRAINED_WEIGHTS_KEY
+    from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
     callbacks = cfg.get("callbacks") or {}
     node = callbacks.get("ema")
@@ -133,7 +133,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
     The temp file a save of this host killed midway left in the resumed run's checkpoints folder (its writer is
     gone) is removed."""
-    from gptmini.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
+    from gptmini.runs.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
 
     other_data = check_trained_data(
         path,

@@ -15,7 +15,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
 
 from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
-from gptmini.runs import task_overrides, tensorboard_label
+from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.

@@ -163,8 +163,8 @@ def test_bad_queries_get_400_with_a_message(client, route, args, message):
 def test_own_text_runs_the_runs_checkpoint(client, logdir):
     import torch
 
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     code, body = _post(client, {"run": "with_ckpt/tb", "text": "But soft, what light"})
     assert code == 200, body

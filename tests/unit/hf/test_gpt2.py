@@ -14,10 +14,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
 from gptmini.hf.gpt2 import HFWeightsError, load_gpt2_weights, load_hf_gpt2, save_hf_gpt2  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
+from gptmini.runs.checkpoint import model_from_checkpoint  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 32, 100  # vocab 100 is not a multiple of 64: exercises the padded rows
 

@@ -16,7 +16,6 @@ import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
 from gptmini.attention.rope import apply_rope, rope_tables  # noqa: E402
-from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
 from gptmini.data.prepare import prepare  # noqa: E402
 from gptmini.data.reader import load_tokenizer  # noqa: E402
 from gptmini.data.tokenizers import build_tokenizer  # noqa: E402
@@ -32,6 +31,7 @@ from gptmini.hf.llama import (  # noqa: E402
     save_hf_llama,
 )
 from gptmini.model import GPT, GPTConfig  # noqa: E402
+from gptmini.runs.checkpoint import model_from_checkpoint  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 48, 100  # vocab 100 is not a multiple of 64: exercises gptmini's padded rows
 TEXT = (

@@ -539,7 +539,7 @@ def test_a_settings_schema_follows_its_constructor() -> None:
 def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkeypatch) -> None:
     """The resume checkpoint is read (and its checksum verified) once, by the plan, which keeps it for the checks
     once the data is prepared; only Lightning's own load reads it again."""
-    import gptmini.checkpoint as checkpoint
+    import gptmini.runs.checkpoint as checkpoint
     from gptmini.model import GPT
     from gptmini.training.run.plan import plan_run
 

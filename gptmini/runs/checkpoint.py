@@ -2,7 +2,7 @@
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
 previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
 at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
-another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs``' (``resolve_checkpoint``)."""
+another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs.discovery``' (``resolve_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import torch
 
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
-from gptmini.run_files import SUMMARY_FILE, write_summary
-from gptmini.run_record import RunRecord, read_record
+from gptmini.runs.files import SUMMARY_FILE, write_summary
+from gptmini.runs.record import RunRecord, read_record
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@ tab's own text turn what the user named into a model to run.
 
 ``open_run(spec)`` takes a checkpoint file, a run folder (its newest ``last.ckpt``/``on_exception.ckpt``), a run
 name (a folder of the runs folder, ``outputs/``) or ``last`` (the newest checkpoint of any run), the rule of
-:func:`gptmini.runs.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
-chosen device, the tokenizer it was trained with, the run's record (:func:`gptmini.run_record.read_record`)
+:func:`gptmini.runs.discovery.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
+chosen device, the tokenizer it was trained with, the run's record (:func:`gptmini.runs.record.read_record`)
 and the checkpoint's metadata. The checkpoint
-is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.checkpoint.load_checkpoint`), and the
+is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.runs.checkpoint.load_checkpoint`), and the
 device is checked by :func:`gptmini.options.resolve_device` before any file is read.
 """
 
@@ -17,13 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import (
-    DATA_IDENTITY_KEY,
-    SAVED_TOKENIZER_KEY,
-    CheckpointError,
-    check_trained_data,
-    model_and_checkpoint,
-)
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
 from gptmini.data.tokenizers import (
@@ -36,8 +29,15 @@ from gptmini.data.tokenizers import (
 from gptmini.fileio import name_too_long
 from gptmini.model import GPT
 from gptmini.options import resolve_device
-from gptmini.run_record import RunRecord, RunRecordError, read_record
-from gptmini.runs import resolve_checkpoint
+from gptmini.runs.checkpoint import (
+    DATA_IDENTITY_KEY,
+    SAVED_TOKENIZER_KEY,
+    CheckpointError,
+    check_trained_data,
+    model_and_checkpoint,
+)
+from gptmini.runs.discovery import resolve_checkpoint
+from gptmini.runs.record import RunRecord, RunRecordError, read_record
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A run's checkpoint files, without torch: which files ``last`` chooses among, and the run's summary of its
-checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.checkpoint`` loads and
+checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.runs.checkpoint`` loads and
 saves them)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gptmini import fileio
-from gptmini.run_record import read_record
+from gptmini.runs.record import read_record
 
-# The files ``last`` chooses among (``gptmini.runs.newest_checkpoint``).
+# The files ``last`` chooses among (``gptmini.runs.discovery.newest_checkpoint``).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from gptmini import fileio
 from gptmini.options import HelpFormatter
-from gptmini.run_files import LAST_NAMES, read_summary
-from gptmini.run_record import RunRecordError, read_record, read_record_file
+from gptmini.runs.files import LAST_NAMES, read_summary
+from gptmini.runs.record import RunRecordError, read_record, read_record_file
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def newest_usable_checkpoint(root: str | Path) -> Path | None:
     """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out) that
     loads and matches its checksum. The damaged ones newer than it are named in one warning; CheckpointError
     naming them when every one is damaged; None when there is none."""
-    from gptmini.checkpoint import CheckpointError, load_checkpoint
+    from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     damaged: list[Path] = []
     for path in last_checkpoints(root, sweep_jobs=False):
@@ -134,7 +134,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
     ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
     (a training setting)."""
     # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
-    from gptmini.checkpoint import CheckpointError
+    from gptmini.runs.checkpoint import CheckpointError
 
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
@@ -346,7 +346,7 @@ def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
 def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
     """The checkpoint's global step and the TensorBoard folder its run logged to. Raises CheckpointError when it
     does not load."""
-    from gptmini.checkpoint import load_checkpoint
+    from gptmini.runs.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True, verify=False)
     step = ckpt.get("global_step")
@@ -360,7 +360,7 @@ def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
 def run_event_folder(run_dir: Path) -> Path | None:
     """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
-    from gptmini.checkpoint import CheckpointError
+    from gptmini.runs.checkpoint import CheckpointError
 
     ckpt = _checkpoint(Path(run_dir))
     try:
@@ -439,7 +439,9 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         )
         done, recorded, damaged = None, None, False
         if ckpt is not None:
-            from gptmini.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
+            from gptmini.runs.checkpoint import (
+                CheckpointError,  # torch: only for a checkpoint without a summary
+            )
 
             try:
                 done, recorded = _checkpoint_facts(ckpt)
@@ -503,7 +505,7 @@ def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
 
 
 def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
-    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.checkpoint.newest_usable_checkpoint`): the
+    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.runs.checkpoint.newest_usable_checkpoint`): the
     newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
     it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
     the marked one."""
@@ -517,7 +519,7 @@ def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunI
     for i, path in candidates:
         if read_summary(path) is not None:
             return rows, rows[i]
-        from gptmini.checkpoint import CheckpointError, load_checkpoint
+        from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
         try:
             load_checkpoint(path, mmap=True)

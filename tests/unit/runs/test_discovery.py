@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.checkpoint import CheckpointError
-from gptmini.runs import resolve_checkpoint
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import resolve_checkpoint
 
 
 def _run(

@@ -1,4 +1,4 @@
-"""``gptmini.run.open_run``: the one way to open a run. Each kind of spec (checkpoint file, run folder, run name,
+"""``gptmini.runs.loading.open_run``: the one way to open a run. Each kind of spec (checkpoint file, run folder, run name,
 ``last``), the device, the refusals (each naming the bad value and the fix), the tokenizer guarantees, and that
 sample, eval and the ATTENTION tab give what the model rebuilt by hand from the checkpoint's tensors gives."""
 
@@ -15,13 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptmini.checkpoint import CheckpointError, load_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_meta, load_split
 from gptmini.model import GPT, GPTConfig
-from gptmini.run import LoadedRun, open_run, tokenizer_for_run
-from gptmini.run_record import empty_record
+from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
+from gptmini.runs.loading import LoadedRun, open_run, tokenizer_for_run
+from gptmini.runs.record import empty_record
 
 STAMP = "2026-01-01_00-00-00_000000"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from gptmini.checkpoint import atomic_save, load_checkpoint
-from gptmini.run_record import RECORD_KEY, RECORD_VERSION, empty_record, parse_record, read_record
+from gptmini.runs.checkpoint import atomic_save, load_checkpoint
+from gptmini.runs.record import RECORD_KEY, RECORD_VERSION, empty_record, parse_record, read_record
 
 OLD_CHECKPOINT = (
-    Path(__file__).resolve().parents[1] / "fixtures" / "run_v0" / "run" / "checkpoints" / "last.ckpt"
+    Path(__file__).resolve().parents[2] / "fixtures" / "run_v0" / "run" / "checkpoints" / "last.ckpt"
 )
 
 
