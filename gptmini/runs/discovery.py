@@ -32,7 +32,7 @@ from typing import Any
 
 from gptmini import fileio
 from gptmini.options import HelpFormatter
-from gptmini.runs.files import LAST_NAMES, read_summary
+from gptmini.runs.files import LAST_NAMES, last_val_loss, read_summary
 from gptmini.runs.record import RunRecordError, read_record, read_record_file
 
 log = logging.getLogger(__name__)
@@ -343,9 +343,9 @@ def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
     return Path(os.path.normpath(Path(run_dir) / recorded))
 
 
-def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
-    """The checkpoint's global step and the TensorBoard folder its run logged to. Raises CheckpointError when it
-    does not load."""
+def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None, tuple[float | None, int | None]]:
+    """The checkpoint's global step, the TensorBoard folder its run logged to, and its last val/loss and step.
+    Raises CheckpointError when it does not load."""
     from gptmini.runs.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True, verify=False)
@@ -354,7 +354,8 @@ def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
         events = read_record(ckpt).tensorboard_dir
     except RunRecordError:
         events = None
-    return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, events)
+    folder = recorded_event_folder(path.parent.parent, events)
+    return int(step) if isinstance(step, int) else None, folder, last_val_loss(ckpt)
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
@@ -371,24 +372,6 @@ def run_event_folder(run_dir: Path) -> Path | None:
     if recorded is not None and recorded.is_dir():
         return recorded
     return next(iter(event_folders(Path(run_dir))), None)
-
-
-def _last_val_loss(folder: Path, up_to: int | None) -> tuple[float | None, int | None]:
-    """The last val/loss in ``folder``'s events, at step ``up_to`` at most (a run resumed from this one logs on
-    into the same TensorBoard run)."""
-    # Only the scalars are of use: keep one of everything else (the attention images are large).
-    guidance = {"images": 1, "tensors": 1, "histograms": 1, "audio": 1, "compressedHistograms": 1}
-    try:
-        events = read_events(folder, **guidance)
-        scalars = events.Scalars("val/loss") if "val/loss" in events.Tags().get("scalars", []) else []
-    except Exception as err:  # a damaged or half-written event file: the row says n/a
-        log.warning("could not read %s: %s: %s", folder, type(err).__name__, err)
-        return None, None
-    scalars = [e for e in scalars if up_to is None or e.step <= up_to]
-    if not scalars:
-        return None, None
-    last = max(scalars, key=lambda e: (e.step, e.wall_time))
-    return float(last.value), int(last.step)
 
 
 def _size_and_mtime(folder: Path) -> tuple[int, float]:
@@ -416,8 +399,8 @@ def _wanted(value: Any, kind: type) -> Any:
 
 def run_info(folder: Path, output_root: Path) -> RunInfo:
     """One run's row. From the run's summary (``run_summary.json``, written with each checkpoint) when it still
-    describes the newest checkpoint; else from ``.hydra/config.yaml``, the checkpoint (memory-mapped) and the
-    TensorBoard events."""
+    describes the newest checkpoint; else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the
+    checkpoint (memory-mapped): its step and the last val/loss its callbacks recorded."""
     ckpt = _checkpoint(folder)
     summary = read_summary(ckpt) if ckpt is not None else None
     val_loss = val_step = None
@@ -444,7 +427,7 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
             )
 
             try:
-                done, recorded = _checkpoint_facts(ckpt)
+                done, recorded, (val_loss, val_step) = _checkpoint_facts(ckpt)
             except CheckpointError as err:
                 log.warning("%s", err)
                 damaged = True
@@ -462,8 +445,6 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     events = (
         recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
     )
-    if val_loss is None and events is not None:
-        val_loss, val_step = _last_val_loss(events, done)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     name = config.get("run_name")

@@ -35,7 +35,7 @@ def _summary_file(ckpt: Path) -> Path | None:
     return ckpt.parent.parent / SUMMARY_FILE
 
 
-def _last_val_loss(checkpoint: Mapping[str, Any]) -> tuple[float | None, int | None]:
+def last_val_loss(checkpoint: Mapping[str, Any]) -> tuple[float | None, int | None]:
     """The last validation's val/loss and step, as the callback watching it (``stop_at_target``) keeps them in
     its state; (None, None) when no callback recorded one."""
     for state in (checkpoint.get("callbacks") or {}).values():
@@ -68,7 +68,7 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
     record = read_record(checkpoint)
     st = path.stat()
     step = checkpoint.get("global_step")
-    val_loss, val_step = _last_val_loss(checkpoint)
+    val_loss, val_step = last_val_loss(checkpoint)
     entries = _read_summaries(file)
     entries[path.name] = {
         "bytes": st.st_size,
