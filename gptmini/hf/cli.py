@@ -22,7 +22,7 @@ from gptmini.hf.common import HFWeightsError
 from gptmini.hf.gpt2 import save_hf_gpt2
 from gptmini.options import HelpFormatter
 from gptmini.runs.discovery import CKPT_RULE
-from gptmini.runs.record import RECORD_KEY, RunRecord, empty_record
+from gptmini.runs.record import RECORD_KEY, RunRecord
 
 log = logging.getLogger("gptmini.hf")
 
@@ -161,20 +161,20 @@ def _imported_record(args: argparse.Namespace, model: dict[str, Any]) -> RunReco
                 f"--data-dir {args.data_dir} holds a {meta['tokenizer']} vocabulary of {meta['vocab_size']} tokens "
                 f"but the model has {vocab_size}: it is not the vocabulary the model was trained with"
             )
-        return empty_record(
+        return RunRecord(
             **record,
             tokenizer={"name": meta["tokenizer"]},
             data={"data_dir": str(Path(args.data_dir).absolute())},
         )
     gpt2 = build_tokenizer("gpt2").vocab_size
     if gpt2 <= vocab_size <= gpt2 + 128:  # GPT-2's vocabulary, possibly padded
-        return empty_record(**record, tokenizer={"name": "gpt2"})
+        return RunRecord(**record, tokenizer={"name": "gpt2"})
     log.warning(
         "the model's vocabulary (%d tokens) is not GPT-2's and no --data-dir was given: the checkpoint records no "
         "tokenizer, so sampling and attention maps will ask for --data-dir (the prepared folder of its vocabulary)",
         vocab_size,
     )
-    return empty_record(**record)
+    return RunRecord(**record)
 
 
 def _import(args: argparse.Namespace) -> None:

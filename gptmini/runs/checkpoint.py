@@ -21,7 +21,7 @@ import torch
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
 from gptmini.runs.files import SUMMARY_FILE, write_summary
-from gptmini.runs.record import RunRecord, read_record
+from gptmini.runs.record import read_record
 
 log = logging.getLogger(__name__)
 
@@ -324,14 +324,6 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
     _say_if_averaged(ckpt, path)
-
-
-def model_from_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[GPT, RunRecord]:
-    """The plain ``GPT`` stored in a training checkpoint, and the run's record."""
-    model, ckpt = model_and_checkpoint(path, map_location)
-    return model, read_record(ckpt)
 
 
 def check_resume_compatible(

@@ -1,12 +1,10 @@
 """The run record: what a training run was (its plan, as JSON), kept in every checkpoint and in the run folder,
 and the one reader every command uses to read it back (``read_record``).
 
-Training writes the record from its frozen plan (``gptmini.training.run.plan.RunPlan.record``): a ``version``, the
-model, the tokenizer, each group's settings as the plan typed them, the hardware and precision, the command's
-overrides, the resolved ``model.init_from``, the training processes and the tokens per optimizer step. A
-checkpoint holds it as JSON text under ``hyper_parameters.run_record``; the run folder as ``run_record.json``.
-Checkpoints written before the record (version 0) kept the composed config (``hyper_parameters.run_config``):
-``read_record`` reads them into the same ``RunRecord``, the settings they lack left ``None``.
+Training writes the record from its frozen plan (``gptmini.training.run.plan.RunPlan.record``). A checkpoint holds
+it as JSON text under ``hyper_parameters.run_record``; the run folder as ``run_record.json``. Checkpoints written
+before the record (version 0) kept the composed config (``hyper_parameters.run_config``): ``read_record`` reads
+them into the same ``RunRecord``, the settings they lack left empty.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ from gptmini import fileio
 RECORD_VERSION = 1
 RECORD_KEY = "run_record"  # in a checkpoint's hyper_parameters: the record as JSON text
 RECORD_FILE = "run_record.json"  # in the run folder
-LEGACY_KEY = "run_config"  # version 0: the composed config, resolved, as a dict
 
 
 class RunRecordError(ValueError):
@@ -32,16 +29,16 @@ class RunRecordError(ValueError):
 
 @dataclass(frozen=True)
 class RunRecord:
-    version: int  # 0: read from a checkpoint written before the record
-    model: dict[str, Any]  # GPTConfig's fields, as trained ({} when the checkpoint records none)
-    tokenizer: dict[str, Any]  # name, and a trained BPE's vocab_size and train_bytes ({}: not recorded)
-    data: dict[str, Any]  # the DataModule's settings: source, data_dir, batch_size, val_fraction, ...
-    trainer: dict[
-        str, Any
-    ]  # the Trainer's settings, its precision and validation interval as the plan made them
-    optimizer: dict[str, Any]  # with _target_ ({}: not recorded)
-    scheduler: dict[str, Any] | None  # None: a constant learning rate, or not recorded
-    callbacks: dict[str, Any]  # by name, null ones left out
+    version: int = RECORD_VERSION  # 0: read from a checkpoint written before the record
+    model: dict[str, Any] = field(default_factory=dict)  # GPTConfig's fields, as trained
+    tokenizer: dict[str, Any] = field(
+        default_factory=dict
+    )  # name, and a trained BPE's vocab_size, train_bytes
+    data: dict[str, Any] = field(default_factory=dict)  # the DataModule's settings: source, data_dir, ...
+    trainer: dict[str, Any] = field(default_factory=dict)  # with the precision and validation interval used
+    optimizer: dict[str, Any] = field(default_factory=dict)  # with its _target_
+    scheduler: dict[str, Any] | None = None  # None: a constant learning rate
+    callbacks: dict[str, Any] = field(default_factory=dict)  # by name, null ones left out
     run_name: str | None = None
     seed: int | None = None
     hardware: str | None = None  # the hardware option chosen (cpu, gpu, auto)
@@ -73,25 +70,33 @@ class RunRecord:
         fileio.atomic_write_json(Path(run_dir) / RECORD_FILE, json.loads(self.to_json()))
 
 
-def empty_record(**values: Any) -> RunRecord:
-    """A record of the current version holding ``values`` alone (an imported checkpoint's)."""
-    base: dict[str, Any] = {
-        k: {} for k in ("model", "tokenizer", "data", "trainer", "optimizer", "callbacks")
-    }
-    return RunRecord(**({"version": RECORD_VERSION, "scheduler": None} | base | values))
-
-
 def read_record(checkpoint: Mapping[str, Any]) -> RunRecord:
-    """The run record of a loaded checkpoint: its ``run_record`` (this version's), else the composed config an
-    earlier version kept (version 0). A checkpoint that records neither (written by another tool) gives an empty
-    record. Raises RunRecordError for a record that is not JSON of a known version."""
+    """The run record of a loaded checkpoint: its ``run_record``, else the composed config an earlier version
+    kept (version 0); an empty record for a checkpoint that records neither. RunRecordError for a record that is
+    not JSON of a known version."""
     hp = checkpoint.get("hyper_parameters") or {}
-    model = hp.get("model_config") if isinstance(hp.get("model_config"), Mapping) else {}
-    text = hp.get(RECORD_KEY)
-    if text is not None:
-        return parse_record(text, model)
-    legacy = hp.get(LEGACY_KEY)
-    return _from_composed_config(legacy if isinstance(legacy, Mapping) else {}, model)
+    model = _dict(hp.get("model_config"))
+    if hp.get(RECORD_KEY) is not None:
+        return parse_record(hp[RECORD_KEY], model)
+    config = _dict(hp.get("run_config"))
+    trainer, composed_model = _dict(config.get("trainer")), _dict(config.get("model"))
+    return RunRecord(
+        version=0,
+        model=model or {k: v for k, v in composed_model.items() if k != "init_from"},
+        tokenizer=_dict(config.get("tokenizer")),
+        data=_dict(config.get("data")),
+        trainer=trainer,
+        optimizer=_dict(config.get("optimizer")),
+        scheduler=_dict(config.get("scheduler")) or None,
+        callbacks={k: v for k, v in _dict(config.get("callbacks")).items() if v is not None},
+        run_name=config.get("run_name"),
+        seed=config.get("seed"),
+        precision=trainer.get("precision"),
+        init_from=composed_model.get("init_from"),
+        world_size=config.get("world_size"),  # written by the build beside the composed config
+        tensorboard_dir=config.get("tensorboard_dir"),
+        output_dir=_dict(config.get("paths")).get("output_dir"),
+    )
 
 
 def read_record_file(run_dir: str | Path) -> RunRecord | None:
@@ -108,44 +113,18 @@ def parse_record(text: str, model: Mapping[str, Any] | None = None) -> RunRecord
         values = json.loads(text)
     except (TypeError, ValueError) as err:
         raise RunRecordError(f"the run record is not JSON: {err}") from None
-    if not isinstance(values, dict) or values.get("version") != RECORD_VERSION:
-        version = values.get("version") if isinstance(values, dict) else None
+    version = values.get("version") if isinstance(values, dict) else None
+    if version != RECORD_VERSION:
         raise RunRecordError(
             f"the run record's version {version!r} is not one this gptmini reads ({RECORD_VERSION}): read it with "
             "the gptmini that wrote it"
         )
-    fields = {f.name for f in dataclasses.fields(RunRecord)}
-    values = {k: v for k, v in values.items() if k in fields}
-    if not values.get("model") and model:
-        values["model"] = dict(model)
+    values = {f.name: values[f.name] for f in dataclasses.fields(RunRecord) if f.name in values}
+    values["model"] = values.get("model") or dict(model or {})
     if values.get("overrides") is not None:
         values["overrides"] = tuple(values["overrides"])
-    return empty_record(**values)
+    return RunRecord(**values)
 
 
 def _dict(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
-
-
-def _from_composed_config(config: Mapping[str, Any], model: Mapping[str, Any]) -> RunRecord:
-    """Version 0: the composed config a checkpoint kept before the record (with ``world_size`` and
-    ``tensorboard_dir`` added by the build, and the trainer's validation interval as the run used it)."""
-    trainer = _dict(config.get("trainer"))
-    composed_model = _dict(config.get("model"))
-    return RunRecord(
-        version=0,
-        model=dict(model) or {k: v for k, v in composed_model.items() if k != "init_from"},
-        tokenizer=_dict(config.get("tokenizer")),
-        data=_dict(config.get("data")),
-        trainer=trainer,
-        optimizer=_dict(config.get("optimizer")),
-        scheduler=_dict(config.get("scheduler")) or None,
-        callbacks={k: v for k, v in _dict(config.get("callbacks")).items() if v is not None},
-        run_name=config.get("run_name"),
-        seed=config.get("seed"),
-        precision=trainer.get("precision"),
-        init_from=composed_model.get("init_from"),
-        world_size=config.get("world_size"),
-        tensorboard_dir=config.get("tensorboard_dir"),
-        output_dir=_dict(config.get("paths")).get("output_dir"),
-    )

@@ -178,9 +178,9 @@ def test_a_run_is_named_by_its_run_name_in_the_legend(tmp_path):
     from types import SimpleNamespace
 
     from gptmini.inference.evaluate import _label
-    from gptmini.runs.record import empty_record
+    from gptmini.runs.record import RunRecord
 
     config = SimpleNamespace(position="rope", block_size=64)
-    record = empty_record(run_name="zoo")
+    record = RunRecord(run_name="zoo")
     run = SimpleNamespace(record=record, name="2026-01-01", model=SimpleNamespace(config=config))
     assert _label(run) == "zoo: rope positions, trained at 64"

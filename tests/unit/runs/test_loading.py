@@ -21,7 +21,7 @@ from gptmini.data.reader import load_meta, load_split
 from gptmini.model import GPT, GPTConfig
 from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 from gptmini.runs.loading import LoadedRun, open_run, tokenizer_for_run
-from gptmini.runs.record import empty_record
+from gptmini.runs.record import RunRecord
 
 STAMP = "2026-01-01_00-00-00_000000"
 
@@ -174,7 +174,7 @@ def test_a_checkpoint_recording_no_tokenizer_needs_a_vocabulary_that_fits(world,
     ):
         open_run(small, device="cpu", data_dir=world["data"])
     with pytest.raises(CheckpointError, match="has more tokens than the model's vocabulary"):
-        tokenizer_for_run(empty_record(tokenizer={"name": "gpt2"}), model_vocab=100)
+        tokenizer_for_run(RunRecord(tokenizer={"name": "gpt2"}), model_vocab=100)
 
 
 def test_the_data_folder_is_the_recorded_one_or_the_one_given(world, tmp_path, write_checkpoint):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from gptmini.runs.checkpoint import atomic_save, load_checkpoint
-from gptmini.runs.record import RECORD_KEY, RECORD_VERSION, empty_record, parse_record, read_record
+from gptmini.runs.record import RECORD_KEY, RECORD_VERSION, RunRecord, parse_record, read_record
 
 OLD_CHECKPOINT = (
     Path(__file__).resolve().parents[2] / "fixtures" / "run_v0" / "run" / "checkpoints" / "last.ckpt"
@@ -31,7 +31,7 @@ def test_a_checkpoint_of_the_earlier_version_reads_as_a_record_of_version_0() ->
 
 
 def test_a_record_reads_back_as_it_was_written() -> None:
-    record = empty_record(
+    record = RunRecord(
         model={"n_layer": 1}, tokenizer={"name": "char"}, overrides=("a=1", "b=2"), tokens_per_step=64
     )
     again = parse_record(record.to_json())
@@ -41,7 +41,7 @@ def test_a_record_reads_back_as_it_was_written() -> None:
 def test_a_record_of_another_version_is_refused_in_one_line(gptmini_cli, tmp_path) -> None:
     ckpt = load_checkpoint(OLD_CHECKPOINT)
     hp = ckpt["hyper_parameters"]
-    hp[RECORD_KEY] = json.dumps({**json.loads(empty_record().to_json()), "version": RECORD_VERSION + 1})
+    hp[RECORD_KEY] = json.dumps({**json.loads(RunRecord().to_json()), "version": RECORD_VERSION + 1})
     path = tmp_path / "future.ckpt"
     atomic_save({"state_dict": ckpt["state_dict"], "hyper_parameters": hp, "global_step": 1}, path)
     proc = gptmini_cli(["sample", "--ckpt", str(path), "--max-new-tokens", "2"])
