@@ -13,6 +13,7 @@ or trained BPE of the prepared data folder it was trained on (``--data-dir`` whe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,12 +46,12 @@ def export_tokenizer(
     choice: str, record: RunRecord, data_dir: str | None, checkpoint: tuple[Path, dict[str, Any]]
 ) -> Any | None:
     """The gptmini tokenizer whose files go with an export: ``auto`` is the one the run recorded (None, with a
-    warning, for a checkpoint that records none), ``none`` writes none. Raises HFWeightsError when a ``char``
-    vocabulary cannot be found or is not the one the checkpoint was trained with."""
-    from gptmini.data.reader import load_tokenizer
-    from gptmini.data.tokenizers import SAVED_TOKENIZERS, build_tokenizer
-    from gptmini.runs.checkpoint import check_trained_data
-    from gptmini.runs.loading import carried_tokenizer
+    warning, for a checkpoint that records none), ``none`` writes none; found as every command finds a run's
+    tokenizer (``gptmini.runs.loading.tokenizer_for_run``). Raises HFWeightsError when a ``char`` vocabulary
+    cannot be found or is not the one the checkpoint was trained with."""
+    from gptmini.data.errors import DataError
+    from gptmini.runs.checkpoint import CheckpointError
+    from gptmini.runs.loading import tokenizer_for_run
 
     if choice == "none":
         return None
@@ -66,24 +67,14 @@ def export_tokenizer(
         raise HFWeightsError(
             f"--tokenizer {name}: the checkpoint was trained with the {recorded!r} tokenizer (use --tokenizer auto)"
         )
-    if name not in SAVED_TOKENIZERS:
-        return build_tokenizer(name)
-    carried = carried_tokenizer(*checkpoint) if not data_dir else None
-    if carried is not None and carried.name == name:  # the checkpoint's own copy: no data folder needed
-        return carried
-    folder = Path(data_dir) if data_dir else Path(record.data_dir or "")
-    if not (folder / "meta.json").is_file():
-        raise HFWeightsError(
-            f"the {name} vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
-            "prepared data folder the checkpoint was trained on, or --tokenizer none"
+    try:
+        tokenizer = tokenizer_for_run(
+            dataclasses.replace(record, tokenizer={"name": name}), data_dir, checkpoint
         )
-    # another char vocabulary would give the ids other characters: refused, naming both
-    check_trained_data(
-        *checkpoint, folder, other_data="allow", fix="pass --data-dir with the folder it was trained on"
-    )
-    tokenizer = load_tokenizer(folder)
+    except (CheckpointError, DataError) as err:
+        raise HFWeightsError(f"{err}, or --tokenizer none") from None
     if tokenizer.name != name:
-        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not {name!r}")
+        raise HFWeightsError(f"{data_dir} was prepared with the {tokenizer.name!r} tokenizer, not {name!r}")
     return tokenizer
 
 
