@@ -54,11 +54,11 @@ _NOT_HPARAMS = ("paths", "callbacks", "logger", "hydra", "overrides", "output_di
 _NOT_HPARAM_KEYS = ("_target_", "_partial_", "_convert_", "default_root_dir", "data_dir")
 
 
-def flat_hparams(run_config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """The run's resolved config as TensorBoard hyperparameters: dotted keys, scalar values (None as "null",
+def flat_hparams(settings: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """The run's settings (its record) as TensorBoard hyperparameters: dotted keys, scalar values (None as "null",
     lists as text), without folders and logging settings."""
     out: dict[str, bool | int | float | str] = {}
-    for key, value in run_config.items():
+    for key, value in settings.items():
         name = f"{prefix}{key}"
         if (not prefix and key in _NOT_HPARAMS) or key in _NOT_HPARAM_KEYS:
             continue

@@ -247,8 +247,8 @@ def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
 
 
 def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
-    """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
-    the starting weights of ``model.init_from``."""
+    """The LightningModule: the model, its optimizer and schedule, the run record for its checkpoints (and the run
+    folder's run_record.json), and the starting weights of ``model.init_from``."""
     from gptmini.data.reader import data_identity, load_meta, saved_tokenizer
     from gptmini.runs.checkpoint import SAVED_TOKENIZER_KEY
     from gptmini.training.loop.module import GPTLightningModule
