@@ -58,7 +58,7 @@ test: $(STAMP) ## Fast test suite (what CI runs)
 test-full: $(STAMP) ## Every test, the slow ones too
 	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
-bench: $(STAMP) ## Benchmarks: attention, training, host cost per step, generation, data, recipe, frontier, busy (tables in results/)
+bench: $(STAMP) ## Benchmarks: attention, training, host cost per step, the whole run, generation, data, the attention tab, runs (tables in results/)
 	$(PY) scripts/bench.py $(ARGS)
 
 bench-tokenizers: $(STAMP) ## Tokenizers by bits per byte at equal training time (ARGS="--seconds 300", "--quick")

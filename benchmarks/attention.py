@@ -318,7 +318,7 @@ def attention_key_child(payload: str) -> None:
     p = json.loads(payload)
     retained = False
     if p["retain"]:
-        from gptmini.training.run.allocator import retain_freed_memory
+        from gptmini.training.hardware import retain_freed_memory
 
         retained = retain_freed_memory()
     opts = BenchOptions(quick=p["quick"], compile=False, seed=p["seed"], retain_memory=retained)

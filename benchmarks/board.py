@@ -374,8 +374,8 @@ def _checkpointed_run(logdir: Path, config: Any) -> str:
     from torch.utils.tensorboard import SummaryWriter
 
     from gptmini.board.summary import AttentionSummary, summary_proto
-    from gptmini.checkpoint import atomic_save
     from gptmini.model import GPT
+    from gptmini.runs.checkpoint import atomic_save
 
     torch.manual_seed(0)
     model = GPT(config)

@@ -85,14 +85,11 @@ def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
     """The sections whose benchmarks each give one table as it is: (benchmark, table name, title, columns). The
     sections are imported here, not at the top: `gptmini bench --help` needs none of them (nor Lightning)."""
     from benchmarks.board import BOARD_COLUMNS, bench_board
-    from benchmarks.busy import BUSY_COLUMNS, bench_busy
     from benchmarks.end_to_end import bench_end_to_end
-    from benchmarks.frontier import FRONTIER_COLUMNS, bench_frontier
     from benchmarks.generation import bench_generate
     from benchmarks.host import HOST_COLUMNS, bench_host
     from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
     from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
-    from benchmarks.recipe import RECIPE_COLUMNS, bench_recipe
     from benchmarks.runs import RUNS_COLUMNS, bench_runs
     from benchmarks.summary import (
         E2E_COLUMNS,
@@ -111,23 +108,6 @@ def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
             (bench_host, "host", "Host cost per step: the training command vs the bare loop", HOST_COLUMNS)
         ],
         "e2e": [(bench_end_to_end, "e2e", "The whole run: training command vs bare loop", E2E_COLUMNS)],
-        "recipe": [
-            (
-                bench_recipe,
-                "recipe",
-                "Time to nanoGPT's quick-start loss: the recipe and its ingredients",
-                RECIPE_COLUMNS,
-            )
-        ],
-        "frontier": [
-            (
-                bench_frontier,
-                "frontier",
-                "The frontier: val/loss within a wall-clock budget",
-                FRONTIER_COLUMNS,
-            )
-        ],
-        "busy": [(bench_busy, "busy", "The speedrun's lead on a busy machine", BUSY_COLUMNS)],
         "board": [(bench_board, "board", "Attention tab: size, render and own-text timings", BOARD_COLUMNS)],
         "runs": [(bench_runs, "runs", "`gptmini runs` over many runs", RUNS_COLUMNS)],
         "generate": [(bench_generate, "generate", "Generation (batch 1, greedy)", GENERATE_COLUMNS)],
@@ -168,7 +148,7 @@ def _run_section(section: str, opts: BenchOptions, out: Path, table: Table) -> N
             key_notes.append(
                 f"allocator: '{ALLOC_DEFAULT}' is glibc's malloc as it comes (every block over 32 MiB is a "
                 f"fresh mmap, faulted in page by page on each call); '{ALLOC_RETAINED}' keeps freed memory "
-                "in the process (gptmini.training.run.allocator, what training uses). The two were measured in separate "
+                "in the process (gptmini.training.hardware.retain_freed_memory, what training uses). The two were measured in separate "
                 "processes. The (T, T) score matrices of chapter 3's MHA (8 x 12 x 1024 x 1024 floats, "
                 "403 MB, and as much again for the softmax and its gradient) cost it page faults on every "
                 "call under the default; retained, it runs at the speed of its arithmetic"
@@ -225,37 +205,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tinyshakespeare",
         default=None,
-        help="e2e, recipe, frontier and busy: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
+        help="e2e: train on this file (tinyshakespeare.txt, the char-rnn file) instead of the embedded corpus",
     )
     p.add_argument(
         "--e2e-rounds", type=positive_int, default=None, help="e2e: runs of each path (default 2; quick: 1)"
-    )
-    p.add_argument(
-        "--recipe-seeds",
-        type=positive_int,
-        default=None,
-        help="recipe: seeds per config (default 3; quick: 1)",
-    )
-    p.add_argument(
-        "--recipe-max-steps",
-        type=positive_int,
-        default=None,
-        help="recipe: cap every run at this many steps, for a quick look (default: each config's own length)",
-    )
-    p.add_argument(
-        "--frontier-budgets",
-        type=_sizes,
-        default=None,
-        help="frontier: whole-process budgets in seconds, comma-separated (default 60,180,600)",
-    )
-    p.add_argument(
-        "--nanogpt",
-        default=None,
-        help="busy: a nanoGPT checkout; its train.py (CPU quick start) is the reference (default: gptmini's "
-        "experiment=shakespeare_char_cpu)",
-    )
-    p.add_argument(
-        "--busy-rounds", type=positive_int, default=None, help="busy: rounds of each program (default 3)"
     )
     p.add_argument(
         "--corpus-mb",
@@ -281,14 +234,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
     bad = sorted(set(only) - set(SECTIONS))
     if bad:
         p.error(f"--only: unknown section(s) {', '.join(bad)}; valid: {', '.join(SECTIONS)}")
-    from benchmarks.frontier import MARGIN_S
-
-    short = [b for b in a.frontier_budgets or () if b <= MARGIN_S]
-    if short:
-        p.error(
-            f"--frontier-budgets {','.join(map(str, short))}: each budget must exceed the {MARGIN_S} s a run "
-            "spends outside training (imports, checkpoint, evaluation)"
-        )
     logging.basicConfig(
         level=logging.DEBUG if a.verbose else logging.INFO,
         format="%(asctime)s %(message)s",
@@ -297,11 +242,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
     e2e = {
         "tinyshakespeare": a.tinyshakespeare,
         "e2e_rounds": a.e2e_rounds,
-        "recipe_seeds": a.recipe_seeds,
-        "recipe_max_steps": a.recipe_max_steps,
-        "frontier_budgets": tuple(a.frontier_budgets) if a.frontier_budgets else None,
-        "nanogpt": a.nanogpt,
-        "busy_rounds": a.busy_rounds,
     }
     return BenchOptions(
         device=device,
@@ -318,7 +258,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
 def main(argv: Sequence[str] | None = None) -> int:
     opts, only = parse_args(argv)
     if opts.retain_memory:
-        from gptmini.training.run.allocator import retain_freed_memory
+        from gptmini.training.hardware import retain_freed_memory
 
         opts.retain_memory = retain_freed_memory()  # False where it is not glibc
     import lightning.pytorch  # noqa: F401  (its loggers exist once imported)

@@ -32,9 +32,6 @@ SECTIONS = (
     "e2e",
     "generate",
     "data",
-    "recipe",
-    "frontier",
-    "busy",
     "board",
     "runs",
 )
@@ -88,7 +85,7 @@ def run_module(args: Sequence[str], what: str) -> float:
     return run_command([sys.executable, "-m", *args], what)[0]
 
 
-# host allocator of a benchmark process (gptmini.training.run.allocator)
+# host allocator of a benchmark process (gptmini.training.hardware.retain_freed_memory)
 ALLOC_DEFAULT = "glibc default"
 
 
@@ -101,7 +98,7 @@ class BenchOptions:
     quick: bool = False
     compile: bool = True
     out: Path = Path("results")
-    # whether this process keeps freed memory for reuse (gptmini.training.run.allocator), as training does by default;
+    # whether this process keeps freed memory for reuse (gptmini.training.hardware.retain_freed_memory), as training does by default;
     # main() turns it on unless --no-retain-memory
     retain_memory: bool = False
     seed: int = 1337

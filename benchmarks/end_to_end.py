@@ -383,9 +383,9 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     from gptmini.data.reader import load_meta, load_split
     from gptmini.data.windows import RandomWindowDataset, StreamSampler, StridedWindowDataset
     from gptmini.model import GPT, GPTConfig
+    from gptmini.training.hardware import retain_freed_memory
     from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
     from gptmini.training.loop.schedulers import WarmupCosineLR
-    from gptmini.training.run.allocator import retain_freed_memory
 
     retain_freed_memory()  # as training does (retain_freed_memory: true)
     torch.manual_seed(c.seed)

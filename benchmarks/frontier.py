@@ -6,8 +6,8 @@ Each run is one ``python -m gptmini.training`` process given ``trainer.max_time`
 ``MARGIN_S`` (both schedules are paced by that time and finish their decay when it stops the run), then one
 ``gptmini.inference.evaluate`` process scoring its last checkpoint on the whole held-out tenth. The budget counts
 both processes whole: imports, data, model, training, checkpoints and the evaluation; a row says whether the
-run kept to it. ``python -m benchmarks --only frontier --tinyshakespeare input.txt`` (or ``python -m
-benchmarks.frontier ...``) regenerates the table; without the file the embedded corpus stands in.
+run kept to it. A finished study, apart from ``make bench``: ``python -m benchmarks.frontier --tinyshakespeare
+input.txt`` regenerates the table; without the file the embedded corpus stands in.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def bench_frontier(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]
         f"each run: trainer.max_time = budget - {MARGIN_S} s (the schedule decays by that clock), then the "
         "evaluation; total_s counts both processes whole (imports, data, training, checkpoints, evaluation)",
         "nanoGPT's quick start: 4 layers x 4 heads x 128, block 64, batch 12, AdamW 1e-3, warmup-cosine to 0.1x",
-        "regenerate: python -m benchmarks --only frontier --tinyshakespeare input.txt",
+        "regenerate: python -m benchmarks.frontier --tinyshakespeare input.txt",
     ]
     if opts.quick:
         notes.append(

@@ -9,9 +9,9 @@ Each run is a fresh ``python -m gptmini.training`` process that stops itself at 
 the target (``target_val_loss``), validating on the whole held-out tenth (over 100k tokens). Its time to target is
 ``perf/time_to_target_process`` (process start to that validation's end: imports, config, model, training and
 validations; the data is prepared beforehand, once); the step is the validation's. A run that never gets there
-reports its final loss. ``python -m benchmarks --only recipe --tinyshakespeare input.txt`` (or ``python -m
-benchmarks.recipe ...``) regenerates the table; without the file the embedded corpus stands in (another text: the
-target means little there).
+reports its final loss. A finished study, apart from ``make bench``: ``python -m benchmarks.recipe
+--tinyshakespeare input.txt`` regenerates the table; without the file the embedded corpus stands in (another text:
+the target means little there).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def run_args(
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What a finished run logged: the validation losses, where the target was reached and how long it took."""
-    from gptmini.runs import read_events, run_event_folder
+    from gptmini.runs.discovery import read_events, run_event_folder
 
     ea = read_events(run_event_folder(run_dir) or run_dir / "tb")
     tags = set(ea.Tags()["scalars"])
@@ -234,8 +234,7 @@ def bench_recipe(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
         "final_val_loss is the mean of every run's last validation",
         "time_to_target_s: process start to the end of the validation that reached the target (imports, model, "
         "training, validations); time_to_target_fit_s: the same from the start of fit; wall_s: the whole process",
-        "regenerate: python -m benchmarks --only recipe --tinyshakespeare input.txt [--recipe-seeds N] "
-        "[--recipe-max-steps N]",
+        "regenerate: python -m benchmarks.recipe --tinyshakespeare input.txt [--seeds N] [--max-steps N]",
     ]
     if cap:
         notes.append(f"capped at {cap} steps (trainer.max_steps={cap}): not the full comparison")

@@ -24,9 +24,9 @@ def _one_run(folder: Path) -> None:
     """A finished 50-step run: Hydra's files, a small checkpoint with its summary, a TensorBoard event file."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from gptmini.checkpoint import atomic_save
     from gptmini.model import GPT, GPTConfig
-    from gptmini.run_files import write_summary
+    from gptmini.runs.checkpoint import atomic_save
+    from gptmini.runs.files import write_summary
 
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "config.yaml").write_text(

@@ -88,7 +88,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "data": Subcommand("prepare a corpus into token shards", _argv_tool("gptmini.data.prepare")),
     "runs": Subcommand(
         "list the runs under outputs/: steps, val/loss, size, finished or resumable",
-        _argv_tool("gptmini.runs"),
+        _argv_tool("gptmini.runs.discovery"),
     ),
     "sample": Subcommand("continue a prompt with a checkpoint", _argv_tool("gptmini.inference.sample")),
     "eval": Subcommand(

@@ -36,8 +36,7 @@ def prepare_for_training(overrides: Sequence[str]) -> int:
     from gptmini.data.tokenizers import TokenizerError
     from gptmini.training.errors import RunError
     from gptmini.training.run.compose import register_configs
-    from gptmini.training.run.inputs import check_input_files
-    from gptmini.training.run.plan import plan_data
+    from gptmini.training.run.plan import check_input_files, plan_data
 
     callback, shown = cli_logging()
     try:

@@ -275,9 +275,9 @@ def gptmini_cli(
 @pytest.fixture(scope="session")
 def tb_events() -> Callable[[Path], Any]:
     """``tb_events(run_dir)``: an ``EventAccumulator`` holding every event (scalars, images, tensors) of the
-    TensorBoard run the run in ``run_dir`` logged to (``gptmini.runs.run_event_folder``: ``run_dir/tb/<label>``;
+    TensorBoard run the run in ``run_dir`` logged to (``gptmini.runs.discovery.run_event_folder``: ``run_dir/tb/<label>``;
     for a resumed run, the run's it resumed, which holds both)."""
-    from gptmini.runs import read_events, run_event_folder
+    from gptmini.runs.discovery import read_events, run_event_folder
 
     def _events(run_dir: Path) -> Any:
         folder = run_event_folder(run_dir) or Path(run_dir) / "tb"
@@ -289,7 +289,7 @@ def tb_events() -> Callable[[Path], Any]:
 @pytest.fixture(scope="session")
 def write_checkpoint() -> Callable[..., Path]:
     """``write_checkpoint(path, data_dir=None, vocab_size=16, global_step=5, **model) -> path``: a checkpoint of a
-    small freshly initialised GPT, written as training writes one (``gptmini.checkpoint.atomic_save``: atomic,
+    small freshly initialised GPT, written as training writes one (``gptmini.runs.checkpoint.atomic_save``: atomic,
     with the checksum of its tensors). With ``data_dir`` (a prepared folder), its vocabulary sizes the model and
     the checkpoint records that data (``data_identity``, ``run_config.data.data_dir``) as a training run does."""
 
@@ -303,8 +303,8 @@ def write_checkpoint() -> Callable[..., Path]:
     ) -> Path:
         import torch
 
-        from gptmini.checkpoint import atomic_save
         from gptmini.model import GPT, GPTConfig
+        from gptmini.runs.checkpoint import atomic_save
 
         hyper: dict[str, Any] = {"run_config": {}}
         if data_dir is not None:

@@ -369,8 +369,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         """The cached (model, tokenizer, step) of ``path``, loaded again whenever the file changed in any way
         (its inode change time moves with every write, even one that restores the modification time), and its
         checksum verified again at every load."""
-        from gptmini.checkpoint import CheckpointError
         from gptmini.data.errors import DataError
+        from gptmini.runs.checkpoint import CheckpointError
 
         try:
             st = path.stat()
@@ -444,13 +444,13 @@ def _text_request(request: wrappers.Request) -> TextRequest:
 
 def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
     """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, opened as every command
-    opens one (:func:`gptmini.run.open_run`: ``weights_only=True``, checksum verified). The checksum is verified
+    opens one (:func:`gptmini.runs.loading.open_run`: ``weights_only=True``, checksum verified). The checksum is verified
     here again: the loader skips a file it verified before in this process when its size and modification time
     are unchanged, and the tab reloads a file exactly when it changed. TokenizerMissing when the run's
     vocabulary cannot be found (its refusal is worded for the tab, which has no --data-dir)."""
-    from gptmini.checkpoint import CHECKSUM_KEY, CheckpointError, tensor_checksum
     from gptmini.data.errors import DataError
-    from gptmini.run import open_run, tokenizer_for_run
+    from gptmini.runs.checkpoint import CHECKSUM_KEY, CheckpointError, tensor_checksum
+    from gptmini.runs.loading import open_run, tokenizer_for_run
 
     run = open_run(path, device="cpu", tokenizer=False)
     recorded = run.checkpoint.get(CHECKSUM_KEY)
@@ -461,10 +461,10 @@ def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
         )
     try:
         tokenizer = tokenizer_for_run(
-            run.config, None, (run.path, run.checkpoint), run.model.config.vocab_size
+            run.record, None, (run.path, run.checkpoint), run.model.config.vocab_size
         )
     except (CheckpointError, DataError) as err:
-        folder = (run.config.get("data") or {}).get("data_dir")
+        folder = run.record.data_dir
         log.warning("own text for %s: %s", path, err)  # the command line's wording, in TensorBoard's log
         raise TokenizerMissing(
             "own text needs the vocabulary this run was trained with, from the prepared data folder it recorded "

@@ -13,6 +13,7 @@ or trained BPE of the prepared data folder it was trained on (``--data-dir`` whe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Any
 from gptmini.hf.common import HFWeightsError
 from gptmini.hf.gpt2 import save_hf_gpt2
 from gptmini.options import HelpFormatter
-from gptmini.runs import CKPT_RULE
+from gptmini.runs.discovery import CKPT_RULE
+from gptmini.runs.record import RECORD_KEY, RunRecord
 
 log = logging.getLogger("gptmini.hf")
 
@@ -29,31 +31,31 @@ EXPORT_FORMATS = ("gpt2", "llama")
 TOKENIZER_CHOICES = ("auto", "gpt2", "char", "bpe", "none")
 
 
-def default_tokenizer_choice(export_format: str, run_config: dict[str, Any]) -> str:
+def default_tokenizer_choice(export_format: str, record: RunRecord) -> str:
     """``--tokenizer`` left out: ``auto`` (the run's own tokenizer files), except ``none`` for a GPT-2 export of
     a run trained with GPT-2's BPE or recording no tokenizer (Hugging Face's own ``gpt2`` tokenizer is the one).
     A char vocabulary or trained BPE is always written: without its files ``AutoTokenizer`` would load an empty
     tokenizer from the folder, silently."""
     from gptmini.data.tokenizers import SAVED_TOKENIZERS
 
-    recorded = (run_config.get("tokenizer") or {}).get("name")
+    recorded = record.tokenizer_name
     return "auto" if export_format == "llama" or recorded in SAVED_TOKENIZERS else "none"
 
 
 def export_tokenizer(
-    choice: str, run_config: dict[str, Any], data_dir: str | None, checkpoint: tuple[Path, dict[str, Any]]
+    choice: str, record: RunRecord, data_dir: str | None, checkpoint: tuple[Path, dict[str, Any]]
 ) -> Any | None:
     """The gptmini tokenizer whose files go with an export: ``auto`` is the one the run recorded (None, with a
-    warning, for a checkpoint that records none), ``none`` writes none. Raises HFWeightsError when a ``char``
-    vocabulary cannot be found or is not the one the checkpoint was trained with."""
-    from gptmini.checkpoint import check_trained_data
-    from gptmini.data.reader import load_tokenizer
-    from gptmini.data.tokenizers import SAVED_TOKENIZERS, build_tokenizer
-    from gptmini.run import carried_tokenizer
+    warning, for a checkpoint that records none), ``none`` writes none; found as every command finds a run's
+    tokenizer (``gptmini.runs.loading.tokenizer_for_run``). Raises HFWeightsError when a ``char`` vocabulary
+    cannot be found or is not the one the checkpoint was trained with."""
+    from gptmini.data.errors import DataError
+    from gptmini.runs.checkpoint import CheckpointError
+    from gptmini.runs.loading import tokenizer_for_run
 
     if choice == "none":
         return None
-    recorded = (run_config.get("tokenizer") or {}).get("name")
+    recorded = record.tokenizer_name
     name = recorded if choice == "auto" else choice
     if name is None:
         log.warning(
@@ -65,39 +67,29 @@ def export_tokenizer(
         raise HFWeightsError(
             f"--tokenizer {name}: the checkpoint was trained with the {recorded!r} tokenizer (use --tokenizer auto)"
         )
-    if name not in SAVED_TOKENIZERS:
-        return build_tokenizer(name)
-    carried = carried_tokenizer(*checkpoint) if not data_dir else None
-    if carried is not None and carried.name == name:  # the checkpoint's own copy: no data folder needed
-        return carried
-    folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
-    if not (folder / "meta.json").is_file():
-        raise HFWeightsError(
-            f"the {name} vocabulary is not found (no prepared data folder at {folder}): pass --data-dir with the "
-            "prepared data folder the checkpoint was trained on, or --tokenizer none"
+    try:
+        tokenizer = tokenizer_for_run(
+            dataclasses.replace(record, tokenizer={"name": name}), data_dir, checkpoint
         )
-    # another char vocabulary would give the ids other characters: refused, naming both
-    check_trained_data(
-        *checkpoint, folder, other_data="allow", fix="pass --data-dir with the folder it was trained on"
-    )
-    tokenizer = load_tokenizer(folder)
+    except (CheckpointError, DataError) as err:
+        raise HFWeightsError(f"{err}, or --tokenizer none") from None
     if tokenizer.name != name:
-        raise HFWeightsError(f"{folder} was prepared with the {tokenizer.name!r} tokenizer, not {name!r}")
+        raise HFWeightsError(f"{data_dir} was prepared with the {tokenizer.name!r} tokenizer, not {name!r}")
     return tokenizer
 
 
 def _export(args: argparse.Namespace) -> None:
-    from gptmini.checkpoint import CheckpointError
-    from gptmini.run import open_run
+    from gptmini.runs.checkpoint import CheckpointError
+    from gptmini.runs.loading import open_run
 
     try:
         run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
         model, ckpt_path = run.model, run.path
         if args.tokenizer is None:
-            args.tokenizer = default_tokenizer_choice(args.format, run.config)
+            args.tokenizer = default_tokenizer_choice(args.format, run.record)
         if args.format == "gpt2":
             tokenizer = export_tokenizer(
-                args.tokenizer, run.config, args.data_dir, (run.path, run.checkpoint)
+                args.tokenizer, run.record, args.data_dir, (run.path, run.checkpoint)
             )
             files = ", ".join(save_hf_gpt2(model, args.out, overwrite=args.force, tokenizer=tokenizer))
         else:
@@ -105,7 +97,7 @@ def _export(args: argparse.Namespace) -> None:
 
             check_llama_model(model.config)  # before looking for a tokenizer: the model is the first question
             tokenizer = export_tokenizer(
-                args.tokenizer, run.config, args.data_dir, (run.path, run.checkpoint)
+                args.tokenizer, run.record, args.data_dir, (run.path, run.checkpoint)
             )
             files = ", ".join(save_hf_llama(model, args.out, tokenizer=tokenizer, overwrite=args.force))
     except CheckpointError as err:
@@ -135,7 +127,7 @@ def _check_import_target(out: Path, force: bool) -> None:
 
 
 def _is_training_checkpoint(path: Path) -> bool:
-    from gptmini.checkpoint import CheckpointError, load_checkpoint
+    from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     try:
         ckpt = load_checkpoint(path, mmap=True, verify=False)
@@ -144,13 +136,15 @@ def _is_training_checkpoint(path: Path) -> bool:
     return bool(ckpt.get("optimizer_states") or ckpt.get("loops"))
 
 
-def _imported_run_config(args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:
-    """What the imported checkpoint records of its tokenizer (the commands that sample or show attention need
+def _imported_record(args: argparse.Namespace, model: dict[str, Any]) -> RunRecord:
+    """The imported checkpoint's run record: its model, where it came from (``init_from``), and its tokenizer (the commands that sample or show attention need
     one): the prepared data folder given with --data-dir (its char vocabulary or BPE), GPT-2's BPE when the
     model's vocabulary is GPT-2's, else nothing (those commands then ask for --data-dir)."""
     from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import build_tokenizer
 
+    vocab_size = int(model["vocab_size"])
+    record = {"model": model, "init_from": str(Path(args.hf).absolute())}
     if args.data_dir:
         meta = load_meta(args.data_dir)
         if int(meta["vocab_size"]) > vocab_size:
@@ -158,32 +152,33 @@ def _imported_run_config(args: argparse.Namespace, vocab_size: int) -> dict[str,
                 f"--data-dir {args.data_dir} holds a {meta['tokenizer']} vocabulary of {meta['vocab_size']} tokens "
                 f"but the model has {vocab_size}: it is not the vocabulary the model was trained with"
             )
-        return {
-            "tokenizer": {"name": meta["tokenizer"]},
-            "data": {"data_dir": str(Path(args.data_dir).absolute())},
-        }
+        return RunRecord(
+            **record,
+            tokenizer={"name": meta["tokenizer"]},
+            data={"data_dir": str(Path(args.data_dir).absolute())},
+        )
     gpt2 = build_tokenizer("gpt2").vocab_size
     if gpt2 <= vocab_size <= gpt2 + 128:  # GPT-2's vocabulary, possibly padded
-        return {"tokenizer": {"name": "gpt2"}}
+        return RunRecord(**record, tokenizer={"name": "gpt2"})
     log.warning(
         "the model's vocabulary (%d tokens) is not GPT-2's and no --data-dir was given: the checkpoint records no "
         "tokenizer, so sampling and attention maps will ask for --data-dir (the prepared folder of its vocabulary)",
         vocab_size,
     )
-    return {}
+    return RunRecord(**record)
 
 
 def _import(args: argparse.Namespace) -> None:
-    from gptmini.checkpoint import CheckpointError, atomic_save
     from gptmini.hf.formats import load_hf_model
+    from gptmini.runs.checkpoint import CheckpointError, atomic_save
 
     out = Path(args.out)
     _check_import_target(out, args.force)  # before reading the model
     model = load_hf_model(args.hf)
-    run_config = _imported_run_config(args, model.config.vocab_size)
+    record = _imported_record(args, model.config.to_dict())
     ckpt = {
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-        "hyper_parameters": {"model_config": model.config.to_dict(), "run_config": run_config},
+        "hyper_parameters": {"model_config": model.config.to_dict(), RECORD_KEY: record.to_json()},
     }
     try:
         atomic_save(ckpt, out)  # with the checksum every gptmini command verifies

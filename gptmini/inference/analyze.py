@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.data.errors import DataError
 from gptmini.data.reader import load_split
 from gptmini.fileio import unwritable_reason
@@ -23,8 +22,9 @@ from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.options import EtaProgress, HelpFormatter, positive_int, seed_int
-from gptmini.run import open_run
-from gptmini.runs import CKPT_RULE
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import CKPT_RULE
+from gptmini.runs.loading import open_run
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")

@@ -35,13 +35,13 @@ from lm_eval.models.utils import (
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, make_disjoint_window, make_table
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.data.errors import DataError
 from gptmini.data.tokenizers import TokenizerError, encode_known
 from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.options import resolve_device
-from gptmini.run import LoadedRun, open_run
-from gptmini.runs import resolve_checkpoint, run_event_folder
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import resolve_checkpoint, run_event_folder
+from gptmini.runs.loading import LoadedRun, open_run
 
 log = logging.getLogger("gptmini.inference.benchmark_tasks")
 

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from gptmini.checkpoint import DATA_IDENTITY_KEY, CheckpointError
 from gptmini.data.corpora import EMBEDDED_SOURCES
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_split, load_tokenizer
@@ -37,8 +36,9 @@ from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import EtaProgress, HelpFormatter, int_at_least, positive_int, resolve_device
-from gptmini.run import LoadedRun, open_run
-from gptmini.runs import CKPT_RULE, resolve_checkpoint
+from gptmini.runs.checkpoint import DATA_IDENTITY_KEY, CheckpointError
+from gptmini.runs.discovery import CKPT_RULE, resolve_checkpoint
+from gptmini.runs.loading import LoadedRun, open_run
 from gptmini.viz import context_sweep_figure
 
 log = logging.getLogger("gptmini.inference.evaluate")
@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _label(run: LoadedRun) -> str:
     """A run's name in the chart's legend: its run_name, position encoding and training context (its folder,
     a time stamp, says little)."""
-    name = run.config.get("run_name") or run.name
+    name = run.record.run_name or run.name
     c = run.model.config
     return f"{name}: {c.position} positions, trained at {c.block_size}"
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import unwritable_reason
 from gptmini.inference.sample import encode_prompt
 from gptmini.options import HelpFormatter, positive_int
-from gptmini.run import open_run
-from gptmini.runs import CKPT_RULE
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import CKPT_RULE
+from gptmini.runs.loading import open_run
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
 log = logging.getLogger("gptmini.inference.export_attention")

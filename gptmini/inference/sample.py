@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.limits import check_fits, generation_bytes
 from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
-from gptmini.run import open_run
-from gptmini.runs import CKPT_RULE
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import CKPT_RULE
+from gptmini.runs.loading import open_run
 
 log = logging.getLogger("gptmini.inference.sample")
 

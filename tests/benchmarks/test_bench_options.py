@@ -12,9 +12,6 @@ from benchmarks import cli
 
 BAD = [
     (["--e2e-rounds", "0"], r"argument --e2e-rounds: 0 is out of range: it must be an integer >= 1"),
-    (["--recipe-seeds", "0"], r"argument --recipe-seeds: 0 is out of range: it must be an integer >= 1"),
-    (["--recipe-seeds", "-2"], r"argument --recipe-seeds: -2 is out of range"),
-    (["--recipe-max-steps", "many"], r"argument --recipe-max-steps: 'many' is not an integer"),
     (["--corpus-mb", "100,-5"], r"argument --corpus-mb: -5 is out of range: it must be an integer >= 1"),
     (["--corpus-mb", "1e3"], r"argument --corpus-mb: '1e3' is not an integer"),
     (["--seed", "-1"], r"argument --seed: -1 is out of range: it must be an integer in \[0, \d+\]"),
@@ -46,14 +43,14 @@ def test_device_cuda_without_a_gpu_is_one_usage_error(capsys) -> None:
     assert exit_.value.code == 2 and "--device cuda: PyTorch sees no CUDA GPU on this machine" in err, err
 
 
-def test_the_bench_command_refuses_zero_seeds_in_one_line(tmp_path) -> None:
+def test_the_bench_command_refuses_zero_rounds_in_one_line(tmp_path) -> None:
     proc = subprocess.run(
         [
             str(Path(sys.executable).parent / "gptmini"),  # the installed command
             "bench",
             "--only",
-            "recipe",
-            "--recipe-seeds",
+            "e2e",
+            "--e2e-rounds",
             "0",
             "--out",
             str(tmp_path),
@@ -62,5 +59,5 @@ def test_the_bench_command_refuses_zero_seeds_in_one_line(tmp_path) -> None:
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 2 and "argument --recipe-seeds: 0 is out of range" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "argument --e2e-rounds: 0 is out of range" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from benchmarks import gpu
+from benchmarks import gpu, gpu_runs, gpu_steps
 from benchmarks.attention import attention_impls
 
 pytestmark = [
@@ -56,21 +56,21 @@ def test_the_default_sections_are_the_proof():
 @pytest.fixture(scope="module")
 def quick_results():
     """Every in-process section with the tiny shapes, on the CPU."""
-    s = gpu.gpu_setup(quick=True, device="cpu")
+    s = gpu_steps.gpu_setup(quick=True, device="cpu")
     return {
-        "gpt2": gpu.bench_gpt2(s, peak=1e12),
-        "flex": gpu.bench_flex(s),
-        "attention": gpu.bench_attention_gpu(s),
-        "decode": gpu.bench_decode(s),
-        "muon": gpu.bench_muon(s),
-        "gpt2_floor": gpu.bench_gpt2_floor(s, peak=1e12),
+        "gpt2": gpu_steps.bench_gpt2(s, peak=1e12),
+        "flex": gpu_steps.bench_flex(s),
+        "attention": gpu_steps.bench_attention_gpu(s),
+        "decode": gpu_steps.bench_decode(s),
+        "muon": gpu_steps.bench_muon(s),
+        "gpt2_floor": gpu_steps.bench_gpt2_floor(s, peak=1e12),
     }
 
 
 def _flops_per_token() -> float:
     from gptmini.model import GPT
 
-    cfg = gpu.gpu_setup(quick=True).gpt2
+    cfg = gpu_steps.gpu_setup(quick=True).gpt2
     return GPT(cfg).flops_per_token(cfg.block_size)
 
 
@@ -81,7 +81,7 @@ def test_the_in_process_sections_run_with_tiny_shapes(quick_results):
         assert r["tokens_per_s"] > 0 and r["steps"] == 2
         assert r["mfu"] == pytest.approx(r["tokens_per_s"] * _flops_per_token() / 1e12)
     attn = quick_results["attention"]
-    seq_lens = gpu.gpu_setup(quick=True).attention.seq_lens
+    seq_lens = gpu_steps.gpu_setup(quick=True).attention.seq_lens
     assert sorted((r["impl"], r["seq_len"]) for r in attn) == sorted(
         (n, t) for n in attention_impls() for t in seq_lens
     )
@@ -91,7 +91,7 @@ def test_the_in_process_sections_run_with_tiny_shapes(quick_results):
 
 def test_every_attention_option_is_timed_and_its_kernel_named(quick_results):
     rows = {r["option"]: r for r in quick_results["flex"]}
-    assert list(rows) == list(gpu.FLEX_OPTIONS)
+    assert list(rows) == list(gpu_steps.FLEX_OPTIONS)
     for r in rows.values():
         assert r["fwd_bwd_ms"] > 0 and r["tokens_per_s"] > 0, r
     assert rows["sdpa (causal)"]["vs_sdpa"] == 1.0
@@ -104,9 +104,9 @@ def test_every_attention_option_is_timed_and_its_kernel_named(quick_results):
 
 
 def test_a_failing_option_is_a_row_not_a_lost_section(monkeypatch):
-    s = gpu.gpu_setup(quick=True, device="cpu")
-    monkeypatch.setattr(gpu, "FLEX_OPTIONS", {"sdpa (causal)": {}, "broken": {"n_kv_head": 3}})
-    rows = gpu.bench_flex(s)
+    s = gpu_steps.gpu_setup(quick=True, device="cpu")
+    monkeypatch.setattr(gpu_steps, "FLEX_OPTIONS", {"sdpa (causal)": {}, "broken": {"n_kv_head": 3}})
+    rows = gpu_steps.bench_flex(s)
     assert rows[0]["fwd_bwd_ms"] > 0
     assert rows[1]["option"] == "broken" and rows[1]["note"].startswith("failed: ")
     assert rows[1]["vs_sdpa"] is None
@@ -117,7 +117,7 @@ def test_the_default_sections_runs_compose_as_named(name, compose_cfg):
     from gptmini.training.run.plan import plan_run, validate_config
 
     # the checks refuse trainer.accelerator=gpu on this GPU-less machine: the rest is checked as a GPU would run it
-    overrides = [*gpu.default_runs(1200)[name], "trainer.accelerator=cpu"]
+    overrides = [*gpu_runs.default_runs(1200)[name], "trainer.accelerator=cpu"]
     cfg = compose_cfg(overrides)
     validate_config(cfg)
     assert cfg.trainer.max_steps == 1200 and cfg.trainer.val_check_interval == 200
@@ -143,12 +143,12 @@ def _write_events(run_dir, tag_values):
 
 
 def test_time_to_target_reads_the_runs_tensorboard_events(tmp_path):
-    assert gpu.time_to_target(tmp_path, 1.47, 0.0)["final_val_loss"] is None  # no run there
+    assert gpu_runs.time_to_target(tmp_path, 1.47, 0.0)["final_val_loss"] is None  # no run there
     _write_events(tmp_path, {"val/loss": [(250, 2.0, 1030.0), (500, 1.46, 1060.0), (750, 1.44, 1090.0)]})
-    got = gpu.time_to_target(tmp_path, 1.47, started=1000.0)
+    got = gpu_runs.time_to_target(tmp_path, 1.47, started=1000.0)
     assert got["seconds_to_target"] == pytest.approx(60.0)
     assert math.isclose(got["final_val_loss"], 1.44, rel_tol=1e-6) and got["steps"] == 750
-    assert gpu.time_to_target(tmp_path, 1.0, started=1000.0)["seconds_to_target"] is None
+    assert gpu_runs.time_to_target(tmp_path, 1.0, started=1000.0)["seconds_to_target"] is None
 
 
 def test_a_runs_summary_takes_the_late_throughput(tmp_path):
@@ -167,7 +167,7 @@ def test_a_runs_summary_takes_the_late_throughput(tmp_path):
             "perf/mfu": [(10, 0.01, 104.0), (20, 0.02, 105.0), (30, 0.3, 106.0), (40, 0.4, 107.0)],
         },
     )
-    r = gpu.run_summary(tmp_path, started=100.0, wall_s=30.0, note="")
+    r = gpu_runs.run_summary(tmp_path, started=100.0, wall_s=30.0, note="")
     assert r["steps"] == 200 and r["final_val_loss"] == pytest.approx(2.0)
     assert r["first_log_s"] == pytest.approx(4.0)
     assert r["tokens_per_s"] == pytest.approx(1100.0) and r["mfu"] == pytest.approx(0.35)
@@ -176,7 +176,7 @@ def test_a_runs_summary_takes_the_late_throughput(tmp_path):
 def test_the_one_table_is_written_from_the_sections(quick_results, tmp_path):
     default = [
         {
-            "run": gpu.DEFAULT_LABELS["default"],
+            "run": gpu_runs.DEFAULT_LABELS["default"],
             "key": "default",
             "steps": 1500,
             "final_val_loss": 1.40,
@@ -187,7 +187,7 @@ def test_the_one_table_is_written_from_the_sections(quick_results, tmp_path):
             "note": "",
         },
         {
-            "run": gpu.DEFAULT_LABELS["nanogpt"],
+            "run": gpu_runs.DEFAULT_LABELS["nanogpt"],
             "key": "nanogpt",
             "steps": 1500,
             "final_val_loss": 1.52,
@@ -206,10 +206,10 @@ def test_the_one_table_is_written_from_the_sections(quick_results, tmp_path):
     with open(tmp_path / "gpu.csv", newline="") as f:
         rows = {r["measure"]: r for r in csv.DictReader(f)}
     assert float(rows["GPU default: seconds to nanoGPT's recipe's final val/loss"]["value"]) == 61.5
-    first = rows[f"{gpu.DEFAULT_LABELS['default']}: final val/loss at step 1500"]
+    first = rows[f"{gpu_runs.DEFAULT_LABELS['default']}: final val/loss at step 1500"]
     assert float(first["value"]) == 1.40 and "MFU 21.0%" in first["detail"]
     assert "2,000,000 tokens/s" in first["detail"]
-    for option in gpu.FLEX_OPTIONS:
+    for option in gpu_steps.FLEX_OPTIONS:
         assert f"attention {option}: fwd+bwd ms" in rows
     assert "GPT-2 124M, compiled, bf16 (bare): tokens/s" in rows
     assert not list(tmp_path.glob(".*.tmp"))
@@ -219,8 +219,8 @@ def test_the_one_table_is_written_from_the_sections(quick_results, tmp_path):
 def test_the_default_section_runs_the_training_command_and_reads_its_events(tmp_path, monkeypatch):
     # the GPU default needs a GPU: two smoke runs stand in for its two runs, through the same command and reader
     smoke = ["debug=smoke", "trainer.max_steps=4", "trainer.val_check_interval=2", "callbacks=none"]
-    monkeypatch.setattr(gpu, "default_runs", lambda steps: {"default": smoke, "nanogpt": smoke})
-    rows = gpu.bench_default(tmp_path, steps=4, timeout=300)
+    monkeypatch.setattr(gpu_runs, "default_runs", lambda steps: {"default": smoke, "nanogpt": smoke})
+    rows = gpu_runs.bench_default(tmp_path, steps=4, timeout=300)
     assert [r["key"] for r in rows] == ["default", "nanogpt"]
     for r in rows:
         assert r["note"] == "" and r["steps"] >= 3 and r["final_val_loss"] > 0, r  # the last validation
@@ -253,28 +253,32 @@ def test_the_speedrun_needs_both_paths_and_joins_the_defaults_with_them(tmp_path
 
 
 def test_the_speedrun_target_is_the_experiments(compose_cfg):
-    cfg = compose_cfg([f"experiment={gpu.SPEEDRUN_EXPERIMENT}", "data.source=x.txt"])
-    assert gpu.speedrun_target() == cfg.target_val_loss == 1.4697  # nanoGPT's published shakespeare_char loss
+    cfg = compose_cfg([f"experiment={gpu_runs.SPEEDRUN_EXPERIMENT}", "data.source=x.txt"])
+    assert (
+        gpu_runs.speedrun_target() == cfg.target_val_loss == 1.4697
+    )  # nanoGPT's published shakespeare_char loss
 
 
 def test_each_side_is_timed_to_the_target_and_paired():
     evals_nano = [(0, 4.2, 31.0), (1750, 1.468, 85.8), (5000, 1.69, 156.8)]
     evals_ours = [(100, 1.72, 22.4), (700, 1.468, 44.5)]
     rows = [
-        gpu._loss_row("nanoGPT train.py", 1, 159.7, evals_nano, 1.4697, gpu.NANOGPT_MEASURE),
-        gpu._loss_row("gptmini speedrun_char_gpu", 1, 47.3, evals_ours, 1.4697, gpu.GPTMINI_MEASURE),
+        gpu_runs._loss_row("nanoGPT train.py", 1, 159.7, evals_nano, 1.4697, gpu_runs.NANOGPT_MEASURE),
+        gpu_runs._loss_row(
+            "gptmini speedrun_char_gpu", 1, 47.3, evals_ours, 1.4697, gpu_runs.GPTMINI_MEASURE
+        ),
     ]
     nano, ours = rows
     assert (nano["seconds_to_target"], nano["final_val_loss"], nano["best_val_loss"]) == (85.8, 1.69, 1.468)
     assert (nano["best_at_s"], nano["steps"]) == (85.8, 5000)
     assert (ours["seconds_to_target"], ours["steps"]) == (44.5, 700)
-    [(pair, ratio, n, o)] = gpu.speedrun_ratios(rows)
+    [(pair, ratio, n, o)] = gpu_runs.speedrun_ratios(rows)
     assert pair == 1 and n is nano and o is ours
     torch.testing.assert_close(ratio, 47.3 / 159.7)
     summary = {r["measure"]: r for r in gpu.summary_rows({"speedrun": rows})}
     row = summary["speedrun pair 1: whole process, gptmini / nanoGPT's train.py"]
     assert row["value"] == ratio and "at 44.5 s" in row["detail"] and "best 1.4680 at 85.8 s" in row["detail"]
-    never = gpu._loss_row("gptmini", 2, 9.0, [(10, 2.0, 8.0)], 1.4697, gpu.GPTMINI_MEASURE)
+    never = gpu_runs._loss_row("gptmini", 2, 9.0, [(10, 2.0, 8.0)], 1.4697, gpu_runs.GPTMINI_MEASURE)
     assert never["seconds_to_target"] is None
 
 
@@ -293,14 +297,14 @@ def test_nanogpts_evaluations_are_read_with_their_arrival():
 
 
 def test_gpt2_train_runs_the_users_experiment_with_mfu_every_step():
-    o = gpu.gpt2_train_overrides(8)
+    o = gpu_runs.gpt2_train_overrides(8)
     assert (
         o[0] == "experiment=gpt2_124m" and "trainer.max_steps=8" in o and "trainer.log_every_n_steps=1" in o
     )
 
 
 def test_gpt2_train_overrides_compose(compose_cfg):
-    cfg = compose_cfg(gpu.gpt2_train_overrides(8))
+    cfg = compose_cfg(gpu_runs.gpt2_train_overrides(8))
     assert cfg.trainer.max_steps == 8 and cfg.model.n_layer == 12 and cfg.callbacks.throughput is not None
 
 
@@ -332,14 +336,14 @@ def test_the_speedrun_section_runs_both_programs_in_pairs(tmp_path):
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
     ]
-    rows = gpu.bench_speedrun(
+    rows = gpu_runs.bench_speedrun(
         tmp_path / "out", _fake_nanogpt(tmp_path / "nano"), text, pairs=1, overrides=tiny
     )
     nano, ours = rows
     assert nano["program"] == "nanoGPT train.py" and nano["steps"] == 500 and nano["best_val_loss"] == 1.46
     assert nano["seconds_to_target"] is not None and nano["final_val_loss"] == 1.52
     assert ours["program"].startswith("gptmini") and ours["steps"] == 4 and ours["final_val_loss"] > 0
-    assert ours["wall_s"] > 0 and ours["measured_on"] == gpu.GPTMINI_MEASURE
+    assert ours["wall_s"] > 0 and ours["measured_on"] == gpu_runs.GPTMINI_MEASURE
 
 
 def test_the_floor_times_the_step_and_each_matrix_product_alone(quick_results):
@@ -372,4 +376,4 @@ def test_the_floor_times_the_step_and_each_matrix_product_alone(quick_results):
     ],
 )
 def test_kernels_are_sorted_into_families(name, family):
-    assert gpu.kernel_family(name) == family
+    assert gpu_steps.kernel_family(name) == family

@@ -30,8 +30,8 @@ def _last_summary(events):
 
 
 def test_the_sink_and_lens_scalars_are_the_checkpoints_own(detail_run, tb_events) -> None:
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     _, run_dir = detail_run
     events = tb_events(run_dir)

@@ -116,8 +116,8 @@ def _detail_run(folder, write_checkpoint) -> None:
 
     from gptmini.board.detail import probe_detail
     from gptmini.board.summary import summary_proto, vectors_header
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
     from gptmini.training.callbacks.summary_logging import attention_summary, inspect
 
     path = write_checkpoint(
@@ -623,8 +623,8 @@ def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
     tokenizer = build_tokenizer("gpt2")
@@ -685,8 +685,8 @@ def test_the_lens_view_and_the_head_map(board, logdir):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
     tokenizer = build_tokenizer("gpt2")

@@ -158,7 +158,7 @@ def test_a_yaml_alias_bomb_is_one_warning_and_unknown_cells_in_bounded_memory(tm
 
 
 def test_a_run_yaml_over_the_size_cap_is_not_read(tmp_path, gptmini_cli) -> None:
-    from gptmini.runs import YAML_MAX_BYTES
+    from gptmini.runs.discovery import YAML_MAX_BYTES
 
     hydra = tmp_path / "outputs" / "big" / "2026-01-01_00-00-00_000000" / ".hydra"
     hydra.mkdir(parents=True)
@@ -333,7 +333,7 @@ def _crafted(run: Path, to: Path, source: str) -> Path:
     (its checksums written again, as whoever crafts one would)."""
     import torch
 
-    from gptmini.checkpoint import CHECKSUM_KEY, with_checksum
+    from gptmini.runs.checkpoint import CHECKSUM_KEY, with_checksum
 
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     ckpt["hyper_parameters"]["run_config"]["data"]["data_dir"] = str(to.parent / "no-such-data")
@@ -409,7 +409,7 @@ def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trip
     import torch
     from transformers import AutoTokenizer
 
-    from gptmini.run import carried_tokenizer
+    from gptmini.runs.loading import carried_tokenizer
 
     run = _run_dir(char_run[0] if which == "char" else bpe_run)
     out = tmp_path / "export"

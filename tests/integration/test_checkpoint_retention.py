@@ -136,7 +136,7 @@ def test_runs_prune_lists_first_and_deletes_only_with_yes(train, gptmini_cli, tm
     run name still continues from the later run."""
     import os
 
-    from gptmini.runs import human_size
+    from gptmini.runs.discovery import human_size
 
     root = tmp_path / "out"
     assert train("p").returncode == 0

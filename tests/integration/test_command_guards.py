@@ -162,7 +162,7 @@ def test_import_out_never_overwrites_without_force(world, tmp_path, capsys, capl
 def test_import_force_never_replaces_a_resumable_training_checkpoint(world, tmp_path, capsys, caplog) -> None:
     import torch
 
-    from gptmini.checkpoint import atomic_save
+    from gptmini.runs.checkpoint import atomic_save
 
     ckpt = torch.load(world["ckpt"], weights_only=True)
     ckpt.pop("gptmini_checksum", None)
@@ -259,7 +259,7 @@ def test_resuming_an_imported_checkpoint_is_refused_naming_init_from(world, tmp_
 def test_fine_tuning_from_an_imported_checkpoint_starts_from_its_weights(world, tmp_path, run_cli) -> None:
     import torch
 
-    from gptmini.checkpoint import load_checkpoint
+    from gptmini.runs.checkpoint import load_checkpoint
 
     imported = tmp_path / "imported.ckpt"
     assert (

@@ -31,7 +31,7 @@ QUIET = [
 
 
 def _load(path: Path) -> dict[str, Any]:
-    from gptmini.checkpoint import load_checkpoint
+    from gptmini.runs.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
 

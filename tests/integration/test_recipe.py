@@ -50,7 +50,7 @@ def _fault(step: int) -> str:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    from gptmini.checkpoint import load_checkpoint
+    from gptmini.runs.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
 

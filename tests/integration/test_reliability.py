@@ -154,7 +154,7 @@ def run_dirs(out: Path, run_name: str) -> list[Path]:
 
 
 def load(path: Path) -> dict[str, Any]:
-    from gptmini.checkpoint import load_checkpoint
+    from gptmini.runs.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
 

@@ -37,6 +37,31 @@ def test_smoke_run_writes_checkpoints_config_and_a_final_message(smoke_run):
     assert ckpt["hyper_parameters"]["model_config"]["vocab_size"] == 50257
 
 
+def test_the_run_keeps_its_plan_as_a_versioned_json_record(smoke_run):
+    """The run folder's run_record.json and the checkpoint's record are the same JSON, of this version, holding
+    what the run was: the hardware chosen, the overrides, the tokenizer, the tokens of one step; the composed
+    config is kept nowhere by gptmini (Hydra's own .hydra/ aside)."""
+    from gptmini.runs.record import RECORD_KEY, RECORD_VERSION, read_record, read_record_file
+
+    root, run_dir, _ = smoke_run
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    hp = ckpt["hyper_parameters"]
+    assert "run_config" not in hp and isinstance(hp[RECORD_KEY], str)
+    assert json.loads(hp[RECORD_KEY]) == json.loads((run_dir / "run_record.json").read_text())
+    record = read_record(ckpt)
+    assert record == read_record_file(run_dir) and record.version == RECORD_VERSION
+    assert record.hardware == "cpu" and record.precision == "32-true" and record.run_name == "smoke"
+    assert record.overrides == (
+        "debug=smoke",
+        f"paths.output_root={root}/outputs",
+        f"paths.data_root={root}/data",
+    )
+    assert record.tokenizer_name == "gpt2" and record.init_from is None and record.world_size == 1
+    # debug=smoke: 4 sequences of model=tiny's 32 tokens, one process, no accumulation
+    assert record.tokens_per_step == 4 * 32
+    assert record.model == hp["model_config"] and record.trainer["val_check_interval"] == 3
+
+
 def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run, tb_events):
     _, run_dir, _ = smoke_run
     ea = tb_events(run_dir)
@@ -168,7 +193,8 @@ def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run
     """The resumed run trains the remaining steps and logs on into the TensorBoard run of the run it resumes:
     one run whose train/loss goes past the first run's last step, no second one. Its output goes to a file, as
     `make train > log` does: the plain progress lines are there, and no frame of the progress bar."""
-    from gptmini.runs import event_folders, read_events
+    from gptmini.runs.discovery import event_folders, read_events
+    from gptmini.runs.record import read_record
 
     root, first_run, _ = smoke_run
     first_steps = [e.step for e in read_events(event_folders(first_run)[0]).Scalars("train/loss")]
@@ -203,7 +229,7 @@ def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run
     assert len(steps) == len(first_steps) + 3 and steps == sorted(set(steps)) and steps[-1] == 9
     assert [e.step for e in events.Scalars("val/loss")] == [3, 6, 9]
     # the checkpoint records where its run logs, for a resume of the resumed run
-    recorded = ckpt["hyper_parameters"]["run_config"]["tensorboard_dir"]
+    recorded = read_record(ckpt).tensorboard_dir
     assert (resumed / recorded).resolve() == runs[0].resolve()
     # the overrides of both starts as text: the first at step 0, the resumed one's at the step it resumed from
     texts = {
@@ -325,8 +351,8 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path, ru
 def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     import transformers
 
-    from gptmini.checkpoint import model_from_checkpoint
     from gptmini.hf import load_hf_gpt2
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     hf = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=50257)
@@ -348,7 +374,7 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "initialised weights from" in proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
-    trained, _ = model_from_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    trained, _ = model_and_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     start = load_hf_gpt2(tmp_path / "gpt2-tiny")
     idx = torch.randint(0, 50257, (1, 16))
     # One step at lr 1e-9 barely moves the weights: the run started from the Hugging Face ones.

@@ -208,7 +208,7 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint, Receiver):
             )  # read by _hydra_main for the exit status
         if isinstance(exception, NonFiniteLossError):
             return
-        from gptmini.checkpoint import CheckpointSaveError
+        from gptmini.runs.checkpoint import CheckpointSaveError
 
         if isinstance(exception, CheckpointSaveError):
             return  # a checkpoint could not be written (full disk...): another save would fail the same way

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from gptmini.insight import (
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
+from gptmini.runs.record import read_record
 from gptmini.training.callbacks.loggers import ProbeReader, tensorboard_writer
 from gptmini.training.loop.probe import eval_mode
 from gptmini.viz import loss_curve, score_grid
@@ -48,15 +50,15 @@ HPARAM_METRICS = (
     "insight/induction_max",
 )
 # run-config groups that are not hyperparameters (folders, logging)
-_NOT_HPARAMS = ("paths", "callbacks", "logger", "hydra")
+_NOT_HPARAMS = ("paths", "callbacks", "logger", "hydra", "overrides", "output_dir", "tensorboard_dir")
 _NOT_HPARAM_KEYS = ("_target_", "_partial_", "_convert_", "default_root_dir", "data_dir")
 
 
-def flat_hparams(run_config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """The run's resolved config as TensorBoard hyperparameters: dotted keys, scalar values (None as "null",
+def flat_hparams(settings: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """The run's settings (its record) as TensorBoard hyperparameters: dotted keys, scalar values (None as "null",
     lists as text), without folders and logging settings."""
     out: dict[str, bool | int | float | str] = {}
-    for key, value in run_config.items():
+    for key, value in settings.items():
         name = f"{prefix}{key}"
         if (not prefix and key in _NOT_HPARAMS) or key in _NOT_HPARAM_KEYS:
             continue
@@ -307,10 +309,9 @@ class HeadInsightLogger(ProbeReader):
     def _write_hparams(self, writer: Any, pl_module: L.LightningModule) -> None:
         from torch.utils.tensorboard.summary import hparams
 
-        hp = getattr(pl_module, "hparams", {}) or {}
-        run_config = hp.get("run_config") or {"model": hp.get("model_config") or {}}
+        record = read_record({"hyper_parameters": getattr(pl_module, "hparams", {}) or {}})
         experiment, session_start, self._session_end = hparams(
-            flat_hparams(run_config), dict.fromkeys(HPARAM_METRICS, 0.0)
+            flat_hparams(dataclasses.asdict(record)), dict.fromkeys(HPARAM_METRICS, 0.0)
         )
         # the metrics' values are read by TensorBoard from these tags' scalars as the run logs them; the session's
         # end (its status: success) is written when training finishes

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from gptmini.checkpoint import TRAINED_WEIGHTS_KEY as TRAINED_KEY
+from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY as TRAINED_KEY
 from gptmini.training.lightning_compat import averaged_model
 
 # Where a checkpoint's average goes while a run resumes from it: the module's hook puts the trained weights in

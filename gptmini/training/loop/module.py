@@ -78,12 +78,13 @@ class GPTLightningModule(L.LightningModule):
         optimizer: OptimizerFactory | None = None,
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
-        run_config: dict[str, Any] | None = None,
+        run_record: str | None = None,
         data_identity: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # Plain data only (the optimizer/scheduler factories are code, kept out), so a checkpoint's
-        # hyper-parameters load with torch.load(weights_only=True). data_identity: which prepared data the run
+        # hyper-parameters load with torch.load(weights_only=True). run_record: the run's plan as JSON
+        # (gptmini.runs.record). data_identity: which prepared data the run
         # trains on (gptmini.data.reader.data_identity), compared by evaluation, sampling and resuming.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.config = GPTConfig.from_dict(dict(model_config))

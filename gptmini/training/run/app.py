@@ -8,7 +8,6 @@ fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import logging
 import os
@@ -25,15 +24,13 @@ from omegaconf import DictConfig
 
 from gptmini.conf_dir import conf_dir
 from gptmini.fileio import RUN_LOCK
-from gptmini.limits import SizeError
+from gptmini.limits import SizeError, check_training_step
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary
 from gptmini.training.run.compose import register_configs
-from gptmini.training.run.inputs import check_input_files
-from gptmini.training.run.memory import check_training_memory
-from gptmini.training.run.plan import RunPlan, plan_run
-from gptmini.training.run.resume import check_resumed_data, resolve_init_from
+from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
+from gptmini.training.run.resume import check_resumed_data
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -80,15 +77,13 @@ def _quiet_lightning() -> None:
 def _log_hardware(plan: RunPlan) -> None:
     """One line, among a run's first: the machine, which defaults the run started from (hardware=auto|cpu|gpu)
     and how to pick the others, the precision and compile."""
-    from hydra.core.hydra_config import HydraConfig
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank != 0:
         return
-    choice = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
     log.info(
         "%s; precision %s, compile %s",
-        hardware_summary(choice, plan.device),
+        hardware_summary(plan.hardware, plan.device),
         plan.precision,
         "on" if plan.compile else "off",
     )
@@ -109,7 +104,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     if started is None:
         started = time.monotonic()
     if plan.retain_freed_memory:
-        from gptmini.training.run.allocator import retain_freed_memory
+        from gptmini.training.hardware import retain_freed_memory
 
         retain_freed_memory()  # before the first large allocation
     import lightning as L
@@ -121,7 +116,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
-    check_training_memory(
+    check_training_step(
         gpt_config, plan.data.batch_size, plan.precision, device, processes=trainer.num_devices
     )
     # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
@@ -170,7 +165,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
     from lightning.pytorch.callbacks import Timer
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-    from gptmini.checkpoint import AtomicCheckpointIO
+    from gptmini.runs.checkpoint import AtomicCheckpointIO
 
     trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
     named = {
@@ -292,28 +287,28 @@ def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
 
 
 def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTConfig) -> Any:
-    """The LightningModule: the model, its optimizer and schedule, the run's config for its checkpoints, and
-    the starting weights of ``model.init_from``."""
-    from gptmini.checkpoint import SAVED_TOKENIZER_KEY
+    """The LightningModule: the model, its optimizer and schedule, the run record for its checkpoints (and the run
+    folder's run_record.json), and the starting weights of ``model.init_from``."""
     from gptmini.data.reader import data_identity, load_meta, saved_tokenizer
+    from gptmini.runs.checkpoint import SAVED_TOKENIZER_KEY
     from gptmini.training.loop.module import GPTLightningModule
 
-    run_config = copy.deepcopy(plan.run_config)
     meta = load_meta(datamodule.data_dir)
     # the tokenizer travels with the checkpoint: a re-prepared or moved data folder does not orphan it
     identity = data_identity(datamodule.data_dir, meta) | {
         SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
     }
-    # the number of training processes, which a resume must keep (resume.check_resume_plan)
-    run_config["world_size"] = trainer.world_size
-    if plan.ckpt_path is not None:
-        # the checkpoint this run continues: `gptmini runs` no longer offers that one to resume
-        run_config["resumed_from"] = os.path.abspath(plan.ckpt_path)
     tensorboard = _tensorboard(trainer)
-    if tensorboard is not None:
-        # where the run's events are, relative to its folder: a run resumed from it logs on into them
-        here = os.path.abspath(plan.output_dir)
-        run_config["tensorboard_dir"] = os.path.relpath(os.path.abspath(tensorboard.log_dir), here)
+    # where the run's events are, relative to its folder: a run resumed from it logs on into them
+    events = (
+        os.path.relpath(os.path.abspath(tensorboard.log_dir), os.path.abspath(plan.output_dir))
+        if tensorboard is not None
+        else None
+    )
+    # the training processes are recorded too, which a resume must keep (resume.check_resume_plan)
+    record = plan.record(gpt_config, trainer.world_size, events)
+    if trainer.is_global_zero:
+        record.write(plan.output_dir)
     module = GPTLightningModule(
         model_config=gpt_config.to_dict(),
         optimizer=instantiate(dataclasses.asdict(plan.optimizer), _convert_="all"),
@@ -321,11 +316,11 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         if plan.scheduler
         else None,
         compile=plan.compile,
-        run_config=run_config,
+        run_record=record.to_json(),
         data_identity=identity,
     )
     if plan.init_from is not None:
-        _load_initial_weights(module.model, *resolve_init_from(plan.init_from, plan.output_root))
+        _load_initial_weights(module.model, plan.init_kind, plan.init_from)
     log.info(
         "model: %s parameters (%d layers, %d heads, %d wide, attention=%s), tokenizer %s (vocab %d)",
         f"{module.model.num_parameters():,}",
@@ -333,7 +328,7 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         gpt_config.n_head,
         gpt_config.n_embd,
         gpt_config.attention,
-        plan.tokenizer,
+        plan.tokenizer.name,
         datamodule.vocab_size,
     )
     return module
@@ -341,7 +336,7 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
 
 def _load_initial_weights(model: Any, kind: str, source: str) -> None:
     if kind == "checkpoint":  # a gptmini checkpoint: its weights, a fresh optimizer
-        from gptmini.checkpoint import load_weights_into
+        from gptmini.runs.checkpoint import load_weights_into
 
         load_weights_into(model, source)
     else:
@@ -427,7 +422,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     for module, name in (
         ("gptmini.data.errors", "DataError"),
         ("gptmini.data.tokenizers", "TokenizerError"),
-        ("gptmini.checkpoint", "CheckpointError"),
+        ("gptmini.runs.checkpoint", "CheckpointError"),
         ("gptmini.hf", "HFWeightsError"),
         ("lightning.fabric.utilities.exceptions", "MisconfigurationException"),
     ):

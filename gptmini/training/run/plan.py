@@ -12,7 +12,9 @@ here prepares data or builds the model: a bad run fails within the time it takes
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +23,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
+from gptmini.runs.record import RECORD_VERSION, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.resume import continued_event_folder, read_resume, recorded_config
+from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
+from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
@@ -70,9 +75,8 @@ class RunPlan:
     val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
     ckpt_path: str | None  # the checkpoint a resumed run starts from
     resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
-    init_from: (
-        str | None
-    )  # model.init_from: the weights a fresh run starts from (checked with the input files)
+    # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
+    init_from: str | None
     # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
     tensorboard_dir: str | None = None
     # the top-level settings the build reads
@@ -82,14 +86,44 @@ class RunPlan:
     run_name: str = "default"
     output_dir: str = "."
     output_root: str = "outputs"
-    tokenizer: str = "gpt2"
-    # the config as composed, resolved: saved in the checkpoints (what the run was asked to be)
-    run_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer: TokenizerSchema = dataclasses.field(default_factory=TokenizerSchema)
+    init_kind: str | None = None  # "checkpoint" or "hf": what init_from is
+    hardware: str | None = None  # the hardware option chosen (None: composed without Hydra's choices)
+    overrides: tuple[str, ...] = ()  # the command line's overrides
 
     @property
     def training_batches(self) -> int:
         """Micro-batches one training process runs: trainer.max_steps x trainer.accumulate_grad_batches."""
         return self.trainer.max_steps * self.trainer.accumulate_grad_batches
+
+    def record(self, model: GPTConfig, world_size: int, tensorboard_dir: str | None) -> RunRecord:
+        """The run record of this plan (``gptmini.runs.record``), which every checkpoint and the run folder keep,
+        with what only the build knows: the model with the tokenizer's vocabulary, the training processes and
+        the TensorBoard folder (relative to the run folder)."""
+        tokens_per_step = (
+            self.data.batch_size * model.block_size * self.trainer.accumulate_grad_batches * world_size
+        )
+        return RunRecord(
+            version=RECORD_VERSION,
+            model=model.to_dict(),
+            tokenizer=dataclasses.asdict(self.tokenizer),
+            data=dataclasses.asdict(self.data),
+            trainer=dataclasses.asdict(self.trainer) | self.trainer_overrides(),
+            optimizer=dataclasses.asdict(self.optimizer) if self.optimizer is not None else {},
+            scheduler=dataclasses.asdict(self.scheduler) if self.scheduler is not None else None,
+            callbacks={k: _plain(v) for k, v in self.callbacks.items()},
+            run_name=self.run_name,
+            seed=self.seed,
+            hardware=self.hardware,
+            precision=self.precision,
+            overrides=self.overrides,
+            init_from=self.init_from,
+            world_size=world_size,
+            tokens_per_step=tokens_per_step,
+            tensorboard_dir=tensorboard_dir,
+            output_dir=self.output_dir,
+            resumed_from=os.path.abspath(self.ckpt_path) if self.ckpt_path is not None else None,
+        )
 
     def trainer_overrides(self) -> dict[str, Any]:
         """What the plan decided for the Lightning Trainer, over the config's ``trainer`` node."""
@@ -102,16 +136,17 @@ class RunPlan:
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
     checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
-    _check_required_groups()
+    hardware_choice = _check_required_groups()
     _check_composed_keys(cfg)
     _check_missing(cfg)
     check_finite(cfg)
     model, vocab_known = _model_config(cfg)
-    TokenizerSchema(
+    tokenizer = TokenizerSchema(
         name=str(cfg.tokenizer.name),
         vocab_size=cfg.tokenizer.get("vocab_size"),
         train_bytes=cfg.tokenizer.get("train_bytes"),
-    ).check()
+    )
+    tokenizer.check()
     # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
     optimizer = typed_group(cfg, "optimizer")
     _check_optimizer(optimizer)
@@ -137,8 +172,25 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
             "drop model.init_from to resume that run, or drop ckpt_path to start a new run from those weights"
         )
     val_check_interval = _val_check_interval(trainer)
+    # the settings a resume compares with the checkpoint's record, as RunPlan.record writes them
+    settings_now = {
+        "tokenizer": dataclasses.asdict(tokenizer),
+        "data": dataclasses.asdict(data),
+        "trainer": dataclasses.asdict(trainer)
+        | {"precision": precision}
+        | ({"val_check_interval": val_check_interval} if val_check_interval is not None else {}),
+        "optimizer": dataclasses.asdict(optimizer) if optimizer is not None else {},
+        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
+        "callbacks": {k: _plain(v) for k, v in callbacks.items()},
+        "seed": cfg.seed,
+    }
     resume = (
-        read_resume(cfg, model, vocab_known, val_check_interval) if cfg.get("ckpt_path") is not None else None
+        read_resume(cfg, model, vocab_known, settings_now, str(cfg.paths.output_dir))
+        if cfg.get("ckpt_path") is not None
+        else None
+    )
+    init_kind, init_source = (
+        resolve_init_from(str(init_from), cfg.paths.output_root) if init_from and not resume else (None, None)
     )
     return RunPlan(
         model=model,
@@ -154,14 +206,21 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         val_check_interval=val_check_interval,
         ckpt_path=resume[0] if resume else None,
         resume=resume[1] if resume else None,
-        init_from=str(init_from) if init_from and not resume else None,
+        init_from=init_source,
+        init_kind=init_kind,
         tensorboard_dir=continued_event_folder(*resume, cfg.paths.output_root) if resume else None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
         output_root=str(cfg.paths.output_root),
-        tokenizer=str(cfg.tokenizer.name),
-        run_config=recorded_config(cfg, val_check_interval),
+        tokenizer=tokenizer,
+        hardware=hardware_choice,
+        overrides=tuple(command_overrides()),
     )
+
+
+def _plain(settings: Any) -> Any:
+    """A callback's or logger's typed settings as plain data."""
+    return dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else settings
 
 
 def validate_config(cfg: DictConfig) -> GPTConfig:
@@ -173,11 +232,12 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
 REQUIRED_GROUPS = ("model", "tokenizer", "data", "optimizer", "scheduler", "trainer")
 
 
-def _check_required_groups() -> None:
+def _check_required_groups() -> str | None:
+    """Refuses a run without one of ``REQUIRED_GROUPS``; the hardware option chosen (None outside Hydra)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
-        return
+        return None
     choices = HydraConfig.get().runtime.choices
     for group in REQUIRED_GROUPS:
         if choices.get(group) is None:
@@ -188,6 +248,7 @@ def _check_required_groups() -> None:
                 f"~{group} drops the {group} group, which every run needs: choose one of its options instead "
                 f"({group}=<option>: {options})"
             )
+    return choices.get("hardware")
 
 
 def _check_composed_keys(cfg: DictConfig) -> None:
@@ -562,3 +623,58 @@ def _val_check_interval(trainer: Any) -> int | float | None:
         )
         return batches
     return every
+
+
+# --- the files a run reads (the corpus, model.init_from), checked before anything else runs ---------------------
+
+
+def check_input_files(cfg: DictConfig) -> None:
+    """The files a run reads, checked before anything else runs (the command line calls this before
+    ``plan_run``; kept apart so that configs can be checked without the files existing)."""
+    # "???" values are reported by plan_run.
+    init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
+    if init_from is not None:
+        kind, path = resolve_init_from(init_from, cfg.paths.output_root)
+        if kind == "checkpoint":
+            from gptmini.runs.checkpoint import load_checkpoint
+
+            load_checkpoint(path, mmap=True)  # a gptmini checkpoint (trained or imported): refused if not one
+        else:
+            from gptmini.hf.formats import hf_model_type
+
+            # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
+            hf_model_type(path)
+    _check_data_files(cfg)
+
+
+def _check_data_files(cfg: DictConfig) -> None:
+    if "source" in cfg.data and not OmegaConf.is_missing(cfg.data, "source"):
+        _check_data_source(cfg.data)
+
+
+def _check_data_source(data: DictConfig) -> None:
+    """A local corpus path that does not exist fails here, before Lightning is even imported."""
+    source = data.get("source")
+    if not isinstance(source, str) or not source:
+        raise RunError(
+            f"data.source={source!r} is invalid: expected 'shakespeare', a file, a folder, a glob or a URL"
+        )
+    if source in EMBEDDED_SOURCES or is_url(source):
+        return
+    if glob.has_magic(source):
+        if not any(Path(p).is_file() for p in glob.iglob(source, recursive=True)):
+            raise RunError(
+                f"data.source={source!r} matches no files: check the pattern (quote it in the shell)"
+            )
+        return
+    path = Path(source)
+    problem = path_problem(path)
+    if problem is not None:
+        raise RunError(f"data.source={source} {problem}")
+    if not path.exists():
+        raise RunError(
+            f"data.source={source} does not exist: expected 'shakespeare' (embedded), an existing text file, a "
+            "folder or glob of text/JSONL/Parquet/Arrow files like 'texts/**/*.txt', or an http(s) URL"
+        )
+    if path.is_file() and path.stat().st_size == 0:
+        raise RunError(f"data.source={source} is an empty file: point it at a UTF-8 text corpus")

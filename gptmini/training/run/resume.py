@@ -4,24 +4,27 @@ config; once the data is prepared, against the data (``check_resumed_data``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
-from gptmini.checkpoint import CheckpointError
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
-from gptmini.runs import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
+from gptmini.runs.record import read_record
 from gptmini.training.errors import RunError
 
 log = logging.getLogger(__name__)
 
 
 def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
-    """What ``ckpt_path=last`` resumes: :func:`gptmini.runs.newest_checkpoint`, the one rule every command uses (the
+    """What ``ckpt_path=last`` resumes: :func:`gptmini.runs.discovery.newest_checkpoint`, the one rule every command uses (the
     most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included);
     refused in one line when there is none."""
     found = newest_checkpoint(output_root, run_name)
@@ -37,7 +40,7 @@ def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
     itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
-    :func:`gptmini.runs.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
+    :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
     a run name under ``paths.output_root``: its newest checkpoint)."""
     if cfg.ckpt_path is None:
         return None
@@ -72,22 +75,6 @@ def _world_size(trainer: Any) -> int | None:
     return None  # "auto" or a list: known once the trainer exists
 
 
-def recorded_config(
-    cfg: DictConfig, val_check_interval: int | float | None, paths: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The config as a checkpoint records it (``run_config``): composed, resolved, with the validation interval
-    the run uses. ``paths``: the folders to resolve it in instead of its own (a resume compares the settings of
-    two runs, each in a folder of its own)."""
-    if paths is not None:
-        cfg = cfg.copy()
-        for key in cfg.paths:
-            if key in paths:
-                cfg.paths[key] = paths[key]
-    recorded = OmegaConf.to_container(cfg, resolve=True)
-    recorded["trainer"]["val_check_interval"] = val_check_interval
-    return recorded
-
-
 # What a checkpoint cannot be resumed under: the tokenizer (its token ids would mean other text). The model's shape
 # is compared apart, with its tensors (gptmini.checkpoint.check_resume_compatible).
 FIXED_SETTINGS = ("tokenizer",)
@@ -117,6 +104,16 @@ def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str,
     return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new in changes]
 
 
+def _in_folder(value: Any, saved_dir: str | None, output_dir: str) -> Any:
+    """``value`` with the paths inside the checkpoint's run folder moved to this run's (every run has its own
+    folder, which is no change of setting)."""
+    if isinstance(value, Mapping):
+        return {k: _in_folder(v, saved_dir, output_dir) for k, v in value.items()}
+    if saved_dir and isinstance(value, str) and (value == saved_dir or value.startswith(saved_dir + os.sep)):
+        return output_dir + value[len(saved_dir) :]
+    return value
+
+
 def _differences(saved: Any, now: Any, key: str) -> list[tuple[str, Any, Any]]:
     if isinstance(saved, Mapping) and isinstance(now, Mapping):
         return [d for k in saved if k in now for d in _differences(saved[k], now[k], f"{key}.{k}")]
@@ -131,16 +128,17 @@ def _shown(value: Any) -> str:
 
 
 def read_resume(
-    cfg: DictConfig, model: GPTConfig, vocab_known: bool, val_check_interval: int | float | None = None
+    cfg: DictConfig, model: GPTConfig, vocab_known: bool, now: Mapping[str, Any], output_dir: str
 ) -> tuple[str, dict[str, Any]] | None:
     """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
     the config: a training run's checkpoint (not weights alone), of this tokenizer (``resume_changes``, whose
     other changes are said in one line) and this model's shape (its vocabulary aside when the tokenizer's is not
-    known yet), and one the run can continue (``check_resume_plan``). None: a fresh run."""
+    known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's settings, laid out as
+    its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
     path = resolve_ckpt_path(cfg)
     if path is None:
         return None
-    from gptmini.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
+    from gptmini.runs.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
@@ -150,9 +148,8 @@ def read_resume(
             "run's last.ckpt (ckpt_path=last), or, to train from these weights with a fresh optimizer, start a new "
             f"run with model.init_from={path} and no ckpt_path"
         )
-    saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
-    saved_paths = saved.get("paths")
-    now = recorded_config(cfg, val_check_interval, saved_paths if isinstance(saved_paths, Mapping) else None)
+    record = read_record(ckpt)
+    saved = _in_folder(dataclasses.asdict(record), record.output_dir, output_dir)
     changes = resume_changes(path, saved, now)
     check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
     check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
@@ -166,12 +163,12 @@ def read_resume(
 def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None:
     """One log line when ``callbacks.ema`` differs from the checkpoint's run: the resume continues from the
     trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average."""
-    from gptmini.checkpoint import TRAINED_WEIGHTS_KEY
+    from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
     callbacks = cfg.get("callbacks") or {}
     node = callbacks.get("ema")
     now = OmegaConf.to_container(node, resolve=True) if node is not None else None
-    saved_callbacks = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("callbacks") or {}
+    saved_callbacks = read_record(ckpt).callbacks
     had = TRAINED_WEIGHTS_KEY in ckpt
     was = saved_callbacks.get("ema") if had else None
     if had and now is None:
@@ -201,7 +198,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
     The temp file a save of this host killed midway left in the resumed run's checkpoints folder (its writer is
     gone) is removed."""
-    from gptmini.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
+    from gptmini.runs.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
 
     other_data = check_trained_data(
         path,
@@ -233,7 +230,7 @@ def continued_event_folder(path: str, ckpt: dict[str, Any], output_root: str | P
         return None
     run_dir = ckpt_file.parent.parent
     allowed = (Path(output_root).resolve(), run_dir.resolve())
-    recorded = recorded_event_folder(run_dir, ckpt)
+    recorded = recorded_event_folder(run_dir, read_record(ckpt).tensorboard_dir)
     if recorded is not None and recorded.is_dir():
         if _inside(recorded.resolve(), allowed):
             return str(recorded.resolve())
@@ -312,8 +309,8 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
     check_time_left(path, ckpt, cfg.trainer.get("max_time"))
-    saved = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
-    saved_data, saved_trainer = saved.get("data") or {}, saved.get("trainer") or {}
+    saved = read_record(ckpt)
+    saved_data, saved_trainer = saved.data, saved.trainer
     changes = []
     for key, was, now in (
         ("data.batch_size", saved_data.get("batch_size"), cfg.data.get("batch_size")),
@@ -324,7 +321,7 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
         ),
         (
             "training processes (trainer.devices x trainer.num_nodes)",
-            saved.get("world_size"),
+            saved.world_size,
             _world_size(cfg.trainer),
         ),
     ):

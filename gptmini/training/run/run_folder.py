@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
 
 from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
-from gptmini.runs import task_overrides, tensorboard_label
+from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
@@ -62,7 +62,7 @@ def resume_command(output_dir: str | Path) -> str | None:
     """What to type to resume the run in ``output_dir``, quoted for a shell: ``gptmini train`` with the run's own
     overrides and a ``ckpt_path`` naming its folder (its newest checkpoint, never another run's of the same name).
     None when the folder holds no checkpoint."""
-    from gptmini.runs import newest_checkpoint
+    from gptmini.runs.discovery import newest_checkpoint
 
     if newest_checkpoint(output_dir) is None:
         return None

@@ -19,7 +19,7 @@ from typing import Any
 
 from gptmini.fileio import atomic_write_bytes, atomic_write_text
 from gptmini.options import duration
-from gptmini.runs import read_events
+from gptmini.runs.discovery import read_events
 from gptmini.viz import png, training_curves
 
 log = logging.getLogger("gptmini.training.run.app")

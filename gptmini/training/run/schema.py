@@ -129,7 +129,7 @@ class TrainSchema:
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
     compile: bool = False
-    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.run.allocator).
+    # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.hardware.retain_freed_memory).
     retain_freed_memory: bool = True
     # Steps between periodic "last.ckpt" saves (a hard kill loses at most this many steps).
     checkpoint_every_n_steps: int = 100

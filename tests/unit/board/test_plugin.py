@@ -163,8 +163,8 @@ def test_bad_queries_get_400_with_a_message(client, route, args, message):
 def test_own_text_runs_the_runs_checkpoint(client, logdir):
     import torch
 
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     code, body = _post(client, {"run": "with_ckpt/tb", "text": "But soft, what light"})
     assert code == 200, body
@@ -569,9 +569,9 @@ def test_own_text_keeps_the_queries_and_keys_of_every_layer(tmp_path, write_chec
     from werkzeug.test import Client
 
     from gptmini.board.summary import MAX_VECTOR_VALUES
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.prepare import prepare
     from gptmini.data.reader import load_meta, load_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     corpus = tmp_path / "lower.txt"
     corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)

@@ -14,10 +14,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
 from gptmini.hf.gpt2 import HFWeightsError, load_gpt2_weights, load_hf_gpt2, save_hf_gpt2  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
+from gptmini.runs.checkpoint import model_and_checkpoint  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 32, 100  # vocab 100 is not a multiple of 64: exercises the padded rows
 
@@ -310,9 +310,15 @@ def test_cli_export_and_import(tmp_path, exported, capsys):
     )
     assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     assert main(["import", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back.ckpt")]) == 0
-    back, _ = model_from_checkpoint(tmp_path / "back.ckpt")
+    back, saved = model_and_checkpoint(tmp_path / "back.ckpt")
     idx = _tokens()
     assert torch.equal(_our_logits(back, idx), _our_logits(model, idx))
+    # the import writes a run record of this version, not a composed config: where the weights came from
+    from gptmini.runs.record import RECORD_VERSION, read_record
+
+    record = read_record(saved)
+    assert "run_config" not in saved["hyper_parameters"] and record.version == RECORD_VERSION
+    assert record.init_from == str((tmp_path / "hf").absolute()) and record.model == model.config.to_dict()
     with pytest.raises(SystemExit) as exc:  # non-empty target without --force: a clean error, exit 2
         main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")])
     assert exc.value.code == 2 and "--force" in capsys.readouterr().err

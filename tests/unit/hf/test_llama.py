@@ -16,7 +16,6 @@ import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
 from gptmini.attention.rope import apply_rope, rope_tables  # noqa: E402
-from gptmini.checkpoint import model_from_checkpoint  # noqa: E402
 from gptmini.data.prepare import prepare  # noqa: E402
 from gptmini.data.reader import load_tokenizer  # noqa: E402
 from gptmini.data.tokenizers import build_tokenizer  # noqa: E402
@@ -32,6 +31,7 @@ from gptmini.hf.llama import (  # noqa: E402
     save_hf_llama,
 )
 from gptmini.model import GPT, GPTConfig  # noqa: E402
+from gptmini.runs.checkpoint import model_and_checkpoint  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 48, 100  # vocab 100 is not a multiple of 64: exercises gptmini's padded rows
 TEXT = (
@@ -219,7 +219,7 @@ def test_unsupported_llama_configs_are_named(tmp_path, change, message):
 
 
 def test_a_training_run_refuses_an_unreadable_format_before_preparing_data(tmp_path, compose_cfg):
-    from gptmini.training.run.inputs import check_input_files
+    from gptmini.training.run.plan import check_input_files
 
     (tmp_path / "mistral").mkdir()
     (tmp_path / "mistral" / "config.json").write_text(json.dumps({"model_type": "mistral"}))
@@ -355,7 +355,7 @@ def test_cli_exports_a_char_llama_run_that_transformers_loads_tokenizes_and_gene
         "tokenizer_config.json",
     ]
     assert {(tmp_path / "hf" / f).stat().st_mode & 0o777 for f in files} == {0o644}  # readable by others
-    ours, _ = model_from_checkpoint(ckpt)
+    ours, _ = model_and_checkpoint(ckpt)
     chars = load_tokenizer(data_dir)
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -366,7 +366,7 @@ def test_cli_exports_a_char_llama_run_that_transformers_loads_tokenizes_and_gene
     assert hf_tok.decode(out[0]) == chars.decode(out[0].tolist())
     # import, by config.json's model_type, back into a checkpoint with the same logits
     assert main(["import", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back.ckpt")]) == 0
-    back, _ = model_from_checkpoint(tmp_path / "back.ckpt")
+    back, _ = model_and_checkpoint(tmp_path / "back.ckpt")
     assert torch.equal(back(ids)[0], ours(ids)[0])
 
 
@@ -452,7 +452,7 @@ def test_training_starts_from_a_transformers_llama_folder(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "initialised weights from" in proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
-    trained, _ = model_from_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    trained, _ = model_and_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     idx = torch.randint(0, 50257, (1, 16))
     # One step at lr 1e-9 barely moves the weights: the run started from the transformers ones.
     ours, theirs = _logits_both(trained, hf, idx)

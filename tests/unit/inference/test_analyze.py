@@ -8,12 +8,12 @@ import logging
 import torch
 from torch.testing import assert_close
 
-from gptmini.checkpoint import model_and_checkpoint
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_split
 from gptmini.inference.analyze import main
 from gptmini.insight import SCORES, head_scores, make_probes
 from gptmini.insight.report import ABLATION
+from gptmini.runs.checkpoint import model_and_checkpoint
 
 TEXT = "to be, or not to be: that is the question.\n" * 60
 

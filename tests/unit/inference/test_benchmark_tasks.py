@@ -35,8 +35,8 @@ def _gpt2_run(run_dir: Path, block_size: int) -> Path:
     """A run folder as training leaves it: a GPT-2-tokenizer checkpoint at step 7 and a TensorBoard run."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from gptmini.checkpoint import atomic_save
     from gptmini.model import GPT, GPTConfig
+    from gptmini.runs.checkpoint import atomic_save
 
     config = GPTConfig(vocab_size=50257, block_size=block_size, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
     torch.manual_seed(0)
@@ -59,7 +59,7 @@ def test_tasks_agree_with_the_harness_hf_model_on_the_export(tmp_path, gptmini_c
     from lm_eval.tasks import TaskManager
 
     from gptmini.inference.benchmark_tasks import GptminiLM
-    from gptmini.run import open_run
+    from gptmini.runs.loading import open_run
 
     # a context of 8 tokens: the choices' contexts lose their oldest tokens, the texts take several windows, and a
     # generation keeps 2 tokens of its question
@@ -169,7 +169,7 @@ def _own_vocabulary_checkpoint(tmp_path: Path, write_checkpoint, tokenizer: str,
 
 @pytest.mark.parametrize("tokenizer", ["char", "bpe"])
 def test_a_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, write_checkpoint, tokenizer):
-    from gptmini.run import open_run
+    from gptmini.runs.loading import open_run
 
     ckpt = _own_vocabulary_checkpoint(tmp_path, write_checkpoint, tokenizer, block_size=16)
     result = gptmini_cli(

@@ -73,8 +73,8 @@ def test_context_sweep_runs_past_the_training_length_where_positions_allow(
 ):
     import matplotlib.image
 
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.reader import load_meta, load_split
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("to be, or not to be: that is the question. " * 80)
@@ -178,7 +178,9 @@ def test_a_run_is_named_by_its_run_name_in_the_legend(tmp_path):
     from types import SimpleNamespace
 
     from gptmini.inference.evaluate import _label
+    from gptmini.runs.record import RunRecord
 
     config = SimpleNamespace(position="rope", block_size=64)
-    run = SimpleNamespace(config={"run_name": "zoo"}, name="2026-01-01", model=SimpleNamespace(config=config))
+    record = RunRecord(run_name="zoo")
+    run = SimpleNamespace(record=record, name="2026-01-01", model=SimpleNamespace(config=config))
     assert _label(run) == "zoo: rope positions, trained at 64"

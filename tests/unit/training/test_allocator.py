@@ -9,7 +9,7 @@ import pytest
 # training step does with its logits: minor page faults and resident size after a warm-up, then after 20 more.
 PROBE = """
 import resource, sys, torch
-from gptmini.training.run.allocator import retain_freed_memory
+from gptmini.training.hardware import retain_freed_memory
 ok = retain_freed_memory() if sys.argv[1] == "retain" else None
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096

@@ -80,10 +80,10 @@ def test_every_config_option_composes_and_instantiates(group, option, compose_cf
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))
-def test_every_experiment_composes_and_instantiates(experiment, compose_cfg):
+def test_every_experiment_composes_and_instantiates(experiment, compose_cfg, write_checkpoint, tmp_path):
     overrides = [f"experiment={experiment}"]
-    if experiment == "finetune_shakespeare":
-        overrides.append("model.init_from=/path/to/gpt2")
+    if experiment == "finetune_shakespeare":  # the plan resolves the weights it starts from
+        overrides.append(f"model.init_from={write_checkpoint(tmp_path / 'gpt2.ckpt')}")
     if experiment in (
         "speedrun_char_cpu",
         "speedrun_char_gpu",
@@ -210,8 +210,7 @@ def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
 
 
 def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
-    from gptmini.limits import SizeError
-    from gptmini.training.run.memory import check_training_memory
+    from gptmini.limits import SizeError, check_training_step
 
     big = GPTConfig.from_preset("small", vocab_size=50257, block_size=100000)
     sixteen_gib = (16 * 2**30, "this machine's memory")
@@ -221,15 +220,13 @@ def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
         r"training step \(activations: [\d,.]+ GiB\) but this machine's memory has 16\.0 GiB: "
         r"lower model\.block_size or data\.batch_size",
     ):
-        check_training_memory(big, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
+        check_training_step(big, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
     # the default run fits (the estimate itself: tests/unit/test_limits.py)
     small = GPTConfig.from_preset("small", vocab_size=50257)
-    check_training_memory(small, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
+    check_training_step(small, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
     # several CPU processes share one machine's memory
     with pytest.raises(SizeError, match=r"needs about"):
-        check_training_memory(
-            small, 8, "32-true", torch.device("cpu"), processes=10**4, available=sixteen_gib
-        )
+        check_training_step(small, 8, "32-true", torch.device("cpu"), processes=10**4, available=sixteen_gib)
 
 
 def test_unwritable_data_and_output_folders_are_refused_before_any_work(
@@ -554,7 +551,7 @@ def test_a_settings_schema_follows_its_constructor() -> None:
 def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkeypatch) -> None:
     """The resume checkpoint is read (and its checksum verified) once, by the plan, which keeps it for the checks
     once the data is prepared; only Lightning's own load reads it again."""
-    import gptmini.checkpoint as checkpoint
+    import gptmini.runs.checkpoint as checkpoint
     from gptmini.model import GPT
     from gptmini.training.run.plan import plan_run
 

@@ -9,7 +9,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from gptmini.runs import LABEL_MAX, event_folders, run_event_folder, task_overrides, tensorboard_label
+from gptmini.runs.discovery import (
+    LABEL_MAX,
+    event_folders,
+    run_event_folder,
+    task_overrides,
+    tensorboard_label,
+)
 from gptmini.training.run.resume import continued_event_folder
 from gptmini.training.run.run_folder import RUN_NAME, tensorboard_place
 
@@ -162,7 +168,7 @@ def test_reading_events_logs_no_routine_tensorboard_lines(tmp_path, caplog):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gptmini.runs import read_events
+    from gptmini.runs.discovery import read_events
 
     folder = _events(tmp_path / "tb")
     caplog.set_level(logging.INFO)

@@ -1,4 +1,4 @@
-"""``gptmini.run.open_run``: the one way to open a run. Each kind of spec (checkpoint file, run folder, run name,
+"""``gptmini.runs.loading.open_run``: the one way to open a run. Each kind of spec (checkpoint file, run folder, run name,
 ``last``), the device, the refusals (each naming the bad value and the fix), the tokenizer guarantees, and that
 sample, eval and the ATTENTION tab give what the model rebuilt by hand from the checkpoint's tensors gives."""
 
@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptmini.checkpoint import CheckpointError, load_checkpoint
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_meta, load_split
 from gptmini.model import GPT, GPTConfig
-from gptmini.run import LoadedRun, open_run, tokenizer_for_run
+from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
+from gptmini.runs.loading import LoadedRun, open_run, tokenizer_for_run
+from gptmini.runs.record import RunRecord
 
 STAMP = "2026-01-01_00-00-00_000000"
 
@@ -76,7 +77,7 @@ def test_every_kind_of_spec_opens_the_same_checkpoint(world):
         assert isinstance(run, LoadedRun)
         assert run.path == alpha, kind
         assert run.step == 9 and run.name == "2026-01-02_00-00-00_000000" and run.device == "cpu"
-        assert run.config["data"]["data_dir"] == str(world["data"])
+        assert run.record.data_dir == str(world["data"])
         assert run.checkpoint["hyper_parameters"]["data_identity"]["tokenizer"] == "char"
         assert not run.model.training
         torch.testing.assert_close(run.model(idx)[0], want)
@@ -173,7 +174,7 @@ def test_a_checkpoint_recording_no_tokenizer_needs_a_vocabulary_that_fits(world,
     ):
         open_run(small, device="cpu", data_dir=world["data"])
     with pytest.raises(CheckpointError, match="has more tokens than the model's vocabulary"):
-        tokenizer_for_run({"tokenizer": {"name": "gpt2"}}, model_vocab=100)
+        tokenizer_for_run(RunRecord(tokenizer={"name": "gpt2"}), model_vocab=100)
 
 
 def test_the_data_folder_is_the_recorded_one_or_the_one_given(world, tmp_path, write_checkpoint):

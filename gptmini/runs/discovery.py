@@ -32,7 +32,8 @@ from typing import Any
 
 from gptmini import fileio
 from gptmini.options import HelpFormatter
-from gptmini.run_files import LAST_NAMES, read_summary
+from gptmini.runs.files import LAST_NAMES, last_val_loss, read_summary
+from gptmini.runs.record import RunRecordError, read_record, read_record_file
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def newest_usable_checkpoint(root: str | Path) -> Path | None:
     """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out) that
     loads and matches its checksum. The damaged ones newer than it are named in one warning; CheckpointError
     naming them when every one is damaged; None when there is none."""
-    from gptmini.checkpoint import CheckpointError, load_checkpoint
+    from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     damaged: list[Path] = []
     for path in last_checkpoints(root, sweep_jobs=False):
@@ -133,7 +134,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
     ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
     (a training setting)."""
     # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
-    from gptmini.checkpoint import CheckpointError
+    from gptmini.runs.checkpoint import CheckpointError
 
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
@@ -335,31 +336,35 @@ def _checkpoint(folder: Path) -> Path | None:
     return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
 
 
-def recorded_event_folder(run_dir: Path, ckpt: dict[str, Any]) -> Path | None:
-    """The TensorBoard folder a checkpoint's run logged to, as training records it (``run_config.tensorboard_dir``,
-    relative to the run folder: a resumed run logs into the run it resumes); None when not recorded."""
-    config = (ckpt.get("hyper_parameters") or {}).get("run_config") or {}
-    recorded = config.get("tensorboard_dir") if isinstance(config, dict) else None
+def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
+    """The TensorBoard folder a checkpoint's run logged to, as training records it (its run record's
+    ``tensorboard_dir``, relative to the run folder: a resumed run logs into the run it resumes); None when not
+    recorded."""
     if not isinstance(recorded, str) or not recorded:
         return None
     # normalised by name: the run folder of a checkpoint that was copied away may not exist
     return Path(os.path.normpath(Path(run_dir) / recorded))
 
 
-def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None]:
-    """The checkpoint's global step and the TensorBoard folder its run logged to. Raises CheckpointError when it
-    does not load."""
-    from gptmini.checkpoint import load_checkpoint
+def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None, tuple[float | None, int | None]]:
+    """The checkpoint's global step, the TensorBoard folder its run logged to, and its last val/loss and step.
+    Raises CheckpointError when it does not load."""
+    from gptmini.runs.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True, verify=False)
     step = ckpt.get("global_step")
-    return int(step) if isinstance(step, int) else None, recorded_event_folder(path.parent.parent, ckpt)
+    try:
+        events = read_record(ckpt).tensorboard_dir
+    except RunRecordError:
+        events = None
+    folder = recorded_event_folder(path.parent.parent, events)
+    return int(step) if isinstance(step, int) else None, folder, last_val_loss(ckpt)
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
     """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
-    from gptmini.checkpoint import CheckpointError
+    from gptmini.runs.checkpoint import CheckpointError
 
     ckpt = _checkpoint(Path(run_dir))
     try:
@@ -370,24 +375,6 @@ def run_event_folder(run_dir: Path) -> Path | None:
     if recorded is not None and recorded.is_dir():
         return recorded
     return next(iter(event_folders(Path(run_dir))), None)
-
-
-def _last_val_loss(folder: Path, up_to: int | None) -> tuple[float | None, int | None]:
-    """The last val/loss in ``folder``'s events, at step ``up_to`` at most (a run resumed from this one logs on
-    into the same TensorBoard run)."""
-    # Only the scalars are of use: keep one of everything else (the attention images are large).
-    guidance = {"images": 1, "tensors": 1, "histograms": 1, "audio": 1, "compressedHistograms": 1}
-    try:
-        events = read_events(folder, **guidance)
-        scalars = events.Scalars("val/loss") if "val/loss" in events.Tags().get("scalars", []) else []
-    except Exception as err:  # a damaged or half-written event file: the row says n/a
-        log.warning("could not read %s: %s: %s", folder, type(err).__name__, err)
-        return None, None
-    scalars = [e for e in scalars if up_to is None or e.step <= up_to]
-    if not scalars:
-        return None, None
-    last = max(scalars, key=lambda e: (e.step, e.wall_time))
-    return float(last.value), int(last.step)
 
 
 def _size_and_mtime(folder: Path) -> tuple[int, float]:
@@ -415,8 +402,8 @@ def _wanted(value: Any, kind: type) -> Any:
 
 def run_info(folder: Path, output_root: Path) -> RunInfo:
     """One run's row. From the run's summary (``run_summary.json``, written with each checkpoint) when it still
-    describes the newest checkpoint; else from ``.hydra/config.yaml``, the checkpoint (memory-mapped) and the
-    TensorBoard events."""
+    describes the newest checkpoint; else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the
+    checkpoint (memory-mapped): its step and the last val/loss its callbacks recorded."""
     ckpt = _checkpoint(folder)
     summary = read_summary(ckpt) if ckpt is not None else None
     val_loss = val_step = None
@@ -426,18 +413,26 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
             "trainer": {"max_steps": summary.get("max_steps")},
         }
         done = _wanted(summary.get("global_step"), int)
-        recorded = recorded_event_folder(folder, {"hyper_parameters": {"run_config": summary}})
+        recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
         val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
         resumed_from = _wanted(summary.get("resumed_from"), str)
         damaged = False
     else:
-        config = _config(folder)
-        done, recorded, damaged, resumed_from = None, None, False, None
+        record = read_record_file(folder)  # written when the run starts
+        config = (
+            {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
+            if record is not None
+            else _config(folder)  # a run of a version before the record
+        )
+        done, recorded, damaged = None, None, False
+        resumed_from = record.resumed_from if record is not None else None
         if ckpt is not None:
-            from gptmini.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
+            from gptmini.runs.checkpoint import (
+                CheckpointError,  # torch: only for a checkpoint without a summary
+            )
 
             try:
-                done, recorded = _checkpoint_facts(ckpt)
+                done, recorded, (val_loss, val_step) = _checkpoint_facts(ckpt)
             except CheckpointError as err:
                 log.warning("%s", err)
                 damaged = True
@@ -455,8 +450,6 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     events = (
         recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
     )
-    if val_loss is None and events is not None:
-        val_loss, val_step = _last_val_loss(events, done)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     name = config.get("run_name")
@@ -505,7 +498,7 @@ def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
 
 
 def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
-    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.checkpoint.newest_usable_checkpoint`): the
+    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.runs.checkpoint.newest_usable_checkpoint`): the
     newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
     it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
     the marked one."""
@@ -522,7 +515,7 @@ def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunI
     for i, path in candidates:
         if read_summary(path) is not None:
             return rows, rows[i]
-        from gptmini.checkpoint import CheckpointError, load_checkpoint
+        from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
         try:
             load_checkpoint(path, mmap=True)
@@ -579,14 +572,14 @@ class Prunable:
 def _step_of(ckpt: Path) -> tuple[int | None, Path | None]:
     """A checkpoint's global step and the TensorBoard folder its run logged to: from the run's summary when it
     still describes the file, else from the checkpoint. (None, None) when it does not load."""
-    from gptmini.checkpoint import CheckpointError
+    from gptmini.runs.checkpoint import CheckpointError
 
     summary = read_summary(ckpt)
     if summary is not None:
-        recorded = recorded_event_folder(ckpt.parent.parent, {"hyper_parameters": {"run_config": summary}})
+        recorded = recorded_event_folder(ckpt.parent.parent, summary.get("tensorboard_dir"))
         return _wanted(summary.get("global_step"), int), recorded
     try:
-        return _checkpoint_facts(ckpt)
+        return _checkpoint_facts(ckpt)[:2]
     except CheckpointError as err:
         log.warning("%s", err)
         return None, None

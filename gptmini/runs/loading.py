@@ -3,9 +3,10 @@ tab's own text turn what the user named into a model to run.
 
 ``open_run(spec)`` takes a checkpoint file, a run folder (its newest ``last.ckpt``/``on_exception.ckpt``), a run
 name (a folder of the runs folder, ``outputs/``) or ``last`` (the newest checkpoint of any run), the rule of
-:func:`gptmini.runs.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
-chosen device, the tokenizer it was trained with, the run's config and the checkpoint's metadata. The checkpoint
-is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.checkpoint.load_checkpoint`), and the
+:func:`gptmini.runs.discovery.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
+chosen device, the tokenizer it was trained with, the run's record (:func:`gptmini.runs.record.read_record`)
+and the checkpoint's metadata. The checkpoint
+is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.runs.checkpoint.load_checkpoint`), and the
 device is checked by :func:`gptmini.options.resolve_device` before any file is read.
 """
 
@@ -16,13 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptmini.checkpoint import (
-    DATA_IDENTITY_KEY,
-    SAVED_TOKENIZER_KEY,
-    CheckpointError,
-    check_trained_data,
-    model_and_checkpoint,
-)
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_tokenizer
 from gptmini.data.tokenizers import (
@@ -35,7 +29,15 @@ from gptmini.data.tokenizers import (
 from gptmini.fileio import name_too_long
 from gptmini.model import GPT
 from gptmini.options import resolve_device
-from gptmini.runs import resolve_checkpoint
+from gptmini.runs.checkpoint import (
+    DATA_IDENTITY_KEY,
+    SAVED_TOKENIZER_KEY,
+    CheckpointError,
+    check_trained_data,
+    model_and_checkpoint,
+)
+from gptmini.runs.discovery import resolve_checkpoint
+from gptmini.runs.record import RunRecord, RunRecordError, read_record
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class LoadedRun:
     path: Path  # the checkpoint file read
     model: GPT  # in eval mode, on ``device``
     tokenizer: Tokenizer | None  # None when open_run was asked for none
-    config: dict[str, Any]  # the run's resolved training config ({} for an imported checkpoint)
+    record: RunRecord  # what the run was (an empty one for a checkpoint that records nothing)
     checkpoint: dict[str, Any]  # the whole checkpoint: global_step, hyper_parameters (data_identity), ...
     device: str  # resolved: "cpu", "cuda", "cuda:1", ...
 
@@ -64,7 +66,7 @@ class LoadedRun:
         data than the run trained on is allowed, with a note in the log), else the one the run recorded, which
         must still hold that data. Another tokenization than the run's is refused either way. ``purpose``
         ("evaluate") ends the fix of a refusal."""
-        folder = data_dir or (self.config.get("data") or {}).get("data_dir")
+        folder = data_dir or self.record.data_dir
         if not folder:
             raise DataError(f"checkpoint {self.path} does not name its data folder: pass --data-dir")
         meta = load_meta(folder)
@@ -80,7 +82,7 @@ class LoadedRun:
         )
         if note:
             log.info("note: %s", note)
-        trained_with = (self.config.get("tokenizer") or {}).get("name")
+        trained_with = self.record.tokenizer_name
         if trained_with and meta.get("tokenizer") != trained_with:
             raise DataError(
                 f"{folder} was tokenized with {meta.get('tokenizer')!r} but the checkpoint was trained with "
@@ -109,7 +111,7 @@ class LoadedRun:
         from gptmini.data.reader import data_identity
 
         recorded = self.checkpoint["hyper_parameters"][DATA_IDENTITY_KEY]
-        data = self.config.get("data") or {}
+        data = self.record.data
         tokenizer = carried_tokenizer(self.path, self.checkpoint)
         assert tokenizer is not None, "rebuild_data needs can_rebuild_data()"
         changed = (
@@ -126,9 +128,7 @@ class LoadedRun:
                 **{k: data[k] for k in ("val_fraction", "text_field") if data.get(k) is not None},
                 # a trained BPE's settings, as meta.json records them (the BPE itself is the one given)
                 tokenizer_options={
-                    k: v
-                    for k, v in (self.config.get("tokenizer") or {}).items()
-                    if k in ("vocab_size", "train_bytes")
+                    k: v for k, v in self.record.tokenizer.items() if k in ("vocab_size", "train_bytes")
                 },
                 given_tokenizer=tokenizer,
             )
@@ -155,18 +155,21 @@ def open_run(
     device = resolve_device(device)  # before any file is read
     path = resolve_checkpoint(spec, output_root)
     model, checkpoint = model_and_checkpoint(path, map_location=device)
-    config = dict((checkpoint.get("hyper_parameters") or {}).get("run_config") or {})
+    try:
+        record = read_record(checkpoint)
+    except RunRecordError as err:
+        raise CheckpointError(f"{path}: {err}") from None
     tok = (
-        tokenizer_for_run(config, data_dir, (path, checkpoint), model.config.vocab_size)
+        tokenizer_for_run(record, data_dir, (path, checkpoint), model.config.vocab_size)
         if tokenizer
         else None
     )
     log.info("loaded %s (%s parameters)", path, f"{model.num_parameters():,}")
-    return LoadedRun(path, model.to(device).eval(), tok, config, checkpoint, device)
+    return LoadedRun(path, model.to(device).eval(), tok, record, checkpoint, device)
 
 
 def tokenizer_for_run(
-    run_config: dict[str, Any],
+    record: RunRecord,
     data_dir: str | Path | None = None,
     checkpoint: tuple[Path, dict[str, Any]] | None = None,
     model_vocab: int | None = None,
@@ -176,7 +179,7 @@ def tokenizer_for_run(
     ``model_vocab``: the model's vocabulary; a tokenizer with more ids than that is refused (its ids would index
     past the embedding), and a checkpoint that records no tokenizer (imported) gets GPT-2's BPE only when the
     model's vocabulary holds it."""
-    tokenizer = _tokenizer_for_run(run_config, data_dir, checkpoint, model_vocab)
+    tokenizer = _tokenizer_for_run(record, data_dir, checkpoint, model_vocab)
     if model_vocab is not None and tokenizer.vocab_size > model_vocab:
         raise CheckpointError(
             f"the tokenizer ({tokenizer.name}, {tokenizer.vocab_size} tokens) has more tokens than the model's "
@@ -203,7 +206,7 @@ def carried_tokenizer(path: str | Path, checkpoint: dict[str, Any]) -> Tokenizer
 
 
 def _tokenizer_for_run(
-    run_config: dict[str, Any],
+    record: RunRecord,
     data_dir: str | Path | None,
     checkpoint: tuple[Path, dict[str, Any]] | None,
     model_vocab: int | None,
@@ -212,7 +215,7 @@ def _tokenizer_for_run(
     carried = carried_tokenizer(*checkpoint) if checkpoint is not None and not data_dir else None
     if carried is not None:
         return carried
-    folder = Path(data_dir) if data_dir else Path((run_config.get("data") or {}).get("data_dir") or "")
+    folder = Path(data_dir) if data_dir else Path(record.data_dir or "")
     too_long = name_too_long(folder / "meta.json")
     if too_long:
         raise CheckpointError(f"the data folder {str(folder)[:80]}...: {too_long}; pass a shorter path")
@@ -225,7 +228,7 @@ def _tokenizer_for_run(
                 fix="pass --data-dir with the prepared folder it was trained on",
             )
         return load_tokenizer(folder)
-    name = (run_config.get("tokenizer") or {}).get("name")
+    name = record.tokenizer_name
     if name is None:  # a checkpoint not written by training (imported from Hugging Face): nothing recorded
         where = f"checkpoint {checkpoint[0]}" if checkpoint is not None else "the checkpoint"
         gpt2 = build_tokenizer("gpt2")

@@ -1,4 +1,4 @@
-"""Checkpoint files (gptmini/checkpoint.py): the checksum written at save time and verified at load, one clear
+"""Checkpoint files (gptmini/runs/checkpoint.py): the checksum written at save time and verified at load, one clear
 error for a file that is not a checkpoint, saves that fail (full disk) keeping the previous file, settings that
 disagree with the tensors, the data a checkpoint records, and the one rule for which file ``last`` means."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptmini import checkpoint
-from gptmini.checkpoint import CheckpointError, atomic_save, load_checkpoint, model_from_checkpoint
+from gptmini.runs import checkpoint
+from gptmini.runs.checkpoint import CheckpointError, atomic_save, load_checkpoint, model_and_checkpoint
 
 # The checksum's entry in a checkpoint (read through the module: a test then fails, not its import, without it).
 CHECKSUM_KEY = "gptmini_checksum"
@@ -47,7 +47,7 @@ def test_damage_inside_a_checkpoint_is_refused_naming_the_file(tmp_path, write_c
     path = write_checkpoint(tmp_path / "last.ckpt")
     _overwrite_inside_tensor(path)
     torch.load(path, weights_only=True)  # the damage itself goes unnoticed by torch
-    for load in (load_checkpoint, model_from_checkpoint):
+    for load in (load_checkpoint, model_and_checkpoint):
         with pytest.raises(
             CheckpointError, match=rf"{re.escape(str(path))} is damaged: its tensors .* do not match"
         ):
@@ -165,7 +165,7 @@ def test_settings_that_disagree_with_the_tensors_are_one_clear_error(tmp_path, w
         match=r"edited\.ckpt is inconsistent: its saved model settings \(n_layer=1, n_embd=16, .*\) disagree "
         r"with its tensors \(wte\.weight is \[64, 8\] but the settings need \[64, 16\]",
     ):
-        model_from_checkpoint(path)
+        model_and_checkpoint(path)
 
 
 # --- the data a checkpoint was trained on (item 2) --------------------------------------------------------
@@ -209,7 +209,7 @@ def _touch(path: Path, mtime: float) -> Path:
 
 
 def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch, write_checkpoint):
-    from gptmini.runs import newest_checkpoint, resolve_checkpoint
+    from gptmini.runs.discovery import newest_checkpoint, resolve_checkpoint
     from gptmini.training.run.resume import ckpt_path_last
 
     out = tmp_path / "outputs"
@@ -262,7 +262,7 @@ def test_resuming_compares_every_model_setting_but_dropout(tmp_path, write_check
 def test_a_checkpoint_naming_muon_by_its_earlier_module_path_resumes_with_muon():
     """Checkpoints record their optimizer's ``_target_``; one written while MuonAdamW lived in
     ``gptmini.training.optimizers`` names the same class as ``gptmini.training.loop.optimizers.MuonAdamW``."""
-    from gptmini.checkpoint import check_resume_optimizer
+    from gptmini.runs.checkpoint import check_resume_optimizer
 
     def ckpt(target: str) -> dict:
         return {"hyper_parameters": {"run_config": {"optimizer": {"_target_": target}}}}

@@ -1,5 +1,5 @@
 """A run's checkpoint files, without torch: which files ``last`` chooses among, and the run's summary of its
-checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.checkpoint`` loads and
+checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.runs.checkpoint`` loads and
 saves them)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gptmini import fileio
+from gptmini.runs.record import read_record
 
-# The files ``last`` chooses among (``gptmini.runs.newest_checkpoint``).
+# The files ``last`` chooses among (``gptmini.runs.discovery.newest_checkpoint``).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
 
 
@@ -34,7 +35,7 @@ def _summary_file(ckpt: Path) -> Path | None:
     return ckpt.parent.parent / SUMMARY_FILE
 
 
-def _last_val_loss(checkpoint: Mapping[str, Any]) -> tuple[float | None, int | None]:
+def last_val_loss(checkpoint: Mapping[str, Any]) -> tuple[float | None, int | None]:
     """The last validation's val/loss and step, as the callback watching it (``stop_at_target``) keeps them in
     its state; (None, None) when no callback recorded one."""
     for state in (checkpoint.get("callbacks") or {}).values():
@@ -64,22 +65,21 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
     file = _summary_file(path)
     if file is None:
         return
-    config = (checkpoint.get("hyper_parameters") or {}).get("run_config") or {}
-    trainer = config.get("trainer") if isinstance(config.get("trainer"), Mapping) else {}
+    record = read_record(checkpoint)
     st = path.stat()
     step = checkpoint.get("global_step")
-    val_loss, val_step = _last_val_loss(checkpoint)
+    val_loss, val_step = last_val_loss(checkpoint)
     entries = _read_summaries(file)
     entries[path.name] = {
         "bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns,
         "global_step": step if isinstance(step, int) else None,
-        "run_name": config.get("run_name"),
-        "max_steps": trainer.get("max_steps"),
+        "run_name": record.run_name,
+        "max_steps": record.max_steps,
         "val_loss": val_loss,
         "val_step": val_step,
-        "tensorboard_dir": config.get("tensorboard_dir"),
-        "resumed_from": config.get("resumed_from"),
+        "tensorboard_dir": record.tensorboard_dir,
+        "resumed_from": record.resumed_from,
     }
     fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
 

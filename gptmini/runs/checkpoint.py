@@ -2,7 +2,7 @@
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
 previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
 at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
-another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs``' (``resolve_checkpoint``)."""
+another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs.discovery``' (``resolve_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import torch
 
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
-from gptmini.run_files import SUMMARY_FILE, write_summary
+from gptmini.runs.files import SUMMARY_FILE, write_summary
+from gptmini.runs.record import read_record
 
 log = logging.getLogger(__name__)
 
@@ -325,14 +326,6 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     _say_if_averaged(ckpt, path)
 
 
-def model_from_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[GPT, dict[str, Any]]:
-    """The plain ``GPT`` stored in a training checkpoint, and the run's resolved config (a dict)."""
-    model, ckpt = model_and_checkpoint(path, map_location)
-    return model, dict(ckpt["hyper_parameters"].get("run_config") or {})
-
-
 def check_resume_compatible(
     path: str | Path,
     model_config: dict[str, Any],
@@ -370,7 +363,7 @@ def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer:
     """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
     config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
     (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
-    saved = ((ckpt.get("hyper_parameters") or {}).get("run_config") or {}).get("optimizer") or {}
+    saved = read_record(ckpt).optimizer
     was, now = saved.get("_target_"), optimizer.get("_target_")
     was = MOVED_OPTIMIZERS.get(was, was)
     if was and now and was != now:

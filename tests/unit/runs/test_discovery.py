@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.checkpoint import CheckpointError
-from gptmini.runs import resolve_checkpoint
+from gptmini.runs.checkpoint import CheckpointError
+from gptmini.runs.discovery import resolve_checkpoint
 
 
 def _run(
@@ -41,6 +41,15 @@ def _run(
                 writer.add_scalar("val/loss", loss, step)
     if ckpt is not None:
         path = write_checkpoint(folder / "checkpoints" / ckpt, global_step=steps)
+        if val:  # the last validation, as the callback watching it keeps it in the checkpoint
+            import torch
+
+            from gptmini.runs.checkpoint import atomic_save
+
+            saved = torch.load(path, weights_only=True)
+            step, loss = val[-1]
+            saved["callbacks"] = {"StopAtTargetLoss": {"last_val_loss": loss, "last_val_step": step}}
+            atomic_save(saved, path)
         os.utime(path, (mtime, mtime))
     for p in [*folder.rglob("*"), folder]:
         os.utime(p, (mtime, mtime))
