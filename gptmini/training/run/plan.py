@@ -174,14 +174,14 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     val_check_interval = _val_check_interval(trainer)
     # the settings a resume compares with the checkpoint's record, as RunPlan.record writes them
     settings_now = {
-        "tokenizer": dataclasses.asdict(tokenizer),
-        "data": dataclasses.asdict(data),
+        "optimizer": dataclasses.asdict(optimizer) if optimizer is not None else {},
+        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
         "trainer": dataclasses.asdict(trainer)
         | {"precision": precision}
         | ({"val_check_interval": val_check_interval} if val_check_interval is not None else {}),
-        "optimizer": dataclasses.asdict(optimizer) if optimizer is not None else {},
-        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
         "callbacks": {k: _plain(v) for k, v in callbacks.items()},
+        "tokenizer": dataclasses.asdict(tokenizer),
+        "data": dataclasses.asdict(data),
         "seed": cfg.seed,
     }
     resume = (

@@ -90,8 +90,8 @@ def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str,
     this run's). A setting one of the two does not hold (another version's) is no change."""
     changes = [
         (key, was, new)
-        for key in saved
-        if key in now and key not in PLACING_SETTINGS
+        for key in now  # in this run's order
+        if key in saved and key not in PLACING_SETTINGS
         for key, was, new in _differences(saved[key], now[key], key)
     ]
     fixed = [(k, was, new) for k, was, new in changes if k.split(".", 1)[0] in FIXED_SETTINGS]
@@ -116,7 +116,7 @@ def _in_folder(value: Any, saved_dir: str | None, output_dir: str) -> Any:
 
 def _differences(saved: Any, now: Any, key: str) -> list[tuple[str, Any, Any]]:
     if isinstance(saved, Mapping) and isinstance(now, Mapping):
-        return [d for k in saved if k in now for d in _differences(saved[k], now[k], f"{key}.{k}")]
+        return [d for k in now if k in saved for d in _differences(saved[k], now[k], f"{key}.{k}")]
     return [] if saved == now else [(key, saved, now)]
 
 
