@@ -27,6 +27,7 @@ from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
 from gptmini.training.run.resume import continued_event_folder, read_resume
+from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
@@ -123,7 +124,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_data(data)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
-    check_top_level(cfg)
+    check_top_level(cfg, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
@@ -215,16 +216,16 @@ def plan_data(cfg: DictConfig) -> Any:
     return _with_derived(cfg, "data", typed_group(cfg, "data"))
 
 
-def _with_derived(cfg: DictConfig, group: str, typed: Any) -> Any:
-    """``typed`` (a group's user settings) with the derived parameters its constructor takes, from ``DERIVED``."""
+def _with_derived(cfg: DictConfig, group: str, typed: Any, key: str | None = None) -> Any:
+    """``typed`` (the user settings of ``group``'s node at ``key``, by default ``group``) with the derived
+    parameters its constructor takes, from ``DERIVED``."""
     if typed is None:
         return None
+    key = key or group
     full = schema_of(group, typed._target_, user=False)
     names = {f.name for f in dataclasses.fields(full)}
     derived = {
-        name: OmegaConf.select(cfg, DERIVED[f"{group}.{name}"][0])
-        for name in derived_of(group)
-        if name in names
+        name: OmegaConf.select(cfg, DERIVED[f"{key}.{name}"][0]) for name in derived_of(key) if name in names
     }
     return full(**dataclasses.asdict(typed), **derived)
 
@@ -236,9 +237,8 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
     for name, node in (cfg.get(group) or {}).items():
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
-        out[str(name)] = typed_node(node, f"{group}.{name}", group) or OmegaConf.to_container(
-            node, resolve=True
-        )
+        typed = _with_derived(cfg, group, typed_node(node, f"{group}.{name}", group), f"{group}.{name}")
+        out[str(name)] = typed or OmegaConf.to_container(node, resolve=True)
     return out
 
 

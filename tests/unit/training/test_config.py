@@ -481,7 +481,7 @@ def test_each_option_s_yaml_schema_and_constructor_agree(group, compose_cfg, tmp
     constructor lacks). A setting added to a constructor is a setting, with its default, with no other edit."""
     from hydra.utils import get_object
 
-    from gptmini.training.run.schema import BUILT_BY_THE_RUN, DERIVED, schema_of, settings
+    from gptmini.training.run.schema import BUILT_BY_THE_RUN, DERIVED, derived_of, schema_of, settings
 
     for option in _options(group):
         extra = [f"data.source={tmp_path}/corpus.txt"] if (group, option) == ("data", "text") else []
@@ -491,19 +491,17 @@ def test_each_option_s_yaml_schema_and_constructor_agree(group, compose_cfg, tmp
             if node is None:
                 continue
             key = f"{group}.{name}" if name else group
-            schema = schema_of(group, node["_target_"])
+            schema = schema_of(group, node["_target_"], key=key)
             cls = get_object(node["_target_"])
             _agree(schema, cls, key)
             taken = set(_signature_defaults(cls)) - set(BUILT_BY_THE_RUN[group])
-            derived = {k.split(".", 1)[1] for k in DERIVED if k.startswith(f"{group}.")}
+            derived = set(derived_of(key))
             assert set(settings(schema)) | derived >= {
                 k for k in taken if _representable(_signature_defaults(cls)[k])
             }, key
             written = {k for k in node if not k.startswith("_")}
             assert written <= set(settings(schema)), f"{group}={option}: {written - set(settings(schema))}"
-            assert not {f"{group}.{k}" for k in written} & set(DERIVED), (
-                f"{group}={option} sets a derived key"
-            )
+            assert not {f"{key}.{k}" for k in written} & set(DERIVED), f"{group}={option} sets a derived key"
 
 
 def _representable(value) -> bool:
