@@ -8,12 +8,17 @@ import re
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from gptmini.conf_dir import conf_dir
 from gptmini.training.hardware import register_hardware_configs
-from gptmini.training.run.schema import TrainSchema
+from gptmini.training.run.schema import TrainSchema, option_settings
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainSchema)
+    # settings/<group>/<option>: every setting of the option with its constructor's default (conf/train.yaml)
+    for (group, option), node in option_settings(conf_dir()).items():
+        store.store(group=f"hydra/gptmini_settings/{group}", name=option, node=node)
     # hardware=auto (the default): an alias of hardware/gpu on a machine with a CUDA GPU, else of hardware/cpu
     register_hardware_configs()
     # ${attention_names:}: every causal attention in the registry, comma-separated, so a sweep over all of them
@@ -49,6 +54,4 @@ def default_run_name(source: str | None, tokenizer: str) -> str:
 
 
 def attention_variants() -> str:
-    from gptmini.conf_dir import conf_dir
-
     return ",".join(sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml")))

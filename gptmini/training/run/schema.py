@@ -30,6 +30,7 @@ import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -355,6 +356,55 @@ def schema_of(group: str, target: str, user: bool = True, key: str | None = None
         return None
     skip = BUILT_BY_THE_RUN.get(group, ()) + (derived_of(key or group) if user else ())
     return settings_schema(obj, skip)
+
+
+# The groups built from their ``_target_``: one node each, or named nodes (``callbacks.<name>``, ``logger.<name>``).
+INSTANTIATED = ("data", "optimizer", "scheduler", "trainer")
+NAMED = ("callbacks", "logger")
+
+
+def option_settings(conf: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every setting of each option of the instantiated groups in ``conf`` (by group and option), with its
+    constructor's default: what conf/train.yaml's ``settings/<group>`` entries merge in before the option's own
+    values, so that an option file writes only what it chooses differently and the composed config (``gptmini
+    train --cfg job``, ``.hydra/config.yaml``, the checkpoints) still holds every setting with its value. Required
+    settings are left out (the plan names one missing), as are nodes whose ``_target_`` does not import."""
+    out = {}
+    for group in (*INSTANTIATED, *NAMED):
+        for path in sorted((conf / group).glob("*.yaml")):
+            option = _option_file(conf / group, path.stem)
+            named = option.items() if group in NAMED else [(None, option)]
+            node = {}
+            for name, values in named:
+                key = f"{group}.{name}" if name else group
+                target = values.get("_target_") if isinstance(values, dict) else None
+                schema = schema_of(group, str(target), key=key) if target else None
+                if schema is not None:
+                    node[name] = _defaults(schema)
+            out[group, path.stem] = node.get(None, node)
+    return out
+
+
+def _option_file(folder: Path, option: str) -> dict[str, Any]:
+    """An option file's values, over those of the options of its group it names in its defaults list."""
+    raw = OmegaConf.to_container(OmegaConf.load(folder / f"{option}.yaml"), resolve=False)
+    parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+    merged = OmegaConf.merge(*(_option_file(folder, p) for p in parents), raw)
+    return OmegaConf.to_container(merged, resolve=False)
+
+
+def _defaults(schema: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(schema):
+        if f.name.startswith("_"):
+            continue
+        if dataclasses.is_dataclass(f.type):
+            out[f.name] = _defaults(f.type)  # a nested settings node (optimizer.hidden, ...)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        elif f.default != "???":
+            out[f.name] = f.default
+    return out
 
 
 def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:

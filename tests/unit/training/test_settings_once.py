@@ -67,3 +67,92 @@ def test_a_checkpoint_interval_with_a_periodic_checkpoint_is_taken(compose_cfg: 
 
     plan = plan_run(compose_cfg(["debug=smoke", "callbacks=last", "checkpoint_every_n_steps=1"]))
     assert plan.callbacks["checkpoint_last"].every_n_train_steps == 1
+
+
+# --- every default written once --------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as config values: a list and a tuple alike, a bool never equal to a number."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _restated(values: dict[str, Any], otherwise: dict[str, Any], path: str) -> list[str]:
+    found = []
+    for key, value in values.items():
+        if str(key).startswith("_") or key not in otherwise:
+            continue
+        if isinstance(value, dict) and isinstance(otherwise[key], dict):
+            found += _restated(value, otherwise[key], f"{path}{key}.")
+        elif _same(value, otherwise[key]):
+            found.append(f"{path}{key}={value!r}")
+    return found
+
+
+def restated_defaults(conf: Path) -> list[str]:
+    """Each value an option file of an instantiated group writes that it would have without writing it: its
+    constructor's default, or the value of the option it extends (``defaults: [default, _self_]``)."""
+    from omegaconf import OmegaConf
+
+    from gptmini.training.run.schema import INSTANTIATED, NAMED, option_settings
+
+    settings = option_settings(conf)
+    found = []
+    for group in (*INSTANTIATED, *NAMED):
+        for path in sorted((conf / group).glob("*.yaml")):
+            own = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            parents = [d for d in own.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+            base = [OmegaConf.to_container(OmegaConf.load(conf / group / f"{p}.yaml")) for p in parents]
+            for b in base:
+                b.pop("defaults", None)
+            otherwise = OmegaConf.to_container(OmegaConf.merge(settings[group, path.stem], *base))
+            found += [f"{group}={path.stem}: {r}" for r in _restated(own, otherwise, "")]
+    return found
+
+
+def test_no_option_file_restates_a_default() -> None:
+    """An option file writes only what it chooses differently from its constructor's defaults (or from the
+    option it extends): a default is written once, in the signature."""
+    from gptmini.conf_dir import conf_dir
+
+    assert restated_defaults(conf_dir()) == []
+
+
+def test_a_restated_default_is_found(tmp_path: Path) -> None:
+    import shutil
+
+    from gptmini.conf_dir import conf_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    muon = conf / "optimizer" / "muon.yaml"
+    muon.write_text(muon.read_text().replace("hidden:\n", "hidden:\n  momentum: 0.95\n", 1))
+    last = conf / "callbacks" / "last.yaml"
+    last.write_text(last.read_text() + "progress_log:\n  every_n_steps: 50\n")  # callbacks=default's value
+    assert sorted(restated_defaults(conf)) == [
+        "callbacks=last: progress_log.every_n_steps=50",
+        "optimizer=muon: hidden.momentum=0.95",
+    ]
+
+
+def test_cfg_job_shows_every_setting_from_the_signatures(gptmini_train: Any) -> None:
+    """``gptmini train --cfg job``: the settings an option file leaves out, with their constructors' defaults."""
+    import inspect
+
+    import yaml
+    from lightning.pytorch import Trainer
+
+    from gptmini.training.loop.optimizers import BatchedMuon
+
+    proc = gptmini_train(["--cfg", "job", "hardware=cpu", "trainer.enable_progress_bar=false"])
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    muon = inspect.signature(BatchedMuon).parameters
+    assert cfg["optimizer"]["hidden"]["beta2"] == muon["beta2"].default
+    assert cfg["optimizer"]["hidden"]["momentum_warmup_start"] == muon["momentum_warmup_start"].default
+    trainer = inspect.signature(Trainer).parameters
+    assert cfg["trainer"]["detect_anomaly"] == trainer["detect_anomaly"].default
+    # a setting the option file leaves out is set without "+", as any other
+    assert cfg["trainer"]["enable_progress_bar"] is False
