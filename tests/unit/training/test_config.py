@@ -141,7 +141,7 @@ def test_finetune_experiment_requires_init_from(compose_cfg):
 
 
 def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg):
-    base = ["trainer=gpu", "trainer.precision=16-mixed", "+optimizer.fused=true"]
+    base = ["trainer=gpu", "trainer.precision=16-mixed", "optimizer.fused=true"]
     with pytest.raises(
         RunError, match=r"optimizer\.fused=true cannot be combined with trainer\.precision=16-mixed"
     ):

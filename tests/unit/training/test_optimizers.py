@@ -261,7 +261,7 @@ def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
     from gptmini.training.run.plan import validate_config
 
     validate_config(
-        compose_cfg(["debug=smoke", "optimizer=adamw", "+optimizer.amsgrad=true", "+optimizer.fused=true"])
+        compose_cfg(["debug=smoke", "optimizer=adamw", "optimizer.amsgrad=true", "optimizer.fused=true"])
     )
     validate_config(
         compose_cfg(

@@ -156,3 +156,21 @@ def test_cfg_job_shows_every_setting_from_the_signatures(gptmini_train: Any) -> 
     assert cfg["trainer"]["detect_anomaly"] == trainer["detect_anomaly"].default
     # a setting the option file leaves out is set without "+", as any other
     assert cfg["trainer"]["enable_progress_bar"] is False
+
+
+def test_the_settings_page_is_generated_from_the_signatures() -> None:
+    """docs/settings.md is what the signatures say: regenerate it with
+    ``python -m gptmini.training.run.schema > docs/settings.md``."""
+    import inspect
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.data.datamodule import TokenDataModule
+    from gptmini.training.run.schema import settings_reference
+
+    page = settings_reference(conf_dir())
+    assert (Path(__file__).resolve().parents[3] / "docs" / "settings.md").read_text() == page
+    # a setting's default and its help line, as its constructor writes them
+    default = inspect.signature(TokenDataModule).parameters["prepare_threads"].default
+    assert (
+        f"| `data.prepare_threads` | `{'null' if default is None else default}` | tokenizer threads;" in page
+    )
