@@ -15,9 +15,16 @@ from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.loop.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
+from gptmini.training.run.schema import option_settings
 
 VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
-MUON = OmegaConf.to_container(OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"))
+# optimizer=muon as a run composes it: its file over its constructors' defaults
+MUON = OmegaConf.to_container(
+    OmegaConf.merge(
+        option_settings(conf_dir())["optimizer", "muon"],
+        OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"),
+    )
+)
 SETTINGS = {k: v for k, v in MUON.items() if not k.startswith("_")}
 
 
