@@ -179,13 +179,19 @@ def _check_required_groups() -> None:
     choices = HydraConfig.get().runtime.choices
     for group in REQUIRED_GROUPS:
         if choices.get(group) is None:
-            from gptmini.conf_dir import conf_dir
+            raise RunError(dropped_group(group))
 
-            options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
-            raise RunError(
-                f"~{group} drops the {group} group, which every run needs: choose one of its options instead "
-                f"({group}=<option>: {options})"
-            )
+
+def dropped_group(group: str) -> str:
+    """The refusal of ``~group``: every run needs one of its options (and ``conf/train.yaml`` merges the settings
+    of the chosen one, so composing fails without it)."""
+    from gptmini.conf_dir import conf_dir
+
+    options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
+    return (
+        f"~{group} drops the {group} group, which every run needs: choose one of its options instead "
+        f"({group}=<option>: {options})"
+    )
 
 
 def _check_composed_keys(cfg: DictConfig) -> None:
