@@ -174,3 +174,67 @@ def test_the_settings_page_is_generated_from_the_signatures() -> None:
     assert (
         f"| `data.prepare_threads` | `{'null' if default is None else default}` | tokenizer threads;" in page
     )
+
+
+# --- docs/development.md's "Adding a callback" and "Adding an optimizer setting", done ----------------------
+
+
+class Mine:
+    """A callback of one's own (docs/development.md, "Adding a callback"): its settings are its parameters."""
+
+    def __init__(
+        self,
+        # steps between its reports
+        every: int = 3,
+    ) -> None:
+        self.every = every
+
+
+def test_adding_a_callback_is_one_module_and_one_yaml_line(tmp_path: Path) -> None:
+    """The module is this test's ``Mine``; the YAML line names it in callbacks=default: it is then a node of the
+    composed callbacks with every setting and its default, on the settings page with its help line, and its file
+    restates nothing."""
+    import shutil
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run.schema import option_settings, settings_reference
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    default = conf / "callbacks" / "default.yaml"
+    default.write_text(default.read_text() + "mine: {_target_: test_settings_once.Mine}\n")
+    assert option_settings(conf)["callbacks", "default"]["mine"] == {"every": 3}
+    assert option_settings(conf)["callbacks", "last"]["mine"] == {"every": 3}  # the options extending it too
+    assert "| `callbacks.mine.every` | `3` | steps between its reports |" in settings_reference(conf)
+    assert restated_defaults(conf) == []
+
+
+def test_adding_an_optimizer_setting_is_one_constructor_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyword parameter with its default and help line, on BatchedMuon (docs/development.md, "Adding an
+    optimizer setting"): a setting of optimizer=muon with that default, on the settings page, with no YAML edit."""
+    import gptmini.training.loop.optimizers as optimizers
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run import schema
+
+    class WithCap(optimizers.BatchedMuon):
+        def __init__(
+            self,
+            params: Any,
+            *,
+            # the largest step of one element (null: no cap)
+            update_cap: float | None = None,
+            **options: Any,
+        ) -> None:
+            super().__init__(params, **options)
+
+    monkeypatch.setitem(optimizers.MuonAdamW.settings_of, "hidden", (WithCap, ("params",)))
+    schema.settings_schema.cache_clear()
+    try:
+        hidden = schema.option_settings(conf_dir())["optimizer", "muon"]["hidden"]
+        page = schema.settings_reference(conf_dir())
+    finally:
+        schema.settings_schema.cache_clear()
+    assert hidden["update_cap"] is None and hidden["beta2"] == 0.95
+    assert (
+        "| `optimizer.hidden.update_cap` | `null` | the largest step of one element (null: no cap) |" in page
+    )
