@@ -160,12 +160,12 @@ def test_cfg_job_shows_every_setting_from_the_signatures(gptmini_train: Any) -> 
 
 def test_the_settings_page_is_generated_from_the_signatures() -> None:
     """docs/settings.md is what the signatures say: regenerate it with
-    ``python -m gptmini.training.run.schema > docs/settings.md``."""
+    ``python scripts/settings_page.py > docs/settings.md``."""
     import inspect
 
     from gptmini.conf_dir import conf_dir
     from gptmini.data.datamodule import TokenDataModule
-    from gptmini.training.run.schema import settings_reference
+    from scripts.settings_page import settings_reference
 
     page = settings_reference(conf_dir())
     assert (Path(__file__).resolve().parents[3] / "docs" / "settings.md").read_text() == page
@@ -197,7 +197,8 @@ def test_adding_a_callback_is_one_module_and_one_yaml_line(tmp_path: Path) -> No
     import shutil
 
     from gptmini.conf_dir import conf_dir
-    from gptmini.training.run.schema import option_settings, settings_reference
+    from gptmini.training.run.schema import option_settings
+    from scripts.settings_page import settings_reference
 
     conf = tmp_path / "conf"
     shutil.copytree(conf_dir(), conf)
@@ -215,6 +216,7 @@ def test_adding_an_optimizer_setting_is_one_constructor_parameter(monkeypatch: p
     import gptmini.training.loop.optimizers as optimizers
     from gptmini.conf_dir import conf_dir
     from gptmini.training.run import schema
+    from scripts.settings_page import settings_reference
 
     class WithCap(optimizers.BatchedMuon):
         def __init__(
@@ -231,7 +233,7 @@ def test_adding_an_optimizer_setting_is_one_constructor_parameter(monkeypatch: p
     schema.settings_schema.cache_clear()
     try:
         hidden = schema.option_settings(conf_dir())["optimizer", "muon"]["hidden"]
-        page = schema.settings_reference(conf_dir())
+        page = settings_reference(conf_dir())
     finally:
         schema.settings_schema.cache_clear()
     assert hidden["update_cap"] is None and hidden["beta2"] == 0.95
