@@ -379,8 +379,10 @@ def option_settings(conf: Path) -> dict[tuple[str, str], dict[str, Any]]:
                 key = f"{group}.{name}" if name else group
                 target = values.get("_target_") if isinstance(values, dict) else None
                 schema = schema_of(group, str(target), key=key) if target else None
-                if schema is not None:
-                    node[name] = _defaults(schema)
+                if (
+                    schema is not None
+                ):  # ("???": the option makes the user set it; a merge would not drop a value)
+                    node[name] = {k: v for k, v in _defaults(schema).items() if values.get(k) != "???"}
             out[group, path.stem] = node.get(None, node)
     return out
 

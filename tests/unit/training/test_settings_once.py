@@ -137,6 +137,13 @@ def test_a_restated_default_is_found(tmp_path: Path) -> None:
     ]
 
 
+def test_a_setting_an_option_leaves_to_the_user_stays_unset(compose_cfg: Any) -> None:
+    """data=text's ``source: ???`` is not filled with the constructor's default (the embedded corpus)."""
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.is_missing(compose_cfg(["data=text"]).data, "source")
+
+
 def test_cfg_job_shows_every_setting_from_the_signatures(gptmini_train: Any) -> None:
     """``gptmini train --cfg job``: the settings an option file leaves out, with their constructors' defaults."""
     import inspect
