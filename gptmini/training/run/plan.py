@@ -188,10 +188,8 @@ def dropped_group(group: str) -> str:
     from gptmini.conf_dir import conf_dir
 
     options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
-    return (
-        f"~{group} drops the {group} group, which every run needs: choose one of its options instead "
-        f"({group}=<option>: {options})"
-    )
+    needed = ", which every run needs" if group in REQUIRED_GROUPS else ""
+    return f"~{group} drops the {group} group{needed}: choose one of its options instead ({group}=<option>: {options})"
 
 
 def _check_composed_keys(cfg: DictConfig) -> None:

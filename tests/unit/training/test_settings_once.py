@@ -137,6 +137,20 @@ def test_a_restated_default_is_found(tmp_path: Path) -> None:
     ]
 
 
+def test_dropping_the_callbacks_group_is_refused_naming_its_options(
+    gptmini_train: Any, tmp_path: Path
+) -> None:
+    """``~callbacks`` leaves conf/train.yaml's settings of the chosen option nothing to follow: one line naming
+    the options (``callbacks=none``: no callbacks), nothing written."""
+    proc = gptmini_train(["debug=smoke", f"paths.output_root={tmp_path}", "~callbacks"])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "error: ~callbacks drops the callbacks group: choose one of its options instead (callbacks=<option>: "
+        "default, final, last, none)"
+    )
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_setting_an_option_leaves_to_the_user_stays_unset(compose_cfg: Any) -> None:
     """data=text's ``source: ???`` is not filled with the constructor's default (the embedded corpus)."""
     from omegaconf import OmegaConf
