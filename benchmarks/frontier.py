@@ -71,7 +71,7 @@ def run_args(recipe: Recipe, budget_s: float, source: str, root: Path, seed: int
         f"paths.output_root={root / 'outputs'}",
         f"paths.data_root={root / 'data'}",
         "~callbacks.progress_bar",
-        "+trainer.enable_progress_bar=false",
+        "trainer.enable_progress_bar=false",
         *(QUICK_ARGS if quick else ()),
     ]
 

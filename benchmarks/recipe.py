@@ -139,7 +139,7 @@ def run_args(
         f"paths.output_root={root / 'outputs'}",
         f"paths.data_root={root / 'data'}",
         "~callbacks.progress_bar",
-        "+trainer.enable_progress_bar=false",
+        "trainer.enable_progress_bar=false",
         *extra,
     ]
 

@@ -223,9 +223,9 @@ def recommendations(results: dict[str, list[dict[str, Any]]]) -> list[str]:
         hint = ""
         if gain > 1.05 and r["threads"] == bare["threads"]:
             kernel = (
-                "+optimizer.fused=true"
+                "optimizer.fused=true"
                 if "fused" in r["optimizer"]
-                else "+optimizer.foreach=" + ("true" if "foreach" in r["optimizer"] else "false")
+                else "optimizer.foreach=" + ("true" if "foreach" in r["optimizer"] else "false")
             )
             hint = f"; choose it with {kernel} on the command line"
         recs.append(f"training: {what}: {gain:.2f}x the default bare loop's speed ({verdict}{hint})")

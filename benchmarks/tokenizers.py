@@ -104,7 +104,7 @@ def run_args(config: TokenizerConfig, root: Path, seconds: int, quick: bool, see
         f"paths.output_root={root / 'outputs'}",
         f"data.data_dir={root / 'data' / config.folder}",
         "~callbacks.progress_bar",
-        "+trainer.enable_progress_bar=false",
+        "trainer.enable_progress_bar=false",
         *(QUICK_ARGS if quick else ()),
     ]
 

@@ -63,13 +63,18 @@ class TokenDataModule(L.LightningDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.1,
         train_samples: int | None = None,
+        # null: non-overlapping validation windows (stride = block_size)
         val_stride: int | None = None,
         seed: int = 1337,
         pin_memory: bool | None = None,
         force_prepare: bool = False,
+        # the JSON Lines field / Parquet or Arrow column that holds each document's text
         text_field: str = "text",
+        # tokens per shard file of the prepared data (uint16/uint32 ids)
         shard_tokens: int = DEFAULT_SHARD_TOKENS,
+        # text and ids in flight to the tokenizer threads, MB: bounds the preparation's memory at any corpus size
         buffer_mb: int = DEFAULT_BUFFER_MB,
+        # tokenizer threads; null: one per core, at most 8
         prepare_threads: int | None = None,
         tokenizer_vocab_size: int | None = None,
         tokenizer_train_bytes: int | None = None,

@@ -11,7 +11,7 @@ import pytest
 from benchmarks.common import BenchOptions
 from benchmarks.frontier import MARGIN_S, RECIPES, bench_frontier, run_args, run_name
 
-RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
+RUN_ONLY = ("~callbacks.progress_bar", "trainer.enable_progress_bar=false")
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])

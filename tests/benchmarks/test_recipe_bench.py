@@ -11,7 +11,7 @@ import pytest
 from benchmarks.recipe import CONFIGS, TARGET, read_run, run_args, summarize
 
 # what run_args adds for a real run's process only (its progress bar), not for composing the config here
-RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
+RUN_ONLY = ("~callbacks.progress_bar", "trainer.enable_progress_bar=false")
 
 
 def _composed(config, compose_cfg, tmp_path: Path):

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.common import max_time_string
 from benchmarks.tokenizers import QUICK_TOKENIZERS, TOKENIZERS, bench_tokenizers, run_args
 
-RUN_ONLY = ("~callbacks.progress_bar", "+trainer.enable_progress_bar=false")
+RUN_ONLY = ("~callbacks.progress_bar", "trainer.enable_progress_bar=false")
 
 
 @pytest.mark.parametrize("config", TOKENIZERS, ids=[c.label for c in TOKENIZERS])

@@ -199,10 +199,10 @@ def test_probe_rows_through_the_gptmini_train_process(
 
 def test_the_documented_overrides_train(corpus: Path, tmp_path: Path, gptmini_train: Any) -> None:
     """docs/configuration.md's `optimizer.embedding.cautious_weight_decay=true` (no `+`) and
-    `+trainer.enable_progress_bar=false` (the config's progress bar is then left out) train to the end."""
+    `trainer.enable_progress_bar=false` (the config's progress bar is then left out) train to the end."""
     import torch
 
-    overrides = ["optimizer.embedding.cautious_weight_decay=true", "+trainer.enable_progress_bar=false"]
+    overrides = ["optimizer.embedding.cautious_weight_decay=true", "trainer.enable_progress_bar=false"]
     proc = gptmini_train([*_base(corpus, tmp_path), *overrides])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     (last,) = (tmp_path / "outputs").rglob("last.ckpt")

@@ -25,7 +25,7 @@ OPTIONS = {
 }
 QUIET = [
     "~callbacks.progress_bar",
-    "+trainer.enable_progress_bar=false",
+    "trainer.enable_progress_bar=false",
     "trainer.enable_model_summary=false",
 ]
 

@@ -40,7 +40,7 @@ RUN = [
     "~callbacks.text_samples",
     "~callbacks.head_insight",
     "~callbacks.progress_bar",
-    "+trainer.enable_progress_bar=false",
+    "trainer.enable_progress_bar=false",
 ]
 
 
@@ -110,7 +110,7 @@ def test_speedrun_stops_at_its_target_and_logs_the_time_to_reach_it(tmp_path, ru
             "trainer.max_steps=40",
             "trainer.val_check_interval=2",
             "~callbacks.progress_bar",
-            "+trainer.enable_progress_bar=false",
+            "trainer.enable_progress_bar=false",
         ]
     )
     text = proc.stdout + proc.stderr
@@ -152,7 +152,7 @@ def _gpt2_speedrun_tiny(tmp_path: Path, *extra: str) -> list[str]:
         f"paths.output_root={tmp_path / 'out'}",
         f"paths.data_root={tmp_path / 'data'}",
         "~callbacks.progress_bar",
-        "+trainer.enable_progress_bar=false",
+        "trainer.enable_progress_bar=false",
         *extra,
     ]
 

@@ -48,7 +48,7 @@ RUN = [
     "~callbacks.attention_maps",
     "~callbacks.text_samples",
     "~callbacks.progress_bar",
-    "+trainer.enable_progress_bar=false",
+    "trainer.enable_progress_bar=false",
 ]
 STEPS, EVERY = 20, 5
 

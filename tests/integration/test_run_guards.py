@@ -25,7 +25,7 @@ TINY = [
     "~callbacks.attention_maps",
     "~callbacks.text_samples",
     "~callbacks.progress_bar",
-    "+trainer.enable_progress_bar=false",
+    "trainer.enable_progress_bar=false",
 ]
 
 

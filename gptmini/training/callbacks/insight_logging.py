@@ -104,9 +104,13 @@ class HeadInsightLogger(ProbeReader):
 
     def __init__(
         self,
+        # each probe sequence (capped at the context); the repeated probe is 2 copies of half
         probe_tokens: int = 128,
+        # sequences per probe (text and repeated random tokens)
         probe_batch: int = 4,
+        # validation windows of the full context for the loss by position
         loss_windows: int = 32,
+        # the probes' random tokens
         seed: int = 1234,
         induction_threshold: float = 0.4,
         min_rise: float = 0.2,

@@ -48,9 +48,13 @@ class AttentionSummaryLogger(ProbeTextCallback):
 
     def __init__(
         self,
+        # repeats a line, so that induction heads show in the second copy (both copies within 64 characters)
         probe_text: str = "But soft, what light?\nIt is the east.\nBut soft, what light?",
         max_tokens: int = 64,
+        # the logit lens on the probe: lens/loss/<row>, lens/top1/<row>, the image lens/grid and the tab's lens view
         lens: bool = True,
+        # the probe's queries and keys in TensorBoard's PROJECTOR: at the end of training (0), also every N-th
+        # validation (N), or never (null)
         projector_every: int | None = 0,
     ) -> None:
         if max_tokens < 2:

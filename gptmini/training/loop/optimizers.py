@@ -133,9 +133,15 @@ class BatchedMuon(torch.optim.Muon):
         self,
         params: Any,
         *,
+        # NorMuon (modded-nanogpt, nanochat): each neuron's share of the orthogonalised update evened out by a
+        # running second moment (decay beta2), the update's norm kept
         normuon: bool = False,
         beta2: float = 0.95,
+        # decay only the weights the update already moves towards zero (update and weight of the same sign); an
+        # AdamW role takes it too (optimizer.matrix.cautious_weight_decay=true)
         cautious_weight_decay: bool = False,
+        # the momentum ramps from momentum_warmup_start to momentum over the first momentum_warmup_steps steps
+        # (0: none)
         momentum_warmup_steps: int = 0,
         momentum_warmup_start: float = 0.85,
         **muon: Any,

@@ -172,7 +172,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
         name: instantiate(settings, _convert_="all") for name, settings in _nodes(plan.callbacks).items()
     }
     if plan.trainer.enable_progress_bar is False:
-        # +trainer.enable_progress_bar=false: the config's progress bar goes (Lightning refuses both at once)
+        # trainer.enable_progress_bar=false: the config's progress bar goes (Lightning refuses both at once)
         named = {n: c for n, c in named.items() if not isinstance(c, LightningProgressBar)}
     callbacks = list(named.values())
     if plan.trainer.enable_model_summary:

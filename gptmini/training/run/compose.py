@@ -8,12 +8,14 @@ import re
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from gptmini.conf_dir import conf_dir
 from gptmini.training.hardware import register_hardware_configs
-from gptmini.training.run.schema import TrainSchema
+from gptmini.training.run.schema import TrainSchema, option_settings
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainSchema)
     # hardware=auto (the default): an alias of hardware/gpu on a machine with a CUDA GPU, else of hardware/cpu
     register_hardware_configs()
     # ${attention_names:}: every causal attention in the registry, comma-separated, so a sweep over all of them
@@ -35,6 +37,13 @@ def register_configs() -> None:
         from gptmini.data.corpora import prepared_folder_name
 
         OmegaConf.register_new_resolver("prepared_folder", prepared_folder_name)
+    try:
+        conf = conf_dir()
+    except FileNotFoundError:  # an install without its configs: the command says so in one line
+        return
+    # every setting of each option with its constructor's default, merged before the option (conf/train.yaml)
+    for (group, option), node in option_settings(conf).items():
+        store.store(group=f"hydra/gptmini_settings/{group}", name=option, node=node)
 
 
 def default_run_name(source: str | None, tokenizer: str) -> str:
@@ -49,6 +58,4 @@ def default_run_name(source: str | None, tokenizer: str) -> str:
 
 
 def attention_variants() -> str:
-    from gptmini.conf_dir import conf_dir
-
     return ",".join(sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml")))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -100,6 +101,12 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         restated = _unknown_key(err, argv) or _bad_value(err, argv)
         if restated:
             return restated
+        # ~optimizer: conf/train.yaml's settings of the chosen option (${optimizer}) have no option to follow
+        dropped = re.match(r"Error resolving interpolation '\$\{(\w+)\}'", str(err))
+        if dropped and f"~{dropped.group(1)}" in argv:
+            from gptmini.training.run.plan import dropped_group
+
+            return dropped_group(dropped.group(1))
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if isinstance(err, MissingConfigException):
         # "Could not find 'model/foo'", "Available options in 'model':", "baby", ..., "Config search path:", ...

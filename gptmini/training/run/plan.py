@@ -158,7 +158,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_data(data)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
-    check_top_level(cfg)
+    check_top_level(cfg, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
@@ -241,14 +241,18 @@ def _check_required_groups() -> str | None:
     choices = HydraConfig.get().runtime.choices
     for group in REQUIRED_GROUPS:
         if choices.get(group) is None:
-            from gptmini.conf_dir import conf_dir
-
-            options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
-            raise RunError(
-                f"~{group} drops the {group} group, which every run needs: choose one of its options instead "
-                f"({group}=<option>: {options})"
-            )
+            raise RunError(dropped_group(group))
     return choices.get("hardware")
+
+
+def dropped_group(group: str) -> str:
+    """The refusal of ``~group``: every run needs one of its options (and ``conf/train.yaml`` merges the settings
+    of the chosen one, so composing fails without it)."""
+    from gptmini.conf_dir import conf_dir
+
+    options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
+    needed = ", which every run needs" if group in REQUIRED_GROUPS else ""
+    return f"~{group} drops the {group} group{needed}: choose one of its options instead ({group}=<option>: {options})"
 
 
 def _check_composed_keys(cfg: DictConfig) -> None:
@@ -279,16 +283,16 @@ def plan_data(cfg: DictConfig) -> Any:
     return _with_derived(cfg, "data", typed_group(cfg, "data"))
 
 
-def _with_derived(cfg: DictConfig, group: str, typed: Any) -> Any:
-    """``typed`` (a group's user settings) with the derived parameters its constructor takes, from ``DERIVED``."""
+def _with_derived(cfg: DictConfig, group: str, typed: Any, key: str | None = None) -> Any:
+    """``typed`` (the user settings of ``group``'s node at ``key``, by default ``group``) with the derived
+    parameters its constructor takes, from ``DERIVED``."""
     if typed is None:
         return None
+    key = key or group
     full = schema_of(group, typed._target_, user=False)
     names = {f.name for f in dataclasses.fields(full)}
     derived = {
-        name: OmegaConf.select(cfg, DERIVED[f"{group}.{name}"][0])
-        for name in derived_of(group)
-        if name in names
+        name: OmegaConf.select(cfg, DERIVED[f"{key}.{name}"][0]) for name in derived_of(key) if name in names
     }
     return full(**dataclasses.asdict(typed), **derived)
 
@@ -300,9 +304,8 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
     for name, node in (cfg.get(group) or {}).items():
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
-        out[str(name)] = typed_node(node, f"{group}.{name}", group) or OmegaConf.to_container(
-            node, resolve=True
-        )
+        typed = _with_derived(cfg, group, typed_node(node, f"{group}.{name}", group), f"{group}.{name}")
+        out[str(name)] = typed or OmegaConf.to_container(node, resolve=True)
     return out
 
 

@@ -28,7 +28,9 @@ import inspect
 import math
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -139,9 +141,9 @@ class TrainSchema:
     required: list[str] = field(default_factory=list)
 
 
-def check_top_level(cfg: DictConfig) -> None:
-    """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss only
-    with the callback that stops there."""
+def check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
+    checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
     seed = cfg.get("seed")
     if not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
@@ -150,18 +152,27 @@ def check_top_level(cfg: DictConfig) -> None:
             f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
         )
     target = cfg.get("target_val_loss")
-    if target is None:
-        return
-    stoppers = [
-        c
-        for c in (cfg.get("callbacks") or {}).values()
-        if c is not None and c.get("_target_") == "gptmini.training.callbacks.guards.StopAtTargetLoss"
-    ]
-    if not stoppers:
+    if target is not None and not _taken("target_val_loss", cfg):
         raise RunError(
             f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
             "callbacks=default): drop target_val_loss or use callbacks=default"
         )
+    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
+        raise RunError(
+            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
+            "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
+            "only): drop checkpoint_every_n_steps or use callbacks=last"
+        )
+
+
+def _taken(setting: str, cfg: DictConfig) -> bool:
+    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
+    callbacks = cfg.get("callbacks") or {}
+    return any(
+        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
+        for key, (source, _) in DERIVED.items()
+    )
 
 
 # The config groups whose numbers must be finite (a NaN or inf learning rate, weight decay, clipping value, RoPE
@@ -210,12 +221,21 @@ DERIVED: dict[str, tuple[str, str]] = {
     # the schedule's length is the run's
     "scheduler.max_steps": ("trainer.max_steps", "trainer.max_steps=<steps>"),
     "scheduler.max_time": ("trainer.max_time", 'trainer.max_time="DD:HH:MM:SS"'),
+    # one setting of the run, passed to the parts that use it (a named callback's by its name)
+    "data.seed": ("seed", "seed=<n>"),
+    "callbacks.rng_state.seed": ("seed", "seed=<n>"),
+    "callbacks.checkpoint_last.every_n_train_steps": (
+        "checkpoint_every_n_steps",
+        "checkpoint_every_n_steps=<steps>",
+    ),
+    "callbacks.stop_at_target.target": ("target_val_loss", "target_val_loss=<loss>"),
+    "callbacks.throughput.peak_flops": ("perf.peak_flops", "perf.peak_flops=<FLOP/s>"),
 }
 
 
-def derived_of(group: str) -> tuple[str, ...]:
-    """The derived parameters of ``group``'s constructors (``DERIVED``)."""
-    return tuple(k.split(".", 1)[1] for k in DERIVED if k.startswith(group + "."))
+def derived_of(key: str) -> tuple[str, ...]:
+    """The derived parameters of the node at ``key`` (a group, or a named callback: ``callbacks.rng_state``)."""
+    return tuple(k[len(key) + 1 :] for k in DERIVED if k.rsplit(".", 1)[0] == key)
 
 
 def derived_refusal(key: str, value: Any = None) -> str:
@@ -323,18 +343,70 @@ def required(schema: type) -> list[str]:
     return out
 
 
-def schema_of(group: str, target: str, user: bool = True) -> type | None:
-    """The schema of the ``group`` option whose ``_target_`` is ``target``, derived from that class's or
-    function's signature; ``user``: without the derived values (``DERIVED``), the settings a user writes. None
-    when ``target`` cannot be imported (a class of the user's own that fails to import fails when built)."""
+def schema_of(group: str, target: str, user: bool = True, key: str | None = None) -> type | None:
+    """The schema of the ``group`` option (at ``key``, by default ``group``) whose ``_target_`` is ``target``,
+    derived from that class's or function's signature; ``user``: without the derived values (``DERIVED``), the
+    settings a user writes. None when ``target`` cannot be imported (a class of the user's own that fails to
+    import fails when built)."""
     from hydra.utils import get_object
 
     try:
         obj = get_object(target)
     except Exception:  # hydra raises ImportError or its own error, with the import's reason
         return None
-    skip = BUILT_BY_THE_RUN.get(group, ()) + (derived_of(group) if user else ())
+    skip = BUILT_BY_THE_RUN.get(group, ()) + (derived_of(key or group) if user else ())
     return settings_schema(obj, skip)
+
+
+# The groups built from their ``_target_``: one node each, or named nodes (``callbacks.<name>``, ``logger.<name>``).
+INSTANTIATED = ("data", "optimizer", "scheduler", "trainer")
+NAMED = ("callbacks", "logger")
+
+
+def option_settings(conf: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every setting of each option of the instantiated groups in ``conf`` (by group and option), with its
+    constructor's default: what conf/train.yaml's ``settings/<group>`` entries merge in before the option's own
+    values, so that an option file writes only what it chooses differently and the composed config (``gptmini
+    train --cfg job``, ``.hydra/config.yaml``, the checkpoints) still holds every setting with its value. Required
+    settings are left out (the plan names one missing), as are nodes whose ``_target_`` does not import."""
+    out = {}
+    for group in (*INSTANTIATED, *NAMED):
+        for path in sorted((conf / group).glob("*.yaml")):
+            option = option_file(conf / group, path.stem)
+            named = option.items() if group in NAMED else [(None, option)]
+            node = {}
+            for name, values in named:
+                key = f"{group}.{name}" if name else group
+                target = values.get("_target_") if isinstance(values, dict) else None
+                schema = schema_of(group, str(target), key=key) if target else None
+                if (
+                    schema is not None
+                ):  # ("???": the option makes the user set it; a merge would not drop a value)
+                    node[name] = {k: v for k, v in _defaults(schema).items() if values.get(k) != "???"}
+            out[group, path.stem] = node.get(None, node)
+    return out
+
+
+def option_file(folder: Path, option: str) -> dict[str, Any]:
+    """An option file's values, over those of the options of its group it names in its defaults list."""
+    raw = OmegaConf.to_container(OmegaConf.load(folder / f"{option}.yaml"), resolve=False)
+    parents = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+    merged = OmegaConf.merge(*(option_file(folder, p) for p in parents), raw)
+    return OmegaConf.to_container(merged, resolve=False)
+
+
+def _defaults(schema: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(schema):
+        if f.name.startswith("_"):
+            continue
+        if dataclasses.is_dataclass(f.type):
+            out[f.name] = _defaults(f.type)  # a nested settings node (optimizer.hidden, ...)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        elif f.default != "???":
+            out[f.name] = f.default
+    return out
 
 
 def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:
@@ -372,7 +444,7 @@ def typed_node(node: Any, key: str, group: str) -> Any:
     not take, a required one missing, or a value of the wrong type is refused in one line naming ``key``. None for
     a ``_target_`` that does not import (its build reports it)."""
     target = str(node.get("_target_") or "")
-    schema = schema_of(group, target)
+    schema = schema_of(group, target, key=key)
     if schema is None:
         return None
     values = OmegaConf.to_container(node, resolve=True)

@@ -15,9 +15,16 @@ from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.loop.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
+from gptmini.training.run.schema import option_settings
 
 VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
-MUON = OmegaConf.to_container(OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"))
+# optimizer=muon as a run composes it: its file over its constructors' defaults
+MUON = OmegaConf.to_container(
+    OmegaConf.merge(
+        option_settings(conf_dir())["optimizer", "muon"],
+        OmegaConf.load(conf_dir() / "optimizer" / "muon.yaml"),
+    )
+)
 SETTINGS = {k: v for k, v in MUON.items() if not k.startswith("_")}
 
 
@@ -261,7 +268,7 @@ def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
     from gptmini.training.run.plan import validate_config
 
     validate_config(
-        compose_cfg(["debug=smoke", "optimizer=adamw", "+optimizer.amsgrad=true", "+optimizer.fused=true"])
+        compose_cfg(["debug=smoke", "optimizer=adamw", "optimizer.amsgrad=true", "optimizer.fused=true"])
     )
     validate_config(
         compose_cfg(

@@ -1,0 +1,263 @@
+"""Each setting is one setting: the run passes the top-level value to the parts that use it (``DERIVED`` in
+gptmini/training/run/schema.py), a copy set alone is refused in one line naming the key to set, and a setting
+that cannot act under the chosen options is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Each copy, the value the user tries to give it, and the setting the refusal must name.
+COPIES = [
+    ("data.seed", "7", "seed=<n>"),
+    ("callbacks.rng_state.seed", "7", "seed=<n>"),
+    ("callbacks.checkpoint_last.every_n_train_steps", "3", "checkpoint_every_n_steps=<steps>"),
+    ("callbacks.stop_at_target.target", "1.5", "target_val_loss=<loss>"),
+    ("callbacks.throughput.peak_flops", "1e15", "perf.peak_flops=<FLOP/s>"),
+]
+
+
+@pytest.mark.parametrize("prefix", ["", "+"])
+@pytest.mark.parametrize(("key", "value", "fix"), COPIES, ids=[c[0] for c in COPIES])
+def test_a_copy_set_alone_is_refused_naming_the_setting(
+    gptmini_train: Any, tmp_path: Path, prefix: str, key: str, value: str, fix: str
+) -> None:
+    args = ["debug=smoke", "callbacks=default", f"paths.output_root={tmp_path}"]
+    proc = gptmini_train([*args, f"{prefix}{key}={value}"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines[-1].startswith(f"error: {key}") and f"set {fix} instead" in lines[-1], lines
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
+def test_the_plan_passes_each_setting_where_it_is_used(compose_cfg: Any) -> None:
+    from gptmini.training.run.plan import plan_run
+
+    cfg = compose_cfg(
+        ["seed=77", "checkpoint_every_n_steps=9", "target_val_loss=1.25", "perf.peak_flops=1.5e15"]
+    )
+    plan = plan_run(cfg)
+    assert plan.data.seed == 77 and plan.callbacks["rng_state"].seed == 77
+    assert plan.callbacks["checkpoint_last"].every_n_train_steps == 9
+    assert plan.callbacks["stop_at_target"].target == 1.25
+    assert plan.callbacks["throughput"].peak_flops == 1.5e15
+    # the best-by-loss checkpoint is a ModelCheckpoint too, and keeps its own interval (none)
+    assert plan.callbacks["checkpoint_best"].every_n_train_steps is None
+
+
+@pytest.mark.parametrize("debug", ["smoke", "overfit"])
+def test_a_checkpoint_interval_without_a_periodic_checkpoint_is_refused(
+    gptmini_train: Any, tmp_path: Path, debug: str
+) -> None:
+    """callbacks=final (debug=smoke, debug=overfit) saves at the end only: the interval would do nothing."""
+    proc = gptmini_train([f"debug={debug}", f"paths.output_root={tmp_path}", "checkpoint_every_n_steps=1"])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: checkpoint_every_n_steps=1 cannot act: no callback saves periodically (callbacks.checkpoint_last, "
+        "in callbacks=default and callbacks=last; callbacks=final saves at the end only): drop "
+        "checkpoint_every_n_steps or use callbacks=last"
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_checkpoint_interval_with_a_periodic_checkpoint_is_taken(compose_cfg: Any) -> None:
+    from gptmini.training.run.plan import plan_run
+
+    plan = plan_run(compose_cfg(["debug=smoke", "callbacks=last", "checkpoint_every_n_steps=1"]))
+    assert plan.callbacks["checkpoint_last"].every_n_train_steps == 1
+
+
+# --- every default written once --------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as config values: a list and a tuple alike, a bool never equal to a number."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _restated(values: dict[str, Any], otherwise: dict[str, Any], path: str) -> list[str]:
+    found = []
+    for key, value in values.items():
+        if str(key).startswith("_") or key not in otherwise:
+            continue
+        if isinstance(value, dict) and isinstance(otherwise[key], dict):
+            found += _restated(value, otherwise[key], f"{path}{key}.")
+        elif _same(value, otherwise[key]):
+            found.append(f"{path}{key}={value!r}")
+    return found
+
+
+def restated_defaults(conf: Path) -> list[str]:
+    """Each value an option file of an instantiated group writes that it would have without writing it: its
+    constructor's default, or the value of the option it extends (``defaults: [default, _self_]``)."""
+    from omegaconf import OmegaConf
+
+    from gptmini.training.run.schema import INSTANTIATED, NAMED, option_settings
+
+    settings = option_settings(conf)
+    found = []
+    for group in (*INSTANTIATED, *NAMED):
+        for path in sorted((conf / group).glob("*.yaml")):
+            own = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            parents = [d for d in own.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+            base = [OmegaConf.to_container(OmegaConf.load(conf / group / f"{p}.yaml")) for p in parents]
+            for b in base:
+                b.pop("defaults", None)
+            otherwise = OmegaConf.to_container(OmegaConf.merge(settings[group, path.stem], *base))
+            found += [f"{group}={path.stem}: {r}" for r in _restated(own, otherwise, "")]
+    return found
+
+
+def test_no_option_file_restates_a_default() -> None:
+    """An option file writes only what it chooses differently from its constructor's defaults (or from the
+    option it extends): a default is written once, in the signature."""
+    from gptmini.conf_dir import conf_dir
+
+    assert restated_defaults(conf_dir()) == []
+
+
+def test_a_restated_default_is_found(tmp_path: Path) -> None:
+    import shutil
+
+    from gptmini.conf_dir import conf_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    muon = conf / "optimizer" / "muon.yaml"
+    muon.write_text(muon.read_text().replace("hidden:\n", "hidden:\n  momentum: 0.95\n", 1))
+    last = conf / "callbacks" / "last.yaml"
+    last.write_text(last.read_text() + "progress_log:\n  every_n_steps: 50\n")  # callbacks=default's value
+    assert sorted(restated_defaults(conf)) == [
+        "callbacks=last: progress_log.every_n_steps=50",
+        "optimizer=muon: hidden.momentum=0.95",
+    ]
+
+
+def test_dropping_the_callbacks_group_is_refused_naming_its_options(
+    gptmini_train: Any, tmp_path: Path
+) -> None:
+    """``~callbacks`` leaves conf/train.yaml's settings of the chosen option nothing to follow: one line naming
+    the options (``callbacks=none``: no callbacks), nothing written."""
+    proc = gptmini_train(["debug=smoke", f"paths.output_root={tmp_path}", "~callbacks"])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "error: ~callbacks drops the callbacks group: choose one of its options instead (callbacks=<option>: "
+        "default, final, last, none)"
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_setting_an_option_leaves_to_the_user_stays_unset(compose_cfg: Any) -> None:
+    """data=text's ``source: ???`` is not filled with the constructor's default (the embedded corpus)."""
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.is_missing(compose_cfg(["data=text"]).data, "source")
+
+
+def test_cfg_job_shows_every_setting_from_the_signatures(gptmini_train: Any) -> None:
+    """``gptmini train --cfg job``: the settings an option file leaves out, with their constructors' defaults."""
+    import inspect
+
+    import yaml
+    from lightning.pytorch import Trainer
+
+    from gptmini.training.loop.optimizers import BatchedMuon
+
+    proc = gptmini_train(["--cfg", "job", "hardware=cpu", "trainer.enable_progress_bar=false"])
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    muon = inspect.signature(BatchedMuon).parameters
+    assert cfg["optimizer"]["hidden"]["beta2"] == muon["beta2"].default
+    assert cfg["optimizer"]["hidden"]["momentum_warmup_start"] == muon["momentum_warmup_start"].default
+    trainer = inspect.signature(Trainer).parameters
+    assert cfg["trainer"]["detect_anomaly"] == trainer["detect_anomaly"].default
+    # a setting the option file leaves out is set without "+", as any other
+    assert cfg["trainer"]["enable_progress_bar"] is False
+
+
+def test_the_settings_page_is_generated_from_the_signatures() -> None:
+    """docs/settings.md is what the signatures say: regenerate it with
+    ``python scripts/settings_page.py > docs/settings.md``."""
+    import inspect
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.data.datamodule import TokenDataModule
+    from scripts.settings_page import settings_reference
+
+    page = settings_reference(conf_dir())
+    assert (Path(__file__).resolve().parents[3] / "docs" / "settings.md").read_text() == page
+    # a setting's default and its help line, as its constructor writes them
+    default = inspect.signature(TokenDataModule).parameters["prepare_threads"].default
+    assert (
+        f"| `data.prepare_threads` | `{'null' if default is None else default}` | tokenizer threads;" in page
+    )
+
+
+# --- docs/development.md's "Adding a callback" and "Adding an optimizer setting", done ----------------------
+
+
+class Mine:
+    """A callback of one's own (docs/development.md, "Adding a callback"): its settings are its parameters."""
+
+    def __init__(
+        self,
+        # steps between its reports
+        every: int = 3,
+    ) -> None:
+        self.every = every
+
+
+def test_adding_a_callback_is_one_module_and_one_yaml_line(tmp_path: Path) -> None:
+    """The module is this test's ``Mine``; the YAML line names it in callbacks=default: it is then a node of the
+    composed callbacks with every setting and its default, on the settings page with its help line, and its file
+    restates nothing."""
+    import shutil
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run.schema import option_settings
+    from scripts.settings_page import settings_reference
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    default = conf / "callbacks" / "default.yaml"
+    default.write_text(default.read_text() + "mine: {_target_: test_settings_once.Mine}\n")
+    assert option_settings(conf)["callbacks", "default"]["mine"] == {"every": 3}
+    assert option_settings(conf)["callbacks", "last"]["mine"] == {"every": 3}  # the options extending it too
+    assert "| `callbacks.mine.every` | `3` | steps between its reports |" in settings_reference(conf)
+    assert restated_defaults(conf) == []
+
+
+def test_adding_an_optimizer_setting_is_one_constructor_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyword parameter with its default and help line, on BatchedMuon (docs/development.md, "Adding an
+    optimizer setting"): a setting of optimizer=muon with that default, on the settings page, with no YAML edit."""
+    import gptmini.training.loop.optimizers as optimizers
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run import schema
+    from scripts.settings_page import settings_reference
+
+    class WithCap(optimizers.BatchedMuon):
+        def __init__(
+            self,
+            params: Any,
+            *,
+            # the largest step of one element (null: no cap)
+            update_cap: float | None = None,
+            **options: Any,
+        ) -> None:
+            super().__init__(params, **options)
+
+    monkeypatch.setitem(optimizers.MuonAdamW.settings_of, "hidden", (WithCap, ("params",)))
+    schema.settings_schema.cache_clear()
+    try:
+        hidden = schema.option_settings(conf_dir())["optimizer", "muon"]["hidden"]
+        page = settings_reference(conf_dir())
+    finally:
+        schema.settings_schema.cache_clear()
+    assert hidden["update_cap"] is None and hidden["beta2"] == 0.95
+    assert (
+        "| `optimizer.hidden.update_cap` | `null` | the largest step of one element (null: no cap) |" in page
+    )
