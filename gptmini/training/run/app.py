@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
 from gptmini.fileio import RUN_LOCK
@@ -32,8 +32,10 @@ from gptmini.training.hardware import hardware_summary
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.inputs import check_input_files
 from gptmini.training.run.memory import check_training_memory
+from gptmini.training.run.override_errors import check_resolves
 from gptmini.training.run.plan import RunPlan, plan_run
 from gptmini.training.run.resume import check_resumed_data, resolve_init_from
+from gptmini.training.run.run_folder import hold_output_dir
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -408,26 +410,64 @@ def _run_folder_given() -> bool:
     return any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
 
 
-def _remove_failed_run_folder(output_dir: Path, keep_folder: bool = False) -> None:
+def _remove_failed_run_folder(
+    output_dir: Path, keep_folder: bool = False, log_name: str = "train.log"
+) -> None:
     """Cleans up after a run that failed before doing anything, when its folder holds only Hydra's own files
-    (``.hydra/``, ``train.log``) and empty folders: a failed check leaves no run behind. The folder goes, and its
+    (``.hydra/``, the job's log ``log_name``) and empty folders: a failed check leaves no run behind. The folder goes, and its
     run_name folder if that is left empty, unless ``keep_folder`` (a folder the user named, which may have existed
     before: only the files this run wrote go). Anything else in it (a checkpoint, TensorBoard events) keeps it."""
     if not output_dir.is_dir():
         return
     for path in output_dir.rglob("*"):
         rel = path.relative_to(output_dir)
-        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel in (Path("train.log"), Path(RUN_LOCK))):
+        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel in (Path(log_name), Path(RUN_LOCK))):
             return
     if keep_folder:
         shutil.rmtree(output_dir / ".hydra", ignore_errors=True)
-        for own in ("train.log", RUN_LOCK):
+        for own in (log_name, RUN_LOCK):
             with contextlib.suppress(OSError):
                 (output_dir / own).unlink()
         return
     shutil.rmtree(output_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         output_dir.parent.rmdir()  # only when empty
+
+
+def _output_dir(cfg: DictConfig) -> Path | None:
+    """``paths.output_dir``, None where it does not resolve (refused by ``check_resolves``)."""
+    folder = OmegaConf.select(cfg, "paths.output_dir", default=None, throw_on_resolution_failure=False)
+    return None if folder is None else Path(str(folder))
+
+
+def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
+    """What a run that failed its checks wrote goes: Hydra's run folder (``_remove_failed_run_folder``) and, where
+    ``paths.output_dir`` points elsewhere, its lock there, and that folder if this run ``made`` it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else output_dir
+    if hydra_dir is not None:
+        log_name = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "train.log"
+        _remove_failed_run_folder(hydra_dir, keep_folder=_run_folder_given(), log_name=log_name)
+    if output_dir is None or hydra_dir is None or output_dir.absolute() == hydra_dir.absolute():
+        return
+    _remove_failed_run_folder(output_dir, keep_folder=True)
+    if made:
+        with contextlib.suppress(OSError):
+            output_dir.rmdir()  # only when empty
+
+
+def _check_own_config() -> None:
+    """A primary config of the user's own (``--config-name``) composes gptmini's: without it the run would have
+    none of the run folder's checks (``hydra.callbacks``), the schema or the settings every run needs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or "output_folder_check" in (HydraConfig.get().callbacks or {}):
+        return
+    raise RunError(
+        f"--config-name {HydraConfig.get().job.config_name}: a config of your own starts from gptmini's: put "
+        "`defaults: [train, _self_]` first in it (then its own values, or `override /model: tiny`-style lines)"
+    )
 
 
 def _in_sweep() -> bool:
@@ -440,7 +480,12 @@ def _in_sweep() -> bool:
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    output_dir = _output_dir(cfg)
+    made = output_dir is not None and not output_dir.exists()
     try:
+        _check_own_config()
+        check_resolves(cfg)  # every interpolation, before any value is used
+        hold_output_dir(cfg)  # paths.output_dir elsewhere than Hydra's folder: free, and held
         check_input_files(cfg)  # corpus / init_from paths: before anything else
         result = train(cfg)
     except _user_errors() as err:
@@ -449,7 +494,7 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         msg = str(err)
         if isinstance(err, InstantiationException) and err.__cause__ is not None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
-        _remove_failed_run_folder(Path(cfg.paths.output_dir), keep_folder=_run_folder_given())
+        _clean_failed_start(output_dir, made)
         if _in_sweep():
             log.error("error: %s", msg)  # in the job's log: the sweep goes on
             return JobFailed(EXIT_USER_ERROR, msg)  # SweepSummary reports it at the end

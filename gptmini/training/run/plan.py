@@ -26,6 +26,7 @@ from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
+from gptmini.training.run.override_errors import missing_keys
 from gptmini.training.run.resume import continued_event_folder, read_resume
 from gptmini.training.run.schema import (
     DERIVED,
@@ -234,6 +235,11 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
     misspelt key is refused here, not by the constructor after the seed is set)."""
     out = {}
     for name, node in (cfg.get(group) or {}).items():
+        if node is not None and not isinstance(node, DictConfig):
+            raise RunError(
+                f"{group}.{name}={node} is invalid: each entry of {group} is the settings of one (a node with "
+                f"_target_), or null to leave it out; drop it (~{group}.{name})"
+            )
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
         out[str(name)] = typed_node(node, f"{group}.{name}", group) or OmegaConf.to_container(
@@ -404,11 +410,19 @@ def _strategy_name(trainer: Any) -> str:
     return str(strategy.get("_target_", "") if isinstance(strategy, dict) else strategy).lower()
 
 
+# what a key a run must be given takes, for its refusal
+MISSING_EXAMPLES = {
+    "model.init_from": " (e.g. model.init_from=/path/to/hf/gpt2)",
+    "data.source": " (a text file, a folder or glob of text/JSONL/Parquet/Arrow files, or an http(s) URL, e.g. "
+    "data.source=/path/to/corpus.txt)",
+}
+
+
 def _check_missing(cfg: DictConfig) -> None:
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    missing = missing_keys(cfg)  # without resolving: data.data_dir names data.source's ???
     missing += [k for k in cfg.get("required", []) if OmegaConf.select(cfg, k) is None and k not in missing]
     if missing:
-        hint = " (e.g. model.init_from=/path/to/hf/gpt2)" if "model.init_from" in missing else ""
+        hint = MISSING_EXAMPLES.get(missing[0], "")
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
 
 
