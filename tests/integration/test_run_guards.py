@@ -321,3 +321,22 @@ def test_init_from_with_ckpt_path_is_refused(train, finished_run, tmp_path) -> N
         r"resume that run, or drop ckpt_path to start a new run from those weights",
     )
     assert files(run_dir) == before and not (tmp_path / "out" / "again").exists()
+
+
+def test_a_corpus_path_that_is_not_utf8_trains_and_is_shown_by_its_bytes(train, tmp_path, tb_events) -> None:
+    """A corpus path whose bytes are not UTF-8 (as the shell passes them: os.fsdecode's escapes) crashed after
+    the data was prepared and the model built (UnicodeEncodeError writing the run's overrides to TensorBoard),
+    leaving a run folder; the hyperparameters were lost with it."""
+    import os
+    import shutil
+
+    folder = os.fsencode(tmp_path) + b"/corpus\xff"
+    os.mkdir(folder)
+    shutil.copyfile(os.fsencode(Path(__file__)), folder + b"/t\xe9xt.txt")
+    source = os.fsdecode(folder + b"/t\xe9xt.txt")
+    proc = train("data=text", f"data.source='{source}'", "data.batch_size=2")
+    assert proc.returncode == 0, output(proc)[-3000:]
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    (text,) = tb_events(run_dir).Tensors("run/overrides/text_summary")
+    assert "corpus\\xff/t\\xe9xt.txt" in text.tensor_proto.string_val[0].decode()

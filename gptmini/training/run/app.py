@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
-from gptmini.fileio import RUN_LOCK
+from gptmini.fileio import RUN_LOCK, utf8_text
 from gptmini.limits import SizeError
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.errors import RunError
@@ -232,7 +232,8 @@ def _log_overrides(trainer: Any, plan: RunPlan) -> None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
     overrides = command_overrides()
     lines += [f"- `{o}`" for o in overrides] if overrides else ["no overrides: the defaults"]
-    logger.experiment.add_text("run/overrides", "\n\n".join(lines), global_step=step)
+    # a corpus path that is not UTF-8 shown by its bytes
+    logger.experiment.add_text("run/overrides", utf8_text("\n\n".join(lines)), global_step=step)
 
 
 def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
