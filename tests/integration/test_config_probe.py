@@ -168,6 +168,8 @@ REFUSED = [
     ),
     # integers are no switches (as optimizer.hidden.normuon=3 above), Lightning's own included
     (["trainer.deterministic=3"], r"trainer\.deterministic=3 is invalid: it takes true, false, 'warn'", 2),
+    (["model.bias=3"], r"model\.bias=3 is invalid: true or false", 2),
+    (["model.qk_norm=7"], r"model\.qk_norm=7 is invalid: true or false", 2),
     # settings every run reads cannot be dropped; entries that are not a callback's or logger's settings
     (["~perf"], r"~perf drops the perf settings, which every run needs: .*perf\.peak_flops=\.\.\.", 2),
     (["~paths"], r"~paths drops the paths settings, which every run needs: .*paths\.output_root=\.\.\.", 2),

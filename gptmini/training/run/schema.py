@@ -57,6 +57,8 @@ def _model_schema() -> type:
             specs.append((f.name, Optional[int], field(default=None)))
         else:
             hint = hints[f.name]
+            if hint is bool:
+                hint = Any  # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
             if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
                 hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
             specs.append((f.name, hint, field(default=f.default)))
