@@ -340,3 +340,17 @@ def test_a_corpus_path_that_is_not_utf8_trains_and_is_shown_by_its_bytes(train, 
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     (text,) = tb_events(run_dir).Tensors("run/overrides/text_summary")
     assert "corpus\\xff/t\\xe9xt.txt" in text.tensor_proto.string_val[0].decode()
+
+
+def test_a_run_without_callbacks_writes_no_checkpoint_of_lightning_s_own(
+    gptmini_train, char_data_root, tmp_path
+) -> None:
+    """~callbacks made Lightning add its own ModelCheckpoint (epoch=0-step=2.ckpt in the TensorBoard folder) beside
+    the run's final last.ckpt."""
+    base = [a for a in TINY if not a.startswith("~callbacks.")]
+    proc = gptmini_train(
+        [*base, "~callbacks", f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    assert [str(p.relative_to(run_dir)) for p in run_dir.rglob("*.ckpt")] == ["checkpoints/last.ckpt"]

@@ -151,6 +151,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
             callbacks.append(ParameterSummary())
     # Either way Lightning adds no summary of its own (nor logs that it skipped one).
     trainer_cfg["enable_model_summary"] = False
+    _keep_the_guards(callbacks, trainer_cfg)
     loggers = [_logger(settings, plan) for settings in _nodes(plan.loggers).values()]
     trainer = instantiate(
         trainer_cfg,
@@ -163,6 +164,21 @@ def build_trainer(plan: RunPlan) -> tuple[Any, dict[str, Any]]:
         plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
     )
     return trainer, named
+
+
+def _keep_the_guards(callbacks: list[Any], trainer_cfg: dict[str, Any]) -> None:
+    """What docs/reliability.md promises holds whatever the callbacks (``callbacks=none``, ``~callbacks``): a
+    NaN/inf loss stops the run without saving it (a ``NonFiniteLossGuard`` is added where the config has none), and
+    the run's checkpoints are its own (without a checkpoint callback Lightning would add a ModelCheckpoint of its
+    own, writing ``epoch=..-step=...ckpt`` files into the TensorBoard folder; the final last.ckpt is saved anyway)."""
+    from lightning.pytorch.callbacks import Checkpoint
+
+    from gptmini.training.callbacks.guards import NonFiniteLossGuard
+
+    if not any(isinstance(c, NonFiniteLossGuard) for c in callbacks):
+        callbacks.append(NonFiniteLossGuard())
+    if not any(isinstance(c, Checkpoint) for c in callbacks):
+        trainer_cfg["enable_checkpointing"] = False
 
 
 def connect_callbacks(callbacks: list[Any], module: Any) -> None:
