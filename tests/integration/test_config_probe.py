@@ -168,6 +168,13 @@ REFUSED = [
     ),
     # integers are no switches (as optimizer.hidden.normuon=3 above), Lightning's own included
     (["trainer.deterministic=3"], r"trainer\.deterministic=3 is invalid: it takes true, false, 'warn'", 2),
+    # Adam's eps=0, which torch takes, trained into NaN weights blamed on the learning rate
+    (
+        ["optimizer=adamw", "optimizer.eps=0"],
+        r"optimizer\.eps=0 is invalid: Adam divides by sqrt\(v\) \+ eps, .*give optimizer\.eps a small positive",
+        2,
+    ),
+    (["optimizer.adamw.eps=0"], r"optimizer\.adamw\.eps=0 is invalid: Adam divides by sqrt", 2),
     (["model.bias=3"], r"model\.bias=3 is invalid: true or false", 2),
     (["model.qk_norm=7"], r"model\.qk_norm=7 is invalid: true or false", 2),
     # settings every run reads cannot be dropped; entries that are not a callback's or logger's settings

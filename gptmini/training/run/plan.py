@@ -345,6 +345,24 @@ def _check_optimizer(optimizer: Any) -> None:
 
     if optimizer is not None:
         check_by_building("optimizer", optimizer, build)
+        _check_eps(optimizer)
+
+
+def _check_eps(optimizer: Any) -> None:
+    """Adam's ``eps`` of 0, which torch takes: every parameter whose gradient is 0 (an embedding row of a token
+    the batch lacks) is then updated by 0 / 0, NaN weights that the NaN guard would blame on the learning rate."""
+    for path, value in _leaves(dataclasses.asdict(optimizer)):
+        if (
+            path[-1] == "eps"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value == 0
+        ):
+            key = ".".join(("optimizer", *path))
+            raise RunError(
+                f"{key}=0 is invalid: Adam divides by sqrt(v) + eps, so a parameter whose gradient is 0 becomes "
+                f"NaN; give {key} a small positive value (torch's default is 1e-08)"
+            )
 
 
 def _check_scheduler(scheduler: Any) -> None:
