@@ -74,6 +74,15 @@ def check_generation_sizes(
     config: Any, prompt_tokens: int, max_new_tokens: int, num_samples: int, device: str | torch.device
 ) -> None:
     """Refuses ``--num-samples`` or ``--max-new-tokens`` whose generation cannot fit in the device's memory."""
+    # the length first: a single sample too long to fit is --max-new-tokens's doing, not --num-samples's
+    check_fits(
+        "--max-new-tokens",
+        max_new_tokens,
+        24,
+        device,
+        "new tokens",
+        fixed=generation_bytes(config, prompt_tokens),
+    )
     per_sample = generation_bytes(config, prompt_tokens + max_new_tokens)
     check_fits(
         "--num-samples",

@@ -398,6 +398,14 @@ def test_sizes_beyond_memory_are_refused_naming_the_option(world, capsys, caplog
         capsys,
         caplog,
     )
+    # one sample of a huge length: its length is named, not --num-samples (1)
+    refused(
+        sample_main,
+        ["--ckpt", str(world["ckpt"]), "--max-new-tokens", "100000000000000"],
+        r"error: --max-new-tokens=100000000000000 is too large: .* use --max-new-tokens=\d+ or less",
+        capsys,
+        caplog,
+    )
     refused(
         eval_main,
         ["--ckpt", str(world["ckpt"]), "--batch-size", "10000000000"],
