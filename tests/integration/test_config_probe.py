@@ -175,6 +175,12 @@ REFUSED = [
         2,
     ),
     (["optimizer.adamw.eps=0"], r"optimizer\.adamw\.eps=0 is invalid: Adam divides by sqrt", 2),
+    # the key the user set, not the schedule's copy of it (scheduler.max_time was named first)
+    (
+        ["trainer.max_time={minutes: -1}"],
+        r"trainer\.max_time=\{'minutes': -1\} is invalid: give trainer\.max_time as \"DD:HH:MM:SS\"",
+        2,
+    ),
     (["model.bias=3"], r"model\.bias=3 is invalid: true or false", 2),
     (["model.qk_norm=7"], r"model\.qk_norm=7 is invalid: true or false", 2),
     # settings every run reads cannot be dropped; entries that are not a callback's or logger's settings

@@ -414,7 +414,7 @@ def _check_trainer(trainer: Any) -> None:
         raise RunError(
             f"trainer.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
         )
-    if isinstance(trainer.max_time, str):  # the schedules pace themselves by it too
+    if trainer.max_time is not None:  # the schedules pace themselves by it too (and would be named first)
         from gptmini.training.loop.schedulers import max_time_seconds
 
         try:
