@@ -181,6 +181,12 @@ REFUSED = [
         r"trainer\.max_time=\{'minutes': -1\} is invalid: give trainer\.max_time as \"DD:HH:MM:SS\"",
         2,
     ),
+    # the prepared data went to the working folder's data/, paths.data_root ignored
+    (
+        ["data.data_dir=null"],
+        r"data\.data_dir=null would put the prepared data in the working folder's data/",
+        2,
+    ),
     (["model.bias=3"], r"model\.bias=3 is invalid: true or false", 2),
     (["model.qk_norm=7"], r"model\.qk_norm=7 is invalid: true or false", 2),
     # settings every run reads cannot be dropped; entries that are not a callback's or logger's settings

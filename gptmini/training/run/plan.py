@@ -129,6 +129,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
     _check_cpu_processes(trainer, device)
+    _check_data_dir_given(cfg)
     _check_data_dir(getattr(data, "data_dir", None))
     init_from = cfg.model.get("init_from")
     if init_from and cfg.get("ckpt_path") is not None:
@@ -558,6 +559,17 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
             n,
             cores,
             n,
+        )
+
+
+def _check_data_dir_given(cfg: DictConfig) -> None:
+    """``data.data_dir=null`` would prepare the data under the working folder's ``data/``, not
+    ``paths.data_root``."""
+    data = cfg.get("data")
+    if isinstance(data, DictConfig) and "data_dir" in data and data.data_dir is None:
+        raise RunError(
+            "data.data_dir=null would put the prepared data in the working folder's data/, not under "
+            "paths.data_root: drop the override (its default is a folder under paths.data_root), or name a folder"
         )
 
 
