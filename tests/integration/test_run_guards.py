@@ -354,3 +354,26 @@ def test_a_run_without_callbacks_writes_no_checkpoint_of_lightning_s_own(
     assert proc.returncode == 0, output(proc)[-3000:]
     (run_dir,) = (tmp_path / "out").glob("*/*")
     assert [str(p.relative_to(run_dir)) for p in run_dir.rglob("*.ckpt")] == ["checkpoints/last.ckpt"]
+
+
+def test_a_run_stopped_by_a_nan_loss_writes_its_curves_and_says_where_they_end(train, tmp_path) -> None:
+    """A run stopped by a NaN loss (or a signal) left no loss_curve.png nor scalars.csv; a NaN curve was an empty
+    plot without a word."""
+    proc = train(
+        "optimizer=adamw",
+        "optimizer.lr=1e6",
+        "trainer.max_steps=40",
+        "trainer.val_check_interval=40",
+        "trainer.log_every_n_steps=1",
+        # the guard reads the loss before the final save only: the NaN losses before it reach the curves
+        "callbacks.nonfinite_guard.check_every_n_steps=1000",
+        "checkpoint_every_n_steps=1000",
+    )
+    assert proc.returncode == 3, output(proc)[-3000:]
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    assert (run_dir / "loss_curve.png").stat().st_size > 0
+    rows = (run_dir / "scalars.csv").read_text().splitlines()
+    assert len(rows) >= 3 and rows[0].startswith("step,")
+    assert re.search(
+        r"train/loss is NaN/inf from step \d+ on: loss_curve\.png draws its finite points only", output(proc)
+    )

@@ -120,7 +120,11 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     output_dir = Path(plan.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
-    fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
+    try:
+        fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
+    except BaseException:  # a NaN loss, a signal, an error: the curves so far, as a finished run has them
+        _write_curves_so_far(trainer, output_dir)
+        raise
     return report(trainer, output_dir, time.monotonic() - started, plan.output_root)
 
 
@@ -374,6 +378,22 @@ def report(
     )
     title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
     return result | report_run(facts, title)
+
+
+def _write_curves_so_far(trainer: Any, output_dir: Path) -> None:
+    """``scalars.csv`` and ``loss_curve.png`` of a run stopped after some steps (on the first process); a run
+    stopped before its first step leaves none (its folder is then removed as a failed start's)."""
+    tensorboard = _tensorboard(trainer)
+    if not trainer.is_global_zero or tensorboard is None or trainer.global_step == 0:
+        return
+    from gptmini.training.run.run_report import read_scalars, write_curves
+
+    try:
+        tensorboard.experiment.flush()
+        title = f"{output_dir.parent.name}/{output_dir.name}: stopped at step {trainer.global_step:,}"
+        write_curves(read_scalars(Path(tensorboard.log_dir)), output_dir, title)
+    except Exception as err:  # the run's own error is the one to report
+        log.warning("could not write the curves of the stopped run: %s: %s", type(err).__name__, err)
 
 
 def _tokens_per_step(trainer: Any) -> int:
