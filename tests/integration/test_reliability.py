@@ -771,6 +771,9 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_exit_cleanly(ws: Workspace) ->
         ckpt = load(run_dir / "checkpoints" / "on_exception.ckpt")  # weights_only=True
         assert 5 <= ckpt["global_step"] < 500
         assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+        # the curves so far, as a finished run has them (a stopped run left none)
+        assert (run_dir / "loss_curve.png").stat().st_size > 0
+        assert (run_dir / "scalars.csv").read_text().startswith("step,")
 
 
 @pytest.mark.slow
