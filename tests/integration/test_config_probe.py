@@ -187,6 +187,12 @@ REFUSED = [
         r"data\.data_dir=null would put the prepared data in the working folder's data/",
         2,
     ),
+    # it re-split the prepared folder that every run of the corpus shares, in place
+    (
+        ["data.val_fraction=0"],
+        r"data\.val_fraction=0 leaves no held-out text to validate on and would re-split",
+        2,
+    ),
     (["model.bias=3"], r"model\.bias=3 is invalid: true or false", 2),
     (["model.qk_norm=7"], r"model\.qk_norm=7 is invalid: true or false", 2),
     # settings every run reads cannot be dropped; entries that are not a callback's or logger's settings

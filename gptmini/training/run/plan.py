@@ -122,6 +122,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_scheduler(scheduler)
     data = plan_data(cfg)
     _check_data(data)
+    _check_val_split(data)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
     check_top_level(cfg)
@@ -559,6 +560,18 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
             n,
             cores,
             n,
+        )
+
+
+def _check_val_split(data: Any) -> None:
+    """``data.val_fraction=0`` leaves no held-out split to validate on, and re-splits in place the prepared folder
+    other runs of the corpus share (their validation then reads what this run trains on)."""
+    fraction = getattr(data, "val_fraction", None)
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and fraction == 0:
+        raise RunError(
+            "data.val_fraction=0 leaves no held-out text to validate on and would re-split the prepared folder "
+            "that other runs of this corpus share: keep a fraction in (0, 1) (e.g. 0.1), or skip validation with "
+            "trainer.limit_val_batches=0"
         )
 
 
