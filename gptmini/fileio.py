@@ -132,6 +132,12 @@ def _release(path: Path, pid: int) -> None:
             path.unlink()
 
 
+def utf8_text(text: str) -> str:
+    """``text`` as UTF-8 can store it (TensorBoard's text and hyperparameters): a path's bytes that are not UTF-8
+    (``os.fsdecode``'s escapes) as ``\\xNN``."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def unwritable_reason(folder: str | Path) -> str | None:
     """Why files cannot be created in ``folder`` (to be created with its parents if missing), or None when they
     can: checked on its nearest existing ancestor, so nothing is created here."""

@@ -4,6 +4,7 @@ the choice of each next token (greedy, temperature, top-k, nucleus). ``GPT.gener
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import torch
@@ -26,9 +27,24 @@ class LanguageModel(Protocol):
     def logits(self, h: torch.Tensor) -> torch.Tensor: ...
 
 
+# The sampling temperatures besides 0 (greedy): logits / temperature stays finite in float32 for the logits a model
+# gives (a smaller one overflows into NaN probabilities, a larger one reaches float32's infinity), and the bounds
+# are far beyond where sampling is already greedy or uniform in effect.
+TEMPERATURE_RANGE = (1e-4, 1e4)
+
+
+def temperature_problem(temperature: float) -> str | None:
+    """Why ``temperature`` cannot sample (to follow its value in a message), None when it can."""
+    low, high = TEMPERATURE_RANGE
+    if not (math.isfinite(temperature) and (temperature == 0 or low <= temperature <= high)):
+        return f"is out of range: it must be 0 (greedy) or in [{low:g}, {high:g}]"
+    return None
+
+
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+    problem = temperature_problem(temperature)
+    if problem is not None:
+        raise ValueError(f"temperature={temperature} {problem}")
     if top_k is not None and top_k <= 0:
         raise ValueError(f"top_k={top_k} must be a positive integer or None")
     if top_p is not None and not 0.0 < top_p <= 1.0:

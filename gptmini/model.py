@@ -8,6 +8,7 @@ selected by ``GPTConfig.attention``: GPT-2's (LayerNorm, GELU MLP) by default, L
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -89,6 +90,10 @@ class GPTConfig:
     mlp_width: int = field(init=False)  # the MLP's inner width (0 without an MLP)
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(GPTConfig)
+        for f in fields(self):
+            if f.init and hints[f.name] is bool and not isinstance(getattr(self, f.name), bool):
+                raise ConfigError(f"model.{f.name}={getattr(self, f.name)!r} is invalid: true or false")
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -468,6 +468,12 @@ def _read_text(path: Path, hasher: Any) -> Iterator[tuple[str, int, bool]]:
             except UnicodeDecodeError as e:
                 bad = e.object[e.start : e.start + 1]
                 raise _utf8_error(path, offset - held + e.start, bad, e.reason) from e
+            nul = block.find(b"\0")  # valid UTF-8, but no text holds it
+            if nul >= 0:
+                raise DataError(
+                    f"{path} holds a NUL byte at byte offset {offset + nul}: it looks binary, not text: pass a text "
+                    "file (UTF-8) as the corpus"
+                )
             if hasher is not None:
                 hasher.update(block)
             offset += len(block)

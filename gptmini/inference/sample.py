@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from gptmini.generation import TEMPERATURE_RANGE, temperature_problem
 from gptmini.limits import check_fits, generation_bytes
 from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
 from gptmini.runs.checkpoint import CheckpointError
@@ -17,6 +18,18 @@ from gptmini.runs.discovery import CKPT_RULE
 from gptmini.runs.loading import open_run
 
 log = logging.getLogger("gptmini.inference.sample")
+
+
+def _temperature(text: str) -> float:
+    """``--temperature``'s argparse type: a finite number, 0 or in ``TEMPERATURE_RANGE``."""
+    value = finite_float(0.0)(text)
+    problem = temperature_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text} {problem}")
+    return value
+
+
+_temperature.__name__ = "temperature"
 
 
 def encode_prompt(tokenizer: Any, text: str, option: str) -> list[int]:
@@ -61,6 +74,15 @@ def check_generation_sizes(
     config: Any, prompt_tokens: int, max_new_tokens: int, num_samples: int, device: str | torch.device
 ) -> None:
     """Refuses ``--num-samples`` or ``--max-new-tokens`` whose generation cannot fit in the device's memory."""
+    # the length first: a single sample too long to fit is --max-new-tokens's doing, not --num-samples's
+    check_fits(
+        "--max-new-tokens",
+        max_new_tokens,
+        24,
+        device,
+        "new tokens",
+        fixed=generation_bytes(config, prompt_tokens),
+    )
     per_sample = generation_bytes(config, prompt_tokens + max_new_tokens)
     check_fits(
         "--num-samples",
@@ -84,7 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--prompt", default="\n", help="text to continue (default: %(default)r)")
     parser.add_argument("--max-new-tokens", type=int_at_least(0), default=200, help="tokens to generate")
-    parser.add_argument("--temperature", type=finite_float(0.0), default=0.8, help="0 = greedy")
+    parser.add_argument(
+        "--temperature",
+        type=_temperature,
+        default=0.8,
+        help=f"0 = greedy, else in [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]",
+    )
     parser.add_argument("--top-k", type=positive_int, default=200, help="sample among the k likeliest tokens")
     parser.add_argument(
         "--top-p",

@@ -426,3 +426,13 @@ def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trip
         text = "a<|endoftext|>b"
         assert hf(text)["input_ids"] == [*ours.encode("a"), ours.eot_id, *ours.encode("b")]
         assert hf(text, split_special_tokens=True)["input_ids"] == ours.encode(text)
+
+
+def test_a_nul_byte_in_valid_utf8_is_called_binary(tmp_path, gptmini_train) -> None:
+    """A corpus of UTF-8 text holding a NUL byte trained, though NUL bytes are said to look binary."""
+    (tmp_path / "corpus.txt").write_bytes(CORPUS.encode() + b"\0" + CORPUS.encode())
+    proc = gptmini_train(_train_args(tmp_path, "tokenizer=char"))
+    (line,) = _errors(proc)
+    assert proc.returncode == 2, line
+    assert f"holds a NUL byte at byte offset {len(CORPUS.encode())}: it looks binary, not text" in line
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.ckpt"))

@@ -323,6 +323,17 @@ def test_fine_tuning_from_an_imported_checkpoint_starts_from_its_weights(world, 
             ["--temperature", "-1"],
             r"argument --temperature: -1 is out of range: it must be in \[0, inf\)",
         ),
+        # logits / temperature overflowed float32 (NaN probabilities: a traceback in sampling)
+        (
+            "sample",
+            ["--temperature", "1e308"],
+            r"argument --temperature: 1e308 is out of range: it must be 0 \(greedy\) or in \[0\.0001, 10000\]",
+        ),
+        (
+            "sample",
+            ["--temperature", "1e-300"],
+            r"argument --temperature: 1e-300 is out of range: it must be 0",
+        ),
         ("sample", ["--top-p", "0"], r"argument --top-p: 0 is out of range: it must be in \(0, 1\]"),
         ("sample", ["--top-k", "0"], r"argument --top-k: 0 is out of range"),
         ("sample", ["--num-samples", "0"], r"argument --num-samples: 0 is out of range"),
@@ -384,6 +395,14 @@ def test_sizes_beyond_memory_are_refused_naming_the_option(world, capsys, caplog
         sample_main,
         ["--ckpt", str(world["ckpt"]), "--num-samples", "1000000000000", "--max-new-tokens", "5"],
         r"error: --num-samples=1000000000000 is too large: .* use --num-samples=\d+ or less",
+        capsys,
+        caplog,
+    )
+    # one sample of a huge length: its length is named, not --num-samples (1)
+    refused(
+        sample_main,
+        ["--ckpt", str(world["ckpt"]), "--max-new-tokens", "100000000000000"],
+        r"error: --max-new-tokens=100000000000000 is too large: .* use --max-new-tokens=\d+ or less",
         capsys,
         caplog,
     )

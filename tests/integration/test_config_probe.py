@@ -138,6 +138,83 @@ REFUSED = [
     (["trainer.max_epochs=0"], r"trainer\.max_epochs=0 is invalid: it must be an integer >= 1, or null", 2),
     (["data.batch_size=0"], r"data\.batch_size=0 is invalid: it must be an integer >= 1", 2),
     (["scheduler.warmup_steps=-1"], r"scheduler\.warmup_steps=-1 is invalid: it must be >= 0", 2),
+    # values that do not resolve: each named with its value as written, not a traceback (exit 1) leaving a folder
+    (
+        ["optimizer.hidden.lr=${nope}"],
+        r"optimizer\.hidden\.lr=\$\{nope\} cannot be resolved: Interpolation key 'nope' not found\. Fix the value",
+        2,
+    ),
+    (
+        ["optimizer.hidden.lr=${optimizer.embedding.lr}", "optimizer.embedding.lr=${optimizer.hidden.lr}"],
+        r"optimizer\.(hidden|embedding)\.lr=\$\{optimizer\.\w+\.lr\} cannot be resolved: Recursive interpolation",
+        2,
+    ),
+    (
+        ["trainer.max_steps=${oc.env:GPTMINI_TEST_UNSET}"],
+        r"trainer\.max_steps=\$\{oc\.env:GPTMINI_TEST_UNSET\} cannot be resolved: .*"
+        r"Environment variable 'GPTMINI_TEST_UNSET' not found",
+        2,
+    ),
+    (
+        ["optimizer.hidden.lr=${oc.decode:nan}"],
+        r"optimizer\.hidden\.lr=\$\{oc\.decode:nan\} cannot be resolved: .*`oc\.decode` can only take strings",
+        2,
+    ),
+    # an environment variable's value is text: refused where a number is expected, not a TypeError in the plan
+    (
+        ["trainer.gradient_clip_val=${oc.env:GPTMINI_TEST_CLIP}"],
+        r"trainer\.gradient_clip_val='1\.0' is text where a number is expected .*\$\{oc\.decode:\$\{oc\.env:VAR\}\}",
+        2,
+    ),
+    # integers are no switches (as optimizer.hidden.normuon=3 above), Lightning's own included
+    (["trainer.deterministic=3"], r"trainer\.deterministic=3 is invalid: it takes true, false, 'warn'", 2),
+    # Adam's eps=0, which torch takes, trained into NaN weights blamed on the learning rate
+    (
+        ["optimizer=adamw", "optimizer.eps=0"],
+        r"optimizer\.eps=0 is invalid: Adam divides by sqrt\(v\) \+ eps, .*give optimizer\.eps a small positive",
+        2,
+    ),
+    (["optimizer.adamw.eps=0"], r"optimizer\.adamw\.eps=0 is invalid: Adam divides by sqrt", 2),
+    # the key the user set, not the schedule's copy of it (scheduler.max_time was named first)
+    (
+        ["trainer.max_time={minutes: -1}"],
+        r"trainer\.max_time=\{'minutes': -1\} is invalid: give trainer\.max_time as \"DD:HH:MM:SS\"",
+        2,
+    ),
+    # the prepared data went to the working folder's data/, paths.data_root ignored
+    (
+        ["data.data_dir=null"],
+        r"data\.data_dir=null would put the prepared data in the working folder's data/",
+        2,
+    ),
+    # it re-split the prepared folder that every run of the corpus shares, in place
+    (
+        ["data.val_fraction=0"],
+        r"data\.val_fraction=0 leaves no held-out text to validate on and would re-split",
+        2,
+    ),
+    (["model.bias=3"], r"model\.bias=3 is invalid: true or false", 2),
+    (["model.qk_norm=7"], r"model\.qk_norm=7 is invalid: true or false", 2),
+    # settings every run reads cannot be dropped; entries that are not a callback's or logger's settings
+    (["~perf"], r"~perf drops the perf settings, which every run needs: .*perf\.peak_flops=\.\.\.", 2),
+    (["~paths"], r"~paths drops the paths settings, which every run needs: .*paths\.output_root=\.\.\.", 2),
+    (
+        ["++callbacks.foo=1"],
+        r"callbacks\.foo=1 is invalid: each entry of callbacks is .*drop it \(~callbacks\.foo\)",
+        2,
+    ),
+    (["++logger.foo=1"], r"logger\.foo=1 is invalid: each entry of logger is .*drop it \(~logger\.foo\)", 2),
+    # a root no folder can be made in, though its permission bits allow it
+    (
+        ["paths.output_root=/proc/gptmini"],
+        r"cannot create the run folder /proc/gptmini/smoke/\S+: .*paths\.output_root",
+        2,
+    ),
+    (
+        ["--config-dir", "/nonexistent/gptmini"],
+        r"Additional config directory '/nonexistent/gptmini' not found: --config-dir",
+        2,
+    ),
 ]
 
 # run as a real `gptmini train` process too: one of the plan's refusals (a Hydra composition error runs as a process
@@ -169,9 +246,11 @@ def _error_lines(text: str) -> list[str]:
 
 @pytest.mark.parametrize("case", REFUSED, ids=[" ".join(c[0]) for c in REFUSED])
 def test_each_probe_row_is_refused_in_one_line_before_anything_is_built(
-    case: tuple[list[str], str, int], corpus: Path, tmp_path: Path, gptmini_train: Any
+    case: tuple[list[str], str, int], corpus: Path, tmp_path: Path, gptmini_train: Any, monkeypatch
 ) -> None:
     overrides, message, status = case
+    monkeypatch.setenv("GPTMINI_TEST_CLIP", "1.0")
+    monkeypatch.delenv("GPTMINI_TEST_UNSET", raising=False)
     proc = gptmini_train([*_base(corpus, tmp_path), *overrides])
     text = proc.stdout + proc.stderr
     assert proc.returncode == status, text
@@ -211,3 +290,52 @@ def test_the_documented_overrides_train(corpus: Path, tmp_path: Path, gptmini_tr
     groups = {g["name"]: g for g in ckpt["optimizer_states"][0]["adamw"]["param_groups"]}
     assert groups["embedding"]["cautious_weight_decay"] is True
     assert all(g["cautious_weight_decay"] is False for name, g in groups.items() if name != "embedding")
+
+
+def test_data_text_without_a_source_names_the_key_and_leaves_nothing(
+    corpus: Path, tmp_path: Path, gptmini_train: Any
+) -> None:
+    """`gptmini train data=text` without data.source ended in an InterpolationToMissingValueError traceback (exit
+    1; data.data_dir names data.source) and left a run folder that `gptmini runs` listed."""
+    base = [a for a in _base(corpus, tmp_path) if not a.startswith("data.source=")]
+    proc = gptmini_train(base)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text
+    (line,) = _error_lines(text)
+    assert line.startswith(
+        "error: data.source must be set for this run: pass data.source=... (a text file, a folder or glob"
+    ), line
+    assert "Traceback" not in text
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*"))
+
+
+def test_a_cycle_in_a_user_experiment_and_a_foreign_primary_config_are_one_line(
+    corpus: Path, tmp_path: Path, gptmini_train: Any, monkeypatch
+) -> None:
+    """A cyclic interpolation inside the user's own experiment file (--config-dir), and a primary config of the
+    user's own (--config-name) that does not start from gptmini's: one line each, nothing left behind (the
+    second wrote Hydra's outputs/<date>/<time>/ in the working folder and failed with a traceback)."""
+    confs = tmp_path / "confs"
+    (confs / "experiment").mkdir(parents=True)
+    (confs / "experiment" / "loop.yaml").write_text(
+        "# @package _global_\noptimizer:\n  hidden:\n    lr: ${optimizer.hidden.momentum}\n    momentum: "
+        "${optimizer.hidden.lr}\n"
+    )
+    (confs / "own.yaml").write_text("model:\n  n_layer: 1\n")
+    proc = gptmini_train(["--config-dir", confs, "experiment=loop", *_base(corpus, tmp_path)])
+    (line,) = _error_lines(proc.stdout + proc.stderr)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert re.match(
+        r"error: optimizer\.hidden\.(lr|momentum)=\$\{optimizer\.hidden\.\w+\} cannot be resolved", line
+    )
+    assert not any((tmp_path / "outputs").rglob("*"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    proc = gptmini_train(["--config-dir", confs, "--config-name", "own"])
+    (line,) = _error_lines(proc.stdout + proc.stderr)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert line.startswith(
+        "error: --config-name own: a config of your own starts from gptmini's: put `defaults:"
+    )
+    assert [p for p in work.rglob("*") if p.is_file()] == []

@@ -772,6 +772,9 @@ def test_sigterm_and_sigint_save_a_checkpoint_and_exit_cleanly(ws: Workspace) ->
         ckpt = load(run_dir / "checkpoints" / "on_exception.ckpt")  # weights_only=True
         assert 5 <= ckpt["global_step"] < 500
         assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+        # the curves so far, as a finished run has them (a stopped run left none)
+        assert (run_dir / "loss_curve.png").stat().st_size > 0
+        assert (run_dir / "scalars.csv").read_text().startswith("step,")
 
 
 @pytest.mark.slow
@@ -824,6 +827,24 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
         ckpt = load(ckpt_file)
         assert ckpt["global_step"] < step
         assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values()), ckpt_file
+
+
+def test_nonfinite_loss_stops_a_run_without_callbacks_too(ws: Workspace, gptmini_train: Any) -> None:
+    """callbacks=none on a diverging run exited 0 with a NaN last.ckpt: the guard stays whatever the callbacks."""
+    args = [
+        a
+        for a in ws.args("nan_none", "callbacks=none", "optimizer=adamw", "optimizer.lr=1e6")
+        if not a.startswith("~callbacks.")
+    ]
+    proc = gptmini_train(args)
+    text = output(proc)
+    assert proc.returncode == 3, text[-3000:]
+    assert re.search(r"error: (training loss became (nan|inf|-inf)|the weights became non-finite)", text), (
+        text[-3000:]
+    )
+    (run_dir,) = run_dirs(ws.out, "nan_none")
+    for ckpt_file in run_dir.rglob("*.ckpt"):
+        assert all(torch.isfinite(v).all() for v in load(ckpt_file)["state_dict"].values()), ckpt_file
 
 
 # --- a full disk, a corpus the built-in texts do not fit ------------------------------------------------------

@@ -99,6 +99,65 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused_and_changes_nothing(tr
     assert files(run_dir) == before
 
 
+def test_paths_output_dir_naming_a_finished_run_is_refused_and_changes_nothing(train, finished_run) -> None:
+    """paths.output_dir (a documented key) bypassed the check of hydra.run.dir: the finished run's last.ckpt was
+    replaced by a 1-layer model and its summary, scalars and curve overwritten, exit 0."""
+    run_dir, _ = finished_run
+    before = files(run_dir)
+    proc = train(f"paths.output_dir={run_dir}", "model.n_layer=1")
+    check_refused(
+        proc,
+        rf"error: the run folder {re.escape(str(run_dir))} already holds a run \(\.hydra, checkpoints, tb, "
+        rf"train\.log\): a new run never writes into it\. Resume that run with ckpt_path=last "
+        rf"paths\.output_dir=",
+    )
+    assert files(run_dir) == before
+
+
+def test_a_sweep_with_one_output_dir_for_every_job_is_refused_before_the_first(
+    gptmini_train, tmp_path
+) -> None:
+    """`-m ... paths.output_dir=<folder>` wrote every job into the same checkpoints/; a sweep over
+    paths.output_dir itself (a folder per job) is not refused (its values reach each job's own check)."""
+    shared = tmp_path / "shared"
+    proc = gptmini_train(
+        [
+            "-m",
+            "model=tiny",
+            "tokenizer=char",
+            "trainer.max_steps=2,3",
+            f"paths.output_dir={shared}",
+            f"paths.output_root={tmp_path / 'out'}",
+        ]
+    )
+    check_refused(
+        proc,
+        rf"error: paths\.output_dir={re.escape(str(shared))} in a sweep \(-m\) would put every job's checkpoints and "
+        r"events into one folder: leave paths\.output_dir unset",
+    )
+    assert list(tmp_path.rglob("*")) == []
+
+
+@pytest.mark.parametrize(
+    "variable", ["LOCAL_RANK=1", "RANK=1", "SLURM_PROCID=1", "WORLD_SIZE=2", "SLURM_NTASKS=4"]
+)
+def test_a_stray_launcher_variable_leaves_a_one_process_run_s_guard_on(
+    train, finished_run, monkeypatch, variable
+) -> None:
+    """A launcher's variable left in the environment (a SLURM allocation, a shell torchrun ran in) of a run of
+    one process (trainer.devices=1) turned the free-folder check and the lock off: hydra.run.dir=<a finished
+    run> then overwrote its config, log and checkpoint, exit 0."""
+    name, value = variable.split("=")
+    monkeypatch.setenv(name, value)
+    run_dir, _ = finished_run
+    before = files(run_dir)
+    check_refused(
+        train(f"hydra.run.dir={run_dir}", "trainer.devices=1"),
+        rf"error: the run folder {re.escape(str(run_dir))} already holds a run",
+    )
+    assert files(run_dir) == before
+
+
 @pytest.mark.slow  # (the unit test of _remove_failed_run_folder runs in the fast suite)
 def test_a_failed_start_keeps_a_folder_that_existed_before(train, tmp_path) -> None:
     empty = tmp_path / "mine"
@@ -124,21 +183,23 @@ def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_wr
     assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
 
 
+@pytest.mark.parametrize("field", ["version", "name"])
 @pytest.mark.parametrize("version", ["../../../../x", "a/b", ".hidden"])
 def test_a_tensorboard_version_that_is_not_one_folder_name_is_refused_before_anything_is_written(
-    gptmini_train, tmp_path, version
+    gptmini_train, tmp_path, version, field
 ) -> None:
-    """logger.tensorboard.version=../../../../x wrote events outside the output root: one plain name, as run_name."""
+    """logger.tensorboard.version=../../../../x wrote events outside the output root, and so did the same path as
+    logger.tensorboard.name: one plain name each, as run_name."""
     out = tmp_path / "root" / "out"
     proc = gptmini_train(
-        ["model=tiny", "tokenizer=char", f"logger.tensorboard.version={version}", f"paths.output_root={out}"]
+        ["model=tiny", "tokenizer=char", f"logger.tensorboard.{field}={version}", f"paths.output_root={out}"]
     )
     check_refused(
         proc,
-        rf"error: logger\.tensorboard\.version='{re.escape(version)}' is invalid: it names one folder of the "
-        r"run's TensorBoard runs",
+        rf"error: logger\.tensorboard\.{field}='{re.escape(version)}' is invalid: it names (one folder|the folder) "
+        r"of the run's TensorBoard runs",
     )
-    assert list(tmp_path.rglob("*")) == []  # nothing under the output root, nor beside it
+    assert list(tmp_path.rglob("*")) == []
 
 
 def test_a_sweep_runs_every_job_and_ends_with_the_failures(gptmini_train, char_data_root, tmp_path) -> None:
@@ -260,3 +321,59 @@ def test_init_from_with_ckpt_path_is_refused(train, finished_run, tmp_path) -> N
         r"resume that run, or drop ckpt_path to start a new run from those weights",
     )
     assert files(run_dir) == before and not (tmp_path / "out" / "again").exists()
+
+
+def test_a_corpus_path_that_is_not_utf8_trains_and_is_shown_by_its_bytes(train, tmp_path, tb_events) -> None:
+    """A corpus path whose bytes are not UTF-8 (as the shell passes them: os.fsdecode's escapes) crashed after
+    the data was prepared and the model built (UnicodeEncodeError writing the run's overrides to TensorBoard),
+    leaving a run folder; the hyperparameters were lost with it."""
+    import os
+    import shutil
+
+    folder = os.fsencode(tmp_path) + b"/corpus\xff"
+    os.mkdir(folder)
+    shutil.copyfile(os.fsencode(Path(__file__)), folder + b"/t\xe9xt.txt")
+    source = os.fsdecode(folder + b"/t\xe9xt.txt")
+    proc = train("data=text", f"data.source='{source}'", "data.batch_size=2")
+    assert proc.returncode == 0, output(proc)[-3000:]
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    (text,) = tb_events(run_dir).Tensors("run/overrides/text_summary")
+    assert "corpus\\xff/t\\xe9xt.txt" in text.tensor_proto.string_val[0].decode()
+
+
+def test_a_run_without_callbacks_writes_no_checkpoint_of_lightning_s_own(
+    gptmini_train, char_data_root, tmp_path
+) -> None:
+    """~callbacks made Lightning add its own ModelCheckpoint (epoch=0-step=2.ckpt in the TensorBoard folder) beside
+    the run's final last.ckpt."""
+    base = [a for a in TINY if not a.startswith("~callbacks.")]
+    proc = gptmini_train(
+        [*base, "~callbacks", f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"]
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    assert [str(p.relative_to(run_dir)) for p in run_dir.rglob("*.ckpt")] == ["checkpoints/last.ckpt"]
+
+
+def test_a_run_stopped_by_a_nan_loss_writes_its_curves_and_says_where_they_end(train, tmp_path) -> None:
+    """A run stopped by a NaN loss (or a signal) left no loss_curve.png nor scalars.csv; a NaN curve was an empty
+    plot without a word."""
+    proc = train(
+        "optimizer=adamw",
+        "optimizer.lr=1e6",
+        "trainer.max_steps=40",
+        "trainer.val_check_interval=40",
+        "trainer.log_every_n_steps=1",
+        # the guard reads the loss before the final save only: the NaN losses before it reach the curves
+        "callbacks.nonfinite_guard.check_every_n_steps=1000",
+        "checkpoint_every_n_steps=1000",
+    )
+    assert proc.returncode == 3, output(proc)[-3000:]
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    assert (run_dir / "loss_curve.png").stat().st_size > 0
+    rows = (run_dir / "scalars.csv").read_text().splitlines()
+    assert len(rows) >= 3 and rows[0].startswith("step,")
+    assert re.search(
+        r"train/loss is NaN/inf from step \d+ on: loss_curve\.png draws its finite points only", output(proc)
+    )

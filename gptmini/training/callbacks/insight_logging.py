@@ -22,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from gptmini.fileio import utf8_text
 from gptmini.insight import (
     SCORES,
     PhaseChangeDetector,
@@ -66,10 +67,12 @@ def flat_hparams(settings: Mapping[str, Any], prefix: str = "") -> dict[str, boo
             out |= flat_hparams(value, name + ".")
         elif value is None:
             out[name] = "null"
-        elif isinstance(value, (bool, int, float, str)):
+        elif isinstance(value, str):
+            out[name] = utf8_text(value)  # a corpus path that is not UTF-8, by its bytes
+        elif isinstance(value, (bool, int, float)):
             out[name] = value
         else:
-            out[name] = str(value)
+            out[name] = utf8_text(str(value))
     return out
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -267,9 +266,12 @@ class TextSampleLogger(LoggingCallback):
     ) -> None:
         self.prompt = prompt
         self.max_new_tokens = check_positive("callbacks.text_samples.max_new_tokens", max_new_tokens, low=0)
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        from gptmini.generation import temperature_problem
+
+        if not isinstance(temperature, (int, float)) or temperature_problem(temperature) is not None:
             raise SizeError(
-                f"callbacks.text_samples.temperature={temperature!r} is invalid: a finite number >= 0"
+                f"callbacks.text_samples.temperature={temperature!r} "
+                f"{temperature_problem(temperature) if isinstance(temperature, (int, float)) else 'is not a number'}"
             )
         if top_k is not None:
             check_positive("callbacks.text_samples.top_k", top_k)

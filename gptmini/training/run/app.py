@@ -20,17 +20,19 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
-from gptmini.fileio import RUN_LOCK
+from gptmini.fileio import RUN_LOCK, utf8_text
 from gptmini.limits import SizeError, check_training_step
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary
 from gptmini.training.run.compose import register_configs
+from gptmini.training.run.override_errors import check_resolves
 from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
 from gptmini.training.run.resume import check_resumed_data
+from gptmini.training.run.run_folder import hold_output_dir
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -131,7 +133,11 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     output_dir = Path(plan.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
-    fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
+    try:
+        fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
+    except BaseException:  # a NaN loss, a signal, an error: the curves so far, as a finished run has them
+        _write_curves_so_far(trainer, output_dir)
+        raise
     return report(trainer, output_dir, time.monotonic() - started, plan.output_root, parts.throughput)
 
 
@@ -192,6 +198,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
         timer = Timer(duration=plan.trainer.max_time, interval="step")
         callbacks.append(timer)
     trainer_cfg["max_time"] = None
+    _keep_the_guards(callbacks, trainer_cfg)
     loggers = [_logger(settings, plan) for settings in _nodes(plan.loggers).values()]
     trainer = instantiate(
         trainer_cfg,
@@ -204,6 +211,21 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
         plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
     )
     return trainer, RunCallbacks(named, callbacks, timer)
+
+
+def _keep_the_guards(callbacks: list[Any], trainer_cfg: dict[str, Any]) -> None:
+    """What docs/reliability.md promises holds whatever the callbacks (``callbacks=none``, ``~callbacks``): a
+    NaN/inf loss stops the run without saving it (a ``NonFiniteLossGuard`` is added where the config has none), and
+    the run's checkpoints are its own (without a checkpoint callback Lightning would add a ModelCheckpoint of its
+    own, writing ``epoch=..-step=...ckpt`` files into the TensorBoard folder; the final last.ckpt is saved anyway)."""
+    from lightning.pytorch.callbacks import Checkpoint
+
+    from gptmini.training.callbacks.guards import NonFiniteLossGuard
+
+    if not any(isinstance(c, NonFiniteLossGuard) for c in callbacks):
+        callbacks.append(NonFiniteLossGuard())
+    if not any(isinstance(c, Checkpoint) for c in callbacks):
+        trainer_cfg["enable_checkpointing"] = False
 
 
 def connect_callbacks(callbacks: list[Any], parts: Any) -> None:
@@ -265,7 +287,8 @@ def _log_overrides(trainer: Any, plan: RunPlan) -> None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
     overrides = command_overrides()
     lines += [f"- `{o}`" for o in overrides] if overrides else ["no overrides: the defaults"]
-    logger.experiment.add_text("run/overrides", "\n\n".join(lines), global_step=step)
+    # a corpus path that is not UTF-8 shown by its bytes
+    logger.experiment.add_text("run/overrides", utf8_text("\n\n".join(lines)), global_step=step)
 
 
 def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
@@ -405,6 +428,22 @@ def report(
     return result | report_run(facts, title)
 
 
+def _write_curves_so_far(trainer: Any, output_dir: Path) -> None:
+    """``scalars.csv`` and ``loss_curve.png`` of a run stopped after some steps (on the first process); a run
+    stopped before its first step leaves none (its folder is then removed as a failed start's)."""
+    tensorboard = _tensorboard(trainer)
+    if not trainer.is_global_zero or tensorboard is None or trainer.global_step == 0:
+        return
+    from gptmini.training.run.run_report import read_scalars, write_curves
+
+    try:
+        tensorboard.experiment.flush()
+        title = f"{output_dir.parent.name}/{output_dir.name}: stopped at step {trainer.global_step:,}"
+        write_curves(read_scalars(Path(tensorboard.log_dir)), output_dir, title)
+    except Exception as err:  # the run's own error is the one to report
+        log.warning("could not write the curves of the stopped run: %s: %s", type(err).__name__, err)
+
+
 def _tokens_per_step(trainer: Any, throughput: Any = None) -> int:
     """Tokens per optimizer step, all processes together: the throughput monitor's count of a real batch, else
     the data's batch and context."""
@@ -453,26 +492,64 @@ def _run_folder_given() -> bool:
     return any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
 
 
-def _remove_failed_run_folder(output_dir: Path, keep_folder: bool = False) -> None:
+def _remove_failed_run_folder(
+    output_dir: Path, keep_folder: bool = False, log_name: str = "train.log"
+) -> None:
     """Cleans up after a run that failed before doing anything, when its folder holds only Hydra's own files
-    (``.hydra/``, ``train.log``) and empty folders: a failed check leaves no run behind. The folder goes, and its
+    (``.hydra/``, the job's log ``log_name``) and empty folders: a failed check leaves no run behind. The folder goes, and its
     run_name folder if that is left empty, unless ``keep_folder`` (a folder the user named, which may have existed
     before: only the files this run wrote go). Anything else in it (a checkpoint, TensorBoard events) keeps it."""
     if not output_dir.is_dir():
         return
     for path in output_dir.rglob("*"):
         rel = path.relative_to(output_dir)
-        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel in (Path("train.log"), Path(RUN_LOCK))):
+        if not (path.is_dir() or rel.parts[0] == ".hydra" or rel in (Path(log_name), Path(RUN_LOCK))):
             return
     if keep_folder:
         shutil.rmtree(output_dir / ".hydra", ignore_errors=True)
-        for own in ("train.log", RUN_LOCK):
+        for own in (log_name, RUN_LOCK):
             with contextlib.suppress(OSError):
                 (output_dir / own).unlink()
         return
     shutil.rmtree(output_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         output_dir.parent.rmdir()  # only when empty
+
+
+def _output_dir(cfg: DictConfig) -> Path | None:
+    """``paths.output_dir``, None where it does not resolve (refused by ``check_resolves``)."""
+    folder = OmegaConf.select(cfg, "paths.output_dir", default=None, throw_on_resolution_failure=False)
+    return None if folder is None else Path(str(folder))
+
+
+def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
+    """What a run that failed its checks wrote goes: Hydra's run folder (``_remove_failed_run_folder``) and, where
+    ``paths.output_dir`` points elsewhere, its lock there, and that folder if this run ``made`` it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else output_dir
+    if hydra_dir is not None:
+        log_name = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "train.log"
+        _remove_failed_run_folder(hydra_dir, keep_folder=_run_folder_given(), log_name=log_name)
+    if output_dir is None or hydra_dir is None or output_dir.absolute() == hydra_dir.absolute():
+        return
+    _remove_failed_run_folder(output_dir, keep_folder=True)
+    if made:
+        with contextlib.suppress(OSError):
+            output_dir.rmdir()  # only when empty
+
+
+def _check_own_config() -> None:
+    """A primary config of the user's own (``--config-name``) composes gptmini's: without it the run would have
+    none of the run folder's checks (``hydra.callbacks``), the schema or the settings every run needs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or "output_folder_check" in (HydraConfig.get().callbacks or {}):
+        return
+    raise RunError(
+        f"--config-name {HydraConfig.get().job.config_name}: a config of your own starts from gptmini's: put "
+        "`defaults: [train, _self_]` first in it (then its own values, or `override /model: tiny`-style lines)"
+    )
 
 
 def _in_sweep() -> bool:
@@ -493,7 +570,12 @@ def _resume_hint(output_dir: str) -> str:
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    output_dir = _output_dir(cfg)
+    made = output_dir is not None and not output_dir.exists()
     try:
+        _check_own_config()
+        check_resolves(cfg)  # every interpolation, before any value is used
+        hold_output_dir(cfg)  # paths.output_dir elsewhere than Hydra's folder: free, and held
         check_input_files(cfg)  # corpus / init_from paths: before anything else
         result = train(cfg)
     except _user_errors() as err:
@@ -502,7 +584,7 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         msg = str(err)
         if isinstance(err, InstantiationException) and err.__cause__ is not None:
             msg = f"{msg.splitlines()[0]} {err.__cause__}"
-        _remove_failed_run_folder(Path(cfg.paths.output_dir), keep_folder=_run_folder_given())
+        _clean_failed_start(output_dir, made)
         if _in_sweep():
             log.error("error: %s", msg)  # in the job's log: the sweep goes on
             return JobFailed(EXIT_USER_ERROR, msg)  # SweepSummary reports it at the end

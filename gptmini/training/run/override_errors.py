@@ -17,9 +17,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.errors import (
+    ConfigCompositionException,
+    MissingConfigException,
+    OverrideParseException,
+    SearchPathException,
+)
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
+
+from gptmini.training.errors import RunError
 
 # the exit status of every refused input (docs/reliability.md), Hydra's command-line errors included
 EXIT_HYDRA_ERROR = 2
@@ -116,12 +124,72 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         if options and options[0].startswith("Available options"):
             return f"{head}; {options[0].rstrip(':').lower()}: {', '.join(options[1:])}"
         return head
+    if isinstance(err, SearchPathException):  # --config-dir naming no folder
+        return "; ".join(lines) + ": --config-dir (-cd) names an existing folder of YAML configs"
     if isinstance(err, OverrideParseException):
         # "Error parsing override 'x==1'", the parser's complaint, a link to the grammar
         return "; ".join(line for line in lines if not line.startswith("See https://")) + (
             " (an override is key=value, +key=value to add a key, ~key to drop one; quote a value with spaces)"
         )
     return "; ".join(lines)
+
+
+def _raw_value(cfg: DictConfig, key: str) -> Any:
+    """``key``'s value as written (an interpolation unresolved), None where it cannot be read."""
+    parent, _, leaf = key.rpartition(".")
+    try:
+        node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+        container = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else None
+    except OmegaConfBaseException:
+        return None
+    return container.get(leaf) if isinstance(container, dict) else None
+
+
+def unresolvable(err: OmegaConfBaseException, cfg: DictConfig) -> RunError:
+    """An interpolation that cannot be resolved (a missing key, a cycle, an unset environment variable, a
+    resolver's error) as one line naming the key, its value as written and the fix."""
+    key = str(getattr(err, "full_key", "") or "")
+    raw = _raw_value(cfg, key) if key else None
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    what = f"{key}={raw}" if raw is not None else (key or "the config")
+    return RunError(
+        f"{what} cannot be resolved: {reason}. Fix the value or the key it names (an interpolation names an "
+        "existing key, ${oc.env:VAR} a set variable; `gptmini train --cfg job` prints the config as written)"
+    )
+
+
+def missing_keys(cfg: DictConfig) -> list[str]:
+    """The keys whose value is ``???`` (must be set), found without resolving any interpolation (one that leads
+    to a ``???`` is reported as its ``???``, not as itself)."""
+    found: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, DictConfig):
+            items = [(str(k), k) for k in node.keys()]
+        elif isinstance(node, ListConfig):
+            items = [(str(i), i) for i in range(len(node))]
+        else:
+            return
+        for name, k in items:
+            full = f"{prefix}.{name}" if prefix else name
+            if OmegaConf.is_missing(node, k):
+                found.append(full)
+            elif not OmegaConf.is_interpolation(node, k):
+                walk(node[k], full)
+
+    walk(cfg, "")
+    return sorted(found)
+
+
+def check_resolves(cfg: DictConfig) -> None:
+    """Every value of the task's config resolves, checked before any of it is used: otherwise one line naming
+    the key (``unresolvable``). A ``???`` is left to the run's check of the settings it must be given."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except InterpolationToMissingValueError:
+        return
+    except OmegaConfBaseException as err:
+        raise unresolvable(err, cfg) from None
 
 
 def _restore_full_error() -> None:
@@ -163,7 +231,12 @@ def run_hydra(
 
     try:
         hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)(job)()
-    except (ConfigCompositionException, MissingConfigException, OverrideParseException) as err:
+    except (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+        SearchPathException,
+    ) as err:
         if full:
             raise
         sys.stderr.write(f"error: {one_line(err, argv)}\n")

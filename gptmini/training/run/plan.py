@@ -30,6 +30,7 @@ from gptmini.runs.record import RECORD_VERSION, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
+from gptmini.training.run.override_errors import missing_keys
 from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
@@ -156,6 +157,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_scheduler(scheduler)
     data = plan_data(cfg)
     _check_data(data)
+    _check_val_split(data)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
     check_top_level(cfg, command_overrides())
@@ -163,6 +165,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
     _check_cpu_processes(trainer, device)
+    _check_data_dir_given(cfg)
     _check_data_dir(getattr(data, "data_dir", None))
     init_from = cfg.model.get("init_from")
     if init_from and cfg.get("ckpt_path") is not None:
@@ -302,6 +305,11 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
     misspelt key is refused here, not by the constructor after the seed is set)."""
     out = {}
     for name, node in (cfg.get(group) or {}).items():
+        if node is not None and not isinstance(node, DictConfig):
+            raise RunError(
+                f"{group}.{name}={node} is invalid: each entry of {group} is the settings of one (a node with "
+                f"_target_), or null to leave it out; drop it (~{group}.{name})"
+            )
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
         typed = _with_derived(cfg, group, typed_node(node, f"{group}.{name}", group), f"{group}.{name}")
@@ -406,6 +414,24 @@ def _check_optimizer(optimizer: Any) -> None:
 
     if optimizer is not None:
         check_by_building("optimizer", optimizer, build)
+        _check_eps(optimizer)
+
+
+def _check_eps(optimizer: Any) -> None:
+    """Adam's ``eps`` of 0, which torch takes: every parameter whose gradient is 0 (an embedding row of a token
+    the batch lacks) is then updated by 0 / 0, NaN weights that the NaN guard would blame on the learning rate."""
+    for path, value in _leaves(dataclasses.asdict(optimizer)):
+        if (
+            path[-1] == "eps"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value == 0
+        ):
+            key = ".".join(("optimizer", *path))
+            raise RunError(
+                f"{key}=0 is invalid: Adam divides by sqrt(v) + eps, so a parameter whose gradient is 0 becomes "
+                f"NaN; give {key} a small positive value (torch's default is 1e-08)"
+            )
 
 
 def _check_scheduler(scheduler: Any) -> None:
@@ -457,7 +483,7 @@ def _check_trainer(trainer: Any) -> None:
         raise RunError(
             f"trainer.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
         )
-    if isinstance(trainer.max_time, str):  # the schedules pace themselves by it too
+    if trainer.max_time is not None:  # the schedules pace themselves by it too (and would be named first)
         from gptmini.training.loop.schedulers import max_time_seconds
 
         try:
@@ -471,11 +497,19 @@ def _strategy_name(trainer: Any) -> str:
     return str(strategy.get("_target_", "") if isinstance(strategy, dict) else strategy).lower()
 
 
+# what a key a run must be given takes, for its refusal
+MISSING_EXAMPLES = {
+    "model.init_from": " (e.g. model.init_from=/path/to/hf/gpt2)",
+    "data.source": " (a text file, a folder or glob of text/JSONL/Parquet/Arrow files, or an http(s) URL, e.g. "
+    "data.source=/path/to/corpus.txt)",
+}
+
+
 def _check_missing(cfg: DictConfig) -> None:
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    missing = missing_keys(cfg)  # without resolving: data.data_dir names data.source's ???
     missing += [k for k in cfg.get("required", []) if OmegaConf.select(cfg, k) is None and k not in missing]
     if missing:
-        hint = " (e.g. model.init_from=/path/to/hf/gpt2)" if "model.init_from" in missing else ""
+        hint = MISSING_EXAMPLES.get(missing[0], "")
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
 
 
@@ -593,6 +627,29 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
             n,
             cores,
             n,
+        )
+
+
+def _check_val_split(data: Any) -> None:
+    """``data.val_fraction=0`` leaves no held-out split to validate on, and re-splits in place the prepared folder
+    other runs of the corpus share (their validation then reads what this run trains on)."""
+    fraction = getattr(data, "val_fraction", None)
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and fraction == 0:
+        raise RunError(
+            "data.val_fraction=0 leaves no held-out text to validate on and would re-split the prepared folder "
+            "that other runs of this corpus share: keep a fraction in (0, 1) (e.g. 0.1), or skip validation with "
+            "trainer.limit_val_batches=0"
+        )
+
+
+def _check_data_dir_given(cfg: DictConfig) -> None:
+    """``data.data_dir=null`` would prepare the data under the working folder's ``data/``, not
+    ``paths.data_root``."""
+    data = cfg.get("data")
+    if isinstance(data, DictConfig) and "data_dir" in data and data.data_dir is None:
+        raise RunError(
+            "data.data_dir=null would put the prepared data in the working folder's data/, not under "
+            "paths.data_root: drop the override (its default is a folder under paths.data_root), or name a folder"
         )
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback as HydraCallback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
 from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
+from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@-]*")
@@ -35,19 +37,31 @@ def check_run_name(name: Any) -> None:
 
 
 def check_tensorboard_version(config: DictConfig) -> None:
-    """Refuses a logger's ``version`` that is not one plain folder name, as ``run_name`` (``../../x`` would write
-    events outside the run folder); null (the run's own label) and a version number are fine."""
+    """Refuses a logger's ``name`` or ``version`` that is not one plain folder name, as ``run_name``
+    (``../../x`` would write events outside the run folder); null (no folder, or the run's own label), an empty
+    name and a version number are fine."""
     for key, node in (config.get("logger") or {}).items():
-        version = node.get("version") if isinstance(node, DictConfig) else None
-        if version is None or (isinstance(version, int) and not isinstance(version, bool) and version >= 0):
+        if not isinstance(node, DictConfig):
             continue
-        text = str(version)
-        if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
-            raise RunError(
-                f"logger.{key}.version={text!r} is invalid: it names one folder of the run's TensorBoard runs, so "
-                "it may hold letters, digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), "
-                f"e.g. logger.{key}.version=my_run, or null for the run's own name"
-            )
+        for field, meaning in (
+            ("name", "the folder of the run's TensorBoard runs"),
+            ("version", "one folder of the run's TensorBoard runs"),
+        ):
+            value = node.get(field)
+            if (
+                value is None
+                or value == ""
+                or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+            ):
+                continue
+            text = str(value)
+            if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
+                raise RunError(
+                    f"logger.{key}.{field}={text!r} is invalid: it names {meaning}, so it may hold letters, "
+                    "digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), "
+                    f"e.g. logger.{key}.{field}=my_run, or null"
+                    + (" for the run's own name" if field == "version" else "")
+                )
 
 
 def command_overrides() -> list[str]:
@@ -122,10 +136,41 @@ def _refuse_unwritable(folder: str, key: str) -> None:
         _refuse(RunError(f"cannot create the run folder {folder}: {reason}; pass {key}=<a writable folder>"))
 
 
-def _one_of_several_processes() -> bool:
-    """This process is one of a distributed launch (torchrun, srun, or a DDP process Lightning started in the
-    first one's run folder): they share one run folder, which the launch names (hydra.run.dir) or the first
-    process checked, so only a lone process checks that its folder is free."""
+# Set by the first process of a run of several (trainer.devices x trainer.num_nodes) before Lightning starts the
+# others from it, inherited by them: "<its process id>:<the run folder>". A process whose parent wrote it for its
+# own run folder is one of those, and shares the folder its parent checked and holds.
+LAUNCHED_BY = "GPTMINI_LAUNCHED_BY"
+
+
+def trainer_processes(trainer: Any) -> int:
+    """How many training processes the ``trainer`` config node asks for: its devices (a count, a list, a
+    ``"0,1"`` string; -1 or ``"auto"``: every GPU on a GPU, one process on the CPU) times ``num_nodes``."""
+    if not isinstance(trainer, Mapping):
+        return 1
+    devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
+    if isinstance(devices, str) and "," in devices:
+        count = len([d for d in devices.split(",") if d.strip()])
+    elif isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
+        count = len(devices)
+    else:
+        try:
+            count = int(devices)
+        except (TypeError, ValueError):
+            count = -1  # "auto"
+        if count == -1:
+            import torch
+
+            on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+            count = torch.cuda.device_count() if on_gpu else 1
+    try:
+        nodes = int(trainer.get("num_nodes", 1))
+    except (TypeError, ValueError):
+        nodes = 1
+    return max(count, 1) * max(nodes, 1)
+
+
+def _launcher_says_several() -> bool:
+    """The environment of a process that torchrun, srun or Lightning started as one of several."""
 
     def number(var: str, default: int) -> int:
         try:
@@ -140,7 +185,66 @@ def _one_of_several_processes() -> bool:
     )
 
 
-def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
+def _launch_mark(folder: str | Path) -> str:
+    return f"{os.getpid()}:{os.path.abspath(folder)}"
+
+
+def shares_its_folder(trainer: Any, run_dir: str | Path) -> bool:
+    """This process is one of a run of several processes that share one run folder (``run_dir``, Hydra's), which
+    the launch names (torchrun, srun: ``hydra.run.dir``) or the first process checked and holds (the others
+    Lightning starts from it): only a lone process, or that first one, checks that its folder is free. Told by
+    what the trainer launches (``trainer_processes``), not by a launcher's variables alone, which a shell or a
+    batch allocation may hold for a run of one process."""
+    if trainer_processes(trainer) <= 1:
+        return False
+    mark = os.environ.get(LAUNCHED_BY, "")
+    parent, _, where = mark.partition(":")
+    if parent == str(os.getppid()) and where == os.path.abspath(run_dir):
+        return True  # started by the first process of this run
+    return _launcher_says_several()
+
+
+def _hold(folder: str, key: str) -> None:
+    """One run at a time in a folder: of two started together (both found it free), the second is refused."""
+    try:
+        holder = hold_folder(folder)
+    except OSError as err:  # what the permission bits do not tell (a read-only mount, /proc, a full disk)
+        raise RunError(
+            f"cannot create the run folder {folder}: {err.strerror or err}; pass a writable paths.output_root (or {key})"
+        ) from None
+    if holder is not None:
+        raise RunError(
+            f"another gptmini run (process {holder}) is training in the run folder {folder}: wait for it to "
+            f"end, or start this run in a folder of its own (another run_name, or leave {key} unset)"
+        )
+
+
+def _check_kept_settings(config: DictConfig) -> None:
+    """``~paths`` or ``~perf`` drops settings every run reads (the run folder is named from ``paths``)."""
+    for name, kind in (("paths", PathsSchema), ("perf", PerfSchema)):
+        if config.get(name) is None:
+            raise RunError(
+                f"~{name} drops the {name} settings, which every run needs: keep them and set the ones to change "
+                f"instead ({', '.join(f'{name}.{k}=...' for k in settings(kind))})"
+            )
+
+
+def _run_folder(config: DictConfig, key: str) -> str:
+    """The run folder ``key`` names, one ``error:`` line (exit status 2) where it does not resolve."""
+    from gptmini.training.run.override_errors import unresolvable
+
+    try:
+        _check_kept_settings(config)
+        return str(OmegaConf.select(config, key, throw_on_resolution_failure=True))
+    except OmegaConfBaseException as err:
+        _refuse(unresolvable(err, config))
+    except RunError as err:
+        _refuse(err)
+    raise AssertionError  # (_refuse exits)
+
+
+def _check_run_start(config: DictConfig, key: str) -> None:
+    folder = _run_folder(config, key)
     try:
         check_run_name(config.get("run_name"))
         check_tensorboard_version(config)
@@ -151,19 +255,61 @@ def _check_run_start(config: DictConfig, folder: str, key: str) -> None:
     except RunError as err:
         _refuse(err)
     _refuse_unwritable(folder, "paths.output_root")
-    if _one_of_several_processes():
+    trainer = config.get("trainer")
+    if shares_its_folder(trainer, folder):
         return
     try:
         check_run_folder_free(folder, config.get("ckpt_path"), key)
-        # one run at a time in a folder: of two started together (both found it free), the second is refused here
-        holder = hold_folder(folder)
-        if holder is not None:
-            raise RunError(
-                f"another gptmini run (process {holder}) is training in the run folder {folder}: wait for it to "
-                f"end, or start this run in a folder of its own (another run_name, or leave {key} unset)"
-            )
+        _hold(folder, key)
     except RunError as err:
         _refuse(err)
+    if trainer_processes(trainer) > 1:
+        os.environ[LAUNCHED_BY] = _launch_mark(folder)  # for the processes Lightning starts from this one
+
+
+def hold_output_dir(cfg: DictConfig) -> None:
+    """``paths.output_dir`` pointing elsewhere than Hydra's run folder (which ``OutputFolderCheck`` checked and
+    holds) gets the same checks and lock: whatever key points a new run at a folder holding another, it is refused
+    (in a sweep, every job after the first that shares it)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra_dir = str(HydraConfig.get().runtime.output_dir)
+    folder = str(cfg.paths.output_dir)
+    if os.path.abspath(folder) == os.path.abspath(hydra_dir):
+        return
+    if shares_its_folder(cfg.get("trainer"), str(HydraConfig.get().run.dir)):
+        return
+    if name_too_long(folder):
+        raise RunError(f"paths.output_dir={folder[:80]}...: {name_too_long(folder)}; pass a shorter one")
+    reason = unwritable_reason(folder)
+    if reason is not None:
+        raise RunError(
+            f"cannot create the run folder {folder}: {reason}; pass paths.output_dir=<a writable folder>"
+        )
+    check_run_folder_free(folder, cfg.get("ckpt_path"), "paths.output_dir")
+    _hold(folder, "paths.output_dir")
+
+
+def refuse_shared_sweep_folder(config: DictConfig) -> None:
+    """A sweep (``-m``) with one ``paths.output_dir`` for all its jobs would put every job's checkpoints and
+    events into one folder: refused before the first job."""
+    node = config.get("paths")
+    raw = (
+        OmegaConf.to_container(node, resolve=False).get("output_dir")
+        if isinstance(node, DictConfig)
+        else None
+    )
+    if raw is None or "${" in str(raw):
+        return  # Hydra's folder of each job, or a value that depends on the job (checked per job)
+    _refuse(
+        RunError(
+            f"paths.output_dir={raw} in a sweep (-m) would put every job's checkpoints and events into one folder: "
+            "leave paths.output_dir unset (each job gets a folder of its own under hydra.sweep.dir), or set "
+            f"hydra.sweep.dir={raw}"
+        )
+    )
 
 
 class OutputFolderCheck(HydraCallback):
@@ -173,7 +319,8 @@ class OutputFolderCheck(HydraCallback):
     one ``error:`` line and exit status 2, the existing folder untouched."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_run_start(config, str(config.hydra.run.dir), "hydra.run.dir")
+        _check_run_start(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_run_start(config, str(config.hydra.sweep.dir), "hydra.sweep.dir")
+        refuse_shared_sweep_folder(config)
+        _check_run_start(config, "hydra.sweep.dir")

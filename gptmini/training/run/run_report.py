@@ -89,6 +89,14 @@ def write_curves(scalars: Scalars, run_dir: Path, title: str) -> tuple[Path, Pat
     csv_path, png_path = run_dir / SCALARS_CSV, run_dir / LOSS_CURVE_PNG
     atomic_write_text(csv_path, scalars.csv_text())
     curves = [(tag, scalars.series[tag]) for tag in CURVE_TAGS if scalars.series.get(tag)]
+    # NaN/inf points cannot be drawn: the curve says from which step, rather than ending without a word
+    bad = [(step, tag) for tag, points in curves for step, value in points if not math.isfinite(value)]
+    if bad:
+        step, tag = min(bad)
+        title = f"{title} ({tag} non-finite from step {step:,}: not drawn)"
+        log.warning(
+            "%s is NaN/inf from step %d on: %s draws its finite points only", tag, step, LOSS_CURVE_PNG
+        )
     atomic_write_bytes(png_path, png(training_curves(curves, title)))
     return csv_path, png_path
 

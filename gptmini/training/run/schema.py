@@ -59,6 +59,8 @@ def _model_schema() -> type:
             specs.append((f.name, Optional[int], field(default=None)))
         else:
             hint = hints[f.name]
+            if hint is bool:
+                hint = Any  # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
             if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
                 hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
             specs.append((f.name, hint, field(default=f.default)))
@@ -452,6 +454,7 @@ def typed_node(node: Any, key: str, group: str) -> Any:
     if extra:
         raise _unknown_keys(key, target, schema, extra)
     _check_switches(values, schema, key)
+    _check_kinds(values, target, key)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
         missing = sorted(OmegaConf.missing_keys(merged))
@@ -483,6 +486,52 @@ def _check_switches(values: dict[str, Any], schema: type, key: str) -> None:
             _check_switches(value, f.type, f"{key}.{f.name}")
         elif f.type in (bool, Optional[bool]) and value is not None and not isinstance(value, bool):
             raise RunError(f"{key}.{f.name}={value!r} is invalid: true or false")
+
+
+def _kinds(hint: Any) -> tuple[set[type], set[Any]]:
+    """The plain types and the literal values a type hint accepts (Any: ``object``)."""
+    if hint is Any:
+        return {object}, set()
+    if typing.get_origin(hint) is typing.Literal:
+        return set(), set(typing.get_args(hint))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        kinds: set[type] = set()
+        literals: set[Any] = set()
+        for arg in typing.get_args(hint):
+            k, lit = _kinds(arg)
+            kinds |= k
+            literals |= lit
+        return kinds, literals
+    origin = typing.get_origin(hint) or hint
+    return ({origin} if isinstance(origin, type) else {object}), set()
+
+
+def _check_kinds(values: dict[str, Any], target: str, key: str) -> None:
+    """A setting the constructor types as a number or a switch, given text or another number (its schema reads
+    such unions as Any): ``trainer.gradient_clip_val=${oc.env:CLIP}`` is the text "1.0" (an environment
+    variable's value is text), ``trainer.deterministic=3`` no switch."""
+    from hydra.utils import get_object
+
+    try:
+        hints = {p.name: hint for p, hint in _parameters(get_object(target))}
+    except Exception:  # a target that does not import: its build reports it
+        return
+    for name, value in values.items():
+        hint = hints.get(name, Any)
+        if _field_type(hint) is not Any:
+            continue  # typed by the schema itself
+        kinds, literals = _kinds(hint)
+        if not isinstance(value, _SIMPLE) or object in kinds or value in literals or type(value) in kinds:
+            continue
+        numbers = kinds & {int, float}
+        if isinstance(value, str) and numbers and str not in kinds:
+            raise RunError(
+                f"{key}.{name}={value!r} is text where a number is expected (an environment variable's value is "
+                f"text: ${{oc.decode:${{oc.env:VAR}}}} reads it as a number)"
+            )
+        if isinstance(value, int) and not isinstance(value, bool) and bool in kinds and not numbers:
+            allowed = ", ".join(["true", "false", *(repr(v) for v in sorted(literals, key=str))])
+            raise RunError(f"{key}.{name}={value} is invalid: it takes {allowed}")
 
 
 def typed_group(cfg: DictConfig, group: str) -> Any:

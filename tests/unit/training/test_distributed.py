@@ -153,3 +153,30 @@ def test_the_readme_torchrun_line_gives_lightning_what_torchelastic_detection_ne
     assert (elastic.world_size(), elastic.global_rank(), elastic.local_rank()) == (world, 9, 1)
     with pytest.raises(ValueError, match="does not match the world size"):
         elastic.validate_settings(num_devices=int(per_node) // 2, num_nodes=int(nodes))
+
+
+def test_a_process_shares_its_run_folder_only_in_a_run_of_several(monkeypatch, tmp_path) -> None:
+    """The free-folder check and the lock are skipped only by a process of a run the trainer makes several of:
+    one Lightning started from the first process (the mark that process leaves its children: its id, the run
+    folder) or one a launcher started as one of several; a launcher's variable in a run of one process is stray."""
+    import os
+
+    from gptmini.training.run.run_folder import LAUNCHED_BY, shares_its_folder
+
+    for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", LAUNCHED_BY):
+        monkeypatch.delenv(var, raising=False)
+    one = {"accelerator": "cpu", "devices": 1, "num_nodes": 1}
+    two = {"accelerator": "cpu", "devices": 2, "num_nodes": 1}
+    folder = tmp_path / "run"
+    assert not shares_its_folder(two, folder)  # the first process of a DDP run: it checks, then marks
+    monkeypatch.setenv(LAUNCHED_BY, f"{os.getppid()}:{folder}")
+    assert shares_its_folder(two, folder)  # a process Lightning started from it
+    assert not shares_its_folder(two, tmp_path / "other")  # the mark of another run folder
+    assert not shares_its_folder(one, folder)
+    monkeypatch.setenv(LAUNCHED_BY, f"{os.getpid()}:{folder}")  # a mark this process left: not its parent's
+    assert not shares_its_folder(two, folder)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert shares_its_folder(two, folder)  # torchrun's second process
+    assert not shares_its_folder(one, folder)  # stray variables in a run of one process
+    assert not shares_its_folder({"accelerator": "cpu", "devices": "auto", "num_nodes": 1}, folder)
