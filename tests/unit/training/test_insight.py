@@ -77,6 +77,23 @@ def test_every_score_is_a_grid_image_and_a_scalar_per_head(run, tb_events):
     assert [e.value for e in ea.Scalars("val/best_loss")] == pytest.approx([val[0], min(val)])
 
 
+def test_each_validation_logs_every_heads_attribution_and_the_composition_of_successive_layers(
+    run, tb_events
+):
+    run_dir, _ = run
+    ea = tb_events(run_dir)
+    scalars = ea.Tags()["scalars"]
+    attribution = sorted(t for t in scalars if t.startswith("attribution/"))
+    assert attribution == [f"attribution/layer{layer}_head{h}" for layer in (0, 1) for h in (0, 1)]
+    composition = sorted(t for t in scalars if t.startswith("composition/"))
+    # 2 layers of 2 heads: each head of layer 0 on each of layer 1, three kinds
+    assert len(composition) == 12 and "composition/K/l0h1_to_l1h0" in composition
+    for tag in (*attribution, *composition):
+        assert [e.step for e in ea.Scalars(tag)] == [0, 3, 6], tag
+    k = [e.value for e in ea.Scalars("composition/K/l0h1_to_l1h0")]
+    assert all(0.0 < v <= 1.0 for v in k) and k[0] != k[-1]  # a cosine-like score that training moves
+
+
 def test_custom_scalars_chart_each_layers_heads_together(run, tb_events):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
