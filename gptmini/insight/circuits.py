@@ -199,3 +199,28 @@ def composition_tags(n_layer: int, n_head: int) -> list[tuple[str, tuple[int, in
         for h1 in range(n_head)
         for h2 in range(n_head)
     ]
+
+
+@torch.no_grad()
+def token_circuits(model: GPT, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Every head's QK and OV circuits over the tokens ``ids`` (n,), on their embeddings alone (no positions, the
+    layer's norm gain folded in, no norm scale), as TransformerLens's ``full_QK`` and ``full_OV``: ``qk[l, h, i, j]``
+    the score (scaled by 1/sqrt(head_size)) head h of layer l gives key token j from query token i;
+    ``ov[l, h, i, j]`` what attending to token i adds to the logit of token j. (n_layer, n_head, n, n) each, float32
+    on the CPU."""
+    problem = circuit_problem(model)
+    if problem is not None:
+        raise ValueError(f"no QK and OV circuits: {problem}")
+    c = model.config
+    e = model.wte.weight[ids].float()  # (n, C)
+    u = model.lm_head.weight[ids].float()  # (n, C)
+    qks, ovs = [], []
+    for layer, block in enumerate(model.blocks):
+        w_q, w_k, w_v, w_o = (w.float() for w in _head_weights(model, layer)[:4])
+        x = e * block.ln_1.weight.float()  # (n, C)
+        q = torch.einsum("ic,nch->nih", x, w_q)  # (nh, n, hs)
+        k = torch.einsum("ic,nch->nih", x, w_k)
+        qks.append(q @ k.transpose(1, 2) * c.head_size**-0.5)  # (nh, n, n)
+        written = torch.einsum("ic,nch->nih", x, w_v) @ w_o  # (nh, n, C)
+        ovs.append(written @ u.T)  # (nh, n, n)
+    return torch.stack(qks).cpu(), torch.stack(ovs).cpu()

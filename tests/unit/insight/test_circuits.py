@@ -13,13 +13,16 @@ from gptmini.insight.circuits import (
     composition_scores,
     composition_tags,
     direct_logit_attribution,
+    token_circuits,
 )
 from gptmini.model import GPT, GPTConfig
 
 
 def _model(**options) -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50, block_size=16, n_layer=3, n_head=4, n_embd=32, **options)
+    config = GPTConfig(
+        **({"vocab_size": 50, "block_size": 16, "n_layer": 3, "n_head": 4, "n_embd": 32} | options)
+    )
     model = GPT(config).eval().requires_grad_(False)
     with torch.no_grad():  # norm gains and biases away from their start, so that their folding counts; heads
         for name, p in model.named_parameters():  # that write enough to matter
@@ -185,3 +188,59 @@ def test_composition_tags_name_successive_layers() -> None:
     assert len(tags) == 3 * 2 * 2 * 2
     assert tags[0] == ("composition/Q/l0h0_to_l1h0", (0, 0, 1, 0))
     assert ("composition/K/l1h1_to_l2h0", (1, 1, 2, 0)) in tags
+
+
+def test_a_head_whose_keys_read_what_an_earlier_head_writes_is_k_composed_with_it() -> None:
+    # the induction circuit's wiring by hand: head 0 of layer 0 writes into dims 0-7, head 1 into dims 8-15; head 0
+    # of layer 1 reads its keys from dims 0-7, its queries from dims 16-23 and its values from dims 24-31
+    model = _model(norm="rmsnorm", mlp="none", n_layer=2, bias=False)
+    c = model.config
+    hs, C = c.head_size, c.n_embd
+    with torch.no_grad():
+        for block in model.blocks:
+            block.ln_1.weight.fill_(1.0)
+            block.attn.qkv.weight.zero_()
+            block.attn.out_proj.weight.zero_()
+        eye = torch.eye(hs)
+        w_o0 = model.blocks[0].attn.out_proj.weight  # (C, C): head n's columns n*hs:(n+1)*hs
+        w_o0[0:8, 0:hs] = eye
+        w_o0[8:16, hs : 2 * hs] = eye
+        model.blocks[0].attn.qkv.weight[2 * C : 2 * C + 2 * hs] = torch.randn(2 * hs, C)  # some values
+        qkv1 = model.blocks[1].attn.qkv.weight  # rows [W_q; W_k; W_v], head 0 first in each
+        qkv1[0:hs, 16:24] = eye
+        qkv1[C : C + hs, 0:8] = eye
+        qkv1[2 * C : 2 * C + hs, 24:32] = eye
+        model.blocks[1].attn.out_proj.weight[:, 0:hs] = torch.randn(C, hs)
+    scores = composition_scores(model)
+    k, q, v = scores["K"][0, :, 1, 0], scores["Q"][0, :, 1, 0], scores["V"][0, :, 1, 0]
+    assert k[0] > 0.3 and k[1] < 1e-6  # keys read head 0's output, not head 1's
+    assert q[0] < 1e-6 and v[0] < 1e-6  # queries and values read neither
+    assert (scores["K"][1] == 0).all() and (scores["K"][:, :, 0] == 0).all()  # only earlier -> later layers
+
+
+def test_qk_and_ov_circuits_are_the_heads_bilinear_forms_on_the_token_embeddings() -> None:
+    model = _model(n_kv_head=2)
+    c = model.config
+    nh, hs, C = c.n_head, c.head_size, c.n_embd
+    ids = torch.tensor([3, 7, 11, 42])
+    qk, ov = token_circuits(model, ids)
+    assert qk.shape == ov.shape == (c.n_layer, nh, 4, 4)
+    e, u = _np(model.wte.weight)[ids.numpy()], _np(model.lm_head.weight)[ids.numpy()]
+    for layer, block in enumerate(model.blocks):
+        w = _np(block.attn.qkv.weight)
+        kv = c.kv_heads * hs
+        x = e * _np(block.ln_1.weight)  # the token embeddings through the norm's gain
+        w_o = _np(block.attn.out_proj.weight)
+        for n in range(nh):
+            g = n // (nh // c.kv_heads)
+            q = x @ w[n * hs : (n + 1) * hs].T
+            k = x @ w[C + g * hs : C + (g + 1) * hs].T
+            v = x @ w[C + kv + g * hs : C + kv + (g + 1) * hs].T
+            expected_qk = q @ k.T / np.sqrt(hs)
+            expected_ov = v @ w_o[:, n * hs : (n + 1) * hs].T @ u.T  # (query token's write) . U
+            torch.testing.assert_close(
+                qk[layer, n].double(), torch.from_numpy(expected_qk), atol=1e-6, rtol=1e-4
+            )
+            torch.testing.assert_close(
+                ov[layer, n].double(), torch.from_numpy(expected_ov), atol=1e-6, rtol=1e-4
+            )
