@@ -129,16 +129,16 @@ def direct_logit_attribution(model: GPT, ids: Tensor) -> Attribution:
     norm_bias = (
         torch.zeros_like(scale)
         if getattr(ln_f, "bias", None) is None
-        else (model.lm_head.weight[targets].float() * ln_f.bias.float()).sum(-1)
+        else (unembed * ln_f.bias.float()).sum(-1)
     )
-    logits = model.lm_head(ln_f(x[:, :-1]).to(model.lm_head.weight.dtype)).float()  # (B, T - 1, Vp)
+    logit = (ln_f(x[:, :-1]).float() * unembed).sum(-1)  # (B, T - 1): the next token's only, before any cap
     return Attribution(
         embed=embed / scale,
         heads=torch.stack(heads) / scale,
         out_bias=torch.stack(out_bias) / scale,
         mlp=torch.stack(mlp) / scale,
         norm_bias=norm_bias,
-        logit=logits.gather(-1, targets[..., None])[..., 0],
+        logit=logit,
     )
 
 
