@@ -208,9 +208,9 @@ def projector_label(token: str) -> str:
 def shared_space(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's queries and keys (T, hs) each, placed in one space as AttentionViz does: each set translated to
     zero mean, then the queries scaled by c and the keys by 1/c, c = sqrt(mean |k| / mean |q|), so that both have
-    the same mean norm. The scaling keeps every dot product of the centred vectors (their attention scores, up
-    to each query's constant shift from the keys' mean, which the softmax ignores), so nearness in the PROJECTOR
-    follows attention rather than the sets' offsets and scales."""
+    the same mean norm. The scaling keeps every dot product of the centred vectors; centring the keys shifts each
+    query's scores by one constant (which the softmax ignores), centring the queries does not keep the scores:
+    the two clouds overlap instead of sitting apart by their offsets and scales."""
     q = q - q.mean(0)
     k = k - k.mean(0)
     c = (k.norm(dim=-1).mean() / q.norm(dim=-1).mean().clamp_min(1e-12)).clamp_min(1e-12).sqrt()
