@@ -178,7 +178,9 @@ def composition_scores(model: GPT) -> dict[str, Tensor]:
         g_right = right.flatten(0, 1)[None]  # (1, L nh, hs, hs)
         sq = ((g_left @ m @ g_right) * m).sum((-1, -2)).clamp_min(0.0)  # (L nh, L nh)
         norms = ov_norm.flatten()[:, None] * right_norm.flatten()[None, :]
-        return (sq.sqrt() / norms).view(n, c.n_head, n, c.n_head)
+        # a head that writes or reads nothing (zero_init's output projections at the start) composes with none
+        score = torch.where(norms > 0, sq.sqrt() / norms.clamp_min(1e-30), torch.zeros_like(sq))
+        return score.view(n, c.n_head, n, c.n_head)
 
     scores = {
         "Q": score(w_q, g_k, qk_norm),  # OV1 QK2 = W_V1 (W_O1 W_Q2) W_K2^T

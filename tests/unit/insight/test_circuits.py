@@ -244,3 +244,10 @@ def test_qk_and_ov_circuits_are_the_heads_bilinear_forms_on_the_token_embeddings
             torch.testing.assert_close(
                 ov[layer, n].double(), torch.from_numpy(expected_ov), atol=1e-6, rtol=1e-4
             )
+
+
+def test_a_head_that_writes_nothing_composes_with_none() -> None:
+    model = _model(zero_init=True)  # every output projection starts at zero
+    scores = composition_scores(model)
+    for mode in ("Q", "K", "V"):
+        assert torch.isfinite(scores[mode]).all() and (scores[mode] == 0).all()

@@ -244,3 +244,23 @@ def test_the_untrained_baseline_is_scored_later_on_the_weights_of_step_0(tmp_pat
     assert want_0 != want_5  # the two weight sets score differently: the check below can tell them apart
     assert got == pytest.approx({0: want_0, 5: want_5}, rel=1e-6)
     assert callback.last_scores[0] == 5  # the ATTENTION tab labels heads by the validation's own scores
+
+
+def test_a_model_without_per_head_outputs_logs_no_circuits_and_says_so_once(caplog):
+    from types import SimpleNamespace
+
+    from gptmini.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=8, attn_gate=True))
+    written = []
+    writer = SimpleNamespace(add_scalar=lambda tag, value, step: written.append(tag))
+    logger = HeadInsightLogger()
+    probes = SimpleNamespace(text=torch.zeros(1, 8, dtype=torch.long))
+    with caplog.at_level("INFO"):
+        for step in (1, 2):
+            logger._write_circuits(model, probes, writer, step)
+    assert written == []
+    assert [r.getMessage() for r in caplog.records].count(
+        "no attribution/ or composition/ scalars: model.attn_gate=true multiplies each head's output by a gate "
+        "of the input"
+    ) == 1
