@@ -646,6 +646,11 @@ def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
         drawn = _select(driver, ".pick-query", "4", drawn)  # the last token (5) is the default
         rows = _neuron_rows(driver)
         assert [r["key"] for r in rows] == list(range(5))
+        # each row names its key's position, as the query's does
+        positions = driver.execute_script(
+            "return [...document.querySelectorAll('tr.nv-row .nv-pos, tr.nv-query .nv-pos')].map(s => s.textContent)"
+        )
+        assert positions == ["4", "0", "1", "2", "3", "4"]
         want = maps[1, 1, 4, :5]
         np.testing.assert_allclose([r["weight"] for r in rows], want, atol=0.01)
         np.testing.assert_allclose([r["logged"] for r in rows], want, atol=0.5 / 255 + 1e-4)

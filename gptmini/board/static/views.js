@@ -163,7 +163,7 @@ export function neuronView(ctx, att) {
     ctx.el('th', {}, 'Σ q⊙k'), ctx.el('th', {}, `score${v.slopes ? ' (+ ALiBi)' : ''}`),
     ctx.el('th', {}, 'weight'), ctx.el('th', {}, 'logged')));
   table.append(ctx.el('tr', {class: 'nv-query'},
-    ctx.el('td', {}, 'query ', token(ctx, att, i)),
+    ctx.el('td', {}, 'query ', ctx.el('span', {class: 'nv-pos'}, String(i)), token(ctx, att, i)),
     ctx.el('td', {colspan: 6}, strip(ctx, Array.from(n.q), qScale, `q: ${Array.from(n.q, (x) => x.toFixed(2)).join(' ')}`))));
   const best = Math.max(...n.rows.map((r) => r.weight));
   for (const r of n.rows) {
@@ -176,7 +176,7 @@ export function neuronView(ctx, att) {
       class: 'nv-row' + (r.weight === best ? ' best' : ''),
       'data-key': r.key, 'data-weight': r.weight.toFixed(4), 'data-score': r.score.toFixed(4), 'data-logged': logged.toFixed(4),
     },
-    ctx.el('td', {}, token(ctx, att, r.key)),
+    ctx.el('td', {}, ctx.el('span', {class: 'nv-pos'}, String(r.key)), token(ctx, att, r.key)),
     ctx.el('td', {}, strip(ctx, Array.from(r.k), kScale, `k: ${Array.from(r.k, (x) => x.toFixed(2)).join(' ')}`)),
     ctx.el('td', {}, strip(ctx, r.products, pScale,
       `largest products: ${order.map(([p, d]) => `dim ${d}: ${p.toFixed(3)}`).join(', ')}`)),
