@@ -251,3 +251,22 @@ def test_a_head_that_writes_nothing_composes_with_none() -> None:
     scores = composition_scores(model)
     for mode in ("Q", "K", "V"):
         assert torch.isfinite(scores[mode]).all() and (scores[mode] == 0).all()
+
+
+def _attentions() -> list[str]:
+    from gptmini.attention import available_attention
+
+    return available_attention()
+
+
+@pytest.mark.parametrize("attention", _attentions())
+def test_every_attention_of_the_registry_decomposes_into_its_heads(attention: str) -> None:
+    # each mechanism's heads, read through the shared weight layout, add up to the model's own logits
+    model = _model(attention=attention, n_layer=2, n_head=2, n_embd=16)
+    assert circuit_problem(model) is None
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(3))
+    got = direct_logit_attribution(model, ids)
+    logits, _ = model(ids)
+    logit = logits[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    torch.testing.assert_close(got.total() + got.norm_bias, logit, atol=1e-5, rtol=1e-5)
+    assert all(torch.isfinite(s).all() for s in composition_scores(model).values())
