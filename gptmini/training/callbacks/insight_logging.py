@@ -31,6 +31,7 @@ from gptmini.insight import (
     loss_by_position,
 )
 from gptmini.insight.circuits import (
+    COMPOSITIONS,
     circuit_problem,
     composition_scores,
     composition_tags,
@@ -78,8 +79,9 @@ def flat_hparams(run_config: Mapping[str, Any], prefix: str = "") -> dict[str, b
 
 
 def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
-    """TensorBoard's CUSTOM SCALARS layout: per score, one multi-line chart per layer holding all its heads; and
-    the ICL score with the strongest induction head."""
+    """TensorBoard's CUSTOM SCALARS layout: per score, one multi-line chart per layer holding all its heads; the ICL
+    score with the strongest induction head; each layer's heads' attribution, and each kind of composition per pair
+    of successive layers."""
     layout: dict[str, dict[str, list]] = {
         "insight: in-context learning": {
             "ICL score (nats; negative: later tokens predicted better)": ["Multiline", ["insight/icl_score"]],
@@ -90,6 +92,17 @@ def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
         layout[f"insight: {score.title}"] = {
             f"layer {layer}": ["Multiline", [rf"insight/{score.name}/layer{layer}_head\d+"]]
             for layer in range(n_layer)
+        }
+    layout["circuits: direct logit attribution"] = {
+        f"layer {layer}": ["Multiline", [rf"attribution/layer{layer}_head\d+"]] for layer in range(n_layer)
+    }
+    for mode in COMPOSITIONS:
+        layout[f"circuits: {mode}-composition"] = {
+            f"layer {layer} -> {layer + 1}": [
+                "Multiline",
+                [rf"composition/{mode}/l{layer}h\d+_to_l{layer + 1}h\d+"],
+            ]
+            for layer in range(n_layer - 1)
         }
     return layout
 

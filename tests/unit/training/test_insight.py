@@ -111,6 +111,14 @@ def test_custom_scalars_chart_each_layers_heads_together(run, tb_events):
         "insight/induction/layer1_head0",
         "insight/induction/layer1_head1",
     ]
+    (regex,) = categories["circuits: direct logit attribution"].chart[0].multiline.tag
+    assert sorted(t for t in scalars if re.fullmatch(regex, t)) == [
+        "attribution/layer0_head0",
+        "attribution/layer0_head1",
+    ]
+    (chart,) = categories["circuits: K-composition"].chart
+    assert chart.title == "layer 0 -> 1"
+    assert len([t for t in scalars if re.fullmatch(chart.multiline.tag[0], t)]) == 4
 
 
 def test_the_hparams_tab_gets_the_config_and_the_loss_and_speed_metrics(run, tb_events):
