@@ -102,27 +102,30 @@ def direct_logit_attribution(model: GPT, ids: Tensor) -> Attribution:
     def read(part: Tensor) -> Tensor:  # (..., B, T, C) -> (..., B, T - 1), before dividing by the scale
         return (part[..., :-1, :].float() * direction).sum(-1)
 
-    x = model._embed(ids).float()  # (B, T, C)
+    x = model._embed(
+        ids
+    )  # (B, T, C), in the weights' dtype (a bf16-true model runs in bfloat16); reads in float32
+    dtype = x.dtype
     embed = read(x)
     heads, out_bias, mlp = [], [], []
     b, t = ids.shape
     for layer, block in enumerate(model.blocks):
         h = block.ln_1(x)  # (B, T, C)
-        probs = block.attn.attention_probs(h).float()  # (B, nh, T, T)
+        probs = block.attn.attention_probs(h).to(dtype)  # (B, nh, T, T)
         _, _, w_v, w_o, b_v, b_o = _head_weights(model, layer)
-        v = torch.einsum("btc,nch->bnth", h, w_v.float())  # (B, nh, T, hs)
+        v = torch.einsum("btc,nch->bnth", h, w_v.to(dtype))  # (B, nh, T, hs)
         if b_v is not None:
-            v = v + b_v.float()[None, :, None, :]
+            v = v + b_v.to(dtype)[None, :, None, :]
         z = probs @ v  # (B, nh, T, hs)
-        out = torch.einsum("bnth,nhc->nbtc", z, w_o.float())  # (nh, B, T, C): each head's write
-        bias = torch.zeros(c.n_embd, device=x.device) if b_o is None else b_o.float()
+        out = torch.einsum("bnth,nhc->nbtc", z, w_o.to(dtype))  # (nh, B, T, C): each head's write
+        bias = torch.zeros(c.n_embd, device=x.device, dtype=dtype) if b_o is None else b_o.to(dtype)
         heads.append(read(out))
         out_bias.append(read(bias.expand(b, t, -1)))
         x = x + out.sum(0) + bias
-        m = torch.zeros_like(x) if block.mlp is None else block.mlp(block.ln_2(x)).float()
+        m = torch.zeros_like(x) if block.mlp is None else block.mlp(block.ln_2(x))
         mlp.append(read(m))
         x = x + m
-    final = x[:, :-1]  # (B, T - 1, C)
+    final = x[:, :-1].float()  # (B, T - 1, C)
     if layer_norm:
         final = final - final.mean(-1, keepdim=True)
     scale = (final.pow(2).mean(-1) + ln_f.eps).sqrt()  # (B, T - 1): the frozen norm scale

@@ -270,3 +270,14 @@ def test_every_attention_of_the_registry_decomposes_into_its_heads(attention: st
     logit = logits[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
     torch.testing.assert_close(got.total() + got.norm_bias, logit, atol=1e-5, rtol=1e-5)
     assert all(torch.isfinite(s).all() for s in composition_scores(model).values())
+
+
+def test_a_bfloat16_model_is_attributed_in_its_own_dtype() -> None:
+    # a run with trainer.precision=bf16-true holds its weights in bfloat16
+    model = _model().to(torch.bfloat16)
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(4))
+    got = direct_logit_attribution(model, ids)
+    assert got.heads.dtype == torch.float32
+    logits, _ = model(ids)
+    logit = logits[:, :-1].gather(-1, ids[:, 1:, None])[..., 0].float()
+    torch.testing.assert_close(got.total() + got.norm_bias, logit, atol=0.05, rtol=0.02)
