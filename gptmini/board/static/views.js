@@ -360,7 +360,10 @@ const fmt = (v) => (v === null ? '–' : v.toFixed(3));
 function attributionOverSteps(ctx, att, run) {
   const box = ctx.el('div', {class: 'circuit-block attribution-steps'},
     ctx.el('div', {class: 'caption'}, 'direct logit attribution of each head over training (rows: heads; columns: logged steps; the step shown framed)'));
-  if (run === undefined || att.step === undefined) return box;
+  if (run === undefined) {  // your own text: one checkpoint, no steps
+    box.append(ctx.el('div', {class: 'note'}, 'over training: the logged validations (back to the logged probe to see them)'));
+    return box;
+  }
   attributionOf(ctx, run).then((body) => {
     const heads = [];
     body.values.forEach((layer, l) => layer.forEach((series, h) => heads.push({l, h, series})));
