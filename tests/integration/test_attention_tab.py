@@ -778,6 +778,7 @@ def test_the_circuits_view(board, logdir):
     the composition graph whose edge widths are the scores (Q, K or V as picked) and the picked head's QK and OV
     circuits, all as the model's own (``gptmini.board.detail.circuits``)."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from gptmini.board.detail import circuits
@@ -836,8 +837,17 @@ def test_the_circuits_view(board, logdir):
         driver.execute_script(
             "const s = document.querySelector('.step-slider'); s.value = 0; s.dispatchEvent(new Event('input'))"
         )
-        wait_drawn(driver, drawn)
+        drawn = wait_drawn(driver, drawn)
         assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+        # your own text: the checkpoint's attribution per token; the map over training points back to the probe
+        text = "But soft, what light"
+        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+        wait_drawn(driver, drawn)
+        n = len(tokenizer.encode(text))
+        assert _count(driver, "table.attr-tokens tr[data-layer='1'][data-head='0'] td.attr-cell") == n - 1
+        assert (
+            "the logged validations" in driver.find_element(By.CSS_SELECTOR, ".attribution-steps .note").text
+        )
 
 
 def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir):
