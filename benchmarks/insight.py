@@ -46,6 +46,8 @@ INSIGHT_COLUMNS = [
     "detail_pct",
     "detail_met",
     "projector_ms",
+    "circuits_ms",
+    "circuits_pct",
 ]
 # the 65 characters of the Shakespeare char corpus (experiment=shakespeare_char_cpu, the GPU default)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -147,13 +149,16 @@ def validation_extras(model: GPT, tokens: np.ndarray, logdir: str) -> tuple[Call
     return extras, probe
 
 
-def tab_detail(model: GPT, logdir: str) -> tuple[Callable[[int], None], Callable[[int], None]]:
-    """``detail(step)``: what the ATTENTION tab's summary logger adds to a validation for the neuron and lens views
-    and the sinks (one ``GPT.inspect`` pass over its default probe, the lens, the queries and keys, the sink and
-    lens scalars, the lens image drawn inline); ``projector(step)``: the PROJECTOR embeddings written at the end."""
+def tab_detail(
+    model: GPT, logdir: str
+) -> tuple[Callable[[int], None], Callable[[int], None], Callable[[], None]]:
+    """``detail(step)``: what the ATTENTION tab's summary logger adds to a validation for the neuron, lens and
+    circuits views and the sinks (one ``GPT.inspect`` pass over its default probe, the lens, the queries and keys,
+    the circuits, the sink and lens scalars, the lens image drawn inline); ``projector(step)``: the PROJECTOR
+    embeddings written at the end; ``circuits()``: the circuits part of ``detail`` alone."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from gptmini.board.detail import probe_detail
+    from gptmini.board.detail import circuits, probe_detail
     from gptmini.data.tokenizers import CharTokenizer, TiktokenTokenizer
     from gptmini.training.callbacks.summary_logging import (
         AttentionSummaryLogger,
@@ -180,7 +185,10 @@ def tab_detail(model: GPT, logdir: str) -> tuple[Callable[[int], None], Callable
     def projector(step: int) -> None:
         write_projector(writer, inspect(model, ids), tokens, step)
 
-    return detail, projector
+    def tab_circuits() -> None:
+        circuits(model, ids, tokenizer)
+
+    return detail, projector, tab_circuits
 
 
 def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str, Any]:
@@ -196,10 +204,16 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
     probes = make_probes(tokens, c.vocab_size, c.block_size).to(dev)
     logger = HeadInsightLogger()
     step_times, pass_times, score_times, loss_times, extras_times, detail_times = [], [], [], [], [], []
+    circuit_times = []
     with tempfile.TemporaryDirectory(prefix="gptmini-bench-insight-") as tmp:
         writer = SummaryWriter(tmp)
         extras, probe = validation_extras(model, tokens, tmp)
-        detail, projector = tab_detail(model, tmp)
+        detail, projector, tab_circuits = tab_detail(model, tmp)
+
+        def circuits(step: int) -> None:  # what the circuits add: head insight's scalars and the tab's entry
+            logger._write_circuits(model, probes, writer, step)
+            tab_circuits()
+
         first = _timed(dev, logger.insight_pass, model, probes, writer, 0)  # also pays imports, fonts
         extras(0)  # warm-up: the loggers' probes, the sampler's first call
         detail(0)
@@ -212,6 +226,7 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
             pass_times.append(_timed(dev, logger.insight_pass, model, probes, writer, r + 1))
             extras_times.append(_timed(dev, extras, r + 1))
             detail_times.append(_timed(dev, detail, r + 1))
+            circuit_times.append(_timed(dev, circuits, r + 1))
             model.eval()
             score_times.append(_timed(dev, head_scores, model, probes))
             loss_times.append(_timed(dev, loss_by_position, model, probes.windows))
@@ -250,6 +265,8 @@ def _bench_one(setup: InsightSetup, opts: BenchOptions, rounds: int) -> dict[str
         "detail_pct": 100 * detail_share,
         "detail_met": detail_share <= DETAIL_SHARE,
         "projector_ms": projector_s * 1e3,
+        "circuits_ms": statistics.median(circuit_times) * 1e3,
+        "circuits_pct": 100 * statistics.median(circuit_times) / (setup.val_every * step),
     }
 
 
@@ -274,5 +291,9 @@ def bench_insight(opts: BenchOptions, rounds: int = 3) -> tuple[list[dict[str, A
         "(one more pass over the tab's probe keeping the residual stream and the queries and keys, the logit lens, "
         "the sink and lens scalars, the lens image drawn inline); detail_pct: detail_ms / (val_every x step_ms), "
         f"target {100 * DETAIL_SHARE:g}%; projector_ms: the PROJECTOR embeddings, once at the end of training",
+        "circuits_ms: what the circuits add to a validation, part of pass_ms and detail_ms (head insight's "
+        "attribution on its text probe, the composition scores and their scalars; the tab's per-token attribution, "
+        f"composition and QK/OV circuits); circuits_pct: circuits_ms / (val_every x step_ms), target "
+        f"{100 * DETAIL_SHARE:g}%",
     ]
     return rows, notes

@@ -25,7 +25,9 @@ def main() -> int:
     p.add_argument("--head", default=None, help="LAYER,HEAD: open this head's head view")
     p.add_argument("--text", default=None, help="show attention on this text (the run's checkpoint)")
     p.add_argument("--hover", type=int, default=None, help="hover this query token in the head view")
-    p.add_argument("--view", choices=("neuron", "lens", "map"), default=None, help="open this view")
+    p.add_argument(
+        "--view", choices=("neuron", "lens", "map", "circuits"), default=None, help="open this view"
+    )
     p.add_argument("--pick", default=None, help="LAYER,HEAD,QUERY: what the neuron view and head map show")
     p.add_argument("--step", type=int, default=None, help="the logged step to show (default: the newest)")
     p.add_argument("--size", default="1500,1000", help="window WIDTH,HEIGHT")
@@ -36,7 +38,7 @@ def main() -> int:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     width, height = (int(x) for x in args.size.split(","))
     with tensorboard(args.logdir) as url, chrome(width, height) as driver:
@@ -82,6 +84,12 @@ def main() -> int:
         if args.hover is not None:
             token = driver.find_elements(By.CSS_SELECTOR, ".tok-q")[args.hover]
             ActionChains(driver).move_to_element(token).perform()
+        if args.view == "circuits":  # the heads x steps map is filled in when the attribution route answers
+            WebDriverWait(driver, 30).until(
+                lambda d: d.find_elements(
+                    By.CSS_SELECTOR, ".attribution-steps canvas, .attribution-steps .note"
+                )
+            )
         print(screenshot(driver, args.out))
     return 0
 

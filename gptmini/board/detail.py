@@ -4,13 +4,29 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from gptmini.board.summary import MAX_VECTOR_VALUES, lens_header, sink_header, vectors_header
+from gptmini.board.summary import (
+    MAX_CIRCUIT_TOKENS,
+    MAX_CIRCUIT_VALUES,
+    MAX_VECTOR_VALUES,
+    circuits_header,
+    lens_header,
+    sink_header,
+    vectors_header,
+)
+from gptmini.insight.circuits import (
+    circuit_problem,
+    composition_scores,
+    direct_logit_attribution,
+    token_circuits,
+)
 from gptmini.insight.lens import Lens, logit_lens, sink_shares
 from gptmini.model import Inspection
+from gptmini.training.loop.probe import eval_mode
 
 
 def probe_detail(
@@ -32,6 +48,9 @@ def probe_detail(
         "sink": sink_header(first.numpy(), None if learned is None else learned.numpy()),
         "lens": None,
         "vectors": None,
+        "circuits": circuits(model, ids, tokenizer)
+        if circuit_problem(model) is None and len(ids) > 1
+        else None,
     }
     if lens:
         found = logit_lens(model, inspection, torch.tensor([ids], device=inspection.residuals.device))
@@ -49,6 +68,34 @@ def probe_detail(
             max_values=None if every_layer else MAX_VECTOR_VALUES,
         )
     return detail
+
+
+def circuits(model: torch.nn.Module, ids: list[int], tokenizer: Any) -> dict[str, Any]:
+    """The summary's ``circuits`` entry for one sequence ``ids``: the heads' attribution at each position, the
+    composition scores of successive layers and the QK and OV circuits over its first distinct tokens (at most
+    ``MAX_CIRCUIT_TOKENS``, and as many as ``MAX_CIRCUIT_VALUES`` allows, one at least)."""
+    device = next(model.parameters()).device
+    c = model.config
+    fit = math.isqrt(MAX_CIRCUIT_VALUES // (2 * c.n_layer * c.n_head))
+    distinct = list(dict.fromkeys(ids))[: max(1, min(MAX_CIRCUIT_TOKENS, fit))]
+    with eval_mode(model):
+        found = direct_logit_attribution(model, torch.tensor([ids], device=device))
+        qk, ov = token_circuits(model, torch.tensor(distinct, device=device))
+    attribution = found.heads[:, :, 0]  # (L, nh, T - 1)
+    return circuits_header(
+        attribution.cpu().numpy(),
+        {k: successive_layers(v).numpy() for k, v in composition_scores(model).items()},
+        [tokenizer.token_text(int(i)) for i in distinct],
+        qk.numpy(),
+        ov.numpy(),
+    )
+
+
+def successive_layers(scores: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head, n_layer, n_head) composition scores -> (n_layer - 1, n_head, n_head): each layer on the
+    next."""
+    layers = torch.arange(scores.size(0) - 1)
+    return scores[layers, :, layers + 1]
 
 
 def lens_table(lens: Lens, n_layer: int, tokenizer: Any) -> dict[str, Any]:

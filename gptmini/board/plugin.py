@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import mimetypes
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -48,6 +50,8 @@ DEFAULT_SAMPLES = (
 CHECKPOINT_NAMES = ("last.ckpt", "on_exception.ckpt", "best.ckpt")
 STATIC_FILES = ("index.js", "views.js", "style.css")
 CACHED_MODELS = 2
+SCALARS_PLUGIN = "scalars"  # TensorBoard's plugin name of add_scalar's data
+ATTRIBUTION_TAG = re.compile(r"attribution/layer(\d+)_head(\d+)")  # as the head-insight callback logs them
 
 Handler = Callable[..., wrappers.Response]
 
@@ -146,6 +150,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
             "/steps": self._steps_route,
             "/attention": self._attention_route,
             "/text": self._text_route,
+            "/attribution": self._attribution_route,
             **{f"/static/{name}": self._static_route for name in STATIC_FILES},
         }
 
@@ -246,6 +251,37 @@ class AttentionPlugin(base_plugin.TBPlugin):
         except SummaryFormatError as err:
             raise BadRequest(f"the summary of run {run!r} at step {step} cannot be read: {err}") from None
         return _json(request, {**header, "run": run, "tag": tag, "step": step, "data": _b64(tri)})
+
+    @_route
+    def _attribution_route(self, request: wrappers.Request) -> wrappers.Response:
+        """Each head's ``attribution/layerL_headH`` scalars over the run's steps, for the heads x steps map:
+        ``values[l][h][s]`` at ``steps[s]`` (null where that step has none)."""
+        run = self._run(request)
+        found = self._provider.read_scalars(
+            plugin_util.context(request.environ),
+            experiment_id=plugin_util.experiment_id(request.environ),
+            plugin_name=SCALARS_PLUGIN,
+            downsample=self._samples,
+            run_tag_filter=provider.RunTagFilter(runs=[run]),
+        ).get(run, {})
+        heads: dict[tuple[int, int], dict[int, float]] = {}
+        for tag, data in found.items():
+            match = ATTRIBUTION_TAG.fullmatch(tag)
+            if match is not None:
+                heads[int(match[1]), int(match[2])] = {d.step: d.value for d in data}
+        if not heads:
+            return _json(request, {"run": run, "steps": [], "values": []})
+        steps = sorted({step for series in heads.values() for step in series})
+        n_layer = 1 + max(layer for layer, _ in heads)
+        n_head = 1 + max(head for _, head in heads)
+        values = [
+            [
+                [_finite_or_none(heads.get((layer, head), {}).get(step)) for step in steps]
+                for head in range(n_head)
+            ]
+            for layer in range(n_layer)
+        ]
+        return _json(request, {"run": run, "steps": steps, "values": values})
 
     @_route
     def _text_route(self, request: wrappers.Request) -> wrappers.Response:
@@ -473,6 +509,10 @@ def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
             f"{path} --data-dir <folder> can"
         ) from None
     return run.model, tokenizer, run.step
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, 4)
 
 
 def _b64(tri: Any) -> str:

@@ -9,7 +9,9 @@ Format (a DT_STRING tensor of two elements, under the plugin's name, data class 
       null}; "lens": {"rows": names, "top": rows x T top tokens, "prob": their probabilities, "target": rows x
       (T - 1) probabilities of the token that comes next, optionally each row's "loss" and "top1"}; "vectors": the queries and keys of the first "layers"
       layers, float16 little-endian in base64, (layers, n_head, T, head_size) each, with what the scores add to
-      q . k ("scale", ALiBi's "slopes", the "window", the "sink" logits: see ``VECTOR_KEYS``).
+      q . k ("scale", ALiBi's "slopes", the "window", the "sink" logits: see ``VECTOR_KEYS``); "circuits": each
+      head's direct logit attribution per position, the Q/K/V-composition of every pair of heads and each head's
+      QK and OV circuits over the probe's first distinct tokens (see ``circuits_header``).
   [1] the probabilities: uint8, round(p * LEVELS), layer-major, then head, then the rows of the lower triangle
       (row i holds keys 0..i), T * (T + 1) / 2 bytes per head (``LAYOUT``).
 :func:`contract` is what the page receives (the ``contract`` route): the tag, the levels, the layout, the header's
@@ -40,7 +42,24 @@ LEVELS = 255  # uint8 quantisation: p is stored as round(p * LEVELS)
 LAYOUT = (
     "layer-head-tril-rows"  # byte (l * n_head + h) * T(T+1)/2 + i(i+1)/2 + j: layer l, head h, query i, key j
 )
-HEADER_KEYS = ("version", "n_layer", "n_head", "tokens", "head_types", "scores", "sink", "lens", "vectors")
+HEADER_KEYS = (
+    "version",
+    "n_layer",
+    "n_head",
+    "tokens",
+    "head_types",
+    "scores",
+    "sink",
+    "lens",
+    "vectors",
+    "circuits",
+)
+CIRCUIT_KEYS = ("attribution", "composition", "circuit_tokens", "qk", "ov")
+COMPOSITION_MODES = ("Q", "K", "V")
+# The QK and OV circuits a summary keeps: over the probe's first distinct tokens, at most this many of them and
+# at most MAX_CIRCUIT_VALUES values (qk and ov together, 2 bytes each) over every head
+MAX_CIRCUIT_TOKENS = 32
+MAX_CIRCUIT_VALUES = 2**16
 VECTOR_KEYS = ("layers", "head_size", "scale", "q", "k", "slopes", "window", "sink")
 # The queries and keys a summary keeps: at most this many values (q and k together, 2 bytes each); the layers
 # from the first that fit, none when one does not (the neuron view then runs on your own text only)
@@ -74,6 +93,7 @@ class AttentionSummary:
     sink: Mapping[str, Any] | None = None  # {"first": grid, "learned": grid or None}
     lens: Mapping[str, Any] | None = None  # see lens_header
     vectors: Mapping[str, Any] | None = None  # see vectors_header
+    circuits: Mapping[str, Any] | None = None  # see circuits_header
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -138,6 +158,7 @@ def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
         "sink": None if summary.sink is None else dict(summary.sink),
         "lens": None if summary.lens is None else dict(summary.lens),
         "vectors": None if summary.vectors is None else dict(summary.vectors),
+        "circuits": None if summary.circuits is None else dict(summary.circuits),
     }
     return header, quantise(summary.probs)
 
@@ -199,6 +220,30 @@ def vectors_header(
         "slopes": None if slopes is None else _rounded(np.asarray(slopes, dtype=np.float64), 8),
         "window": window,
         "sink": None if sink is None else _rounded(np.asarray(sink)[:layers]),
+    }
+
+
+def _b64_f16(x: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(x, dtype="<f2").tobytes()).decode("ascii")
+
+
+def circuits_header(
+    attribution: np.ndarray,
+    composition: Mapping[str, np.ndarray],
+    circuit_tokens: list[str],
+    qk: np.ndarray,
+    ov: np.ndarray,
+) -> dict[str, Any]:
+    """The ``circuits`` entry: each head's direct logit attribution at each position, for the token that comes next
+    (n_layer, n_head, T - 1); the Q-, K- and V-composition of each head on each head of the next layer (n_layer - 1,
+    n_head, n_head; ``[l, a, b]``: head a of layer l on head b of layer l + 1); and every head's QK and OV circuits
+    over ``circuit_tokens`` (n_layer, n_head, n, n), float16 little-endian in base64 (``gptmini.insight.circuits``)."""
+    return {
+        "attribution": _rounded(np.asarray(attribution), 3),
+        "composition": {mode: _rounded(np.asarray(composition[mode]), 3) for mode in COMPOSITION_MODES},
+        "circuit_tokens": list(circuit_tokens),
+        "qk": _b64_f16(qk),
+        "ov": _b64_f16(ov),
     }
 
 
@@ -279,6 +324,7 @@ def _check_header(header: Any) -> dict[str, Any]:
         "sink": _check_sink(header.get("sink"), n_layer, n_head),
         "lens": _check_lens(header.get("lens"), n_layer, len(tokens)),
         "vectors": _check_vectors(header.get("vectors"), n_layer, n_head, len(tokens)),
+        "circuits": _check_circuits(header.get("circuits"), n_layer, n_head, len(tokens)),
     }
 
 
@@ -356,6 +402,57 @@ def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str,
     return {k: vectors.get(k) for k in VECTOR_KEYS}
 
 
+def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[str, Any] | None:
+    if circuits is None:
+        return None
+    if not isinstance(circuits, dict):
+        raise SummaryFormatError(f"circuits must be an object, not {_short(circuits)}")
+    attribution = circuits.get("attribution")
+    if not (
+        isinstance(attribution, list)
+        and len(attribution) == n_layer
+        and all(_grid(layer, n_head, t - 1, _number_or_null) for layer in attribution)
+    ):
+        raise SummaryFormatError(f"circuits.attribution must be {n_layer} x {n_head} rows of {t - 1} numbers")
+    composition = circuits.get("composition")
+    heads = n_layer * n_head
+
+    def successive(grids: Any) -> bool:  # (n_layer - 1) grids of n_head x n_head
+        return (
+            isinstance(grids, list)
+            and len(grids) == n_layer - 1
+            and all(_grid(g, n_head, n_head, _number_or_null) for g in grids)
+        )
+
+    if not isinstance(composition, dict) or not all(
+        successive(composition.get(m)) for m in COMPOSITION_MODES
+    ):
+        raise SummaryFormatError(
+            f"circuits.composition must hold {', '.join(COMPOSITION_MODES)}, each {n_layer - 1} grids of "
+            f"{n_head} x {n_head} numbers"
+        )
+    names = circuits.get("circuit_tokens")
+    if (
+        not isinstance(names, list)
+        or not 1 <= len(names) <= MAX_CIRCUIT_TOKENS
+        or 2 * heads * len(names) ** 2 > MAX_CIRCUIT_VALUES
+        or not all(isinstance(x, str) for x in names)
+    ):
+        raise SummaryFormatError(
+            f"circuits.circuit_tokens must be 1 to {MAX_CIRCUIT_TOKENS} strings, within {MAX_CIRCUIT_VALUES} values"
+        )
+    for name in ("qk", "ov"):
+        try:
+            size = len(base64.b64decode(circuits.get(name) or "", validate=True))
+        except (binascii.Error, TypeError, ValueError):
+            raise SummaryFormatError(f"circuits.{name} is not base64") from None
+        if size != 2 * heads * len(names) ** 2:
+            raise SummaryFormatError(
+                f"circuits.{name}: {size} bytes for {heads} heads over {len(names)} tokens"
+            )
+    return {k: circuits.get(k) for k in CIRCUIT_KEYS}
+
+
 def _count(header: dict[str, Any], key: str, most: int) -> int:
     value = header.get(key)
     # bool is an int in Python, but true is no count
@@ -393,4 +490,5 @@ def to_summary(header: Mapping[str, Any], tri: np.ndarray) -> AttentionSummary:
         sink=header.get("sink"),
         lens=header.get("lens"),
         vectors=header.get("vectors"),
+        circuits=header.get("circuits"),
     )

@@ -28,4 +28,13 @@ def test_the_quick_insight_benchmark_reports_the_share_of_training_time():
     assert 0 < row["detail_ms"] < row["extras_ms"] and row["projector_ms"] > 0
     assert row["detail_pct"] == pytest.approx(100 * row["detail_ms"] / (row["val_every"] * row["step_ms"]))
     assert row["detail_met"] == (row["detail_pct"] <= 2.0)
-    assert any("share_pct" in n for n in notes) and any("detail_pct" in n for n in notes)
+    # what the circuits add: a part of the insight pass and of the tab's detail together
+    assert 0 < row["circuits_ms"] < row["pass_ms"] + row["detail_ms"]
+    assert row["circuits_pct"] == pytest.approx(
+        100 * row["circuits_ms"] / (row["val_every"] * row["step_ms"])
+    )
+    assert (
+        any("share_pct" in n for n in notes)
+        and any("detail_pct" in n for n in notes)
+        and any("circuits_pct" in n for n in notes)
+    )

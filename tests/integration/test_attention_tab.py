@@ -146,6 +146,11 @@ def _detail_run(folder, write_checkpoint) -> None:
             )
             assert detail["vectors"]["layers"] == 1
         writer.file_writer.add_summary(summary_proto(dataclasses.replace(summary, **detail)), step)
+        for layer, heads in enumerate(detail["circuits"]["attribution"]):  # as head insight logs them beside
+            for head, row in enumerate(heads):
+                writer.add_scalar(
+                    f"attribution/layer{layer}_head{head}", step / 100 + float(np.mean(row)), step
+                )
     writer.close()
 
 
@@ -641,6 +646,11 @@ def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
         drawn = _select(driver, ".pick-query", "4", drawn)  # the last token (5) is the default
         rows = _neuron_rows(driver)
         assert [r["key"] for r in rows] == list(range(5))
+        # each row names its key's position, as the query's does
+        positions = driver.execute_script(
+            "return [...document.querySelectorAll('tr.nv-row .nv-pos, tr.nv-query .nv-pos')].map(s => s.textContent)"
+        )
+        assert positions == ["4", "0", "1", "2", "3", "4"]
         want = maps[1, 1, 4, :5]
         np.testing.assert_allclose([r["weight"] for r in rows], want, atol=0.01)
         np.testing.assert_allclose([r["logged"] for r in rows], want, atol=0.5 / 255 + 1e-4)
@@ -761,6 +771,83 @@ def test_the_lens_view_and_the_head_map(board, logdir):
         driver.find_element(By.CSS_SELECTOR, "button.tab").click()  # the model view
         wait_drawn(driver, drawn)
         assert all(driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg"))
+
+
+def test_the_circuits_view(board, logdir):
+    """Run "d/tb": the heads x steps attribution map from its scalars, the per-token attribution of the step shown,
+    the composition graph whose edge widths are the scores (Q, K or V as picked) and the picked head's QK and OV
+    circuits, all as the model's own (``gptmini.board.detail.circuits``)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from gptmini.board.detail import circuits
+    from gptmini.checkpoint import model_and_checkpoint
+    from gptmini.data.tokenizers import build_tokenizer
+
+    model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
+    tokenizer = build_tokenizer("gpt2")
+    ids = tokenizer.encode("".join(TOKENS))
+    want = circuits(model, ids, tokenizer)
+    with chrome() as driver:
+        open_tab(driver, board)
+        drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+        driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
+        drawn = wait_drawn(driver, drawn)
+        assert not driver.find_element(By.CSS_SELECTOR, ".save-png").is_enabled()  # HTML: not exported
+        # heads x steps, from the attribution route (filled in when it answers); the step shown framed
+        WebDriverWait(driver, 10).until(lambda d: _count(d, "canvas.attr-steps"))
+        canvas = driver.find_element(By.CSS_SELECTOR, "canvas.attr-steps")
+        assert (canvas.get_attribute("data-heads"), canvas.get_attribute("data-steps")) == ("4", "10,20")
+        assert _count(driver, ".step-mark") == 1
+        # per token: a row per head, a cell per position with a next token, the model's own values
+        values = driver.execute_script(
+            "return [...document.querySelectorAll('table.attr-tokens tr[data-head]')]"
+            ".map(r => [...r.querySelectorAll('td.attr-cell')].map(c => Number(c.dataset.value)))"
+        )
+        flat = [row for layer in want["attribution"] for row in layer]
+        np.testing.assert_allclose(np.array(values), np.array(flat), atol=1.5e-3)
+        # the graph: an edge per head pair of successive layers, its width 0.25 + 10 x the score
+        widths = driver.execute_script(
+            "return [...document.querySelectorAll('svg.composition line')].map(l => [l.dataset.from, l.dataset.to,"
+            " Number(l.getAttribute('stroke-width'))])"
+        )
+        k = want["composition"]["K"][0]  # layer 0 on layer 1: (2, 2)
+        assert sorted(widths) == sorted(
+            [f"0,{a}", f"1,{b}", pytest.approx(0.25 + 10 * k[a][b], abs=0.011)]
+            for a in (0, 1)
+            for b in (0, 1)
+        )
+        driver.find_element(By.CSS_SELECTOR, "button.comp-V").click()
+        drawn = wait_drawn(driver, drawn)
+        scores = driver.execute_script(
+            "return [...document.querySelectorAll('svg.composition line')].map(l => Number(l.dataset.score))"
+        )
+        assert sorted(scores) == pytest.approx(
+            sorted(x for row in want["composition"]["V"][0] for x in row), abs=1e-3
+        )
+        # the picked head's QK and OV circuits over the probe's distinct tokens
+        Select(driver.find_element(By.CSS_SELECTOR, ".pick-head")).select_by_value("1")
+        drawn = wait_drawn(driver, drawn)
+        n = len(want["circuit_tokens"])
+        assert _count(driver, "canvas.circuit-qk") == _count(driver, "canvas.circuit-ov") == 1
+        assert _count(driver, ".circuit-matrix .circuit-cols span") == 2 * n
+        assert "layer 0, head 1" in driver.find_element(By.CSS_SELECTOR, ".circuits").text
+        # the slider: the earlier step is drawn with its own frame
+        driver.execute_script(
+            "const s = document.querySelector('.step-slider'); s.value = 0; s.dispatchEvent(new Event('input'))"
+        )
+        drawn = wait_drawn(driver, drawn)
+        assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+        # your own text: the checkpoint's attribution per token; the map over training points back to the probe
+        text = "But soft, what light"
+        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+        wait_drawn(driver, drawn)
+        n = len(tokenizer.encode(text))
+        assert _count(driver, "table.attr-tokens tr[data-layer='1'][data-head='0'] td.attr-cell") == n - 1
+        assert (
+            "the logged validations" in driver.find_element(By.CSS_SELECTOR, ".attribution-steps .note").text
+        )
 
 
 def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir):

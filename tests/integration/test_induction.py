@@ -78,6 +78,7 @@ def test_two_layers_form_an_induction_head_in_a_reported_phase_change(run_cli, c
     heads = set(
         re.findall(r"layer (\d+) head (\d+) \(", message)
     )  # the heads that crossed, in that validation
+    _k_composition_rises_at_the_phase_change(ea, step)
 
     # the report of the final checkpoint: induction heads, the top one matters
     report_dir = tmp_path / "report"
@@ -93,6 +94,25 @@ def test_two_layers_form_an_induction_head_in_a_reported_phase_change(run_cli, c
     assert heads and all(final[h] > 0.5 for h in heads), (heads, final)
     record = next(h for h in report["heads"] if (h["layer"], h["head"]) == (top["layer"], top["head"]))
     assert record["ablation_loss_delta"] > 0.1  # replacing it by its mean costs loss
+
+
+def _k_composition_rises_at_the_phase_change(ea, step: int) -> None:
+    """The circuit in the weights: the K-composition of layer 0's previous-token head on layer 1's strongest
+    induction head rises from the validation before the phase change to the end, where no other layer-0 head
+    feeds that head's keys as much; and that head's direct logit attribution rises with it."""
+
+    def last(tag: str) -> float:
+        return ea.Scalars(tag)[-1].value
+
+    prev = max(range(4), key=lambda h: last(f"insight/previous_token/layer0_head{h}"))
+    induction = max(range(4), key=lambda h: last(f"insight/induction/layer1_head{h}"))
+    k = {e.step: e.value for e in ea.Scalars(f"composition/K/l0h{prev}_to_l1h{induction}")}
+    before = k[step - 100]
+    assert k[1000] > before + 0.05, (prev, induction, k)
+    others = [last(f"composition/K/l0h{h}_to_l1h{induction}") for h in range(4) if h != prev]
+    assert k[1000] > max(others), (prev, induction, k[1000], others)
+    attribution = {e.step: e.value for e in ea.Scalars(f"attribution/layer1_head{induction}")}
+    assert attribution[1000] > attribution[step - 100] + 0.05, attribution
 
 
 def test_one_layer_cannot_form_an_induction_head(run_cli, corpus, tb_events):

@@ -249,7 +249,7 @@ function sinkText(att, l, h) {
 }
 
 // what the views of views.js use of this page
-const viewContext = () => ({el, shown, level, levels: LEVELS, setStatus, redraw: draw});
+const viewContext = () => ({el, shown, level, levels: LEVELS, setStatus, redraw: draw, getJSON});
 
 function modelView(att) {
   const grid = el('div', {class: 'grid'});
@@ -553,7 +553,7 @@ async function draw() {
     const panel = el('div', {class: 'panel', 'data-run': p.run}, title);
     if (p.error) panel.append(el('div', {class: 'error'}, p.error));
     else if (p.note) panel.append(el('div', {class: 'note'}, p.note));
-    else if (DRAW[state.view]) panel.append(DRAW[state.view](viewContext(), p.att));
+    else if (DRAW[state.view]) panel.append(DRAW[state.view](viewContext(), p.att, state.text === null ? p.run : undefined));
     else if (state.view === 'model') panel.append(modelView(p.att));
     else if (state.layer >= p.att.n_layer) {
       panel.append(el('div', {class: 'note'},

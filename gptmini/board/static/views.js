@@ -7,7 +7,11 @@
 //   stream after that layer predicts next and its probability, shaded by the probability of the token that does
 //   come next;
 // - the head map: one head's map large, with the tokens on both axes, the mean over the layer's heads beside it,
-//   and the text coloured by the weights the picked query gives each token.
+//   and the text coloured by the weights the picked query gives each token;
+// - the circuits view: each head's direct logit attribution over the run's steps (heads x steps, from the
+//   attribution route) and per token at the step shown; the Q-, K- or V-composition of successive layers as a
+//   graph whose edge widths follow the scores at the step shown; the picked head's QK and OV circuits over the
+//   probe's first distinct tokens.
 //
 // Hovering a token in any of these panels highlights that token in every panel. Every view reads the summary as
 // decoded by index.js (decodeAttention): its header's sink, lens and vectors entries (gptmini.board.summary).
@@ -15,9 +19,11 @@
 // what the three views show: the layer, head and query token picked (the query: null = the last token)
 export const pick = {layer: 0, head: 0, query: null};
 
-export const VIEWS = {neuron: 'Neuron view', lens: 'Lens view', map: 'Head map'};
+export const VIEWS = {neuron: 'Neuron view', lens: 'Lens view', map: 'Head map', circuits: 'Circuits'};
 // the views that show one layer, head and query (the lens view shows every layer of the text)
-export const PICKED = new Set(['neuron', 'map']);
+export const PICKED = new Set(['neuron', 'map', 'circuits']);
+// the composition the circuits view's graph shows: 'Q', 'K' or 'V'
+const composition = {mode: 'K'};
 
 // ---------------------------------------------------------------------------------------------------------
 // helpers
@@ -157,7 +163,7 @@ export function neuronView(ctx, att) {
     ctx.el('th', {}, 'Σ q⊙k'), ctx.el('th', {}, `score${v.slopes ? ' (+ ALiBi)' : ''}`),
     ctx.el('th', {}, 'weight'), ctx.el('th', {}, 'logged')));
   table.append(ctx.el('tr', {class: 'nv-query'},
-    ctx.el('td', {}, 'query ', token(ctx, att, i)),
+    ctx.el('td', {}, 'query ', ctx.el('span', {class: 'nv-pos'}, String(i)), token(ctx, att, i)),
     ctx.el('td', {colspan: 6}, strip(ctx, Array.from(n.q), qScale, `q: ${Array.from(n.q, (x) => x.toFixed(2)).join(' ')}`))));
   const best = Math.max(...n.rows.map((r) => r.weight));
   for (const r of n.rows) {
@@ -170,7 +176,7 @@ export function neuronView(ctx, att) {
       class: 'nv-row' + (r.weight === best ? ' best' : ''),
       'data-key': r.key, 'data-weight': r.weight.toFixed(4), 'data-score': r.score.toFixed(4), 'data-logged': logged.toFixed(4),
     },
-    ctx.el('td', {}, token(ctx, att, r.key)),
+    ctx.el('td', {}, ctx.el('span', {class: 'nv-pos'}, String(r.key)), token(ctx, att, r.key)),
     ctx.el('td', {}, strip(ctx, Array.from(r.k), kScale, `k: ${Array.from(r.k, (x) => x.toFixed(2)).join(' ')}`)),
     ctx.el('td', {}, strip(ctx, r.products, pScale,
       `largest products: ${order.map(([p, d]) => `dim ${d}: ${p.toFixed(3)}`).join(', ')}`)),
@@ -305,4 +311,198 @@ export function headMapView(ctx, att) {
       bigMap(ctx, att, mean, `layer ${l}, mean over ${att.n_head} heads`)));
 }
 
-export const DRAW = {neuron: neuronView, lens: lensView, map: headMapView};
+// ---------------------------------------------------------------------------------------------------------
+// the circuits view
+
+// a run's attribution over its steps ({steps, values[l][h][s]}), asked once per run and page
+const attributionCache = new Map();
+
+function attributionOf(ctx, run) {
+  if (!attributionCache.has(run)) {
+    const asked = ctx.getJSON(`attribution?run=${encodeURIComponent(run)}`);
+    attributionCache.set(run, asked);
+    asked.catch(() => attributionCache.delete(run));
+  }
+  return attributionCache.get(run);
+}
+
+function maxAbs(values) {
+  let m = 1e-9;
+  for (const v of values) if (v !== null && Math.abs(v) > m) m = Math.abs(v);
+  return m;
+}
+
+// a canvas of rows x cols cells coloured by value(r, c) / scale (blue negative, orange positive); hover says
+// describe(r, c)
+function cellMap(ctx, rows, cols, value, scale, describe, cls, cell = 12) {
+  const canvas = ctx.el('canvas', {width: cols * cell, height: rows * cell, class: cls});
+  const g = canvas.getContext('2d');
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      const v = value(r, c);
+      g.fillStyle = v === null ? '#eeeeee' : diverging(v / scale);
+      g.fillRect(c * cell, r * cell, cell, cell);
+    }
+  }
+  canvas.addEventListener('mousemove', (e) => {
+    const box = canvas.getBoundingClientRect();
+    const r = Math.min(rows - 1, Math.floor((e.clientY - box.top) / box.height * rows));
+    const c = Math.min(cols - 1, Math.floor((e.clientX - box.left) / box.width * cols));
+    ctx.setStatus(describe(r, c));
+  });
+  canvas.addEventListener('mouseleave', () => ctx.setStatus(''));
+  return canvas;
+}
+
+const fmt = (v) => (v === null ? '–' : v.toFixed(3));
+
+// heads x steps: filled in when the run's attribution arrives
+function attributionOverSteps(ctx, att, run) {
+  const box = ctx.el('div', {class: 'circuit-block attribution-steps'},
+    ctx.el('div', {class: 'caption'}, 'direct logit attribution of each head over training (rows: heads; columns: logged steps; the step shown framed)'));
+  if (run === undefined) {  // your own text: one checkpoint, no steps
+    box.append(ctx.el('div', {class: 'note'}, 'over training: the logged validations (back to the logged probe to see them)'));
+    return box;
+  }
+  attributionOf(ctx, run).then((body) => {
+    const heads = [];
+    body.values.forEach((layer, l) => layer.forEach((series, h) => heads.push({l, h, series})));
+    if (!heads.length) {
+      box.append(ctx.el('div', {class: 'note'}, 'this run logged no attribution/ scalars (callbacks.head_insight)'));
+      return;
+    }
+    const steps = body.steps;
+    const scale = maxAbs(heads.flatMap((x) => x.series));
+    const canvas = cellMap(ctx, heads.length, steps.length, (r, c) => heads[r].series[c], scale,
+      (r, c) => `layer ${heads[r].l}, head ${heads[r].h}, step ${steps[c]}: attribution ${fmt(heads[r].series[c])}`,
+      'attr-steps', Math.max(3, Math.min(12, Math.floor(480 / steps.length))));
+    canvas.dataset.heads = heads.length;
+    canvas.dataset.steps = steps.join(',');
+    const at = steps.indexOf(att.step);
+    const frame = ctx.el('div', {class: 'attr-steps-wrap'}, canvas);
+    if (at >= 0) {
+      const mark = ctx.el('div', {class: 'step-mark'});
+      const w = canvas.width / steps.length;
+      mark.style.left = `${at * w}px`;
+      mark.style.width = `${w}px`;
+      frame.append(mark);
+    }
+    const labels = ctx.el('div', {class: 'attr-labels'}, ...heads.map(({l, h}) => ctx.el('div', {}, `L${l} H${h}`)));
+    labels.style.setProperty('--cell', `${canvas.height / heads.length}px`);
+    box.append(ctx.el('div', {class: 'attr-grid'}, labels, frame),
+      ctx.el('div', {class: 'caption'}, `steps ${steps[0]}–${steps[steps.length - 1]}; colour scale ±${scale.toFixed(3)} (logit units)`));
+  }).catch((err) => box.append(ctx.el('div', {class: 'error'}, err.message)));
+  return box;
+}
+
+// per token at this step: heads down, the positions across (each the head's push on the token that comes next)
+function attributionPerToken(ctx, att) {
+  const a = att.circuits.attribution;
+  const heads = [];
+  a.forEach((layer, l) => layer.forEach((row, h) => heads.push({l, h, row})));
+  const scale = maxAbs(heads.flatMap((x) => x.row));
+  const table = ctx.el('table', {class: 'attr-tokens'});
+  const top = ctx.el('tr', {}, ctx.el('th', {}, 'next →'));
+  for (let t = 0; t + 1 < att.T; t++) {
+    top.append(ctx.el('th', {title: `position ${t} predicts ${JSON.stringify(att.tokens[t + 1])}`}, ctx.shown(att.tokens[t + 1])));
+  }
+  table.append(top);
+  for (const {l, h, row} of heads) {
+    const tr = ctx.el('tr', {'data-layer': l, 'data-head': h}, ctx.el('th', {}, `L${l} H${h}`));
+    row.forEach((v, t) => {
+      const td = ctx.el('td', {class: 'attr-cell', 'data-value': fmt(v),
+        title: `layer ${l}, head ${h}: ${fmt(v)} to the logit of ${JSON.stringify(att.tokens[t + 1])} after ${JSON.stringify(att.tokens[t])}`});
+      td.style.background = v === null ? '#eeeeee' : diverging(v / scale);
+      tr.append(td);
+    });
+    table.append(tr);
+  }
+  return ctx.el('div', {class: 'circuit-block'},
+    ctx.el('div', {class: 'caption'}, `per token at this step: each head's push on the logit of the token that comes next (orange: up, blue: down; scale ±${scale.toFixed(3)})`),
+    ctx.el('div', {class: 'attr-tokens-wrap'}, table));
+}
+
+// the composition graph: a column of heads per layer, an edge from each head to each head of the next layer,
+// its width following the score (0..1) of the mode picked
+function compositionGraph(ctx, att) {
+  const SVG = 'http://www.w3.org/2000/svg';
+  const node = (tag, attrs) => {
+    const n = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    return n;
+  };
+  const L = att.n_layer, H = att.n_head, gapX = 160, gapY = 28, pad = 40;
+  const width = pad * 2 + (L - 1) * gapX, height = pad + H * gapY;
+  const graph = node('svg', {width, height, viewBox: `0 0 ${width} ${height}`, class: 'composition'});
+  const x = (l) => pad + l * gapX, y = (h) => pad / 2 + h * gapY + gapY / 2;
+  const grids = att.circuits.composition[composition.mode];
+  grids.forEach((grid, l) => grid.forEach((row, a) => row.forEach((score, b) => {
+    if (score === null) return;
+    const line = node('line', {x1: x(l), y1: y(a), x2: x(l + 1), y2: y(b), stroke: '#f57c00',
+      'stroke-width': (0.25 + 10 * score).toFixed(2), 'stroke-opacity': Math.min(1, 0.15 + score).toFixed(2),
+      'data-from': `${l},${a}`, 'data-to': `${l + 1},${b}`, 'data-score': score.toFixed(3)});
+    const title = node('title', {});
+    title.textContent = `${composition.mode}-composition of layer ${l} head ${a} on layer ${l + 1} head ${b}: ${score.toFixed(3)}`;
+    line.append(title);
+    graph.append(line);
+  })));
+  for (let l = 0; l < L; l++) {
+    const label = node('text', {x: x(l), y: height - 4, 'text-anchor': 'middle', class: 'comp-layer'});
+    label.textContent = `layer ${l}`;
+    graph.append(label);
+    for (let h = 0; h < H; h++) {
+      graph.append(node('circle', {cx: x(l), cy: y(h), r: 7, class: 'comp-head', fill: '#fff', stroke: '#616161'}));
+      const t = node('text', {x: x(l), y: y(h) + 3.5, 'text-anchor': 'middle', class: 'comp-head-label'});
+      t.textContent = String(h);
+      graph.append(t);
+    }
+  }
+  const buttons = ctx.el('span', {class: 'tabs comp-modes'}, ...['Q', 'K', 'V'].map((m) => ctx.el('button', {
+    class: `tab comp-${m}` + (m === composition.mode ? ' on' : ''),
+    onclick: () => { composition.mode = m; ctx.redraw(); },
+  }, `${m}-composition`)));
+  return ctx.el('div', {class: 'circuit-block'},
+    ctx.el('div', {class: 'caption'}, 'how much each head feeds the queries (Q), keys (K) or values (V) of each head of the next layer, from the weights; edge width: the score (0–1) at this step. Previous-token head → induction head: K.'),
+    buttons, L > 1 ? graph : ctx.el('div', {class: 'note'}, 'one layer: no head feeds another'));
+}
+
+// the picked head's QK and OV circuits over the probe's first distinct tokens
+function tokenCircuits(ctx, att) {
+  const c = att.circuits, l = pick.layer, h = pick.head;
+  if (!c._qk) c._qk = {qk: float16s(c.qk), ov: float16s(c.ov)};
+  const n = c.circuit_tokens.length, at = ((l * att.n_head + h) * n) * n;
+  const one = (name, title, rowsAre, colsAre) => {
+    const m = c._qk[name].subarray(at, at + n * n);
+    const scale = maxAbs(m);
+    const canvas = cellMap(ctx, n, n, (r, col) => m[r * n + col], scale,
+      (r, col) => `${title}: ${rowsAre} ${JSON.stringify(c.circuit_tokens[r])} → ${colsAre} ${JSON.stringify(c.circuit_tokens[col])}: ${m[r * n + col].toFixed(3)}`,
+      `circuit-${name}`, Math.max(6, Math.min(16, Math.floor(320 / n))));
+    const cols = ctx.el('div', {class: 'circuit-cols'}, ...c.circuit_tokens.map((tk) => ctx.el('span', {}, ctx.shown(tk))));
+    const rows = ctx.el('div', {class: 'circuit-rows'}, ...c.circuit_tokens.map((tk) => ctx.el('span', {}, ctx.shown(tk))));
+    for (const axis of [rows, cols]) axis.style.setProperty('--cell', `${canvas.width / n}px`);
+    return ctx.el('div', {class: 'circuit-matrix'},
+      ctx.el('div', {class: 'caption'}, `${title} (±${scale.toFixed(2)}); rows: ${rowsAre}, columns: ${colsAre}`),
+      ctx.el('div', {class: 'bigmap-grid'}, rows, canvas, ctx.el('span'), cols));
+  };
+  return ctx.el('div', {class: 'circuit-block'},
+    ctx.el('div', {class: 'caption'}, `layer ${l}, head ${h} on the token embeddings alone (the layer's norm gain folded in, no positions): QK, the score a query token gives a key token; OV, what attending to a token adds to each token's logit`),
+    ctx.el('div', {class: 'bigmaps'},
+      one('qk', 'QK circuit', 'query token', 'key token'),
+      one('ov', 'OV circuit', 'attended token', 'logit of')));
+}
+
+export function circuitsView(ctx, att, run) {
+  if (!att.circuits) {
+    return ctx.el('div', {class: 'note'}, 'this summary holds no circuits (a run logged before them, or a model whose heads have no per-head decomposition: model.attn_gate, model.value_embeds)');
+  }
+  if (pick.layer >= att.n_layer || pick.head >= att.n_head) {
+    return ctx.el('div', {class: 'note'}, `this run has ${att.n_layer} layers × ${att.n_head} heads: layer ${pick.layer}, head ${pick.head} is not in it`);
+  }
+  return ctx.el('div', {class: 'circuits'},
+    attributionOverSteps(ctx, att, run),
+    attributionPerToken(ctx, att),
+    compositionGraph(ctx, att),
+    tokenCircuits(ctx, att));
+}
+
+export const DRAW = {neuron: neuronView, lens: lensView, map: headMapView, circuits: circuitsView};

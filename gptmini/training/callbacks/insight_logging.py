@@ -32,6 +32,13 @@ from gptmini.insight import (
     icl_score,
     loss_by_position,
 )
+from gptmini.insight.circuits import (
+    COMPOSITIONS,
+    circuit_problem,
+    composition_scores,
+    composition_tags,
+    direct_logit_attribution,
+)
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
@@ -77,8 +84,9 @@ def flat_hparams(settings: Mapping[str, Any], prefix: str = "") -> dict[str, boo
 
 
 def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
-    """TensorBoard's CUSTOM SCALARS layout: per score, one multi-line chart per layer holding all its heads; and
-    the ICL score with the strongest induction head."""
+    """TensorBoard's CUSTOM SCALARS layout: per score, one multi-line chart per layer holding all its heads; the ICL
+    score with the strongest induction head; each layer's heads' attribution, and each kind of composition per pair
+    of successive layers."""
     layout: dict[str, dict[str, list]] = {
         "insight: in-context learning": {
             "ICL score (nats; negative: later tokens predicted better)": ["Multiline", ["insight/icl_score"]],
@@ -89,6 +97,17 @@ def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
         layout[f"insight: {score.title}"] = {
             f"layer {layer}": ["Multiline", [rf"insight/{score.name}/layer{layer}_head\d+"]]
             for layer in range(n_layer)
+        }
+    layout["circuits: direct logit attribution"] = {
+        f"layer {layer}": ["Multiline", [rf"attribution/layer{layer}_head\d+"]] for layer in range(n_layer)
+    }
+    for mode in COMPOSITIONS:
+        layout[f"circuits: {mode}-composition"] = {
+            f"layer {layer} -> {layer + 1}": [
+                "Multiline",
+                [rf"composition/{mode}/l{layer}h\d+_to_l{layer + 1}h\d+"],
+            ]
+            for layer in range(n_layer - 1)
         }
     return layout
 
@@ -135,6 +154,7 @@ class HeadInsightLogger(ProbeReader):
         self._probes: Probes | None = None
         self._curves: list[tuple[str, torch.Tensor]] = []
         self._session_end: Any = None
+        self._circuits_skipped = False  # the model has no per-head decomposition (said once in the log)
         # a copy of the untrained model, scored at the first validation (or the end of training)
         self._untrained: torch.nn.Module | None = None
 
@@ -276,6 +296,7 @@ class HeadInsightLogger(ProbeReader):
         icl = icl_score(losses)
         self.last_scores = (step, dict(scores))
         self._write(writer, step, scores, losses, icl, probes.text.size(1))
+        self._write_circuits(model, probes, writer, step)
         change = self.detector.update(step, scores["induction"], icl)
         if change is not None:
             text = change.describe()
@@ -312,6 +333,27 @@ class HeadInsightLogger(ProbeReader):
             step,
             dataformats="HWC",
         )
+
+    def _write_circuits(self, model: torch.nn.Module, probes: Probes, writer: Any, step: int) -> None:
+        # direct logit attribution on the text probe and the composition scores of successive layers, in float32
+        # outside the run's autocast (see gptmini.insight.circuits)
+        problem = circuit_problem(model)
+        if problem is not None:
+            if not self._circuits_skipped:
+                log.info("no attribution/ or composition/ scalars: %s", problem)
+                self._circuits_skipped = True
+            return
+        with eval_mode(model):
+            attribution = direct_logit_attribution(model, probes.text).heads.mean((2, 3)).cpu()  # (L, nh)
+            composition = composition_scores(model)  # mode -> (L, nh, L, nh)
+        for layer in range(attribution.size(0)):
+            for head in range(attribution.size(1)):
+                writer.add_scalar(
+                    f"attribution/layer{layer}_head{head}", attribution[layer, head].item(), step
+                )
+        c = model.config
+        for tag, index in composition_tags(c.n_layer, c.n_head):
+            writer.add_scalar(tag, composition[tag.split("/")[1]][index].item(), step)
 
     def _write_hparams(self, writer: Any, pl_module: L.LightningModule) -> None:
         from torch.utils.tensorboard.summary import hparams

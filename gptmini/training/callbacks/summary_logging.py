@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 from typing import Any
 
@@ -192,6 +193,7 @@ def probe_summary(
 # The PROJECTOR's points per write: each head adds 2 T (the probe's queries and keys), heads in order of layer then
 # head until the next would pass this
 MAX_PROJECTOR_POINTS = 4096
+PROJECTOR_HEADER = ["token", "position", "kind", "layer", "head"]
 
 
 def inspect(
@@ -205,23 +207,41 @@ def inspect(
 
 
 def projector_label(token: str) -> str:
-    # a TSV cell: tabs and newlines made visible, as the tab shows them
-    return token.replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
+    """A token as the tab shows it, whole, for a TSV cell: a space as ␣, a newline as ↵, a tab as ⇥, a carriage
+    return as ␍, a byte of a character split over tokens (written ``\\xNN`` by the tokenizer) as ⟨NN⟩, the empty
+    token as ∅."""
+    shown = re.sub(r"\\x([0-9a-f]{2})", lambda m: f"⟨{m[1].upper()}⟩", token)
+    return shown.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
+
+
+def shared_space(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's queries and keys (T, hs) each, placed in one space as AttentionViz does: each set translated to
+    zero mean, then the queries scaled by c and the keys by 1/c, c = sqrt(mean |k| / mean |q|), so that both have
+    the same mean norm. The scaling keeps every dot product of the centred vectors; centring the keys shifts each
+    query's scores by one constant (which the softmax ignores), centring the queries does not keep the scores:
+    the two clouds overlap instead of sitting apart by their offsets and scales."""
+    q = q - q.mean(0)
+    k = k - k.mean(0)
+    c = (k.norm(dim=-1).mean() / q.norm(dim=-1).mean().clamp_min(1e-12)).clamp_min(1e-12).sqrt()
+    return q * c, k / c
 
 
 def write_projector(writer: Any, inspection: Inspection, tokens: list[str], step: int) -> int:
     """The probe's queries and keys of each head as PROJECTOR embeddings, tag ``qk/layerL_headH``, each point
-    labelled (token, position, q or k, layer, head), until ``MAX_PROJECTOR_POINTS``: the number of heads
-    written (none where the attention does not expose them)."""
+    labelled (token, position, q or k, layer, head), until ``MAX_PROJECTOR_POINTS``; and every head written in one
+    overview, tag ``qk/all_heads``. Each head's queries and keys are placed in one space first (``shared_space``).
+    The number of heads written (none where the attention does not expose them)."""
     if inspection.vectors is None:
         return 0
     written, points = 0, 0
+    mats, rows = [], []
     for layer, v in enumerate(inspection.vectors):
         for head in range(v.q.size(1)):
             t = v.q.size(2)
             if points + 2 * t > MAX_PROJECTOR_POINTS:
-                return written
-            mat = torch.cat((v.q[0, head], v.k[0, head])).float().cpu()  # (2T, hs)
+                break
+            q, k = shared_space(v.q[0, head].float().cpu(), v.k[0, head].float().cpu())
+            mat = torch.cat((q, k))  # (2T, hs)
             labels = [
                 [projector_label(tokens[i]), str(i), kind, str(layer), str(head)]
                 for kind in ("q", "k")
@@ -230,9 +250,19 @@ def write_projector(writer: Any, inspection: Inspection, tokens: list[str], step
             writer.add_embedding(
                 mat,
                 metadata=labels,
-                metadata_header=["token", "position", "kind", "layer", "head"],
+                metadata_header=PROJECTOR_HEADER,
                 tag=f"qk/layer{layer}_head{head}",
                 global_step=step,
             )
+            mats.append(mat)
+            rows += labels
             written, points = written + 1, points + 2 * t
+    if written > 1:
+        writer.add_embedding(
+            torch.cat(mats),
+            metadata=rows,
+            metadata_header=PROJECTOR_HEADER,
+            tag="qk/all_heads",
+            global_step=step,
+        )
     return written

@@ -12,6 +12,7 @@ from gptmini.board.summary import (
     MAX_VECTOR_VALUES,
     AttentionSummary,
     SummaryFormatError,
+    circuits_header,
     decode,
     lens_header,
     sink_header,
@@ -49,6 +50,13 @@ def _detail(rng: np.random.Generator) -> dict:
             "vectors": vectors_header(
                 q, k, HS**-0.5, np.array([0.5, 0.25, 0.125]), 3, rng.normal(size=(L, H))
             ),
+            "circuits": circuits_header(
+                rng.normal(size=(L, H, T - 1)),
+                {m: rng.random((L - 1, H, H)) for m in "QKV"},
+                ["t0", "t1"],
+                rng.normal(size=(L, H, 2, 2)),
+                rng.normal(size=(L, H, 2, 2)),
+            ),
         },
         q,
         k,
@@ -59,6 +67,7 @@ def test_the_entries_round_trip_and_the_vectors_are_float16() -> None:
     detail, q, k = _detail(np.random.default_rng(0))
     header, _ = decode(_stored(_summary(**detail)))
     assert header["sink"] == detail["sink"] and header["lens"] == detail["lens"]
+    assert header["circuits"] == detail["circuits"]
     v = header["vectors"]
     assert (v["layers"], v["head_size"], v["window"], v["slopes"]) == (L, HS, 3, [0.5, 0.25, 0.125])
     got = np.frombuffer(base64.b64decode(v["q"]), dtype="<f2").reshape(L, H, T, HS)
@@ -68,7 +77,7 @@ def test_the_entries_round_trip_and_the_vectors_are_float16() -> None:
     )
     # a summary without them (one written before them) reads as None
     header, _ = decode(_stored(_summary()))
-    assert header["sink"] is header["lens"] is header["vectors"] is None
+    assert header["sink"] is header["lens"] is header["vectors"] is header["circuits"] is None
 
 
 def test_the_vectors_keep_the_first_layers_within_the_cap() -> None:
@@ -97,6 +106,20 @@ def test_the_vectors_keep_the_first_layers_within_the_cap() -> None:
         (lambda d: d["vectors"].update(slopes=[1.0]), "vectors.slopes must be null or 3 numbers"),
         (lambda d: d["vectors"].update(window=0), "vectors.window must be null or a positive integer"),
         (lambda d: d["vectors"].update(sink=[[1.0] * H]), "vectors.sink must be null or 2 rows of 3 numbers"),
+        (
+            lambda d: d["circuits"].update(attribution=[[[0.1] * T] * H] * L),
+            "circuits.attribution must be 2 x 3 rows of 4 numbers",
+        ),
+        (
+            lambda d: d["circuits"]["composition"].pop("K"),
+            "circuits.composition must hold Q, K, V, each 1 grids of 3 x 3 numbers",
+        ),
+        (
+            lambda d: d["circuits"].update(circuit_tokens=[]),
+            "circuits.circuit_tokens must be 1 to 32 strings",
+        ),
+        (lambda d: d["circuits"].update(qk=d["circuits"]["qk"][:-8]), "circuits.qk: "),
+        (lambda d: d["circuits"].update(ov="not base64!"), "circuits.ov is not base64"),
     ],
 )
 def test_a_damaged_entry_is_refused_naming_it(damage, message: str) -> None:
@@ -104,3 +127,42 @@ def test_a_damaged_entry_is_refused_naming_it(damage, message: str) -> None:
     damage(detail)
     with pytest.raises(SummaryFormatError, match=message.replace(".", r"\.").replace("(", r"\(")):
         decode(_stored(_summary(**detail)))
+
+
+def test_a_models_circuits_entry_holds_its_attribution_composition_and_token_circuits() -> None:
+    import torch
+
+    from gptmini.board.detail import circuits, successive_layers
+    from gptmini.insight.circuits import composition_scores, direct_logit_attribution, token_circuits
+    from gptmini.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=3, n_head=2, n_embd=16)).eval()
+
+    class Chars:
+        def token_text(self, i: int) -> str:
+            return chr(97 + i % 26)
+
+    ids = [5, 3, 5, 9, 3, 1]
+    got = circuits(model, ids, Chars())
+    assert got["circuit_tokens"] == ["f", "d", "j", "b"]  # the distinct tokens, in order of first appearance
+    expected = direct_logit_attribution(model, torch.tensor([ids])).heads[:, :, 0]
+    np.testing.assert_allclose(np.array(got["attribution"]), expected.numpy(), atol=6e-4)
+    k = composition_scores(model)["K"]  # (L, H, L, H)
+    assert np.array(got["composition"]["K"]).shape == (2, 2, 2)
+    np.testing.assert_allclose(got["composition"]["K"][1][0][1], k[1, 0, 2, 1].item(), atol=6e-4)
+    np.testing.assert_allclose(
+        np.array(got["composition"]["V"]),
+        successive_layers(composition_scores(model)["V"]).numpy(),
+        atol=6e-4,
+    )
+    qk, ov = token_circuits(model, torch.tensor([5, 3, 9, 1]))
+    stored = np.frombuffer(base64.b64decode(got["ov"]), dtype="<f2").reshape(3, 2, 4, 4)
+    np.testing.assert_allclose(stored, ov.numpy(), rtol=2e-3, atol=1e-4)
+    # and it is what a summary keeps: decoded as written
+    header, _ = decode(
+        _stored(
+            AttentionSummary([f"t{i}" for i in range(6)], np.zeros((3, 2, 6, 6), np.float32), circuits=got)
+        )
+    )
+    assert header["circuits"] == got

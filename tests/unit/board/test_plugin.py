@@ -37,6 +37,11 @@ def logdir(tmp_path_factory, write_checkpoint):
         for step in steps:
             summary = AttentionSummary(TOKENS, _maps(2, 3, 4, seed=step), [["local"] * 3, ["other"] * 3])
             writer.file_writer.add_summary(summary_proto(summary), step)
+            if (
+                run == "with_ckpt"
+            ):  # what head insight logs beside: each head's attribution (not layer 1 head 2)
+                for layer, head in ((0, 0), (0, 1), (0, 2), (1, 0), (1, 1)):
+                    writer.add_scalar(f"attribution/layer{layer}_head{head}", step + layer + head / 10, step)
         writer.add_scalar("train/loss", 1.0, 0)
         writer.close()
     write_checkpoint(
@@ -129,6 +134,19 @@ def test_runs_steps_and_attention(client, logdir):
     np.testing.assert_allclose(dequantise(tri, 4), _maps(2, 3, 4, seed=6), atol=0.5 / 255 + 1e-6)
 
 
+def test_the_heads_attribution_over_steps(client):
+    code, body = _get(client, "attribution", run="with_ckpt/tb")
+    assert code == 200 and body["steps"] == [3, 6]
+    assert body["values"][0][2] == [3.2, 6.2] and body["values"][1][1] == [4.1, 7.1]
+    assert body["values"][1][2] == [None, None]  # a head without scalars
+    assert _get(client, "attribution", run="no_ckpt/tb") == (
+        200,
+        {"run": "no_ckpt/tb", "steps": [], "values": []},
+    )
+    code, body = _get(client, "attribution", run="../etc")
+    assert code == 400 and "unknown run '../etc'" in body["error"]
+
+
 def test_static_files_are_served_and_nothing_else(client):
     response = client.get(f"{PREFIX}/static/index.js")
     assert response.status_code == 200 and "javascript" in response.content_type
@@ -179,7 +197,7 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
     np.testing.assert_allclose(dequantise(tri, t), want, atol=0.5 / 255 + 1e-6)
     # encoded as training encodes its probe: the same header, the same bytes
     header, want_tri = encode(AttentionSummary(body["tokens"], want))
-    detail = ("sink", "lens", "vectors")  # the neuron and lens views' entries, from the same pass
+    detail = ("sink", "lens", "vectors", "circuits")  # the neuron, lens and circuit views' entries
     assert {k: body[k] for k in header if k not in detail} == {
         k: v for k, v in header.items() if k not in detail
     }
@@ -189,6 +207,8 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
         tokenizer.token_text(int(i)) for i in model(torch.tensor([ids]))[0][0].argmax(-1)
     ]
     assert body["vectors"]["layers"] == 2 and body["vectors"]["head_size"] == model.config.head_size
+    assert np.array(body["circuits"]["attribution"]).shape == (2, 3, t - 1)
+    assert body["circuits"]["circuit_tokens"] == [tokenizer.token_text(i) for i in dict.fromkeys(ids)]
     assert np.abs(tri.astype(int) - want_tri.astype(int)).max() <= 1  # float rounding at a level's midpoint
 
 

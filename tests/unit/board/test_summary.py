@@ -90,6 +90,26 @@ def test_a_gpt2_small_step_fits_the_two_megabyte_budget() -> None:
     event = event_pb2.Event(wall_time=1.0, step=1000, summary=proto)
     size = len(event.SerializeToString()) + 16  # TFRecord framing: length, two CRCs
     assert 12 * 12 * 64 * 65 // 2 < size <= 2 * 1024 * 1024
+    # with the circuits view's entry as gptmini.board.detail.circuits sizes it for 144 heads (15 tokens)
+    import math
+
+    from gptmini.board.summary import MAX_CIRCUIT_VALUES, circuits_header
+
+    n = math.isqrt(MAX_CIRCUIT_VALUES // (2 * 144))
+    rng = np.random.default_rng(0)
+    entry = circuits_header(
+        rng.normal(size=(12, 12, 63)),
+        {m: rng.random((11, 12, 12)) for m in "QKV"},
+        tokens[:n],
+        rng.normal(size=(12, 12, n, n)),
+        rng.normal(size=(12, 12, n, n)),
+    )
+    proto = summary_proto(AttentionSummary(tokens, random_maps(12, 12, 64), types, scores, circuits=entry))
+    event = event_pb2.Event(wall_time=1.0, step=1000, summary=proto)
+    with_circuits = len(event.SerializeToString()) + 16
+    assert (
+        size + 2 * 144 * n * n * 2 < with_circuits <= 2 * 1024 * 1024 - 400_000
+    )  # room left for the vectors
 
 
 def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp_path) -> None:

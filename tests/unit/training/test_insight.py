@@ -77,6 +77,23 @@ def test_every_score_is_a_grid_image_and_a_scalar_per_head(run, tb_events):
     assert [e.value for e in ea.Scalars("val/best_loss")] == pytest.approx([val[0], min(val)])
 
 
+def test_each_validation_logs_every_heads_attribution_and_the_composition_of_successive_layers(
+    run, tb_events
+):
+    run_dir, _ = run
+    ea = tb_events(run_dir)
+    scalars = ea.Tags()["scalars"]
+    attribution = sorted(t for t in scalars if t.startswith("attribution/"))
+    assert attribution == [f"attribution/layer{layer}_head{h}" for layer in (0, 1) for h in (0, 1)]
+    composition = sorted(t for t in scalars if t.startswith("composition/"))
+    # 2 layers of 2 heads: each head of layer 0 on each of layer 1, three kinds
+    assert len(composition) == 12 and "composition/K/l0h1_to_l1h0" in composition
+    for tag in (*attribution, *composition):
+        assert [e.step for e in ea.Scalars(tag)] == [0, 3, 6], tag
+    k = [e.value for e in ea.Scalars("composition/K/l0h1_to_l1h0")]
+    assert all(0.0 < v <= 1.0 for v in k) and k[0] != k[-1]  # a cosine-like score that training moves
+
+
 def test_custom_scalars_chart_each_layers_heads_together(run, tb_events):
     from tensorboard.plugins.custom_scalar import layout_pb2
 
@@ -94,6 +111,14 @@ def test_custom_scalars_chart_each_layers_heads_together(run, tb_events):
         "insight/induction/layer1_head0",
         "insight/induction/layer1_head1",
     ]
+    (regex,) = categories["circuits: direct logit attribution"].chart[0].multiline.tag
+    assert sorted(t for t in scalars if re.fullmatch(regex, t)) == [
+        "attribution/layer0_head0",
+        "attribution/layer0_head1",
+    ]
+    (chart,) = categories["circuits: K-composition"].chart
+    assert chart.title == "layer 0 -> 1"
+    assert len([t for t in scalars if re.fullmatch(chart.multiline.tag[0], t)]) == 4
 
 
 def test_the_hparams_tab_gets_the_config_and_the_loss_and_speed_metrics(run, tb_events):
@@ -227,3 +252,23 @@ def test_the_untrained_baseline_is_scored_later_on_the_weights_of_step_0(tmp_pat
     assert want_0 != want_5  # the two weight sets score differently: the check below can tell them apart
     assert got == pytest.approx({0: want_0, 5: want_5}, rel=1e-6)
     assert callback.last_scores[0] == 5  # the ATTENTION tab labels heads by the validation's own scores
+
+
+def test_a_model_without_per_head_outputs_logs_no_circuits_and_says_so_once(caplog):
+    from types import SimpleNamespace
+
+    from gptmini.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=8, attn_gate=True))
+    written = []
+    writer = SimpleNamespace(add_scalar=lambda tag, value, step: written.append(tag))
+    logger = HeadInsightLogger()
+    probes = SimpleNamespace(text=torch.zeros(1, 8, dtype=torch.long))
+    with caplog.at_level("INFO"):
+        for step in (1, 2):
+            logger._write_circuits(model, probes, writer, step)
+    assert written == []
+    assert [r.getMessage() for r in caplog.records].count(
+        "no attribution/ or composition/ scalars: model.attn_gate=true multiplies each head's output by a gate "
+        "of the input"
+    ) == 1
