@@ -782,8 +782,8 @@ def test_the_circuits_view(board, logdir):
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from gptmini.board.detail import circuits
-    from gptmini.checkpoint import model_and_checkpoint
     from gptmini.data.tokenizers import build_tokenizer
+    from gptmini.runs.checkpoint import model_and_checkpoint
 
     model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
     tokenizer = build_tokenizer("gpt2")
