@@ -98,6 +98,8 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
         retain_freed_memory()  # before the first large allocation
     import lightning as L
 
+    from gptmini.training.lightning_compat import skip_idle_hooks
+
     _quiet_lightning()
     L.seed_everything(plan.seed, workers=True)
     _log_hardware(plan)
@@ -115,6 +117,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
             check(gpt_config, device, f"callbacks.{name}.")
     module = build_module(plan, trainer, datamodule, gpt_config)
     connect_callbacks(trainer.callbacks, module)
+    skip_idle_hooks(trainer.callbacks)
     output_dir = Path(plan.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
