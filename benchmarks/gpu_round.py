@@ -76,7 +76,7 @@ TINY_MODEL = ("model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.blo
 CPU_DRY_RUN = Shapes(
     device="cpu",
     dtype=torch.float32,
-    mfu_steps=2,
+    mfu_steps=4,
     pair_steps=2,
     pairs=1,
     run_timeout_s=300.0,
@@ -88,6 +88,9 @@ CPU_DRY_RUN = Shapes(
         "data.batch_size=2",
         "trainer.accumulate_grad_batches=1",
         "trainer.limit_val_batches=1",
+        # perf/ scalars from the second logged step on; a nominal peak, so that the MFU column has a value
+        "callbacks.throughput.window_size=2",
+        "perf.peak_flops=1e12",
         *TINY_MODEL,
     ),
     sdpa_shape=(1, 2, 16, 8),
