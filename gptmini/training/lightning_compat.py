@@ -94,3 +94,34 @@ class LabelledRichProgressBar(RichProgressBar):
     def _get_train_description(self, current_epoch: int) -> str:
         label = self.train_label(self.trainer)
         return super()._get_train_description(current_epoch) if label is None else label
+
+
+# The hooks Lightning calls on every callback at every training or validation batch.
+PER_BATCH_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+)
+
+
+def skip_idle_hooks(callbacks: list[L.Callback]) -> None:
+    """Make a callback that has nothing to do at a batch cost nothing there: each per-batch hook a callback's
+    class leaves as ``Callback``'s no-op is set to None on the instance, and Lightning skips it.
+
+    Lightning calls every hook on every callback, each inside a profiler context with a name built from the
+    callback's ``state_key``: with a dozen callbacks and eight hooks a batch, that dispatch costs more host time
+    per step than the callbacks' own work. Lightning has no switch for it; its dispatcher
+    (``trainer.call._call_callback_hooks``) calls a callback's hook only when ``callable(getattr(callback,
+    hook))``, so an instance attribute of None is skipped before any of that work. Idempotent.
+
+    Checked with Lightning 2.6.6.
+    """
+    for callback in callbacks:
+        for hook in PER_BATCH_HOOKS:
+            if getattr(type(callback), hook) is getattr(L.Callback, hook):
+                setattr(callback, hook, None)

@@ -420,7 +420,10 @@ class TokenThroughputMonitor(LoggingCallback):
             # from the optimizer step, so a resumed run counts on from where it stopped
             metrics["perf/tokens_seen"] = float(trainer.global_step * self.global_batch_tokens)
         self.last.update(metrics)
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        # Straight to the loggers, as Lightning's LearningRateMonitor writes: plain numbers need none of what
+        # self.log does per key (a result entry moved to the value's device, reduced, then written)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     def _record_global_batch(self, trainer: L.Trainer, batch: Any) -> None:
         b, t = batch[0].shape  # one device's micro-batch: (B, T)

@@ -111,6 +111,8 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
         retain_freed_memory()  # before the first large allocation
     import lightning as L
 
+    from gptmini.training.lightning_compat import skip_idle_hooks
+
     _quiet_lightning()
     L.seed_everything(plan.seed, workers=True)
     _log_hardware(plan)
@@ -130,6 +132,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     module = build_module(plan, trainer, datamodule, gpt_config)
     parts = callbacks.parts(module.validation_probe)
     connect_callbacks(callbacks.given, parts)
+    skip_idle_hooks(callbacks.given)
     output_dir = Path(plan.output_dir)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)

@@ -106,3 +106,37 @@ def test_the_counter_sees_a_read_in_a_quiet_step(train_in_process, tmp_path, mon
     train_in_process(QUIET_RUN, tmp_path / "run")
     here = f"item at {Path(__file__).name}:{reading_step.__code__.co_firstlineno + 2}"
     assert {step: reads for step, reads in counter.reads.items()} == {step: [here] for step in QUIET}
+
+
+def test_the_training_command_dispatches_no_per_batch_hook_a_callback_leaves_as_a_no_op(
+    train_in_process, tmp_path, monkeypatch
+):
+    """Lightning calls every hook of every callback at every batch; the app's trainer leaves out the ones a
+    callback does not implement (``lightning_compat.skip_idle_hooks``), so that they cost nothing per step."""
+    from gptmini.training.lightning_compat import PER_BATCH_HOOKS
+
+    built = []
+    build = app.build_trainer
+
+    def keeping(plan):
+        trainer, named = build(plan)
+        built.append(trainer)
+        return trainer, named
+
+    monkeypatch.setattr(app, "build_trainer", keeping)
+    train_in_process(["debug=smoke", "trainer.max_steps=2"], tmp_path / "run")
+    (trainer,) = built
+    dispatched = {
+        (type(cb).__name__, hook)
+        for cb in trainer.callbacks
+        for hook in PER_BATCH_HOOKS
+        if callable(getattr(cb, hook))
+    }
+    implemented = {
+        (type(cb).__name__, hook)
+        for cb in trainer.callbacks
+        for hook in PER_BATCH_HOOKS
+        if getattr(type(cb), hook) is not getattr(L.Callback, hook)
+    }
+    assert dispatched == implemented
+    assert len(dispatched) < len(trainer.callbacks) * len(PER_BATCH_HOOKS) / 3, sorted(dispatched)

@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from packaging.version import Version
 
@@ -192,3 +193,46 @@ def test_labelled_rich_progress_bar_adds_its_bar_with_its_own_label(tmp_path, mo
         callbacks=[lightning_compat.LabelledRichProgressBar()],
     ).fit(BoringModel())
     assert added == ["Epoch 0/-2"]
+
+
+class _ActionNames(PassThroughProfiler):
+    """Lightning's do-nothing profiler, keeping the name of every action Lightning profiles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def start(self, action_name: str) -> None:
+        self.names.add(action_name)
+
+
+class _Idle(L.Callback):
+    pass
+
+
+class _CountsBatchEnds(L.Callback):
+    def __init__(self) -> None:
+        self.batch_ends = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batch_ends += 1
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["as_lightning_does", "skipped"])
+def test_skip_idle_hooks_spares_lightnings_dispatch_and_still_calls_the_overridden_hooks(tmp_path, skip):
+    idle, counting, profiler = _Idle(), _CountsBatchEnds(), _ActionNames()
+    trainer = _trainer(tmp_path, callbacks=[idle, counting], profiler=profiler)
+    if skip:
+        lightning_compat.skip_idle_hooks(trainer.callbacks)
+    trainer.fit(BoringModel())
+    assert counting.batch_ends == 5
+    dispatched = {
+        hook
+        for hook in lightning_compat.PER_BATCH_HOOKS
+        if f"[Callback]{idle.state_key}.{hook}" in profiler.names
+    }
+    training_hooks = {h for h in lightning_compat.PER_BATCH_HOOKS if not h.startswith("on_validation")}
+    # Lightning dispatches every per-batch training hook to the idle callback; skipped, none of them
+    assert dispatched == (set() if skip else training_hooks)
+    assert f"[Callback]{counting.state_key}.on_train_batch_end" in profiler.names
+    assert (f"[Callback]{counting.state_key}.on_train_batch_start" in profiler.names) is not skip
