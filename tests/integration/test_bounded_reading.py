@@ -336,7 +336,9 @@ def _crafted(run: Path, to: Path, source: str) -> Path:
     from gptmini.runs.checkpoint import CHECKSUM_KEY, with_checksum
 
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    ckpt["hyper_parameters"]["run_config"]["data"]["data_dir"] = str(to.parent / "no-such-data")
+    record = json.loads(ckpt["hyper_parameters"]["run_record"])
+    record["data"]["data_dir"] = str(to.parent / "no-such-data")
+    ckpt["hyper_parameters"]["run_record"] = json.dumps(record)
     ckpt["hyper_parameters"]["data_identity"]["source"] = source
     del ckpt[CHECKSUM_KEY]
     torch.save(with_checksum(ckpt), to)

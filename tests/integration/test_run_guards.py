@@ -345,11 +345,18 @@ def test_a_corpus_path_that_is_not_utf8_trains_and_is_shown_by_its_bytes(train, 
 def test_a_run_without_callbacks_writes_no_checkpoint_of_lightning_s_own(
     gptmini_train, char_data_root, tmp_path
 ) -> None:
-    """~callbacks made Lightning add its own ModelCheckpoint (epoch=0-step=2.ckpt in the TensorBoard folder) beside
-    the run's final last.ckpt."""
-    base = [a for a in TINY if not a.startswith("~callbacks.")]
+    """A run without a checkpoint callback (callbacks=none; ~callbacks is refused, naming the options) made
+    Lightning add its own ModelCheckpoint (epoch=0-step=2.ckpt in the TensorBoard folder) beside the run's final
+    last.ckpt."""
+    # no periodic checkpoint to pace without callbacks (checkpoint_every_n_steps would be refused)
+    base = [a for a in TINY if not a.startswith(("~callbacks.", "checkpoint_every_n_steps="))]
     proc = gptmini_train(
-        [*base, "~callbacks", f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"]
+        [
+            *base,
+            "callbacks=none",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.data_root={char_data_root}",
+        ]
     )
     assert proc.returncode == 0, output(proc)[-3000:]
     (run_dir,) = (tmp_path / "out").glob("*/*")

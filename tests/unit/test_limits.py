@@ -82,7 +82,7 @@ def test_the_default_loggers_fit() -> None:
         ),
         (
             lambda: TextSampleLogger(temperature=float("nan")),
-            r"callbacks\.text_samples\.temperature=nan is invalid",
+            r"callbacks\.text_samples\.temperature=nan is out of range",
         ),
         (lambda: TextSampleLogger(top_k=0), r"callbacks\.text_samples\.top_k=0 is invalid"),
         (lambda: AttentionMapLogger(max_tokens=0), r"callbacks\.attention_maps\.max_tokens=0 is invalid"),

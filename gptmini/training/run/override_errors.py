@@ -112,8 +112,6 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         # ~optimizer: conf/train.yaml's settings of the chosen option (${optimizer}) have no option to follow
         dropped = re.match(r"Error resolving interpolation '\$\{(\w+)\}'", str(err))
         if dropped and f"~{dropped.group(1)}" in argv:
-            from gptmini.training.run.plan import dropped_group
-
             return dropped_group(dropped.group(1))
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if isinstance(err, MissingConfigException):
@@ -243,3 +241,17 @@ def run_hydra(
         sys.exit(EXIT_HYDRA_ERROR)
     finally:
         _restore_full_error()
+
+
+# The groups every run needs: deleting one (~model) would fall back to a schema default without a word.
+REQUIRED_GROUPS = ("model", "tokenizer", "data", "optimizer", "scheduler", "trainer")
+
+
+def dropped_group(group: str) -> str:
+    """The refusal of ``~group``: every run needs one of its options (and ``conf/train.yaml`` merges the settings
+    of the chosen one, so composing fails without it)."""
+    from gptmini.conf_dir import conf_dir
+
+    options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
+    needed = ", which every run needs" if group in REQUIRED_GROUPS else ""
+    return f"~{group} drops the {group} group{needed}: choose one of its options instead ({group}=<option>: {options})"

@@ -30,7 +30,7 @@ from gptmini.runs.record import RECORD_VERSION, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.override_errors import missing_keys
+from gptmini.training.run.override_errors import REQUIRED_GROUPS, dropped_group, missing_keys
 from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
@@ -231,10 +231,6 @@ def validate_config(cfg: DictConfig) -> GPTConfig:
     return plan_run(cfg).model
 
 
-# The groups every run needs: deleting one (~model) would fall back to a schema default without a word.
-REQUIRED_GROUPS = ("model", "tokenizer", "data", "optimizer", "scheduler", "trainer")
-
-
 def _check_required_groups() -> str | None:
     """Refuses a run without one of ``REQUIRED_GROUPS``; the hardware option chosen (None outside Hydra)."""
     from hydra.core.hydra_config import HydraConfig
@@ -246,16 +242,6 @@ def _check_required_groups() -> str | None:
         if choices.get(group) is None:
             raise RunError(dropped_group(group))
     return choices.get("hardware")
-
-
-def dropped_group(group: str) -> str:
-    """The refusal of ``~group``: every run needs one of its options (and ``conf/train.yaml`` merges the settings
-    of the chosen one, so composing fails without it)."""
-    from gptmini.conf_dir import conf_dir
-
-    options = ", ".join(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
-    needed = ", which every run needs" if group in REQUIRED_GROUPS else ""
-    return f"~{group} drops the {group} group{needed}: choose one of its options instead ({group}=<option>: {options})"
 
 
 def _check_composed_keys(cfg: DictConfig) -> None:

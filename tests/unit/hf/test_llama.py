@@ -397,7 +397,10 @@ def test_cli_refuses_unsupported_models_and_missing_vocabularies_writing_nothing
                 str(moved),
             ]
         )
-    assert exc.value.code == 2 and "pass --data-dir with the prepared data folder" in capsys.readouterr().err
+    assert (
+        exc.value.code == 2
+        and "pass --data-dir pointing at the prepared data folder" in capsys.readouterr().err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.ckpt", "llama.ckpt"]
     # --tokenizer none: the weights alone
     assert (
