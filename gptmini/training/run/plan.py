@@ -107,14 +107,17 @@ class RunPlan:
         return RunRecord(
             version=RECORD_VERSION,
             model=model.to_dict(),
-            tokenizer=dataclasses.asdict(self.tokenizer),
-            data=dataclasses.asdict(self.data),
-            trainer=dataclasses.asdict(self.trainer) | self.trainer_overrides(),
-            optimizer=dataclasses.asdict(self.optimizer) if self.optimizer is not None else {},
-            scheduler=dataclasses.asdict(self.scheduler) if self.scheduler is not None else None,
-            callbacks={k: _plain(v) for k, v in self.callbacks.items()},
+            **recorded_settings(
+                self.optimizer,
+                self.scheduler,
+                self.trainer,
+                self.trainer_overrides(),
+                self.callbacks,
+                self.tokenizer,
+                self.data,
+                self.seed,
+            ),
             run_name=self.run_name,
-            seed=self.seed,
             hardware=self.hardware,
             precision=self.precision,
             overrides=self.overrides,
@@ -128,10 +131,38 @@ class RunPlan:
 
     def trainer_overrides(self) -> dict[str, Any]:
         """What the plan decided for the Lightning Trainer, over the config's ``trainer`` node."""
-        overrides: dict[str, Any] = {"precision": self.precision}
-        if self.val_check_interval is not None:
-            overrides["val_check_interval"] = self.val_check_interval
-        return overrides
+        return trainer_overrides(self.precision, self.val_check_interval)
+
+
+def trainer_overrides(precision: str, val_check_interval: int | float | None) -> dict[str, Any]:
+    """What the plan decides for the Lightning Trainer, over the config's ``trainer`` node."""
+    overrides: dict[str, Any] = {"precision": precision}
+    if val_check_interval is not None:
+        overrides["val_check_interval"] = val_check_interval
+    return overrides
+
+
+def recorded_settings(
+    optimizer: Any,
+    scheduler: Any,
+    trainer: Any,
+    trainer_overrides: dict[str, Any],
+    callbacks: dict[str, Any],
+    tokenizer: Any,
+    data: Any,
+    seed: Any,
+) -> dict[str, Any]:
+    """The typed groups as the run record keeps them (``RunPlan.record``), and as a resume compares them with a
+    checkpoint's record (in this order: the line of changes follows it)."""
+    return {
+        "optimizer": dataclasses.asdict(optimizer) if optimizer is not None else {},
+        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
+        "trainer": dataclasses.asdict(trainer) | trainer_overrides,
+        "callbacks": {k: _plain(v) for k, v in callbacks.items()},
+        "tokenizer": dataclasses.asdict(tokenizer),
+        "data": dataclasses.asdict(data),
+        "seed": seed,
+    }
 
 
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
@@ -176,17 +207,16 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         )
     val_check_interval = _val_check_interval(trainer)
     # the settings a resume compares with the checkpoint's record, as RunPlan.record writes them
-    settings_now = {
-        "optimizer": dataclasses.asdict(optimizer) if optimizer is not None else {},
-        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
-        "trainer": dataclasses.asdict(trainer)
-        | {"precision": precision}
-        | ({"val_check_interval": val_check_interval} if val_check_interval is not None else {}),
-        "callbacks": {k: _plain(v) for k, v in callbacks.items()},
-        "tokenizer": dataclasses.asdict(tokenizer),
-        "data": dataclasses.asdict(data),
-        "seed": cfg.seed,
-    }
+    settings_now = recorded_settings(
+        optimizer,
+        scheduler,
+        trainer,
+        trainer_overrides(precision, val_check_interval),
+        callbacks,
+        tokenizer,
+        data,
+        cfg.seed,
+    )
     resume = (
         read_resume(cfg, model, vocab_known, settings_now, str(cfg.paths.output_dir))
         if cfg.get("ckpt_path") is not None
