@@ -76,22 +76,21 @@ def _world_size(trainer: Any) -> int | None:
 
 
 # What a checkpoint cannot be resumed under: the tokenizer (its token ids would mean other text). The model's shape
-# is compared apart, with its tensors (gptmini.checkpoint.check_resume_compatible).
+# is compared apart, with its tensors (gptmini.runs.checkpoint.check_resume_compatible).
 FIXED_SETTINGS = ("tokenizer",)
-# What places a run rather than sets it: every run has its own
-PLACING_SETTINGS = ("paths", "ckpt_path", "run_name", "world_size", "tensorboard_dir", "resumed_from")
 
 
 def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The resume's comparison of the settings a checkpoint's run recorded (``saved``) with this run's (``now``,
-    resolved in the same folders): a changed setting the checkpoint cannot continue under (``FIXED_SETTINGS``) is
+    """The resume's comparison of the settings a checkpoint's run recorded (``saved``) with this run's (``now``:
+    the record's typed groups, ``plan.recorded_settings``; what places a run, its folders and processes, is not
+    among them): a changed setting the checkpoint cannot continue under (``FIXED_SETTINGS``) is
     refused in one line; every other change is returned as ``key old -> new``, and takes effect from the first
     resumed step (the optimizer keeps this run's group settings, the schedule its own plan, the callbacks are
     this run's). A setting one of the two does not hold (another version's) is no change."""
     changes = [
         (key, was, new)
         for key in now  # in this run's order
-        if key in saved and key not in PLACING_SETTINGS
+        if key in saved
         for key, was, new in _differences(saved[key], now[key], key)
     ]
     fixed = [(k, was, new) for k, was, new in changes if k.split(".", 1)[0] in FIXED_SETTINGS]
