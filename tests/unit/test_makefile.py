@@ -65,7 +65,7 @@ def test_make_attention_twice_writes_a_new_folder_each_time(tmp_path, write_chec
 def test_make_tensorboard_serves_on_the_port_asked(args, port) -> None:
     """`make tensorboard PORT=N` (6006 when not given), as make would run it (-n: printed, not started)."""
     proc = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed", "tensorboard", *args],
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "tensorboard", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
