@@ -84,13 +84,14 @@ class GPTConfig:
     smear_gate: bool = False
     bigram_embed: bool = False
     bigram_buckets: int | None = None
-    # The training loss's path (gptmini/lm_loss.py): "plain" (the logits, then F.cross_entropy), "chunked" (from the
-    # hidden states in chunks of rows, never the whole logits), "liger" (liger-kernel's fused linear cross-entropy:
-    # a CUDA GPU and the extra gptmini[gpu]) or "auto": chunked on a machine without a CUDA GPU for a vocabulary
-    # of 2048 or more, else plain.
+    # The training loss's path: "plain" (the logits, then F.cross_entropy; torch.compile fuses it on a GPU),
+    # "chunked" (from the hidden states, a chunk of rows at a time: never the whole logits; not with logit_softcap),
+    # "liger" (liger-kernel's fused linear cross-entropy: a CUDA GPU and pip install 'gptmini[gpu]') or "auto":
+    # chunked on a machine without a CUDA GPU for a vocabulary of 2048 or more without a soft cap, else plain.
     loss: str = "auto"
     # The kernels of the blocks' norms and MLP activation: "none" (PyTorch's operations, which torch.compile fuses)
-    # or "liger" (liger-kernel's LayerNorm, RMSNorm, SwiGLU and squared ReLU: a CUDA GPU and gptmini[gpu]).
+    # or "liger" (liger-kernel's LayerNorm, RMSNorm, SwiGLU and squared ReLU; GELU stays PyTorch's: a CUDA GPU and
+    # pip install 'gptmini[gpu]'). The parameters are the same either way, and so are the checkpoints.
     fused_ops: str = "none"
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
