@@ -230,17 +230,48 @@ def bench_fp8(s: Shapes) -> list[dict[str, Any]]:
     return rows
 
 
+def _fused_step(s: Shapes, settings: dict[str, str], compiled: bool) -> tuple[float, float, float | None]:
+    """One row of ``FUSED_STEPS``: ms a step (median), the model's training FLOPs per token, and the peak memory
+    (GiB; None off CUDA). Everything it allocates is freed when it returns."""
+    from gptmini.model import GPT, GPTConfig
+
+    layers, heads, width, block, batch = s.fp8_model
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=50257, block_size=block, n_layer=layers, n_head=heads, n_embd=width, **settings
+    )
+    model = GPT(cfg).to(s.device)
+    # the CPU dry run checks every row's settings and graph capture (liger's rows: their CPU hand-off), not
+    # inductor's code generation
+    step_model = (
+        torch.compile(model, backend="inductor" if s.device == "cuda" else "eager") if compiled else model
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=s.device == "cuda")
+    x = torch.randint(0, 50257, (batch, block), device=s.device)
+
+    def step() -> None:
+        with torch.autocast(s.device, dtype=torch.bfloat16):
+            _, loss = step_model(x, x, return_logits=False)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):  # compilation, the allocator's first blocks
+        step()
+    if s.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ms = _fwd_bwd_ms(step, s.repeats, s.device)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if s.device == "cuda" else None
+    return ms, model.flops_per_token(), peak
+
+
 def bench_fused(s: Shapes) -> list[dict[str, Any]]:
     """``FUSED_STEPS``: GPT-2's bare training step (the fp8 section's shape) by loss path and block kernels."""
     from gptmini import liger
-    from gptmini.model import GPT, GPTConfig
     from gptmini.training.hardware import detect_device, peak_flops
 
-    layers, heads, width, block, batch = s.fp8_model
+    _, _, _, block, batch = s.fp8_model
     peak = peak_flops(detect_device(), "bf16").flops if s.device == "cuda" else None
-    # the CPU dry run checks every row's settings and graph capture (liger's rows: their CPU hand-off), not
-    # inductor's code generation
-    backend = "inductor" if s.device == "cuda" else "eager"
     why = liger.unavailable()
     rows = []
     for label, (settings, compiled) in FUSED_STEPS.items():
@@ -248,28 +279,14 @@ def bench_fused(s: Shapes) -> list[dict[str, Any]]:
         if uses_liger and why is not None and s.device == "cuda":
             rows.append(_row("fused", label, None, "tokens/s", why))
             continue
-        torch.manual_seed(0)
-        cfg = GPTConfig(
-            vocab_size=50257, block_size=block, n_layer=layers, n_head=heads, n_embd=width, **settings
-        )
-        model = GPT(cfg).to(s.device)
-        flops_per_token = model.flops_per_token()
-        step_model = torch.compile(model, backend=backend) if compiled else model
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=s.device == "cuda")
-        x = torch.randint(0, 50257, (batch, block), device=s.device)
-
-        def step(m: Any = step_model, x: torch.Tensor = x, opt: torch.optim.Optimizer = opt) -> None:
-            with torch.autocast(s.device, dtype=torch.bfloat16):
-                _, loss = m(x, x, return_logits=False)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        for _ in range(2):  # compilation, the allocator's first blocks
-            step()
-        if s.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        ms = _fwd_bwd_ms(step, s.repeats, s.device)
+        try:
+            ms, flops_per_token, memory = _fused_step(s, settings, compiled)
+        except Exception as err:  # noqa: BLE001 -- one path failing (a kernel, a compilation, memory) is its row
+            rows.append(
+                _row("fused", label, None, "tokens/s", f"{type(err).__name__}: {err}".splitlines()[0][:160])
+            )
+            log.exception("fused %s", label)
+            continue
         tokens_per_s = batch * block / ms * 1e3
         detail = f"B x T = {batch} x {block}"
         if uses_liger and s.device != "cuda":  # the dry run: the settings' CPU hand-off, not liger's kernels
@@ -278,10 +295,9 @@ def bench_fused(s: Shapes) -> list[dict[str, Any]]:
         rows.append(_row("fused", label, tokens_per_s, "tokens/s", detail))
         mfu = flops_per_token * tokens_per_s / peak if peak else None
         rows.append(_row("fused", label, mfu, "MFU", "" if peak else "no peak FLOP/s for this device"))
-        if s.device == "cuda":
-            rows.append(_row("fused", label, torch.cuda.max_memory_allocated() / 2**30, "GiB peak allocated"))
+        if memory is not None:
+            rows.append(_row("fused", label, memory, "GiB peak allocated"))
         log.info("fused %s: %.2f ms", label, ms)
-        del model, step_model, opt
     return rows
 
 
