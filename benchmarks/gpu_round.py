@@ -1,8 +1,8 @@
 """Every GPU figure of the GPU box's round in one call, one markdown table (``results/gpu_round.md``):
 
 - ``mfu``: ``gptmini train experiment=gpt2_124m`` as users run it, one row per variant (``MFU_VARIANTS``: the
-  shipped micro-batch, a larger one, liger's loss and kernels at both: ``LIGER_MFU_VARIANTS``), MFU and tokens/s from the
-  run's own perf/ scalars, and the process's start to its first logged step;
+  shipped micro-batch, a larger one; ``LIGER_MFU_VARIANTS``: the larger one with liger's loss and norms), MFU
+  and tokens/s from the run's own perf/ scalars, and the process's start to its first logged step;
 - ``fused``: GPT-2's bare training step (bf16 autocast, fused AdamW) by loss path (``model.loss``: plain, chunked,
   liger's fused linear cross-entropy) and block kernels (``model.fused_ops=liger``: liger's norms), eager and under
   ``torch.compile`` (``FUSED_STEPS``): ms a step, tokens/s, MFU and peak memory; a row says why where liger-kernel
@@ -13,9 +13,9 @@
 - ``pairs``: the GPU default against nanoGPT's recipe (``benchmarks.gpu.default_runs``), whole processes, in
   alternating pairs (the pair's first program alternates), and when each reaches the recipe's final val/loss.
 
-``python -m benchmarks.gpu_round`` on the GPU machine (about 8 minutes on one H100); ``--cpu-dry-run`` runs every
-section on the CPU with tiny shapes and a few steps, to know the script works before a GPU is lent
-(``tests/integration/test_gpu_round.py``).
+``python -m benchmarks.gpu_round`` on the GPU machine (each section logs its own time: ``--only`` splits the round
+over calls that fit the machine's limit per call); ``--cpu-dry-run`` runs every section on the CPU with tiny
+shapes and a few steps, to know the script works before a GPU is lent (``tests/benchmarks/test_gpu_round.py``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ MFU_VARIANTS: dict[str, list[str]] = {
 }
 # the same through liger-kernel (gptmini[gpu]); rows saying why not where it cannot run
 LIGER_MFU_VARIANTS: dict[str, list[str]] = {
-    "liger loss + kernels (micro-batch 12 x 40)": ["model.loss=liger", "model.fused_ops=liger"],
-    "liger loss + kernels, micro-batch 32 x 15": [
+    # the larger micro-batch that fits once the logits are gone
+    "liger loss + norms, micro-batch 32 x 15": [
         "model.loss=liger",
         "model.fused_ops=liger",
         "data.batch_size=32",
@@ -60,7 +60,6 @@ FUSED_STEPS: dict[str, tuple[dict[str, str], bool]] = {
     "chunked loss, eager": ({"loss": "chunked"}, False),
     "liger fused linear cross-entropy, eager": ({"loss": "liger"}, False),
     "liger norms (fused_ops=liger), eager": ({"loss": "plain", "fused_ops": "liger"}, False),
-    "liger loss + norms, eager": ({"loss": "liger", "fused_ops": "liger"}, False),
     "plain loss, torch.compile": ({"loss": "plain"}, True),
     "liger loss + norms, torch.compile": ({"loss": "liger", "fused_ops": "liger"}, True),
 }
