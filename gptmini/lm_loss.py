@@ -6,8 +6,8 @@ twice more by their gradients. Here rows go through in chunks: each chunk's logi
 their gradient (softmax minus the one-hot target), which is multiplied into the gradients of the hidden states
 and the weight before the next chunk reuses the memory. The backward only scales what the forward computed.
 This is the chunked linear cross-entropy that Liger-Kernel and others fuse on GPUs, written with plain PyTorch
-operations. ``model.loss`` chooses the model's loss path once, when it is built (``choose_loss``): this one, liger-kernel's
-fused kernel (``gptmini.liger``), or the plain logits then ``F.cross_entropy``."""
+operations. ``model.loss`` chooses the model's loss path once, when it is built (``choose_loss``): this one,
+liger-kernel's fused kernel (``gptmini.liger``), or the plain logits then ``F.cross_entropy``."""
 
 from __future__ import annotations
 
