@@ -119,7 +119,8 @@ def test_the_chunked_path_under_bf16_autocast_matches_plain_to_bf16s_precision()
     assert_close(got, plain, atol=2e-2, rtol=1e-2)
     for name, grad in plain_grads.items():
         assert grads[name].dtype == torch.float32, name
-        assert_close(grads[name], grad, atol=2e-3, rtol=5e-2, msg=name)
+        # to 3 % of the parameter's largest gradient: a fixed tolerance would pass the norms' small ones if zero
+        assert_close(grads[name], grad, atol=0.03 * grad.abs().max().item(), rtol=0.0, msg=name)
     fp32, _ = _loss_and_grads("chunked", vocab)
     assert got != fp32  # bf16 really ran
 
