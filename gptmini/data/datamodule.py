@@ -15,7 +15,13 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from gptmini.data.corpora import default_out_dir
-from gptmini.data.prepare import DEFAULT_BUFFER_MB, DEFAULT_SHARD_TOKENS, PrepareProgress, prepare
+from gptmini.data.prepare import (
+    DEFAULT_BUFFER_MB,
+    DEFAULT_SHARD_TOKENS,
+    PreparedData,
+    PrepareProgress,
+    prepare,
+)
 from gptmini.data.reader import load_meta, load_split, load_tokenizer
 from gptmini.data.tokenizers import Tokenizer
 from gptmini.data.windows import (
@@ -123,7 +129,7 @@ class TokenDataModule(L.LightningDataModule):
             self.meta = load_meta(self.data_dir)
         return int(self.meta["vocab_size"])
 
-    def prepare_data(self, progress: Callable[[PrepareProgress], None] | None = None) -> None:
+    def prepare_data(self, progress: Callable[[PrepareProgress], None] | None = None) -> PreparedData:
         """``progress``: a progress-bar callback (``gptmini.data.prepare.progress_bar``); without one, a long
         preparation logs a line every 30 s."""
         result = prepare(
@@ -144,6 +150,7 @@ class TokenDataModule(L.LightningDataModule):
         for split, info in result.meta["splits"].items():
             if info["tokens"] > 0:
                 load_split(self.data_dir, split, result.meta)
+        return result
 
     def setup(self, stage: str | None = None) -> None:
         if self.meta is not None and self.train_dataset is not None:

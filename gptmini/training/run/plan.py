@@ -302,6 +302,24 @@ def plan_data(cfg: DictConfig) -> Any:
     return _with_derived(cfg, "data", typed_group(cfg, "data"))
 
 
+def plan_preparation(cfg: DictConfig) -> Any:
+    """``plan_data`` after the checks of ``check_input_files`` and ``plan_run`` that concern the data (its corpus,
+    its keys, the tokenizer, the folder): what ``gptmini data`` prepares. The model, the optimizer and the machine
+    are left to the training run, so that a GPU run's data is prepared on any machine."""
+    _check_required_groups()
+    _check_data_files(cfg)
+    _check_composed_keys(cfg)
+    _check_missing(cfg)
+    check_finite(cfg)
+    TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True)).check()
+    data = plan_data(cfg)
+    _check_data(data)
+    _check_val_split(data)
+    _check_data_dir_given(cfg)
+    _check_data_dir(data.data_dir)
+    return data
+
+
 def _with_derived(cfg: DictConfig, group: str, typed: Any, key: str | None = None) -> Any:
     """``typed`` (the user settings of ``group``'s node at ``key``, by default ``group``) with the derived
     parameters its constructor takes, from ``DERIVED``."""
