@@ -39,21 +39,18 @@ def _write_corpus(folder: Path, copies: float = 0.25) -> Path:
     return folder
 
 
-def _command(source: Path, out: Path) -> list[str]:
+def _command(source: Path, out: Path, shard_tokens: int = SHARD_TOKENS) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "gptmini.data.prepare",
-        "--source",
-        str(source),
-        "--tokenizer",
-        "gpt2",
-        "--out",
-        str(out),
-        "--shard-tokens",
-        str(SHARD_TOKENS),
-        "--num-threads",
-        "2",
+        "gptmini.cli",
+        "data",
+        "data=text",
+        f"data.source={source}",
+        "tokenizer=gpt2",
+        f"data.data_dir={out}",
+        f"data.shard_tokens={shard_tokens}",
+        "data.prepare_threads=2",
     ]
 
 
@@ -135,9 +132,8 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     assert sizes[1] > 3.5 * sizes[0]
     peaks = []
     for source in (small, large):
-        cmd = _command(source, tmp_path / f"{source.name}_out")
-        cmd[cmd.index("--shard-tokens") + 1] = str(2_000_000)
-        peaks.append(_peak_rss_mib([*cmd, "--buffer-mb", "16"]))
+        cmd = _command(source, tmp_path / f"{source.name}_out", shard_tokens=2_000_000)
+        peaks.append(_peak_rss_mib([*cmd, "data.buffer_mb=16"]))
     # The old whole-text preparation held ~15x the corpus; a streamed one holds the same at any size.
     assert peaks[1] < peaks[0] + 24, (
         f"peak RSS {peaks[0]:.0f} MiB for {sizes[0] >> 20} MiB, {peaks[1]:.0f} MiB "

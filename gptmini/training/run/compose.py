@@ -60,7 +60,9 @@ def composed(overrides: Sequence[str]) -> Iterator[DictConfig]:
     register_configs()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
-    cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).absolute())
+    run_dir = OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=False)
+    if run_dir is not None:  # else check_resolves names the key that does not resolve
+        cfg.hydra.runtime.output_dir = str(Path(run_dir).absolute())
     before = HydraConfig.instance().cfg
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):

@@ -83,13 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gptmini.data.bpe import log_compression
     from gptmini.data.progress import cli_logging
     from gptmini.training.run.compose import composed
-    from gptmini.training.run.override_errors import check_resolves
     from gptmini.training.run.plan import plan_preparation
 
     callback, shown = cli_logging(args.verbose)
     try:
         with composed(args.overrides) as cfg:
-            check_resolves(cfg)
             data = plan_preparation(cfg)
         # the DataModule the run builds (app.build_data), preparing as the run's does
         datamodule = instantiate(dataclasses.asdict(data), _convert_="all")

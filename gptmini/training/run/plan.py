@@ -30,7 +30,7 @@ from gptmini.runs.record import RECORD_VERSION, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.override_errors import REQUIRED_GROUPS, dropped_group, missing_keys
+from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group, missing_keys
 from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
@@ -307,7 +307,10 @@ def plan_preparation(cfg: DictConfig) -> Any:
     its keys, the tokenizer, the folder): what ``gptmini data`` prepares. The model, the optimizer and the machine
     are left to the training run, so that a GPU run's data is prepared on any machine."""
     _check_required_groups()
-    _check_data_files(cfg)
+    _check_data_files(
+        cfg
+    )  # first, as the run checks it: the resolvers of folder names read the corpus's path
+    check_resolves(cfg)
     _check_composed_keys(cfg)
     _check_missing(cfg)
     check_finite(cfg)
