@@ -308,7 +308,7 @@ def prepare(
     except OSError as e:
         raise DataError(
             f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
-            "space or point paths.data_root (gptmini data: --out) at a writable folder"
+            "space or point paths.data_root (or data.data_dir) at a writable folder"
         ) from e
 
 
@@ -319,8 +319,8 @@ def _check_out_folder(out: Path) -> None:
     too_long = name_too_long(out / META_FILE)
     if too_long:
         raise DataError(
-            f"the prepared-data folder {str(out)[:80]}...: {too_long}; pass a shorter path (gptmini data: --out, "
-            "training: paths.data_root)"
+            f"the prepared-data folder {str(out)[:80]}...: {too_long}; pass a shorter path (paths.data_root or "
+            "data.data_dir)"
         )
     if out.exists() and not out.is_dir():
         raise DataError(

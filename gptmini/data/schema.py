@@ -28,7 +28,7 @@ SHARD_PREFIX = "tokens-"
 SHARD_DIR = re.compile(r"tokens-[0-9a-z][0-9a-z_-]{0,62}")
 SHARD_FILE = re.compile(r"shard_\d{6}\.bin")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-FIX = "re-run prepare with --force (gptmini data --force; training re-prepares by itself)"
+FIX = "prepare it again (gptmini data <the run's settings> data.force_prepare=true; training re-prepares by itself)"
 
 # A check: the value -> what is wrong with it (``bad``: "is -1, but must be an integer in [0, inf]"), or None.
 Check = Callable[[Any], str | None]

@@ -82,7 +82,7 @@ def test_every_field_of_meta_json_is_validated(prepared, case):
     edit_meta(out, change)
     with pytest.raises(DataError, match=pattern) as err:
         load_meta(out)
-    assert "re-run prepare with --force" in str(err.value) and "\n" not in str(err.value)
+    assert "data.force_prepare=true" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_schema_covers_every_field_prepare_writes(prepared):
