@@ -44,7 +44,7 @@ from gptmini.data.encoding import (
 from gptmini.data.errors import DataError
 from gptmini.data.progress import PrepareProgress, Reporter, progress_bar
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
-from gptmini.data.schema import SHARD_PREFIX, check_progress
+from gptmini.data.schema import SHARD_PREFIX, check_progress, check_settings
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
     BPE_FILE,
@@ -105,6 +105,14 @@ class PreparedData:
     @property
     def val_tokens(self) -> int:
         return int(self.meta["splits"]["val"]["tokens"])
+
+    @property
+    def summary(self) -> str:
+        meta, done = self.meta, "skipped (up to date)" if self.skipped else "prepared"
+        return (
+            f"{done} {meta['source']}: train {self.train_tokens} tokens, val {self.val_tokens} tokens ({meta['dtype']}, "
+            f"vocab {meta['vocab_size']}, {len(meta['shards'])} shard(s)) in {self.seconds:.2f}s -> {self.out_dir}"
+        )
 
 
 def _settings(
@@ -254,22 +262,11 @@ def prepare(
     stays as it was until the new is complete.
     """
     t0 = time.perf_counter()
-    if not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}; 0.1 is a good default")
+    check_settings(val_fraction, shard_tokens, buffer_mb, num_threads)
     if tokenizer not in available_tokenizers():
         raise TokenizerError(
             f"unknown tokenizer {tokenizer!r}; valid names: {', '.join(available_tokenizers())}"
         )
-    if not isinstance(shard_tokens, int) or shard_tokens < 1:
-        raise DataError(
-            f"shard_tokens must be an integer >= 1, got {shard_tokens!r}; 100000000 is the default"
-        )
-    if not isinstance(buffer_mb, int) or buffer_mb < 1:
-        raise DataError(
-            f"buffer_mb must be an integer >= 1, got {buffer_mb!r}; {DEFAULT_BUFFER_MB} is the default"
-        )
-    if num_threads is not None and num_threads < 1:
-        raise DataError(f"num_threads must be >= 1 (or None: one per core, at most 8), got {num_threads}")
     options = dict(tokenizer_options or {})
     bpe = (
         bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)

@@ -33,7 +33,7 @@ def test_data_and_train_prepare_the_same_folder_from_the_same_settings(
 
     prepared = gptmini_cli(["data", *settings, f"paths.data_root={by_data}"], cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
-    (line,) = [ln for ln in prepared.stderr.splitlines() if ln.startswith(f"prepared {tmp_path}")]
+    (line,) = [ln for ln in prepared.stderr.splitlines() if ln.startswith(f"data prepared {tmp_path}")]
     assert line.endswith(f"-> {by_data / 'corpus'}") or f"-> {by_data}/corpus_" in line
 
     trained = gptmini_train(
@@ -49,7 +49,7 @@ def test_data_and_train_prepare_the_same_folder_from_the_same_settings(
     # the other way round: the folder the run prepared is the one `gptmini data` finds up to date
     again = gptmini_cli(["data", *settings, f"paths.data_root={by_train}"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert f"skipped (up to date) {tmp_path}" in again.stderr
+    assert f"data skipped (up to date) {tmp_path}" in again.stderr
     assert _folder_bytes(by_train) == files
 
 
@@ -72,8 +72,7 @@ def test_an_experiment_for_a_gpu_prepares_its_data_on_a_cpu(tmp_path, gptmini_cl
         (
             ["--source", "corpus.txt", "--tokenizer=char", "--force", "--shard-tokens", "5"],
             "error: gptmini data takes the training settings: data=text data.source=corpus.txt tokenizer=char "
-            "data.force_prepare=true data.shard_tokens=5 (in place of --source, --tokenizer, --force, "
-            "--shard-tokens;",
+            "data.shard_tokens=5 data.force_prepare=true\n",
         ),
         (
             ["data=text", "data.source=corpus.txt", "data.shard_tokns=5"],

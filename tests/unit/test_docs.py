@@ -187,8 +187,6 @@ def test_the_data_readmes_settings_are_training_settings(compose_cfg):
 
 
 def test_every_documented_gptmini_data_command_takes_overrides_only():
-    from gptmini.training.run.data_command import old_options
-
     pages = [*PAGES, ROOT / "data" / "README.md"]
     commands = [
         line.split("#")[0].split()
@@ -197,7 +195,7 @@ def test_every_documented_gptmini_data_command_takes_overrides_only():
     ]
     assert len(commands) >= 5
     for args in commands:
-        assert old_options(args) is None and not [a for a in args if a.startswith("--")], args
+        assert not [a for a in args if a.startswith("-")], args
 
 
 def test_reliability_promises_the_exit_status_the_code_gives():

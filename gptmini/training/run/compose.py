@@ -3,13 +3,10 @@ resolvers the YAML files name (``register_configs``)."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from gptmini.conf_dir import conf_dir
 from gptmini.training.hardware import register_hardware_configs
@@ -47,30 +44,6 @@ def register_configs() -> None:
     # every setting of each option with its constructor's default, merged before the option (conf/train.yaml)
     for (group, option), node in option_settings(conf).items():
         store.store(group=f"hydra/gptmini_settings/{group}", name=option, node=node)
-
-
-@contextlib.contextmanager
-def composed(overrides: Sequence[str]) -> Iterator[DictConfig]:
-    """The config ``gptmini train OVERRIDES`` runs on, as its task function receives it, composed without a run
-    (no run folder, no job logging): Hydra's current config inside the block (``${hydra:runtime.cwd}``, the choices
-    and overrides the plan reads), with the run folder Hydra would make named, not made."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
-    run_dir = OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=False)
-    if run_dir is not None:  # else check_resolves names the key that does not resolve
-        cfg.hydra.runtime.output_dir = str(Path(run_dir).absolute())
-    before = HydraConfig.instance().cfg
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    try:
-        yield cfg
-    finally:
-        HydraConfig.instance().cfg = before
 
 
 def default_run_name(source: str | None, tokenizer: str) -> str:

@@ -1,25 +1,16 @@
 """``gptmini data [overrides]``: the data folder that ``gptmini train`` with the same overrides reads, prepared
-without training. The training config is composed (``compose.composed``) and planned (``plan.plan_preparation``)
-as the run plans it, and the run's DataModule prepares it (``prepare_data``)."""
+without training: the training config composed and planned as the run's (``plan.plan_preparation``), then
+prepared by the run's DataModule."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import logging
-import os
 import sys
+from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Sequence
+from pathlib import Path
 
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
-
-from gptmini.data.errors import DataError
-from gptmini.data.tokenizers import TokenizerError
-from gptmini.training.errors import RunError
 from gptmini.training.run.override_errors import EXIT_HYDRA_ERROR, one_line
-
-log = logging.getLogger(__name__)
 
 # the options of the command before it took the training settings, and the override each became
 OLD_OPTIONS = {
@@ -34,82 +25,63 @@ OLD_OPTIONS = {
     "--shard-tokens": "data.shard_tokens",
     "--buffer-mb": "data.buffer_mb",
 }
-OLD_SWITCHES = {"--force": "data.force_prepare=true"}
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gptmini data",
-        description="Prepare the data folder that `gptmini train` with the same settings reads (token shards + "
-        "meta.json; streamed, resumable), without training. The settings are the training run's: `gptmini train "
-        "--cfg job` lists them, docs/settings.md explains each.",
-        epilog="examples: gptmini data data=text data.source=corpus.txt tokenizer=char | gptmini data "
-        "experiment=shakespeare_char_cpu | gptmini data data=fineweb data.source=/data/fineweb/sample/10BT",
-    )
-    parser.add_argument("overrides", nargs="*", help="training settings: key=value, group=option")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug log lines")
-    return parser
-
-
-def old_options(argv: Sequence[str]) -> str | None:
-    """The refusal of the options ``gptmini data`` took before, naming the overrides to type instead."""
-    given, instead = [], []
-    args = iter(argv)
-    for arg in args:
-        option, eq, value = arg.partition("=")
-        if option in OLD_SWITCHES:
-            given.append(option)
-            instead.append(OLD_SWITCHES[option])
-        elif option in OLD_OPTIONS:
-            given.append(option)
-            instead.append(f"{OLD_OPTIONS[option]}={value if eq else next(args, '...')}")
-    if not given:
-        return None
-    return (
-        f"gptmini data takes the training settings: {' '.join(instead)} (in place of {', '.join(given)}; "
-        "`gptmini train --cfg job` lists every setting)"
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    refused = old_options(argv)
-    if refused:
-        sys.stderr.write(f"error: {refused}\n")
+    cli = ArgumentParser(
+        prog="gptmini data",
+        description="Prepare the data folder that `gptmini train` with the same settings reads (token shards + "
+        "meta.json; streamed, resumable), without training. The settings are the run's: `gptmini train --cfg "
+        "job` lists them. E.g. gptmini data data=text data.source=corpus.txt tokenizer=char",
+    )
+    cli.add_argument("overrides", nargs="*", help="training settings: key=value, group=option")
+    for option, override in OLD_OPTIONS.items():  # refused below, naming the override to type instead
+        cli.add_argument(option, dest=override, help=SUPPRESS)
+    cli.add_argument("--force", dest="data.force_prepare", action="store_const", const="true", help=SUPPRESS)
+    args = vars(cli.parse_intermixed_args(sys.argv[1:] if argv is None else argv))
+    overrides = args.pop("overrides")
+    instead = [f"{override}={value}" for override, value in args.items() if value is not None]
+    if instead:
+        sys.stderr.write(f"error: gptmini data takes the training settings: {' '.join(instead)}\n")
         return EXIT_HYDRA_ERROR
-    args = _parser().parse_args(argv)
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
 
+    from gptmini.conf_dir import conf_dir
     from gptmini.data.bpe import log_compression
+    from gptmini.data.errors import DataError
     from gptmini.data.progress import cli_logging
-    from gptmini.training.run.compose import composed
+    from gptmini.data.reader import load_meta
+    from gptmini.data.tokenizers import TokenizerError
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.compose import register_configs
     from gptmini.training.run.plan import plan_preparation
 
-    callback, shown = cli_logging(args.verbose)
+    callback, shown = cli_logging()
+    register_configs()
+    before = HydraConfig.instance().cfg
     try:
-        with composed(args.overrides) as cfg:
-            data = plan_preparation(cfg)
-        # the DataModule the run builds (app.build_data), preparing as the run's does
-        datamodule = instantiate(dataclasses.asdict(data), _convert_="all")
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        # Hydra's config as in a run, its run folder named, not made (one that does not resolve: check_resolves)
+        if (run_dir := OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
+            cfg.hydra.runtime.output_dir = str(Path(run_dir).absolute())
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]  # as the run's task function receives it
+        data = plan_preparation(cfg)
+        datamodule = instantiate(dataclasses.asdict(data), _convert_="all")  # the run's (app.build_data)
         with shown:
-            result = datamodule.prepare_data(progress=callback)
-        if result.meta["tokenizer"] == "bpe":
-            log_compression(result.out_dir, result.meta)
+            datamodule.prepare_data(progress=callback)
+        if datamodule.tokenizer_name == "bpe":
+            log_compression(datamodule.data_dir, load_meta(datamodule.data_dir))
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        sys.stderr.write(f"error: {one_line(err, args.overrides)}\n")
+        sys.stderr.write(f"error: {one_line(err, overrides)}\n")
         return EXIT_HYDRA_ERROR
-    log.info(
-        "%s %s: train %d tokens, val %d tokens (%s, vocab %d, %d shard(s)) in %.2fs -> %s",
-        "skipped (up to date)" if result.skipped else "prepared",
-        result.meta["source"],
-        result.train_tokens,
-        result.val_tokens,
-        result.meta["dtype"],
-        result.meta["vocab_size"],
-        len(result.meta["shards"]),
-        result.seconds,
-        result.out_dir,
-    )
+    finally:
+        HydraConfig.instance().cfg = before
     return 0

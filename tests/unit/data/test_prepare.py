@@ -384,7 +384,7 @@ def test_cli(corpus, tmp_path, gptmini_cli):
     )
     assert first.returncode == again.returncode == 0, first.stderr
     lines = [first.stderr.splitlines()[-1], again.stderr.splitlines()[-1]]
-    assert lines[0].startswith("prepared ") and lines[1].startswith("skipped (up to date) ")
+    assert lines[0].startswith("data prepared ") and lines[1].startswith("data skipped (up to date) ")
     assert "train" in lines[1] and "val" in lines[1] and f"{-(-len(SMALL) // 5000)} shard(s)" in lines[1]
     missing = gptmini_cli(
         ["data", "data=text", f"data.source={tmp_path / 'missing.txt'}", f"data.data_dir={out}"]
