@@ -5,7 +5,7 @@ Preparing reads the corpus twice, piece by piece: a check of every file (UTF-8, 
 bytes; the character set for ``char``) that stops on bad input before any tokenizing, then the tokenizing, by a
 pool of threads (tiktoken releases the GIL), into shards. After each shard, ``progress.json`` in the shards' folder
 records where the stream stands, so a killed preparation resumes after its last finished shard. No torch or
-Lightning here: the CLI stays quick to start.
+Lightning here: the writer stays quick to import.
 """
 
 from __future__ import annotations

@@ -394,7 +394,7 @@ def test_cli(corpus, tmp_path, gptmini_cli):
 
 
 def test_package_exports_the_light_api_without_torch_or_lightning():
-    # A fresh interpreter: this one has torch loaded already. The CLI and the config checks rely on this.
+    # A fresh interpreter: this one has torch loaded already. The config checks rely on this.
     code = (
         "import sys, gptmini.data.corpora, gptmini.data.prepare, gptmini.data.reader\n"
         "from gptmini.data.prepare import DataError, prepare\n"
