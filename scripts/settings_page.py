@@ -86,7 +86,7 @@ def _rows(schema: type, owner: Any, prefix: str) -> list[str]:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         shown = "(required)" if default == "???" else json.dumps(default)
-        text = setting_help(owner, f.name).replace("|", "\\|")
+        text = (setting_help(owner, f.name) or f.metadata.get("help", "")).replace("|", "\\|")
         rows.append(f"| `{prefix}{f.name}` | `{shown}` | {text} |")
     return rows
 

@@ -60,7 +60,11 @@ class NonFiniteLossGuard(L.Callback, Receiver):
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing
     either. ``_hydra_main`` reports the error and exits with status 3."""
 
-    def __init__(self, check_every_n_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        # steps between two readings of the summed loss; null: trainer.log_every_n_steps
+        check_every_n_steps: int | None = None,
+    ) -> None:
         if check_every_n_steps is not None and (
             isinstance(check_every_n_steps, bool)
             or not isinstance(check_every_n_steps, int)
@@ -255,7 +259,13 @@ class RNGStateCallback(L.Callback):
       the saved streams.
     """
 
-    def __init__(self, seed: int = 1337, reseed_every_step: bool = True) -> None:
+    def __init__(
+        self,
+        seed: int = 1337,
+        # seed the global RNGs from (seed, step, batch, rank) before every training batch (false: only the
+        # checkpoint's RNG states are kept)
+        reseed_every_step: bool = True,
+    ) -> None:
         self.seed = int(seed)
         self.reseed_every_step = reseed_every_step
 
