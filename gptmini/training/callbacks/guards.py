@@ -51,10 +51,9 @@ class NonFiniteLossGuard(L.Callback, Receiver):
     whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
 
     Reading the loss waits for the device, so every step only adds it to a sum on the device (a sum of losses is
-    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps (null: on the steps
-    Lightning writes its logs after, ``trainer.log_every_n_steps``) and before every checkpoint is saved. A
-    non-finite loss is thus caught before any checkpoint could hold its step's weights; the error names its step
-    when the sum covers one step, else the steps since the last check.
+    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps and before every
+    checkpoint is saved. A non-finite loss is thus caught before any checkpoint could hold its step's weights; the
+    error names its step when the sum covers one step, else the steps since the last check.
 
     Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing

@@ -175,6 +175,11 @@ class ProbeTextCallback(ProbeReader):
     probe_text: str
     max_tokens: int
     _probe: PromptTokens
+    background: BackgroundWork | None = None  # where the images are drawn; None: at once
+
+    def receive(self, parts: RunParts) -> None:
+        super().receive(parts)
+        self.background = parts.background
 
     def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
         per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
@@ -227,11 +232,6 @@ class AttentionMapLogger(ProbeTextCallback):
         self.probe_text = probe_text
         self.max_tokens = check_positive("callbacks.attention_maps.max_tokens", max_tokens)
         self._probe = PromptTokens("callbacks.attention_maps.probe_text")
-        self.background: BackgroundWork | None = None  # where the images are drawn; None: at once
-
-    def receive(self, parts: RunParts) -> None:
-        super().receive(parts)
-        self.background = parts.background
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -20,8 +20,8 @@ from gptmini.board.detail import probe_detail
 from gptmini.board.summary import TAG, AttentionSummary, summary_proto
 from gptmini.insight.scores import head_types
 from gptmini.model import Inspection
-from gptmini.training.callbacks.background import BackgroundWork, submit
-from gptmini.training.callbacks.loggers import ProbeTextCallback, PromptTokens, RunParts
+from gptmini.training.callbacks.background import submit
+from gptmini.training.callbacks.loggers import ProbeTextCallback, PromptTokens
 from gptmini.training.loop.probe import eval_mode
 from gptmini.viz import heatmap_grid, token_labels
 
@@ -78,11 +78,6 @@ class AttentionSummaryLogger(ProbeTextCallback):
         self.last_seconds: float | None = None
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
-        self.background: BackgroundWork | None = None  # where the lens grid is drawn; None: at once
-
-    def receive(self, parts: RunParts) -> None:
-        super().receive(parts)
-        self.background = parts.background
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

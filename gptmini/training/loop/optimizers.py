@@ -119,15 +119,10 @@ class BatchedMuon(torch.optim.Muon):
     kernel for all the matrices of a shape). That is what keeps a GPU busy when the hidden matrices are small
     (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
-    Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default), from the GPT-2 speedrun (modded-nanogpt) and
-    nanochat, each a group setting saved with the group, their state in the per-parameter state:
-
-    - ``normuon``: the orthogonalised update is variance-normalised per neuron (``normuon_scale``, decay ``beta2``;
-      state ``second_momentum_buffer``);
-    - ``cautious_weight_decay``: decoupled weight decay only where the update and the weight have the same sign,
-      i.e. where the step already moves the weight towards zero (Chen et al., "Cautious Weight Decay");
-    - ``momentum_warmup_steps``: the momentum ramps from ``momentum_warmup_start`` to ``momentum``
-      (``warmup_momentum``; state ``step``, so a resumed run continues the ramp where it was)."""
+    Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default; each one's help is
+    beside it), from the GPT-2 speedrun (modded-nanogpt) and nanochat: each a group setting saved with the group,
+    their state in the per-parameter state (``second_momentum_buffer`` for ``normuon``; ``step`` for the momentum
+    warmup, so a resumed run continues the ramp where it was). Cautious weight decay: Chen et al."""
 
     def __init__(
         self,
