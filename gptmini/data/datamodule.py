@@ -26,14 +26,15 @@ from gptmini.data.windows import (
     StridedWindowDataset,
     split_fits_device,
 )
+from gptmini.limits import check_positive
 
 log = logging.getLogger(__name__)
 
 
 def _at_least(key: str, value: Any, low: int, note: str = "") -> None:
     """``value`` (None: not set) an integer >= ``low``, else a ValueError naming ``data.<key>``."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-        raise ValueError(f"data.{key}={value} is invalid: it must be an integer >= {low}{note}")
+    if value is not None:
+        check_positive(f"data.{key}", value, low, note)
 
 
 def device_memory(device: torch.device) -> int | None:

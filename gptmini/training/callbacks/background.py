@@ -25,6 +25,8 @@ from typing import Any
 
 import lightning as L
 
+from gptmini.limits import check_positive
+
 log = logging.getLogger(__name__)
 
 
@@ -37,9 +39,7 @@ class BackgroundWork(L.Callback):
         # slower than validation holds training up instead of piling up memory
         max_pending: int = 8,
     ) -> None:
-        if max_pending < 1:
-            raise ValueError(f"callbacks.background.max_pending={max_pending} must be >= 1")
-        self.max_pending = max_pending
+        self.max_pending = check_positive("callbacks.background.max_pending", max_pending)
         self._executor: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(max_pending)
         self._pending: list[Future[None]] = []

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
+from gptmini.limits import check_positive
 from gptmini.training.callbacks.loggers import Receiver, RunParts
 from gptmini.training.lightning_compat import logs_after_step, request_graceful_stop
 
@@ -64,15 +65,9 @@ class NonFiniteLossGuard(L.Callback, Receiver):
         # steps between two readings of the summed loss; null: trainer.log_every_n_steps
         check_every_n_steps: int | None = None,
     ) -> None:
-        if check_every_n_steps is not None and (
-            isinstance(check_every_n_steps, bool)
-            or not isinstance(check_every_n_steps, int)
-            or check_every_n_steps < 1
-        ):
-            raise ValueError(
-                f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps!r} must be an integer >= 1, "
-                "or null to check on the logging steps"
-            )
+        if check_every_n_steps is not None:
+            key = "callbacks.nonfinite_guard.check_every_n_steps"
+            check_positive(key, check_every_n_steps, note=", or null to check on the logging steps")
         self.check_every_n_steps = check_every_n_steps
         self.checkpoints: tuple[ModelCheckpoint, ...] = ()  # the run's savers, handed over (receive)
         self.last_saved_step: int | None = None
