@@ -219,7 +219,9 @@ class Documented:
     """
 
     def __init__(self, every: int = 3, size: int = 10, code: int = 0) -> None:
-        self.code = code  # not a help line: a comment beside code that is not the parameter
+        # not a help line: a comment above code that uses the parameter
+        code = int(code)
+        self.code = code
 
 
 def test_a_docstring_entry_is_read_whole() -> None:
