@@ -132,11 +132,11 @@ class HeadInsightLogger(ProbeReader):
         # the probes' random tokens
         seed: int = 1234,
         # the phase change when some head's induction score is at least this (and min_rise, icl_drop hold)
-        induction_threshold: float = 0.4,
+        induction_threshold: float = PhaseChangeDetector.induction_threshold,
         # the phase change needs that head's induction score risen by at least this since the first validation
-        min_rise: float = 0.2,
+        min_rise: float = PhaseChangeDetector.min_rise,
         # the phase change needs the ICL score at least this many nats below its highest so far
-        icl_drop: float = 0.05,
+        icl_drop: float = PhaseChangeDetector.icl_drop,
         # the run's hyperparameters and the HPARAM_METRICS, for TensorBoard's HPARAMS tab
         log_hparams: bool = True,
     ) -> None:
