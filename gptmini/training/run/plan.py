@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from gptmini import liger
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
@@ -165,6 +166,10 @@ def recorded_settings(
     }
 
 
+# what a model setting that names liger takes instead where liger cannot run
+LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "model.fused_ops=none"}
+
+
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
     checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
@@ -196,6 +201,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
     _check_cpu_processes(trainer, device)
+    _check_liger(model, trainer, device)
     _check_data_dir_given(cfg)
     _check_data_dir(getattr(data, "data_dir", None))
     init_from = cfg.model.get("init_from")
@@ -644,6 +650,22 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
             cores,
             n,
         )
+
+
+def _check_liger(model: GPTConfig, trainer: Any, device: DeviceFacts) -> None:
+    """``model.loss=liger`` and ``model.fused_ops=liger`` run liger-kernel's Triton kernels: refused before any work
+    where the run will not be on a CUDA GPU with liger-kernel installed."""
+    keys = [key for key in LIGER_FALLBACKS if getattr(model, key) == "liger"]
+    if not keys:
+        return
+    on_cpu = not device.is_cuda or trainer.accelerator == "cpu"
+    reason = "this run is on the CPU" if on_cpu else liger.unavailable()
+    if reason is None:
+        return
+    raise RunError(
+        f"liger-kernel's CUDA kernels ({', '.join(f'model.{key}=liger' for key in keys)}) cannot run: {reason}; "
+        f"{liger.INSTALL} on a machine with a CUDA GPU, or use {' and '.join(LIGER_FALLBACKS[k] for k in keys)}"
+    )
 
 
 def _check_val_split(data: Any) -> None:
