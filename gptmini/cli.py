@@ -160,34 +160,12 @@ OLD_SCRIPTS = {
 }
 
 
-def _old_script(name: str) -> int:
+def old_script() -> int:
+    """Every old script's entry point: the subcommand its name (``sys.argv[0]``) stands for."""
+    name = Path(sys.argv[0]).name
     sub = OLD_SCRIPTS[name]
     sys.stderr.write(f"{name} is now `gptmini {sub}`; this alias goes in the next release\n")
     return main([sub, *sys.argv[1:]])
-
-
-def old_train() -> int:
-    return _old_script("gptmini-train")
-
-
-def old_sample() -> int:
-    return _old_script("gptmini-sample")
-
-
-def old_prepare() -> int:
-    return _old_script("gptmini-prepare")
-
-
-def old_attention() -> int:
-    return _old_script("gptmini-attention")
-
-
-def old_eval() -> int:
-    return _old_script("gptmini-eval")
-
-
-def old_analyze() -> int:
-    return _old_script("gptmini-analyze")
 
 
 if __name__ == "__main__":

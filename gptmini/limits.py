@@ -207,10 +207,10 @@ def generation_bytes(config: GPTConfig, total_tokens: int) -> int:
     return kv + 4 * config.padded_vocab_size + 24 * max(1, int(total_tokens))
 
 
-def check_positive(knob: str, value: Any, low: int = 1) -> int:
-    """``value`` as an int >= ``low``; else SizeError naming ``knob``."""
+def check_positive(knob: str, value: Any, low: int = 1, note: str = "") -> int:
+    """``value`` as an int >= ``low``; else SizeError naming ``knob`` (``note``: what else it may be)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise SizeError(f"{knob}={value!r} is invalid: it must be an integer >= {low}")
+        raise SizeError(f"{knob}={value!r} is invalid: it must be an integer >= {low}{note}")
     return value
 
 

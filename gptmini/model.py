@@ -28,14 +28,24 @@ class ConfigError(ValueError):
 
 @dataclass
 class GPTConfig:
+    # Token ids the model embeds and predicts (null in a run's config: the tokenizer's, known once the data is
+    # prepared).
     vocab_size: int = 50257
+    # The context length: the most tokens one forward pass attends over.
     block_size: int = 1024
+    # Transformer blocks.
     n_layer: int = 12
+    # Attention heads per block (query heads, with n_kv_head); n_embd must be a multiple of it.
     n_head: int = 12
+    # The residual stream's width (the embeddings' size).
     n_embd: int = 768
+    # Dropout probability on the attention weights, the residual branches and the embeddings, in [0, 1).
     dropout: float = 0.0
+    # A bias in the Linear layers and the LayerNorms (GPT-2: true).
     bias: bool = True
+    # The causal attention implementation, by its registered name (gptmini/attention; docs/attention.md).
     attention: str = "sdpa"
+    # One matrix for the token embedding and the LM head (GPT-2: true).
     tie_weights: bool = True
     # Embedding/LM-head rows are padded up to a multiple of this: matmuls with a width divisible by 64 run
     # faster on GPUs. Padded logits are set to -inf, so they are never sampled and add nothing to the loss.
@@ -47,6 +57,7 @@ class GPTConfig:
     # embeddings of queries and keys, base rope_base) or "none" (NoPE: the causal mask alone orders tokens).
     # "alibi": no embedding, per-head linear distance biases on the scores (Press et al.).
     position: str = "learned"
+    # The base of RoPE's rotation frequencies (position=rope): a larger base, slower rotations, longer reach.
     rope_base: float = 10000.0
     # Each query sees at most the last sliding_window keys, itself included (None: every earlier key).
     sliding_window: int | None = None
@@ -57,15 +68,16 @@ class GPTConfig:
     # One learned sink logit per head that takes part in the softmax but carries no value.
     attn_sink: bool = False
     # The blocks' normalisation: "layernorm" (GPT-2; a bias too when bias=true) or "rmsnorm" (Llama: a gain,
-    # no mean subtraction, never a bias). norm_eps is added to the variance of both (1e-5: GPT-2 and Llama 2).
+    # no mean subtraction, never a bias).
     norm: str = "layernorm"
+    # Added to the variance of either norm (1e-5: GPT-2 and Llama 2).
     norm_eps: float = 1e-5
     # The feed-forward sublayer: "gelu" (GPT-2: Linear, tanh GELU, Linear), "swiglu" (Llama: silu(x W_gate) *
     # (x W_up), then W_down), "relu2" (Linear, relu(.)^2, Linear: modded-nanogpt's) or "none" (an
     # attention-only transformer: no MLP and no norm before it).
-    # mlp_hidden is its inner width; null: 4 * n_embd for gelu and relu2, 8/3 * n_embd rounded up to a multiple
-    # of 64 for swiglu (the same parameter count as gelu's, spread over three matrices).
     mlp: str = "gelu"
+    # The MLP's inner width; null: 4 * n_embd for gelu and relu2, 8/3 * n_embd rounded up to a multiple of 64 for
+    # swiglu (the same parameter count as gelu's, spread over three matrices).
     mlp_hidden: int | None = None
     # The GELU of mlp=gelu (litgpt's name): "tanh", the approximation GPT-2 was trained with (its "gelu_new"), or
     # "none", the exact erf form (nanoGPT's nn.GELU(); less than half the time of tanh's on a CPU).
@@ -76,13 +88,14 @@ class GPTConfig:
     # Logit soft-capping (Gemma 2, modded-nanogpt): logits = cap * tanh(logits / cap) keeps every logit within
     # (-cap, cap). null: no cap.
     logit_softcap: float | None = None
-    # The speedrun's input-side ingredients (gptmini/ingredients.py; docs/training-recipe.md): value_embeds layers
-    # (the last, then every other one back) add a gated token table to their attention's values; smear_gate mixes
-    # the previous token's embedding into each token's; bigram_embed adds an embedding of (previous, current) token
-    # pairs, exact (vocab_size^2 + 1 rows) or, with bigram_buckets, hashed into that many rows.
+    # The speedrun's input-side ingredients (gptmini/ingredients.py; docs/training-recipe.md). value_embeds layers
+    # (the last, then every other one back) add a gated token table to their attention's values.
     value_embeds: int = 0
+    # Mix the previous token's embedding into each token's, by a learned gate.
     smear_gate: bool = False
+    # Add an embedding of (previous, current) token pairs: exact (vocab_size^2 + 1 rows) or hashed (bigram_buckets).
     bigram_embed: bool = False
+    # bigram_embed's rows, the pairs hashed into them (null: exact, one row per pair).
     bigram_buckets: int | None = None
     # The training loss's path: "plain" (the logits, then F.cross_entropy; torch.compile fuses it on a GPU),
     # "chunked" (from the hidden states, a chunk of rows at a time: never the whole logits; not with logit_softcap),

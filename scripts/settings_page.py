@@ -22,28 +22,54 @@ from gptmini.training.run.schema import INSTANTIATED, NAMED, TrainSchema, option
 
 def setting_help(owner: Any, name: str) -> str:
     """A setting's help: the comment above (or beside) its parameter or field in the source of ``owner`` or a
-    class it extends, else its entry in a docstring's ``Args:`` (torch's and Lightning's constructors)."""
-    for cls in owner.__mro__ if inspect.isclass(owner) else (owner,):
-        takes = dataclasses.is_dataclass(cls) or name in inspect.signature(cls).parameters
+    class it extends, else its whole entry in a docstring's ``Args:`` (torch's and Lightning's constructors)."""
+    classes = [c for c in (owner.__mro__ if inspect.isclass(owner) else (owner,)) if _takes(c, name)]
+    for cls in classes:
         try:
-            lines = inspect.getsource(cls).splitlines() + (cls.__doc__ or "").splitlines()
-        except (OSError, TypeError, ValueError):
-            continue
-        if not takes:
+            lines = inspect.getsource(cls).splitlines()
+        except (OSError, TypeError):
             continue
         for i, line in enumerate(lines):
-            found = re.match(rf"\s*{name}\s*(\([^)]*\))?\s*:\s*(.*)$", line)
+            found = re.match(rf"\s*{name}\s*:([^#]*)(#.*)?$", line)
             if not found:
                 continue
             above = []
             while i > 0 and lines[i - 1].strip().startswith("#"):
                 i -= 1
                 above.insert(0, lines[i].strip().lstrip("#").strip())
-            rest = found.group(2)
-            code = "=" in rest or rest.rstrip().endswith(",") or not rest.strip()
-            text = " ".join(above) or (rest.split("#", 1)[1] if "#" in rest else "" if code else rest)
-            if text.strip():
-                return text.strip()
+            text = " ".join(above) or (found.group(2) or "").lstrip("#").strip()
+            if text:
+                return text
+    for cls in classes:
+        for doc in (cls.__doc__, getattr(cls, "__init__", None).__doc__):
+            text = _doc_entry(inspect.cleandoc(doc or ""), name)
+            if text:
+                return text
+    return ""
+
+
+def _takes(cls: Any, name: str) -> bool:
+    if dataclasses.is_dataclass(cls):
+        return True
+    try:
+        return name in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _doc_entry(doc: str, name: str) -> str:
+    """``name``'s entry in a docstring's argument list (``name (type): text`` and the lines indented under it)."""
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        found = re.match(rf"(\s*){name}\s*(\([^)]*\))?\s*:\s*(.*)$", line)
+        if not found:
+            continue
+        indent, text = len(found.group(1)), [found.group(3)]
+        for more in lines[i + 1 :]:
+            if not more.strip() or len(more) - len(more.lstrip()) <= indent:
+                break
+            text.append(more.strip())
+        return " ".join(t for t in text if t)
     return ""
 
 
@@ -60,7 +86,7 @@ def _rows(schema: type, owner: Any, prefix: str) -> list[str]:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         shown = "(required)" if default == "???" else json.dumps(default)
-        text = setting_help(owner, f.name).replace("|", "\\|")
+        text = (setting_help(owner, f.name) or f.metadata.get("help", "")).replace("|", "\\|")
         rows.append(f"| `{prefix}{f.name}` | `{shown}` | {text} |")
     return rows
 

@@ -371,12 +371,8 @@ def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str,
         return None
     if not isinstance(vectors, dict):
         raise SummaryFormatError(f"vectors must be an object, not {_short(vectors)}")
-    layers, hs = vectors.get("layers"), vectors.get("head_size")
-    for name, value, most in (("layers", layers, n_layer), ("head_size", hs, MAX_VECTOR_VALUES)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-            raise SummaryFormatError(
-                f"vectors.{name} must be an integer from 1 to {most}, not {_short(value)}"
-            )
+    layers = _count(vectors, "layers", n_layer, "vectors.")
+    hs = _count(vectors, "head_size", MAX_VECTOR_VALUES, "vectors.")
     if not _finite(vectors.get("scale")):
         raise SummaryFormatError("vectors.scale must be a number")
     for name in ("q", "k"):
@@ -453,11 +449,11 @@ def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[st
     return {k: circuits.get(k) for k in CIRCUIT_KEYS}
 
 
-def _count(header: dict[str, Any], key: str, most: int) -> int:
+def _count(header: dict[str, Any], key: str, most: int, where: str = "") -> int:
     value = header.get(key)
     # bool is an int in Python, but true is no count
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise SummaryFormatError(f"{key} must be an integer from 1 to {most}, not {_short(value)}")
+        raise SummaryFormatError(f"{where}{key} must be an integer from 1 to {most}, not {_short(value)}")
     return value
 
 

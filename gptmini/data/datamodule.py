@@ -50,18 +50,25 @@ class TokenDataModule(L.LightningDataModule):
 
     def __init__(
         self,
+        # the corpus: "shakespeare" (embedded), a URL, or a text, JSON Lines, Parquet or Arrow file or folder
         source: str = "shakespeare",
         tokenizer: str = "gpt2",
+        # the prepared data's folder; null: one under paths.data_root named after the corpus and the tokenizer
         data_dir: str | Path | None = None,
         block_size: int = 256,
+        # windows per batch on each device
         batch_size: int = 32,
+        # DataLoader worker processes (0: load in the main process)
         num_workers: int = 0,
+        # the held-out end of the corpus, as a share of its bytes, in [0, 1)
         val_fraction: float = 0.1,
         train_samples: int | None = None,
         # null: non-overlapping validation windows (stride = block_size)
         val_stride: int | None = None,
         seed: int = 1337,
+        # page-locked batches for faster copies to a GPU; null: when CUDA is available
         pin_memory: bool | None = None,
+        # tokenize again even when the prepared folder is up to date
         force_prepare: bool = False,
         # the JSON Lines field / Parquet or Arrow column that holds each document's text
         text_field: str = "text",

@@ -87,19 +87,14 @@ def _export(args: argparse.Namespace) -> None:
         model, ckpt_path = run.model, run.path
         if args.tokenizer is None:
             args.tokenizer = default_tokenizer_choice(args.format, run.record)
-        if args.format == "gpt2":
-            tokenizer = export_tokenizer(
-                args.tokenizer, run.record, args.data_dir, (run.path, run.checkpoint)
-            )
-            files = ", ".join(save_hf_gpt2(model, args.out, overwrite=args.force, tokenizer=tokenizer))
-        else:
+        save = save_hf_gpt2
+        if args.format == "llama":
             from gptmini.hf.llama import check_llama_model, save_hf_llama
 
             check_llama_model(model.config)  # before looking for a tokenizer: the model is the first question
-            tokenizer = export_tokenizer(
-                args.tokenizer, run.record, args.data_dir, (run.path, run.checkpoint)
-            )
-            files = ", ".join(save_hf_llama(model, args.out, tokenizer=tokenizer, overwrite=args.force))
+            save = save_hf_llama
+        tokenizer = export_tokenizer(args.tokenizer, run.record, args.data_dir, (run.path, run.checkpoint))
+        files = ", ".join(save(model, args.out, tokenizer=tokenizer, overwrite=args.force))
     except CheckpointError as err:
         raise HFWeightsError(str(err)) from None
     log.info(

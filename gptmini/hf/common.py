@@ -12,17 +12,19 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gptmini.model import GPTConfig
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 PYTORCH_FILE = "pytorch_model.bin"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
-WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, PYTORCH_FILE, PYTORCH_INDEX)
 
 
 class HFWeightsError(ValueError):
@@ -202,16 +204,35 @@ def check_export_target(path: str | Path, overwrite: bool) -> Path:
     return path
 
 
-def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: bool = False) -> None:
-    """Write a folder atomically: ``fill`` writes its files into a temporary sibling, which is then renamed to
-    ``path``. A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact. The
-    folder lists its files in ``EXPORT_MANIFEST``, so that a later ``overwrite`` recognises it."""
+def write_export(
+    path: str | Path,
+    state: dict[str, Tensor],
+    config: dict[str, Any],
+    *,
+    tokenizer: Any | None,
+    model_config: GPTConfig,
+    overwrite: bool = False,
+) -> list[str]:
+    """An export folder: ``config.json``, ``model.safetensors`` (``state``, float32) and with ``tokenizer`` its
+    ``tokenizer.json`` + ``tokenizer_config.json``; returns the file names written. Every check runs first, and
+    the folder is written atomically: its files go into a temporary sibling, which is then renamed to ``path``.
+    A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact. The folder lists
+    its files in ``EXPORT_MANIFEST``, so that a later ``overwrite`` recognises it."""
     path = check_export_target(path, overwrite)
+    st = safetensors_torch()
+    if tokenizer is not None:
+        check_export_tokenizer(tokenizer, model_config.vocab_size)
+    written = [CONFIG_FILE, SAFETENSORS_FILE]
     path.parent.mkdir(parents=True, exist_ok=True)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        fill(tmp)
+        st.save_file(state, str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer is not None:
+            from gptmini.hf.tokenizer_files import write_tokenizer_files
+
+            written.extend(write_tokenizer_files(tokenizer, tmp, model_config.block_size))
         files = sorted(p.name for p in tmp.iterdir())
         (tmp / EXPORT_MANIFEST).write_text(
             json.dumps({"written_by": "gptmini", "files": files}, indent=2) + "\n"
@@ -234,6 +255,7 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], *, overwrite: b
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return written
 
 
 def check_export_tokenizer(tokenizer: Any, model_vocab: int) -> None:

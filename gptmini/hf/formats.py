@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptmini.hf.common import CONFIG_FILE, HFWeightsError, check_dir
+from gptmini.hf.common import CONFIG_FILE, HFWeightsError, read_config_json
 from gptmini.hf.gpt2 import load_gpt2_weights, load_hf_gpt2
 from gptmini.hf.llama import load_hf_llama, load_llama_weights
 from gptmini.model import GPT
@@ -32,16 +31,8 @@ def hf_model_type(path: str | Path) -> str:
     """The ``model_type`` of a local Hugging Face folder, refused unless gptmini reads that format (GPT-2's
     original files carry none: "gpt2")."""
     path = Path(path)
-    check_dir(path)
-    try:
-        cfg = json.loads((path / CONFIG_FILE).read_text())
-    except FileNotFoundError:
-        raise HFWeightsError(
-            f"{path} has no {CONFIG_FILE}: pass a Hugging Face GPT-2 or Llama folder ({CONFIG_FILE} + model.safetensors)"
-        ) from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise HFWeightsError(f"{path / CONFIG_FILE} is not readable JSON: {err}") from None
-    model_type = cfg.get("model_type", "gpt2") if isinstance(cfg, dict) else None
+    holds = f"pass a Hugging Face GPT-2 or Llama folder ({CONFIG_FILE} + model.safetensors)"
+    model_type = read_config_json(path, holds).get("model_type", "gpt2")
     if not isinstance(model_type, str) or model_type not in FORMATS:
         raise HFWeightsError(
             f"{path / CONFIG_FILE}: model_type={model_type!r} is not a format gptmini reads: "

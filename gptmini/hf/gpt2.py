@@ -17,7 +17,6 @@ The command line is ``gptmini.hf.cli`` (``--format llama`` for Llama-style model
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -37,13 +36,11 @@ from gptmini.hf.common import (
     SAFETENSORS_FILE,
     STRING,
     HFWeightsError,
-    check_export_tokenizer,
     check_json_types,
     read_config_json,
     read_tensors,
-    safetensors_torch,
     weight_files,
-    write_folder,
+    write_export,
     wrong_shapes,
 )
 from gptmini.ingredients import hf_inexpressible
@@ -434,19 +431,7 @@ def save_hf_gpt2(
         raise HFWeightsError(
             "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
         )
-    st = safetensors_torch()
-    if tokenizer is not None:
-        from gptmini.hf.tokenizer_files import write_tokenizer_files
-
-        check_export_tokenizer(tokenizer, model.config.vocab_size)
-    written = [CONFIG_FILE, SAFETENSORS_FILE]
-
-    def fill(tmp: Path) -> None:
-        st.save_file(_hf_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
-        eot = tokenizer.eot_id if tokenizer is not None else None
-        (tmp / CONFIG_FILE).write_text(json.dumps(_hf_config_dict(model, eot), indent=2) + "\n")
-        if tokenizer is not None:
-            written.extend(write_tokenizer_files(tokenizer, tmp, model.config.block_size))
-
-    write_folder(path, fill, overwrite=overwrite)
-    return written
+    config = _hf_config_dict(model, tokenizer.eot_id if tokenizer is not None else None)
+    return write_export(
+        path, _hf_state(model), config, tokenizer=tokenizer, model_config=model.config, overwrite=overwrite
+    )

@@ -19,7 +19,6 @@ sides' layouts and permute between them (the identity for Hugging Face's Llama, 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -40,14 +39,11 @@ from gptmini.hf.common import (
     SAFETENSORS_FILE,
     STRING,
     HFWeightsError,
-    check_export_target,
-    check_export_tokenizer,
     check_json_types,
     read_config_json,
     read_tensors,
-    safetensors_torch,
     weight_files,
-    write_folder,
+    write_export,
     wrong_shapes,
 )
 from gptmini.ingredients import hf_inexpressible
@@ -252,26 +248,12 @@ def save_hf_llama(
     into place, so a refused or failed export leaves nothing behind; an existing non-empty folder is replaced
     only with ``overwrite=True``."""
     check_llama_model(model.config, "export")
-    path = check_export_target(path, overwrite)
-    st = safetensors_torch()
-    bos = eos = None
-    if tokenizer is not None:
-        from gptmini.hf.tokenizer_files import write_tokenizer_files
-
-        check_export_tokenizer(tokenizer, model.config.vocab_size)
-        if tokenizer.eot_id is not None:  # GPT-2's <|endoftext|> both starts and ends documents
-            bos = eos = tokenizer.eot_id
-    written: list[str] = []
-
-    def fill(tmp: Path) -> None:
-        st.save_file(_llama_state(model), str(tmp / SAFETENSORS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(json.dumps(_llama_config_dict(model, bos, eos), indent=2) + "\n")
-        written.extend([CONFIG_FILE, SAFETENSORS_FILE])
-        if tokenizer is not None:
-            written.extend(write_tokenizer_files(tokenizer, tmp, model.config.block_size))
-
-    write_folder(path, fill, overwrite=overwrite)
-    return written
+    # GPT-2's <|endoftext|> both starts and ends documents
+    bos = eos = tokenizer.eot_id if tokenizer is not None else None
+    config = _llama_config_dict(model, bos, eos)
+    return write_export(
+        path, _llama_state(model), config, tokenizer=tokenizer, model_config=model.config, overwrite=overwrite
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

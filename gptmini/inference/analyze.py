@@ -23,8 +23,7 @@ from gptmini.insight.report import ABLATION, analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.options import EtaProgress, HelpFormatter, positive_int, seed_int
 from gptmini.runs.checkpoint import CheckpointError
-from gptmini.runs.discovery import CKPT_RULE
-from gptmini.runs.loading import open_run
+from gptmini.runs.loading import add_run_options, open_run
 from gptmini.viz import token_labels
 
 log = logging.getLogger("gptmini.inference.analyze")
@@ -34,14 +33,9 @@ REPORT_FILES = ("report.html", "report.json")
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gptmini analyze", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument(
-        "--ckpt",
-        default="last",
-        help=CKPT_RULE,
-    )
+    add_run_options(p)
     p.add_argument("--out", default="outputs/head_report", help="folder for report.html and report.json")
     p.add_argument("--force", action="store_true", help="replace the report an earlier run wrote in --out")
-    p.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
     p.add_argument("--split", default="val", choices=["train", "val"], help="the split probed")
     p.add_argument("--probe-tokens", type=positive_int, default=128, help="length of each probe sequence")
     p.add_argument("--probe-batch", type=positive_int, default=4, help="sequences per probe")
@@ -54,7 +48,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=seed_int, default=1234, help="seed of the random-token probe")
     p.add_argument("--no-ablation", action="store_true", help="skip mean ablation (n_layer * n_head passes)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass")
-    p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, ...")
     return p.parse_args(argv)
 
 

@@ -37,7 +37,7 @@ from lm_eval.utils import get_rolling_token_windows, handle_non_serializable, ma
 
 from gptmini.data.errors import DataError
 from gptmini.data.tokenizers import TokenizerError, encode_known
-from gptmini.fileio import atomic_write_text, unwritable_reason
+from gptmini.fileio import atomic_write_json, unwritable_reason
 from gptmini.options import resolve_device
 from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.discovery import resolve_checkpoint, run_event_folder
@@ -396,7 +396,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         "lm_eval_version": evaluated.get("lm_eval_version"),
     }
     try:
-        atomic_write_text(out, json.dumps(record, indent=2, default=handle_non_serializable) + "\n")
+        atomic_write_json(out, record, default=handle_non_serializable)
     except OSError as err:
         log.error("error: cannot write --out %s: %s", out, err.strerror or err)
         return 2

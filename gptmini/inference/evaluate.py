@@ -37,8 +37,8 @@ from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import EtaProgress, HelpFormatter, int_at_least, positive_int, resolve_device
 from gptmini.runs.checkpoint import DATA_IDENTITY_KEY, CheckpointError
-from gptmini.runs.discovery import CKPT_RULE, resolve_checkpoint
-from gptmini.runs.loading import LoadedRun, open_run
+from gptmini.runs.discovery import resolve_checkpoint
+from gptmini.runs.loading import LoadedRun, add_run_options, open_run
 from gptmini.viz import context_sweep_figure
 
 log = logging.getLogger("gptmini.inference.evaluate")
@@ -155,12 +155,7 @@ def _task_names(text: str) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptmini eval", description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument(
-        "--ckpt",
-        nargs="+",
-        default=["last"],
-        help=f"one or more, compared side by side; each {CKPT_RULE}",
-    )
+    add_run_options(parser, several=True)
     parser.add_argument(
         "--context",
         type=_contexts,
@@ -175,7 +170,6 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="with --context: score about this many tokens per length",
     )
-    parser.add_argument("--data-dir", default=None, help="prepared data folder (None: the one it trained on)")
     parser.add_argument(
         "--corpus",
         default=None,
@@ -190,7 +184,6 @@ def _parser() -> argparse.ArgumentParser:
         "--max-batches", type=positive_int, default=None, help="evaluate only the first N batches (None: all)"
     )
     parser.add_argument("--out", default=None, help="also write the result as JSON here (None: the log only)")
-    parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
     tasks = parser.add_argument_group("benchmark tasks (lm-evaluation-harness: pip install 'gptmini[eval]')")
     tasks.add_argument(
         "--tasks",

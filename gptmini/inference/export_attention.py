@@ -20,8 +20,7 @@ from gptmini.fileio import unwritable_reason
 from gptmini.inference.sample import encode_prompt
 from gptmini.options import HelpFormatter, positive_int
 from gptmini.runs.checkpoint import CheckpointError
-from gptmini.runs.discovery import CKPT_RULE
-from gptmini.runs.loading import open_run
+from gptmini.runs.loading import add_run_options, open_run
 from gptmini.viz import attention_entropy, attention_figures, token_labels
 
 log = logging.getLogger("gptmini.inference.export_attention")
@@ -90,11 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gptmini attention", description=__doc__, formatter_class=HelpFormatter
     )
-    parser.add_argument(
-        "--ckpt",
-        default="last",
-        help=CKPT_RULE,
-    )
+    add_run_options(parser)
     parser.add_argument(
         "--text", required=True, default=argparse.SUPPRESS, help="the text whose attention is drawn"
     )
@@ -112,16 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=positive_int,
         default=48,
         help="tokens of --text shown (at most the model's context); a longer text is cut, and the log says so",
-    )
-    parser.add_argument(
-        "--device",
-        default="auto",
-        help="a torch device (cpu, cuda, cuda:1, ...); auto: cuda if available, else cpu",
-    )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        help="prepared data folder (char vocab) when it moved (None: the one it trained on)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

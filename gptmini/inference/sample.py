@@ -14,8 +14,7 @@ from gptmini.generation import TEMPERATURE_RANGE, temperature_problem
 from gptmini.limits import check_fits, generation_bytes
 from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
 from gptmini.runs.checkpoint import CheckpointError
-from gptmini.runs.discovery import CKPT_RULE
-from gptmini.runs.loading import open_run
+from gptmini.runs.loading import add_run_options, open_run
 
 log = logging.getLogger("gptmini.inference.sample")
 
@@ -99,11 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gptmini sample", description=__doc__, formatter_class=HelpFormatter
     )
-    parser.add_argument(
-        "--ckpt",
-        default="last",
-        help=CKPT_RULE,
-    )
+    add_run_options(parser)
     parser.add_argument("--prompt", default="\n", help="text to continue (default: %(default)r)")
     parser.add_argument("--max-new-tokens", type=int_at_least(0), default=200, help="tokens to generate")
     parser.add_argument(
@@ -121,12 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--num-samples", type=positive_int, default=1, help="samples to generate")
     parser.add_argument("--seed", type=seed_int, default=1337, help="seed of the sampling")
-    parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        help="prepared data folder (char vocab) when it moved (None: the one it trained on)",
-    )
     parser.add_argument("--no-cache", action="store_true", help="generate without the key/value cache")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

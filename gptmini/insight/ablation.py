@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
+from gptmini.insight.icl import loss_by_position
 from gptmini.model import GPT
 
 
@@ -71,13 +72,7 @@ def _attention_hooks(
 
 
 def _mean_loss(model: GPT, windows: torch.Tensor, batch_size: int) -> float:
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    for chunk in windows.split(batch_size):
-        chunk = chunk.to(device)
-        total += float(model.token_losses(chunk[:, :-1], chunk[:, 1:]).sum())  # over (b, T) positions
-        count += chunk[:, 1:].numel()
-    return total / count
+    return float(loss_by_position(model, windows, batch_size).mean())  # (T,) -> the mean over every position
 
 
 @torch.no_grad()

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gptmini.limits import check_positive
+
 # the synthetic corpus's characters (64, one token each with the char tokenizer)
 ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"
 
@@ -60,8 +62,7 @@ def check_probe_settings(probe_tokens: int, probe_batch: int, loss_windows: int,
         ("probe_batch", probe_batch, 1),
         ("loss_windows", loss_windows, 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{where}{name}={value!r} is invalid: it must be an integer >= {low}")
+        check_positive(f"{where}{name}", value, low)
 
 
 def make_probes(

@@ -475,11 +475,6 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     )
 
 
-def find_runs(output_root: str | Path = "outputs", name: str | None = None) -> list[RunInfo]:
-    """Every run under ``output_root`` (of run name ``name`` when given), newest first."""
-    return [r for r, _ in _scan(Path(output_root), name)]
-
-
 def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
     """Every run's row with its checkpoint's path (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():

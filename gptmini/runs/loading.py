@@ -12,6 +12,7 @@ device is checked by :func:`gptmini.options.resolve_device` before any file is r
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from gptmini.runs.checkpoint import (
     check_trained_data,
     model_and_checkpoint,
 )
-from gptmini.runs.discovery import resolve_checkpoint
+from gptmini.runs.discovery import CKPT_RULE, resolve_checkpoint
 from gptmini.runs.record import RunRecord, RunRecordError, read_record
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,24 @@ class LoadedRun:
         if data_identity(prepared.out_dir, prepared.meta)["fingerprint"] != recorded["fingerprint"]:
             raise DataError(changed)
         return str(prepared.out_dir)
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """The options of :func:`open_run`, as every command that opens a run names them: ``--ckpt`` (``several``:
+    one or more), ``--device`` and ``--data-dir``."""
+    if several:
+        parser.add_argument(
+            "--ckpt",
+            nargs="+",
+            default=["last"],
+            help=f"one or more, compared side by side; each {CKPT_RULE}",
+        )
+    else:
+        parser.add_argument("--ckpt", default="last", help=CKPT_RULE)
+    parser.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--data-dir", default=None, help="prepared data folder, when it moved (None: the one it trained on)"
+    )
 
 
 def open_run(

@@ -110,10 +110,10 @@ def test_the_old_scripts_are_aliases_that_name_the_new_spelling(monkeypatch, cap
 
 
 def test_an_old_script_runs_the_subcommand_itself(monkeypatch, capsys):
-    from gptmini.cli import old_sample
+    from gptmini.cli import old_script
 
     monkeypatch.setattr(sys, "argv", ["gptmini-sample", "--help"])
-    assert old_sample() == 0
+    assert old_script() == 0
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and "gptmini-sample is now `gptmini sample`" in captured.err
     assert captured.out.startswith("usage: gptmini sample") and "--temperature" in captured.out

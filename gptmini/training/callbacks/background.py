@@ -25,18 +25,21 @@ from typing import Any
 
 import lightning as L
 
+from gptmini.limits import check_positive
+
 log = logging.getLogger(__name__)
 
 
 class BackgroundWork(L.Callback):
-    """One worker thread for the logging jobs of a run (see the module docstring). ``max_pending``: jobs allowed
-    to wait at once; one more blocks its submitter until the oldest is done, so a renderer slower than validation
-    holds training up instead of piling up memory."""
+    """One worker thread for the logging jobs of a run (see the module docstring)."""
 
-    def __init__(self, max_pending: int = 8) -> None:
-        if max_pending < 1:
-            raise ValueError(f"callbacks.background.max_pending={max_pending} must be >= 1")
-        self.max_pending = max_pending
+    def __init__(
+        self,
+        # jobs allowed to wait at once; one more blocks its submitter until the oldest is done, so a renderer
+        # slower than validation holds training up instead of piling up memory
+        max_pending: int = 8,
+    ) -> None:
+        self.max_pending = check_positive("callbacks.background.max_pending", max_pending)
         self._executor: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(max_pending)
         self._pending: list[Future[None]] = []

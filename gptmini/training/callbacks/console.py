@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 
 from gptmini.limits import check_positive
+from gptmini.options import duration
 from gptmini.training.callbacks.loggers import LoggingCallback, Receiver, RunParts, TokenThroughputMonitor
 from gptmini.training.lightning_compat import LabelledRichProgressBar, logs_after_step
 
@@ -144,13 +145,18 @@ class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
 class ProgressLog(ShowsThroughput, LoggingCallback):
     """One plain line every ``every_n_steps`` optimizer steps (step, training loss, tokens/s, elapsed, ETA) in
     the log, so the console and the run's ``train.log`` show progress where no progress bar can be drawn:
-    output redirected to a file or a pipe (``make train > log 2>&1``, ``| tee``). ``when``: ``not_a_terminal``
-    (the console is not a terminal; a terminal has the progress bar), ``always`` or ``never``. The last step is
-    always logged."""
+    output redirected to a file or a pipe (``make train > log 2>&1``, ``| tee``). The last step is always
+    logged."""
 
     WHEN = ("not_a_terminal", "always", "never")
 
-    def __init__(self, every_n_steps: int = 50, when: str = "not_a_terminal") -> None:
+    def __init__(
+        self,
+        # optimizer steps between two lines
+        every_n_steps: int = 50,
+        # "not_a_terminal" (the console is not a terminal; a terminal has the progress bar), "always" or "never"
+        when: str = "not_a_terminal",
+    ) -> None:
         self.every_n_steps = check_positive("callbacks.progress_log.every_n_steps", every_n_steps)
         if when not in self.WHEN:
             raise ValueError(f"callbacks.progress_log.when={when!r} is not one of {', '.join(self.WHEN)}")
@@ -194,7 +200,7 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         rate = self.tokens_per_sec()
         if rate is not None:
             parts.append(f"{rate:,.0f} tok/s")
-        parts.append(f"elapsed {_duration(elapsed)}")
+        parts.append(f"elapsed {duration(elapsed)}")
         done = step - self._start_step
         etas = []
         if total is not None and total > step and done > 0:
@@ -204,7 +210,7 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
             etas.append(self.timer.time_remaining("train") if self.timer is not None else None)
         etas = [eta for eta in etas if eta is not None]
         if etas:
-            parts.append(f"ETA {_duration(max(0.0, min(etas)))}")
+            parts.append(f"ETA {duration(max(0.0, min(etas)))}")
         return " | ".join(parts)
 
 
@@ -234,14 +240,6 @@ def validation_line(step: int, metrics: Any) -> str:
         if value is not None:
             parts.append(f"{label} {float(value):.{digits}f}")
     return f"step {step}: " + ", ".join(parts)
-
-
-def _duration(seconds: float) -> str:
-    """``1h02m03s``, ``2m05s`` or ``7s``."""
-    s = int(round(seconds))
-    h, m = divmod(s, 3600)
-    m, s = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class ParameterSummary(LoggingCallback, ModelSummary):

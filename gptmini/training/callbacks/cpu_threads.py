@@ -75,9 +75,13 @@ def threads_for(others: float, cores: int, most: int) -> int:
 
 class CpuThreads(L.Callback):
     """``callbacks.cpu_threads``: torch's thread count follows the cores other programs leave free (module
-    docstring). ``interval_s``: seconds of training between two readings."""
+    docstring)."""
 
-    def __init__(self, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        # seconds of training between two readings of the free cores
+        interval_s: float = 1.0,
+    ) -> None:
         if not isinstance(interval_s, (int, float)) or isinstance(interval_s, bool) or not interval_s > 0:
             raise ValueError(
                 f"callbacks.cpu_threads.interval_s={interval_s!r} is invalid: it must be a number of seconds > 0"

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
+from gptmini.limits import check_positive
 from gptmini.training.callbacks.loggers import Receiver, RunParts
 from gptmini.training.lightning_compat import logs_after_step, request_graceful_stop
 
@@ -51,25 +52,22 @@ class NonFiniteLossGuard(L.Callback, Receiver):
     whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
 
     Reading the loss waits for the device, so every step only adds it to a sum on the device (a sum of losses is
-    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps (null: on the steps
-    Lightning writes its logs after, ``trainer.log_every_n_steps``) and before every checkpoint is saved. A
-    non-finite loss is thus caught before any checkpoint could hold its step's weights; the error names its step
-    when the sum covers one step, else the steps since the last check.
+    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps and before every
+    checkpoint is saved. A non-finite loss is thus caught before any checkpoint could hold its step's weights; the
+    error names its step when the sum covers one step, else the steps since the last check.
 
     Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing
     either. ``_hydra_main`` reports the error and exits with status 3."""
 
-    def __init__(self, check_every_n_steps: int | None = None) -> None:
-        if check_every_n_steps is not None and (
-            isinstance(check_every_n_steps, bool)
-            or not isinstance(check_every_n_steps, int)
-            or check_every_n_steps < 1
-        ):
-            raise ValueError(
-                f"callbacks.nonfinite_guard.check_every_n_steps={check_every_n_steps!r} must be an integer >= 1, "
-                "or null to check on the logging steps"
-            )
+    def __init__(
+        self,
+        # steps between two readings of the summed loss; null: trainer.log_every_n_steps
+        check_every_n_steps: int | None = None,
+    ) -> None:
+        if check_every_n_steps is not None:
+            key = "callbacks.nonfinite_guard.check_every_n_steps"
+            check_positive(key, check_every_n_steps, note=", or null to check on the logging steps")
         self.check_every_n_steps = check_every_n_steps
         self.checkpoints: tuple[ModelCheckpoint, ...] = ()  # the run's savers, handed over (receive)
         self.last_saved_step: int | None = None
@@ -255,7 +253,13 @@ class RNGStateCallback(L.Callback):
       the saved streams.
     """
 
-    def __init__(self, seed: int = 1337, reseed_every_step: bool = True) -> None:
+    def __init__(
+        self,
+        seed: int = 1337,
+        # seed the global RNGs from (seed, step, batch, rank) before every training batch (false: only the
+        # checkpoint's RNG states are kept)
+        reseed_every_step: bool = True,
+    ) -> None:
         self.seed = int(seed)
         self.reseed_every_step = reseed_every_step
 

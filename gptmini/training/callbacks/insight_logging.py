@@ -118,11 +118,8 @@ class HeadInsightLogger(ProbeReader):
     per-head scalars (``insight/<score>/layerL_headH``, charted per layer in CUSTOM SCALARS), the loss by position
     (``insight/loss_by_position``) and ``insight/icl_score``; the induction phase change, once, in the log and as
     ``insight/phase_change`` text. Also ``val/best_loss``, and at the start the run's hyperparameters with the
-    ``HPARAM_METRICS`` for the HPARAMS tab (``log_hparams``).
-
-    ``probe_tokens``/``probe_batch``: length and number of the text and repeated-random-token probes;
-    ``loss_windows``: validation windows of the full context for the loss by position; ``seed``: the random
-    probe's. The phase change: see ``gptmini.insight.PhaseChangeDetector``."""
+    ``HPARAM_METRICS`` for the HPARAMS tab (``log_hparams``). The phase change: see
+    ``gptmini.insight.PhaseChangeDetector``."""
 
     def __init__(
         self,
@@ -134,9 +131,13 @@ class HeadInsightLogger(ProbeReader):
         loss_windows: int = 32,
         # the probes' random tokens
         seed: int = 1234,
-        induction_threshold: float = 0.4,
-        min_rise: float = 0.2,
-        icl_drop: float = 0.05,
+        # the phase change when some head's induction score is at least this (and min_rise, icl_drop hold)
+        induction_threshold: float = PhaseChangeDetector.induction_threshold,
+        # the phase change needs that head's induction score risen by at least this since the first validation
+        min_rise: float = PhaseChangeDetector.min_rise,
+        # the phase change needs the ICL score at least this many nats below its highest so far
+        icl_drop: float = PhaseChangeDetector.icl_drop,
+        # the run's hyperparameters and the HPARAM_METRICS, for TensorBoard's HPARAMS tab
         log_hparams: bool = True,
     ) -> None:
         check_probe_settings(probe_tokens, probe_batch, loss_windows, where="callbacks.head_insight.")

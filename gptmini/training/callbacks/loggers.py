@@ -175,6 +175,11 @@ class ProbeTextCallback(ProbeReader):
     probe_text: str
     max_tokens: int
     _probe: PromptTokens
+    background: BackgroundWork | None = None  # where the images are drawn; None: at once
+
+    def receive(self, parts: RunParts) -> None:
+        super().receive(parts)
+        self.background = parts.background
 
     def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
         per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
@@ -218,18 +223,15 @@ class AttentionMapLogger(ProbeTextCallback):
 
     def __init__(
         self,
+        # the text whose attention is drawn
         probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?",
+        # the probe's length in tokens (capped at the context)
         max_tokens: int = 24,
     ) -> None:
         super().__init__()
         self.probe_text = probe_text
         self.max_tokens = check_positive("callbacks.attention_maps.max_tokens", max_tokens)
         self._probe = PromptTokens("callbacks.attention_maps.probe_text")
-        self.background: BackgroundWork | None = None  # where the images are drawn; None: at once
-
-    def receive(self, parts: RunParts) -> None:
-        super().receive(parts)
-        self.background = parts.background
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -258,10 +260,15 @@ class TextSampleLogger(LoggingCallback):
 
     def __init__(
         self,
+        # the text continued
         prompt: str = "ROMEO:\n",
+        # tokens sampled after the prompt
         max_new_tokens: int = 100,
+        # the logits are divided by it before sampling (lower: more predictable text)
         temperature: float = 0.8,
+        # sample among the top_k likeliest tokens only (null: all)
         top_k: int | None = 200,
+        # the sampling's random generator, the same text for the same weights
         seed: int = 1234,
     ) -> None:
         self.prompt = prompt
@@ -314,7 +321,7 @@ class TokenThroughputMonitor(LoggingCallback):
     ``perf/flops_per_sec``, ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and
     ``perf/tokens_seen``.
 
-    Built on Lightning's public ``Throughput`` (rolling averages over its last ``window_size`` readings) rather
+    Built on Lightning's public ``Throughput`` (rolling averages over its last readings) rather
     than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
     the start of training, data loading included, with validation (and the callbacks that follow it) left out.
     It is read after the first step and then only on the steps Lightning writes the logs after
@@ -324,7 +331,7 @@ class TokenThroughputMonitor(LoggingCallback):
     ``perf/mfu`` divides by the peak dense FLOP/s of one device for the run's compute dtype: ``peak_flops`` when
     given (``perf.peak_flops``), else looked up by the GPU's name (``gptmini.training.hardware.peak_flops``); the
     log says which peak it used, or, for a GPU no table knows (and on the CPU), that there is no MFU and how to
-    give the peak. ``device``: the facts of the device to assume (tests); default: the trainer's."""
+    give the peak."""
 
     RENAME = {
         "device/items_per_sec": "perf/tokens_per_sec",
@@ -336,8 +343,10 @@ class TokenThroughputMonitor(LoggingCallback):
 
     def __init__(
         self,
+        # readings the rolling averages cover
         window_size: int = 20,
         peak_flops: float | None = None,
+        # the facts of the device to assume (tests); null: the trainer's
         device: hardware.DeviceFacts | None = None,
     ) -> None:
         if window_size < 2:

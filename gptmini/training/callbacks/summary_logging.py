@@ -20,8 +20,8 @@ from gptmini.board.detail import probe_detail
 from gptmini.board.summary import TAG, AttentionSummary, summary_proto
 from gptmini.insight.scores import head_types
 from gptmini.model import Inspection
-from gptmini.training.callbacks.background import BackgroundWork, submit
-from gptmini.training.callbacks.loggers import ProbeTextCallback, PromptTokens, RunParts
+from gptmini.training.callbacks.background import submit
+from gptmini.training.callbacks.loggers import ProbeTextCallback, PromptTokens
 from gptmini.training.loop.probe import eval_mode
 from gptmini.viz import heatmap_grid, token_labels
 
@@ -44,13 +44,14 @@ class AttentionSummaryLogger(ProbeTextCallback):
     keys of the probe go to TensorBoard's PROJECTOR at the end of training, and with ``projector_every`` N also at
     every N-th validation (null: never), at most ``MAX_PROJECTOR_POINTS`` points each time.
 
-    ``max_tokens``: probe length (capped at the context). ``last_seconds``/``last_bytes``: cost of the last one;
+    ``last_seconds``/``last_bytes``: cost of the last one;
     its seconds are also logged as ``perf/attention_summary_seconds``."""
 
     def __init__(
         self,
         # repeats a line, so that induction heads show in the second copy (both copies within 64 characters)
         probe_text: str = "But soft, what light?\nIt is the east.\nBut soft, what light?",
+        # the probe's length in tokens (capped at the context)
         max_tokens: int = 64,
         # the logit lens on the probe: lens/loss/<row>, lens/top1/<row>, the image lens/grid and the tab's lens view
         lens: bool = True,
@@ -73,16 +74,10 @@ class AttentionSummaryLogger(ProbeTextCallback):
         self.lens = lens
         self.projector_every = projector_every
         self._validations = 0
-        self._last_ids: list[int] | None = None
         self._projector_step: int | None = None  # the step whose embeddings the PROJECTOR holds last
         self.last_seconds: float | None = None
         self.last_bytes: int | None = None
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
-        self.background: BackgroundWork | None = None  # where the lens grid is drawn; None: at once
-
-    def receive(self, parts: RunParts) -> None:
-        super().receive(parts)
-        self.background = parts.background
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -103,7 +98,6 @@ class AttentionSummaryLogger(ProbeTextCallback):
         writer.file_writer.add_summary(proto, step)
         self.log_detail(trainer, writer, summary, ids, tokenizer, step)
         self._validations += 1
-        self._last_ids = ids
         if self.projector_every and self._validations % self.projector_every == 0:
             write_projector(writer, inspection, tokens, step)
             self._projector_step = step

@@ -119,15 +119,10 @@ class BatchedMuon(torch.optim.Muon):
     kernel for all the matrices of a shape). That is what keeps a GPU busy when the hidden matrices are small
     (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
-    Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default), from the GPT-2 speedrun (modded-nanogpt) and
-    nanochat, each a group setting saved with the group, their state in the per-parameter state:
-
-    - ``normuon``: the orthogonalised update is variance-normalised per neuron (``normuon_scale``, decay ``beta2``;
-      state ``second_momentum_buffer``);
-    - ``cautious_weight_decay``: decoupled weight decay only where the update and the weight have the same sign,
-      i.e. where the step already moves the weight towards zero (Chen et al., "Cautious Weight Decay");
-    - ``momentum_warmup_steps``: the momentum ramps from ``momentum_warmup_start`` to ``momentum``
-      (``warmup_momentum``; state ``step``, so a resumed run continues the ramp where it was)."""
+    Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default; each one's help is
+    beside it), from the GPT-2 speedrun (modded-nanogpt) and nanochat: each a group setting saved with the group,
+    their state in the per-parameter state (``second_momentum_buffer`` for ``normuon``; ``step`` for the momentum
+    warmup, so a resumed run continues the ramp where it was). Cautious weight decay: Chen et al."""
 
     def __init__(
         self,
@@ -136,6 +131,7 @@ class BatchedMuon(torch.optim.Muon):
         # NorMuon (modded-nanogpt, nanochat): each neuron's share of the orthogonalised update evened out by a
         # running second moment (decay beta2), the update's norm kept
         normuon: bool = False,
+        # the decay of NorMuon's running second moment (normuon=true)
         beta2: float = 0.95,
         # decay only the weights the update already moves towards zero (update and weight of the same sign); an
         # AdamW role takes it too (optimizer.matrix.cautious_weight_decay=true)
@@ -143,6 +139,7 @@ class BatchedMuon(torch.optim.Muon):
         # the momentum ramps from momentum_warmup_start to momentum over the first momentum_warmup_steps steps
         # (0: none)
         momentum_warmup_steps: int = 0,
+        # the momentum the warmup starts from (momentum_warmup_steps > 0)
         momentum_warmup_start: float = 0.85,
         **muon: Any,
     ) -> None:
@@ -244,7 +241,9 @@ class AdamWRole:
     """The settings of one AdamW parameter group of ``MuonAdamW`` (``optimizer.embedding|head|matrix|vector``);
     null takes the value of ``optimizer.adamw``, else AdamW's default."""
 
+    # this role's learning rate; null: AdamW's default
     lr: float | None = None
+    # this role's decoupled weight decay; null: AdamW's default
     weight_decay: float | None = None
     # decay only where the Adam step moves the weight towards zero (cautious_adamw_step)
     cautious_weight_decay: bool = False
@@ -351,7 +350,9 @@ class MuonAdamW(torch.optim.Optimizer):
         head: Mapping[str, Any],
         matrix: Mapping[str, Any],
         vector: Mapping[str, Any],
+        # AdamW's fused kernel (as torch.optim.AdamW's fused); null: PyTorch's choice
         fused: bool | None = None,
+        # AdamW's foreach kernel (as torch.optim.AdamW's foreach); null: PyTorch's choice
         foreach: bool | None = None,
         stacked: dict[nn.Parameter, tuple[int, ...]] | None = None,
     ) -> None:

@@ -106,7 +106,9 @@ class _BudgetedLR(_PlannedLR):
         self,
         optimizer: Optimizer,
         max_steps: int,
+        # steps of the linear warmup from 0 to the base LR
         warmup_steps: int,
+        # the LR at the end, as a share of the base LR, in [0, 1]
         min_lr_ratio: float,
         max_time: str | None,
         last_epoch: int,
@@ -179,7 +181,13 @@ class WarmupConstantLR(_PlannedLR):
 
     plan_settings = ("warmup_steps",)
 
-    def __init__(self, optimizer: Optimizer, warmup_steps: int = 0, last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        # steps of the linear warmup from 0 to the base LR
+        warmup_steps: int = 0,
+        last_epoch: int = -1,
+    ) -> None:
         _check_warmup(warmup_steps)
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, last_epoch)
@@ -209,8 +217,10 @@ class WarmupStableDecayLR(_BudgetedLR):
         optimizer: Optimizer,
         max_steps: int,
         warmup_steps: int = 0,
+        # the share of max_steps spent decaying, at the end, in [0, 1]
         decay_fraction: float = 0.3,
         min_lr_ratio: float = 0.0,
+        # "linear", "cosine" (half a cosine) or "1-sqrt" (1 - sqrt(progress), Hägele et al.)
         decay_shape: str = "linear",
         max_time: str | None = None,
         last_epoch: int = -1,

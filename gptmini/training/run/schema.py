@@ -64,8 +64,8 @@ def _model_schema() -> type:
             if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
                 hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
             specs.append((f.name, hint, field(default=f.default)))
-    # Load weights before training: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors).
-    specs.append(("init_from", Optional[str], field(default=None)))
+    help_ = "Load weights before training: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors)."
+    specs.append(("init_from", Optional[str], field(default=None, metadata={"help": help_})))
     return make_dataclass("ModelSchema", specs)
 
 
@@ -74,9 +74,12 @@ ModelSchema = _model_schema()
 
 @dataclass
 class TokenizerSchema:
+    # "gpt2" (tiktoken's GPT-2 BPE, offline), "char" (one token per character), "bpe" (a byte-level BPE trained on
+    # the corpus) or another tiktoken encoding's name
     name: str = "gpt2"
-    # tokenizer=bpe only (null for the others): the vocabulary to train and the bound on its training text
+    # tokenizer=bpe only (null for the others): the vocabulary to train
     vocab_size: Optional[int] = None
+    # tokenizer=bpe only (null for the others): the bound on the BPE's training text, in bytes
     train_bytes: Optional[int] = None
 
     def check(self) -> None:
@@ -104,8 +107,11 @@ class TokenizerSchema:
 
 @dataclass
 class PathsSchema:
+    # Where prepared data folders go (with data.data_dir null: one per corpus and tokenizer)
     data_root: str = "data"
+    # Where run folders go: <output_root>/<run_name>/<time>/
     output_root: str = "outputs"
+    # This run's folder, as Hydra makes it (not set by hand)
     output_dir: str = "${hydra:runtime.output_dir}"
 
 
@@ -128,10 +134,13 @@ class TrainSchema:
     trainer: Any = field(default_factory=dict)
     callbacks: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
+    # The run's name: its folder under paths.output_root and the run ckpt_path=last resumes.
     run_name: str = "default"
+    # Seeds the weights, the data order and the dropout masks (an integer in [0, 2**32)).
     seed: int = 1337
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
+    # torch.compile the model before training.
     compile: bool = False
     # CPU speed: keep freed memory in the process instead of re-faulting it every step (gptmini.training.hardware.retain_freed_memory).
     retain_freed_memory: bool = True

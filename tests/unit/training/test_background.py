@@ -83,5 +83,5 @@ def test_without_the_callback_a_job_runs_at_once_on_the_caller():
     seen = []
     submit(None, "job", lambda: seen.append(threading.current_thread()))
     assert seen == [threading.current_thread()]
-    with pytest.raises(ValueError, match="max_pending=0 must be >= 1"):
+    with pytest.raises(ValueError, match="max_pending=0 is invalid: it must be an integer >= 1"):
         BackgroundWork(max_pending=0)

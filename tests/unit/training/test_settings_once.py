@@ -197,6 +197,45 @@ def test_the_settings_page_is_generated_from_the_signatures() -> None:
     )
 
 
+def test_every_row_of_the_settings_page_has_its_help() -> None:
+    """Each setting's help line comes from the code that uses it: no row of docs/settings.md is left without."""
+    from gptmini.conf_dir import conf_dir
+    from scripts.settings_page import settings_reference
+
+    rows = [line for line in settings_reference(conf_dir()).splitlines() if line.startswith("| `")]
+    assert len(rows) > 200
+    assert [row for row in rows if row.endswith("|  |")] == []
+
+
+class Documented:
+    """A constructor documented the way Lightning's and torch's are.
+
+    Args:
+        every: how many steps between two reports,
+            when the run is long. Set it to ``-1``
+            to never report.
+        size (int, optional):
+            bytes per report (default: 10)
+    """
+
+    def __init__(self, every: int = 3, size: int = 10, code: int = 0) -> None:
+        # not a help line: a comment above code that uses the parameter
+        code = int(code)
+        self.code = code
+
+
+def test_a_docstring_entry_is_read_whole() -> None:
+    """An ``Args:`` entry's text is all its lines, also where its first line ends with a comma or holds an ``=``
+    (which a parameter's line of code does too)."""
+    from scripts.settings_page import setting_help
+
+    assert setting_help(Documented, "every") == (
+        "how many steps between two reports, when the run is long. Set it to ``-1`` to never report."
+    )
+    assert setting_help(Documented, "size") == "bytes per report (default: 10)"
+    assert setting_help(Documented, "code") == ""
+
+
 # --- docs/development.md's "Adding a callback" and "Adding an optimizer setting", done ----------------------
 
 
