@@ -42,6 +42,7 @@ from gptmini.training.run.schema import (
     check_finite,
     check_top_level,
     derived_of,
+    out_of_range,
     schema_of,
     settings,
     typed_group,
@@ -333,63 +334,27 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
     return out
 
 
-# What a constructor raises for a bad setting (torch's optimizers: ValueError, IndexError for a short betas, ...)
-_BUILD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
-
-
-def _leaves(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    if isinstance(node, dict):
-        return [
-            leaf for k, v in node.items() if not str(k).startswith("_") for leaf in _leaves(v, (*path, k))
-        ]
-    return [(path, node)]
-
-
-def _replaced(node: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    head, *rest = path
-    return {**node, head: _replaced(node[head], tuple(rest), value) if rest else value}
-
-
-def _default_at(schema: type, path: tuple[str, ...]) -> Any:
-    """The schema's default at ``path`` (its constructor's), or ``dataclasses.MISSING``."""
-    f = {f.name: f for f in dataclasses.fields(schema)}.get(path[0])
-    if f is None:
-        return dataclasses.MISSING
-    if len(path) > 1:
-        return _default_at(f.type, path[1:]) if dataclasses.is_dataclass(f.type) else dataclasses.MISSING
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING if f.default == "???" else f.default
-
-
 def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], Any]) -> None:
     """Builds ``typed``'s object on a stand-in (``build``), so that the constructor's own checks, written once
-    where the setting is used, run before any work. A refusal names the setting: the component's message when it
-    names it, else the one setting whose default (its constructor's) lets the build pass."""
+    where the setting is used, run before any work. gptmini's constructors name the setting's key in their
+    refusal; a third-party constructor's documented ranges (``schema.THIRD_PARTY_RANGES``) are checked first,
+    since its own refusal does not name the setting."""
     from hydra.errors import InstantiationException
+    from hydra.utils import get_object
 
     values = dataclasses.asdict(typed)
+    refusal = out_of_range(key, get_object(values["_target_"]), values)
+    if refusal is not None:
+        raise RunError(refusal)
     try:
         build(values)
-        return
-    except (*_BUILD_ERRORS, InstantiationException) as err:
+    # what a constructor raises for a bad setting (torch's optimizers: ValueError, IndexError for short betas)
+    except (ValueError, TypeError, IndexError, KeyError, InstantiationException) as err:
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
         reason = (str(cause).splitlines() or [type(cause).__name__])[0]
-    if reason.startswith(f"{key}."):
-        raise RunError(reason)
-    for path, value in _leaves(values):
-        default = _default_at(type(typed), path)
-        if default is dataclasses.MISSING or default == value:
-            continue
-        try:
-            build(_replaced(values, path, default))
-        except (*_BUILD_ERRORS, InstantiationException):
-            continue
-        name = ".".join((key, *map(str, path)))
         raise RunError(
-            f"{name}={value!r} is invalid: {reason} ({values['_target_']} refused it; its default is {default!r})"
-        )
-    raise RunError(f"{key} ({values['_target_']}) is invalid: {reason}")
+            reason if reason.startswith(f"{key}.") else f"{key} ({values['_target_']}) is invalid: {reason}"
+        ) from None
 
 
 def _check_data(data: Any) -> None:
@@ -430,24 +395,6 @@ def _check_optimizer(optimizer: Any) -> None:
 
     if optimizer is not None:
         check_by_building("optimizer", optimizer, build)
-        _check_eps(optimizer)
-
-
-def _check_eps(optimizer: Any) -> None:
-    """Adam's ``eps`` of 0, which torch takes: every parameter whose gradient is 0 (an embedding row of a token
-    the batch lacks) is then updated by 0 / 0, NaN weights that the NaN guard would blame on the learning rate."""
-    for path, value in _leaves(dataclasses.asdict(optimizer)):
-        if (
-            path[-1] == "eps"
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and value == 0
-        ):
-            key = ".".join(("optimizer", *path))
-            raise RunError(
-                f"{key}=0 is invalid: Adam divides by sqrt(v) + eps, so a parameter whose gradient is 0 becomes "
-                f"NaN; give {key} a small positive value (torch's default is 1e-08)"
-            )
 
 
 def _check_scheduler(scheduler: Any) -> None:

@@ -28,11 +28,12 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -435,6 +436,73 @@ def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> Ru
         f"{', '.join(f'{group}.{k}' for k in extra)} {'is not a setting' if one else 'are not settings'} of "
         f"{target}: {text}"
     )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a third-party constructor documents for one of its parameters: its own refusal does not name the
+    setting (``torch.optim.AdamW``: "Invalid epsilon value: -1.0"), so the plan checks this first."""
+
+    accepts: Callable[[Any], bool]
+    rule: str  # the refusal's reason: what a value must be
+
+
+_AT_LEAST_0 = Range(lambda v: _number(v) and v >= 0, "it must be >= 0")
+
+# By class, followed along a target's bases (torch.optim.AdamW's checks are torch.optim.Adam's, BatchedMuon's
+# torch.optim.Muon's); gptmini's own constructors name the setting themselves.
+THIRD_PARTY_RANGES: dict[type, dict[str, Range]] = {
+    torch.optim.Adam: {
+        "lr": _AT_LEAST_0,
+        # torch takes 0: a parameter whose gradient is 0 (an embedding row the batch lacks) then steps by 0 / 0
+        "eps": Range(
+            lambda v: _number(v) and v > 0,
+            "Adam divides by sqrt(v) + eps, so a parameter whose gradient is 0 becomes NaN; give it a small "
+            "positive value (torch's default is 1e-08)",
+        ),
+        "betas": Range(
+            lambda v: (
+                isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v)
+            ),
+            "two decay rates, each in [0, 1) (e.g. [0.9, 0.999])",
+        ),
+        "weight_decay": _AT_LEAST_0,
+    },
+    torch.optim.Muon: {
+        "lr": _AT_LEAST_0,
+        "momentum": _AT_LEAST_0,
+        "weight_decay": _AT_LEAST_0,
+        "ns_coefficients": Range(
+            lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and all(map(_number, v)),
+            "the three Newton-Schulz coefficients [a, b, c]",
+        ),
+        "adjust_lr_fn": Range(
+            lambda v: v in (None, "original", "match_rms_adamw"),
+            "it takes null, 'original' or 'match_rms_adamw'",
+        ),
+    },
+}
+
+
+def out_of_range(key: str, target: Any, values: Mapping[str, Any]) -> str | None:
+    """The refusal of the first setting in ``values`` (the settings of ``target``'s node at ``key``, nested settings
+    nodes included) outside ``THIRD_PARTY_RANGES``; None when there is none."""
+    ranges: dict[str, Range] = {}
+    for cls in reversed(getattr(target, "__mro__", ())):
+        ranges |= THIRD_PARTY_RANGES.get(cls, {})
+    nested = getattr(target, "settings_of", {})
+    for name, value in values.items():
+        if name in nested and isinstance(value, Mapping):
+            refusal = out_of_range(f"{key}.{name}", nested[name][0], value)
+            if refusal is not None:
+                return refusal
+        elif name in ranges and not ranges[name].accepts(value):
+            return f"{key}.{name}={value!r} is invalid: {ranges[name].rule}"
+    return None
 
 
 # the parameter roles of a role-built optimizer's settings (optimizer.hidden.lr, ...)
