@@ -115,6 +115,23 @@ REFUSED = [
         r"optimizer\.adamw\.betas=\[0\.9\] is invalid: two decay rates, each in \[0, 1\)",
         2,
     ),
+    # torch's own refusal does not name the setting: its documented range does (schema.THIRD_PARTY_RANGES)
+    (
+        ["optimizer.hidden.weight_decay=-1"],
+        r"optimizer\.hidden\.weight_decay=-1\.0 is invalid: it must be >= 0$",
+        2,
+    ),
+    (
+        ["optimizer.adamw.betas=[0.9,1.5]"],
+        r"optimizer\.adamw\.betas=\[0\.9, 1\.5\] is invalid: two decay rates",
+        2,
+    ),
+    # a refusal across settings names the group and its constructor
+    (
+        ["optimizer=adamw", "optimizer.fused=true", "optimizer.foreach=true"],
+        r"optimizer \(torch\.optim\.AdamW\) is invalid: `fused` and `foreach` cannot be `True` together",
+        2,
+    ),
     (["optimizer.adamw.eps=-1"], r"optimizer\.adamw\.eps=-1\.0 is invalid: Adam divides by sqrt", 2),
     (
         ["optimizer=adamw", "optimizer.betas=[0.9]"],

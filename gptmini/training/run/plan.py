@@ -348,8 +348,8 @@ def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], An
         raise RunError(refusal)
     try:
         build(values)
-    # what a constructor raises for a bad setting (torch's optimizers: ValueError, IndexError for short betas)
-    except (ValueError, TypeError, IndexError, KeyError, InstantiationException) as err:
+    # what a constructor raises for bad settings (torch.optim.AdamW: RuntimeError for fused and foreach both on)
+    except (ValueError, TypeError, IndexError, KeyError, RuntimeError, InstantiationException) as err:
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
         reason = (str(cause).splitlines() or [type(cause).__name__])[0]
         raise RunError(
