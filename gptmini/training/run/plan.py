@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import logging
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,10 @@ from gptmini.training.run.schema import (
     PerfSchema,
     TokenizerSchema,
     TrainSchema,
-    check_finite,
-    check_top_level,
     derived_of,
     out_of_range,
     schema_of,
     settings,
-    typed_group,
     typed_node,
 )
 
@@ -172,7 +170,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     hardware_choice = _check_required_groups()
     _check_composed_keys(cfg)
     _check_missing(cfg)
-    check_finite(cfg)
+    _check_finite(cfg)
     model, vocab_known = _model_config(cfg)
     tokenizer = TokenizerSchema(
         name=str(cfg.tokenizer.name),
@@ -192,7 +190,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_val_split(data)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
-    check_top_level(cfg, command_overrides())
+    _check_top_level(cfg, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
@@ -329,9 +327,23 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
             )
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
-        typed = _with_derived(cfg, group, typed_node(node, f"{group}.{name}", group), f"{group}.{name}")
-        out[str(name)] = typed or OmegaConf.to_container(node, resolve=True)
+        values = OmegaConf.to_container(node, resolve=True)
+        typed = _with_derived(cfg, group, typed_node(values, f"{group}.{name}", group), f"{group}.{name}")
+        out[str(name)] = typed or values
     return out
+
+
+def typed_group(cfg: DictConfig, group: str) -> Any:
+    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
+    node = cfg.get(group)
+    if node is None:
+        return None
+    if "_target_" not in node:
+        raise RunError(
+            f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
+            f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
+        )
+    return typed_node(OmegaConf.to_container(node, resolve=True), group, group)
 
 
 def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], Any]) -> None:
@@ -474,6 +486,64 @@ def _check_missing(cfg: DictConfig) -> None:
     if missing:
         hint = MISSING_EXAMPLES.get(missing[0], "")
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
+
+
+def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
+    checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
+    seed = cfg.get("seed")
+    if not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
+    if not _positive_int(cfg.checkpoint_every_n_steps):
+        raise RunError(
+            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
+        )
+    target = cfg.get("target_val_loss")
+    if target is not None and not _taken("target_val_loss", cfg):
+        raise RunError(
+            f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
+            "callbacks=default): drop target_val_loss or use callbacks=default"
+        )
+    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
+        raise RunError(
+            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
+            "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
+            "only): drop checkpoint_every_n_steps or use callbacks=last"
+        )
+
+
+def _taken(setting: str, cfg: DictConfig) -> bool:
+    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
+    callbacks = cfg.get("callbacks") or {}
+    return any(
+        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
+        for key, (source, _) in DERIVED.items()
+    )
+
+
+# The config groups whose numbers must be finite (a NaN or inf learning rate, weight decay, clipping value, RoPE
+# base or target loss trained into NaNs, or never stopped, without a word).
+NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbacks", "perf")
+
+
+def _check_finite(cfg: DictConfig) -> None:
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise RunError(f"{key}={node} is invalid: it must be a finite number")
+
+    for group in NUMERIC_GROUPS:
+        if group in cfg and cfg[group] is not None:
+            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
+    target = cfg.get("target_val_loss")
+    if isinstance(target, float) and not math.isfinite(target):
+        raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
 def _model_config(cfg: DictConfig) -> tuple[GPTConfig, bool]:

@@ -15,8 +15,10 @@ Two kinds of schema, for two kinds of group:
 
 A new option of such a group is a YAML file naming its ``_target_``, and a new setting a parameter of its
 constructor (docs/development.md, "Adding an optimizer setting"). The ranges are the constructors' to check: the
-plan builds them on stand-ins (``gptmini.training.run.plan.check_by_building``). Values that follow from another
-group (``DERIVED``) are no settings: the plan fills them in.
+plan builds them on stand-ins, after the ranges a third-party constructor documents (``THIRD_PARTY_RANGES``).
+Values that follow from another group (``DERIVED``) are no settings: the plan fills them in.
+
+This module reads no config: the plan walks the composed config and hands each node's values here.
 """
 
 from __future__ import annotations
@@ -25,25 +27,19 @@ import copy
 import dataclasses
 import functools
 import inspect
-import math
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
 
 # --- typed at composition --------------------------------------------------------------------------------------
 
@@ -122,7 +118,7 @@ class TrainSchema:
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
     perf: PerfSchema = field(default_factory=PerfSchema)
-    # Instantiated groups: read through their constructor's schema before any work (typed_group).
+    # Instantiated groups: read through their constructor's schema before any work (typed_node, by the plan).
     data: Any = field(default_factory=dict)
     optimizer: Any = field(default_factory=dict)
     scheduler: Any = None
@@ -142,64 +138,6 @@ class TrainSchema:
     target_val_loss: Optional[float] = None
     # Keys an experiment needs the user to set (a "???" cannot override a schema default when configs merge).
     required: list[str] = field(default_factory=list)
-
-
-def check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
-    """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
-    checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
-    seed = cfg.get("seed")
-    if not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
-    if not _positive_int(cfg.checkpoint_every_n_steps):
-        raise RunError(
-            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
-        )
-    target = cfg.get("target_val_loss")
-    if target is not None and not _taken("target_val_loss", cfg):
-        raise RunError(
-            f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
-            "callbacks=default): drop target_val_loss or use callbacks=default"
-        )
-    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
-        raise RunError(
-            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
-            "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
-            "only): drop checkpoint_every_n_steps or use callbacks=last"
-        )
-
-
-def _taken(setting: str, cfg: DictConfig) -> bool:
-    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
-    callbacks = cfg.get("callbacks") or {}
-    return any(
-        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
-        for key, (source, _) in DERIVED.items()
-    )
-
-
-# The config groups whose numbers must be finite (a NaN or inf learning rate, weight decay, clipping value, RoPE
-# base or target loss trained into NaNs, or never stopped, without a word).
-NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbacks", "perf")
-
-
-def check_finite(cfg: DictConfig) -> None:
-    def walk(node: Any, key: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise RunError(f"{key}={node} is invalid: it must be a finite number")
-
-    for group in NUMERIC_GROUPS:
-        if group in cfg and cfg[group] is not None:
-            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
-    target = cfg.get("target_val_loss")
-    if isinstance(target, float) and not math.isfinite(target):
-        raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
 # --- read through their constructor's signature ----------------------------------------------------------------
@@ -509,15 +447,14 @@ def out_of_range(key: str, target: Any, values: Mapping[str, Any]) -> str | None
 ROLE_KEYS = ("hidden", "embedding", "head", "matrix", "vector")
 
 
-def typed_node(node: Any, key: str, group: str) -> Any:
-    """Config ``node`` (with a ``_target_``) read through its constructor's schema: a key the constructor does
-    not take, a required one missing, or a value of the wrong type is refused in one line naming ``key``. None for
-    a ``_target_`` that does not import (its build reports it)."""
-    target = str(node.get("_target_") or "")
+def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
+    """A node's resolved ``values`` (with a ``_target_``) read through its constructor's schema: a key the
+    constructor does not take, a required one missing, or a value of the wrong type is refused in one line naming
+    ``key``. None for a ``_target_`` that does not import (its build reports it)."""
+    target = str(values.get("_target_") or "")
     schema = schema_of(group, target, key=key)
     if schema is None:
         return None
-    values = OmegaConf.to_container(node, resolve=True)
     extra = sorted(str(k) for k in values if k not in {f.name for f in fields(schema)})
     if extra:
         raise _unknown_keys(key, target, schema, extra)
@@ -600,16 +537,3 @@ def _check_kinds(values: dict[str, Any], target: str, key: str) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and bool in kinds and not numbers:
             allowed = ", ".join(["true", "false", *(repr(v) for v in sorted(literals, key=str))])
             raise RunError(f"{key}.{name}={value} is invalid: it takes {allowed}")
-
-
-def typed_group(cfg: DictConfig, group: str) -> Any:
-    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
-    node = cfg.get(group)
-    if node is None:
-        return None
-    if "_target_" not in node:
-        raise RunError(
-            f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
-            f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
-        )
-    return typed_node(node, group, group)
