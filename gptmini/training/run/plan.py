@@ -346,20 +346,20 @@ def typed_group(cfg: DictConfig, group: str) -> Any:
     return typed_node(OmegaConf.to_container(node, resolve=True), group, group)
 
 
-def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], Any]) -> None:
-    """Builds ``typed``'s object on a stand-in (``build``), so that the constructor's own checks, written once
-    where the setting is used, run before any work. gptmini's constructors name the setting's key in their
-    refusal; a third-party constructor's documented ranges (``schema.THIRD_PARTY_RANGES``) are checked first,
-    since its own refusal does not name the setting."""
+def check_by_building(key: str, typed: Any, stand_in: Callable[[Any], Any] = lambda built: built) -> None:
+    """Builds ``typed``'s object (a partial's called by ``stand_in`` on stand-in arguments), so that the
+    constructor's own checks, written once where the setting is used, run before any work. gptmini's constructors
+    name the setting's key in their refusal; a third-party constructor's documented ranges
+    (``schema.THIRD_PARTY_RANGES``) are checked first, since its own refusal does not name the setting."""
     from hydra.errors import InstantiationException
-    from hydra.utils import get_object
+    from hydra.utils import get_object, instantiate
 
     values = dataclasses.asdict(typed)
     refusal = out_of_range(key, get_object(values["_target_"]), values)
     if refusal is not None:
         raise RunError(refusal)
     try:
-        build(values)
+        stand_in(instantiate(values, _convert_="all"))
     # what a constructor raises for bad settings (torch.optim.AdamW: RuntimeError for fused and foreach both on)
     except (ValueError, TypeError, IndexError, KeyError, RuntimeError, InstantiationException) as err:
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
@@ -372,13 +372,7 @@ def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], An
 def _check_data(data: Any) -> None:
     """The DataModule built (nothing is read or prepared until ``prepare_data``): its constructor's checks; and
     its loader processes against this machine."""
-
-    def build(values: dict[str, Any]) -> Any:
-        from hydra.utils import instantiate
-
-        return instantiate(values, _convert_="all")
-
-    check_by_building("data", data, build)
+    check_by_building("data", data)
     workers = getattr(data, "num_workers", 0)
     if isinstance(workers, int) and workers > hardware.max_loader_workers():
         # each worker is a process holding its own copy of the loader's state: far more of them than cores
@@ -392,14 +386,9 @@ def _check_data(data: Any) -> None:
 
 def _check_optimizer(optimizer: Any) -> None:
     """The optimizer built on stand-in parameters: its constructor's checks (torch's and gptmini's)."""
-    import torch
-
     from gptmini.training.loop.optimizers import ROLES
 
-    def build(values: dict[str, Any]) -> Any:
-        from hydra.utils import instantiate
-
-        factory = instantiate(values, _convert_="all")
+    def build(factory: Any) -> Any:
         if getattr(getattr(factory, "func", factory), "takes_parameter_roles", False):
             roles = {r: [torch.nn.Parameter(torch.zeros(4, 4))] for r in ROLES}
             return factory(roles)
@@ -412,11 +401,7 @@ def _check_optimizer(optimizer: Any) -> None:
 def _check_scheduler(scheduler: Any) -> None:
     """The schedule built on a stand-in optimizer: its constructor's checks."""
 
-    def build(values: dict[str, Any]) -> Any:
-        import torch
-        from hydra.utils import instantiate
-
-        factory = instantiate(values, _convert_="all")
+    def build(factory: Any) -> Any:
         return factory(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
 
     if scheduler is not None:

@@ -275,13 +275,7 @@ def settings(schema: type) -> list[str]:
 
 def required(schema: type) -> list[str]:
     """The settings of ``schema`` its constructor has no default for."""
-    out = []
-    for f in fields(schema):
-        if f.name.startswith("_"):
-            continue
-        if f.default == "???":
-            out.append(f.name)
-    return out
+    return [f.name for f in fields(schema) if not f.name.startswith("_") and f.default == "???"]
 
 
 def schema_of(group: str, target: str, user: bool = True, key: str | None = None) -> type | None:
@@ -380,6 +374,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _numbers(value: Any, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n and all(map(_number, value))
+
+
 @dataclass(frozen=True)
 class Range:
     """What a third-party constructor documents for one of its parameters: its own refusal does not name the
@@ -403,10 +401,7 @@ THIRD_PARTY_RANGES: dict[type, dict[str, Range]] = {
             "positive value (torch's default is 1e-08)",
         ),
         "betas": Range(
-            lambda v: (
-                isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v)
-            ),
-            "two decay rates, each in [0, 1) (e.g. [0.9, 0.999])",
+            lambda v: _numbers(v, 2) and all(0 <= b < 1 for b in v), "two decay rates, each in [0, 1)"
         ),
         "weight_decay": _AT_LEAST_0,
     },
@@ -414,10 +409,7 @@ THIRD_PARTY_RANGES: dict[type, dict[str, Range]] = {
         "lr": _AT_LEAST_0,
         "momentum": _AT_LEAST_0,
         "weight_decay": _AT_LEAST_0,
-        "ns_coefficients": Range(
-            lambda v: isinstance(v, (list, tuple)) and len(v) == 3 and all(map(_number, v)),
-            "the three Newton-Schulz coefficients [a, b, c]",
-        ),
+        "ns_coefficients": Range(lambda v: _numbers(v, 3), "the three Newton-Schulz coefficients [a, b, c]"),
         "adjust_lr_fn": Range(
             lambda v: v in (None, "original", "match_rms_adamw"),
             "it takes null, 'original' or 'match_rms_adamw'",
