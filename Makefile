@@ -32,7 +32,7 @@ install: $(STAMP) ## Create .venv and install gptmini with its dev extras
 	@echo "installed into $(VENV)"
 
 data: $(STAMP) ## Prepare the data `make train` reads, without training; same ARGS, e.g. ARGS="data=fineweb"
-	$(PY) scripts/prepare_data.py $(ARGS)
+	$(VENV)/bin/gptmini data $(ARGS)
 
 train: $(STAMP) ## Train (default: small GPT on embedded Shakespeare); overrides via ARGS="key=value ..."
 	$(VENV)/bin/gptmini train $(ARGS)

@@ -133,6 +133,11 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
 CORPUS_PEAK_RSS_GIB = 1.0
 CORPUS_THROUGHPUT_VS_TIKTOKEN = 0.9
 CORPUS_CHECK_S = 0.2
+# the writer `gptmini data` runs, alone in a child process (its memory without the training command's imports)
+WRITER = (
+    "import sys; from gptmini.data.prepare import prepare; r = prepare(sys.argv[1], 'gpt2', sys.argv[2]); "
+    "sys.stderr.write(f'in {r.seconds:.2f}s -> {r.out_dir}\\n')"
+)
 
 
 def write_corpus(path: Path, megabytes: int, seed: int = 0) -> int:
@@ -250,7 +255,7 @@ def bench_corpus(
         corpus = work_dir / f"corpus_{mb}mb.txt"
         size = write_corpus(corpus, mb)
         out = work_dir / f"corpus_{mb}mb_gpt2"
-        cmd = [sys.executable, "-m", "gptmini.data.prepare", "--source", str(corpus), "--out", str(out)]
+        cmd = [sys.executable, "-c", WRITER, str(corpus), str(out)]
         peak, wall, seconds = _peak_rss_and_seconds(cmd)
         meta = json.loads((out / "meta.json").read_text())
         baseline = _tiktoken_batch_seconds(corpus, threads)
@@ -323,8 +328,8 @@ def bench_corpus(
             path.unlink()
     notes = [
         "corpus: the embedded plays shuffled and repeated into one text file (one document, so no end-of-text ids, "
-        "like a large tinyshakespeare-style file); prepared by `python -m gptmini.data.prepare --source <file>` "
-        "(GPT-2 BPE, default shards, buffer and threads) in a child process; peak memory is its ru_maxrss",
+        "like a large tinyshakespeare-style file); prepared by `gptmini.data.prepare.prepare(<file>, 'gpt2')`, "
+        "the writer of `gptmini data` (GPT-2 BPE, default shards, buffer and threads), in a child process; peak memory is its ru_maxrss",
         "throughput: file bytes / the seconds prepare() reports, against the same file encoded by tiktoken's "
         f"encode_ordinary_batch({threads} threads) in 32 MB batches of the same ~64k-character pieces, timing the "
         "encoding only; measured one after the other in the same sitting (load average in summary.md)",

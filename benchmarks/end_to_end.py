@@ -241,10 +241,12 @@ def child_env() -> dict[str, str]:
 
 
 def prepare_char_data(source: str, out_dir: Path) -> None:
-    """Tokenises ``source`` in characters into ``out_dir`` (untimed: the runs start from a prepared corpus)."""
-    cmd = [sys.executable, "-m", "gptmini.data.prepare", "--source", source, "--tokenizer", "char"]
+    """Prepares ``source`` into ``out_dir`` as the runs' experiment reads it, in characters (untimed: the runs start
+    from a prepared corpus)."""
+    data = [] if source == "shakespeare" else ["data=text", f"data.source={source}"]
+    cmd = [sys.executable, "-m", "gptmini.cli", "data", "experiment=shakespeare_char_cpu", *data]
     proc = subprocess.run(
-        [*cmd, "--out", str(out_dir)], cwd=REPO, env=child_env(), capture_output=True, text=True
+        [*cmd, f"data.data_dir={out_dir}"], cwd=REPO, env=child_env(), capture_output=True, text=True
     )
     if proc.returncode != 0:
         raise RuntimeError(f"preparing {source} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")

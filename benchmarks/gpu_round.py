@@ -1,17 +1,21 @@
 """Every GPU figure of the GPU box's round in one call, one markdown table (``results/gpu_round.md``):
 
 - ``mfu``: ``gptmini train experiment=gpt2_124m`` as users run it, one row per variant (``MFU_VARIANTS``: the
-  shipped micro-batch, a larger one; each fused option that lands adds a row here), MFU and tokens/s from the
-  run's own perf/ scalars, and the process's start to its first logged step;
+  shipped micro-batch, a larger one; ``LIGER_MFU_VARIANTS``: the larger one with liger's loss and norms), MFU
+  and tokens/s from the run's own perf/ scalars, and the process's start to its first logged step;
+- ``fused``: GPT-2's bare training step (bf16 autocast, fused AdamW) by loss path (``model.loss``: plain, chunked,
+  liger's fused linear cross-entropy) and block kernels (``model.fused_ops=liger``: liger's norms), eager and under
+  ``torch.compile`` (``FUSED_STEPS``): ms a step, tokens/s, MFU and peak memory; a row says why where liger-kernel
+  cannot run;
 - ``sdpa``: SDPA's causal kernels (flash, cuDNN, memory-efficient, math) at GPT-2's attention shape, forward +
   backward;
 - ``fp8``: GPT-2's bare compiled step with torchao's FP8 matrix products against bf16, when torchao is installed;
 - ``pairs``: the GPU default against nanoGPT's recipe (``benchmarks.gpu.default_runs``), whole processes, in
   alternating pairs (the pair's first program alternates), and when each reaches the recipe's final val/loss.
 
-``python -m benchmarks.gpu_round`` on the GPU machine (about 8 minutes on one H100); ``--cpu-dry-run`` runs every
-section on the CPU with tiny shapes and a few steps, to know the script works before a GPU is lent
-(``tests/integration/test_gpu_round.py``).
+``python -m benchmarks.gpu_round`` on the GPU machine (each section logs its own time: ``--only`` splits the round
+over calls that fit the machine's limit per call); ``--cpu-dry-run`` runs every section on the CPU with tiny
+shapes and a few steps, to know the script works before a GPU is lent (``tests/benchmarks/test_gpu_round.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,25 @@ COLUMNS = ["section", "row", "value", "unit", "detail"]
 MFU_VARIANTS: dict[str, list[str]] = {
     "as shipped (micro-batch 12 x 40)": [],
     "micro-batch 32 x 15": ["data.batch_size=32", "trainer.accumulate_grad_batches=15"],
+}
+# the same through liger-kernel (gptmini[gpu]); rows saying why not where it cannot run
+LIGER_MFU_VARIANTS: dict[str, list[str]] = {
+    # the larger micro-batch that fits once the logits are gone
+    "liger loss + norms, micro-batch 32 x 15": [
+        "model.loss=liger",
+        "model.fused_ops=liger",
+        "data.batch_size=32",
+        "trainer.accumulate_grad_batches=15",
+    ],
+}
+# the fused section's rows: the model settings of each bare step, and whether torch.compile compiles it
+FUSED_STEPS: dict[str, tuple[dict[str, str], bool]] = {
+    "plain loss, eager": ({"loss": "plain"}, False),
+    "chunked loss, eager": ({"loss": "chunked"}, False),
+    "liger fused linear cross-entropy, eager": ({"loss": "liger"}, False),
+    "liger norms (fused_ops=liger), eager": ({"loss": "plain", "fused_ops": "liger"}, False),
+    "plain loss, torch.compile": ({"loss": "plain"}, True),
+    "liger loss + norms, torch.compile": ({"loss": "liger", "fused_ops": "liger"}, True),
 }
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
@@ -104,8 +127,13 @@ def _row(section: str, row: str, value: float | None, unit: str, detail: str = "
 
 
 def bench_mfu(out: Path, s: Shapes) -> list[dict[str, Any]]:
+    from gptmini import liger
+
     rows = []
-    for label, overrides in MFU_VARIANTS.items():
+    for label, overrides in {**MFU_VARIANTS, **LIGER_MFU_VARIANTS}.items():
+        if label in LIGER_MFU_VARIANTS and (why := liger.unavailable()) is not None:
+            rows.append(_row("mfu", label, None, "MFU (late median of perf/mfu)", why))
+            continue
         run = out / "gpu_round_runs" / f"mfu_{len(rows)}_{time.strftime('%H-%M-%S')}"
         r = run_and_summarize(
             run, [*gpt2_train_overrides(s.mfu_steps), *overrides, *s.run_extra], s.run_timeout_s
@@ -201,6 +229,77 @@ def bench_fp8(s: Shapes) -> list[dict[str, Any]]:
     return rows
 
 
+def _fused_step(s: Shapes, settings: dict[str, str], compiled: bool) -> tuple[float, float, float | None]:
+    """One row of ``FUSED_STEPS``: ms a step (median), the model's training FLOPs per token, and the peak memory
+    (GiB; None off CUDA). Everything it allocates is freed when it returns."""
+    from gptmini.model import GPT, GPTConfig
+
+    layers, heads, width, block, batch = s.fp8_model
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=50257, block_size=block, n_layer=layers, n_head=heads, n_embd=width, **settings
+    )
+    model = GPT(cfg).to(s.device)
+    # the CPU dry run checks every row's settings and graph capture (liger's rows: their CPU hand-off), not
+    # inductor's code generation
+    step_model = (
+        torch.compile(model, backend="inductor" if s.device == "cuda" else "eager") if compiled else model
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=s.device == "cuda")
+    x = torch.randint(0, 50257, (batch, block), device=s.device)
+
+    def step() -> None:
+        with torch.autocast(s.device, dtype=torch.bfloat16):
+            _, loss = step_model(x, x, return_logits=False)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):  # compilation, the allocator's first blocks
+        step()
+    if s.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ms = _fwd_bwd_ms(step, s.repeats, s.device)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if s.device == "cuda" else None
+    return ms, model.flops_per_token(), peak
+
+
+def bench_fused(s: Shapes) -> list[dict[str, Any]]:
+    """``FUSED_STEPS``: GPT-2's bare training step (the fp8 section's shape) by loss path and block kernels."""
+    from gptmini import liger
+    from gptmini.training.hardware import detect_device, peak_flops
+
+    _, _, _, block, batch = s.fp8_model
+    peak = peak_flops(detect_device(), "bf16").flops if s.device == "cuda" else None
+    why = liger.unavailable()
+    rows = []
+    for label, (settings, compiled) in FUSED_STEPS.items():
+        uses_liger = "liger" in settings.values()
+        if uses_liger and why is not None and s.device == "cuda":
+            rows.append(_row("fused", label, None, "tokens/s", why))
+            continue
+        try:
+            ms, flops_per_token, memory = _fused_step(s, settings, compiled)
+        except Exception as err:  # noqa: BLE001 -- one path failing (a kernel, a compilation, memory) is its row
+            rows.append(
+                _row("fused", label, None, "tokens/s", f"{type(err).__name__}: {err}".splitlines()[0][:160])
+            )
+            log.exception("fused %s", label)
+            continue
+        tokens_per_s = batch * block / ms * 1e3
+        detail = f"B x T = {batch} x {block}"
+        if uses_liger and s.device != "cuda":  # the dry run: the settings' CPU hand-off, not liger's kernels
+            detail += f"; PyTorch's ops on the CPU ({why})"
+        rows.append(_row("fused", label, ms, "ms a step", detail))
+        rows.append(_row("fused", label, tokens_per_s, "tokens/s", detail))
+        mfu = flops_per_token * tokens_per_s / peak if peak else None
+        rows.append(_row("fused", label, mfu, "MFU", "" if peak else "no peak FLOP/s for this device"))
+        if memory is not None:
+            rows.append(_row("fused", label, memory, "GiB peak allocated"))
+        log.info("fused %s: %.2f ms", label, ms)
+    return rows
+
+
 def bench_pairs(out: Path, s: Shapes) -> list[dict[str, Any]]:
     runs = default_runs(s.pair_steps)
     rows = []
@@ -226,7 +325,7 @@ def bench_pairs(out: Path, s: Shapes) -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ("sdpa", "fp8", "mfu", "pairs")
+SECTIONS = ("fused", "sdpa", "fp8", "mfu", "pairs")
 
 
 def write_table(path: Path, rows: list[dict[str, Any]], header: str) -> str:
@@ -271,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     sections = {
+        "fused": lambda: bench_fused(s),
         "sdpa": lambda: bench_sdpa(s),
         "fp8": lambda: bench_fp8(s),
         "mfu": lambda: bench_mfu(a.out, s),

@@ -85,7 +85,7 @@ def _bench(prog: str, argv: list[str]) -> int:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("train a model (Hydra overrides, -m for sweeps, --cfg job, --help)", _train),
-    "data": Subcommand("prepare a corpus into token shards", _argv_tool("gptmini.data.prepare")),
+    "data": Subcommand("prepare a run's data, no training", _argv_tool("gptmini.training.run.data_command")),
     "runs": Subcommand(
         "list the runs under outputs/: steps, val/loss, size, finished or resumable",
         _argv_tool("gptmini.runs.discovery"),

@@ -1,6 +1,7 @@
 """The blocks' feed-forward sublayers, one class per ``model.mlp`` choice (``FEED_FORWARDS``; ``none`` builds no
 sublayer). Each is built from the model's ``GPTConfig`` (``n_embd``, ``mlp_width``, ``bias``, ``dropout``) and
-names the hidden matrices an orthogonalising optimizer (Muon) may take.
+names the hidden matrices an orthogonalising optimizer (Muon) may take. ``model.fused_ops=liger`` computes the
+SwiGLU and squared-ReLU activations with liger-kernel's kernels (``gptmini.liger``); GELU has none there.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gptmini import liger
 
 
 class MLP(nn.Module):
@@ -39,9 +42,10 @@ class ReLU2MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.act = liger.relu_squared if config.fused_ops == "liger" else _relu_squared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.relu(self.c_fc(x)).square()))  # (B, T, C)
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))  # (B, T, C)
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         return [self.c_fc.weight, self.c_proj.weight]
@@ -58,12 +62,21 @@ class SwiGLU(nn.Module):
         self.w_up = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.act = liger.silu_mul if config.fused_ops == "liger" else _silu_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))  # (B, T, C)
+        return self.dropout(self.c_proj(self.act(self.w_gate(x), self.w_up(x))))  # (B, T, C)
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         return [self.w_gate.weight, self.w_up.weight, self.c_proj.weight]
+
+
+def _relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 FEED_FORWARDS: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}

@@ -66,8 +66,7 @@ def training_step_bytes(
     """An upper bound of the memory (bytes) one training step of ``config`` on a batch of ``batch_size`` adds on
     one device, by part; tests compare it with the peak of a real step. The weights with their gradients, the
     optimizer's two moments and its temporaries (24 bytes a parameter); the output layer's logits, their
-    log-softmax and gradient (on a CPU with a large vocabulary, one chunk of them: ``GPT.forward`` computes the loss
-    in chunks there); the activations kept for the backward pass (8 values of width n_embd and 4 of the MLP's width
+    log-softmax and gradient (one chunk of them where ``config.loss`` computes the loss in chunks); the activations kept for the backward pass (8 values of width n_embd and 4 of the MLP's width
     per token and layer, plus dropout masks, and the gradients of one layer's), and the attention scores where
     they are materialised (implementations other than SDPA and FlexAttention; SDPA with dropout on a CPU)."""
     from gptmini import lm_loss
@@ -77,7 +76,9 @@ def training_step_bytes(
     act = 2 if precision.startswith(("bf16", "16")) else 4  # bytes per activation value
     tokens = batch_size * config.block_size
     vocab = config.padded_vocab_size
-    chunked = torch.device(device).type == "cpu" and config.vocab_size >= lm_loss.MIN_VOCAB
+    # the chunked and liger losses hold one chunk of the logits at a time (liger sizes its own: counted as ours)
+    path = lm_loss.resolve_loss(config.loss, config.vocab_size, config.logit_softcap)
+    chunked = path in ("chunked", "liger")
     rows = min(tokens, lm_loss.chunk_rows(vocab)) if chunked else tokens
     # logits (act) and their float32 log-softmax and gradient; chunked: one chunk, plus the hidden states' gradient
     logits = rows * vocab * (act + 8) + (2 * 4 * tokens * config.n_embd if chunked else 0)

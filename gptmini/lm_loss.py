@@ -6,9 +6,13 @@ twice more by their gradients. Here rows go through in chunks: each chunk's logi
 their gradient (softmax minus the one-hot target), which is multiplied into the gradients of the hidden states
 and the weight before the next chunk reuses the memory. The backward only scales what the forward computed.
 This is the chunked linear cross-entropy that Liger-Kernel and others fuse on GPUs, written with plain PyTorch
-operations; the model uses it on the CPU (``GPT.forward(idx, targets, return_logits=False)``)."""
+operations. ``model.loss`` chooses the model's loss path once, when it is built (``choose_loss``): this one,
+liger-kernel's fused kernel (``gptmini.liger``), or the plain logits then ``F.cross_entropy``."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -20,6 +24,35 @@ CHUNK_ELEMENTS = 512 * 50304
 # below this vocabulary the logits are small and one fused cross entropy is as fast or faster (the crossover
 # measured on the quick-start model's step; `make bench`'s lm_loss table, docs/benchmarks.md)
 MIN_VOCAB = 2048
+
+
+# model.loss's values: auto picks chunked or plain (``resolve_loss``); liger is liger-kernel's fused Triton kernel
+LOSSES = ("auto", "plain", "chunked", "liger")
+# a loss path: hidden states (N, C), the output weight's real rows (V, C), targets (N,; -1 ignored) -> the mean loss
+LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def resolve_loss(loss: str, vocab_size: int, softcap: float | None) -> str:
+    """The path ``loss`` names, ``auto`` made concrete: chunked on a machine without a CUDA GPU for a vocabulary of
+    ``MIN_VOCAB`` or more (the chunks compute plain logits, so not with a soft cap), else plain. The GPU's default
+    stays plain, which ``torch.compile`` fuses, until the GPU round measures chunked and liger against it."""
+    if loss != "auto":
+        return loss
+    large = vocab_size >= MIN_VOCAB and softcap is None
+    return "chunked" if large and not torch.cuda.is_available() else "plain"
+
+
+def choose_loss(loss: str, vocab_size: int, softcap: float | None) -> LossFn | None:
+    """A model's loss path, once, when it is built; None: the plain path (the logits, then ``F.cross_entropy``),
+    which the model computes itself."""
+    path = resolve_loss(loss, vocab_size, softcap)
+    if path == "chunked":
+        return linear_cross_entropy
+    if path == "liger":
+        from gptmini import liger
+
+        return partial(liger.linear_cross_entropy, softcap=softcap)
+    return None
 
 
 def chunk_rows(vocab: int) -> int:

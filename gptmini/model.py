@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptmini import generation, ingredients, lm_loss
+from gptmini import generation, ingredients, liger, lm_loss
 from gptmini.attention import KVCache, attention_class, available_attention, build_attention
 from gptmini.attention.base import QueryKeys
 from gptmini.feed_forward import FEED_FORWARDS
@@ -84,6 +84,15 @@ class GPTConfig:
     smear_gate: bool = False
     bigram_embed: bool = False
     bigram_buckets: int | None = None
+    # The training loss's path: "plain" (the logits, then F.cross_entropy; torch.compile fuses it on a GPU),
+    # "chunked" (from the hidden states, a chunk of rows at a time: never the whole logits; not with logit_softcap),
+    # "liger" (liger-kernel's fused linear cross-entropy: a CUDA GPU and pip install 'gptmini[gpu]') or "auto":
+    # chunked on a machine without a CUDA GPU for a vocabulary of 2048 or more without a soft cap, else plain.
+    loss: str = "auto"
+    # The kernels of the blocks' norms and MLP activation: "none" (PyTorch's operations, which torch.compile fuses)
+    # or "liger" (liger-kernel's LayerNorm, RMSNorm, SwiGLU and squared ReLU; GELU stays PyTorch's: a CUDA GPU and
+    # pip install 'gptmini[gpu]'). The parameters are the same either way, and so are the checkpoints.
+    fused_ops: str = "none"
     head_size: int = field(init=False)
     padded_vocab_size: int = field(init=False)
     kv_heads: int = field(init=False)
@@ -188,6 +197,19 @@ class GPTConfig:
             raise ConfigError(
                 f"model.logit_softcap={cap!r} is invalid: a positive number (15 or 30 are usual), or null for no cap"
             )
+        if self.loss not in lm_loss.LOSSES:
+            raise ConfigError(
+                f"model.loss={self.loss!r} is invalid: valid values are {', '.join(lm_loss.LOSSES)}"
+            )
+        if self.loss == "chunked" and cap is not None:
+            raise ConfigError(
+                f"model.loss=chunked computes plain logits and model.logit_softcap={cap} caps them: use "
+                "model.loss=plain (or liger on a CUDA GPU), or model.logit_softcap=null"
+            )
+        if self.fused_ops not in FUSED_OPS:
+            raise ConfigError(
+                f"model.fused_ops={self.fused_ops!r} is invalid: valid values are {', '.join(FUSED_OPS)}"
+            )
         if self.mlp == "none":
             if hidden is not None:
                 raise ConfigError(
@@ -270,6 +292,9 @@ POSITIONS = ("learned", "rope", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
+FUSED_OPS = ("none", "liger")
+# settings that choose how the model computes, not what: the same parameters and function (a resume may change them)
+KERNEL_SETTINGS = ("loss", "fused_ops")
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
 
@@ -281,10 +306,13 @@ def available_presets() -> list[str]:
 
 
 def build_norm(config: GPTConfig) -> nn.Module:
-    """The normalisation ``config.norm`` names, over the model width."""
+    """The normalisation ``config.norm`` names, over the model width, by the kernels ``config.fused_ops`` names
+    (the same module and parameters either way)."""
+    fused = config.fused_ops == "liger"
+    rms, layer = (liger.RMSNorm, liger.LayerNorm) if fused else (nn.RMSNorm, nn.LayerNorm)
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        return rms(config.n_embd, eps=config.norm_eps)
+    return layer(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
 def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -364,6 +392,8 @@ class GPT(nn.Module):
         if config.tie_weights:
             # One tensor for both: the input embedding and the output projection learn together.
             self.lm_head.weight = self.wte.weight
+        # the loss of forward(..., return_logits=False), chosen once (None: the logits, then F.cross_entropy)
+        self._loss_alone = lm_loss.choose_loss(config.loss, config.vocab_size, config.logit_softcap)
         self.reset_parameters()
 
     # --- initialisation -------------------------------------------------------------------------------
@@ -502,20 +532,13 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits (B, T, vocab) and, given targets (B, T; -1 is ignored), the mean cross entropy.
 
-        ``return_logits=False`` asks for the loss alone (logits None), which on a CPU with a large vocabulary
-        never materialises the logits: ``lm_loss.linear_cross_entropy`` takes the hidden states and the output
-        weight chunk by chunk. On other devices, and for small vocabularies, the loss comes the plain way (which
-        ``torch.compile`` fuses on a GPU)."""
+        ``return_logits=False`` asks for the loss alone (logits None), by the path ``config.loss`` chose when the
+        model was built: the chunked or liger loss take the hidden states and the output weight and never
+        materialise the logits; the plain path computes them (which ``torch.compile`` fuses on a GPU)."""
         h = self.hidden_states(idx)  # (B, T, C)
-        # the chunked loss computes plain logits: a soft cap takes the path that materialises them
-        chunked = (
-            h.device.type == "cpu"
-            and self.config.vocab_size >= lm_loss.MIN_VOCAB
-            and self.config.logit_softcap is None
-        )
-        if targets is not None and not return_logits and chunked:
+        if targets is not None and not return_logits and self._loss_alone is not None:
             flat = h.reshape(-1, h.size(-1))  # (B T, C)
-            return None, lm_loss.linear_cross_entropy(flat, self._vocab_weight(), targets.reshape(-1), -1)
+            return None, self._loss_alone(flat, self._vocab_weight(), targets.reshape(-1))
         logits = self.logits(h)  # (B, T, Vp)
         loss = None if targets is None else self._cross_entropy(logits, targets)
         # A view: padded columns are never shown to callers.

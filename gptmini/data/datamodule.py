@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 from gptmini.data.corpora import default_out_dir
 from gptmini.data.prepare import DEFAULT_BUFFER_MB, DEFAULT_SHARD_TOKENS, PrepareProgress, prepare
 from gptmini.data.reader import load_meta, load_split, load_tokenizer
+from gptmini.data.schema import at_least, check_settings
 from gptmini.data.tokenizers import Tokenizer
 from gptmini.data.windows import (
     DeviceWindows,
@@ -28,12 +29,6 @@ from gptmini.data.windows import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def _at_least(key: str, value: Any, low: int, note: str = "") -> None:
-    """``value`` (None: not set) an integer >= ``low``, else a ValueError naming ``data.<key>``."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-        raise ValueError(f"data.{key}={value} is invalid: it must be an integer >= {low}{note}")
 
 
 def device_memory(device: torch.device) -> int | None:
@@ -80,16 +75,10 @@ class TokenDataModule(L.LightningDataModule):
         tokenizer_train_bytes: int | None = None,
     ) -> None:
         # each bad setting named as its config key (the run's plan builds this to run them before any work)
-        _at_least("batch_size", batch_size, 1)
-        _at_least("num_workers", num_workers, 0, " (0: load in the main process)")
-        _at_least("shard_tokens", shard_tokens, 1)
-        _at_least("buffer_mb", buffer_mb, 1)
-        _at_least("prepare_threads", prepare_threads, 1, " (or null: one thread per core, at most 8)")
-        _at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(
-                f"data.val_fraction={val_fraction:g} is invalid: it must be in [0, 1) (0.1 is a good default)"
-            )
+        at_least("batch_size", batch_size, 1)
+        at_least("num_workers", num_workers, 0, " (0: load in the main process)")
+        at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
+        check_settings(val_fraction, shard_tokens, buffer_mb, prepare_threads)
         super().__init__()
         # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
         data_dir = str(data_dir) if data_dir is not None else None
@@ -139,7 +128,7 @@ class TokenDataModule(L.LightningDataModule):
             progress=progress,
             tokenizer_options=self.tokenizer_options,
         )
-        log.info("data %s: %s", "up to date" if result.skipped else "prepared", result.out_dir)
+        log.info("data %s", result.summary)
         # the token files checked (sizes, and ids against the vocabulary) before any model is built or step run
         for split, info in result.meta["splits"].items():
             if info["tokens"] > 0:

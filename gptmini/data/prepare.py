@@ -5,26 +5,24 @@ Preparing reads the corpus twice, piece by piece: a check of every file (UTF-8, 
 bytes; the character set for ``char``) that stops on bad input before any tokenizing, then the tokenizing, by a
 pool of threads (tiktoken releases the GIL), into shards. After each shard, ``progress.json`` in the shards' folder
 records where the stream stands, so a killed preparation resumes after its last finished shard. No torch or
-Lightning here: the CLI stays quick to start.
+Lightning here: the writer stays quick to import.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import hashlib
 import json
 import logging
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptmini.data.bpe import bpe_settings, log_compression, trained_bpe
+from gptmini.data.bpe import bpe_settings, trained_bpe
 from gptmini.data.corpora import (
     ARROW,
     EMBEDDED_SOURCES,
@@ -44,9 +42,9 @@ from gptmini.data.encoding import (
     tokenize_corpus,
 )
 from gptmini.data.errors import DataError
-from gptmini.data.progress import PrepareProgress, Reporter, cli_logging, progress_bar
+from gptmini.data.progress import PrepareProgress, Reporter, progress_bar
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
-from gptmini.data.schema import SHARD_PREFIX, check_progress
+from gptmini.data.schema import SHARD_PREFIX, check_progress, check_settings
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
     BPE_FILE,
@@ -72,9 +70,7 @@ __all__ = [  # the writer's API; tokenizing and progress live in gptmini.data.en
     "DEFAULT_SHARD_TOKENS",
     "PrepareProgress",
     "PreparedData",
-    "cli_logging",
     "encode_text",
-    "main",
     "prepare",
     "progress_bar",
     "split_for_encoding",
@@ -109,6 +105,14 @@ class PreparedData:
     @property
     def val_tokens(self) -> int:
         return int(self.meta["splits"]["val"]["tokens"])
+
+    @property
+    def summary(self) -> str:
+        meta, done = self.meta, "skipped (up to date)" if self.skipped else "prepared"
+        return (
+            f"{done} {meta['source']}: train {self.train_tokens} tokens, val {self.val_tokens} tokens ({meta['dtype']}, "
+            f"vocab {meta['vocab_size']}, {len(meta['shards'])} shard(s)) in {self.seconds:.2f}s -> {self.out_dir}"
+        )
 
 
 def _settings(
@@ -258,22 +262,11 @@ def prepare(
     stays as it was until the new is complete.
     """
     t0 = time.perf_counter()
-    if not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}; 0.1 is a good default")
+    check_settings(val_fraction, shard_tokens, buffer_mb, num_threads)
     if tokenizer not in available_tokenizers():
         raise TokenizerError(
             f"unknown tokenizer {tokenizer!r}; valid names: {', '.join(available_tokenizers())}"
         )
-    if not isinstance(shard_tokens, int) or shard_tokens < 1:
-        raise DataError(
-            f"shard_tokens must be an integer >= 1, got {shard_tokens!r}; 100000000 is the default"
-        )
-    if not isinstance(buffer_mb, int) or buffer_mb < 1:
-        raise DataError(
-            f"buffer_mb must be an integer >= 1, got {buffer_mb!r}; {DEFAULT_BUFFER_MB} is the default"
-        )
-    if num_threads is not None and num_threads < 1:
-        raise DataError(f"num_threads must be >= 1 (or None: one per core, at most 8), got {num_threads}")
     options = dict(tokenizer_options or {})
     bpe = (
         bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)
@@ -312,7 +305,7 @@ def prepare(
     except OSError as e:
         raise DataError(
             f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
-            "space or point paths.data_root (gptmini data: --out) at a writable folder"
+            "space or point paths.data_root (or data.data_dir) at a writable folder"
         ) from e
 
 
@@ -323,8 +316,8 @@ def _check_out_folder(out: Path) -> None:
     too_long = name_too_long(out / META_FILE)
     if too_long:
         raise DataError(
-            f"the prepared-data folder {str(out)[:80]}...: {too_long}; pass a shorter path (gptmini data: --out, "
-            "training: paths.data_root)"
+            f"the prepared-data folder {str(out)[:80]}...: {too_long}; pass a shorter path (paths.data_root or "
+            "data.data_dir)"
         )
     if out.exists() and not out.is_dir():
         raise DataError(
@@ -567,97 +560,3 @@ def _clear_unrecorded(folder: Path, state: Mapping[str, Any]) -> None:
     for extra in folder.glob("shard_*.bin"):
         if extra.name not in known:
             extra.unlink()
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gptmini data",
-        description="Tokenize a corpus into token shards + meta.json (streamed, resumable).",
-    )
-    parser.add_argument(
-        "--source",
-        default="shakespeare",
-        help="'shakespeare' (embedded), a text/.jsonl/.jsonl.gz/.parquet/.arrow file, a folder or glob of them, "
-        "a Hugging Face datasets folder, or a URL",
-    )
-    parser.add_argument("--tokenizer", default="gpt2", help=f"one of: {', '.join(available_tokenizers())}")
-    parser.add_argument(
-        "--vocab-size", type=int, default=None, help="--tokenizer bpe: tokens to train (default 8192)"
-    )
-    parser.add_argument(
-        "--train-bytes",
-        type=int,
-        default=None,
-        help="--tokenizer bpe: bytes of training text the tokenizer learns from, at most (default 100000000)",
-    )
-    parser.add_argument(
-        "--out", default=None, help="output folder (default: data/<source name>_<source hash>_<tokenizer>)"
-    )
-    parser.add_argument(
-        "--val-fraction", type=float, default=0.1, help="last fraction of tokens kept for val"
-    )
-    parser.add_argument("--force", action="store_true", help="re-tokenize even if the folder is up to date")
-    parser.add_argument(
-        "--num-threads", type=int, default=None, help="tokenizer threads (default: cores, max 8)"
-    )
-    parser.add_argument(
-        "--text-field", default="text", help="JSONL field / Parquet or Arrow column holding the text"
-    )
-    parser.add_argument(
-        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file"
-    )
-    parser.add_argument(
-        "--buffer-mb",
-        type=int,
-        default=DEFAULT_BUFFER_MB,
-        help="text in flight to the tokenizer threads, MB (bounds memory)",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.tokenizer != "bpe" and (args.vocab_size is not None or args.train_bytes is not None):
-        parser.error(
-            f"--vocab-size and --train-bytes train --tokenizer bpe, not --tokenizer {args.tokenizer}"
-        )
-    callback, shown = cli_logging(args.verbose)
-    try:
-        with shown:
-            result = prepare(
-                args.source,
-                args.tokenizer,
-                args.out,
-                args.val_fraction,
-                args.force,
-                args.num_threads,
-                text_field=args.text_field,
-                shard_tokens=args.shard_tokens,
-                buffer_mb=args.buffer_mb,
-                progress=callback,
-                tokenizer_options={"vocab_size": args.vocab_size, "train_bytes": args.train_bytes},
-            )
-            if args.tokenizer == "bpe":
-                log_compression(result.out_dir, result.meta)
-    except (DataError, TokenizerError) as e:
-        log.error("error: %s", e)
-        return 2
-    log.info(
-        "%s %s: train %d tokens, val %d tokens (%s, vocab %d, %d shard(s)) in %.2fs -> %s",
-        "skipped (up to date)" if result.skipped else "prepared",
-        args.source,
-        result.train_tokens,
-        result.val_tokens,
-        result.meta["dtype"],
-        result.meta["vocab_size"],
-        len(result.meta["shards"]),
-        result.seconds,
-        result.out_dir,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

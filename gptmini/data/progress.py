@@ -100,12 +100,12 @@ def progress_bar() -> tuple[Callable[[PrepareProgress], None], Any]:
     return update, bar
 
 
-def cli_logging(verbose: bool = False) -> tuple[Callable[[PrepareProgress], None] | None, Any]:
+def cli_logging() -> tuple[Callable[[PrepareProgress], None] | None, Any]:
     """Logging for a command that prepares data: on a terminal, a progress bar with the log lines above it;
     else plain log lines (one every 30 s while preparing). Returns the ``prepare`` callback and the context
     that shows the bar."""
     if not sys.stderr.isatty():
-        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
         return None, contextlib.nullcontext()
     from rich.highlighter import NullHighlighter
     from rich.logging import RichHandler
@@ -119,7 +119,5 @@ def cli_logging(verbose: bool = False) -> tuple[Callable[[PrepareProgress], None
         markup=False,
         highlighter=NullHighlighter(),
     )
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler]
-    )
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler])
     return callback, bar

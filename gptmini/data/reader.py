@@ -43,7 +43,7 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(
             f"{path} not found: {data_dir} is not a prepared data folder (or its prepare was interrupted); "
-            f"run `gptmini data --source <corpus> --out {data_dir}`"
+            f"run `gptmini data <the run's settings> data.data_dir={data_dir}`"
         )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))

@@ -43,7 +43,7 @@ def _record_text(value: Any, where: str, text_field: str) -> str | None:
         return value
     raise DataError(
         f"{where}: field {text_field!r} holds {type(value).__name__}, not text; pass the field that holds the "
-        "text (data.text_field=..., gptmini data: --text-field)"
+        "text (data.text_field=...)"
     )
 
 
@@ -80,7 +80,7 @@ def read_jsonl(
                 if text_field not in record:
                     raise DataError(
                         f"{path}:{lineno} has no field {text_field!r} (fields: {', '.join(sorted(record))}); "
-                        "pass the one that holds the text (data.text_field=..., gptmini data: --text-field)"
+                        "pass the one that holds the text (data.text_field=...)"
                     )
                 text = _record_text(record[text_field], f"{path}:{lineno}", text_field)
                 if text:
@@ -110,13 +110,13 @@ def _text_column(schema: Any, path: Path, text_field: str) -> int:
     if index < 0:
         raise DataError(
             f"{path} has no column {text_field!r} (columns: {', '.join(schema.names)}); pass the one that holds "
-            "the text (data.text_field=..., gptmini data: --text-field)"
+            "the text (data.text_field=...)"
         )
     kind = schema.field(index).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise DataError(
             f"{path}: column {text_field!r} is {kind}, not text; pass the column that holds the text "
-            "(data.text_field=..., gptmini data: --text-field)"
+            "(data.text_field=...)"
         )
     return index
 

@@ -28,7 +28,7 @@ SHARD_PREFIX = "tokens-"
 SHARD_DIR = re.compile(r"tokens-[0-9a-z][0-9a-z_-]{0,62}")
 SHARD_FILE = re.compile(r"shard_\d{6}\.bin")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-FIX = "re-run prepare with --force (gptmini data --force; training re-prepares by itself)"
+FIX = "prepare it again (gptmini data <the run's settings> data.force_prepare=true; training re-prepares by itself)"
 
 # A check: the value -> what is wrong with it (``bad``: "is -1, but must be an integer in [0, inf]"), or None.
 Check = Callable[[Any], str | None]
@@ -270,3 +270,18 @@ def check_meta(meta: Any, data_dir: Path) -> dict[str, Any]:
 def check_progress(state: Any, folder: Path) -> dict[str, Any]:
     check_fields(state, PROGRESS_FIELDS, folder / "progress.json")
     return state
+
+
+def at_least(key: str, value: Any, low: int, note: str = "") -> None:
+    """``value`` (None: not set) an integer >= ``low``, else a DataError naming ``data.<key>``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+        raise DataError(f"data.{key}={value} is invalid: it must be an integer >= {low}{note}")
+
+
+def check_settings(val_fraction: float, shard_tokens: int, buffer_mb: int, threads: int | None) -> None:
+    """The preparation's own settings, named as the run's (``data.*``)."""
+    at_least("shard_tokens", shard_tokens, 1)
+    at_least("buffer_mb", buffer_mb, 1)
+    at_least("prepare_threads", threads, 1, " (or null: one thread per core, at most 8)")
+    if not 0.0 <= val_fraction < 1.0:
+        raise DataError(f"data.val_fraction={val_fraction:g} is invalid: it must be in [0, 1)")

@@ -179,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--corpus",
         default=None,
-        help="the corpus the run trained on (a file, folder, glob or URL, as `gptmini data --source` takes), for "
+        help="the corpus the run trained on (a file, folder, glob or URL, as data.source takes), for "
         "when its data folder is gone or was re-prepared: re-tokenized with the checkpoint's own tokenizer into a "
         "temporary folder and checked against the data it recorded. The corpus a checkpoint records is never "
         "fetched or read unless named here (the embedded shakespeare excepted)",

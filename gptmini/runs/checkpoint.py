@@ -19,7 +19,7 @@ from typing import IO, Any, Literal
 import torch
 
 from gptmini import fileio
-from gptmini.model import GPT, GPTConfig
+from gptmini.model import GPT, KERNEL_SETTINGS, GPTConfig
 from gptmini.runs.files import SUMMARY_FILE, write_summary
 from gptmini.runs.record import read_record
 
@@ -341,8 +341,8 @@ def check_resume_compatible(
     saved = GPTConfig.from_dict(dict(_model_config(ckpt, path)))  # settings older checkpoints lack: defaults
     check_tensors_match(ckpt["state_dict"], saved, path)
     wanted = GPTConfig.from_dict(dict(model_config)).to_dict()
-    # every model setting but dropout, which only acts in training and may change on resume
-    keys = [k for k in saved.to_dict() if k != "dropout" and k not in ignore]
+    # every model setting but dropout, which only acts in training, and the kernels: they may change on resume
+    keys = [k for k in saved.to_dict() if k not in ("dropout", *KERNEL_SETTINGS, *ignore)]
     diff = {k: (getattr(saved, k), wanted.get(k)) for k in keys if getattr(saved, k) != wanted.get(k)}
     if diff:
         desc = ", ".join(f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in diff.items())

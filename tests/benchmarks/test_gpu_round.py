@@ -45,12 +45,40 @@ def test_the_kernel_sections_run_on_the_cpu_and_write_one_table(tmp_path):
     assert fp8[2] == "—" and expected in fp8[4]
 
 
+def _table(out) -> list[list[str]]:
+    lines = [line for line in (out / "gpu_round.md").read_text().splitlines() if line.startswith("| ")][2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def _fused_rows_run(rows: list[list[str]], steps) -> None:
+    speed = {r[1]: r for r in rows if r[0] == "fused" and r[3] == "tokens/s"}
+    assert speed.keys() == set(steps)
+    for label, (settings, _) in steps.items():
+        assert float(speed[label][2]) > 0, speed[label]
+        # liger's rows on a CPU: the settings' CPU hand-off, said in the row
+        assert ("PyTorch's ops on the CPU" in speed[label][4]) == ("liger" in settings.values())
+
+
+def test_the_fused_sections_eager_rows_run_on_the_cpu(tmp_path, monkeypatch):
+    # every loss path and kernel setting through the bare step (the compiled rows: the slow test below)
+    eager = {label: row for label, row in gpu_round.FUSED_STEPS.items() if not row[1]}
+    assert len(eager) >= 4
+    monkeypatch.setattr(gpu_round, "FUSED_STEPS", eager)
+    out = tmp_path / "results"
+    assert gpu_round.main(["--cpu-dry-run", "--only", "fused", "--out", str(out)]) == 0
+    _fused_rows_run(_table(out), eager)
+
+
 @pytest.mark.slow
 def test_the_cpu_dry_run_runs_the_training_sections_through_the_real_command(tmp_path):
     out = tmp_path / "results"
-    assert gpu_round.main(["--cpu-dry-run", "--only", "mfu", "pairs", "--out", str(out)]) == 0
-    lines = [line for line in (out / "gpu_round.md").read_text().splitlines() if line.startswith("| ")][2:]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    assert gpu_round.main(["--cpu-dry-run", "--only", "fused", "mfu", "pairs", "--out", str(out)]) == 0
+    rows = _table(out)
+    _fused_rows_run(rows, gpu_round.FUSED_STEPS)
+    liger_rows = [r for r in rows if r[0] == "mfu" and r[1] in gpu_round.LIGER_MFU_VARIANTS]
+    assert len(liger_rows) == len(gpu_round.LIGER_MFU_VARIANTS)
+    assert all(r[2] == "—" and r[4] for r in liger_rows), liger_rows  # no CUDA here: the reason, no run
+    rows = [r for r in rows if r[0] != "fused"]
     assert not [r for r in rows if "exit" in r[4] or "stopped after" in r[4]], rows
     mfu = {(r[1], r[3]): r[2] for r in rows if r[0] == "mfu"}
     for variant in gpu_round.MFU_VARIANTS:

@@ -277,7 +277,8 @@ def test_a_char_checkpoint_samples_after_its_data_folder_is_reprepared_or_it_mov
     (data,) = (root / "data").iterdir()
     other = tmp_path / "other.txt"
     other.write_text("zyxwvutsrq 0123456789\n" * 100, encoding="utf-8")
-    prepared = gptmini_cli(["data", "--source", other, "--tokenizer", "char", "--out", data, "--force"])
+    settings = [f"data.source={other}", "tokenizer=char", f"data.data_dir={data}", "data.force_prepare=true"]
+    prepared = gptmini_cli(["data", "data=text", *settings])
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     after = gptmini_cli(["sample", "--ckpt", moved, "--max-new-tokens", "20", "--device", "cpu"])
     assert before.returncode == after.returncode == 0, after.stderr[-2000:]
@@ -309,8 +310,9 @@ def test_eval_after_the_data_folder_is_reprepared_rebuilds_the_same_split_or_say
     (data,) = (tmp_path / "data").iterdir()
     other = tmp_path / "other.txt"
     other.write_text("zyxwvutsrq 0123456789\n" * 100, encoding="utf-8")
-    options = ["--vocab-size", "270"] if tokenizer == "bpe" else []
-    args = ["data", "--source", other, "--tokenizer", tokenizer, "--out", data, "--force", *options]
+    options = ["tokenizer.vocab_size=270"] if tokenizer == "bpe" else []
+    settings = [f"data.source={other}", f"tokenizer={tokenizer}", f"data.data_dir={data}", *options]
+    args = ["data", "data=text", *settings, "data.force_prepare=true"]
     assert gptmini_cli(args).returncode == 0
     reprepared = (data / "meta.json").read_bytes()
     unnamed, _ = evaluate("unnamed")

@@ -1,6 +1,6 @@
-"""Preparing a corpus in its own process, as ``gptmini data`` runs: killed with SIGKILL in the middle (twice),
-a rerun resumes after the last finished shard and ends with exactly the bytes of an uninterrupted preparation;
-and peak memory does not grow with the corpus."""
+"""Preparing a corpus in its own process, with the writer ``gptmini data`` runs: killed with SIGKILL in the
+middle (twice), a rerun resumes after the last finished shard and ends with exactly the bytes of an uninterrupted
+preparation; and peak memory does not grow with the corpus."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from gptmini.data.corpora import shakespeare_text
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import prepare
+from gptmini.data.prepare import DEFAULT_BUFFER_MB, prepare
 from gptmini.data.reader import load_meta
 
 SHARD_TOKENS = 4_000
@@ -39,22 +39,19 @@ def _write_corpus(folder: Path, copies: float = 0.25) -> Path:
     return folder
 
 
-def _command(source: Path, out: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gptmini.data.prepare",
-        "--source",
-        str(source),
-        "--tokenizer",
-        "gpt2",
-        "--out",
-        str(out),
-        "--shard-tokens",
-        str(SHARD_TOKENS),
-        "--num-threads",
-        "2",
-    ]
+# the writer `gptmini data` runs, in a process of its own (without the training command's start-up)
+WRITER = (
+    "import logging, sys; from gptmini.data.prepare import prepare; "
+    "logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+    "prepare(sys.argv[1], 'gpt2', sys.argv[2], shard_tokens=int(sys.argv[3]), buffer_mb=int(sys.argv[4]), "
+    "num_threads=2)"
+)
+
+
+def _command(
+    source: Path, out: Path, shard_tokens: int = SHARD_TOKENS, buffer_mb: int = DEFAULT_BUFFER_MB
+) -> list[str]:
+    return [sys.executable, "-c", WRITER, str(source), str(out), str(shard_tokens), str(buffer_mb)]
 
 
 def _kill_after(cmd: list[str], out: Path, shards: int) -> list[str]:
@@ -135,9 +132,9 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     assert sizes[1] > 3.5 * sizes[0]
     peaks = []
     for source in (small, large):
-        cmd = _command(source, tmp_path / f"{source.name}_out")
-        cmd[cmd.index("--shard-tokens") + 1] = str(2_000_000)
-        peaks.append(_peak_rss_mib([*cmd, "--buffer-mb", "16"]))
+        peaks.append(
+            _peak_rss_mib(_command(source, tmp_path / f"{source.name}_out", 2_000_000, buffer_mb=16))
+        )
     # The old whole-text preparation held ~15x the corpus; a streamed one holds the same at any size.
     assert peaks[1] < peaks[0] + 24, (
         f"peak RSS {peaks[0]:.0f} MiB for {sizes[0] >> 20} MiB, {peaks[1]:.0f} MiB "

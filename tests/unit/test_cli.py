@@ -186,7 +186,7 @@ DEFAULTS = {
     "export": "--format {gpt2,llama}",
     "import": "--force replace an existing --out file (default: False)",
     "runs": "--runs-dir RUNS_DIR the runs folder (paths.output_root of training) (default: outputs)",
-    "data": "(default: ",
+    "data": "`gptmini train --cfg job` lists them",
 }
 
 

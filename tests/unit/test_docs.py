@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -164,17 +165,37 @@ def test_the_training_pages_config_table_lists_every_option_of_each_group():
     assert seen == set(groups), sorted(set(groups) - seen)
 
 
-def test_the_data_readmes_options_are_those_of_gptmini_data():
-    from gptmini.data.prepare import _parser
-
+def test_the_data_readmes_settings_are_training_settings(compose_cfg):
+    """`gptmini data` takes the training settings: each the data README names is a key of the composed config,
+    and its tokenizer row names every tokenizer option."""
     page = (ROOT / "data" / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\| `(-[-\w]+)`(?:, `(--[-\w]+)`)? \|", page, re.M))
-    documented = {o for pair in documented for o in pair if o}
-    options = {o for action in _parser()._actions for o in action.option_strings} - {"-h", "--help"}
-    assert documented == options
-    row = next(line for line in page.splitlines() if line.startswith("| `--tokenizer`"))
+    rows = re.findall(r"^\| ((?:`[^`]+`(?:, )?)+) \| ", page, re.M)
+    keys = {k.split("=")[0] for row in rows for k in re.findall(r"`([^`]+)`", row) for k in k.split()}
+    assert {
+        "data.source",
+        "tokenizer",
+        "tokenizer.vocab_size",
+        "data.shard_tokens",
+        "data.force_prepare",
+    } <= keys
+    cfg = compose_cfg([])
+    missing = sorted(k for k in keys if "." in k and OmegaConf.select(cfg, k, default="absent") == "absent")
+    assert not missing
+    row = next(line for line in page.splitlines() if line.startswith("| `tokenizer=...`"))
     tokenizers = {f.stem for f in (ROOT / "conf" / "tokenizer").glob("*.yaml")}
     assert tokenizers <= set(re.findall(r"`(\w+)`", row)), row
+
+
+def test_every_documented_gptmini_data_command_takes_overrides_only():
+    pages = [*PAGES, ROOT / "data" / "README.md"]
+    commands = [
+        line.split("#")[0].split()
+        for page in pages
+        for line in re.findall(r"gptmini data( [^`\n]*)", page.read_text(encoding="utf-8"))
+    ]
+    assert len(commands) >= 5
+    for args in commands:
+        assert not [a for a in args if a.startswith("-")], args
 
 
 def test_reliability_promises_the_exit_status_the_code_gives():

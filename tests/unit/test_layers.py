@@ -16,6 +16,7 @@ LAYERS = [
         "gptmini.options",
         "gptmini.attention",
         "gptmini.lm_loss",
+        "gptmini.liger",
     ),
     ("gptmini.model", "gptmini.feed_forward", "gptmini.generation", "gptmini.ingredients", "gptmini.limits"),
     ("gptmini.data",),

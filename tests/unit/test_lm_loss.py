@@ -1,8 +1,10 @@
 """The chunked cross entropy from hidden states against logits then F.cross_entropy: values, gradients of the
-hidden states and the weight, ignored targets, ragged chunks, no-grad use, and the model's two paths."""
+hidden states and the weight, ignored targets, ragged chunks, no-grad use; and the model's loss paths
+(``model.loss``) against its plain one."""
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
@@ -12,7 +14,7 @@ from torch.testing import assert_close
 
 from gptmini import lm_loss
 from gptmini.lm_loss import MIN_VOCAB, linear_cross_entropy, token_losses
-from gptmini.model import GPT, GPTConfig
+from gptmini.model import GPT, ConfigError, GPTConfig
 
 
 def _problem(N: int = 37, C: int = 16, V: int = 101, ignored: int = 5):
@@ -65,30 +67,104 @@ def test_bad_shapes_are_refused():
         linear_cross_entropy(h[None], w, targets)
 
 
-@pytest.mark.parametrize(("vocab", "chunked"), [(MIN_VOCAB + 53, True), (97, False)])
-def test_models_loss_alone_equals_its_logits_loss_and_gradients(vocab: int, chunked: bool):
-    # padded vocabulary and tied weights: the chunked path reads only the real rows of the shared matrix
+def _loss_and_grads(loss: str, vocab: int, bf16: bool = False, **model: object) -> tuple[torch.Tensor, dict]:
+    """The mean loss of ``GPT.forward(..., return_logits=False)`` with ``model.loss=loss`` (the same weights for
+    every path: one seed) and every parameter's gradient, on targets with ignored (-1) positions."""
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=vocab, block_size=16, n_layer=2, n_head=2, n_embd=32, pad_vocab_multiple=64)
-    model = GPT(config)
-    assert config.padded_vocab_size > vocab and model.lm_head.weight is model.wte.weight
-    x = torch.randint(0, vocab, (3, 16))
-    y = torch.randint(0, vocab, (3, 16))
+    config = GPTConfig(
+        vocab_size=vocab,
+        block_size=16,
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        pad_vocab_multiple=64,
+        loss=loss,
+        **model,
+    )
+    net = GPT(config)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, vocab, (3, 16), generator=gen)
+    y = torch.randint(0, vocab, (3, 16), generator=gen)
     y[0, :4] = -1
-    results = []
-    for return_logits in (True, False):
-        model.zero_grad()
-        with mock.patch.object(lm_loss, "linear_cross_entropy", wraps=lm_loss.linear_cross_entropy) as spy:
-            logits, loss = model(x, y, return_logits=return_logits)
-        # the chunked path only for the loss alone, and only where the vocabulary is large enough to pay
-        assert spy.call_count == (chunked and not return_logits)
-        assert (logits is None) == (not return_logits)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (plain, plain_grads), (alone, alone_grads) = results
-    assert_close(alone, plain)
+    y[2, 9] = -1
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits, value = net(x, y, return_logits=False)
+    assert logits is None
+    value.backward()
+    return value.detach(), {n: p.grad for n, p in net.named_parameters()}
+
+
+# every path that runs on a CPU against plain (the logits, then F.cross_entropy): padded vocabulary, tied weights
+# (the loss reads only the real rows of the shared matrix), ignored targets; liger on a CPU tensor is its fallback
+# for a GPU-trained model evaluated there
+@pytest.mark.parametrize(
+    ("loss", "model"),
+    [("chunked", {}), ("liger", {}), ("liger", {"logit_softcap": 15.0}), ("auto", {})],
+)
+def test_each_loss_path_matches_the_plain_loss_and_gradients(loss: str, model: dict) -> None:
+    vocab = MIN_VOCAB + 53
+    plain, plain_grads = _loss_and_grads("plain", vocab, **model)
+    got, grads = _loss_and_grads(loss, vocab, **model)
+    assert_close(got, plain)
+    assert grads.keys() == plain_grads.keys()
     for name, grad in plain_grads.items():
-        assert_close(alone_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+        assert_close(grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_the_chunked_path_under_bf16_autocast_matches_plain_to_bf16s_precision() -> None:
+    # bf16-mixed precision: both paths multiply in bf16 and do the softmax in float32; their roundings differ
+    vocab = MIN_VOCAB + 53
+    plain, plain_grads = _loss_and_grads("plain", vocab, bf16=True)
+    got, grads = _loss_and_grads("chunked", vocab, bf16=True)
+    assert_close(got, plain, atol=2e-2, rtol=1e-2)
+    for name, grad in plain_grads.items():
+        assert grads[name].dtype == torch.float32, name
+        # to 3 % of the parameter's largest gradient: a fixed tolerance would pass the norms' small ones if zero
+        assert_close(grads[name], grad, atol=0.03 * grad.abs().max().item(), rtol=0.0, msg=name)
+    fp32, _ = _loss_and_grads("chunked", vocab)
+    assert got != fp32  # bf16 really ran
+
+
+@pytest.mark.parametrize(
+    ("loss", "vocab", "cuda", "model", "chunked"),
+    [
+        ("auto", MIN_VOCAB, False, {}, True),  # a CPU machine, a large vocabulary
+        ("auto", MIN_VOCAB - 1, False, {}, False),  # small logits: one fused cross entropy is as fast
+        ("auto", MIN_VOCAB, False, {"logit_softcap": 15.0}, False),  # the chunks compute uncapped logits
+        ("auto", MIN_VOCAB, True, {}, False),  # a CUDA machine: plain until the GPU round measures the others
+        ("chunked", 97, True, {}, True),  # named: anywhere, any vocabulary
+        ("plain", MIN_VOCAB, False, {}, False),
+    ],
+)
+def test_the_loss_path_is_chosen_once_when_the_model_is_built(loss, vocab, cuda, model, chunked) -> None:
+    with (
+        mock.patch.object(torch.cuda, "is_available", return_value=cuda),
+        mock.patch.object(lm_loss, "linear_cross_entropy", wraps=lm_loss.linear_cross_entropy) as spy,
+    ):
+        net = GPT(
+            GPTConfig(vocab_size=vocab, block_size=8, n_layer=1, n_head=2, n_embd=16, loss=loss, **model)
+        )
+        # the memory bound of a training step (gptmini.limits) counts the same path
+        path = lm_loss.resolve_loss(loss, vocab, model.get("logit_softcap"))
+    assert path == ("chunked" if chunked else "plain")
+    x = torch.randint(0, vocab, (2, 8))
+    with torch.no_grad():
+        net(x, x, return_logits=False)
+        net(x, x)  # logits asked for: always the plain path
+    assert spy.call_count == chunked
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"loss": "fused"}, "model.loss='fused' is invalid: valid values are auto, plain, chunked, liger"),
+        ({"loss": "chunked", "logit_softcap": 30.0}, "model.loss=chunked computes plain logits"),
+        ({"fused_ops": "triton"}, "model.fused_ops='triton' is invalid: valid values are none, liger"),
+    ],
+)
+def test_bad_loss_and_fused_ops_settings_are_refused(setting: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        GPTConfig(vocab_size=97, block_size=8, n_layer=1, n_head=2, n_embd=16, **setting)
 
 
 def test_token_losses_match_unreduced_cross_entropy():

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from gptmini import liger
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
@@ -31,7 +32,7 @@ from gptmini.runs.record import RECORD_VERSION, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.override_errors import REQUIRED_GROUPS, dropped_group, missing_keys
+from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group, missing_keys
 from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
@@ -164,20 +165,16 @@ def recorded_settings(
     }
 
 
+# what a model setting that names liger takes instead where liger cannot run
+LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "model.fused_ops=none"}
+
+
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
     checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
     hardware_choice = _check_required_groups()
-    _check_composed_keys(cfg)
-    _check_missing(cfg)
-    _check_finite(cfg)
+    tokenizer, data = _checked_data(cfg)
     model, vocab_known = _model_config(cfg)
-    tokenizer = TokenizerSchema(
-        name=str(cfg.tokenizer.name),
-        vocab_size=cfg.tokenizer.get("vocab_size"),
-        train_bytes=cfg.tokenizer.get("train_bytes"),
-    )
-    tokenizer.check()
     # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
     optimizer = typed_group(cfg, "optimizer")
     _check_optimizer(optimizer)
@@ -185,9 +182,6 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_trainer(trainer)
     scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"))
     _check_scheduler(scheduler)
-    data = plan_data(cfg)
-    _check_data(data)
-    _check_val_split(data)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
     _check_top_level(cfg, command_overrides())
@@ -195,8 +189,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
     _check_cpu_processes(trainer, device)
-    _check_data_dir_given(cfg)
-    _check_data_dir(getattr(data, "data_dir", None))
+    _check_liger(model, trainer, device)
     init_from = cfg.model.get("init_from")
     if init_from and cfg.get("ckpt_path") is not None:
         # a resumed run continues its own weights: init_from would be silently ignored
@@ -299,6 +292,30 @@ def plan_data(cfg: DictConfig) -> Any:
     """The ``data`` group's settings as the run builds the DataModule: typed by its constructor's schema, the
     derived values (the tokenizer, the context) filled in from the groups they follow."""
     return _with_derived(cfg, "data", typed_group(cfg, "data"))
+
+
+def plan_preparation(cfg: DictConfig) -> Any:
+    """``plan_data`` after the run's checks of the data (its corpus, keys, tokenizer and folder): what ``gptmini
+    data`` prepares. The model and the machine are the run's to check: a GPU run's data is prepared anywhere."""
+    _check_required_groups()
+    _check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
+    check_resolves(cfg)
+    return _checked_data(cfg)[1]
+
+
+def _checked_data(cfg: DictConfig) -> tuple[TokenizerSchema, Any]:
+    """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and ``plan_data``."""
+    _check_composed_keys(cfg)
+    _check_missing(cfg)
+    _check_finite(cfg)
+    tokenizer = TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True))
+    tokenizer.check()
+    data = plan_data(cfg)
+    _check_data(data)
+    _check_val_split(data)
+    _check_data_dir_given(cfg)
+    _check_data_dir(getattr(data, "data_dir", None))
+    return tokenizer, data
 
 
 def _with_derived(cfg: DictConfig, group: str, typed: Any, key: str | None = None) -> Any:
@@ -646,6 +663,22 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
             cores,
             n,
         )
+
+
+def _check_liger(model: GPTConfig, trainer: Any, device: DeviceFacts) -> None:
+    """``model.loss=liger`` and ``model.fused_ops=liger`` run liger-kernel's Triton kernels: refused before any work
+    where the run will not be on a CUDA GPU with liger-kernel installed."""
+    keys = [key for key in LIGER_FALLBACKS if getattr(model, key) == "liger"]
+    if not keys:
+        return
+    on_cpu = not device.is_cuda or trainer.accelerator == "cpu"
+    reason = "this run is on the CPU" if on_cpu else liger.unavailable()
+    if reason is None:
+        return
+    raise RunError(
+        f"liger-kernel's CUDA kernels ({', '.join(f'model.{key}=liger' for key in keys)}) cannot run: {reason}; "
+        f"{liger.INSTALL} on a machine with a CUDA GPU, or use {' and '.join(LIGER_FALLBACKS[k] for k in keys)}"
+    )
 
 
 def _check_val_split(data: Any) -> None:

@@ -286,18 +286,16 @@ def test_bytes_per_token_against_gpt2(corpus, tmp_path):
     assert load_meta(out)["tokenizer_spec"]["kind"] == "bpe"
 
 
-def test_cli_trains_reports_and_refuses_bpe_flags_elsewhere(corpus, tmp_path, caplog):
-    from gptmini.data.prepare import main
-
-    caplog.set_level("INFO")
+def test_cli_trains_reports_and_refuses_bpe_settings_elsewhere(corpus, tmp_path, gptmini_cli):
     out = tmp_path / "cli"
-    assert (
-        main(["--source", str(corpus), "--tokenizer", "bpe", "--vocab-size", "300", "--out", str(out)]) == 0
-    )
+    settings = ["data=text", f"data.source={corpus}", f"data.data_dir={out}", "tokenizer=bpe"]
+    trained = gptmini_cli(["data", *settings, "tokenizer.vocab_size=300"])
+    assert trained.returncode == 0, trained.stderr
     assert load_meta(out)["vocab_size"] == 300
-    assert "bytes per token with this bpe tokenizer" in caplog.text and "with GPT-2's BPE" in caplog.text
-    assert main(["--source", str(corpus), "--tokenizer", "bpe", "--vocab-size", "99", "--out", str(out)]) == 2
-    assert "vocab_size=99 is out of range" in caplog.text
-    with pytest.raises(SystemExit) as exc:
-        main(["--source", str(corpus), "--tokenizer", "gpt2", "--vocab-size", "300"])
-    assert exc.value.code == 2
+    assert (
+        "bytes per token with this bpe tokenizer" in trained.stderr and "with GPT-2's BPE" in trained.stderr
+    )
+    small = gptmini_cli(["data", *settings, "tokenizer.vocab_size=99"])
+    assert small.returncode == 2 and "vocab_size=99 is out of range" in small.stderr
+    gpt2 = gptmini_cli(["data", *settings[:-1], "tokenizer=gpt2", "tokenizer.vocab_size=300"])
+    assert gpt2.returncode == 2 and "applies to tokenizer=bpe only" in gpt2.stderr, gpt2.stderr

@@ -97,9 +97,9 @@ def test_missing_and_empty_and_bad_sources(tmp_path):
         prepare(str(tmp_path / "nodocs"), "char", tmp_path / "o")
     with pytest.raises(DataError, match="matches no files"):
         prepare(str(tmp_path / "*.nothing"), "char", tmp_path / "o")
-    with pytest.raises(DataError, match="val_fraction must be in"):
+    with pytest.raises(DataError, match=r"data.val_fraction=1 is invalid: it must be in \[0, 1\)"):
         prepare(str(empty), "char", tmp_path / "o", val_fraction=1.0)
-    with pytest.raises(DataError, match="shard_tokens must be an integer >= 1, got 0"):
+    with pytest.raises(DataError, match="data.shard_tokens=0 is invalid: it must be an integer >= 1"):
         prepare(str(empty), "char", tmp_path / "o", shard_tokens=0)
 
 

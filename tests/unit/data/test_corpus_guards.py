@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.cli import main as gptmini
 from gptmini.data import prepare as prep
 from gptmini.data.corpora import path_problem
 from gptmini.data.errors import DataError
@@ -45,14 +44,16 @@ def special_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 
 
 @pytest.mark.parametrize("kind", ["symlink_loop", "dangling_link", "fifo", "dev_zero"])
-def test_a_corpus_that_is_not_a_file_names_the_real_cause(tmp_path, caplog, kind) -> None:
+def test_a_corpus_that_is_not_a_file_names_the_real_cause(tmp_path, gptmini_cli, kind) -> None:
     path, cause = special_paths(tmp_path)[kind]
     assert re.fullmatch(cause + ".*", path_problem(path) or "")
     # the prepare command line (`gptmini data`) reports it in one line, exit status 2, reading nothing
-    with caplog.at_level(logging.ERROR):
-        assert prep.main(["--source", str(path), "--tokenizer", "char", "--out", str(tmp_path / "o")]) == 2
-    assert re.search(rf"corpus source {re.escape(str(path))} {cause}", caplog.text), caplog.text
-    assert "not found" not in caplog.text
+    proc = gptmini_cli(
+        ["data", "data=text", f"data.source={path}", "tokenizer=char", f"data.data_dir={tmp_path}/o"]
+    )
+    assert proc.returncode == 2
+    assert re.fullmatch(rf"error: data.source={re.escape(str(path))} {cause}.*\n", proc.stderr), proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_regular_files_and_folders_and_missing_paths_have_no_problem(tmp_path) -> None:
@@ -106,16 +107,18 @@ def test_a_corpus_changing_while_it_is_prepared_is_refused_and_the_old_data_kept
     assert appended and load_meta(out) == before  # the data prepared before is still the data
 
 
-def test_prepare_writes_only_into_a_folder_of_its_own(tmp_path, caplog) -> None:
+def test_prepare_writes_only_into_a_folder_of_its_own(tmp_path, gptmini_cli) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text(TEXT)
     model = tmp_path / "hf_model"  # e.g. a Hugging Face GPT-2 folder, whose vocab.json a cleanup could take
     model.mkdir()
     (model / "vocab.json").write_text("{}")
     (model / "config.json").write_text("{}")
-    with caplog.at_level(logging.ERROR):
-        assert prep.main(["--source", str(corpus), "--tokenizer", "char", "--out", str(model)]) == 2
-    assert "holds files a preparation did not write (config.json, vocab.json)" in caplog.text
+    proc = gptmini_cli(
+        ["data", "data=text", f"data.source={corpus}", "tokenizer=char", f"data.data_dir={model}"]
+    )
+    assert proc.returncode == 2
+    assert "holds files a preparation did not write (config.json, vocab.json)" in proc.stderr
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "vocab.json"]
     out = tmp_path / "prepared"
     prepare(str(corpus), "char", out)
@@ -127,7 +130,7 @@ def test_prepare_writes_only_into_a_folder_of_its_own(tmp_path, caplog) -> None:
     [("utf-16", "utf-16le"), ("utf-16-be", "utf-16be"), ("utf-32", "utf-32le"), ("latin-1", "latin1")],
 )
 def test_a_corpus_in_another_encoding_gets_the_matching_conversion_hint(
-    tmp_path, caplog, encoding, hint
+    tmp_path, gptmini_cli, encoding, hint
 ) -> None:
     corpus = tmp_path / "corpus.txt"
     text = "ROMEO: caf\u00e9 cr\u00e8me, but soft!\n" * 40
@@ -135,13 +138,13 @@ def test_a_corpus_in_another_encoding_gets_the_matching_conversion_hint(
     if encoding == "utf-16-be":
         data = codecs.BOM_UTF16_BE + data
     corpus.write_bytes(data)
-    with caplog.at_level(logging.INFO):
-        status = gptmini(
-            ["data", "--source", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "out")]
-        )
-    assert status == 2
+    out = tmp_path / "out"
+    proc = gptmini_cli(
+        ["data", "data=text", f"data.source={corpus}", "tokenizer=char", f"data.data_dir={out}"]
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert (
         f"it looks like {hint}: convert it, e.g. `iconv -f {hint} -t utf-8 {corpus} > fixed.txt`"
-        in caplog.text
+        in proc.stderr
     )
-    assert "Traceback" not in caplog.text and not (tmp_path / "out").exists()
+    assert not out.exists()

@@ -3,13 +3,11 @@ damaged index is refused with one DataError naming the field, never steers which
 a preparation delete anything outside the data folder (``gptmini data`` and its re-preparation)."""
 
 import json
-import logging
 import re
 
 import numpy as np
 import pytest
 
-from gptmini.cli import main as gptmini
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_meta, load_split
@@ -84,7 +82,7 @@ def test_every_field_of_meta_json_is_validated(prepared, case):
     edit_meta(out, change)
     with pytest.raises(DataError, match=pattern) as err:
         load_meta(out)
-    assert "re-run prepare with --force" in str(err.value) and "\n" not in str(err.value)
+    assert "data.force_prepare=true" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_schema_covers_every_field_prepare_writes(prepared):
@@ -110,16 +108,19 @@ def test_a_symlinked_shard_folder_or_shard_leading_outside_is_not_read(prepared,
 
 
 @pytest.mark.parametrize("shard_dir", ["../victim", "ABSOLUTE"])
-def test_a_crafted_shard_dir_never_makes_gptmini_data_delete_a_folder(prepared, tmp_path, shard_dir, caplog):
+def test_a_crafted_shard_dir_never_makes_gptmini_data_delete_a_folder(
+    prepared, tmp_path, shard_dir, gptmini_cli
+):
     """The re-preparation that a damaged index causes replaced the old shards by removing ``out / shard_dir``."""
     corpus, out = prepared
     victim = victim_folder(tmp_path / "data")
     before = tree(victim)
     target = str(victim) if shard_dir == "ABSOLUTE" else shard_dir
     edit_meta(out, lambda m: m.update(shard_dir=target))
-    with caplog.at_level(logging.INFO):
-        status = gptmini(["data", "--source", str(corpus), "--tokenizer", "char", "--out", str(out)])
-    assert status == 0, caplog.text
+    proc = gptmini_cli(
+        ["data", "data=text", f"data.source={corpus}", "tokenizer=char", f"data.data_dir={out}"]
+    )
+    assert proc.returncode == 0, proc.stderr
     assert tree(victim) == before
     meta = load_meta(out)  # prepared again, inside its own folder
     assert re.fullmatch(r"tokens-[0-9a-f]{12}", meta["shard_dir"]) and (out / meta["shard_dir"]).is_dir()

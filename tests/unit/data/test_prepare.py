@@ -375,21 +375,26 @@ def test_check_vocab():
         check_vocab(50000, {"tokenizer": "gpt2", "vocab_size": 50257})
 
 
-def test_cli(corpus, tmp_path, caplog):
+def test_cli(corpus, tmp_path, gptmini_cli):
     out = tmp_path / "cli"
-    argv = ["--source", str(corpus), "--tokenizer", "char", "--out", str(out), "--shard-tokens", "5000"]
-    with caplog.at_level(logging.INFO, logger="gptmini.data.prepare"):
-        assert prep.main(argv) == 0
-        assert prep.main(argv) == 0
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines[-2].startswith("prepared ") and lines[-1].startswith("skipped (up to date) ")
-    assert "train" in lines[-1] and "val" in lines[-1] and f"{-(-len(SMALL) // 5000)} shard(s)" in lines[-1]
-    assert prep.main(["--source", str(tmp_path / "missing.txt"), "--out", str(out)]) == 2
-    assert prep.main([*argv, "--buffer-mb", "0"]) == 2
+    settings = [f"data.source={corpus}", "tokenizer=char", f"data.data_dir={out}", "data.shard_tokens=5000"]
+    first, again = (
+        gptmini_cli(["data", "data=text", *settings]),
+        gptmini_cli(["data", "data=text", *settings]),
+    )
+    assert first.returncode == again.returncode == 0, first.stderr
+    lines = [first.stderr.splitlines()[-1], again.stderr.splitlines()[-1]]
+    assert lines[0].startswith("data prepared ") and lines[1].startswith("data skipped (up to date) ")
+    assert "train" in lines[1] and "val" in lines[1] and f"{-(-len(SMALL) // 5000)} shard(s)" in lines[1]
+    missing = gptmini_cli(
+        ["data", "data=text", f"data.source={tmp_path / 'missing.txt'}", f"data.data_dir={out}"]
+    )
+    assert missing.returncode == 2 and "missing.txt does not exist" in missing.stderr
+    assert gptmini_cli(["data", "data=text", *settings, "data.buffer_mb=0"]).returncode == 2
 
 
 def test_package_exports_the_light_api_without_torch_or_lightning():
-    # A fresh interpreter: this one has torch loaded already. The CLI and the config checks rely on this.
+    # A fresh interpreter: this one has torch loaded already. The config checks rely on this.
     code = (
         "import sys, gptmini.data.corpora, gptmini.data.prepare, gptmini.data.reader\n"
         "from gptmini.data.prepare import DataError, prepare\n"

@@ -239,12 +239,14 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
         resolve_checkpoint("last", "nowhere")
 
 
-def test_resuming_compares_every_model_setting_but_dropout(tmp_path, write_checkpoint):
+def test_resuming_compares_every_model_setting_but_dropout_and_the_kernels(tmp_path, write_checkpoint):
     from gptmini.model import GPTConfig
 
     path = write_checkpoint(tmp_path / "rope.ckpt", position="rope", n_kv_head=1)
     saved = GPTConfig.from_dict(dict(load_checkpoint(path)["hyper_parameters"]["model_config"]))
     checkpoint.check_resume_compatible(path, saved.to_dict() | {"dropout": 0.3})  # dropout may change
+    # so may the loss path and the blocks' kernels (a CPU run resumed on a GPU with liger's): the same weights
+    checkpoint.check_resume_compatible(path, saved.to_dict() | {"loss": "liger", "fused_ops": "liger"})
     # settings that change the function but not every tensor's shape are named too
     for change, named in (
         (dict(position="none"), "model.position"),

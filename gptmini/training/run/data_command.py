@@ -1,0 +1,87 @@
+"""``gptmini data [overrides]``: the data folder that ``gptmini train`` with the same overrides reads, prepared
+without training: the training config composed and planned as the run's (``plan.plan_preparation``), then
+prepared by the run's DataModule."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from argparse import SUPPRESS, ArgumentParser
+from collections.abc import Sequence
+from pathlib import Path
+
+from gptmini.training.run.override_errors import EXIT_HYDRA_ERROR, one_line
+
+# the options of the command before it took the training settings, and the override each became
+OLD_OPTIONS = {
+    "--source": "data=text data.source",
+    "--tokenizer": "tokenizer",
+    "--vocab-size": "tokenizer.vocab_size",
+    "--train-bytes": "tokenizer.train_bytes",
+    "--out": "data.data_dir",
+    "--val-fraction": "data.val_fraction",
+    "--num-threads": "data.prepare_threads",
+    "--text-field": "data.text_field",
+    "--shard-tokens": "data.shard_tokens",
+    "--buffer-mb": "data.buffer_mb",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cli = ArgumentParser(
+        prog="gptmini data",
+        description="Prepare the data folder that `gptmini train` with the same settings reads (token shards + "
+        "meta.json; streamed, resumable), without training. The settings are the run's: `gptmini train --cfg "
+        "job` lists them. E.g. gptmini data data=text data.source=corpus.txt tokenizer=char",
+    )
+    cli.add_argument("overrides", nargs="*", help="training settings: key=value, group=option")
+    for option, override in OLD_OPTIONS.items():  # refused below, naming the override to type instead
+        cli.add_argument(option, dest=override, help=SUPPRESS)
+    cli.add_argument("--force", dest="data.force_prepare", action="store_const", const="true", help=SUPPRESS)
+    args = vars(cli.parse_intermixed_args(sys.argv[1:] if argv is None else argv))
+    overrides = args.pop("overrides")
+    instead = [f"{override}={value}" for override, value in args.items() if value is not None]
+    if instead:
+        sys.stderr.write(f"error: gptmini data takes the training settings: {' '.join(instead)}\n")
+        return EXIT_HYDRA_ERROR
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.data.bpe import log_compression
+    from gptmini.data.errors import DataError
+    from gptmini.data.progress import cli_logging
+    from gptmini.data.reader import load_meta
+    from gptmini.data.tokenizers import TokenizerError
+    from gptmini.training.errors import RunError
+    from gptmini.training.run.compose import register_configs
+    from gptmini.training.run.plan import plan_preparation
+
+    callback, shown = cli_logging()
+    register_configs()
+    before = HydraConfig.instance().cfg
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        # Hydra's config as in a run, its run folder named, not made (one that does not resolve: check_resolves)
+        if (run_dir := OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=False)) is not None:
+            cfg.hydra.runtime.output_dir = str(Path(run_dir).absolute())
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]  # as the run's task function receives it
+        data = plan_preparation(cfg)
+        datamodule = instantiate(dataclasses.asdict(data), _convert_="all")  # the run's (app.build_data)
+        with shown:
+            datamodule.prepare_data(progress=callback)
+        if datamodule.tokenizer_name == "bpe":
+            log_compression(datamodule.data_dir, load_meta(datamodule.data_dir))
+    except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
+        sys.stderr.write(f"error: {one_line(err, overrides)}\n")
+        return EXIT_HYDRA_ERROR
+    finally:
+        HydraConfig.instance().cfg = before
+    return 0
