@@ -96,3 +96,13 @@ def test_the_architecture_page_lists_the_layers_as_the_code_does():
     assert [int(n) for n, _ in rows] == list(range(len(LAYERS)))
     for (_, modules), layer in zip(rows, LAYERS, strict=True):
         assert re.findall(r"`([\w.]+)`", modules) == list(layer)
+
+
+def test_the_run_s_schema_is_handed_values_and_never_walks_the_config():
+    """The config's path goes one way: the plan walks the composed config and hands each node's values to the
+    schema, which neither takes a config (no DictConfig anywhere in it) nor imports the plan."""
+    assert "gptmini.training.run.plan" not in _imports("gptmini.training.run.schema")
+    tree = ast.parse((PACKAGE / "training" / "run" / "schema.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "DictConfig" not in names

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import logging
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,10 @@ from gptmini.training.run.schema import (
     PerfSchema,
     TokenizerSchema,
     TrainSchema,
-    check_finite,
-    check_top_level,
     derived_of,
+    out_of_range,
     schema_of,
     settings,
-    typed_group,
     typed_node,
 )
 
@@ -185,7 +184,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_scheduler(scheduler)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
-    check_top_level(cfg, command_overrides())
+    _check_top_level(cfg, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
     precision = _precision(cfg, trainer, device)
@@ -308,7 +307,7 @@ def _checked_data(cfg: DictConfig) -> tuple[TokenizerSchema, Any]:
     """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and ``plan_data``."""
     _check_composed_keys(cfg)
     _check_missing(cfg)
-    check_finite(cfg)
+    _check_finite(cfg)
     tokenizer = TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True))
     tokenizer.check()
     data = plan_data(cfg)
@@ -345,80 +344,52 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
             )
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
-        typed = _with_derived(cfg, group, typed_node(node, f"{group}.{name}", group), f"{group}.{name}")
-        out[str(name)] = typed or OmegaConf.to_container(node, resolve=True)
+        values = OmegaConf.to_container(node, resolve=True)
+        typed = _with_derived(cfg, group, typed_node(values, f"{group}.{name}", group), f"{group}.{name}")
+        out[str(name)] = typed or values
     return out
 
 
-# What a constructor raises for a bad setting (torch's optimizers: ValueError, IndexError for a short betas, ...)
-_BUILD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+def typed_group(cfg: DictConfig, group: str) -> Any:
+    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
+    node = cfg.get(group)
+    if node is None:
+        return None
+    if "_target_" not in node:
+        raise RunError(
+            f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
+            f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
+        )
+    return typed_node(OmegaConf.to_container(node, resolve=True), group, group)
 
 
-def _leaves(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    if isinstance(node, dict):
-        return [
-            leaf for k, v in node.items() if not str(k).startswith("_") for leaf in _leaves(v, (*path, k))
-        ]
-    return [(path, node)]
-
-
-def _replaced(node: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    head, *rest = path
-    return {**node, head: _replaced(node[head], tuple(rest), value) if rest else value}
-
-
-def _default_at(schema: type, path: tuple[str, ...]) -> Any:
-    """The schema's default at ``path`` (its constructor's), or ``dataclasses.MISSING``."""
-    f = {f.name: f for f in dataclasses.fields(schema)}.get(path[0])
-    if f is None:
-        return dataclasses.MISSING
-    if len(path) > 1:
-        return _default_at(f.type, path[1:]) if dataclasses.is_dataclass(f.type) else dataclasses.MISSING
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING if f.default == "???" else f.default
-
-
-def check_by_building(key: str, typed: Any, build: Callable[[dict[str, Any]], Any]) -> None:
-    """Builds ``typed``'s object on a stand-in (``build``), so that the constructor's own checks, written once
-    where the setting is used, run before any work. A refusal names the setting: the component's message when it
-    names it, else the one setting whose default (its constructor's) lets the build pass."""
+def check_by_building(key: str, typed: Any, stand_in: Callable[[Any], Any] = lambda built: built) -> None:
+    """Builds ``typed``'s object (a partial's called by ``stand_in`` on stand-in arguments), so that the
+    constructor's own checks, written once where the setting is used, run before any work. gptmini's constructors
+    name the setting's key in their refusal; a third-party constructor's documented ranges
+    (``schema.THIRD_PARTY_RANGES``) are checked first, since its own refusal does not name the setting."""
     from hydra.errors import InstantiationException
+    from hydra.utils import get_object, instantiate
 
     values = dataclasses.asdict(typed)
+    refusal = out_of_range(key, get_object(values["_target_"]), values)
+    if refusal is not None:
+        raise RunError(refusal)
     try:
-        build(values)
-        return
-    except (*_BUILD_ERRORS, InstantiationException) as err:
+        stand_in(instantiate(values, _convert_="all"))
+    # what a constructor raises for bad settings (torch.optim.AdamW: RuntimeError for fused and foreach both on)
+    except (ValueError, TypeError, IndexError, KeyError, RuntimeError, InstantiationException) as err:
         cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
         reason = (str(cause).splitlines() or [type(cause).__name__])[0]
-    if reason.startswith(f"{key}."):
-        raise RunError(reason)
-    for path, value in _leaves(values):
-        default = _default_at(type(typed), path)
-        if default is dataclasses.MISSING or default == value:
-            continue
-        try:
-            build(_replaced(values, path, default))
-        except (*_BUILD_ERRORS, InstantiationException):
-            continue
-        name = ".".join((key, *map(str, path)))
         raise RunError(
-            f"{name}={value!r} is invalid: {reason} ({values['_target_']} refused it; its default is {default!r})"
-        )
-    raise RunError(f"{key} ({values['_target_']}) is invalid: {reason}")
+            reason if reason.startswith(f"{key}.") else f"{key} ({values['_target_']}) is invalid: {reason}"
+        ) from None
 
 
 def _check_data(data: Any) -> None:
     """The DataModule built (nothing is read or prepared until ``prepare_data``): its constructor's checks; and
     its loader processes against this machine."""
-
-    def build(values: dict[str, Any]) -> Any:
-        from hydra.utils import instantiate
-
-        return instantiate(values, _convert_="all")
-
-    check_by_building("data", data, build)
+    check_by_building("data", data)
     workers = getattr(data, "num_workers", 0)
     if isinstance(workers, int) and workers > hardware.max_loader_workers():
         # each worker is a process holding its own copy of the loader's state: far more of them than cores
@@ -432,14 +403,9 @@ def _check_data(data: Any) -> None:
 
 def _check_optimizer(optimizer: Any) -> None:
     """The optimizer built on stand-in parameters: its constructor's checks (torch's and gptmini's)."""
-    import torch
-
     from gptmini.training.loop.optimizers import ROLES
 
-    def build(values: dict[str, Any]) -> Any:
-        from hydra.utils import instantiate
-
-        factory = instantiate(values, _convert_="all")
+    def build(factory: Any) -> Any:
         if getattr(getattr(factory, "func", factory), "takes_parameter_roles", False):
             roles = {r: [torch.nn.Parameter(torch.zeros(4, 4))] for r in ROLES}
             return factory(roles)
@@ -447,34 +413,12 @@ def _check_optimizer(optimizer: Any) -> None:
 
     if optimizer is not None:
         check_by_building("optimizer", optimizer, build)
-        _check_eps(optimizer)
-
-
-def _check_eps(optimizer: Any) -> None:
-    """Adam's ``eps`` of 0, which torch takes: every parameter whose gradient is 0 (an embedding row of a token
-    the batch lacks) is then updated by 0 / 0, NaN weights that the NaN guard would blame on the learning rate."""
-    for path, value in _leaves(dataclasses.asdict(optimizer)):
-        if (
-            path[-1] == "eps"
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and value == 0
-        ):
-            key = ".".join(("optimizer", *path))
-            raise RunError(
-                f"{key}=0 is invalid: Adam divides by sqrt(v) + eps, so a parameter whose gradient is 0 becomes "
-                f"NaN; give {key} a small positive value (torch's default is 1e-08)"
-            )
 
 
 def _check_scheduler(scheduler: Any) -> None:
     """The schedule built on a stand-in optimizer: its constructor's checks."""
 
-    def build(values: dict[str, Any]) -> Any:
-        import torch
-        from hydra.utils import instantiate
-
-        factory = instantiate(values, _convert_="all")
+    def build(factory: Any) -> Any:
         return factory(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
 
     if scheduler is not None:
@@ -544,6 +488,64 @@ def _check_missing(cfg: DictConfig) -> None:
     if missing:
         hint = MISSING_EXAMPLES.get(missing[0], "")
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
+
+
+def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
+    checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
+    seed = cfg.get("seed")
+    if not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
+    if not _positive_int(cfg.checkpoint_every_n_steps):
+        raise RunError(
+            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
+        )
+    target = cfg.get("target_val_loss")
+    if target is not None and not _taken("target_val_loss", cfg):
+        raise RunError(
+            f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
+            "callbacks=default): drop target_val_loss or use callbacks=default"
+        )
+    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
+        raise RunError(
+            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
+            "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
+            "only): drop checkpoint_every_n_steps or use callbacks=last"
+        )
+
+
+def _taken(setting: str, cfg: DictConfig) -> bool:
+    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
+    callbacks = cfg.get("callbacks") or {}
+    return any(
+        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
+        for key, (source, _) in DERIVED.items()
+    )
+
+
+# The config groups whose numbers must be finite (a NaN or inf learning rate, weight decay, clipping value, RoPE
+# base or target loss trained into NaNs, or never stopped, without a word).
+NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbacks", "perf")
+
+
+def _check_finite(cfg: DictConfig) -> None:
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise RunError(f"{key}={node} is invalid: it must be a finite number")
+
+    for group in NUMERIC_GROUPS:
+        if group in cfg and cfg[group] is not None:
+            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
+    target = cfg.get("target_val_loss")
+    if isinstance(target, float) and not math.isfinite(target):
+        raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
 def _model_config(cfg: DictConfig) -> tuple[GPTConfig, bool]:

@@ -15,8 +15,10 @@ Two kinds of schema, for two kinds of group:
 
 A new option of such a group is a YAML file naming its ``_target_``, and a new setting a parameter of its
 constructor (docs/development.md, "Adding an optimizer setting"). The ranges are the constructors' to check: the
-plan builds them on stand-ins (``gptmini.training.run.plan.check_by_building``). Values that follow from another
-group (``DERIVED``) are no settings: the plan fills them in.
+plan builds them on stand-ins, after the ranges a third-party constructor documents (``THIRD_PARTY_RANGES``).
+Values that follow from another group (``DERIVED``) are no settings: the plan fills them in.
+
+This module reads no config: the plan walks the composed config and hands each node's values here.
 """
 
 from __future__ import annotations
@@ -25,24 +27,19 @@ import copy
 import dataclasses
 import functools
 import inspect
-import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
 
 # --- typed at composition --------------------------------------------------------------------------------------
 
@@ -127,7 +124,7 @@ class TrainSchema:
     tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
     perf: PerfSchema = field(default_factory=PerfSchema)
-    # Instantiated groups: read through their constructor's schema before any work (typed_group).
+    # Instantiated groups: read through their constructor's schema before any work (typed_node, by the plan).
     data: Any = field(default_factory=dict)
     optimizer: Any = field(default_factory=dict)
     scheduler: Any = None
@@ -150,64 +147,6 @@ class TrainSchema:
     target_val_loss: Optional[float] = None
     # Keys an experiment needs the user to set (a "???" cannot override a schema default when configs merge).
     required: list[str] = field(default_factory=list)
-
-
-def check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
-    """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
-    checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
-    seed = cfg.get("seed")
-    if not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise RunError(f"seed={seed} is invalid: it must be an integer in [0, 2**32)")
-    if not _positive_int(cfg.checkpoint_every_n_steps):
-        raise RunError(
-            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
-        )
-    target = cfg.get("target_val_loss")
-    if target is not None and not _taken("target_val_loss", cfg):
-        raise RunError(
-            f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
-            "callbacks=default): drop target_val_loss or use callbacks=default"
-        )
-    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
-        raise RunError(
-            f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
-            "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
-            "only): drop checkpoint_every_n_steps or use callbacks=last"
-        )
-
-
-def _taken(setting: str, cfg: DictConfig) -> bool:
-    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
-    callbacks = cfg.get("callbacks") or {}
-    return any(
-        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
-        for key, (source, _) in DERIVED.items()
-    )
-
-
-# The config groups whose numbers must be finite (a NaN or inf learning rate, weight decay, clipping value, RoPE
-# base or target loss trained into NaNs, or never stopped, without a word).
-NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbacks", "perf")
-
-
-def check_finite(cfg: DictConfig) -> None:
-    def walk(node: Any, key: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise RunError(f"{key}={node} is invalid: it must be a finite number")
-
-    for group in NUMERIC_GROUPS:
-        if group in cfg and cfg[group] is not None:
-            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
-    target = cfg.get("target_val_loss")
-    if isinstance(target, float) and not math.isfinite(target):
-        raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
 # --- read through their constructor's signature ----------------------------------------------------------------
@@ -345,13 +284,7 @@ def settings(schema: type) -> list[str]:
 
 def required(schema: type) -> list[str]:
     """The settings of ``schema`` its constructor has no default for."""
-    out = []
-    for f in fields(schema):
-        if f.name.startswith("_"):
-            continue
-        if f.default == "???":
-            out.append(f.name)
-    return out
+    return [f.name for f in fields(schema) if not f.name.startswith("_") and f.default == "???"]
 
 
 def schema_of(group: str, target: str, user: bool = True, key: str | None = None) -> type | None:
@@ -446,19 +379,83 @@ def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> Ru
     )
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _numbers(value: Any, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n and all(map(_number, value))
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a third-party constructor documents for one of its parameters: its own refusal does not name the
+    setting (``torch.optim.AdamW``: "Invalid epsilon value: -1.0"), so the plan checks this first."""
+
+    accepts: Callable[[Any], bool]
+    rule: str  # the refusal's reason: what a value must be
+
+
+_AT_LEAST_0 = Range(lambda v: _number(v) and v >= 0, "it must be >= 0")
+
+# By class, followed along a target's bases (torch.optim.AdamW's checks are torch.optim.Adam's, BatchedMuon's
+# torch.optim.Muon's); gptmini's own constructors name the setting themselves.
+THIRD_PARTY_RANGES: dict[type, dict[str, Range]] = {
+    torch.optim.Adam: {
+        "lr": _AT_LEAST_0,
+        # torch takes 0: a parameter whose gradient is 0 (an embedding row the batch lacks) then steps by 0 / 0
+        "eps": Range(
+            lambda v: _number(v) and v > 0,
+            "Adam divides by sqrt(v) + eps, so a parameter whose gradient is 0 becomes NaN; give it a small "
+            "positive value (torch's default is 1e-08)",
+        ),
+        "betas": Range(
+            lambda v: _numbers(v, 2) and all(0 <= b < 1 for b in v), "two decay rates, each in [0, 1)"
+        ),
+        "weight_decay": _AT_LEAST_0,
+    },
+    torch.optim.Muon: {
+        "lr": _AT_LEAST_0,
+        "momentum": _AT_LEAST_0,
+        "weight_decay": _AT_LEAST_0,
+        "ns_coefficients": Range(lambda v: _numbers(v, 3), "the three Newton-Schulz coefficients [a, b, c]"),
+        "adjust_lr_fn": Range(
+            lambda v: v in (None, "original", "match_rms_adamw"),
+            "it takes null, 'original' or 'match_rms_adamw'",
+        ),
+    },
+}
+
+
+def out_of_range(key: str, target: Any, values: Mapping[str, Any]) -> str | None:
+    """The refusal of the first setting in ``values`` (the settings of ``target``'s node at ``key``, nested settings
+    nodes included) outside ``THIRD_PARTY_RANGES``; None when there is none."""
+    ranges: dict[str, Range] = {}
+    for cls in reversed(getattr(target, "__mro__", ())):
+        ranges |= THIRD_PARTY_RANGES.get(cls, {})
+    nested = getattr(target, "settings_of", {})
+    for name, value in values.items():
+        if name in nested and isinstance(value, Mapping):
+            refusal = out_of_range(f"{key}.{name}", nested[name][0], value)
+            if refusal is not None:
+                return refusal
+        elif name in ranges and not ranges[name].accepts(value):
+            return f"{key}.{name}={value!r} is invalid: {ranges[name].rule}"
+    return None
+
+
 # the parameter roles of a role-built optimizer's settings (optimizer.hidden.lr, ...)
 ROLE_KEYS = ("hidden", "embedding", "head", "matrix", "vector")
 
 
-def typed_node(node: Any, key: str, group: str) -> Any:
-    """Config ``node`` (with a ``_target_``) read through its constructor's schema: a key the constructor does
-    not take, a required one missing, or a value of the wrong type is refused in one line naming ``key``. None for
-    a ``_target_`` that does not import (its build reports it)."""
-    target = str(node.get("_target_") or "")
+def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
+    """A node's resolved ``values`` (with a ``_target_``) read through its constructor's schema: a key the
+    constructor does not take, a required one missing, or a value of the wrong type is refused in one line naming
+    ``key``. None for a ``_target_`` that does not import (its build reports it)."""
+    target = str(values.get("_target_") or "")
     schema = schema_of(group, target, key=key)
     if schema is None:
         return None
-    values = OmegaConf.to_container(node, resolve=True)
     extra = sorted(str(k) for k in values if k not in {f.name for f in fields(schema)})
     if extra:
         raise _unknown_keys(key, target, schema, extra)
@@ -541,16 +538,3 @@ def _check_kinds(values: dict[str, Any], target: str, key: str) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and bool in kinds and not numbers:
             allowed = ", ".join(["true", "false", *(repr(v) for v in sorted(literals, key=str))])
             raise RunError(f"{key}.{name}={value} is invalid: it takes {allowed}")
-
-
-def typed_group(cfg: DictConfig, group: str) -> Any:
-    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
-    node = cfg.get(group)
-    if node is None:
-        return None
-    if "_target_" not in node:
-        raise RunError(
-            f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
-            f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
-        )
-    return typed_node(node, group, group)

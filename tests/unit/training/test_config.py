@@ -596,3 +596,38 @@ def test_a_run_on_other_data_or_another_tokenizer_is_not_named_default(overrides
     cfg = compose_cfg(overrides)
     assert cfg.run_name == name
     check_run_name(cfg.run_name)  # one plain folder name
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "value"),
+    [
+        (torch.optim.AdamW, "lr", -1.0),
+        (torch.optim.AdamW, "eps", -1.0),
+        (torch.optim.AdamW, "betas", (0.9, 1.5)),
+        (torch.optim.AdamW, "weight_decay", -1.0),
+        (torch.optim.Muon, "lr", -1.0),
+        (torch.optim.Muon, "momentum", -1.0),
+        (torch.optim.Muon, "weight_decay", -1.0),
+        (torch.optim.Muon, "adjust_lr_fn", "bogus"),
+    ],
+)
+def test_a_value_torch_refuses_without_naming_it_is_named_by_its_documented_range(target, name, value):
+    """schema.THIRD_PARTY_RANGES against torch itself: what torch's constructor refuses (its message names no
+    setting) the table refuses naming the key, along the class's bases (BatchedMuon is a torch.optim.Muon); the
+    constructor's defaults pass."""
+    import inspect
+
+    from gptmini.training.loop.optimizers import BatchedMuon
+    from gptmini.training.run.schema import out_of_range
+
+    with pytest.raises(ValueError) as refused:
+        target([torch.nn.Parameter(torch.zeros(4, 4))], **{name: value})
+    assert f"optimizer.{name}" not in str(refused.value)
+    owner = BatchedMuon if target is torch.optim.Muon else target
+    assert out_of_range("optimizer", owner, {name: value}).startswith(
+        f"optimizer.{name}={value!r} is invalid: "
+    )
+    defaults = {
+        p.name: p.default for p in inspect.signature(target).parameters.values() if p.default is not p.empty
+    }
+    assert out_of_range("optimizer", owner, defaults) is None
