@@ -179,11 +179,10 @@ def browser():
 
 @pytest.fixture
 def driver(browser):
-    """The module's Chromium on a blank page with an empty cache: each test loads the tab afresh (a ``get`` of
-    the URL already shown would only move to its fragment, keeping the previous test's page)."""
+    """The module's Chromium on a blank page: each test loads the tab afresh (a ``get`` of the URL already shown
+    would only move to its fragment, keeping the previous test's page)."""
     browser.switch_to.default_content()
     browser.get("about:blank")
-    browser.execute_cdp_cmd("Network.clearBrowserCache", {})
     return browser
 
 
