@@ -170,6 +170,22 @@ def board(logdir, repo_root):
         yield url
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module's tests (its start costs seconds); ``driver`` gives each a new page."""
+    with chrome() as driver:
+        yield driver
+
+
+@pytest.fixture
+def driver(browser):
+    """The module's Chromium on a blank page: each test loads the tab afresh (a ``get`` of the URL already shown
+    would only move to its fragment, keeping the previous test's page)."""
+    browser.switch_to.default_content()
+    browser.get("about:blank")
+    return browser
+
+
 def _count(driver, css: str) -> int:
     return driver.execute_script(f"return document.querySelectorAll({css!r}).length")
 
@@ -180,7 +196,7 @@ def _visible_lines(driver) -> int:
     )
 
 
-def test_the_tab_draws_scrubs_compares_and_takes_your_text(board):
+def test_the_tab_draws_scrubs_compares_and_takes_your_text(board, driver):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -188,103 +204,100 @@ def test_the_tab_draws_scrubs_compares_and_takes_your_text(board):
 
     from gptmini.data.tokenizers import build_tokenizer
 
-    with chrome() as driver:
-        open_tab(driver, board)
-        # the model view: every head of the latest step (20) of the first run, labelled by type
-        assert _count(driver, ".cell canvas.map") == 6
-        labels = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".cell .type")]
-        assert labels == ["previous token", "local", "other", "first token (sink)", "induction", "other"]
-        assert "step 20" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+    open_tab(driver, board)
+    # the model view: every head of the latest step (20) of the first run, labelled by type
+    assert _count(driver, ".cell canvas.map") == 6
+    labels = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".cell .type")]
+    assert labels == ["previous token", "local", "other", "first token (sink)", "induction", "other"]
+    assert "step 20" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
 
-        # click layer 0, head 1: its head view, that head alone; uniform attention: a line per causal pair
-        drawn = int(driver.execute_script("return Number(document.body.dataset.rendered)"))
-        driver.find_element(By.CSS_SELECTOR, '.cell[data-layer="0"][data-head="1"]').click()
-        drawn = wait_drawn(driver, drawn)
-        assert _count(driver, ".tok-q") == _count(driver, ".tok-k") == T
-        assert _count(driver, "svg.headview line") == T * (T + 1) // 2
-        assert _count(driver, '.chip.on[data-head="1"]') == 1 and _count(driver, ".chip.on") == 1
-        driver.find_element(By.XPATH, "//button[text()='all']").click()
-        drawn = wait_drawn(driver, drawn)
-        assert _count(driver, "svg.headview line") == 3 * T * (T + 1) // 2
+    # click layer 0, head 1: its head view, that head alone; uniform attention: a line per causal pair
+    drawn = int(driver.execute_script("return Number(document.body.dataset.rendered)"))
+    driver.find_element(By.CSS_SELECTOR, '.cell[data-layer="0"][data-head="1"]').click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".tok-q") == _count(driver, ".tok-k") == T
+    assert _count(driver, "svg.headview line") == T * (T + 1) // 2
+    assert _count(driver, '.chip.on[data-head="1"]') == 1 and _count(driver, ".chip.on") == 1
+    driver.find_element(By.XPATH, "//button[text()='all']").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, "svg.headview line") == 3 * T * (T + 1) // 2
 
-        # the step slider back to step 10: previous-token attention, one line per query and head
-        driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
-        drawn = wait_drawn(driver, drawn)
-        assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
-        assert _count(driver, "svg.headview line") == 3 * T
+    # the step slider back to step 10: previous-token attention, one line per query and head
+    driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
+    drawn = wait_drawn(driver, drawn)
+    assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+    assert _count(driver, "svg.headview line") == 3 * T
 
-        # hovering query 4 keeps only its lines (one per head, to key 3) and names what it attends to
-        token = driver.find_elements(By.CSS_SELECTOR, ".tok-q")[4]
-        ActionChains(driver).move_to_element(token).perform()
-        assert _visible_lines(driver) == 3
-        assert (
-            '" soft" (4) attends to: " But" (3) 1.00' in driver.find_element(By.CSS_SELECTOR, ".status").text
-        )
-        # the whole row of a token takes the pointer, not its glyphs alone (the gaps made the hover flicker):
-        # the blank left end of query 4's row is still query 4
-        hit = driver.execute_script(
-            "const g = document.querySelectorAll('.tok-q')[4], box = g.querySelector('text').getBBox();"
-            "const svg = g.ownerSVGElement.getBoundingClientRect();"
-            "const at = document.elementFromPoint(svg.left + 3, svg.top + box.y + box.height / 2);"
-            "return at && at.closest('.tok-q') === g;"
-        )
-        assert hit
-        # spaces are shown as ␣ (a middle dot was hard to see)
-        assert driver.find_elements(By.CSS_SELECTOR, ".tok-q text")[3].text == "␣But"
+    # hovering query 4 keeps only its lines (one per head, to key 3) and names what it attends to
+    token = driver.find_elements(By.CSS_SELECTOR, ".tok-q")[4]
+    ActionChains(driver).move_to_element(token).perform()
+    assert _visible_lines(driver) == 3
+    assert '" soft" (4) attends to: " But" (3) 1.00' in driver.find_element(By.CSS_SELECTOR, ".status").text
+    # the whole row of a token takes the pointer, not its glyphs alone (the gaps made the hover flicker):
+    # the blank left end of query 4's row is still query 4
+    hit = driver.execute_script(
+        "const g = document.querySelectorAll('.tok-q')[4], box = g.querySelector('text').getBBox();"
+        "const svg = g.ownerSVGElement.getBoundingClientRect();"
+        "const at = document.elementFromPoint(svg.left + 3, svg.top + box.y + box.height / 2);"
+        "return at && at.closest('.tok-q') === g;"
+    )
+    assert hit
+    # spaces are shown as ␣ (a middle dot was hard to see)
+    assert driver.find_elements(By.CSS_SELECTOR, ".tok-q text")[3].text == "␣But"
 
-        # run b beside run a: two panels, b at its step <= 10
-        Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value("b/tb")
+    # run b beside run a: two panels, b at its step <= 10
+    Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value("b/tb")
+    drawn = wait_drawn(driver, drawn)
+    panels = driver.find_elements(By.CSS_SELECTOR, ".panel")
+    assert [p.get_attribute("data-run") for p in panels] == ["a/tb", "b/tb"]
+    assert _count(driver, ".panel[data-run='b/tb'] svg.headview line") == 3 * T * (T + 1) // 2
+    # the bytes of a character split over two tokens are shown as bytes, not as backslash escapes
+    keys = driver.execute_script(
+        "return [...document.querySelectorAll(\".panel[data-run='b/tb'] .tok-k text\")].map(t => t.textContent)"
+    )
+    assert keys[3:] == ["␣caf", "⟨C3⟩", "⟨A9⟩"], keys
+    # the run beside's steps are asked once, not at every draw: two slider moves ask none
+    driver.execute_script(
+        "const real = window.fetch; window.stepRequests = [];"
+        "window.fetch = (url, options) => {"
+        "  if (String(url).startsWith('steps')) window.stepRequests.push(url);"
+        "  return real(url, options);"
+        "};"
+    )
+    slider = driver.find_element(By.CSS_SELECTOR, ".step-slider")
+    for key in (Keys.END, Keys.HOME):
+        slider.send_keys(key)
         drawn = wait_drawn(driver, drawn)
-        panels = driver.find_elements(By.CSS_SELECTOR, ".panel")
-        assert [p.get_attribute("data-run") for p in panels] == ["a/tb", "b/tb"]
-        assert _count(driver, ".panel[data-run='b/tb'] svg.headview line") == 3 * T * (T + 1) // 2
-        # the bytes of a character split over two tokens are shown as bytes, not as backslash escapes
-        keys = driver.execute_script(
-            "return [...document.querySelectorAll(\".panel[data-run='b/tb'] .tok-k text\")].map(t => t.textContent)"
-        )
-        assert keys[3:] == ["␣caf", "⟨C3⟩", "⟨A9⟩"], keys
-        # the run beside's steps are asked once, not at every draw: two slider moves ask none
-        driver.execute_script(
-            "const real = window.fetch; window.stepRequests = [];"
-            "window.fetch = (url, options) => {"
-            "  if (String(url).startsWith('steps')) window.stepRequests.push(url);"
-            "  return real(url, options);"
-            "};"
-        )
-        slider = driver.find_element(By.CSS_SELECTOR, ".step-slider")
-        for key in (Keys.END, Keys.HOME):
-            slider.send_keys(key)
-            drawn = wait_drawn(driver, drawn)
-        assert driver.execute_script("return window.stepRequests") == []
-        assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
-        # beside a run whose first step is later (20) than the one shown (10): it says so, it shows no later step
-        drawn = _select(driver, ".compare-select", LONG, drawn)
-        note = driver.find_element(By.CSS_SELECTOR, f".panel[data-run='{LONG}'] .note").text
-        assert note == "this run logged no step at or before step 10 (its first: 20)"
-        assert _count(driver, f".panel[data-run='{LONG}'] svg") == 0
-        Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value("")
-        drawn = wait_drawn(driver, drawn)
+    assert driver.execute_script("return window.stepRequests") == []
+    assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+    # beside a run whose first step is later (20) than the one shown (10): it says so, it shows no later step
+    drawn = _select(driver, ".compare-select", LONG, drawn)
+    note = driver.find_element(By.CSS_SELECTOR, f".panel[data-run='{LONG}'] .note").text
+    assert note == "this run logged no step at or before step 10 (its first: 20)"
+    assert _count(driver, f".panel[data-run='{LONG}'] svg") == 0
+    Select(driver.find_element(By.CSS_SELECTOR, ".compare-select")).select_by_value("")
+    drawn = wait_drawn(driver, drawn)
 
-        # export: the head view as SVG (every line in it) and PNG
-        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
-        assert svg.startswith("<svg") and svg.count("<line ") == 3 * T
-        png_size = driver.execute_async_script(
-            "const done = arguments[0]; window.gptminiAttention.pngBlob().then(b => done(b.size), e => done(-1))"
-        )
-        assert png_size > 1000
+    # export: the head view as SVG (every line in it) and PNG
+    svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+    assert svg.startswith("<svg") and svg.count("<line ") == 3 * T
+    png_size = driver.execute_async_script(
+        "const done = arguments[0]; window.gptminiAttention.pngBlob().then(b => done(b.size), e => done(-1))"
+    )
+    assert png_size > 1000
 
-        # your own text: the run's checkpoint, its tokens, attention for the whole text
-        text = "But soft, what light"
-        box = driver.find_element(By.CSS_SELECTOR, ".text-input")
-        box.send_keys(text, Keys.ENTER)
-        drawn = wait_drawn(driver, drawn)
-        n = len(build_tokenizer("gpt2").encode(text))
-        assert _count(driver, ".tok-q") == n
-        assert "your text, checkpoint of step 20" in driver.find_element(By.CSS_SELECTOR, ".panel-title").text
-        assert 0 < _count(driver, "svg.headview line") <= 3 * n * (n + 1) // 2
-        driver.find_element(By.CSS_SELECTOR, "button.back").click()
-        wait_drawn(driver, drawn)
-        assert _count(driver, ".tok-q") == T
+    # your own text: the run's checkpoint, its tokens, attention for the whole text
+    text = "But soft, what light"
+    box = driver.find_element(By.CSS_SELECTOR, ".text-input")
+    box.send_keys(text, Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    n = len(build_tokenizer("gpt2").encode(text))
+    assert _count(driver, ".tok-q") == n
+    assert "your text, checkpoint of step 20" in driver.find_element(By.CSS_SELECTOR, ".panel-title").text
+    assert 0 < _count(driver, "svg.headview line") <= 3 * n * (n + 1) // 2
+    driver.find_element(By.CSS_SELECTOR, "button.back").click()
+    wait_drawn(driver, drawn)
+    assert _count(driver, ".tok-q") == T
 
 
 def _select(driver, css: str, value: str, drawn: int) -> int:
@@ -299,55 +312,54 @@ def _drawn(driver) -> int:
     return int(driver.execute_script("return Number(document.body.dataset.rendered)"))
 
 
-def test_a_run_of_another_shape_beside_is_drawn_with_its_own_layers_and_heads(board):
+def test_a_run_of_another_shape_beside_is_drawn_with_its_own_layers_and_heads(board, driver):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
-        # the model view: each run's own grid, 2 x 3 and 1 x 4
-        assert _count(driver, ".panel[data-run='a/tb'] .cell") == 6
-        assert _count(driver, ".panel[data-run='c/tb'] .cell") == 4
-        assert _count(driver, ".panel[data-run='c/tb'] .cell[data-layer='1']") == 0
+    open_tab(driver, board)
+    drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
+    # the model view: each run's own grid, 2 x 3 and 1 x 4
+    assert _count(driver, ".panel[data-run='a/tb'] .cell") == 6
+    assert _count(driver, ".panel[data-run='c/tb'] .cell") == 4
+    assert _count(driver, ".panel[data-run='c/tb'] .cell[data-layer='1']") == 0
 
-        # hovering a map names its query, its key and the weight between them (c: previous-token at step 20)
-        canvas = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='c/tb'] .cell[data-head='2'] canvas")
-        size = canvas.size["height"]
-        row = size / T  # query 4, key 3: offsets from the map's centre
-        ActionChains(driver).move_to_element_with_offset(
-            canvas, int(3.5 * row - size / 2), int(4.5 * row - size / 2)
-        ).perform()
-        status = driver.find_element(By.CSS_SELECTOR, ".status").text
-        assert status == 'layer 0, head 2: query " soft" (4) → key " But" (3): 1.00', status
+    # hovering a map names its query, its key and the weight between them (c: previous-token at step 20)
+    canvas = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='c/tb'] .cell[data-head='2'] canvas")
+    size = canvas.size["height"]
+    row = size / T  # query 4, key 3: offsets from the map's centre
+    ActionChains(driver).move_to_element_with_offset(
+        canvas, int(3.5 * row - size / 2), int(4.5 * row - size / 2)
+    ).perform()
+    status = driver.find_element(By.CSS_SELECTOR, ".status").text
+    assert status == 'layer 0, head 2: query " soft" (4) → key " But" (3): 1.00', status
 
-        # the head view, every head: run a draws its 3 heads, run c its 4 (previous-token: a line per query)
-        driver.find_element(
-            By.CSS_SELECTOR, ".panel[data-run='a/tb'] .cell[data-layer='0'][data-head='0']"
-        ).click()
-        drawn = wait_drawn(driver, drawn)
-        driver.find_element(By.XPATH, "//button[text()='all']").click()
-        drawn = wait_drawn(driver, drawn)
-        assert _count(driver, ".chip") == 4
-        assert _count(driver, ".panel[data-run='a/tb'] svg.headview g[data-head]") == 3
-        assert _count(driver, ".panel[data-run='c/tb'] svg.headview g[data-head]") == 4
-        assert _count(driver, ".panel[data-run='c/tb'] svg.headview line") == 4 * T
-        assert _count(driver, ".panel[data-run='a/tb'] svg.headview line") == 3 * T * (T + 1) // 2
-        title = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='a/tb'] .panel-title").text
-        assert "this run has 3 heads: head 3 not in it" in title
+    # the head view, every head: run a draws its 3 heads, run c its 4 (previous-token: a line per query)
+    driver.find_element(
+        By.CSS_SELECTOR, ".panel[data-run='a/tb'] .cell[data-layer='0'][data-head='0']"
+    ).click()
+    drawn = wait_drawn(driver, drawn)
+    driver.find_element(By.XPATH, "//button[text()='all']").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".chip") == 4
+    assert _count(driver, ".panel[data-run='a/tb'] svg.headview g[data-head]") == 3
+    assert _count(driver, ".panel[data-run='c/tb'] svg.headview g[data-head]") == 4
+    assert _count(driver, ".panel[data-run='c/tb'] svg.headview line") == 4 * T
+    assert _count(driver, ".panel[data-run='a/tb'] svg.headview line") == 3 * T * (T + 1) // 2
+    title = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='a/tb'] .panel-title").text
+    assert "this run has 3 heads: head 3 not in it" in title
 
-        # layer 1, which run c lacks: c says so and draws nothing; no line anywhere is malformed
-        drawn = _select(driver, ".layer-select", "1", drawn)
-        note = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='c/tb'] .note").text
-        assert note == "this run has 1 layer: layer 1 is not in it"
-        assert _count(driver, ".panel[data-run='c/tb'] line") == 0
-        assert _count(driver, ".panel[data-run='a/tb'] svg.headview line") == 3 * T * (T + 1) // 2
-        assert _count(driver, 'line[stroke-width="NaN"]') == 0
-        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
-        assert "layer 1 is not in it" in svg and "NaN" not in svg
+    # layer 1, which run c lacks: c says so and draws nothing; no line anywhere is malformed
+    drawn = _select(driver, ".layer-select", "1", drawn)
+    note = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='c/tb'] .note").text
+    assert note == "this run has 1 layer: layer 1 is not in it"
+    assert _count(driver, ".panel[data-run='c/tb'] line") == 0
+    assert _count(driver, ".panel[data-run='a/tb'] svg.headview line") == 3 * T * (T + 1) // 2
+    assert _count(driver, 'line[stroke-width="NaN"]') == 0
+    svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+    assert "layer 1 is not in it" in svg and "NaN" not in svg
 
 
-def test_own_text_for_two_runs_and_export_beside_an_error(board):
+def test_own_text_for_two_runs_and_export_beside_an_error(board, driver):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -355,53 +367,50 @@ def test_own_text_for_two_runs_and_export_beside_an_error(board):
 
     text = "But soft, what light"
     n = len(build_tokenizer("gpt2").encode(text))
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
-        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
-        drawn = wait_drawn(driver, drawn)
-        # both runs ran the text on their own checkpoints, each panel with its own heads
-        assert _count(driver, ".panel .error") == 0, driver.find_element(By.CSS_SELECTOR, ".status").text
-        for run, shape, cells in (("a/tb", "2 layers × 3 heads", 6), ("c/tb", "1 layer × 4 heads", 4)):
-            title = driver.find_element(By.CSS_SELECTOR, f".panel[data-run='{run}'] .panel-title").text
-            assert f"your text, checkpoint of step 20 · {shape} · {n} tokens" in title, title
-            assert _count(driver, f".panel[data-run='{run}'] .cell canvas.map") == cells
+    open_tab(driver, board)
+    drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    # both runs ran the text on their own checkpoints, each panel with its own heads
+    assert _count(driver, ".panel .error") == 0, driver.find_element(By.CSS_SELECTOR, ".status").text
+    for run, shape, cells in (("a/tb", "2 layers × 3 heads", 6), ("c/tb", "1 layer × 4 heads", 4)):
+        title = driver.find_element(By.CSS_SELECTOR, f".panel[data-run='{run}'] .panel-title").text
+        assert f"your text, checkpoint of step 20 · {shape} · {n} tokens" in title, title
+        assert _count(driver, f".panel[data-run='{run}'] .cell canvas.map") == cells
 
-        # run b beside has no checkpoint: its panel says so, and the view still exports, its message included
-        drawn = _select(driver, ".compare-select", "b/tb", drawn)
-        error = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='b/tb'] .error").text
-        assert "no checkpoint" in error
-        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
-        assert svg.startswith("<svg") and svg.count("<image ") == 6 and "no checkpoint" in svg
-        png_size = driver.execute_async_script(
-            "const done = arguments[0]; window.gptminiAttention.pngBlob().then(b => done(b.size), e => done(-1))"
-        )
-        assert png_size > 1000
-        driver.find_element(By.CSS_SELECTOR, ".save-svg").click()
-        assert "export failed" not in driver.find_element(By.CSS_SELECTOR, ".status").text
-        # the head view beside the error exports too
-        driver.find_element(
-            By.CSS_SELECTOR, ".panel[data-run='a/tb'] .cell[data-layer='0'][data-head='0']"
-        ).click()
-        drawn = wait_drawn(driver, drawn)
-        svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
-        assert svg.count("<line ") == _count(driver, "svg.headview line") > 0 and "no checkpoint" in svg
+    # run b beside has no checkpoint: its panel says so, and the view still exports, its message included
+    drawn = _select(driver, ".compare-select", "b/tb", drawn)
+    error = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='b/tb'] .error").text
+    assert "no checkpoint" in error
+    svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+    assert svg.startswith("<svg") and svg.count("<image ") == 6 and "no checkpoint" in svg
+    png_size = driver.execute_async_script(
+        "const done = arguments[0]; window.gptminiAttention.pngBlob().then(b => done(b.size), e => done(-1))"
+    )
+    assert png_size > 1000
+    driver.find_element(By.CSS_SELECTOR, ".save-svg").click()
+    assert "export failed" not in driver.find_element(By.CSS_SELECTOR, ".status").text
+    # the head view beside the error exports too
+    driver.find_element(
+        By.CSS_SELECTOR, ".panel[data-run='a/tb'] .cell[data-layer='0'][data-head='0']"
+    ).click()
+    drawn = wait_drawn(driver, drawn)
+    svg = driver.execute_script("return window.gptminiAttention.currentSVG()")
+    assert svg.count("<line ") == _count(driver, "svg.headview line") > 0 and "no checkpoint" in svg
 
-        # text over the limit is not cut silently and not sent: the tab says how long it is and what the limit is,
-        # as the text is typed and when it is sent
-        _count_text_requests(driver)
-        driver.execute_script(
-            "const box = document.querySelector('.text-input'); box.value = 'a'.repeat(2001);"
-            "box.dispatchEvent(new Event('input'));"
-        )
-        said = (
-            "your text has 2001 characters; at most 2000 (and 128 tokens) can be shown: shorten it, a longer "
-        )
-        assert said + "text is not sent" == driver.find_element(By.CSS_SELECTOR, ".status").text
-        driver.find_element(By.CSS_SELECTOR, ".text-go").click()
-        assert said + "text is not sent" == driver.find_element(By.CSS_SELECTOR, ".status").text
-        assert driver.execute_script("return window.textRequests.length") == 0
-        assert _drawn(driver) == drawn
+    # text over the limit is not cut silently and not sent: the tab says how long it is and what the limit is,
+    # as the text is typed and when it is sent
+    _count_text_requests(driver)
+    driver.execute_script(
+        "const box = document.querySelector('.text-input'); box.value = 'a'.repeat(2001);"
+        "box.dispatchEvent(new Event('input'));"
+    )
+    said = "your text has 2001 characters; at most 2000 (and 128 tokens) can be shown: shorten it, a longer "
+    assert said + "text is not sent" == driver.find_element(By.CSS_SELECTOR, ".status").text
+    driver.find_element(By.CSS_SELECTOR, ".text-go").click()
+    assert said + "text is not sent" == driver.find_element(By.CSS_SELECTOR, ".status").text
+    assert driver.execute_script("return window.textRequests.length") == 0
+    assert _drawn(driver) == drawn
 
 
 def _count_text_requests(driver) -> None:
@@ -415,42 +424,41 @@ def _count_text_requests(driver) -> None:
     )
 
 
-def test_head_picks_follow_the_shape_of_the_run_shown(board):
+def test_head_picks_follow_the_shape_of_the_run_shown(board, driver):
     from selenium.webdriver.common.by import By
 
     def chips_on(driver) -> list[str]:
         return [c.get_attribute("data-head") for c in driver.find_elements(By.CSS_SELECTOR, ".chip.on")]
 
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _drawn(driver)
-        driver.find_element(By.CSS_SELECTOR, ".cell[data-layer='0'][data-head='0']").click()
-        drawn = wait_drawn(driver, drawn)
-        driver.find_element(By.XPATH, "//button[text()='all']").click()
-        drawn = wait_drawn(driver, drawn)
-        assert chips_on(driver) == ["0", "1", "2"]
+    open_tab(driver, board)
+    drawn = _drawn(driver)
+    driver.find_element(By.CSS_SELECTOR, ".cell[data-layer='0'][data-head='0']").click()
+    drawn = wait_drawn(driver, drawn)
+    driver.find_element(By.XPATH, "//button[text()='all']").click()
+    drawn = wait_drawn(driver, drawn)
+    assert chips_on(driver) == ["0", "1", "2"]
 
-        # every head of the 3-head run, then the 4-head run: every head of it, none hidden unasked
-        drawn = _select(driver, ".run-select", "c/tb", drawn)
-        assert chips_on(driver) == ["0", "1", "2", "3"]
-        assert _count(driver, ".panel[data-run='c/tb'] svg.headview g[data-head]") == 4
+    # every head of the 3-head run, then the 4-head run: every head of it, none hidden unasked
+    drawn = _select(driver, ".run-select", "c/tb", drawn)
+    assert chips_on(driver) == ["0", "1", "2", "3"]
+    assert _count(driver, ".panel[data-run='c/tb'] svg.headview g[data-head]") == 4
 
-        # heads 1 and 3 picked, then the 3-head run: head 1 stays picked, head 3 is not in it
-        driver.find_element(By.XPATH, "//button[text()='none']").click()
+    # heads 1 and 3 picked, then the 3-head run: head 1 stays picked, head 3 is not in it
+    driver.find_element(By.XPATH, "//button[text()='none']").click()
+    drawn = wait_drawn(driver, drawn)
+    for head in ("1", "3"):
+        driver.find_element(By.CSS_SELECTOR, f".chip[data-head='{head}']").click()
         drawn = wait_drawn(driver, drawn)
-        for head in ("1", "3"):
-            driver.find_element(By.CSS_SELECTOR, f".chip[data-head='{head}']").click()
-            drawn = wait_drawn(driver, drawn)
-        drawn = _select(driver, ".run-select", "a/tb", drawn)
-        assert chips_on(driver) == ["1"]
-        assert _count(driver, ".panel[data-run='a/tb'] svg.headview g[data-head]") == 1
+    drawn = _select(driver, ".run-select", "a/tb", drawn)
+    assert chips_on(driver) == ["1"]
+    assert _count(driver, ".panel[data-run='a/tb'] svg.headview g[data-head]") == 1
 
 
 # the export's layout (currentSVG): padding, the gap between panels, the widest message, a model view's cell
 PAD, GAP, MESSAGE_W, CELL_W = 12, 30, 480, 84 + 6
 
 
-def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board):
+def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board, driver):
     """A run named after its overrides whose checkpoint is damaged, beside the 4-head run, on own text: the error
     names the run once (its panel's title), wraps inside its panel on the page and in the export, and the export
     is as wide as the maps and the message, not as the names; it is named after the panel that shows maps."""
@@ -460,67 +468,66 @@ def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".run-select", LONG, _drawn(driver))
-        drawn = _select(driver, ".compare-select", "c/tb", drawn)
-        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys("But soft", Keys.ENTER)
-        drawn = wait_drawn(driver, drawn)
-        panel = f".panel[data-run='{LONG}']"
-        error = driver.find_element(By.CSS_SELECTOR, f"{panel} .error").text
-        assert (
-            error.startswith("this run's checkpoint cannot be loaded: ")
-            and "is not a gptmini checkpoint" in error
-        )
-        page = driver.execute_script(
-            "return [document.querySelector(arguments[0]).textContent, document.querySelector('.status').textContent]",
-            panel,
-        )
-        assert page[0].count(LONG) == 1 and LONG_LABEL not in page[1] and error in page[1], page
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", LONG, _drawn(driver))
+    drawn = _select(driver, ".compare-select", "c/tb", drawn)
+    driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys("But soft", Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    panel = f".panel[data-run='{LONG}']"
+    error = driver.find_element(By.CSS_SELECTOR, f"{panel} .error").text
+    assert (
+        error.startswith("this run's checkpoint cannot be loaded: ")
+        and "is not a gptmini checkpoint" in error
+    )
+    page = driver.execute_script(
+        "return [document.querySelector(arguments[0]).textContent, document.querySelector('.status').textContent]",
+        panel,
+    )
+    assert page[0].count(LONG) == 1 and LONG_LABEL not in page[1] and error in page[1], page
 
-        # on the page: the panel is as wide as its message allows, its title wraps inside it
-        box = driver.execute_script(
-            "const p = document.querySelector(arguments[0]), t = p.querySelector('.panel-title');"
-            "return [p.querySelector('.error').getBoundingClientRect().width, t.scrollWidth, t.clientWidth];",
-            panel,
-        )
-        assert box[0] <= MESSAGE_W and box[1] <= box[2], box
+    # on the page: the panel is as wide as its message allows, its title wraps inside it
+    box = driver.execute_script(
+        "const p = document.querySelector(arguments[0]), t = p.querySelector('.panel-title');"
+        "return [p.querySelector('.error').getBoundingClientRect().width, t.scrollWidth, t.clientWidth];",
+        panel,
+    )
+    assert box[0] <= MESSAGE_W and box[1] <= box[2], box
 
-        # the export: drawn by the browser, every text inside its own panel; the message and the name whole
-        layout = driver.execute_script(
-            "const holder = document.createElement('div');"
-            "holder.innerHTML = window.gptminiAttention.currentSVG(); document.body.append(holder);"
-            "const root = holder.querySelector('svg');"
-            "const texts = [...root.querySelectorAll('text')].map((t) => { const b = t.getBBox();"
-            "  return {x: Number(t.getAttribute('x')), right: b.x + b.width, text: t.textContent,"
-            "          bold: t.getAttribute('font-weight') === 'bold', fill: t.getAttribute('fill')}; });"
-            "holder.remove();"
-            "return {width: Number(root.getAttribute('width')), height: Number(root.getAttribute('height')), texts};"
-        )
-        texts = layout["texts"]
-        second = min(t["x"] for t in texts if t["bold"] and t["x"] > 0)  # where the panel of c/tb starts
-        assert layout["width"] <= 2 * PAD + MESSAGE_W + GAP + 60 + 4 * CELL_W, layout["width"]
-        for t in texts:
-            end = second - GAP if t["x"] < second else layout["width"] - 2 * PAD
-            assert t["right"] <= end + 0.5, (t, end)
-        first_panel = [t for t in texts if t["x"] < second]
-        assert "".join(t["text"] for t in first_panel if t["bold"]) == LONG
-        message = [t["text"] for t in first_panel if t["fill"] == "#b00020"]
-        assert len(message) > 1 and "".join(message).replace(" ", "") == error.replace(" ", ""), message
+    # the export: drawn by the browser, every text inside its own panel; the message and the name whole
+    layout = driver.execute_script(
+        "const holder = document.createElement('div');"
+        "holder.innerHTML = window.gptminiAttention.currentSVG(); document.body.append(holder);"
+        "const root = holder.querySelector('svg');"
+        "const texts = [...root.querySelectorAll('text')].map((t) => { const b = t.getBBox();"
+        "  return {x: Number(t.getAttribute('x')), right: b.x + b.width, text: t.textContent,"
+        "          bold: t.getAttribute('font-weight') === 'bold', fill: t.getAttribute('fill')}; });"
+        "holder.remove();"
+        "return {width: Number(root.getAttribute('width')), height: Number(root.getAttribute('height')), texts};"
+    )
+    texts = layout["texts"]
+    second = min(t["x"] for t in texts if t["bold"] and t["x"] > 0)  # where the panel of c/tb starts
+    assert layout["width"] <= 2 * PAD + MESSAGE_W + GAP + 60 + 4 * CELL_W, layout["width"]
+    for t in texts:
+        end = second - GAP if t["x"] < second else layout["width"] - 2 * PAD
+        assert t["right"] <= end + 0.5, (t, end)
+    first_panel = [t for t in texts if t["x"] < second]
+    assert "".join(t["text"] for t in first_panel if t["bold"]) == LONG
+    message = [t["text"] for t in first_panel if t["fill"] == "#b00020"]
+    assert len(message) > 1 and "".join(message).replace(" ", "") == error.replace(" ", ""), message
 
-        # the PNG: twice the SVG's size; the file named after c/tb, the panel that shows maps
-        png = driver.execute_async_script(
-            "const done = arguments[0]; window.gptminiAttention.pngBlob().then((b) => {"
-            "  const r = new FileReader(); r.onload = () => done(r.result); r.readAsDataURL(b); });"
-        )
-        header = base64.b64decode(png.split(",", 1)[1])[:24]
-        assert struct.unpack(">II", header[16:24]) == (2 * layout["width"], 2 * layout["height"])
-        assert driver.execute_script("return window.gptminiAttention.fileName('png')") == (
-            "attention-c_tb-model-text.png"
-        )
+    # the PNG: twice the SVG's size; the file named after c/tb, the panel that shows maps
+    png = driver.execute_async_script(
+        "const done = arguments[0]; window.gptminiAttention.pngBlob().then((b) => {"
+        "  const r = new FileReader(); r.onload = () => done(r.result); r.readAsDataURL(b); });"
+    )
+    header = base64.b64decode(png.split(",", 1)[1])[:24]
+    assert struct.unpack(">II", header[16:24]) == (2 * layout["width"], 2 * layout["height"])
+    assert driver.execute_script("return window.gptminiAttention.fileName('png')") == (
+        "attention-c_tb-model-text.png"
+    )
 
 
-def test_own_text_pressed_again_and_again_is_computed_once_per_run_shown(board):
+def test_own_text_pressed_again_and_again_is_computed_once_per_run_shown(board, driver):
     """Six texts sent at once (two runs shown): each new one aborts the requests of the one before, whose second
     run is then never asked; the same text sent six times while it is computed is sent once per run."""
     from selenium.webdriver.common.by import By
@@ -539,28 +546,27 @@ def test_own_text_pressed_again_and_again_is_computed_once_per_run_shown(board):
         "But soft, what light",
         "But soft, what light?",
     ]
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
-        _count_text_requests(driver)
-        driver.execute_script(press, texts)
-        drawn = wait_drawn(driver, drawn)
-        aborted = driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))")
-        assert aborted == [True] * 5 + [False, False], aborted
-        n = len(build_tokenizer("gpt2").encode(texts[-1]))
-        status = driver.find_element(By.CSS_SELECTOR, ".status").text
-        assert (
-            _count(driver, ".panel[data-run='a/tb'] .cell") == 6 and _count(driver, ".panel .error") == 0
-        ), status
-        assert all(f"{n} tokens" in t for t in _titles(driver)), _titles(driver)
+    open_tab(driver, board)
+    drawn = _select(driver, ".compare-select", "c/tb", _drawn(driver))
+    _count_text_requests(driver)
+    driver.execute_script(press, texts)
+    drawn = wait_drawn(driver, drawn)
+    aborted = driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))")
+    assert aborted == [True] * 5 + [False, False], aborted
+    n = len(build_tokenizer("gpt2").encode(texts[-1]))
+    status = driver.find_element(By.CSS_SELECTOR, ".status").text
+    assert _count(driver, ".panel[data-run='a/tb'] .cell") == 6 and _count(driver, ".panel .error") == 0, (
+        status
+    )
+    assert all(f"{n} tokens" in t for t in _titles(driver)), _titles(driver)
 
-        driver.execute_script("window.textRequests.length = 0")
-        driver.execute_script(press, ["what light"] * 6)
-        wait_drawn(driver, drawn)
-        assert driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))") == [
-            False,
-            False,
-        ]
+    driver.execute_script("window.textRequests.length = 0")
+    driver.execute_script(press, ["what light"] * 6)
+    wait_drawn(driver, drawn)
+    assert driver.execute_script("return window.textRequests.map((s) => (s ? s.aborted : null))") == [
+        False,
+        False,
+    ]
 
 
 def _titles(driver) -> list[str]:
@@ -569,7 +575,9 @@ def _titles(driver) -> list[str]:
     )
 
 
-def test_a_run_started_after_the_tab_opened_joins_the_run_boxes_at_tensorboards_reload(tmp_path, repo_root):
+def test_a_run_started_after_the_tab_opened_joins_the_run_boxes_at_tensorboards_reload(
+    tmp_path, repo_root, driver
+):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
     from torch.utils.tensorboard import SummaryWriter
@@ -589,7 +597,7 @@ def test_a_run_started_after_the_tab_opened_joins_the_run_boxes_at_tensorboards_
         )
 
     write("first/tb")
-    with tensorboard(tmp_path, env={"PYTHONPATH": str(repo_root)}) as url, chrome() as driver:
+    with tensorboard(tmp_path, env={"PYTHONPATH": str(repo_root)}) as url:
         open_tab(driver, url)
         assert options(driver, ".run-select") == ["first/tb"]
         write("second/tb")
@@ -620,7 +628,7 @@ def _neuron_rows(driver) -> list[dict]:
     )
 
 
-def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
+def test_the_neuron_view_computes_the_models_own_weights(board, logdir, driver):
     """Layer 1, head 1, query 4 of run d (rotary positions, QK-norm, a sink): the view's softmax of q . k over the
     logged queries and keys gives the model's attention probabilities (float16 vectors: within 0.01), and with
     the sink's weight each row sums to 1; on your own text, every key of the last token has its row."""
@@ -636,60 +644,58 @@ def test_the_neuron_view_computes_the_models_own_weights(board, logdir):
     ids = tokenizer.encode("".join(TOKENS))
     with torch.no_grad():
         maps = model.attention_maps(torch.tensor([ids]))[:, 0].numpy()  # (L, nh, T, T)
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
-        driver.find_element(By.CSS_SELECTOR, "button.view-neuron").click()
-        drawn = wait_drawn(driver, drawn)
-        drawn = _select(driver, ".pick-layer", "1", drawn)
-        drawn = _select(driver, ".pick-head", "1", drawn)
-        drawn = _select(driver, ".pick-query", "4", drawn)  # the last token (5) is the default
-        rows = _neuron_rows(driver)
-        assert [r["key"] for r in rows] == list(range(5))
-        # each row names its key's position, as the query's does
-        positions = driver.execute_script(
-            "return [...document.querySelectorAll('tr.nv-row .nv-pos, tr.nv-query .nv-pos')].map(s => s.textContent)"
-        )
-        assert positions == ["4", "0", "1", "2", "3", "4"]
-        want = maps[1, 1, 4, :5]
-        np.testing.assert_allclose([r["weight"] for r in rows], want, atol=0.01)
-        np.testing.assert_allclose([r["logged"] for r in rows], want, atol=0.5 / 255 + 1e-4)
-        sink = float(driver.find_element(By.CSS_SELECTOR, "tr.nv-sink").get_attribute("data-weight"))
-        assert sink == pytest.approx(1 - want.sum(), abs=0.01) and sink > 0.01
-        assert sum(r["weight"] for r in rows) + sink == pytest.approx(1.0, abs=1e-3)
-        assert (
-            _count(driver, "tr.nv-row canvas.strip") == 2 * 5
-            and _count(driver, "tr.nv-query canvas.strip") == 1
-        )
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-neuron").click()
+    drawn = wait_drawn(driver, drawn)
+    drawn = _select(driver, ".pick-layer", "1", drawn)
+    drawn = _select(driver, ".pick-head", "1", drawn)
+    drawn = _select(driver, ".pick-query", "4", drawn)  # the last token (5) is the default
+    rows = _neuron_rows(driver)
+    assert [r["key"] for r in rows] == list(range(5))
+    # each row names its key's position, as the query's does
+    positions = driver.execute_script(
+        "return [...document.querySelectorAll('tr.nv-row .nv-pos, tr.nv-query .nv-pos')].map(s => s.textContent)"
+    )
+    assert positions == ["4", "0", "1", "2", "3", "4"]
+    want = maps[1, 1, 4, :5]
+    np.testing.assert_allclose([r["weight"] for r in rows], want, atol=0.01)
+    np.testing.assert_allclose([r["logged"] for r in rows], want, atol=0.5 / 255 + 1e-4)
+    sink = float(driver.find_element(By.CSS_SELECTOR, "tr.nv-sink").get_attribute("data-weight"))
+    assert sink == pytest.approx(1 - want.sum(), abs=0.01) and sink > 0.01
+    assert sum(r["weight"] for r in rows) + sink == pytest.approx(1.0, abs=1e-3)
+    assert (
+        _count(driver, "tr.nv-row canvas.strip") == 2 * 5 and _count(driver, "tr.nv-query canvas.strip") == 1
+    )
 
-        # run a logged no queries and keys: its panel says so
-        drawn = _select(driver, ".compare-select", "a/tb", drawn)
-        note = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='a/tb'] .note").text
-        assert "holds no queries and keys" in note
-        drawn = _select(driver, ".compare-select", "", drawn)
+    # run a logged no queries and keys: its panel says so
+    drawn = _select(driver, ".compare-select", "a/tb", drawn)
+    note = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='a/tb'] .note").text
+    assert "holds no queries and keys" in note
+    drawn = _select(driver, ".compare-select", "", drawn)
 
-        # step 10 kept its first layer's queries and keys only (the size cap): layer 1 asks for your own text
-        driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
-        drawn = wait_drawn(driver, drawn)
-        note = driver.find_element(By.CSS_SELECTOR, ".panel .note").text
-        assert "type your own text to see layer 1" in note, note
+    # step 10 kept its first layer's queries and keys only (the size cap): layer 1 asks for your own text
+    driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
+    drawn = wait_drawn(driver, drawn)
+    note = driver.find_element(By.CSS_SELECTOR, ".panel .note").text
+    assert "type your own text to see layer 1" in note, note
 
-        # your own text: the checkpoint's queries and keys at every layer, the last token's row for every key
-        text = "But soft, what light through"
-        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
-        drawn = wait_drawn(driver, drawn)
-        assert driver.execute_script("return document.querySelector('.pick-layer').value") == "1"
-        assert _count(driver, ".panel .note") == 0
-        n = len(tokenizer.encode(text))
-        assert _count(driver, ".pick-query option") == n
-        drawn = _select(driver, ".pick-query", str(n - 1), drawn)
-        rows = _neuron_rows(driver)
-        assert [r["key"] for r in rows] == list(range(n))
-        for r in rows:
-            assert abs(r["weight"] - r["logged"]) < 0.01
+    # your own text: the checkpoint's queries and keys at every layer, the last token's row for every key
+    text = "But soft, what light through"
+    driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    assert driver.execute_script("return document.querySelector('.pick-layer').value") == "1"
+    assert _count(driver, ".panel .note") == 0
+    n = len(tokenizer.encode(text))
+    assert _count(driver, ".pick-query option") == n
+    drawn = _select(driver, ".pick-query", str(n - 1), drawn)
+    rows = _neuron_rows(driver)
+    assert [r["key"] for r in rows] == list(range(n))
+    for r in rows:
+        assert abs(r["weight"] - r["logged"]) < 0.01
 
 
-def test_the_lens_view_and_the_head_map(board, logdir):
+def test_the_lens_view_and_the_head_map(board, logdir, driver):
     import torch
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -703,77 +709,74 @@ def test_the_lens_view_and_the_head_map(board, logdir):
     ids = tokenizer.encode("".join(TOKENS))
     with torch.no_grad():
         logits, _ = model(torch.tensor([ids]))
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
-        driver.find_element(By.CSS_SELECTOR, "button.view-lens").click()
-        drawn = wait_drawn(driver, drawn)
-        # the lens view is HTML, not exported: Save is off (it wrote an empty image)
-        assert not any(
-            driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg")
-        )
-        # layers down (the embeddings, then each block), tokens across; the last row is the model's prediction
-        rows = driver.find_elements(By.CSS_SELECTOR, "table.lens tr[data-row]")
-        assert [r.get_attribute("data-row") for r in rows] == ["embed", "layer0", "layer1"]
-        assert _count(driver, "table.lens tr[data-row='layer1'] td.lens-cell") == len(ids)
-        tops = driver.execute_script(
-            "return [...document.querySelectorAll(\"table.lens tr[data-row='layer1'] td.lens-cell .top\")]"
-            ".map(c => c.textContent)"
-        )
-        want = [tokenizer.token_text(int(i)) for i in logits[0].argmax(-1)]
-        assert tops == [_shown(w) for w in want]
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-lens").click()
+    drawn = wait_drawn(driver, drawn)
+    # the lens view is HTML, not exported: Save is off (it wrote an empty image)
+    assert not any(driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg"))
+    # layers down (the embeddings, then each block), tokens across; the last row is the model's prediction
+    rows = driver.find_elements(By.CSS_SELECTOR, "table.lens tr[data-row]")
+    assert [r.get_attribute("data-row") for r in rows] == ["embed", "layer0", "layer1"]
+    assert _count(driver, "table.lens tr[data-row='layer1'] td.lens-cell") == len(ids)
+    tops = driver.execute_script(
+        "return [...document.querySelectorAll(\"table.lens tr[data-row='layer1'] td.lens-cell .top\")]"
+        ".map(c => c.textContent)"
+    )
+    want = [tokenizer.token_text(int(i)) for i in logits[0].argmax(-1)]
+    assert tops == [_shown(w) for w in want]
 
-        # the head map: one head and the layer's mean, large; the text coloured by the query's weights
-        driver.find_element(By.CSS_SELECTOR, "button.view-map").click()
-        drawn = wait_drawn(driver, drawn)
-        assert _count(driver, "canvas.bigmap") == 2
-        weights = driver.execute_script(
-            "return [...document.querySelectorAll('.colored-tokens .ct')].map(s => Number(s.dataset.weight))"
-        )
-        assert len(weights) == len(ids) and sum(weights) < 1.0  # the sink takes the rest
-        # hovering a token highlights it in every panel: run d beside itself shows it twice
-        drawn = _select(driver, ".compare-select", "d/tb", drawn)
-        token = driver.find_elements(By.CSS_SELECTOR, ".colored-tokens .ct")[2]
-        ActionChains(driver).move_to_element(token).perform()
-        assert _count(driver, ".panel .ct.hl") == 2
-        assert _count(driver, ".panel .axis-x .hl") == 4  # both maps of both panels
+    # the head map: one head and the layer's mean, large; the text coloured by the query's weights
+    driver.find_element(By.CSS_SELECTOR, "button.view-map").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, "canvas.bigmap") == 2
+    weights = driver.execute_script(
+        "return [...document.querySelectorAll('.colored-tokens .ct')].map(s => Number(s.dataset.weight))"
+    )
+    assert len(weights) == len(ids) and sum(weights) < 1.0  # the sink takes the rest
+    # hovering a token highlights it in every panel: run d beside itself shows it twice
+    drawn = _select(driver, ".compare-select", "d/tb", drawn)
+    token = driver.find_elements(By.CSS_SELECTOR, ".colored-tokens .ct")[2]
+    ActionChains(driver).move_to_element(token).perform()
+    assert _count(driver, ".panel .ct.hl") == 2
+    assert _count(driver, ".panel .axis-x .hl") == 4  # both maps of both panels
 
-        # a longer text beside itself: two panels wider together than the 1,500 px window each hold their own maps
-        # (squeezed, a panel's maps ran 200 px into the next one); the keys' labels stand under their own columns,
-        # the queries' beside their own rows
-        text = "But soft, what light through yonder window breaks? It is the east."  # 16 tokens: its context
-        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
-        drawn = wait_drawn(driver, drawn)
-        boxes = driver.execute_script(
-            "return [...document.querySelectorAll('.panel')].map(p => [p.getBoundingClientRect().left,"
-            "  p.getBoundingClientRect().right,"
-            "  Math.max(...[...p.querySelectorAll('.bigmap-wrap')].map(w => w.getBoundingClientRect().right))])"
-        )
-        assert len(boxes) == 2 and boxes[0][1] <= boxes[1][0], boxes
-        assert all(maps <= right for _, right, maps in boxes), boxes
-        axes = driver.execute_script(
-            "const wrap = document.querySelector('.bigmap-wrap');"
-            "const map = wrap.querySelector('canvas.bigmap').getBoundingClientRect();"
-            "const centre = (sel, lo, hi) => [...wrap.querySelectorAll(sel)].map(l => {"
-            "  const b = l.getBoundingClientRect(); return (b[lo] + b[hi]) / 2; });"
-            "return {map: [map.left + 1, map.top + 1, map.width - 2], x: centre('.axis-x .tok-label', 'left', 'right'),"
-            "        y: centre('.axis-y .tok-label', 'top', 'bottom')};"
-        )
-        n = len(tokenizer.encode(text))
-        left, top, width = axes["map"]
-        cell = width / n
-        assert len(axes["x"]) == len(axes["y"]) == n
-        np.testing.assert_allclose(axes["x"], [left + (j + 0.5) * cell for j in range(n)], atol=cell / 4)
-        np.testing.assert_allclose(axes["y"], [top + (i + 0.5) * cell for i in range(n)], atol=cell / 4)
+    # a longer text beside itself: two panels wider together than the 1,500 px window each hold their own maps
+    # (squeezed, a panel's maps ran 200 px into the next one); the keys' labels stand under their own columns,
+    # the queries' beside their own rows
+    text = "But soft, what light through yonder window breaks? It is the east."  # 16 tokens: its context
+    driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    boxes = driver.execute_script(
+        "return [...document.querySelectorAll('.panel')].map(p => [p.getBoundingClientRect().left,"
+        "  p.getBoundingClientRect().right,"
+        "  Math.max(...[...p.querySelectorAll('.bigmap-wrap')].map(w => w.getBoundingClientRect().right))])"
+    )
+    assert len(boxes) == 2 and boxes[0][1] <= boxes[1][0], boxes
+    assert all(maps <= right for _, right, maps in boxes), boxes
+    axes = driver.execute_script(
+        "const wrap = document.querySelector('.bigmap-wrap');"
+        "const map = wrap.querySelector('canvas.bigmap').getBoundingClientRect();"
+        "const centre = (sel, lo, hi) => [...wrap.querySelectorAll(sel)].map(l => {"
+        "  const b = l.getBoundingClientRect(); return (b[lo] + b[hi]) / 2; });"
+        "return {map: [map.left + 1, map.top + 1, map.width - 2], x: centre('.axis-x .tok-label', 'left', 'right'),"
+        "        y: centre('.axis-y .tok-label', 'top', 'bottom')};"
+    )
+    n = len(tokenizer.encode(text))
+    left, top, width = axes["map"]
+    cell = width / n
+    assert len(axes["x"]) == len(axes["y"]) == n
+    np.testing.assert_allclose(axes["x"], [left + (j + 0.5) * cell for j in range(n)], atol=cell / 4)
+    np.testing.assert_allclose(axes["y"], [top + (i + 0.5) * cell for i in range(n)], atol=cell / 4)
 
-        # the head map is not exported either; the model view is
-        assert not driver.find_element(By.CSS_SELECTOR, ".save-svg").is_enabled()
-        driver.find_element(By.CSS_SELECTOR, "button.tab").click()  # the model view
-        wait_drawn(driver, drawn)
-        assert all(driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg"))
+    # the head map is not exported either; the model view is
+    assert not driver.find_element(By.CSS_SELECTOR, ".save-svg").is_enabled()
+    driver.find_element(By.CSS_SELECTOR, "button.tab").click()  # the model view
+    wait_drawn(driver, drawn)
+    assert all(driver.find_element(By.CSS_SELECTOR, b).is_enabled() for b in (".save-png", ".save-svg"))
 
 
-def test_the_circuits_view(board, logdir):
+def test_the_circuits_view(board, logdir, driver):
     """Run "d/tb": the heads x steps attribution map from its scalars, the per-token attribution of the step shown,
     the composition graph whose edge widths are the scores (Q, K or V as picked) and the picked head's QK and OV
     circuits, all as the model's own (``gptmini.board.detail.circuits``)."""
@@ -789,68 +792,63 @@ def test_the_circuits_view(board, logdir):
     tokenizer = build_tokenizer("gpt2")
     ids = tokenizer.encode("".join(TOKENS))
     want = circuits(model, ids, tokenizer)
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
-        driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
-        drawn = wait_drawn(driver, drawn)
-        assert not driver.find_element(By.CSS_SELECTOR, ".save-png").is_enabled()  # HTML: not exported
-        # heads x steps, from the attribution route (filled in when it answers); the step shown framed
-        WebDriverWait(driver, 10).until(lambda d: _count(d, "canvas.attr-steps"))
-        canvas = driver.find_element(By.CSS_SELECTOR, "canvas.attr-steps")
-        assert (canvas.get_attribute("data-heads"), canvas.get_attribute("data-steps")) == ("4", "10,20")
-        assert _count(driver, ".step-mark") == 1
-        # per token: a row per head, a cell per position with a next token, the model's own values
-        values = driver.execute_script(
-            "return [...document.querySelectorAll('table.attr-tokens tr[data-head]')]"
-            ".map(r => [...r.querySelectorAll('td.attr-cell')].map(c => Number(c.dataset.value)))"
-        )
-        flat = [row for layer in want["attribution"] for row in layer]
-        np.testing.assert_allclose(np.array(values), np.array(flat), atol=1.5e-3)
-        # the graph: an edge per head pair of successive layers, its width 0.25 + 10 x the score
-        widths = driver.execute_script(
-            "return [...document.querySelectorAll('svg.composition line')].map(l => [l.dataset.from, l.dataset.to,"
-            " Number(l.getAttribute('stroke-width'))])"
-        )
-        k = want["composition"]["K"][0]  # layer 0 on layer 1: (2, 2)
-        assert sorted(widths) == sorted(
-            [f"0,{a}", f"1,{b}", pytest.approx(0.25 + 10 * k[a][b], abs=0.011)]
-            for a in (0, 1)
-            for b in (0, 1)
-        )
-        driver.find_element(By.CSS_SELECTOR, "button.comp-V").click()
-        drawn = wait_drawn(driver, drawn)
-        scores = driver.execute_script(
-            "return [...document.querySelectorAll('svg.composition line')].map(l => Number(l.dataset.score))"
-        )
-        assert sorted(scores) == pytest.approx(
-            sorted(x for row in want["composition"]["V"][0] for x in row), abs=1e-3
-        )
-        # the picked head's QK and OV circuits over the probe's distinct tokens
-        Select(driver.find_element(By.CSS_SELECTOR, ".pick-head")).select_by_value("1")
-        drawn = wait_drawn(driver, drawn)
-        n = len(want["circuit_tokens"])
-        assert _count(driver, "canvas.circuit-qk") == _count(driver, "canvas.circuit-ov") == 1
-        assert _count(driver, ".circuit-matrix .circuit-cols span") == 2 * n
-        assert "layer 0, head 1" in driver.find_element(By.CSS_SELECTOR, ".circuits").text
-        # the slider: the earlier step is drawn with its own frame
-        driver.execute_script(
-            "const s = document.querySelector('.step-slider'); s.value = 0; s.dispatchEvent(new Event('input'))"
-        )
-        drawn = wait_drawn(driver, drawn)
-        assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
-        # your own text: the checkpoint's attribution per token; the map over training points back to the probe
-        text = "But soft, what light"
-        driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
-        wait_drawn(driver, drawn)
-        n = len(tokenizer.encode(text))
-        assert _count(driver, "table.attr-tokens tr[data-layer='1'][data-head='0'] td.attr-cell") == n - 1
-        assert (
-            "the logged validations" in driver.find_element(By.CSS_SELECTOR, ".attribution-steps .note").text
-        )
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
+    drawn = wait_drawn(driver, drawn)
+    assert not driver.find_element(By.CSS_SELECTOR, ".save-png").is_enabled()  # HTML: not exported
+    # heads x steps, from the attribution route (filled in when it answers); the step shown framed
+    WebDriverWait(driver, 10).until(lambda d: _count(d, "canvas.attr-steps"))
+    canvas = driver.find_element(By.CSS_SELECTOR, "canvas.attr-steps")
+    assert (canvas.get_attribute("data-heads"), canvas.get_attribute("data-steps")) == ("4", "10,20")
+    assert _count(driver, ".step-mark") == 1
+    # per token: a row per head, a cell per position with a next token, the model's own values
+    values = driver.execute_script(
+        "return [...document.querySelectorAll('table.attr-tokens tr[data-head]')]"
+        ".map(r => [...r.querySelectorAll('td.attr-cell')].map(c => Number(c.dataset.value)))"
+    )
+    flat = [row for layer in want["attribution"] for row in layer]
+    np.testing.assert_allclose(np.array(values), np.array(flat), atol=1.5e-3)
+    # the graph: an edge per head pair of successive layers, its width 0.25 + 10 x the score
+    widths = driver.execute_script(
+        "return [...document.querySelectorAll('svg.composition line')].map(l => [l.dataset.from, l.dataset.to,"
+        " Number(l.getAttribute('stroke-width'))])"
+    )
+    k = want["composition"]["K"][0]  # layer 0 on layer 1: (2, 2)
+    assert sorted(widths) == sorted(
+        [f"0,{a}", f"1,{b}", pytest.approx(0.25 + 10 * k[a][b], abs=0.011)] for a in (0, 1) for b in (0, 1)
+    )
+    driver.find_element(By.CSS_SELECTOR, "button.comp-V").click()
+    drawn = wait_drawn(driver, drawn)
+    scores = driver.execute_script(
+        "return [...document.querySelectorAll('svg.composition line')].map(l => Number(l.dataset.score))"
+    )
+    assert sorted(scores) == pytest.approx(
+        sorted(x for row in want["composition"]["V"][0] for x in row), abs=1e-3
+    )
+    # the picked head's QK and OV circuits over the probe's distinct tokens
+    Select(driver.find_element(By.CSS_SELECTOR, ".pick-head")).select_by_value("1")
+    drawn = wait_drawn(driver, drawn)
+    n = len(want["circuit_tokens"])
+    assert _count(driver, "canvas.circuit-qk") == _count(driver, "canvas.circuit-ov") == 1
+    assert _count(driver, ".circuit-matrix .circuit-cols span") == 2 * n
+    assert "layer 0, head 1" in driver.find_element(By.CSS_SELECTOR, ".circuits").text
+    # the slider: the earlier step is drawn with its own frame
+    driver.execute_script(
+        "const s = document.querySelector('.step-slider'); s.value = 0; s.dispatchEvent(new Event('input'))"
+    )
+    drawn = wait_drawn(driver, drawn)
+    assert "step 10" in driver.find_element(By.CSS_SELECTOR, ".step-label").text
+    # your own text: the checkpoint's attribution per token; the map over training points back to the probe
+    text = "But soft, what light"
+    driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys(text, Keys.ENTER)
+    wait_drawn(driver, drawn)
+    n = len(tokenizer.encode(text))
+    assert _count(driver, "table.attr-tokens tr[data-layer='1'][data-head='0'] td.attr-cell") == n - 1
+    assert "the logged validations" in driver.find_element(By.CSS_SELECTOR, ".attribution-steps .note").text
 
 
-def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir):
+def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir, driver):
     """Run "gone/tb" shown beside "b/tb", then its folder deleted: once TensorBoard no longer lists it, the next
     slider move (answered with errors) leaves it for the first run listed, says so, and draws without errors."""
     from selenium.webdriver.common.by import By
@@ -863,23 +861,22 @@ def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir):
     def listed() -> set[str]:
         return {r["run"] for r in get_json(f"{board}/data/plugin/{PLUGIN_NAME}/runs")["runs"]}
 
-    with chrome() as driver:
-        open_tab(driver, board)
-        drawn = _select(driver, ".run-select", "gone/tb", _drawn(driver))
-        drawn = _select(driver, ".compare-select", "b/tb", drawn)
-        shutil.rmtree(logdir / "gone")
-        WebDriverWait(driver, 30).until(lambda _: "gone/tb" not in listed())
-        driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", "gone/tb", _drawn(driver))
+    drawn = _select(driver, ".compare-select", "b/tb", drawn)
+    shutil.rmtree(logdir / "gone")
+    WebDriverWait(driver, 30).until(lambda _: "gone/tb" not in listed())
+    driver.find_element(By.CSS_SELECTOR, ".step-slider").send_keys(Keys.HOME)
 
-        def settled(d) -> bool:
-            runs = d.execute_script("return [...document.querySelectorAll('.panel')].map(p => p.dataset.run)")
-            return runs == ["a/tb", "b/tb"] and _count(d, ".panel .error") == 0
+    def settled(d) -> bool:
+        runs = d.execute_script("return [...document.querySelectorAll('.panel')].map(p => p.dataset.run)")
+        return runs == ["a/tb", "b/tb"] and _count(d, ".panel .error") == 0
 
-        WebDriverWait(driver, 30).until(settled)
-        assert driver.execute_script("return document.querySelector('.run-select').value") == "a/tb"
-        options = driver.execute_script(
-            "return [...document.querySelectorAll('.run-select option')].map((o) => o.value)"
-        )
-        assert "gone/tb" not in options
-        status = driver.find_element(By.CSS_SELECTOR, ".status").text
-        assert status == "gone/tb: no longer listed (deleted?); showing a/tb", status
+    WebDriverWait(driver, 30).until(settled)
+    assert driver.execute_script("return document.querySelector('.run-select').value") == "a/tb"
+    options = driver.execute_script(
+        "return [...document.querySelectorAll('.run-select option')].map((o) => o.value)"
+    )
+    assert "gone/tb" not in options
+    status = driver.find_element(By.CSS_SELECTOR, ".status").text
+    assert status == "gone/tb: no longer listed (deleted?); showing a/tb", status

@@ -96,11 +96,12 @@ def test_muon_with_wsd_killed_and_resumed_ends_bit_identical(tmp_path, run_cli, 
     assert max(hidden) == pytest.approx(0.02) and hidden[-1] < 0.1 * 0.02 + 1e-9
 
 
-def test_speedrun_stops_at_its_target_and_logs_the_time_to_reach_it(tmp_path, run_cli, tb_events):
+def test_speedrun_stops_at_its_target_and_logs_the_time_to_reach_it(tmp_path, gptmini_train, tb_events):
+    # the command in this process: its process started before the fit all the same (the test process did)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 400)
     out = tmp_path / "out"
-    proc = run_cli.train(
+    proc = gptmini_train(
         [
             "experiment=speedrun_char_cpu",
             f"data.source={corpus}",

@@ -278,33 +278,33 @@ def test_a_change_the_checkpoint_cannot_honour_is_refused_before_any_work(
 
 
 def test_the_hint_of_an_interrupted_run_typed_as_printed_resumes_that_run(
-    train, tmp_path, cli_env, repo_root, gptmini_cli
+    train, tmp_path, cli_env, repo_root, gptmini_cli, gptmini_train
 ) -> None:
     """A run of trainer.max_steps=8 stopped by SIGTERM after step 4 prints the command that resumes it. Typed as
-    printed (through a shell), after a newer run of the same name finished, it resumes the interrupted run, with
-    its own settings: to step 8, not the 6 of debug=smoke, and not from the newer run. `gptmini runs` then shows
-    the interrupted run as resumed, not resumable."""
-    import os
-    import sys
-
+    printed (the arguments a shell makes of it), after a newer run of the same name finished, it resumes the
+    interrupted run, with its own settings: to step 8, not the 6 of debug=smoke, and not from the newer run.
+    `gptmini runs` then shows the interrupted run as resumed, not resumable."""
     cut = train("hint", "trainer.max_steps=8", sigterm(3), process=True)
     assert cut.returncode == 143, output(cut)[-3000:]
     (first,) = run_folders(tmp_path / "out", "hint")
     found = re.search(r"resume with: (gptmini train .*)$", output(cut), re.MULTILINE)
     assert found, output(cut)[-3000:]
     finished(train("hint", "trainer.max_steps=2"))  # newer, of the same run_name
-    path = os.pathsep.join([str(Path(sys.executable).parent), cli_env.get("PATH", "")])
-    resumed = finished(
-        subprocess.run(
-            found.group(1),
-            shell=True,
-            cwd=repo_root,
-            env={**cli_env, "PATH": path},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    # the shell parses the line (quotes, escapes, expansions) and hands `gptmini` its arguments: a shell
+    # function in its place prints them, and the command runs on them in this process (test_cli.py runs
+    # `gptmini train` as a process)
+    typed = subprocess.run(
+        ["sh", "-c", 'gptmini() { printf "%s\\0" "$@"; }; ' + found.group(1)],
+        cwd=repo_root,
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
+    argv = typed.stdout.split("\0")[:-1]
+    assert argv[0] == "train", argv
+    resumed = finished(gptmini_train(argv[1:]))
     assert f"resuming from {first / 'checkpoints' / 'on_exception.ckpt'}" in output(resumed)
     third = run_folders(tmp_path / "out", "hint")[-1]
     assert ckpt_of(third)["global_step"] == 8

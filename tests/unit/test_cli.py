@@ -167,8 +167,10 @@ def test_train_runs_a_two_process_ddp_run(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_train_help_starts_with_gptminis_own_description(run_cli):
-    proc = run_cli("gptmini.cli", ["train", "--help"])
+def test_train_help_starts_with_gptminis_own_description(gptmini_train):
+    # the training command's own main in this process (test_train_passes_hydra_arguments_through runs
+    # `gptmini train` as a process, through to it)
+    proc = gptmini_train(["--help"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("gptmini train: train a GPT")
     assert "powered by Hydra" not in proc.stdout

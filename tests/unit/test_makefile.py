@@ -21,9 +21,13 @@ def test_make_help_prints_no_colour_codes_into_a_pipe() -> None:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_attention_twice_writes_a_new_folder_each_time(tmp_path, write_checkpoint, cli_env) -> None:
+def test_make_attention_twice_writes_a_new_folder_each_time(
+    tmp_path, write_checkpoint, cli_env, gptmini_cli
+) -> None:
     """`make attention` as README types it, twice in a row, then docs/export-import.md's `gptmini attention`
-    line: each call writes its maps into a folder of its own, none refused for the maps an earlier call left."""
+    line: each call writes its maps into a folder of its own, none refused for the maps an earlier call left.
+    The first call runs make and the command it starts; the second is the command line make runs (`make -n`),
+    and the docs line, through the command's own main in this process."""
     from gptmini.data.prepare import prepare
 
     if not (REPO / ".venv" / "bin" / "gptmini").is_file():
@@ -33,22 +37,25 @@ def test_make_attention_twice_writes_a_new_folder_each_time(tmp_path, write_chec
     ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, block_size=16, n_layer=1, n_head=2)
     venv = REPO / ".venv"
     make = ["make", "-s", "-f", str(REPO / "Makefile"), f"VENV={venv}", "-o", f"{venv}/.installed"]
-    for n in (1, 2):
-        proc = subprocess.run(
-            [*make, "attention", f"CKPT={ckpt}", "TEXT=to be, or not"],
-            cwd=tmp_path,
-            env=cli_env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert f"wrote 2 PNG files to outputs/attention_png/{n}" in proc.stderr
+    target = ["attention", f"CKPT={ckpt}", "TEXT=to be, or not"]
+    proc = subprocess.run(
+        [*make, *target], cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 2 PNG files to outputs/attention_png/1" in proc.stderr
+    printed = subprocess.run(
+        [*make, "-n", *target], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout
+    argv = shlex.split(printed)
+    assert argv[:2] == [str(venv / "bin" / "gptmini"), "attention"], printed
+    again = gptmini_cli(argv[1:], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "wrote 2 PNG files to outputs/attention_png/2" in again.stderr
     docs = (REPO / "docs" / "export-import.md").read_text(encoding="utf-8")
     line = next(line for line in docs.splitlines() if line.startswith("gptmini attention "))
-    argv = [str(venv / "bin" / "gptmini"), *shlex.split(line, comments=True)[1:]]
+    argv = shlex.split(line, comments=True)[1:]
     argv[argv.index("last")] = str(ckpt)
-    proc = subprocess.run(argv, cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    proc = gptmini_cli(argv, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     maps = tmp_path / "outputs" / "attention_png"
     assert sorted(p.name for p in maps.iterdir()) == ["1", "2", "3"]
