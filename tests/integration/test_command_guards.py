@@ -504,7 +504,7 @@ def test_paths_longer_than_the_filesystem_takes_are_one_line(world, tmp_path, ca
     )
     refused(
         command("data"),
-        ["--source", str(world["corpus"]), "--tokenizer", "char", "--out", str(long / "out")],
+        ["data=text", f"data.source={world['corpus']}", "tokenizer=char", f"data.data_dir={long / 'out'}"],
         rf"error: the prepared-data folder \S+\.\.\.: {named}",
         capsys,
         caplog,
