@@ -96,6 +96,7 @@ def bench_host(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
                 }
                 rows.append(row)
                 log.info("host %-13s median step %.3f ms", program, p["median_step_ms"])
+        interleaved_rows = interleaved(source, data_dir, work, cadence, rounds, env)
     bare = {r["round"]: r for r in rows if r["program"] == "bare loop"}
     for r in rows:
         if r["program"] != "bare loop":
@@ -118,6 +119,7 @@ def bench_host(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
             "total_s": None,
         }
     )
+    rows += interleaved_rows
     rows += lightning_floor(QUICK_STEPS if opts.quick else FLOOR_STEPS, rounds)
     tiny = " x ".join(str(v) for v in TINY.values())
     notes = [
@@ -134,11 +136,62 @@ def bench_host(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
         "median_step_cpu_ms: the process's CPU time per step (every thread), the median over the same steps; "
         "cpu_ratio: the bare loop's / the training command's. On a busy machine the wall clock measures the "
         "neighbours as much as the program; the CPU time much less so",
+        "interleaved: the training command (as above) with benchmarks.bare_reference.BareReference, 5 bare-loop "
+        "steps after every 20th training step in the same process; median_step_cpu_ms: the training thread's CPU "
+        "time per training step; cpu_ratio: the bare step's / the training step's (the same load at the same "
+        "moments); ratio: the share of the process's CPU time its other threads took (progress bar, TensorBoard)",
         f"empty module: lightning.Trainer (no logger, no progress bar, gradient_clip_val=1.0) around a "
         f"one-parameter module, {FLOOR_STEPS} steps, against the same steps in a plain loop, in the benchmark's own "
         "process; median_step_cpu_ms is the difference of the two median steps' CPU time: Lightning's floor",
     ]
     return rows, notes
+
+
+# --- the bare loop's step inside the training command's process ------------------------------------------------
+
+
+def bare_reference_override(data_dir: Path, path: Path) -> str:
+    """The training command's override that adds ``benchmarks.bare_reference.BareReference``."""
+    sizes = ",".join(f"{k}:{v}" for k, v in TINY.items())
+    return (
+        "+callbacks.bare_reference={_target_:benchmarks.bare_reference.BareReference,"
+        f"data_dir:'{data_dir}',path:'{path}',sizes:{{{sizes}}}}}"
+    )
+
+
+def interleaved(
+    source: str, data_dir: Path, work: Path, cadence: Cadence, rounds: int, env: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The training command with the bare loop's steps measured in its own process (``BareReference``): the
+    ratio of the two CPU times per step of the training thread, and the share of the other threads."""
+    import json
+
+    rows = []
+    for r in range(1, rounds + 1):
+        path = work / f"reference{r}.json"
+        extra = [*train_overrides(cadence), bare_reference_override(data_dir, path)]
+        log.info("host interleaved, round %d/%d (load average %s)", r, rounds, loadavg())
+        run_training_command(source, data_dir, work, cadence, f"inter{r}", extra, env)
+        got = json.loads(path.read_text())
+        rows.append(
+            {
+                "program": "bare step / training step, in one process (training thread); other threads",
+                "round": r,
+                "median_step_ms": None,
+                "tokens_per_s": None,
+                "ratio": got["other_threads_share"],
+                "median_step_cpu_ms": got["train_step_cpu_ms"],
+                "cpu_ratio": got["cpu_ratio"],
+                "startup_s": None,
+                "total_s": None,
+            }
+        )
+        log.info(
+            "host interleaved: CPU ratio %.3f, other threads %.3f",
+            got["cpu_ratio"],
+            got["other_threads_share"],
+        )
+    return rows
 
 
 # --- the floor: Lightning's own loop around a module that does nothing ----------------------------------------

@@ -125,3 +125,24 @@ def skip_idle_hooks(callbacks: list[L.Callback]) -> None:
         for hook in PER_BATCH_HOOKS:
             if getattr(type(callback), hook) is getattr(L.Callback, hook):
                 setattr(callback, hook, None)
+
+
+def skip_hooks(callback: L.Callback, *hooks: str) -> None:
+    """Stop Lightning from calling ``hooks`` of ``callback`` (per-batch hooks it implements but has nothing to
+    do in for now: a console line that is not shown, a clock that is not paused), as ``skip_idle_hooks`` does for
+    the hooks it leaves out: the hook is set to None on the instance. ``resume_hooks`` undoes it.
+
+    Checked with Lightning 2.6.6.
+    """
+    for hook in hooks:
+        setattr(callback, hook, None)
+
+
+def resume_hooks(callback: L.Callback, *hooks: str) -> None:
+    """Let Lightning call ``hooks`` of ``callback`` again after ``skip_hooks`` (each its class's own method); a
+    hook its class leaves as ``Callback``'s no-op stays skipped."""
+    for hook in hooks:
+        if vars(callback).get(hook, False) is None and getattr(type(callback), hook) is not getattr(
+            L.Callback, hook
+        ):
+            delattr(callback, hook)

@@ -36,3 +36,26 @@ def test_the_training_command_trains_the_tiny_model_with_checkpoints_and_validat
     assert cfg.trainer.val_check_interval == cfg.trainer.max_steps == 300
     # the bare loop gets the same sizes
     assert bare_args() == ["--n-layer", "2", "--n-head", "2", "--n-embd", "32"]
+
+
+def test_the_interleaved_reference_is_a_callback_of_the_training_command_with_the_tiny_model(
+    compose_cfg, tmp_path
+):
+    from benchmarks.host import bare_reference_override
+
+    cadence = Cadence(steps=300, eval_every=300, eval_batches=1, warmup_steps=100)
+    extra = [*train_overrides(cadence), bare_reference_override(tmp_path / "data", tmp_path / "ref.json")]
+    cfg = compose_cfg(["experiment=shakespeare_char_cpu", *cadence.overrides(), *extra])
+    node = cfg.callbacks.bare_reference
+    assert node._target_ == "benchmarks.bare_reference.BareReference"
+    assert dict(node.sizes) == TINY and node.path == str(tmp_path / "ref.json")
+
+
+def test_the_interleaved_reference_takes_the_median_steps_and_the_other_threads_share():
+    from benchmarks.bare_reference import BareReference
+
+    ref = BareReference("data", "ref.json", TINY)
+    ref.train_cpu, ref.bare_cpu = [0.020, 0.021, 0.050], [0.017, 0.016, 0.018]
+    got = ref.result(process_s=10.0, thread_s=9.5)
+    assert got["train_step_cpu_ms"] == pytest.approx(21.0) and got["bare_step_cpu_ms"] == pytest.approx(17.0)
+    assert got["cpu_ratio"] == pytest.approx(17 / 21) and got["other_threads_share"] == pytest.approx(0.05)

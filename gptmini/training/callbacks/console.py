@@ -17,7 +17,12 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count, 
 from gptmini.limits import check_positive
 from gptmini.options import duration
 from gptmini.training.callbacks.loggers import LoggingCallback, Receiver, RunParts, TokenThroughputMonitor
-from gptmini.training.lightning_compat import LabelledRichProgressBar, logs_after_step
+from gptmini.training.lightning_compat import (
+    LabelledRichProgressBar,
+    logs_after_step,
+    resume_hooks,
+    skip_hooks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,10 @@ def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
     return changed
 
 
+# the per-batch hooks of Lightning's RichProgressBar (and ProgressBar's own)
+BAR_BATCH_HOOKS = ("on_train_batch_end", "on_validation_batch_start", "on_validation_batch_end")
+
+
 class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
     """Rich progress bar that also shows the latest tokens/s, and names step-based runs "Training" where
     Lightning's own description would read "Epoch 0/-2" (max_epochs=-1). Drawn only when the console is a
@@ -94,6 +103,11 @@ class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
             self.disable()
         elif trainer.is_global_zero:
             self._streams = follow_console_streams()
+        # a bar that is not drawn (not a terminal, or not rank zero) has nothing to do at any batch
+        if self.is_disabled:
+            skip_hooks(self, *BAR_BATCH_HOOKS)
+        else:
+            resume_hooks(self, *BAR_BATCH_HOOKS)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
@@ -177,6 +191,10 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         # a resumed run: its rate and ETA from its own start
         self._start_step = self._logged_step = trainer.global_step
         self._t0 = time.monotonic()
+        if self._active:
+            resume_hooks(self, "on_train_batch_end")
+        else:  # no line to write: no call at any step
+            skip_hooks(self, "on_train_batch_end")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

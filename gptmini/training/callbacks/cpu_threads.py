@@ -22,6 +22,8 @@ from typing import Any
 import lightning as L
 import torch
 
+from gptmini.training.lightning_compat import resume_hooks, skip_hooks
+
 log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
@@ -95,6 +97,8 @@ class CpuThreads(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last = None
+        # nothing to watch (another device, deterministic algorithms, no /proc): no call at any batch
+        skip_hooks(self, "on_train_batch_end")
         if pl_module.device.type != "cpu":
             return
         if torch.are_deterministic_algorithms_enabled():
@@ -111,6 +115,7 @@ class CpuThreads(L.Callback):
             log.debug("no Linux /proc here: torch keeps %d threads", self._start_threads)
             return
         self._last_time = time.monotonic()
+        resume_hooks(self, "on_train_batch_end")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -121,6 +126,7 @@ class CpuThreads(L.Callback):
             now = read_cpu_times()
         except (OSError, ValueError, IndexError):
             self._last = None
+            skip_hooks(self, "on_train_batch_end")
             return
         others = others_busy_cores(self._last, now, self.cores)
         self._last, self._last_time = now, time.monotonic()

@@ -24,7 +24,7 @@ from gptmini.limits import SizeError, check_fits, check_positive, forward_bytes,
 from gptmini.model import GPTConfig
 from gptmini.training import hardware
 from gptmini.training.callbacks.background import BackgroundWork, submit
-from gptmini.training.lightning_compat import logs_after_step
+from gptmini.training.lightning_compat import logs_after_step, resume_hooks, skip_hooks
 from gptmini.training.loop.probe import ValidationProbe, eval_mode
 from gptmini.viz import attention_entropy, attention_images, token_labels
 
@@ -380,10 +380,13 @@ class TokenThroughputMonitor(LoggingCallback):
         self._last_step = trainer.global_step
         self._paused_at = None
         self._t0 = time.perf_counter()
+        # the batch-start hook has work only on the batch after a validation: off until then
+        skip_hooks(self, "on_train_batch_start")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._throughput is not None:
             self._paused_at = time.perf_counter()
+            resume_hooks(self, "on_train_batch_start")
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -391,6 +394,7 @@ class TokenThroughputMonitor(LoggingCallback):
         if self._paused_at is not None:  # back from validation: its time is not training time
             self._t0 += time.perf_counter() - self._paused_at
             self._paused_at = None
+        skip_hooks(self, "on_train_batch_start")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

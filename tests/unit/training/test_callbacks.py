@@ -234,3 +234,27 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
     )
     with pytest.raises(NonFiniteLossError, match=r"the last good checkpoint is \S+last\.ckpt \(step 2\)"):
         trainer.fit(module, train_dataloaders=loader)
+
+
+def test_the_draws_of_a_step_depend_on_the_seed_and_the_step_alone():
+    """RNGStateCallback reseeds every generator a step may draw from before each batch: the same (seed, step)
+    draws the same numbers whatever was drawn before; another step or seed draws others. Turned off
+    (``reseed_every_step=false``), it is not called at any batch."""
+    import random
+
+    from gptmini.training.callbacks.guards import RNGStateCallback
+
+    def draws(seed: int, step: int, drawn_before: int) -> tuple:
+        torch.rand(drawn_before), np.random.rand(drawn_before), [random.random() for _ in range(drawn_before)]
+        cb = RNGStateCallback(seed=seed)
+        trainer = SimpleNamespace(global_step=step, global_rank=0)
+        cb.on_train_start(trainer, None)
+        cb.on_train_batch_start(trainer, SimpleNamespace(device=torch.device("cpu")), None, 0)
+        return tuple(torch.rand(4).tolist()), tuple(np.random.rand(2)), random.random()
+
+    assert draws(7, 5, 0) == draws(7, 5, 13)
+    assert draws(7, 5, 0) != draws(7, 6, 0)
+    assert draws(7, 5, 0) != draws(8, 5, 0)
+    off = RNGStateCallback(seed=7, reseed_every_step=False)
+    off.on_train_start(SimpleNamespace(global_step=0, global_rank=0), None)
+    assert off.on_train_batch_start is None

@@ -13,12 +13,16 @@ import lightning as L
 import pytest
 import torch
 
+from gptmini.training.lightning_compat import PER_BATCH_HOOKS
 from gptmini.training.run import app
 
 # torch.Tensor's methods that read a value back to the host; on a GPU tensor each one waits for the device
 READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
 LOG_EVERY = 5
-QUIET = range(LOG_EVERY + 1, 2 * LOG_EVERY)  # the optimizer steps between the logging steps 5 and 10
+QUIET = range(LOG_EVERY + 1, 2 * LOG_EVERY)
+TRAINING_BATCH_HOOKS = tuple(
+    h for h in PER_BATCH_HOOKS if not h.startswith("on_validation")
+)  # the optimizer steps between the logging steps 5 and 10
 # every default callback, validation once at the end, the console's progress line on the logging steps
 QUIET_RUN = [
     "debug=smoke",
@@ -113,7 +117,6 @@ def test_the_training_command_dispatches_no_per_batch_hook_a_callback_leaves_as_
 ):
     """Lightning calls every hook of every callback at every batch; the app's trainer leaves out the ones a
     callback does not implement (``lightning_compat.skip_idle_hooks``), so that they cost nothing per step."""
-    from gptmini.training.lightning_compat import PER_BATCH_HOOKS
 
     built = []
     build = app.build_trainer
@@ -138,5 +141,63 @@ def test_the_training_command_dispatches_no_per_batch_hook_a_callback_leaves_as_
         for hook in PER_BATCH_HOOKS
         if getattr(type(cb), hook) is not getattr(L.Callback, hook)
     }
-    assert dispatched == implemented
+    # nor, of those it implements, the ones with nothing to do for now (the bar where it is not drawn, the
+    # throughput clock's batch start but after a validation)
+    assert dispatched <= implemented
+    idle = {"ProgressBar", "ProgressLog", "CpuThreads", "TokenThroughputMonitor", "RNGStateCallback"}
+    assert {name for name, hook in implemented - dispatched} <= idle
     assert len(dispatched) < len(trainer.callbacks) * len(PER_BATCH_HOOKS) / 3, sorted(dispatched)
+
+
+class DispatchCounter(L.Callback):
+    """Lightning's do-nothing profiler in the trainer's place, keeping the per-batch training hooks of the
+    callbacks Lightning dispatches at each optimizer step (``[Callback]<state key>.<hook>`` names, shortened to
+    ``<class>.<hook>``)."""
+
+    def __init__(self) -> None:
+        from lightning.pytorch.profilers import PassThroughProfiler
+
+        counter = self
+
+        class Names(PassThroughProfiler):
+            def start(self, action_name: str) -> None:
+                if counter.step is not None and action_name.startswith("[Callback]"):
+                    state_key, hook = action_name.removeprefix("[Callback]").rsplit(".", 1)
+                    name = state_key.split("{")[0]
+                    if name != type(counter).__qualname__ and hook in TRAINING_BATCH_HOOKS:
+                        counter.hooks[counter.step].add(f"{name}.{hook}")
+
+        self.profiler = Names()
+        self.step: int | None = None
+        self.hooks: dict[int, set[str]] = defaultdict(set)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.step = trainer.global_step + 1  # the optimizer step this batch makes
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.step = None
+
+
+def test_a_callback_with_nothing_to_do_at_a_step_is_not_called_at_it(train_in_process, tmp_path, monkeypatch):
+    """Between logging steps, the per-batch hooks the training command dispatches are those with work at that
+    step: not the progress bar's where it is not drawn (this console is not a terminal), not the progress
+    line's where it is off, not the throughput clock's batch start except right after a validation."""
+    counter = DispatchCounter()
+    build = app.build_trainer
+
+    def with_counter(plan):
+        trainer, named = build(plan)
+        trainer.callbacks.insert(0, counter)
+        trainer.profiler = counter.profiler
+        return trainer, named
+
+    monkeypatch.setattr(app, "build_trainer", with_counter)
+    run = [*QUIET_RUN, "trainer.val_check_interval=7", "callbacks.progress_log.when=never"]
+    train_in_process(run, tmp_path / "run")
+    quiet = {step: counter.hooks[step] for step in QUIET}  # a validation after step 7
+    for step, hooks in quiet.items():
+        assert not {h for h in hooks if h.startswith(("ProgressBar.", "ProgressLog."))}, (step, hooks)
+        after_validation = step == 8
+        assert ("TokenThroughputMonitor.on_train_batch_start" in hooks) is after_validation, (step, hooks)
+        # the clock's batch end and the reseeding still run at every step
+        assert {"TokenThroughputMonitor.on_train_batch_end", "RNGStateCallback.on_train_batch_start"} <= hooks

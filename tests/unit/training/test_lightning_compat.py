@@ -236,3 +236,17 @@ def test_skip_idle_hooks_spares_lightnings_dispatch_and_still_calls_the_overridd
     assert dispatched == (set() if skip else training_hooks)
     assert f"[Callback]{counting.state_key}.on_train_batch_end" in profiler.names
     assert (f"[Callback]{counting.state_key}.on_train_batch_start" in profiler.names) is not skip
+
+
+def test_skip_hooks_stops_a_hooks_dispatch_until_resume_hooks_and_resume_keeps_no_op_hooks_skipped(tmp_path):
+    counting, profiler = _CountsBatchEnds(), _ActionNames()
+    lightning_compat.skip_idle_hooks([counting])
+    lightning_compat.skip_hooks(counting, "on_train_batch_end")
+    _trainer(tmp_path, callbacks=[counting], profiler=profiler).fit(BoringModel())
+    assert counting.batch_ends == 0
+    assert f"[Callback]{counting.state_key}.on_train_batch_end" not in profiler.names
+
+    lightning_compat.resume_hooks(counting, "on_train_batch_end", "on_train_batch_start")
+    assert counting.on_train_batch_start is None  # Callback's no-op: stays skipped
+    _trainer(tmp_path, callbacks=[counting]).fit(BoringModel())
+    assert counting.batch_ends == 5

@@ -195,6 +195,51 @@ def test_throughput_logs_tokens_once_per_optimizer_step(tmp_path):
         TokenThroughputMonitor(window_size=1)
 
 
+def test_throughput_leaves_a_validation_and_what_follows_it_out_of_the_training_time(tmp_path):
+    """The monitor's batch-start hook is called only on the batch after a validation (it is off at the others):
+    the time from the validation's start to that batch is still left out of the rates."""
+    import time
+
+    from gptmini.training.callbacks.loggers import TokenThroughputMonitor
+
+    pause = 0.5
+
+    class Clock(L.Callback):  # after the monitor: a slow validation end, and each step's end and rates
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.rates: list[float] = []
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            if not trainer.sanity_checking:
+                time.sleep(pause)  # work a validation holds the training thread for
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.ends.append(time.perf_counter())
+            self.rates.append(monitor.last.get("perf/tokens_per_sec", 0.0))
+
+    monitor, clock = TokenThroughputMonitor(window_size=2), Clock()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+        val_check_interval=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        callbacks=[monitor, clock],
+    )
+    trainer.fit(_tiny_module(), train_dataloaders=_loader(), val_dataloaders=_loader(1))
+    assert trainer.global_step == 3
+    # step 3's rate is over its window (from step 2's end): 32 tokens in the time from step 2's end to step 3's,
+    # the validation and its pause left out
+    counted = 2 * 16 / clock.rates[2]
+    assert counted < clock.ends[2] - clock.ends[1] - 0.8 * pause
+
+
 def test_parameter_summary_logs_params_without_flops(tmp_path, caplog):
     from gptmini.training.callbacks.console import ParameterSummary
 
