@@ -5,6 +5,7 @@ import csv
 import logging
 from functools import partial
 from types import SimpleNamespace
+from typing import Any
 
 import lightning as L
 import pytest
@@ -68,7 +69,9 @@ def _loader(batches: int = 8, b: int = 2, t: int = 16) -> torch.utils.data.DataL
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:, :-1], x[:, 1:]), batch_size=b)
 
 
-def _fit(module: L.LightningModule, callbacks: list, tmp_path, **trainer_kwargs) -> L.Trainer:
+def _fit(
+    module: L.LightningModule, callbacks: list, tmp_path, val_loader: Any = None, **trainer_kwargs
+) -> L.Trainer:
     kwargs = dict(
         accelerator="cpu",
         max_steps=2,
@@ -80,7 +83,7 @@ def _fit(module: L.LightningModule, callbacks: list, tmp_path, **trainer_kwargs)
         limit_val_batches=0,
     )
     trainer = L.Trainer(callbacks=callbacks, **{**kwargs, **trainer_kwargs})
-    trainer.fit(module, train_dataloaders=_loader())
+    trainer.fit(module, train_dataloaders=_loader(), val_dataloaders=val_loader)
     return trainer
 
 
@@ -218,21 +221,17 @@ def test_throughput_leaves_a_validation_and_what_follows_it_out_of_the_training_
             self.rates.append(monitor.last.get("perf/tokens_per_sec", 0.0))
 
     monitor, clock = TokenThroughputMonitor(window_size=2), Clock()
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = _fit(
+        _tiny_module(),
+        [monitor, clock],
+        tmp_path,
+        val_loader=_loader(1),
         max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
         log_every_n_steps=1,
         val_check_interval=2,
         limit_val_batches=1,
         num_sanity_val_steps=0,
-        callbacks=[monitor, clock],
     )
-    trainer.fit(_tiny_module(), train_dataloaders=_loader(), val_dataloaders=_loader(1))
     assert trainer.global_step == 3
     # step 3's rate is over its window (from step 2's end): 32 tokens in the time from step 2's end to step 3's,
     # the validation and its pause left out
