@@ -15,7 +15,14 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from gptmini.data.corpora import default_out_dir
-from gptmini.data.prepare import DEFAULT_BUFFER_MB, DEFAULT_SHARD_TOKENS, PrepareProgress, prepare
+from gptmini.data.prepare import (
+    DEFAULT_BUFFER_MB,
+    DEFAULT_SHARD_TOKENS,
+    DEFAULT_TEXT_FIELD,
+    DEFAULT_VAL_FRACTION,
+    PrepareProgress,
+    prepare,
+)
 from gptmini.data.reader import load_meta, load_split, load_tokenizer
 from gptmini.data.schema import at_least, check_settings
 from gptmini.data.tokenizers import Tokenizer
@@ -61,7 +68,7 @@ class TokenDataModule(L.LightningDataModule):
         # DataLoader worker processes (0: load in the main process)
         num_workers: int = 0,
         # the held-out end of the corpus, as a share of its bytes, in [0, 1)
-        val_fraction: float = 0.1,
+        val_fraction: float = DEFAULT_VAL_FRACTION,
         train_samples: int | None = None,
         # null: non-overlapping validation windows (stride = block_size)
         val_stride: int | None = None,
@@ -71,7 +78,7 @@ class TokenDataModule(L.LightningDataModule):
         # tokenize again even when the prepared folder is up to date
         force_prepare: bool = False,
         # the JSON Lines field / Parquet or Arrow column that holds each document's text
-        text_field: str = "text",
+        text_field: str = DEFAULT_TEXT_FIELD,
         # tokens per shard file of the prepared data (uint16/uint32 ids)
         shard_tokens: int = DEFAULT_SHARD_TOKENS,
         # text and ids in flight to the tokenizer threads, MB: bounds the preparation's memory at any corpus size

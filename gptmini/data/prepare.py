@@ -86,6 +86,9 @@ LOCK_FILE = ".lock"
 LEGACY_FILES = ("train.bin", "val.bin", VOCAB_FILE)
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's and modded-nanogpt's FineWeb shards: 200 MB of uint16
 DEFAULT_BUFFER_MB = 64
+# the defaults of data.val_fraction and data.text_field (TokenDataModule's), for the writer's own callers too
+DEFAULT_VAL_FRACTION = 0.1
+DEFAULT_TEXT_FIELD = "text"
 
 
 # -------------------------------------------------------------------------------------------- prepare
@@ -233,14 +236,14 @@ def _folder_lock(out: Path) -> Iterator[None]:
 
 
 def prepare(
-    source: str = "shakespeare",
-    tokenizer: str = "gpt2",
+    source: str,
+    tokenizer: str,
     out_dir: str | Path | None = None,
-    val_fraction: float = 0.1,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
     force: bool = False,
     num_threads: int | None = None,
     *,
-    text_field: str = "text",
+    text_field: str = DEFAULT_TEXT_FIELD,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     buffer_mb: int = DEFAULT_BUFFER_MB,
     progress: Callable[[PrepareProgress], None] | None = None,
