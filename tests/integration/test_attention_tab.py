@@ -68,7 +68,8 @@ def logdir(tmp_path_factory, write_checkpoint):
     step 10 only over B_TOKENS, no checkpoint; "gone/tb" (deleted by a test): uniform at steps 10 and 20; all
     2 layers x 3 heads. "c/tb": another shape, 1 layer x 4 heads, previous-token
     attention at steps 10 and 20, and a checkpoint of that shape. LONG: 2 layers x 2 heads, previous-token attention
-    at step 20, and a damaged checkpoint."""
+    at step 20, and a damaged checkpoint. "live/tb" (a test adds validations): 1 layer x 2 heads with circuits,
+    validations at steps 0 and 10."""
     from torch.utils.tensorboard import SummaryWriter
 
     from gptmini.board.summary import AttentionSummary, summary_proto
@@ -94,6 +95,7 @@ def logdir(tmp_path_factory, write_checkpoint):
     (root / LONG_FOLDER / "checkpoints").mkdir()
     (root / LONG_FOLDER / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really an archive")
     _detail_run(root / "d", write_checkpoint)
+    _write_live(root / LIVE, (0, 10))
     for run, n_layer, n_head in (("a", 2, 3), ("c", 1, 4)):
         write_checkpoint(
             root / run / "checkpoints" / "last.ckpt",
@@ -151,6 +153,27 @@ def _detail_run(folder, write_checkpoint) -> None:
                 writer.add_scalar(
                     f"attribution/layer{layer}_head{head}", step / 100 + float(np.mean(row)), step
                 )
+    writer.close()
+
+
+LIVE = "live/tb"
+
+
+def _write_live(folder, steps) -> None:
+    """Validations of a 1-layer, 2-head run at ``steps`` as training logs them: the attention summary with its
+    circuits, and each head's attribution scalar (step / 1000)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gptmini.board.summary import AttentionSummary, circuits_header, summary_proto
+
+    zeros = np.zeros((1, 2, 3, 3))  # QK and OV over 3 tokens
+    circuits = circuits_header(np.zeros((1, 2, T - 1)), dict.fromkeys("QKV", np.zeros((0, 2, 2))), TOKENS[:3], zeros, zeros)
+    proto = summary_proto(AttentionSummary(TOKENS, uniform(1, 2), circuits=circuits))
+    writer = SummaryWriter(str(folder))
+    for step in steps:
+        writer.file_writer.add_summary(proto, step)
+        for head in range(2):
+            writer.add_scalar(f"attribution/layer0_head{head}", step / 1000, step)
     writer.close()
 
 
@@ -880,3 +903,51 @@ def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir, drive
     assert "gone/tb" not in options
     status = driver.find_element(By.CSS_SELECTOR, ".status").text
     assert status == "gone/tb: no longer listed (deleted?); showing a/tb", status
+
+
+def test_the_tab_follows_a_training_run_past_100_validations(board, logdir, driver):
+    """Run "live/tb" logs validations while the circuits view shows its newest step: at TensorBoard's reload the
+    slider moves on to the new newest step and the attribution map over training gains it; past 100 validations
+    too, where TensorBoard keeps a sample of 100 (always with the newest) and their count no longer grows."""
+    from urllib.parse import urlencode
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmarks.board import get_json
+    from gptmini.board import PLUGIN_NAME
+    from gptmini.board.summary import TAG
+
+    def map_steps(d) -> list[int]:
+        canvas = d.find_elements(By.CSS_SELECTOR, "canvas.attr-steps")
+        return [int(x) for x in canvas[0].get_attribute("data-steps").split(",")] if canvas else []
+
+    def follow(steps) -> None:
+        """``steps`` logged, then TensorBoard's reload: the newest shown, on the slider and in the map."""
+        _write_live(logdir / LIVE, steps)
+        url = f"{board}/data/plugin/{PLUGIN_NAME}/steps?{urlencode({'run': LIVE, 'tag': TAG})}"
+        WebDriverWait(driver, 30).until(lambda _: get_json(url)["steps"][-1] == steps[-1])
+        driver.switch_to.default_content()
+        driver.find_element(By.CSS_SELECTOR, "button.reload-button").click()
+        driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+        newest = f"step {steps[-1]}"
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_element(By.CSS_SELECTOR, ".step-label").text == newest,
+            f"the slider did not move on to {newest}",
+        )
+        WebDriverWait(driver, 30).until(
+            lambda d: map_steps(d)[-1:] == [steps[-1]], f"the attribution map did not gain {newest}"
+        )
+        assert driver.execute_script(
+            "const s = document.querySelector('.step-slider'); return s.value === s.max"
+        )
+
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", LIVE, _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
+    wait_drawn(driver, drawn)
+    WebDriverWait(driver, 10).until(lambda d: map_steps(d) == [0, 10])
+    follow([20])
+    follow(list(range(30, 1010, 10)))  # 101 validations: TensorBoard keeps 100
+    assert len(driver.execute_script("return window.gptminiAttention.state.steps")) == 100
+    follow([1010])
