@@ -493,6 +493,12 @@ def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board, driv
 
     open_tab(driver, board)
     drawn = _select(driver, ".run-select", LONG, _drawn(driver))
+    # the run box, narrower than the name, ends it with "…" and holds it whole in its title
+    box = driver.execute_script(
+        "const s = document.querySelector('.run-select');"
+        "return [s.title, getComputedStyle(s).textOverflow, s.scrollWidth <= s.clientWidth]"
+    )
+    assert box == [LONG, "ellipsis", True], box
     drawn = _select(driver, ".compare-select", "c/tb", drawn)
     driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys("But soft", Keys.ENTER)
     drawn = wait_drawn(driver, drawn)
@@ -869,6 +875,86 @@ def test_the_circuits_view(board, logdir, driver):
     n = len(tokenizer.encode(text))
     assert _count(driver, "table.attr-tokens tr[data-layer='1'][data-head='0'] td.attr-cell") == n - 1
     assert "the logged validations" in driver.find_element(By.CSS_SELECTOR, ".attribution-steps .note").text
+
+
+def _status(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, ".status").text
+
+
+def test_values_shown_on_hover_are_reached_by_keyboard(board, driver):
+    """A map of the model view takes the focus and says what hovering its head says, its cells by the arrow keys as
+    hovering them does, and Enter opens its head view; a token of the head view takes the focus (Tab goes on to the
+    next) and keeps its lines alone as on hover; a byte token's title shows the byte as the page does (⟨C3⟩)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    open_tab(driver, board)  # run a at step 20: uniform attention
+    drawn = _drawn(driver)
+    canvas = driver.find_element(By.CSS_SELECTOR, ".cell[data-layer='0'][data-head='1'] canvas.map")
+    assert canvas.get_attribute("tabindex") == "0"
+    assert canvas.get_attribute("aria-label").startswith("layer 0, head 1: local")
+    canvas.send_keys(Keys.ARROW_UP)  # from the last query's first key
+    assert _status(driver) == 'layer 0, head 1: query " soft" (4) → key "ROM" (0): 0.20'
+    canvas.send_keys(Keys.ARROW_RIGHT * 5)
+    assert _status(driver) == 'layer 0, head 1: query " soft" (4) → key "," (5): masked (a query sees only earlier keys)'
+    canvas.send_keys(Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".chip.on") == 1 and _count(driver, '.chip.on[data-head="1"]') == 1
+
+    driver.execute_script("document.querySelectorAll('.tok-q')[4].focus()")
+    assert _visible_lines(driver) == 5
+    assert _status(driver).startswith('" soft" (4) attends to: ')
+    ActionChains(driver).send_keys(Keys.TAB).perform()
+    focused = driver.execute_script("const a = document.activeElement; return [a.getAttribute('class'), a.dataset.i]")
+    assert focused == ["tok tok-q hot", "5"] and _visible_lines(driver) == 6
+    assert driver.execute_script("return document.activeElement.getAttribute('aria-label')") == 'query 5: ","'
+
+    # run b's bytes of "é" in the titles as on the page, not as "\\xc3"
+    drawn = _select(driver, ".compare-select", "b/tb", drawn)
+    titles = driver.execute_script(
+        "return [...document.querySelectorAll(\".panel[data-run='b/tb'] .tok-k title\")].map(t => t.textContent)"
+    )
+    assert titles[3:] == ['3: " caf"', '4: "⟨C3⟩"', '5: "⟨A9⟩"'], titles
+
+
+def test_circuits_beside_a_shallower_run(board, driver):
+    """Run d (2 layers) with layer 1 picked, beside "live/tb" (1 layer): the live run's attribution and composition,
+    which do not depend on the layer, are drawn, and only its QK and OV circuits say the layer is not in it. The
+    attribution map and its cells say their values to the keyboard; Circuits has no query picker (it uses none)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-neuron").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".pick-query") == 1
+    driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".pick-query") == 0
+    drawn = _select(driver, ".pick-layer", "1", drawn)
+    drawn = _select(driver, ".compare-select", LIVE, drawn)
+    live = f".panel[data-run='{LIVE}']"
+    WebDriverWait(driver, 10).until(lambda d: _count(d, f"{live} canvas.attr-steps"))
+    assert _count(driver, f"{live} table.attr-tokens tr[data-head]") == 2
+    assert "one layer: no head feeds another" in driver.find_element(By.CSS_SELECTOR, f"{live} .comp-modes + .note").text
+    notes = [n.text for n in driver.find_elements(By.CSS_SELECTOR, f"{live} .note")]
+    assert notes[-1] == "this run has 1 layer × 2 heads: layer 1, head 0 is not in it", notes
+    assert _count(driver, f"{live} canvas.circuit-qk") == 0
+    assert _count(driver, ".panel[data-run='d/tb'] canvas.circuit-qk") == 1
+
+    # run d's map over training: from the last head's first step, the arrow keys; a cell per token takes the focus
+    canvas = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='d/tb'] canvas.attr-steps")
+    canvas.send_keys(Keys.ARROW_RIGHT)
+    assert _status(driver).startswith("layer 1, head 1, step 20: attribution ")
+    cell = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='d/tb'] td.attr-cell")
+    driver.execute_script("arguments[0].focus()", cell)
+    assert _status(driver) == cell.get_attribute("aria-label") == cell.get_attribute("title")
+    assert cell.get_attribute("aria-label").startswith('layer 0, head 0: ')
 
 
 def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir, driver):

@@ -585,6 +585,8 @@ async function draw() {
     row.append(panel);
   }
   ui.view.append(row);
+  // a run box narrower than its run's name ends it with "…": its title holds the whole name
+  for (const select of [ui.runSelect, ui.compareSelect]) select.title = select.value;
   ui.modelBtn.classList.toggle('on', state.view === 'model');
   ui.headBtn.classList.toggle('on', state.view === 'head');
   for (const [name, button] of Object.entries(ui.viewBtns)) button.classList.toggle('on', state.view === name);
@@ -829,7 +831,7 @@ function runSelect(cls, withNone, onchange) {
 function fillRuns(select, withNone) {
   const picked = select.value;
   select.replaceChildren(...(withNone ? [el('option', {value: ''}, '— none —')] : []),
-    ...state.runs.map((r) => el('option', {value: r.run}, r.run)));
+    ...state.runs.map((r) => el('option', {value: r.run, title: r.run}, r.run)));
   if (picked) select.value = picked;
 }
 

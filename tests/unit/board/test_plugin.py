@@ -416,6 +416,45 @@ def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
     assert flags.samples_per_plugin == {PLUGIN_NAME: 0}
 
 
+def test_a_run_past_100_validations_answers_its_newest_step(tmp_path):
+    """TensorBoard as `gptmini board` starts it (its flags, which the plugin's loader fixes, and the sizes its data
+    ingester keeps): of 150 validations, the steps and the attribution keep 100 each, always with the newest, which
+    the tab follows."""
+    from tensorboard import program
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_ingester, data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    from gptmini.board.plugin import DEFAULT_SAMPLES, AttentionLoader
+
+    writer = SummaryWriter(str(tmp_path / "run" / "tb"))
+    proto = summary_proto(AttentionSummary(TOKENS, _maps(1, 1, 4, seed=0)))
+    steps = list(range(0, 1500, 10))
+    for step in steps:
+        writer.file_writer.add_summary(proto, step)
+        writer.add_scalar("attribution/layer0_head0", step / 1000, step)
+    writer.close()
+    board = program.TensorBoard()
+    board.configure(argv=["", f"--logdir={tmp_path}"])
+    kept = {**data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE, **board.flags.samples_per_plugin}
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE, tensor_size_guidance=kept
+    )
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    context = base_plugin.TBContext(
+        data_provider=provider, logdir=str(tmp_path), sampling_hints=board.flags.samples_per_plugin
+    )
+    client = Client(application.TensorBoardWSGI([AttentionLoader().load(context)], data_provider=provider))
+    _, body = _get(client, "steps", run="run/tb", tag=TAG)
+    assert len(body["steps"]) == DEFAULT_SAMPLES == 100 and body["steps"][-1] == steps[-1]
+    _, body = _get(client, "attribution", run="run/tb")
+    assert len(body["steps"]) == 100 and body["steps"][-1] == steps[-1] and body["values"][0][0][-1] == 1.49
+
+
 def test_a_logdir_that_is_one_runs_tb_folder_finds_that_runs_checkpoint(logdir):
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
