@@ -142,9 +142,10 @@ function stepsOf(run, fresh = false) {
   return cached(state.live, url, (body) => body.steps);
 }
 
-// a run's attribution over its steps ({steps, values[l][h][s]}), asked as its steps are
+// a run's attribution at its logged steps ({steps, values[l][h][s]}), asked as its steps are
 function attributionOf(run) {
-  return cached(state.live, `attribution?run=${encodeURIComponent(run)}`, (body) => body);
+  const url = `attribution?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
+  return cached(state.live, url, (body) => body);
 }
 
 // the step of `run` shown beside the primary run's `step`: the same, else the latest before it; null when it

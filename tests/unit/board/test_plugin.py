@@ -135,15 +135,15 @@ def test_runs_steps_and_attention(client, logdir):
 
 
 def test_the_heads_attribution_over_steps(client):
-    code, body = _get(client, "attribution", run="with_ckpt/tb")
+    code, body = _get(client, "attribution", run="with_ckpt/tb", tag=TAG)
     assert code == 200 and body["steps"] == [3, 6]
     assert body["values"][0][2] == [3.2, 6.2] and body["values"][1][1] == [4.1, 7.1]
     assert body["values"][1][2] == [None, None]  # a head without scalars
-    assert _get(client, "attribution", run="no_ckpt/tb") == (
+    assert _get(client, "attribution", run="no_ckpt/tb", tag=TAG) == (
         200,
         {"run": "no_ckpt/tb", "steps": [], "values": []},
     )
-    code, body = _get(client, "attribution", run="../etc")
+    code, body = _get(client, "attribution", run="../etc", tag=TAG)
     assert code == 400 and "unknown run '../etc'" in body["error"]
 
 
@@ -418,8 +418,8 @@ def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
 
 def test_a_run_past_100_validations_answers_its_newest_step(tmp_path):
     """TensorBoard as `gptmini board` starts it (its flags, which the plugin's loader fixes, and the sizes its data
-    ingester keeps): of 150 validations, the steps and the attribution keep 100 each, always with the newest, which
-    the tab follows."""
+    ingester keeps): of 150 validations, the steps keep 100, always with the newest, which the tab follows, and
+    the attribution is given at those same steps."""
     from tensorboard import program
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_ingester, data_provider, plugin_event_multiplexer
@@ -450,9 +450,11 @@ def test_a_run_past_100_validations_answers_its_newest_step(tmp_path):
     )
     client = Client(application.TensorBoardWSGI([AttentionLoader().load(context)], data_provider=provider))
     _, body = _get(client, "steps", run="run/tb", tag=TAG)
-    assert len(body["steps"]) == DEFAULT_SAMPLES == 100 and body["steps"][-1] == steps[-1]
-    _, body = _get(client, "attribution", run="run/tb")
-    assert len(body["steps"]) == 100 and body["steps"][-1] == steps[-1] and body["values"][0][0][-1] == 1.49
+    kept = body["steps"]
+    assert len(kept) == DEFAULT_SAMPLES == 100 and kept[-1] == steps[-1]
+    # the heads x steps map at the same steps (its frame marks the slider's), each with its own value
+    _, body = _get(client, "attribution", run="run/tb", tag=TAG)
+    assert body["steps"] == kept and body["values"] == [[[s / 1000 for s in kept]]]
 
 
 def test_a_logdir_that_is_one_runs_tb_folder_finds_that_runs_checkpoint(logdir):
