@@ -44,9 +44,8 @@ MAX_BODY_BYTES = 6 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS + 200
 MAX_PAGE_CHARS = 64  # own text: the page's id, sent with its draw number (a later draw supersedes an earlier)
 MAX_PAGES = 64  # own text: the pages whose latest draw is remembered (the oldest forgotten first)
 WAIT_SECONDS = 30.0  # own text: how long a request waits for the one computed before it
-DEFAULT_SAMPLES = (
-    100  # logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
-)
+# logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
+DEFAULT_SAMPLES = 100
 ALL_SAMPLES = 2**31 - 1  # a data provider's downsample that keeps every step it holds
 CHECKPOINT_NAMES = ("last.ckpt", "on_exception.ckpt", "best.ckpt")
 STATIC_FILES = ("index.js", "views.js", "style.css")
@@ -133,9 +132,8 @@ class AttentionPlugin(base_plugin.TBPlugin):
         # --samples_per_plugin's 0 means every step
         self._samples = DEFAULT_SAMPLES if hint is None else hint or ALL_SAMPLES
         self._lock = threading.Lock()  # one own-text computation at a time
-        self._load_lock = (
-            threading.Lock()
-        )  # one checkpoint loaded at a time (each may take the model's memory)
+        # one checkpoint loaded at a time (each may take the model's memory)
+        self._load_lock = threading.Lock()
         self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
         self._draws: OrderedDict[str, int] = OrderedDict()  # page -> its latest draw number
         self._draws_lock = threading.Lock()

@@ -167,7 +167,9 @@ def _write_live(folder, steps) -> None:
     from gptmini.board.summary import AttentionSummary, circuits_header, summary_proto
 
     zeros = np.zeros((1, 2, 3, 3))  # QK and OV over 3 tokens
-    circuits = circuits_header(np.zeros((1, 2, T - 1)), dict.fromkeys("QKV", np.zeros((0, 2, 2))), TOKENS[:3], zeros, zeros)
+    circuits = circuits_header(
+        np.zeros((1, 2, T - 1)), dict.fromkeys("QKV", np.zeros((0, 2, 2))), TOKENS[:3], zeros, zeros
+    )
     proto = summary_proto(AttentionSummary(TOKENS, uniform(1, 2), circuits=circuits))
     writer = SummaryWriter(str(folder))
     for step in steps:
@@ -899,7 +901,10 @@ def test_values_shown_on_hover_are_reached_by_keyboard(board, driver):
     canvas.send_keys(Keys.ARROW_UP)  # from the last query's first key
     assert _status(driver) == 'layer 0, head 1: query " soft" (4) → key "ROM" (0): 0.20'
     canvas.send_keys(Keys.ARROW_RIGHT * 5)
-    assert _status(driver) == 'layer 0, head 1: query " soft" (4) → key "," (5): masked (a query sees only earlier keys)'
+    assert (
+        _status(driver)
+        == 'layer 0, head 1: query " soft" (4) → key "," (5): masked (a query sees only earlier keys)'
+    )
     canvas.send_keys(Keys.ENTER)
     drawn = wait_drawn(driver, drawn)
     assert _count(driver, ".chip.on") == 1 and _count(driver, '.chip.on[data-head="1"]') == 1
@@ -908,7 +913,9 @@ def test_values_shown_on_hover_are_reached_by_keyboard(board, driver):
     assert _visible_lines(driver) == 5
     assert _status(driver).startswith('" soft" (4) attends to: ')
     ActionChains(driver).send_keys(Keys.TAB).perform()
-    focused = driver.execute_script("const a = document.activeElement; return [a.getAttribute('class'), a.dataset.i]")
+    focused = driver.execute_script(
+        "const a = document.activeElement; return [a.getAttribute('class'), a.dataset.i]"
+    )
     assert focused == ["tok tok-q hot", "5"] and _visible_lines(driver) == 6
     assert driver.execute_script("return document.activeElement.getAttribute('aria-label')") == 'query 5: ","'
 
@@ -941,7 +948,10 @@ def test_circuits_beside_a_shallower_run(board, driver):
     live = f".panel[data-run='{LIVE}']"
     WebDriverWait(driver, 10).until(lambda d: _count(d, f"{live} canvas.attr-steps"))
     assert _count(driver, f"{live} table.attr-tokens tr[data-head]") == 2
-    assert "one layer: no head feeds another" in driver.find_element(By.CSS_SELECTOR, f"{live} .comp-modes + .note").text
+    assert (
+        "one layer: no head feeds another"
+        in driver.find_element(By.CSS_SELECTOR, f"{live} .comp-modes + .note").text
+    )
     notes = [n.text for n in driver.find_elements(By.CSS_SELECTOR, f"{live} .note")]
     assert notes[-1] == "this run has 1 layer × 2 heads: layer 1, head 0 is not in it", notes
     assert _count(driver, f"{live} canvas.circuit-qk") == 0
@@ -954,7 +964,7 @@ def test_circuits_beside_a_shallower_run(board, driver):
     cell = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='d/tb'] td.attr-cell")
     driver.execute_script("arguments[0].focus()", cell)
     assert _status(driver) == cell.get_attribute("aria-label") == cell.get_attribute("title")
-    assert cell.get_attribute("aria-label").startswith('layer 0, head 0: ')
+    assert cell.get_attribute("aria-label").startswith("layer 0, head 0: ")
 
 
 def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir, driver):

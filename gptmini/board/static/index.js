@@ -11,7 +11,7 @@
 // their titles and colours - is not written here: the page reads it from the backend's `contract` route, which
 // serves gptmini.board.summary's own constants, and refuses data of another version or layout.
 
-import {DRAW, PICKED, VIEWS, pick, pickBar, said} from './views.js';
+import {DRAW, PICKED, VIEWS, pickBar, said} from './views.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 // the layout of the bytes this page reads (the contract names the one the backend writes; another is refused)
@@ -105,7 +105,7 @@ function level(att, l, h, i, j) {
 }
 
 // the answer of `url` through `then`, asked once while `cache` holds it (a failed one is asked again)
-async function cached(cache, url, then) {
+async function cached(cache, url, then = (body) => body) {
   if (!cache.has(url)) cache.set(url, getJSON(url).then(then));
   try {
     return await cache.get(url);
@@ -145,7 +145,7 @@ function stepsOf(run, fresh = false) {
 // a run's attribution at its logged steps ({steps, values[l][h][s]}), asked as its steps are
 function attributionOf(run) {
   const url = `attribution?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
-  return cached(state.live, url, (body) => body);
+  return cached(state.live, url);
 }
 
 // the step of `run` shown beside the primary run's `step`: the same, else the latest before it; null when it
@@ -281,7 +281,7 @@ function modelView(att) {
         onclick: () => openHead(l, h),
       });
       const map = said(viewContext(), heatmap(att, l, h), att.T, att.T, (i, j) => mapValue(att, l, h, i, j),
-        `${about}\nEnter: head view`);
+        `${about}\nclick or Enter: head view`);
       map.addEventListener('keydown', (e) => { if (e.key === 'Enter') openHead(l, h); });
       cell.append(map);
       const label = el('div', {class: 'type'}, type ? TYPE_TITLES[type] : '\u00a0');
@@ -1005,4 +1005,4 @@ function followReload() {
 }
 
 // for the browser test and the benchmark
-window.gptminiAttention = {state, pick, timings, currentSVG, pngBlob, draw, fileName};
+window.gptminiAttention = {state, timings, currentSVG, pngBlob, fileName};

@@ -65,10 +65,11 @@ function diverging(v) {
 }
 
 // a value shown on hover (its title) that the keyboard reaches too: focusable, named for screen readers, and said
-// in the status while it has the focus
+// in the status while it has the keyboard's focus (not a click's: the status growing under the pointer between
+// its press and release would lose the click)
 export function reachable(ctx, node, text) {
   for (const [k, v] of [['title', text], ['aria-label', text], ['tabindex', 0]]) node.setAttribute(k, v);
-  node.addEventListener('focus', () => ctx.setStatus(text));
+  node.addEventListener('focus', () => { if (node.matches(':focus-visible')) ctx.setStatus(text); });
   node.addEventListener('blur', () => ctx.setStatus(''));
   return node;
 }
@@ -78,9 +79,7 @@ export function reachable(ctx, node, text) {
 export function said(ctx, canvas, rows, cols, describe, label) {
   let r = rows - 1, c = 0;
   const say = () => ctx.setStatus(describe(r, c));
-  for (const [k, v] of [['tabindex', 0], ['role', 'img'], ['aria-label', `${label}; arrow keys: its values`]]) {
-    canvas.setAttribute(k, v);
-  }
+  reachable(ctx, canvas, `${label}\n(arrow keys: its values)`).setAttribute('role', 'img');
   canvas.addEventListener('mousemove', (e) => {
     const box = canvas.getBoundingClientRect();
     r = Math.min(rows - 1, Math.floor((e.clientY - box.top) / box.height * rows));
@@ -95,8 +94,7 @@ export function said(ctx, canvas, rows, cols, describe, label) {
     c = Math.max(0, Math.min(cols - 1, c + dc));
     say();
   });
-  canvas.addEventListener('focus', () => ctx.setStatus(label));
-  for (const leave of ['mouseleave', 'blur']) canvas.addEventListener(leave, () => ctx.setStatus(''));
+  canvas.addEventListener('mouseleave', () => ctx.setStatus(''));
   return canvas;
 }
 

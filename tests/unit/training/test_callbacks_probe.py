@@ -132,7 +132,10 @@ def test_one_validation_with_every_default_callback_computes_each_probe_once(
         assert idx.size(0) == 2 + 2 * 2
         assert len({tuple(row.tolist()) for row in idx}) == idx.size(0)
     tensors = ea.Tags()["tensors"]
-    assert [e.step for e in ea.Tensors(TAG)] == [0, *validations]  # 0: the untrained model, as training starts
+    assert [e.step for e in ea.Tensors(TAG)] == [
+        0,
+        *validations,
+    ]  # 0: the untrained model, as training starts
     (samples,) = [t for t in tensors if t.startswith("samples/text")]
     assert [e.step for e in ea.Tensors(samples)] == validations
     for tag in ("val/ppl", "val/best_loss", "insight/icl_score", "attention/entropy/layer0_head0"):
