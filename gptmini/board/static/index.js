@@ -43,7 +43,7 @@ const state = {
   panels: [],          // the panels drawn: [{run, att} or {run, error}]
   text: null,          // own text shown instead of the probe (null: the logged probe)
   cache: new Map(),    // url -> decoded attention
-  live: new Map(),     // url -> a run's logged steps or attribution (emptied whenever followTraining asks again)
+  live: new Map(),     // url -> a run's logged steps or attribution (emptied as a run is picked or followed)
   notice: null,        // said once in the status by the next draw (a run shown that is gone)
 };
 
@@ -135,10 +135,9 @@ async function ownText(run, text, signal, draw) {
   return decodeAttention(body);
 }
 
-// a run's logged steps, asked once per run until followTraining asks again or `fresh` is set
-function stepsOf(run, fresh = false) {
+// a run's logged steps, asked once per run until a run is picked or followTraining asks again
+function stepsOf(run) {
   const url = `steps?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
-  if (fresh) state.live.delete(url);
   return cached(state.live, url, (body) => body.steps);
 }
 
@@ -810,7 +809,8 @@ async function selectRun(run) {
   state.run = run;
   const info = state.runs.find((r) => r.run === run);
   state.tag = info.tags.includes(state.contract.tag) ? state.contract.tag : info.tags[0];
-  const steps = await stepsOf(run, true);
+  state.live.clear();  // the runs' steps and attribution as they are now
+  const steps = await stepsOf(run);
   setSteps(steps, steps.length - 1);
   offerText(info);
 }
