@@ -28,7 +28,11 @@ def main() -> int:
     p.add_argument(
         "--view", choices=("neuron", "lens", "map", "circuits"), default=None, help="open this view"
     )
-    p.add_argument("--pick", default=None, help="LAYER,HEAD,QUERY: what the neuron view and head map show")
+    p.add_argument(
+        "--pick",
+        default=None,
+        help="LAYER,HEAD[,QUERY]: what the neuron view, head map (and circuits, no QUERY) show",
+    )
     p.add_argument("--step", type=int, default=None, help="the logged step to show (default: the newest)")
     p.add_argument("--size", default="1500,1000", help="window WIDTH,HEIGHT")
     args = p.parse_args()
@@ -72,7 +76,7 @@ def main() -> int:
             driver.find_element(By.CSS_SELECTOR, f"button.view-{args.view}").click()
             drawn = wait_drawn(driver, drawn)
         if args.pick:
-            for name, value in zip(("layer", "head", "query"), args.pick.split(","), strict=True):
+            for name, value in zip(("layer", "head", "query"), args.pick.split(","), strict=False):
                 select = Select(driver.find_element(By.CSS_SELECTOR, f".pick-{name}"))
                 if select.first_selected_option.get_attribute("value") != value:
                     select.select_by_value(value)

@@ -44,9 +44,9 @@ MAX_BODY_BYTES = 6 * MAX_TEXT_CHARS + 2 * MAX_NAME_CHARS + 200
 MAX_PAGE_CHARS = 64  # own text: the page's id, sent with its draw number (a later draw supersedes an earlier)
 MAX_PAGES = 64  # own text: the pages whose latest draw is remembered (the oldest forgotten first)
 WAIT_SECONDS = 30.0  # own text: how long a request waits for the one computed before it
-DEFAULT_SAMPLES = (
-    100  # logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
-)
+# logged steps kept per run unless --samples_per_plugin gptmini_attention=N says otherwise
+DEFAULT_SAMPLES = 100
+ALL_SAMPLES = 2**31 - 1  # a data provider's downsample that keeps every step it holds
 CHECKPOINT_NAMES = ("last.ckpt", "on_exception.ckpt", "best.ckpt")
 STATIC_FILES = ("index.js", "views.js", "style.css")
 CACHED_MODELS = 2
@@ -130,11 +130,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self._logdir = context.logdir or ""
         hint = (context.sampling_hints or {}).get(PLUGIN_NAME)
         # --samples_per_plugin's 0 means every step
-        self._samples = DEFAULT_SAMPLES if hint is None else hint or 2**31 - 1
+        self._samples = DEFAULT_SAMPLES if hint is None else hint or ALL_SAMPLES
         self._lock = threading.Lock()  # one own-text computation at a time
-        self._load_lock = (
-            threading.Lock()
-        )  # one checkpoint loaded at a time (each may take the model's memory)
+        # one checkpoint loaded at a time (each may take the model's memory)
+        self._load_lock = threading.Lock()
         self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
         self._draws: OrderedDict[str, int] = OrderedDict()  # page -> its latest draw number
         self._draws_lock = threading.Lock()
@@ -254,24 +253,28 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     @_route
     def _attribution_route(self, request: wrappers.Request) -> wrappers.Response:
-        """Each head's ``attribution/layerL_headH`` scalars over the run's steps, for the heads x steps map:
-        ``values[l][h][s]`` at ``steps[s]`` (null where that step has none)."""
-        run = self._run(request)
-        found = self._provider.read_scalars(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ),
-            plugin_name=SCALARS_PLUGIN,
-            downsample=self._samples,
-            run_tag_filter=provider.RunTagFilter(runs=[run]),
-        ).get(run, {})
-        heads: dict[tuple[int, int], dict[int, float]] = {}
-        for tag, data in found.items():
-            match = ATTRIBUTION_TAG.fullmatch(tag)
-            if match is not None:
-                heads[int(match[1]), int(match[2])] = {d.step: d.value for d in data}
-        if not heads:
+        """Each head's ``attribution/layerL_headH`` scalars at the steps of the run's ``tag`` (the slider's), for
+        the heads x steps map: ``values[l][h][s]`` at ``steps[s]`` (null where that step has none). The scalars
+        are read whole (TensorBoard keeps 1,000 per tag): past 100 validations the steps kept of the summaries
+        are a sample, and the map shows the same one."""
+        run, tag = self._run_tag(request)
+        where = {
+            "ctx": plugin_util.context(request.environ),
+            "experiment_id": plugin_util.experiment_id(request.environ),
+            "plugin_name": SCALARS_PLUGIN,
+        }
+        listed = self._provider.list_scalars(**where, run_tag_filter=provider.RunTagFilter(runs=[run]))
+        names = [name for name in listed.get(run, {}) if ATTRIBUTION_TAG.fullmatch(name)]
+        if not names:
             return _json(request, {"run": run, "steps": [], "values": []})
-        steps = sorted({step for series in heads.values() for step in series})
+        found = self._provider.read_scalars(
+            **where, downsample=ALL_SAMPLES, run_tag_filter=provider.RunTagFilter(runs=[run], tags=names)
+        )[run]
+        heads = {
+            tuple(map(int, ATTRIBUTION_TAG.fullmatch(name).groups())): {d.step: d.value for d in data}
+            for name, data in found.items()
+        }
+        steps = [d.step for d in self._data(request, run, tag)]
         n_layer = 1 + max(layer for layer, _ in heads)
         n_head = 1 + max(head for _, head in heads)
         values = [

@@ -50,9 +50,9 @@ def test_the_sink_and_lens_scalars_are_the_checkpoints_own(detail_run, tb_events
             (last,) = [e for e in events.Scalars(f"attention/sink/layer{layer}_head{head}") if e.step == 6]
             assert last.value == pytest.approx(maps[layer, head, 1:, 0].mean(), abs=1e-4)
     rows = ["embed", "layer0", "layer1"]
-    for row in rows:
-        assert [e.step for e in events.Scalars(f"lens/loss/{row}")] == [3, 6]
-        assert [e.step for e in events.Scalars(f"lens/top1/{row}")] == [3, 6]
+    for row in rows:  # step 0: the untrained model, written as training starts
+        assert [e.step for e in events.Scalars(f"lens/loss/{row}")] == [0, 3, 6]
+        assert [e.step for e in events.Scalars(f"lens/top1/{row}")] == [0, 3, 6]
     # the last row reads the model's own output: its loss on the probe
     assert events.Scalars("lens/loss/layer1")[-1].value == pytest.approx(loss.item(), rel=1e-4)
     assert "lens/grid" in tags["images"]

@@ -68,7 +68,8 @@ def logdir(tmp_path_factory, write_checkpoint):
     step 10 only over B_TOKENS, no checkpoint; "gone/tb" (deleted by a test): uniform at steps 10 and 20; all
     2 layers x 3 heads. "c/tb": another shape, 1 layer x 4 heads, previous-token
     attention at steps 10 and 20, and a checkpoint of that shape. LONG: 2 layers x 2 heads, previous-token attention
-    at step 20, and a damaged checkpoint."""
+    at step 20, and a damaged checkpoint. "live/tb" (a test adds validations): 1 layer x 2 heads with circuits,
+    validations at steps 0 and 10."""
     from torch.utils.tensorboard import SummaryWriter
 
     from gptmini.board.summary import AttentionSummary, summary_proto
@@ -94,6 +95,7 @@ def logdir(tmp_path_factory, write_checkpoint):
     (root / LONG_FOLDER / "checkpoints").mkdir()
     (root / LONG_FOLDER / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really an archive")
     _detail_run(root / "d", write_checkpoint)
+    _write_live(root / LIVE, (0, 10))
     for run, n_layer, n_head in (("a", 2, 3), ("c", 1, 4)):
         write_checkpoint(
             root / run / "checkpoints" / "last.ckpt",
@@ -151,6 +153,29 @@ def _detail_run(folder, write_checkpoint) -> None:
                 writer.add_scalar(
                     f"attribution/layer{layer}_head{head}", step / 100 + float(np.mean(row)), step
                 )
+    writer.close()
+
+
+LIVE = "live/tb"
+
+
+def _write_live(folder, steps) -> None:
+    """Validations of a 1-layer, 2-head run at ``steps`` as training logs them: the attention summary with its
+    circuits, and each head's attribution scalar (step / 1000)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from gptmini.board.summary import AttentionSummary, circuits_header, summary_proto
+
+    zeros = np.zeros((1, 2, 3, 3))  # QK and OV over 3 tokens
+    circuits = circuits_header(
+        np.zeros((1, 2, T - 1)), dict.fromkeys("QKV", np.zeros((0, 2, 2))), TOKENS[:3], zeros, zeros
+    )
+    proto = summary_proto(AttentionSummary(TOKENS, uniform(1, 2), circuits=circuits))
+    writer = SummaryWriter(str(folder))
+    for step in steps:
+        writer.file_writer.add_summary(proto, step)
+        for head in range(2):
+            writer.add_scalar(f"attribution/layer0_head{head}", step / 1000, step)
     writer.close()
 
 
@@ -470,6 +495,12 @@ def test_a_long_run_name_and_its_long_error_stay_inside_their_panels(board, driv
 
     open_tab(driver, board)
     drawn = _select(driver, ".run-select", LONG, _drawn(driver))
+    # the run box, narrower than the name, ends it with "…" and holds it whole in its title
+    box = driver.execute_script(
+        "const s = document.querySelector('.run-select');"
+        "return [s.title, getComputedStyle(s).textOverflow, s.scrollWidth <= s.clientWidth]"
+    )
+    assert box == [LONG, "ellipsis", True], box
     drawn = _select(driver, ".compare-select", "c/tb", drawn)
     driver.find_element(By.CSS_SELECTOR, ".text-input").send_keys("But soft", Keys.ENTER)
     drawn = wait_drawn(driver, drawn)
@@ -848,6 +879,94 @@ def test_the_circuits_view(board, logdir, driver):
     assert "the logged validations" in driver.find_element(By.CSS_SELECTOR, ".attribution-steps .note").text
 
 
+def _status(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, ".status").text
+
+
+def test_values_shown_on_hover_are_reached_by_keyboard(board, driver):
+    """A map of the model view takes the focus and says what hovering its head says, its cells by the arrow keys as
+    hovering them does, and Enter opens its head view; a token of the head view takes the focus (Tab goes on to the
+    next) and keeps its lines alone as on hover; a byte token's title shows the byte as the page does (⟨C3⟩)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    open_tab(driver, board)  # run a at step 20: uniform attention
+    drawn = _drawn(driver)
+    canvas = driver.find_element(By.CSS_SELECTOR, ".cell[data-layer='0'][data-head='1'] canvas.map")
+    assert canvas.get_attribute("tabindex") == "0"
+    assert canvas.get_attribute("aria-label").startswith("layer 0, head 1: local")
+    canvas.send_keys(Keys.ARROW_UP)  # from the last query's first key
+    assert _status(driver) == 'layer 0, head 1: query " soft" (4) → key "ROM" (0): 0.20'
+    canvas.send_keys(Keys.ARROW_RIGHT * 5)
+    assert (
+        _status(driver)
+        == 'layer 0, head 1: query " soft" (4) → key "," (5): masked (a query sees only earlier keys)'
+    )
+    canvas.send_keys(Keys.ENTER)
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".chip.on") == 1 and _count(driver, '.chip.on[data-head="1"]') == 1
+
+    driver.execute_script("document.querySelectorAll('.tok-q')[4].focus()")
+    assert _visible_lines(driver) == 5
+    assert _status(driver).startswith('" soft" (4) attends to: ')
+    ActionChains(driver).send_keys(Keys.TAB).perform()
+    focused = driver.execute_script(
+        "const a = document.activeElement; return [a.getAttribute('class'), a.dataset.i]"
+    )
+    assert focused == ["tok tok-q hot", "5"] and _visible_lines(driver) == 6
+    assert driver.execute_script("return document.activeElement.getAttribute('aria-label')") == 'query 5: ","'
+
+    # run b's bytes of "é" in the titles as on the page, not as "\\xc3"
+    drawn = _select(driver, ".compare-select", "b/tb", drawn)
+    titles = driver.execute_script(
+        "return [...document.querySelectorAll(\".panel[data-run='b/tb'] .tok-k title\")].map(t => t.textContent)"
+    )
+    assert titles[3:] == ['3: " caf"', '4: "⟨C3⟩"', '5: "⟨A9⟩"'], titles
+
+
+def test_circuits_beside_a_shallower_run(board, driver):
+    """Run d (2 layers) with layer 1 picked, beside "live/tb" (1 layer): the live run's attribution and composition,
+    which do not depend on the layer, are drawn, and only its QK and OV circuits say the layer is not in it. The
+    attribution map and its cells say their values to the keyboard; Circuits has no query picker (it uses none)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", "d/tb", _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-neuron").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".pick-query") == 1
+    driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
+    drawn = wait_drawn(driver, drawn)
+    assert _count(driver, ".pick-query") == 0
+    drawn = _select(driver, ".pick-layer", "1", drawn)
+    drawn = _select(driver, ".compare-select", LIVE, drawn)
+    live = f".panel[data-run='{LIVE}']"
+    WebDriverWait(driver, 10).until(lambda d: _count(d, f"{live} canvas.attr-steps"))
+    assert _count(driver, f"{live} table.attr-tokens tr[data-head]") == 2
+    assert (
+        "one layer: no head feeds another"
+        in driver.find_element(By.CSS_SELECTOR, f"{live} .comp-modes + .note").text
+    )
+    notes = [n.text for n in driver.find_elements(By.CSS_SELECTOR, f"{live} .note")]
+    assert notes[-1] == "this run has 1 layer × 2 heads: layer 1, head 0 is not in it", notes
+    assert _count(driver, f"{live} canvas.circuit-qk") == 0
+    assert _count(driver, ".panel[data-run='d/tb'] canvas.circuit-qk") == 1
+
+    # run d's map over training: from the last head's first step, the arrow keys; a cell per token takes the focus
+    canvas = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='d/tb'] canvas.attr-steps")
+    canvas.send_keys(Keys.ARROW_RIGHT)
+    assert _status(driver).startswith("layer 1, head 1, step 20: attribution ")
+    cell = driver.find_element(By.CSS_SELECTOR, ".panel[data-run='d/tb'] td.attr-cell")
+    driver.execute_script("arguments[0].focus()", cell)
+    assert _status(driver) == cell.get_attribute("aria-label") == cell.get_attribute("title")
+    assert cell.get_attribute("aria-label").startswith("layer 0, head 0: ")
+
+
 def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir, driver):
     """Run "gone/tb" shown beside "b/tb", then its folder deleted: once TensorBoard no longer lists it, the next
     slider move (answered with errors) leaves it for the first run listed, says so, and draws without errors."""
@@ -880,3 +999,51 @@ def test_a_run_deleted_while_shown_gives_way_to_another_run(board, logdir, drive
     assert "gone/tb" not in options
     status = driver.find_element(By.CSS_SELECTOR, ".status").text
     assert status == "gone/tb: no longer listed (deleted?); showing a/tb", status
+
+
+def test_the_tab_follows_a_training_run_past_100_validations(board, logdir, driver):
+    """Run "live/tb" logs validations while the circuits view shows its newest step: at TensorBoard's reload the
+    slider moves on to the new newest step and the attribution map over training gains it; past 100 validations
+    too, where TensorBoard keeps a sample of 100 (always with the newest) and their count no longer grows."""
+    from urllib.parse import urlencode
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from benchmarks.board import get_json
+    from gptmini.board import PLUGIN_NAME
+    from gptmini.board.summary import TAG
+
+    def map_steps(d) -> list[int]:
+        canvas = d.find_elements(By.CSS_SELECTOR, "canvas.attr-steps")
+        return [int(x) for x in canvas[0].get_attribute("data-steps").split(",")] if canvas else []
+
+    def follow(steps) -> None:
+        """``steps`` logged, then TensorBoard's reload: the newest shown, on the slider and in the map."""
+        _write_live(logdir / LIVE, steps)
+        url = f"{board}/data/plugin/{PLUGIN_NAME}/steps?{urlencode({'run': LIVE, 'tag': TAG})}"
+        WebDriverWait(driver, 30).until(lambda _: get_json(url)["steps"][-1] == steps[-1])
+        driver.switch_to.default_content()
+        driver.find_element(By.CSS_SELECTOR, "button.reload-button").click()
+        driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe"))
+        newest = f"step {steps[-1]}"
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_element(By.CSS_SELECTOR, ".step-label").text == newest,
+            f"the slider did not move on to {newest}",
+        )
+        WebDriverWait(driver, 30).until(
+            lambda d: map_steps(d)[-1:] == [steps[-1]], f"the attribution map did not gain {newest}"
+        )
+        assert driver.execute_script(
+            "const s = document.querySelector('.step-slider'); return s.value === s.max"
+        )
+
+    open_tab(driver, board)
+    drawn = _select(driver, ".run-select", LIVE, _drawn(driver))
+    driver.find_element(By.CSS_SELECTOR, "button.view-circuits").click()
+    wait_drawn(driver, drawn)
+    WebDriverWait(driver, 10).until(lambda d: map_steps(d) == [0, 10])
+    follow([20])
+    follow(list(range(30, 1010, 10)))  # 101 validations: TensorBoard keeps 100
+    assert len(driver.execute_script("return window.gptminiAttention.state.steps")) == 100
+    follow([1010])

@@ -11,7 +11,7 @@
 // their titles and colours - is not written here: the page reads it from the backend's `contract` route, which
 // serves gptmini.board.summary's own constants, and refuses data of another version or layout.
 
-import {DRAW, PICKED, VIEWS, pick, pickBar} from './views.js';
+import {DRAW, PICKED, VIEWS, pickBar, said} from './views.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 // the layout of the bytes this page reads (the contract names the one the backend writes; another is refused)
@@ -43,7 +43,7 @@ const state = {
   panels: [],          // the panels drawn: [{run, att} or {run, error}]
   text: null,          // own text shown instead of the probe (null: the logged probe)
   cache: new Map(),    // url -> decoded attention
-  stepsCache: new Map(),  // url -> the run's logged steps (emptied whenever the runs are listed again)
+  live: new Map(),     // url -> a run's logged steps or attribution (emptied as a run is picked or followed)
   notice: null,        // said once in the status by the next draw (a run shown that is gone)
 };
 
@@ -104,15 +104,20 @@ function level(att, l, h, i, j) {
   return att.data[(l * att.n_head + h) * att.tri + i * (i + 1) / 2 + j];
 }
 
-async function attention(run, step) {
-  const url = `attention?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}&step=${step}`;
-  if (!state.cache.has(url)) state.cache.set(url, getJSON(url).then(decodeAttention));
+// the answer of `url` through `then`, asked once while `cache` holds it (a failed one is asked again)
+async function cached(cache, url, then = (body) => body) {
+  if (!cache.has(url)) cache.set(url, getJSON(url).then(then));
   try {
-    return await state.cache.get(url);
+    return await cache.get(url);
   } catch (err) {
-    state.cache.delete(url);
+    cache.delete(url);
     throw err;
   }
+}
+
+function attention(run, step) {
+  const url = `attention?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}&step=${step}`;
+  return cached(state.cache, url, decodeAttention);
 }
 
 // this page's id: with a draw's number, it lets the backend drop a text that a later draw superseded while it
@@ -130,16 +135,16 @@ async function ownText(run, text, signal, draw) {
   return decodeAttention(body);
 }
 
-// a run's logged steps, asked once per run until the runs are listed again (followTraining) or `fresh` is set
-async function stepsOf(run, fresh = false) {
+// a run's logged steps, asked once per run until a run is picked or followTraining asks again
+function stepsOf(run) {
   const url = `steps?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
-  if (fresh || !state.stepsCache.has(url)) state.stepsCache.set(url, getJSON(url).then((body) => body.steps));
-  try {
-    return await state.stepsCache.get(url);
-  } catch (err) {
-    state.stepsCache.delete(url);
-    throw err;
-  }
+  return cached(state.live, url, (body) => body.steps);
+}
+
+// a run's attribution at its logged steps ({steps, values[l][h][s]}), asked as its steps are
+function attributionOf(run) {
+  const url = `attribution?run=${encodeURIComponent(run)}&tag=${encodeURIComponent(state.tag)}`;
+  return cached(state.live, url);
 }
 
 // the step of `run` shown beside the primary run's `step`: the same, else the latest before it; null when it
@@ -170,12 +175,18 @@ function svg(tag, attrs = {}) {
   return node;
 }
 
+// a byte of a character the token holds only part of (written \xNN by the tokenizer) as ⟨NN⟩
+const bytesShown = (token) => token.replace(/\\x([0-9a-f]{2})/g, (_, hex) => `⟨${hex.toUpperCase()}⟩`);
+
 function shown(token) {
-  // a byte of a character the token holds only part of (written \xNN by the tokenizer) as ⟨NN⟩; spaces, tabs and
-  // newlines made visible; long tokens cut
-  const s = token.replace(/\\x([0-9a-f]{2})/g, (_, hex) => `⟨${hex.toUpperCase()}⟩`)
-    .replace(/\n/g, '↵').replace(/\t/g, '⇥').replace(/ /g, '␣');
+  // spaces, tabs and newlines made visible; long tokens cut
+  const s = bytesShown(token).replace(/\n/g, '↵').replace(/\t/g, '⇥').replace(/ /g, '␣');
   return s.length > 12 ? s.slice(0, 11) + '…' : s || '∅';
+}
+
+// a token whole, in quotes, as titles and the status name it (its bytes as ⟨NN⟩, not as escaped backslashes)
+function quoted(token) {
+  return JSON.stringify(bytesShown(token));
 }
 
 // `s` cut to at most `n` characters in the middle (a run's name differs at its start and at its end)
@@ -249,7 +260,7 @@ function sinkText(att, l, h) {
 }
 
 // what the views of views.js use of this page
-const viewContext = () => ({el, shown, level, levels: LEVELS, setStatus, redraw: draw, getJSON});
+const viewContext = () => ({el, shown, quoted, plural, level, levels: LEVELS, setStatus, redraw: draw, attributionOf});
 
 function modelView(att) {
   const grid = el('div', {class: 'grid'});
@@ -260,16 +271,17 @@ function modelView(att) {
     grid.append(el('div', {class: 'rowhead'}, `layer ${l}`));
     for (let h = 0; h < att.n_head; h++) {
       const type = headType(att, l, h);
+      const about = `layer ${l}, head ${h}${type ? ': ' + TYPE_TITLES[type] : ''}\n${scoreText(att, l, h)}`;
       const cell = el('div', {
         class: 'cell',
         'data-layer': l,
         'data-head': h,
-        title: `layer ${l}, head ${h}${type ? ': ' + TYPE_TITLES[type] : ''}\n${scoreText(att, l, h)}\nclick: head view`,
+        title: `${about}\nclick: head view`,
         onclick: () => openHead(l, h),
       });
-      const map = heatmap(att, l, h);
-      map.addEventListener('mousemove', (e) => hoverMap(att, l, h, map, e));
-      map.addEventListener('mouseleave', () => setStatus(''));
+      const map = said(viewContext(), heatmap(att, l, h), att.T, att.T, (i, j) => mapValue(att, l, h, i, j),
+        `${about}\nclick or Enter: head view`);
+      map.addEventListener('keydown', (e) => { if (e.key === 'Enter') openHead(l, h); });
       cell.append(map);
       const label = el('div', {class: 'type'}, type ? TYPE_TITLES[type] : '\u00a0');
       if (type) label.style.color = TYPE_COLOURS[type];
@@ -280,14 +292,11 @@ function modelView(att) {
   return grid;
 }
 
-// hover a map: the query and key under the pointer, by token, and the weight between them
-function hoverMap(att, l, h, map, event) {
-  const box = map.getBoundingClientRect();
-  const i = Math.min(att.T - 1, Math.floor((event.clientY - box.top) / box.height * att.T));
-  const j = Math.min(att.T - 1, Math.floor((event.clientX - box.left) / box.width * att.T));
-  const where = `layer ${l}, head ${h}: query ${JSON.stringify(att.tokens[i])} (${i}) → key ${JSON.stringify(att.tokens[j])} (${j})`;
-  setStatus(j > i ? `${where}: masked (a query sees only earlier keys)`
-    : `${where}: ${(level(att, l, h, i, j) / LEVELS()).toFixed(2)}`);
+// a map's cell (under the pointer, or picked with the arrow keys): its query and key, by token, and the weight
+function mapValue(att, l, h, i, j) {
+  const where = `layer ${l}, head ${h}: query ${quoted(att.tokens[i])} (${i}) → key ${quoted(att.tokens[j])} (${j})`;
+  return j > i ? `${where}: masked (a query sees only earlier keys)`
+    : `${where}: ${(level(att, l, h, i, j) / LEVELS()).toFixed(2)}`;
 }
 
 function openHead(l, h) {
@@ -312,7 +321,8 @@ function headView(att) {
   const root = svg('svg', {width, height, viewBox: `0 0 ${width} ${height}`, class: 'headview'});
   const style = svg('style');
   style.textContent =
-    'text{font:12px sans-serif;fill:#222}.tok{cursor:default}.tok.hot text{font-weight:bold}' +
+    'text{font:12px sans-serif;fill:#222}.tok{cursor:default;outline:none}.tok.hot text{font-weight:bold}' +
+    '.tok:focus .hit{stroke:#f57c00}' +
     'text.hdr{font-size:11px;fill:#777}';
   root.append(style);
   const hdr = (x, anchor, s) => {
@@ -362,7 +372,7 @@ function headView(att) {
   const weightLabels = [];
   for (let i = 0; i < T; i++) {
     for (const [side, group, x, anchor] of [['q', left, x0 - 6, 'end'], ['k', right, x1 + 6, 'start']]) {
-      const g = svg('g', {class: `tok tok-${side}`, 'data-i': i});
+      const g = svg('g', {class: `tok tok-${side}`, 'data-i': i, tabindex: 0});
       // the token's whole row takes the pointer (the gaps between glyphs would leave and re-enter it: flicker)
       const hit = svg('rect', {x: side === 'q' ? x0 - TOKEN_W : x1, y: y(i) - ROW / 2, width: TOKEN_W,
         height: ROW, fill: '#fff', 'fill-opacity': 0, class: 'hit'});
@@ -371,10 +381,11 @@ function headView(att) {
       const t = svg('text', {x, y: y(i) + 4, 'text-anchor': anchor});
       t.textContent = shown(att.tokens[i]);
       const title = svg('title');
-      title.textContent = `${i}: ${JSON.stringify(att.tokens[i])}`;
+      title.textContent = `${i}: ${quoted(att.tokens[i])}`;
+      g.setAttribute('aria-label', `${side === 'q' ? 'query' : 'key'} ${title.textContent}`);
       g.append(hit, bar, t, title);
-      g.addEventListener('mouseenter', () => focus(root, att, side, i, weightLabels));
-      g.addEventListener('mouseleave', () => unfocus(root, weightLabels));
+      for (const on of ['mouseenter', 'focus']) g.addEventListener(on, () => focus(root, att, side, i, weightLabels));
+      for (const off of ['mouseleave', 'blur']) g.addEventListener(off, () => unfocus(root, weightLabels));
       group.append(g);
       weightLabels.push({side, i, bar, text: t});
     }
@@ -410,8 +421,8 @@ function focus(root, att, side, i, labels) {
   }
   parts.sort((a, b) => b[0] - a[0]);
   const verb = side === 'q' ? 'attends to' : 'is attended to by';
-  setStatus(`${JSON.stringify(att.tokens[i])} (${i}) ${verb}: ` +
-    parts.slice(0, 6).map(([w, k]) => `${JSON.stringify(att.tokens[k])} (${k}) ${w.toFixed(2)}`).join(', ') +
+  setStatus(`${quoted(att.tokens[i])} (${i}) ${verb}: ` +
+    parts.slice(0, 6).map(([w, k]) => `${quoted(att.tokens[k])} (${k}) ${w.toFixed(2)}`).join(', ') +
     (heads.length > 1 ? `  (mean over ${heads.length} heads)` : ''));
 }
 
@@ -534,7 +545,7 @@ async function draw() {
   if (first && state.layer >= nLayer) state.layer = 0;
   ui.view.replaceChildren();
   if (state.view === 'head' && first) ui.view.append(headControls(first.att, nLayer, nHead));
-  if (PICKED.has(state.view) && first) ui.view.append(pickBar(viewContext(), first.att, nLayer, nHead));
+  if (state.view in PICKED && first) ui.view.append(pickBar(viewContext(), first.att, nLayer, nHead, state.view));
   const row = el('div', {class: 'panels'});
   for (const p of panels) {
     // the run's name may break after its separators (a name with its overrides is one long word otherwise)
@@ -574,6 +585,8 @@ async function draw() {
     row.append(panel);
   }
   ui.view.append(row);
+  // a run box narrower than its run's name ends it with "…": its title holds the whole name
+  for (const select of [ui.runSelect, ui.compareSelect]) select.title = select.value;
   ui.modelBtn.classList.toggle('on', state.view === 'model');
   ui.headBtn.classList.toggle('on', state.view === 'head');
   for (const [name, button] of Object.entries(ui.viewBtns)) button.classList.toggle('on', state.view === name);
@@ -796,7 +809,8 @@ async function selectRun(run) {
   state.run = run;
   const info = state.runs.find((r) => r.run === run);
   state.tag = info.tags.includes(state.contract.tag) ? state.contract.tag : info.tags[0];
-  const steps = await stepsOf(run, true);
+  state.live.clear();  // the runs' steps and attribution as they are now
+  const steps = await stepsOf(run);
   setSteps(steps, steps.length - 1);
   offerText(info);
 }
@@ -818,7 +832,7 @@ function runSelect(cls, withNone, onchange) {
 function fillRuns(select, withNone) {
   const picked = select.value;
   select.replaceChildren(...(withNone ? [el('option', {value: ''}, '— none —')] : []),
-    ...state.runs.map((r) => el('option', {value: r.run}, r.run)));
+    ...state.runs.map((r) => el('option', {value: r.run, title: r.run}, r.run)));
   if (picked) select.value = picked;
 }
 
@@ -899,7 +913,7 @@ function controls() {
     draw();
   }}, 'Show attention');
   ui.back = el('button', {class: 'back', hidden: '', onclick: () => { state.text = null; draw(); }}, 'Back to the logged probe');
-  ui.status = el('div', {class: 'status'});
+  ui.status = el('div', {class: 'status', role: 'status'});  // read out as it changes
   const top = el('div', {class: 'bar'},
     el('label', {}, 'Run ', ui.runSelect),
     el('label', {}, 'beside ', ui.compareSelect),
@@ -915,7 +929,7 @@ function controls() {
       s.style.color = TYPE_COLOURS[k];
       return s;
     }),
-    el('span', {class: 'hint'}, ' · rows: queries, columns: keys · hover a map for its tokens and weights, click it for its head view · hover a token in the head view'));
+    el('span', {class: 'hint'}, ' · rows: queries, columns: keys · hover a map (or Tab to it, then the arrow keys) for its tokens and weights, click it (Enter) for its head view · hover or Tab to a token in the head view'));
   return el('div', {class: 'controls'}, top, steps, text, legend, ui.status);
 }
 
@@ -953,18 +967,21 @@ async function followTraining() {
   if (document.hidden) return;
   let steps;
   try {
-    state.stepsCache.clear();  // every run's steps asked again (a run still training logged more)
+    state.live.clear();  // every run's steps and attribution asked again (a run still training logged more)
     await refreshRuns();
     if (state.text !== null) return;
     steps = await stepsOf(state.run);
   } catch (err) {
     return;  // the next poll tries again
   }
-  if (steps.length === state.steps.length) return;
+  // the steps themselves, not their count: past 100 validations TensorBoard keeps a sample of 100 (always with
+  // the newest), so a new step leaves the count as it was
+  if (String(steps) === String(state.steps)) return;
   const atEnd = state.stepIndex === state.steps.length - 1;
   const step = state.steps[state.stepIndex];
-  setSteps(steps, atEnd ? steps.length - 1 : Math.max(0, steps.indexOf(step)));
-  if (atEnd) draw();
+  setSteps(steps, atEnd ? steps.length - 1 : Math.max(0, steps.indexOf(nearestStep(steps, step))));
+  // the newest step shown moves on; the circuits view's map over training gains the new steps
+  if (atEnd || state.view === 'circuits' || state.steps[state.stepIndex] !== step) draw();
 }
 
 // TensorBoard's reloads, through its channel to plugin frames (the frame hands TensorBoard a MessagePort with
@@ -988,4 +1005,4 @@ function followReload() {
 }
 
 // for the browser test and the benchmark
-window.gptminiAttention = {state, pick, timings, currentSVG, pngBlob, draw, fileName};
+window.gptminiAttention = {state, timings, currentSVG, pngBlob, fileName};

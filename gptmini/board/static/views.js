@@ -20,8 +20,8 @@
 export const pick = {layer: 0, head: 0, query: null};
 
 export const VIEWS = {neuron: 'Neuron view', lens: 'Lens view', map: 'Head map', circuits: 'Circuits'};
-// the views that show one layer, head and query (the lens view shows every layer of the text)
-export const PICKED = new Set(['neuron', 'map', 'circuits']);
+// the views that show one layer and head, and whether one query token too (the lens view shows every layer)
+export const PICKED = {neuron: true, map: true, circuits: false};
 // the composition the circuits view's graph shows: 'Q', 'K' or 'V'
 const composition = {mode: 'K'};
 
@@ -64,9 +64,50 @@ function diverging(v) {
     : `rgb(${Math.round(255 - 220 * t)},${Math.round(255 - 140 * t)},255)`;
 }
 
+// a value shown on hover (its title) that the keyboard reaches too: focusable, named for screen readers, and said
+// in the status while it has the keyboard's focus (not a click's: the status growing under the pointer between
+// its press and release would lose the click)
+export function reachable(ctx, node, text) {
+  for (const [k, v] of [['title', text], ['aria-label', text], ['tabindex', 0]]) node.setAttribute(k, v);
+  node.addEventListener('focus', () => { if (node.matches(':focus-visible')) ctx.setStatus(text); });
+  node.addEventListener('blur', () => ctx.setStatus(''));
+  return node;
+}
+
+// a canvas of rows x cols cells whose values the status says: the cell under the pointer, or, with the focus
+// (its `label` said first), the cell the arrow keys move to (from the last row's first cell)
+export function said(ctx, canvas, rows, cols, describe, label) {
+  let r = rows - 1, c = 0;
+  const say = () => ctx.setStatus(describe(r, c));
+  reachable(ctx, canvas, `${label}\n(arrow keys: its values)`).setAttribute('role', 'img');
+  canvas.addEventListener('mousemove', (e) => {
+    const box = canvas.getBoundingClientRect();
+    r = Math.min(rows - 1, Math.floor((e.clientY - box.top) / box.height * rows));
+    c = Math.min(cols - 1, Math.floor((e.clientX - box.left) / box.width * cols));
+    say();
+  });
+  canvas.addEventListener('keydown', (e) => {
+    const [dr, dc] = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[e.key] || [];
+    if (dr === undefined) return;
+    e.preventDefault();
+    r = Math.max(0, Math.min(rows - 1, r + dr));
+    c = Math.max(0, Math.min(cols - 1, c + dc));
+    say();
+  });
+  canvas.addEventListener('mouseleave', () => ctx.setStatus(''));
+  return canvas;
+}
+
+// the note of a panel whose run lacks the layer or the head picked (null: it has both)
+function lacking(ctx, att) {
+  if (pick.layer < att.n_layer && pick.head < att.n_head) return null;
+  return ctx.el('div', {class: 'note'}, `this run has ${ctx.plural(att.n_layer, 'layer')} × ` +
+    `${ctx.plural(att.n_head, 'head')}: layer ${pick.layer}, head ${pick.head} is not in it`);
+}
+
 // a strip of cells, one per dimension, coloured by value / scale
 function strip(ctx, values, scale, title) {
-  const canvas = ctx.el('canvas', {width: values.length, height: 1, class: 'strip', title});
+  const canvas = reachable(ctx, ctx.el('canvas', {width: values.length, height: 1, class: 'strip'}), title);
   const g = canvas.getContext('2d');
   values.forEach((v, d) => {
     g.fillStyle = diverging(v / scale);
@@ -76,11 +117,11 @@ function strip(ctx, values, scale, title) {
   return canvas;
 }
 
-function token(ctx, att, i, cls = 'tok-label') {
-  const node = ctx.el('span', {class: cls, 'data-tok': i, title: `${i}: ${JSON.stringify(att.tokens[i])}`},
-    ctx.shown(att.tokens[i]));
-  node.addEventListener('mouseenter', () => highlight(i));
-  node.addEventListener('mouseleave', () => highlight(null));
+function token(ctx, att, i, cls = 'tok-label', text = `${i}: ${ctx.quoted(att.tokens[i])}`) {
+  const node = reachable(ctx, ctx.el('span', {class: cls, 'data-tok': i}, ctx.shown(att.tokens[i])), text);
+  for (const [on, tok] of [['mouseenter', i], ['mouseleave', null], ['focus', i], ['blur', null]]) {
+    node.addEventListener(on, () => highlight(tok));
+  }
   return node;
 }
 
@@ -94,7 +135,7 @@ export function highlight(i) {
 // ---------------------------------------------------------------------------------------------------------
 // the pickers above the panels: layer, head, query token (the first panel's tokens)
 
-export function pickBar(ctx, att, nLayer, nHead) {
+export function pickBar(ctx, att, nLayer, nHead, view) {
   const select = (cls, n, value, label, onchange) => {
     const node = ctx.el('select', {class: cls, onchange: (e) => { onchange(Number(e.target.value)); ctx.redraw(); }});
     for (let x = 0; x < n; x++) {
@@ -109,8 +150,8 @@ export function pickBar(ctx, att, nLayer, nHead) {
   return ctx.el('div', {class: 'headbar pickbar'},
     select('pick-layer', nLayer, pick.layer, (l) => `layer ${l}`, (l) => { pick.layer = l; }),
     select('pick-head', nHead, pick.head, (h) => `head ${h}`, (h) => { pick.head = h; }),
-    ctx.el('span', {class: 'caption'}, 'query'),
-    select('pick-query', att.T, queryOf(att), (i) => `${i}: ${ctx.shown(att.tokens[i])}`, (i) => { pick.query = i; }));
+    ...(PICKED[view] ? [ctx.el('span', {class: 'caption'}, 'query'), select('pick-query', att.T, queryOf(att),
+      (i) => `${i}: ${ctx.shown(att.tokens[i])}`, (i) => { pick.query = i; })] : []));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -144,9 +185,8 @@ export function neuron(att, l, h, i) {
 
 export function neuronView(ctx, att) {
   const l = pick.layer, h = pick.head, i = queryOf(att);
-  if (l >= att.n_layer || h >= att.n_head) {
-    return ctx.el('div', {class: 'note'}, `this run has ${att.n_layer} layers × ${att.n_head} heads: layer ${l}, head ${h} is not in it`);
-  }
+  const missing = lacking(ctx, att);
+  if (missing) return missing;
   const v = att.vectors;
   if (!v || l >= v.layers) {
     return ctx.el('div', {class: 'note'}, v
@@ -192,7 +232,7 @@ export function neuronView(ctx, att) {
       ctx.el('td', {class: 'num'}, n.sinkWeight.toFixed(3)), ctx.el('td')));
   }
   const caption = ctx.el('div', {class: 'caption'},
-    `layer ${l}, head ${h}, query ${i} ${JSON.stringify(att.tokens[i])}: score = Σ q⊙k × ${v.scale.toFixed(3)}` +
+    `layer ${l}, head ${h}, query ${i} ${ctx.quoted(att.tokens[i])}: score = Σ q⊙k × ${v.scale.toFixed(3)}` +
     `${v.slopes ? ' − slope × distance' : ''}; weight = softmax over the keys${n.sinkWeight !== null ? ' and the sink' : ''}` +
     '; logged: the model\'s own weight, as stored (to 1/255). Orange: positive, blue: negative.');
   return ctx.el('div', {}, caption, table);
@@ -227,11 +267,10 @@ export function lensView(ctx, att) {
       const target = t + 1 < att.T ? lens.target[r][t] : null;
       const hit = t + 1 < att.T && lens.top[r][t] === att.tokens[t + 1];
       const p = lens.prob[r][t];
-      const td = ctx.el('td', {
-        class: 'lens-cell' + (hit ? ' hit' : ''), 'data-pos': t,
-        title: `${name}, position ${t}: top ${JSON.stringify(lens.top[r][t])} ${p === null ? '–' : p.toFixed(3)}` +
-          (target === null ? '' : `; next token ${JSON.stringify(att.tokens[t + 1])} ${target.toFixed(3)}`),
-      }, ctx.el('div', {class: 'top'}, ctx.shown(lens.top[r][t])), ctx.el('div', {class: 'p'}, p === null ? '–' : p.toFixed(2)));
+      const td = reachable(ctx, ctx.el('td', {class: 'lens-cell' + (hit ? ' hit' : ''), 'data-pos': t},
+        ctx.el('div', {class: 'top'}, ctx.shown(lens.top[r][t])), ctx.el('div', {class: 'p'}, p === null ? '–' : p.toFixed(2))),
+      `${name}, position ${t}: top ${ctx.quoted(lens.top[r][t])} ${p === null ? '–' : p.toFixed(3)}` +
+        (target === null ? '' : `; next token ${ctx.quoted(att.tokens[t + 1])} ${target.toFixed(3)}`));
       td.style.background = green(target ?? 0);
       tr.append(td);
     }
@@ -269,23 +308,19 @@ function bigMap(ctx, att, weight, title) {
   const rows = ctx.el('div', {class: 'axis-y'}, ...att.tokens.map((_, i) => token(ctx, att, i)));
   const cols = ctx.el('div', {class: 'axis-x'}, ...att.tokens.map((_, j) => token(ctx, att, j)));
   for (const axis of [rows, cols]) axis.style.setProperty('--cell', `${cell}px`);
-  canvas.addEventListener('mousemove', (e) => {
-    const box = canvas.getBoundingClientRect();
-    const i = Math.min(T - 1, Math.floor((e.clientY - box.top) / box.height * T));
-    const j = Math.min(T - 1, Math.floor((e.clientX - box.left) / box.width * T));
+  said(ctx, canvas, T, T, (i, j) => {
     highlight(j);
-    ctx.setStatus(`${title}: query ${JSON.stringify(att.tokens[i])} (${i}) → key ${JSON.stringify(att.tokens[j])} (${j})` +
-      (j > i ? ': masked' : `: ${weight(i, j).toFixed(2)}`));
-  });
+    return `${title}: query ${ctx.quoted(att.tokens[i])} (${i}) → key ${ctx.quoted(att.tokens[j])} (${j})` +
+      (j > i ? ': masked' : `: ${weight(i, j).toFixed(2)}`);
+  }, `${title}: rows queries, columns keys`);
   return ctx.el('div', {class: 'bigmap-wrap'}, ctx.el('div', {class: 'caption'}, title),
     ctx.el('div', {class: 'bigmap-grid'}, rows, canvas, ctx.el('span'), cols));
 }
 
 export function headMapView(ctx, att) {
   const l = pick.layer, h = pick.head, i = queryOf(att);
-  if (l >= att.n_layer || h >= att.n_head) {
-    return ctx.el('div', {class: 'note'}, `this run has ${att.n_layer} layers × ${att.n_head} heads: layer ${l}, head ${h} is not in it`);
-  }
+  const missing = lacking(ctx, att);
+  if (missing) return missing;
   const levels = ctx.levels();
   const one = (a, b) => ctx.level(att, l, h, a, b) / levels;
   const mean = (a, b) => {
@@ -294,14 +329,14 @@ export function headMapView(ctx, att) {
     return s / levels / att.n_head;
   };
   const text = ctx.el('div', {class: 'colored-tokens'},
-    ctx.el('span', {class: 'caption'}, `query ${i} ${JSON.stringify(att.tokens[i])} gives: `));
+    ctx.el('span', {class: 'caption'}, `query ${i} ${ctx.quoted(att.tokens[i])} gives: `));
   for (let j = 0; j < att.T; j++) {
     const w = j <= i ? one(i, j) : 0;
-    const span = token(ctx, att, j, 'ct');
+    const span = token(ctx, att, j, 'ct', j <= i ? `${j}: ${w.toFixed(3)}` : `${j}: after the query`);
     span.style.background = j <= i ? `rgba(245,124,0,${Math.sqrt(w).toFixed(3)})` : 'transparent';
-    span.title = j <= i ? `${j}: ${w.toFixed(3)}` : `${j}: after the query`;
     span.dataset.weight = w.toFixed(4);
     span.addEventListener('click', () => { pick.query = j; ctx.redraw(); });
+    span.addEventListener('keydown', (e) => { if (e.key === 'Enter') span.click(); });
     text.append(span);
   }
   return ctx.el('div', {},
@@ -314,27 +349,15 @@ export function headMapView(ctx, att) {
 // ---------------------------------------------------------------------------------------------------------
 // the circuits view
 
-// a run's attribution over its steps ({steps, values[l][h][s]}), asked once per run and page
-const attributionCache = new Map();
-
-function attributionOf(ctx, run) {
-  if (!attributionCache.has(run)) {
-    const asked = ctx.getJSON(`attribution?run=${encodeURIComponent(run)}`);
-    attributionCache.set(run, asked);
-    asked.catch(() => attributionCache.delete(run));
-  }
-  return attributionCache.get(run);
-}
-
 function maxAbs(values) {
   let m = 1e-9;
   for (const v of values) if (v !== null && Math.abs(v) > m) m = Math.abs(v);
   return m;
 }
 
-// a canvas of rows x cols cells coloured by value(r, c) / scale (blue negative, orange positive); hover says
-// describe(r, c)
-function cellMap(ctx, rows, cols, value, scale, describe, cls, cell = 12) {
+// a canvas of rows x cols cells coloured by value(r, c) / scale (blue negative, orange positive); hover and the
+// arrow keys say describe(r, c)
+function cellMap(ctx, rows, cols, value, scale, describe, cls, label, cell = 12) {
   const canvas = ctx.el('canvas', {width: cols * cell, height: rows * cell, class: cls});
   const g = canvas.getContext('2d');
   for (let r = 0; r < rows; r++) {
@@ -344,14 +367,7 @@ function cellMap(ctx, rows, cols, value, scale, describe, cls, cell = 12) {
       g.fillRect(c * cell, r * cell, cell, cell);
     }
   }
-  canvas.addEventListener('mousemove', (e) => {
-    const box = canvas.getBoundingClientRect();
-    const r = Math.min(rows - 1, Math.floor((e.clientY - box.top) / box.height * rows));
-    const c = Math.min(cols - 1, Math.floor((e.clientX - box.left) / box.width * cols));
-    ctx.setStatus(describe(r, c));
-  });
-  canvas.addEventListener('mouseleave', () => ctx.setStatus(''));
-  return canvas;
+  return said(ctx, canvas, rows, cols, describe, label);
 }
 
 const fmt = (v) => (v === null ? '–' : v.toFixed(3));
@@ -364,7 +380,7 @@ function attributionOverSteps(ctx, att, run) {
     box.append(ctx.el('div', {class: 'note'}, 'over training: the logged validations (back to the logged probe to see them)'));
     return box;
   }
-  attributionOf(ctx, run).then((body) => {
+  ctx.attributionOf(run).then((body) => {
     const heads = [];
     body.values.forEach((layer, l) => layer.forEach((series, h) => heads.push({l, h, series})));
     if (!heads.length) {
@@ -375,7 +391,8 @@ function attributionOverSteps(ctx, att, run) {
     const scale = maxAbs(heads.flatMap((x) => x.series));
     const canvas = cellMap(ctx, heads.length, steps.length, (r, c) => heads[r].series[c], scale,
       (r, c) => `layer ${heads[r].l}, head ${heads[r].h}, step ${steps[c]}: attribution ${fmt(heads[r].series[c])}`,
-      'attr-steps', Math.max(3, Math.min(12, Math.floor(480 / steps.length))));
+      'attr-steps', 'direct logit attribution of each head over the logged steps',
+      Math.max(3, Math.min(12, Math.floor(480 / steps.length))));
     canvas.dataset.heads = heads.length;
     canvas.dataset.steps = steps.join(',');
     const at = steps.indexOf(att.step);
@@ -404,14 +421,14 @@ function attributionPerToken(ctx, att) {
   const table = ctx.el('table', {class: 'attr-tokens'});
   const top = ctx.el('tr', {}, ctx.el('th', {}, 'next →'));
   for (let t = 0; t + 1 < att.T; t++) {
-    top.append(ctx.el('th', {title: `position ${t} predicts ${JSON.stringify(att.tokens[t + 1])}`}, ctx.shown(att.tokens[t + 1])));
+    top.append(reachable(ctx, ctx.el('th', {}, ctx.shown(att.tokens[t + 1])), `position ${t} predicts ${ctx.quoted(att.tokens[t + 1])}`));
   }
   table.append(top);
   for (const {l, h, row} of heads) {
     const tr = ctx.el('tr', {'data-layer': l, 'data-head': h}, ctx.el('th', {}, `L${l} H${h}`));
     row.forEach((v, t) => {
-      const td = ctx.el('td', {class: 'attr-cell', 'data-value': fmt(v),
-        title: `layer ${l}, head ${h}: ${fmt(v)} to the logit of ${JSON.stringify(att.tokens[t + 1])} after ${JSON.stringify(att.tokens[t])}`});
+      const td = reachable(ctx, ctx.el('td', {class: 'attr-cell', 'data-value': fmt(v)}),
+        `layer ${l}, head ${h}: ${fmt(v)} to the logit of ${ctx.quoted(att.tokens[t + 1])} after ${ctx.quoted(att.tokens[t])}`);
       td.style.background = v === null ? '#eeeeee' : diverging(v / scale);
       tr.append(td);
     });
@@ -441,10 +458,10 @@ function compositionGraph(ctx, att) {
     const line = node('line', {x1: x(l), y1: y(a), x2: x(l + 1), y2: y(b), stroke: '#f57c00',
       'stroke-width': (0.25 + 10 * score).toFixed(2), 'stroke-opacity': Math.min(1, 0.15 + score).toFixed(2),
       'data-from': `${l},${a}`, 'data-to': `${l + 1},${b}`, 'data-score': score.toFixed(3)});
-    const title = node('title', {});
+    const title = node('title', {});  // an SVG element's hover text
     title.textContent = `${composition.mode}-composition of layer ${l} head ${a} on layer ${l + 1} head ${b}: ${score.toFixed(3)}`;
     line.append(title);
-    graph.append(line);
+    graph.append(reachable(ctx, line, title.textContent));
   })));
   for (let l = 0; l < L; l++) {
     const label = node('text', {x: x(l), y: height - 4, 'text-anchor': 'middle', class: 'comp-layer'});
@@ -475,8 +492,8 @@ function tokenCircuits(ctx, att) {
     const m = c._qk[name].subarray(at, at + n * n);
     const scale = maxAbs(m);
     const canvas = cellMap(ctx, n, n, (r, col) => m[r * n + col], scale,
-      (r, col) => `${title}: ${rowsAre} ${JSON.stringify(c.circuit_tokens[r])} → ${colsAre} ${JSON.stringify(c.circuit_tokens[col])}: ${m[r * n + col].toFixed(3)}`,
-      `circuit-${name}`, Math.max(6, Math.min(16, Math.floor(320 / n))));
+      (r, col) => `${title}: ${rowsAre} ${ctx.quoted(c.circuit_tokens[r])} → ${colsAre} ${ctx.quoted(c.circuit_tokens[col])}: ${m[r * n + col].toFixed(3)}`,
+      `circuit-${name}`, `layer ${l}, head ${h}: ${title}`, Math.max(6, Math.min(16, Math.floor(320 / n))));
     const cols = ctx.el('div', {class: 'circuit-cols'}, ...c.circuit_tokens.map((tk) => ctx.el('span', {}, ctx.shown(tk))));
     const rows = ctx.el('div', {class: 'circuit-rows'}, ...c.circuit_tokens.map((tk) => ctx.el('span', {}, ctx.shown(tk))));
     for (const axis of [rows, cols]) axis.style.setProperty('--cell', `${canvas.width / n}px`);
@@ -495,14 +512,12 @@ export function circuitsView(ctx, att, run) {
   if (!att.circuits) {
     return ctx.el('div', {class: 'note'}, 'this summary holds no circuits (a run logged before them, or a model whose heads have no per-head decomposition: model.attn_gate, model.value_embeds)');
   }
-  if (pick.layer >= att.n_layer || pick.head >= att.n_head) {
-    return ctx.el('div', {class: 'note'}, `this run has ${att.n_layer} layers × ${att.n_head} heads: layer ${pick.layer}, head ${pick.head} is not in it`);
-  }
+  // the attribution and the composition are every head's: drawn whatever the layer and head picked
   return ctx.el('div', {class: 'circuits'},
     attributionOverSteps(ctx, att, run),
     attributionPerToken(ctx, att),
     compositionGraph(ctx, att),
-    tokenCircuits(ctx, att));
+    lacking(ctx, att) || tokenCircuits(ctx, att));
 }
 
 export const DRAW = {neuron: neuronView, lens: lensView, map: headMapView, circuits: circuitsView};

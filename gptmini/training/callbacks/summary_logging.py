@@ -80,27 +80,47 @@ class AttentionSummaryLogger(ProbeTextCallback):
         self._probe = PromptTokens("callbacks.attention_summary.probe_text")
 
     @rank_zero_only
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the untrained model at step 0, where head insight's attribution over training starts (its heads
+        # unlabelled: no validation has scored them)
+        probe = self.probe_ids(trainer, pl_module) if trainer.global_step == 0 else None
+        if probe is not None:
+            self.log_summary(trainer, pl_module, *probe)
+
+    @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        t0 = time.perf_counter()
         probe = self.probe_maps(trainer, pl_module)
-        if probe is None:
-            return
-        writer, tokenizer, ids, maps = probe
+        if probe is not None:
+            self.log_summary(trainer, pl_module, *probe)
+
+    def log_summary(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        writer: Any,
+        tokenizer: Any,
+        ids: list[int],
+        maps: torch.Tensor | None = None,
+    ) -> None:
+        """The summary of the probe ``ids`` at the trainer's step, with its detail and cost; ``maps``: the
+        validation's attention (n_layer, n_head, T, T), None: not a validation (this pass's attention)."""
+        t0 = time.perf_counter()
         step = trainer.global_step
-        scores = self.probe.head_scores(pl_module.model, step)
+        scores = None if maps is None else self.probe.head_scores(pl_module.model, step)
         tokens = [tokenizer.token_text(i) for i in ids]  # as they are: the tab shows spaces and newlines
         model = pl_module.model
         inspection = inspect(model, ids, trainer.precision_plugin.forward_context())
-        summary = attention_summary(maps, tokens, scores)
+        summary = attention_summary(inspection.maps[:, 0] if maps is None else maps, tokens, scores)
         detail = probe_detail(model, inspection, ids, tokenizer, lens=self.lens)
         summary = dataclasses.replace(summary, **detail)
         proto = summary_proto(summary, TAG)
         writer.file_writer.add_summary(proto, step)
         self.log_detail(trainer, writer, summary, ids, tokenizer, step)
-        self._validations += 1
-        if self.projector_every and self._validations % self.projector_every == 0:
-            write_projector(writer, inspection, tokens, step)
-            self._projector_step = step
+        if maps is not None:  # a validation's: every projector_every-th one also feeds the PROJECTOR
+            self._validations += 1
+            if self.projector_every and self._validations % self.projector_every == 0:
+                write_projector(writer, inspection, tokens, step)
+                self._projector_step = step
         self.last_bytes = proto.ByteSize()
         self.last_seconds = time.perf_counter() - t0
         writer.add_scalar("perf/attention_summary_seconds", self.last_seconds, step)

@@ -135,15 +135,15 @@ def test_runs_steps_and_attention(client, logdir):
 
 
 def test_the_heads_attribution_over_steps(client):
-    code, body = _get(client, "attribution", run="with_ckpt/tb")
+    code, body = _get(client, "attribution", run="with_ckpt/tb", tag=TAG)
     assert code == 200 and body["steps"] == [3, 6]
     assert body["values"][0][2] == [3.2, 6.2] and body["values"][1][1] == [4.1, 7.1]
     assert body["values"][1][2] == [None, None]  # a head without scalars
-    assert _get(client, "attribution", run="no_ckpt/tb") == (
+    assert _get(client, "attribution", run="no_ckpt/tb", tag=TAG) == (
         200,
         {"run": "no_ckpt/tb", "steps": [], "values": []},
     )
-    code, body = _get(client, "attribution", run="../etc")
+    code, body = _get(client, "attribution", run="../etc", tag=TAG)
     assert code == 400 and "unknown run '../etc'" in body["error"]
 
 
@@ -414,6 +414,47 @@ def test_the_loader_keeps_more_steps_than_tensorboards_default_unless_told():
     flags = SimpleNamespace(samples_per_plugin={PLUGIN_NAME: 0})  # --samples_per_plugin gptmini_attention=0
     AttentionLoader().fix_flags(flags)
     assert flags.samples_per_plugin == {PLUGIN_NAME: 0}
+
+
+def test_a_run_past_100_validations_answers_its_newest_step(tmp_path):
+    """TensorBoard as `gptmini board` starts it (its flags, which the plugin's loader fixes, and the sizes its data
+    ingester keeps): of 150 validations, the steps keep 100, always with the newest, which the tab follows, and
+    the attribution is given at those same steps."""
+    from tensorboard import program
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_ingester, data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from torch.utils.tensorboard import SummaryWriter
+    from werkzeug.test import Client
+
+    from gptmini.board.plugin import DEFAULT_SAMPLES, AttentionLoader
+
+    writer = SummaryWriter(str(tmp_path / "run" / "tb"))
+    proto = summary_proto(AttentionSummary(TOKENS, _maps(1, 1, 4, seed=0)))
+    steps = list(range(0, 1500, 10))
+    for step in steps:
+        writer.file_writer.add_summary(proto, step)
+        writer.add_scalar("attribution/layer0_head0", step / 1000, step)
+    writer.close()
+    board = program.TensorBoard()
+    board.configure(argv=["", f"--logdir={tmp_path}"])
+    kept = {**data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE, **board.flags.samples_per_plugin}
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE, tensor_size_guidance=kept
+    )
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    context = base_plugin.TBContext(
+        data_provider=provider, logdir=str(tmp_path), sampling_hints=board.flags.samples_per_plugin
+    )
+    client = Client(application.TensorBoardWSGI([AttentionLoader().load(context)], data_provider=provider))
+    _, body = _get(client, "steps", run="run/tb", tag=TAG)
+    kept = body["steps"]
+    assert len(kept) == DEFAULT_SAMPLES == 100 and kept[-1] == steps[-1]
+    # the heads x steps map at the same steps (its frame marks the slider's), each with its own value
+    _, body = _get(client, "attribution", run="run/tb", tag=TAG)
+    assert body["steps"] == kept and body["values"] == [[[s / 1000 for s in kept]]]
 
 
 def test_a_logdir_that_is_one_runs_tb_folder_finds_that_runs_checkpoint(logdir):

@@ -176,6 +176,47 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
     assert header["scores"]["induction"] == [[0.0, 0.0], [0.8, 0.0]]
 
 
+def test_the_callback_writes_the_untrained_model_at_step_0(tmp_path) -> None:
+    """The tab's slider starts at step 0, as head insight's attribution over training does: training that starts
+    at step 0 writes the untrained model's attention (heads unlabelled: no validation scored them yet); a run
+    resumed later writes none at its start."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.context import RequestContext
+
+    from gptmini.data.tokenizers import CharTokenizer
+    from gptmini.model import GPT, GPTConfig
+    from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
+
+    text = "ROMEO: but soft"
+    tokenizer = CharTokenizer.from_text(text)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8)
+    torch.manual_seed(0)
+    module = SimpleNamespace(model=GPT(config), device=torch.device("cpu"))
+    for run, step in (("fresh", 0), ("resumed", 40)):
+        trainer = SimpleNamespace(
+            sanity_checking=False,
+            loggers=[TensorBoardLogger(str(tmp_path / run), name="tb", version="")],
+            datamodule=SimpleNamespace(tokenizer=lambda: tokenizer),
+            global_step=step,
+            precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext),
+        )
+        AttentionSummaryLogger(probe_text=text, max_tokens=12).on_train_start(trainer, module)
+        trainer.loggers[0].experiment.flush()
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={PLUGIN_NAME: 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    found = provider.read_tensors(RequestContext(), experiment_id="", plugin_name=PLUGIN_NAME, downsample=10)
+    assert list(found) == ["fresh/tb"]
+    (datum,) = found["fresh/tb"][TAG]
+    got = to_summary(*decode(datum.numpy))
+    with torch.no_grad():
+        want = module.model.eval().attention_maps(torch.tensor([tokenizer.encode(text[:12])]))[:, 0].numpy()
+    assert datum.step == 0 and got.tokens == list(text[:12]) and got.head_types is None
+    np.testing.assert_allclose(got.probs, want, atol=0.5 / LEVELS + 1e-6, rtol=0)
+
+
 def test_the_head_types_are_the_ones_insight_gives_in_its_order() -> None:
     from gptmini.board.summary import HEAD_TYPES, contract
     from gptmini.insight import scores

@@ -99,7 +99,8 @@ def test_one_validation_with_every_default_callback_computes_each_probe_once(
     """A real training run with conf/callbacks/default.yaml (validations after steps 3 and 6): the trained model's
     attention is computed once per validation, every probe sequence of the validation (the attention maps' text,
     the tab's text, head insight's text and repeated probes) in that one pass exactly once; and val/loss, the
-    text samples, the insight scalars, the maps and the tab's summary are all logged at steps 3 and 6."""
+    text samples, the insight scalars, the maps and the tab's summary are all logged at steps 3 and 6 (the summary
+    also at 0, as training starts, from a pass of its own)."""
     from gptmini.board.summary import TAG
     from gptmini.training.run.app import train
 
@@ -131,7 +132,10 @@ def test_one_validation_with_every_default_callback_computes_each_probe_once(
         assert idx.size(0) == 2 + 2 * 2
         assert len({tuple(row.tolist()) for row in idx}) == idx.size(0)
     tensors = ea.Tags()["tensors"]
-    assert [e.step for e in ea.Tensors(TAG)] == validations
+    assert [e.step for e in ea.Tensors(TAG)] == [
+        0,
+        *validations,
+    ]  # 0: the untrained model, as training starts
     (samples,) = [t for t in tensors if t.startswith("samples/text")]
     assert [e.step for e in ea.Tensors(samples)] == validations
     for tag in ("val/ppl", "val/best_loss", "insight/icl_score", "attention/entropy/layer0_head0"):

@@ -195,7 +195,7 @@ def test_the_attention_tab_summary_is_labelled_by_the_same_validations_scores(ru
     run_dir, _ = run
     ea = tb_events(run_dir)
     events = ea.Tensors(TAG)
-    assert [e.step for e in events] == [3, 6]
+    assert [e.step for e in events] == [0, 3, 6]  # 0: the untrained model, written as training starts
     header, tri = decode(tensor_util.make_ndarray(events[-1].tensor_proto))
     assert (header["n_layer"], header["n_head"]) == (2, 2) and tri.shape[:2] == (2, 2)
     logged = {
