@@ -263,3 +263,19 @@ def test_the_readmes_costs_are_the_measured_figures_with_their_machine_and_load(
     ).groups()
     assert int(total) == int(last) + int(best)
     assert f"about {total} MB a run" in train_disk and f"`last.ckpt` {last}, `best.ckpt` {best}" in train_disk
+
+
+def test_the_quick_start_lines_name_tinyshakespeares_source_and_compose(compose_cfg):
+    """README's quick start as typed: each `gptmini train` line composes, with char-rnn's tinyshakespeare as its
+    URL source (nothing is fetched here) and the character tokenizer."""
+    import shlex
+
+    quick = _section((ROOT / "README.md").read_text(encoding="utf-8"), "## Quick start on tinyshakespeare")
+    lines = [line for line in quick.splitlines() if line.startswith("gptmini train ")]
+    assert len(lines) == 3
+    for line in lines:
+        cfg = compose_cfg(shlex.split(line, comments=True)[2:])
+        assert cfg.data.source == (
+            "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+        )
+        assert cfg.tokenizer.name == "char" and cfg.data.data_dir.endswith("_char")
