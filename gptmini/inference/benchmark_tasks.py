@@ -293,11 +293,8 @@ def load_tasks(manager: TaskManager, names: Sequence[str]) -> list[Any]:
     import datasets
     import huggingface_hub
 
-    for library in (
-        datasets,
-        huggingface_hub,
-    ):  # their own handler prints their lines (retries): not ours too
-        library.utils.logging.disable_propagation()
+    datasets.utils.logging.disable_propagation()  # their own handlers print their lines (retries): ours not too
+    huggingface_hub.utils.logging.disable_propagation()
     built = []
     for name in names:
         try:

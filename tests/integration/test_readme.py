@@ -30,6 +30,8 @@ def local(text: str, corpus: Path) -> str:
     for name in CORPORA:
         text = text.replace(name, str(corpus))
     return text
+
+
 # what makes a README command tiny; every key exists in every train config
 TINY = [
     "model=tiny",
