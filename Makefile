@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 		index=; \
 	elif [ -n "$(TORCH_INDEX)" ] && $(PY) -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=5)' \
 		"$(TORCH_INDEX)" 2>/dev/null; then \
-		echo "no CUDA GPU found: $(TORCH), its CPU build from $(TORCH_INDEX) (about 200 MB to download; .venv about 1.6 GB)"; \
+		echo "no CUDA GPU found: $(TORCH), its CPU build from $(TORCH_INDEX) (about 200 MB to download; .venv about 2 GB)"; \
 		index="--index-url $(TORCH_INDEX)"; \
 	else \
 		echo "no CUDA GPU found$(if $(TORCH_INDEX), and $(TORCH_INDEX) not reachable): $(TORCH) from pip's configured" \
