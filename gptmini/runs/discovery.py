@@ -97,7 +97,7 @@ def newest_usable_checkpoint(root: str | Path, running: bool = True) -> Path | N
     for path in last_checkpoints(root, sweep_jobs=False):
         if not running and fileio.holder(path.parent.parent) is not None:
             log.info(
-                "note: %s is still training: not opened (name its folder with --ckpt to)", path.parent.parent
+                "note: skipped %s, still training (pass that folder as --ckpt to open it)", path.parent.parent
             )
             continue
         try:

@@ -194,7 +194,7 @@ def test_a_run_still_training_shows_running_and_last_passes_it_over(
         )
         caplog.set_level(logging.INFO)
         assert resolve_checkpoint("last", out) == cut
-        assert f"note: {live} is still training: not opened (name its folder with --ckpt to)" in caplog.text
+        assert f"note: skipped {live}, still training (pass that folder as --ckpt to open it)" in caplog.text
         assert resolve_checkpoint(live) == live / "checkpoints" / "last.ckpt"
     finally:
         trainer.kill()
