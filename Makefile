@@ -4,8 +4,10 @@ SHELL := /bin/bash
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The torch wheel: on a CPU-only machine the local CPU build; elsewhere PyPI's (CUDA on Linux x86-64).
+# The torch wheel; where no CUDA GPU is found it comes from TORCH_INDEX (PyTorch's CPU-only wheels; empty: the
+# configured registry), or from the configured registry when TORCH_INDEX does not answer within 5 s.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 ARGS ?=
 CKPT ?= last
 PROMPT ?= ROMEO:
@@ -24,8 +26,22 @@ help: ## Show this help (target names in colour on a terminal only)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+		echo "a CUDA GPU found: $(TORCH), its CUDA build (about 3 GB to download; .venv about 6 GB)"; \
+		index=; \
+	elif [ -n "$(TORCH_INDEX)" ] && $(PY) -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=5)' \
+		"$(TORCH_INDEX)" 2>/dev/null; then \
+		echo "no CUDA GPU found: $(TORCH), its CPU build from $(TORCH_INDEX) (about 200 MB to download; .venv about 2 GB)"; \
+		index="--index-url $(TORCH_INDEX)"; \
+	else \
+		echo "no CUDA GPU found$(if $(TORCH_INDEX), and $(TORCH_INDEX) not reachable): $(TORCH) from pip's configured" \
+			"index (PyPI's Linux x86-64 wheel is the CUDA build: about 3 GB to download)"; \
+		index=; \
+	fi; \
+	echo "$(PY) -m pip install $${index:+$$index }\"$(TORCH)\""; \
+	$(PY) -m pip install $$index "$(TORCH)"
+	@echo "installing gptmini with its dev extras"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install gptmini with its dev extras

@@ -75,6 +75,9 @@ def _sizes(text: str) -> list[int]:
     return [positive_int(part.strip()) for part in text.split(",")]
 
 
+# the whole run with every section, on a 2-core CPU (docs/benchmarks.md, "Further measurements, by CPU")
+QUICK_MINUTES, FULL_MINUTES = 4, 5
+
 Table = Callable[[str, str, list[dict[str, Any]], list[str], list[str]], None]
 
 
@@ -257,6 +260,28 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchOptions, list[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts, only = parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        log.info(
+            "%s: about %s minutes on a 2-core CPU with every section, longer under load; Ctrl-C stops it, the "
+            "tables done by then stay in %s",
+            "gptmini bench --quick" if opts.quick else "gptmini bench",
+            QUICK_MINUTES if opts.quick else FULL_MINUTES,
+            opts.out,
+        )
+        _main(opts, only)
+    except KeyboardInterrupt:
+        log.info(
+            "bench interrupted after %.0f s; the tables done before are in %s",
+            time.perf_counter() - t0,
+            opts.out,
+        )
+        return 130
+    log.info("bench done in %.0f s; results in %s", time.perf_counter() - t0, opts.out)
+    return 0
+
+
+def _main(opts: BenchOptions, only: list[str]) -> None:
     if opts.retain_memory:
         from gptmini.training.hardware import retain_freed_memory
 
@@ -266,7 +291,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in list(logging.root.manager.loggerDict):
         if name.split(".")[0] in ("lightning", "lightning_fabric", "pytorch_lightning"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    t0 = time.perf_counter()
     run(opts, only)
-    log.info("bench done in %.0f s; results in %s", time.perf_counter() - t0, opts.out)
-    return 0

@@ -50,7 +50,10 @@ def _train(prog: str, argv: list[str]) -> int:
 
 
 def _board(prog: str, argv: list[str]) -> int:
-    from tensorboard import main as tensorboard_main
+    from absl import app
+    from absl import logging as absl_logging
+    from tensorboard import default, program
+    from tensorboard.plugins.base_plugin import FlagsError
 
     # TensorBoard's own command line; the runs folder unless the user names one.
     if "--help" in argv or "-h" in argv:
@@ -64,8 +67,14 @@ def _board(prog: str, argv: list[str]) -> int:
         argv = ["--logdir", "outputs", *argv]
     saved = sys.argv
     sys.argv = [prog, *argv]
+    # tensorboard.main's run_main, without its note that TensorFlow is not installed (gptmini uses none)
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    board = program.TensorBoard(plugins=default.get_plugins())
     try:
-        return int(tensorboard_main.run_main() or 0)
+        app.run(board.main, flags_parser=board.configure)
+    except FlagsError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     finally:
         sys.argv = saved
 
@@ -79,8 +88,14 @@ def _bench(prog: str, argv: list[str]) -> int:
             f"gptmini is installed without one ({root}): clone the repository and run `gptmini bench` there\n"
         )
         return 2
-    # A process of its own, in the checkout: the package never imports the benchmarks.
-    return subprocess.call([sys.executable, "-m", "benchmarks", *argv], cwd=root)
+    # A process of its own, in the checkout: the package never imports the benchmarks. Ctrl-C reaches it too, and
+    # it ends with a line of its own.
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks", *argv], cwd=root)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {

@@ -108,13 +108,10 @@ def hold_folder(folder: str | Path, name: str = RUN_LOCK) -> int | None:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            try:
-                pid = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
+            pid = holder(folder, name)
             if pid == os.getpid():
                 return None
-            if pid > 0 and _pid_alive(pid):
+            if pid is not None:
                 return pid
             with contextlib.suppress(OSError):  # stale: its process is gone
                 path.unlink()
@@ -124,6 +121,16 @@ def hold_folder(folder: str | Path, name: str = RUN_LOCK) -> int | None:
         atexit.register(_release, path, os.getpid())
         return None
     return -1  # taken again by another process between our two tries
+
+
+def holder(folder: str | Path, name: str = RUN_LOCK) -> int | None:
+    """The id of the live process that holds ``folder/name`` (``hold_folder``): a run training there; None when
+    no process does."""
+    try:
+        pid = int((Path(folder) / name).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and _pid_alive(pid) else None
 
 
 def _release(path: Path, pid: int) -> None:

@@ -156,16 +156,16 @@ def download(url: str, dest_dir: str | Path, timeout: float = 60.0) -> Path:
     dest = dest_dir / name
     if dest.is_file():
         return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s -> %s", url, dest)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             # A failed or interrupted transfer leaves no partial file that a later call would take as complete.
+            dest_dir.mkdir(parents=True, exist_ok=True)
             atomic_write(dest, lambda f: shutil.copyfileobj(resp, f))
     except (urllib.error.URLError, OSError) as e:
         raise DataError(
-            f"cannot download {url} ({e}); are you offline? Download it elsewhere and pass the local file "
-            f"as --source, or put it at {dest}"
+            f"cannot download {url} ({e}); are you offline? Download it elsewhere and pass it as "
+            f"data.source=<the local file>, or put it at {dest}"
         ) from e
     return dest
 

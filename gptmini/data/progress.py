@@ -89,6 +89,7 @@ def progress_bar() -> tuple[Callable[[PrepareProgress], None], Any]:
         TimeRemainingColumn(),
         TextColumn("{task.fields[documents]:,} docs {task.fields[tokens]:,} tokens"),
         console=Console(stderr=True),
+        transient=True,  # gone at the end: the log's last line stays the last
     )
     tasks: dict[str, Any] = {}
 

@@ -287,6 +287,31 @@ def task_manager(names: Sequence[str], include_path: str | None) -> TaskManager:
     return manager
 
 
+def load_tasks(manager: TaskManager, names: Sequence[str]) -> list[Any]:
+    """Each task, group or tag of ``names`` built with its data (fetched into the ``datasets`` cache the first
+    time); ValueError naming a task whose data is neither cached nor reachable."""
+    import datasets
+    import huggingface_hub
+
+    datasets.utils.logging.disable_propagation()  # their own handlers print their lines (retries): ours not too
+    huggingface_hub.utils.logging.disable_propagation()
+    built = []
+    for name in names:
+        try:
+            loaded = manager.load(name)
+        except ConnectionError as err:
+            raise ValueError(
+                f"--tasks {name}: its data is not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) and "
+                f"cannot be fetched ({err}): run it once with network access (HF_DATASETS_OFFLINE=1 then keeps "
+                "later runs offline), or evaluate a task of your own offline with --include-path"
+            ) from None
+        if name in loaded["groups"]:
+            built.append(loaded["groups"][name])
+        else:  # a task, or a tag: its tasks
+            built.extend([loaded["tasks"][name]] if name in loaded["tasks"] else loaded["tasks"].values())
+    return built
+
+
 def run_folder(path: Path) -> Path:
     """The run folder of a checkpoint: ``<run>/checkpoints/x.ckpt`` gives ``<run>``, a file elsewhere its folder."""
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
@@ -357,6 +382,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         path = resolve_checkpoint(args.ckpt[0])
         manager = task_manager(args.tasks, args.include_path)
+        tasks = load_tasks(manager, args.tasks)
         run = open_run(path, device, data_dir=args.data_dir)
         step = run.step
         out = (
@@ -373,7 +399,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         log.info("evaluating %s (step %s) on %s", path, step, ", ".join(args.tasks))
         evaluated = simple_evaluate(
             model=lm,
-            tasks=list(args.tasks),
+            tasks=tasks,
             task_manager=manager,
             num_fewshot=args.num_fewshot,
             limit=args.limit,

@@ -108,9 +108,11 @@ def context_sweep(
     split: str = "val",
     batch_size: int = 16,
     max_tokens: int | None = None,
+    max_batches: int | None = None,
 ) -> list[dict[str, Any]]:
     """``evaluate`` at each context length: every window is that long and every position of it is scored, over
-    (up to ``max_tokens`` of) the same split. A length the model cannot take is reported, not evaluated."""
+    (up to ``max_tokens`` of, up to ``max_batches`` batches of) the same split. A length the model cannot take is
+    reported, not evaluated."""
     rows = []
     for context in contexts:
         if context > model.config.block_size and (limit := model.length_limit) is not None:
@@ -118,8 +120,9 @@ def context_sweep(
             log.warning("context %d: %s", context, reason)
             rows.append({"context": context, "loss": None, "skipped": reason})
             continue
-        max_batches = None if max_tokens is None else max(1, math.ceil(max_tokens / (batch_size * context)))
-        result = evaluate(model, data_dir, split, batch_size, block_size=context, max_batches=max_batches)
+        by_tokens = None if max_tokens is None else max(1, math.ceil(max_tokens / (batch_size * context)))
+        batches = min((n for n in (by_tokens, max_batches) if n is not None), default=None)
+        result = evaluate(model, data_dir, split, batch_size, block_size=context, max_batches=batches)
         log.info("context %d: %s loss %.4f over %d tokens", context, split, result["loss"], result["tokens"])
         rows.append({"context": context} | {k: result[k] for k in ("loss", "ppl", "tokens", "seconds")})
     return rows
@@ -281,7 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "block_size": model.config.block_size,
                     "position": model.config.position,
                     "results": context_sweep(
-                        model, data_dir, contexts, args.split, args.batch_size, args.max_tokens
+                        model,
+                        data_dir,
+                        contexts,
+                        args.split,
+                        args.batch_size,
+                        args.max_tokens,
+                        args.max_batches,
                     ),
                 }
             )

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # What --ckpt takes, in every command's --help (resolve_checkpoint).
 CKPT_RULE = (
     "a .ckpt file, a run folder, a run name under outputs/, or 'last'. 'last' is the newest finished or resumable "
-    "run (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
+    "run, never one still training (its last.ckpt or on_exception.ckpt, whichever was written last; a damaged one is skipped, with a "
     "warning), and a run name the newest such run of that name; the jobs of a sweep (outputs/<name>/multirun_*/) are never chosen: pass a job's folder. "
     "`gptmini runs` lists them"
 )
@@ -86,14 +86,20 @@ def last_checkpoints(
     return sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
 
-def newest_usable_checkpoint(root: str | Path) -> Path | None:
-    """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out) that
-    loads and matches its checksum. The damaged ones newer than it are named in one warning; CheckpointError
-    naming them when every one is damaged; None when there is none."""
+def newest_usable_checkpoint(root: str | Path, running: bool = True) -> Path | None:
+    """What ``last`` (or a run folder) opens: the newest of :func:`last_checkpoints` (sweep jobs left out; with
+    ``running=False`` the runs still training too, each named in a note) that loads and matches its checksum. The
+    damaged ones newer than it are named in one warning; CheckpointError naming them when every one is damaged;
+    None when there is none."""
     from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     damaged: list[Path] = []
     for path in last_checkpoints(root, sweep_jobs=False):
+        if not running and fileio.holder(path.parent.parent) is not None:
+            log.info(
+                "note: skipped %s, still training (pass that folder as --ckpt to open it)", path.parent.parent
+            )
+            continue
         try:
             load_checkpoint(path, mmap=True)
         except CheckpointError:
@@ -142,7 +148,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
         if too_long:
             raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
-        found = newest_usable_checkpoint(output_root)
+        found = newest_usable_checkpoint(output_root, running=False)
         if found is None:
             raise CheckpointError(
                 f"no last.ckpt or on_exception.ckpt found under {output_root}/"
@@ -195,8 +201,8 @@ class RunInfo:
     val_loss: float | None  # the last val/loss logged
     val_step: int | None
     size_bytes: int
-    # "finished", "resumable", "resumed" (a later run resumed it and has a checkpoint: that one is resumable) or
-    # "no checkpoint"
+    # "running" (a process trains in it), "finished", "resumable", "resumed" (a later run resumed it and has a
+    # checkpoint: that one is resumable) or "no checkpoint"
     state: str
     checkpoint: str | None  # the file a resume (or --ckpt with this folder) reads
     modified: float  # seconds since the epoch: the newest file of the run
@@ -441,7 +447,9 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     trainer = _wanted(config.get("trainer"), dict) or {}
     planned = _wanted(trainer.get("max_steps"), int)
     planned = planned if planned is not None and planned >= 0 else None
-    if ckpt is None:
+    if fileio.holder(folder) is not None:
+        state = "running"
+    elif ckpt is None:
         state = "no checkpoint"
     elif damaged:
         state = "damaged"

@@ -61,3 +61,31 @@ def test_the_bench_command_refuses_zero_rounds_in_one_line(tmp_path) -> None:
     )
     assert proc.returncode == 2 and "argument --e2e-rounds: 0 is out of range" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_bench_command_says_how_long_first_and_ctrl_c_ends_it_in_one_line(run_cli, tmp_path) -> None:
+    """`gptmini bench --quick` from a terminal: its first line gives the expected duration; Ctrl-C (SIGINT to the
+    terminal's process group: the command and the benchmarks' process) ends both with one line, no traceback."""
+    import os
+    import signal
+
+    proc = run_cli.popen(
+        "gptmini.cli",
+        ["bench", "--quick", "--only", "attention", "--out", tmp_path],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert re.search(r"gptmini bench --quick: about \d+ minutes on a 2-core CPU", first), first
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, rest
+    assert "Traceback" not in rest and re.fullmatch(
+        rf"[\d:]+ bench interrupted after \d+ s; the tables done before are in {tmp_path}\n", rest
+    ), rest

@@ -1,7 +1,7 @@
 """The README's commands cannot rot: every command in its shell blocks names a make target or a `gptmini`
 subcommand that exists, every `gptmini` command of its blocks and of its command table runs as typed from a clean
 shell after the README's set-up line (`source .venv/bin/activate`), every `gptmini train` line composes and passes
-the config checks (tinyshakespeare's path replaced by a small file), and, in `make test-full`, each runs for real
+the config checks (tinyshakespeare's URL replaced by a small file), and, in `make test-full`, each runs for real
 with tiny overrides in an empty folder, followed by every command of the table on what it trained, leaving
 nothing but `outputs/` and `data/` behind."""
 
@@ -19,7 +19,19 @@ from gptmini.training.errors import RunError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
-TINYSHAKESPEARE = "/path/to/tinyshakespeare.txt"
+# the corpora the README's lines name, replaced by a small local file (nothing is fetched)
+CORPORA = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+    "/path/to/corpus.txt",
+)
+
+
+def local(text: str, corpus: Path) -> str:
+    for name in CORPORA:
+        text = text.replace(name, str(corpus))
+    return text
+
+
 # what makes a README command tiny; every key exists in every train config
 TINY = [
     "model=tiny",
@@ -177,7 +189,7 @@ def test_every_gptmini_train_line_of_the_readme_composes_and_passes_the_checks(
 
     corpus = tmp_path / "tinyshakespeare.txt"
     corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50)
-    cfg = compose_cfg([o.replace(TINYSHAKESPEARE, str(corpus)) for o in overrides])
+    cfg = compose_cfg([local(o, corpus) for o in overrides])
     if needs_a_gpu(overrides) and not torch.cuda.is_available():
         # a GPU line composes and passes every check before the machine's: that one refuses in one line
         with pytest.raises(RunError, match="asks for a CUDA GPU and no CUDA GPU is available"):
@@ -188,7 +200,7 @@ def test_every_gptmini_train_line_of_the_readme_composes_and_passes_the_checks(
         key, _, value = override.partition("=")
         if "." in key and not key.startswith(("+", "~")):
             got = str(OmegaConf.select(cfg, key))
-            assert got == value.replace(TINYSHAKESPEARE, str(corpus)), (key, got)
+            assert got == local(value, corpus), (key, got)
 
 
 @pytest.mark.slow
@@ -214,7 +226,7 @@ def test_the_readme_commands_run_in_an_empty_folder(tmp_path, cli_env):
             continue  # checked up to the machine's refusal above
         if any(o.startswith("experiment=attention_zoo") for o in overrides):
             overrides = [*overrides, "hydra.sweeper.params.attention_variant=rope"]  # one job of the sweep
-        line = [o.replace(TINYSHAKESPEARE, str(corpus)) for o in overrides]
+        line = [local(o, corpus) for o in overrides]
         gptmini("train", *line, *TINY)
     assert (work / "outputs").is_dir()
     cheaper = {

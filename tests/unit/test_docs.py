@@ -234,10 +234,10 @@ def test_the_readmes_costs_are_the_measured_figures_with_their_machine_and_load(
 
     install_time, install_disk = rows[" `make install` "]
     install = _section(bench, "## Install")
-    m = re.search(r"\| Intel\(R\) Xeon\(R\) Processor \| 2 \| ([\d.]+) s .*?\| ([\d.]+ GB) \|", install)
+    m = re.search(r"\| AMD EPYC \| 2 \| [^|]+ \| ([\d.]+) s \| ([\d.]+ GB) ", install)
     assert m and "shared" in install
-    assert f"about {round(float(m.group(1)) / 60)} minutes on a busy 2-core Intel Xeon" in install_time
-    assert m.group(2) in install_disk
+    assert f"about {round(float(m.group(1)) / 60)} minutes on a shared 2-core AMD EPYC" in install_time
+    assert m.group(2) in install_disk and "192 MB" in install and "192 MB" in install_disk
 
     train_time, train_disk = rows[" `make train` on a 2-core CPU (700 steps) "]
     default = _section(bench, "## The default run with the recipe")
@@ -263,3 +263,19 @@ def test_the_readmes_costs_are_the_measured_figures_with_their_machine_and_load(
     ).groups()
     assert int(total) == int(last) + int(best)
     assert f"about {total} MB a run" in train_disk and f"`last.ckpt` {last}, `best.ckpt` {best}" in train_disk
+
+
+def test_the_quick_start_lines_name_tinyshakespeares_source_and_compose(compose_cfg):
+    """README's quick start as typed: each `gptmini train` line composes, with char-rnn's tinyshakespeare as its
+    URL source (nothing is fetched here) and the character tokenizer."""
+    import shlex
+
+    quick = _section((ROOT / "README.md").read_text(encoding="utf-8"), "## Quick start on tinyshakespeare")
+    lines = [line for line in quick.splitlines() if line.startswith("gptmini train ")]
+    assert len(lines) == 3
+    for line in lines:
+        cfg = compose_cfg(shlex.split(line, comments=True)[2:])
+        assert cfg.data.source == (
+            "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+        )
+        assert cfg.tokenizer.name == "char" and cfg.data.data_dir.endswith("_char")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -126,3 +127,65 @@ def test_make_clean_lists_runs_data_and_results_and_deletes_them_only_when_told(
     (tmp_path / "outputs").mkdir()
     proc = clean(None, "YES=1")
     assert proc.stdout.rstrip().endswith("deleted") and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize(
+    ("gpu", "index", "build"),
+    [
+        ("GPU 0: NVIDIA H200 (UUID: GPU-0)", "reachable", "CUDA"),
+        ("No devices were found", "reachable", "CPU"),
+        ("No devices were found", "unreachable", "configured"),
+        (None, "reachable", "CPU"),
+    ],
+)
+def test_make_install_takes_the_torch_build_the_machine_can_use(tmp_path, gpu, index, build) -> None:
+    """`make install`'s torch: the CUDA build (pip's configured index) where `nvidia-smi` finds a GPU; elsewhere
+    the CPU build from TORCH_INDEX, or the configured index at once when TORCH_INDEX does not answer; a line
+    says which before pip starts. The venv's python is a stand-in that records pip's arguments."""
+    if gpu is None and shutil.which("nvidia-smi") is not None:
+        pytest.skip("this machine has an nvidia-smi of its own")
+    bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
+    bin_dir.mkdir()
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "pip_calls"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec python3 "$@"\necho "$@" >> {calls}\n')
+    if gpu is not None:
+        status = 0 if gpu.startswith("GPU") else 6
+        (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\necho "{gpu}"\nexit {status}\n')
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+    python.chmod(0o755)
+    (tmp_path / "simple").write_text("<html></html>")
+    url = (tmp_path / "simple").as_uri() if index == "reachable" else (tmp_path / "absent").as_uri()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-f",
+            str(REPO / "Makefile"),
+            f"VENV={venv}",
+            f"TORCH_INDEX={url}",
+            f"{venv}/.installed",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    torch_call = next(line.split() for line in calls.read_text().splitlines() if "torch==2.13.0" in line)
+    said = next(
+        line for line in proc.stdout.splitlines() if "torch==2.13.0, its" in line or "from pip's" in line
+    )
+    assert said.index("torch==2.13.0") < proc.stdout.index("-m pip install")  # said before pip starts
+    if build == "CPU":
+        assert torch_call == ["-m", "pip", "install", "--index-url", url, "torch==2.13.0"]
+        assert said.startswith("no CUDA GPU found: torch==2.13.0, its CPU build from") and "MB" in said
+    else:
+        assert torch_call == ["-m", "pip", "install", "torch==2.13.0"]
+        assert ("its CUDA build" if build == "CUDA" else f"{url} not reachable") in said and "GB" in said
+    assert (venv / ".installed").is_file()

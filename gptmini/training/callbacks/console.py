@@ -96,6 +96,19 @@ class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._updated_at = self._counted_at = -math.inf
+        self._start_step = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._start_step = trainer.global_step
+
+    def _by_steps(self) -> bool:
+        return self.trainer.max_epochs == -1 and (self.trainer.max_steps or 0) > 0
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """A step-based run's bar counts the steps this run does, from the one it started or resumed at."""
+        return self.trainer.max_steps - self._start_step if self._by_steps() else super().total_train_batches
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -138,6 +151,8 @@ class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
     ) -> None:
         # A run resumed mid-epoch creates its bar here, not at the epoch start.
         first = self.train_progress_bar_id is None
+        if self._by_steps():  # Lightning counts the epoch's batches: this run's steps instead
+            batch_idx = trainer.global_step - self._start_step - 1
         now = time.monotonic()
         period = 1.0 / max(self.refresh_rate, 1e-9)  # not drawn more often than that anyway
         last = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step

@@ -13,6 +13,8 @@ import logging
 import math
 import os
 import shlex
+import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,17 @@ class RunFacts:
     output_root: str = "outputs"  # paths.output_root: where `gptmini runs` and `gptmini board` look
 
 
+def command_name() -> str:
+    """How the shell that started this process runs ``gptmini``: its name when PATH finds this one, else its
+    path (relative inside the working folder: ``.venv/bin/gptmini`` after ``make``)."""
+    exe = Path(sys.executable).with_name("gptmini")
+    found = shutil.which("gptmini")
+    if not exe.is_file() or (found is not None and Path(found).resolve() == exe.resolve()):
+        return "gptmini"
+    inside = exe.is_relative_to(Path.cwd())
+    return shlex.quote(str(exe.relative_to(Path.cwd()) if inside else exe))
+
+
 def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] | None) -> str:
     """The end-of-run summary: a few lines, each one fact and where to look next."""
     lines = [
@@ -143,12 +156,13 @@ def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] |
     run = shlex.quote(str(facts.run_dir))
     root = shlex.quote(facts.output_root)
     elsewhere = os.path.normpath(facts.output_root) != "outputs"  # the commands' default runs folder
+    gptmini = command_name()
     lines += [
         "  next:",
-        f"    gptmini runs{f' --runs-dir {root}' if elsewhere else ''}    # every run, newest first",
-        f'    gptmini sample --ckpt {run} --prompt "ROMEO:"',
-        f"    gptmini eval --ckpt {run}",
-        f"    gptmini board{f' --logdir {root}' if elsewhere else ''}    # TensorBoard, http://localhost:6006",
+        f"    {gptmini} runs{f' --runs-dir {root}' if elsewhere else ''}    # every run, newest first",
+        f'    {gptmini} sample --ckpt {run} --prompt "ROMEO:"',
+        f"    {gptmini} eval --ckpt {run}",
+        f"    {gptmini} board{f' --logdir {root}' if elsewhere else ''}    # TensorBoard, http://localhost:6006",
     ]
     return "\n".join(lines)
 

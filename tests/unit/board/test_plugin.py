@@ -551,6 +551,33 @@ def test_board_help_says_what_gptmini_adds_before_tensorboards_help(run_cli):
     assert "--logdir" in done.stdout.split(first, 1)[1]  # TensorBoard's own options follow
 
 
+def test_board_starts_without_tensorflows_note(run_cli, tmp_path):
+    """`gptmini board` until it serves: TensorBoard's lines, not its note that TensorFlow is not installed
+    (gptmini needs none); a flag TensorBoard refuses is one error line."""
+    import socket
+    import subprocess
+
+    with socket.socket() as free:
+        free.bind(("localhost", 0))
+        port = free.getsockname()[1]
+    proc = run_cli.popen(
+        "gptmini.cli", ["board", "--logdir", tmp_path, "--port", port], stderr=subprocess.PIPE, text=True
+    )
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if f"localhost:{port}" in line and "TensorBoard" in line:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert any(f"localhost:{port}" in line for line in lines), lines
+    assert not any("TensorFlow" in line for line in lines), lines
+    done = run_cli("gptmini.cli", ["board", "--logdir", tmp_path, "--logdir_spec", tmp_path], timeout=120)
+    assert done.returncode == 2 and done.stderr == "error: May not specify both --logdir and --logdir_spec\n"
+
+
 def test_a_refused_checkpoint_is_answered_while_another_text_is_computed(tmp_path, write_checkpoint):
     """Checkpoints load (or are refused) outside the computation's lock: a run whose file is not a checkpoint
     gets its own error at once, not "busy", while another run's text is being computed."""

@@ -204,9 +204,11 @@ def test_parquet_and_arrow_files_and_datasets_folders(tmp_path):
 
 def test_url_source_offline_and_cached(tmp_path):
     url = "http://127.0.0.1:9/corpus.txt"  # discard port: connection refused, no real network needed
-    with pytest.raises(DataError, match=r"cannot download http://127\.0\.0\.1:9/corpus\.txt"):
+    with pytest.raises(DataError, match=r"cannot download http://127\.0\.0\.1:9/corpus\.txt") as refused:
         prepare(url, "char", tmp_path / "u")
-    assert not any((tmp_path / "u" / "raw").iterdir())  # no partial download left
+    assert "pass it as data.source=<the local file>, or put it at " in str(refused.value)
+    assert not (tmp_path / "u").exists()  # no partial download, no empty folder left
+    (tmp_path / "u" / "raw").mkdir(parents=True)
     (tmp_path / "u" / "raw" / "corpus.txt").write_text(SMALL)
     assert prepare(url, "char", tmp_path / "u").train_tokens > 0
     assert source_name(url) == "corpus"

@@ -15,7 +15,8 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-TASKS = Path(__file__).resolve().parents[2] / "lm_eval_tasks"
+REPO = Path(__file__).resolve().parents[3]
+TASKS = REPO / "tests" / "lm_eval_tasks"
 CHOICE, ROLLING, GEN = "gptmini_tiny_choice", "gptmini_tiny_rolling", "gptmini_tiny_gen"
 
 
@@ -70,19 +71,19 @@ def test_tasks_agree_with_the_harness_hf_model_on_the_export(tmp_path, gptmini_c
     first = gptmini_cli(
         ["eval", "--ckpt", tmp_path / "run", "--tasks", f"{CHOICE},{ROLLING}", "--include-path", TASKS,
          "--batch-size", "3"],
-        cwd=TASKS,
+        cwd=REPO,
     )  # fmt: skip
     assert first.returncode == 0, first.stderr
     assert "|gptmini_tiny_choice |" in first.stdout and "acc_norm" in first.stdout  # the harness's table
     # a second call with another task: the file keeps the first call's results
     second = gptmini_cli(
-        ["eval", "--ckpt", ckpt, "--tasks", GEN, "--include-path", TASKS, "--batch-size", "3"], cwd=TASKS
+        ["eval", "--ckpt", ckpt, "--tasks", GEN, "--include-path", TASKS, "--batch-size", "3"], cwd=REPO
     )
     assert second.returncode == 0, second.stderr
     record = json.loads((tmp_path / "run" / "eval_tasks_step7.json").read_text())
     assert record["step"] == 7 and set(record["results"]) == {CHOICE, ROLLING, GEN}
 
-    monkeypatch.chdir(TASKS)  # the tasks' data_files are relative to the working directory
+    monkeypatch.chdir(REPO)  # the tasks' data_files are relative to the working directory
     manager = TaskManager(include_path=str(TASKS), include_defaults=False)
     tasks = [CHOICE, ROLLING, GEN]
     reference = simple_evaluate(
@@ -173,7 +174,7 @@ def test_a_run_is_scored_with_its_own_vocabulary(tmp_path, gptmini_cli, write_ch
 
     ckpt = _own_vocabulary_checkpoint(tmp_path, write_checkpoint, tokenizer, block_size=16)
     result = gptmini_cli(
-        ["eval", "--ckpt", ckpt, "--tasks", f"{ROLLING},{CHOICE},{GEN}", "--include-path", TASKS], cwd=TASKS
+        ["eval", "--ckpt", ckpt, "--tasks", f"{ROLLING},{CHOICE},{GEN}", "--include-path", TASKS], cwd=REPO
     )
     assert result.returncode == 0, result.stderr
     assert "left out" not in result.stderr
@@ -191,7 +192,7 @@ def test_an_answer_longer_than_the_context_is_one_error_line(tmp_path, gptmini_c
     ckpt = _own_vocabulary_checkpoint(
         tmp_path, write_checkpoint, "char", block_size=8
     )  # " made of glass": 14
-    result = gptmini_cli(["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS], cwd=TASKS)
+    result = gptmini_cli(["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS], cwd=REPO)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
@@ -205,7 +206,7 @@ def test_an_existing_file_that_is_no_result_is_never_written_over(tmp_path, gptm
     out = tmp_path / "notes.json"
     out.write_text('["mine"]\n')
     result = gptmini_cli(
-        ["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS, "--out", out], cwd=TASKS
+        ["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS, "--out", out], cwd=REPO
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -219,7 +220,7 @@ def test_an_existing_file_that_is_no_result_is_never_written_over(tmp_path, gptm
     other = {"checkpoint": str(tmp_path / "other.ckpt"), "step": 7, "results": {CHOICE: {"acc,none": 1.0}}}
     out.write_text(json.dumps(other))
     result = gptmini_cli(
-        ["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS, "--out", out], cwd=TASKS
+        ["eval", "--ckpt", ckpt, "--tasks", CHOICE, "--include-path", TASKS, "--out", out], cwd=REPO
     )
     assert result.returncode == 2
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
@@ -286,3 +287,41 @@ def test_each_metric_is_one_scalar_named_by_its_task_metric_and_filter():
         "eval/gsm8k/exact_match_flexible-extract": 0.5,
         "eval/wikitext/word_perplexity": 40.5,
     }
+
+
+@pytest.mark.slow  # indexes the harness's own tasks (about 14,000 YAML files): 10 to 30 seconds
+def test_a_task_whose_data_cannot_be_fetched_is_one_error_line(tmp_path, gptmini_cli):
+    """Offline, a harness task whose data is not in the datasets cache: one line naming the task, the cache it
+    looked in and the way to run offline; no traceback, nothing written."""
+    ckpt = _gpt2_run(tmp_path / "run", block_size=8)
+    result = gptmini_cli(["eval", "--ckpt", ckpt, "--tasks", "hellaswag"])
+    import datasets
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [  # the cache set when `datasets` was first imported (the fixture's)
+        f"error: --tasks hellaswag: its data is not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) "
+        "and cannot be "
+        "fetched (Couldn't reach 'Rowan/hellaswag' on the Hub (OfflineModeIsEnabled)): run it once with network "
+        "access (HF_DATASETS_OFFLINE=1 then keeps later runs offline), or evaluate a task of your own offline "
+        "with --include-path"
+    ]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoints", "tb"]
+
+
+def test_the_offline_tasks_run_from_the_repository_root_as_documented(tmp_path, gptmini_cli):
+    """docs/export-import.md's line for the three tasks of tests/lm_eval_tasks, as typed (`--ckpt last`), in a
+    checkout with one run under outputs/."""
+    import shlex
+    import shutil
+
+    docs = (REPO / "docs" / "export-import.md").read_text(encoding="utf-8")
+    line = next(line for line in docs.splitlines() if "--include-path tests/lm_eval_tasks" in line)
+    shutil.copytree(TASKS, tmp_path / "tests" / "lm_eval_tasks")
+    run = tmp_path / "outputs" / "2026-01-01_10-00-00"
+    _gpt2_run(run, block_size=8)
+    argv = shlex.split(line, comments=True)
+    assert argv[:4] == ["gptmini", "eval", "--ckpt", "last"]
+    result = gptmini_cli(argv[1:], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    written = json.loads((run / "eval_tasks_step7.json").read_text())
+    assert sorted(written["results"]) == [CHOICE, GEN, ROLLING]

@@ -184,3 +184,19 @@ def test_a_run_is_named_by_its_run_name_in_the_legend(tmp_path):
     record = RunRecord(run_name="zoo")
     run = SimpleNamespace(record=record, name="2026-01-01", model=SimpleNamespace(config=config))
     assert _label(run) == "zoo: rope positions, trained at 64"
+
+
+def test_a_context_sweep_scores_only_the_first_max_batches(tmp_path, write_checkpoint):
+    """`--context ... --max-batches N` scores N batches at each length, as `--max-batches` does without
+    `--context`; with `--max-tokens` too, the smaller of the two limits."""
+    (tmp_path / "c.txt").write_text("to be, or not to be: that is the question. " * 80)
+    folder = prepare(str(tmp_path / "c.txt"), "char", tmp_path / "data").out_dir
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder, position="rope")
+    out = tmp_path / "sweep.json"
+    args = ["--ckpt", str(ckpt), "--context", "4,8", "--batch-size", "2", "--out", str(out)]
+    assert main([*args, "--max-batches", "1"]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [(r["context"], r["tokens"]) for r in run["results"]] == [(4, 2 * 4), (8, 2 * 8)]
+    assert main([*args, "--max-batches", "3", "--max-tokens", "16"]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [(r["context"], r["tokens"]) for r in run["results"]] == [(4, 2 * 2 * 4), (8, 2 * 8)]

@@ -158,6 +158,54 @@ def test_gptmini_runs_lists_every_run_newest_first_and_marks_last(runs_folder, g
     assert row["overrides"] == ["trainer.max_steps=50"]
 
 
+def test_a_run_still_training_shows_running_and_last_passes_it_over(
+    runs_folder, write_checkpoint, gptmini_cli, caplog
+):
+    """A run folder held by a live process (the lock file training keeps there, with its process id) is
+    "running": `gptmini runs` says so and does not mark it, `--ckpt last` opens the newest run that is not
+    training (with a note naming the one passed over), and its folder named on purpose opens it. A lock whose
+    process is gone is not a running run."""
+    import logging
+    import subprocess
+    import sys
+
+    from gptmini.fileio import RUN_LOCK
+
+    out, made = runs_folder
+    live = _run(
+        out,
+        "default/2026-01-01_14-00-00_000000",
+        write_checkpoint,
+        name="default",
+        steps=105,
+        planned=700,
+        mtime=5000,
+        val=[(100, 5.5)],
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (live / RUN_LOCK).write_text(f"{trainer.pid}\n")
+        proc = gptmini_cli(["runs", "--runs-dir", out])
+        row = next(line for line in proc.stdout.splitlines() if str(live) in line)
+        assert "running" in row.split() and not row.startswith("*"), proc.stdout
+        cut = made["cut"] / "checkpoints" / "on_exception.ckpt"
+        assert (
+            next(line for line in proc.stdout.splitlines() if line.startswith("*")).find(str(made["cut"])) > 0
+        )
+        caplog.set_level(logging.INFO)
+        assert resolve_checkpoint("last", out) == cut
+        assert f"note: skipped {live}, still training (pass that folder as --ckpt to open it)" in caplog.text
+        assert resolve_checkpoint(live) == live / "checkpoints" / "last.ckpt"
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert resolve_checkpoint("last", out) == live / "checkpoints" / "last.ckpt"  # its process is gone
+    row = next(
+        line for line in gptmini_cli(["runs", "--runs-dir", out]).stdout.splitlines() if str(live) in line
+    )
+    assert row.startswith("*") and "resumable" in row
+
+
 def test_gptmini_runs_without_a_runs_folder_says_so(tmp_path, gptmini_cli):
     proc = gptmini_cli(["runs", "--runs-dir", tmp_path / "none"])
     assert proc.returncode == 2

@@ -86,8 +86,9 @@ def test_bad_settings_are_refused_naming_the_key():
         ProgressLog(every_n_steps=0)
 
 
-def _fit_tiny(tmp_path, bar: ProgressBar) -> None:
-    """A real fit of a one-layer model, 3 steps of a step-based trainer (max_epochs=-1), with ``bar``."""
+def _fit_tiny(tmp_path, bar: ProgressBar, max_steps: int = 3, ckpt_path: str | None = None) -> None:
+    """A real fit of a one-layer model, 3 steps of a step-based trainer (max_epochs=-1), with ``bar``; its
+    checkpoint in ``tmp_path/last.ckpt``, or resumed from ``ckpt_path``."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -104,7 +105,7 @@ def _fit_tiny(tmp_path, bar: ProgressBar) -> None:
 
     data = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
     trainer = L.Trainer(
-        max_steps=3,
+        max_steps=max_steps,
         max_epochs=-1,
         callbacks=[bar],
         logger=False,
@@ -112,7 +113,8 @@ def _fit_tiny(tmp_path, bar: ProgressBar) -> None:
         enable_model_summary=False,
         default_root_dir=tmp_path,
     )
-    trainer.fit(Tiny(), data)
+    trainer.fit(Tiny(), data, ckpt_path=ckpt_path)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
 
 
 def test_the_bar_of_a_step_based_run_is_never_drawn_with_lightnings_epoch_label(tmp_path, monkeypatch):
@@ -132,6 +134,29 @@ def test_the_bar_of_a_step_based_run_is_never_drawn_with_lightnings_epoch_label(
     _fit_tiny(tmp_path, ProgressBar())
     assert drawn and not any("Epoch" in d for d in drawn), drawn
     assert any("Training" in d for d in drawn)
+
+
+def test_a_resumed_runs_bar_counts_its_own_steps_from_its_start_to_its_end(tmp_path, monkeypatch):
+    """A 3-step run, then resumed to step 5 (mid-epoch: 4 batches an epoch): each bar goes from 1 to the steps its
+    own run does, so its rate and ETA are its own."""
+    from rich.progress import Progress
+
+    monkeypatch.setattr(callbacks.sys.stdout, "isatty", lambda: True, raising=False)
+    drawn: list[tuple[float, float | None]] = []  # the training bar's count after each update
+    update = Progress.update
+
+    def recording(progress: Progress, *args, **kwargs) -> None:
+        update(progress, *args, **kwargs)
+        drawn.extend((t.completed, t.total) for t in progress.tasks if "Training" in str(t.description))
+
+    monkeypatch.setattr(Progress, "update", recording)
+    _fit_tiny(tmp_path, ProgressBar(refresh_rate=1000))
+    assert drawn[-1] == (3, 3) and all(total == 3 for _, total in drawn), drawn
+    drawn.clear()
+    _fit_tiny(
+        tmp_path / "resumed", ProgressBar(refresh_rate=1000), max_steps=5, ckpt_path=tmp_path / "last.ckpt"
+    )
+    assert drawn[-1] == (2, 2) and all(total == 2 and done <= 2 for done, total in drawn), drawn
 
 
 def test_the_bar_is_not_drawn_when_the_console_is_not_a_terminal(tmp_path, monkeypatch):

@@ -39,3 +39,31 @@ def test_scalars_csv_without_a_validation_starts_with_what_was_logged() -> None:
         csv.reader(io.StringIO(Scalars({"perf/mfu": [(1, 0.5)], "train/loss": [(1, 2.0)]}).csv_text()))
     )
     assert rows == [["step", "train/loss", "perf/mfu"], ["1", "2.0", "0.5"]]
+
+
+def test_the_next_commands_run_in_the_shell_that_started_the_run(tmp_path, monkeypatch) -> None:
+    """The summary's commands name `gptmini` as the shell finds it: by name when PATH holds this one, else by
+    its path (`.venv/bin/gptmini` from the checkout, as `make train` leaves it; absolute from elsewhere)."""
+    import sys
+
+    from gptmini.training.run.run_report import RunFacts, summary
+
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "gptmini").write_text("#!/bin/sh\n")
+    (bin_dir / "gptmini").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    facts = RunFacts(tmp_path / "outputs" / "run", 6, 1.0, 768, [], None)
+
+    def commands() -> list[str]:
+        text = summary(facts, None, None)
+        return [line.split()[0] for line in text.split("  next:\n")[1].splitlines()]
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    assert commands() == [".venv/bin/gptmini"] * 4
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert commands() == [str(bin_dir / "gptmini")] * 4
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert commands() == ["gptmini"] * 4
