@@ -4,6 +4,7 @@ stop a sweep at its first failing job, or resume a run it cannot continue."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -384,3 +385,16 @@ def test_a_run_stopped_by_a_nan_loss_writes_its_curves_and_says_where_they_end(t
     assert re.search(
         r"train/loss is NaN/inf from step \d+ on: loss_curve\.png draws its finite points only", output(proc)
     )
+
+
+@pytest.mark.parametrize("root", ["", "/", "//", "${oc.env:GPTMINI_TEST_EMPTY}"])
+def test_an_empty_or_root_only_output_root_is_refused_in_one_line(train, monkeypatch, root) -> None:
+    """paths.output_root= (or an ${oc.env:X} with X empty) put the run at the filesystem root, /<run_name>/...,
+    exit 0. (A model setting refused later keeps the old code from training there: it named that setting.)"""
+    monkeypatch.setenv("GPTMINI_TEST_EMPTY", "")
+    name = f"gptmini_root_test_{os.getpid()}"
+    check_refused(
+        train(f"paths.output_root={root}", f"run_name={name}", "model.dropout=1.5"),
+        r"error: paths\.output_root='/*' would put the runs at the filesystem root: pass a folder of its own",
+    )
+    assert not Path("/", name).exists()

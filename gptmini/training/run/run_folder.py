@@ -235,6 +235,12 @@ def _run_folder(config: DictConfig, key: str) -> str:
 
     try:
         _check_kept_settings(config)
+        root = str(OmegaConf.select(config, "paths.output_root", throw_on_resolution_failure=True))
+        if not root.strip() or not os.path.normpath(os.path.abspath(root)).strip("/"):
+            raise RunError(
+                f"paths.output_root={root!r} would put the runs at the filesystem root: pass a folder of its own, "
+                "e.g. paths.output_root=outputs (an ${oc.env:VAR} whose variable is empty or unset gives '')"
+            )
         return str(OmegaConf.select(config, key, throw_on_resolution_failure=True))
     except OmegaConfBaseException as err:
         _refuse(unresolvable(err, config))
