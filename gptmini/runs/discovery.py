@@ -424,7 +424,10 @@ def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
             config = {"run_name": summary.get("run_name"), "trainer": {"max_steps": summary.get("max_steps")}}
             done = _wanted(summary.get("global_step"), int)
             recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
-            val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
+            val_loss, val_step = (
+                _wanted(summary.get("val_loss"), float),
+                _wanted(summary.get("val_step"), int),
+            )
             ckpt, damaged = path, False
             break
         from gptmini.runs.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
@@ -499,7 +502,13 @@ def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
     # a run whose checkpoint another run continued (its record's lineage) is continued there: resume that one
     continued = {lineage[0] for *_, f in scanned if (lineage := _lineage(f)) is not None}
     scanned = [
-        (replace(r, state="resumed") if r.state == "resumable" and c is not None and c.resolve() in continued else r, c, f)
+        (
+            replace(r, state="resumed")
+            if r.state == "resumable" and c is not None and c.resolve() in continued
+            else r,
+            c,
+            f,
+        )
         for r, c, f in scanned
     ]
     if name is not None:
@@ -562,7 +571,9 @@ def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
                 r.steps(),
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
-                r.state + (" (sweep job)" if r.sweep_job else "") + (f", continues {r.continues}" if r.continues else ""),
+                r.state
+                + (" (sweep job)" if r.sweep_job else "")
+                + (f", continues {r.continues}" if r.continues else ""),
                 r.folder,
                 " ".join(r.overrides) or "-",
             )
@@ -622,9 +633,7 @@ def prunable(root: Path, name: str | None = None) -> list[Prunable]:
         for other in _checkpoints(folder):
             if other != newest and other.stat().st_mtime_ns <= newest.stat().st_mtime_ns:
                 found[other] = f"older than {newest.name} beside it, which a resume and --ckpt read"
-    ours = {path.resolve(): path for _, path in scanned if path is not None} | {
-        p.resolve(): p for p in found
-    }
+    ours = {path.resolve(): path for _, path in scanned if path is not None} | {p.resolve(): p for p in found}
     for folder, step in steps.items():
         lineage = _lineage(folder)
         if lineage is None or lineage[0] not in ours or step <= lineage[1]:
@@ -670,7 +679,7 @@ def _parser() -> argparse.ArgumentParser:
         "--prune",
         action="store_true",
         help="list the checkpoints no longer needed (the older of last.ckpt and on_exception.ckpt in a run folder; "
-        "those of a run that a later run resumed and took further), with their sizes; nothing is deleted without "
+        "a checkpoint a later run continued, by its record, and took further), with their sizes; nothing is deleted without "
         "--yes. best.ckpt and what --ckpt last opens stay",
     )
     p.add_argument("--yes", action="store_true", help="with --prune: delete what it lists")

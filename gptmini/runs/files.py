@@ -79,7 +79,6 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
         "val_loss": val_loss,
         "val_step": val_step,
         "tensorboard_dir": record.tensorboard_dir,
-        "resumed_from": record.resumed_from,
     }
     fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
 

@@ -68,15 +68,33 @@ def tree(tmp_path, write_checkpoint):
     out = tmp_path / "outputs"
     a = _run(out, "default/a", write_checkpoint, steps=5, mtime=1000)
     b1 = _run(
-        out, "default/b1", write_checkpoint, steps=10, mtime=2000, continues=_last(a), continued_step=5,
+        out,
+        "default/b1",
+        write_checkpoint,
+        steps=10,
+        mtime=2000,
+        continues=_last(a),
+        continued_step=5,
         tensorboard_dir="../a/tb/default",
     )
     b2 = _run(
-        out, "default/b2", write_checkpoint, steps=8, mtime=3000, continues=_last(a), continued_step=5,
+        out,
+        "default/b2",
+        write_checkpoint,
+        steps=8,
+        mtime=3000,
+        continues=_last(a),
+        continued_step=5,
         tensorboard_dir="../a/tb/default",
     )
     c = _run(
-        out, "default/c", write_checkpoint, steps=15, mtime=2500, continues=_last(b1), continued_step=10,
+        out,
+        "default/c",
+        write_checkpoint,
+        steps=15,
+        mtime=2500,
+        continues=_last(b1),
+        continued_step=10,
         tensorboard_dir="../a/tb/default",
     )
     return out, {"a": a, "b1": b1, "b2": b2, "c": c}
@@ -118,13 +136,21 @@ def test_gptmini_runs_shows_a_continuation_as_such(tree, gptmini_cli):
     assert "resumed" in line and "continues" not in line, table
 
 
-def test_runs_without_a_recorded_lineage_are_never_pruned_for_each_other(tmp_path, write_checkpoint, gptmini_cli):
+def test_runs_without_a_recorded_lineage_are_never_pruned_for_each_other(
+    tmp_path, write_checkpoint, gptmini_cli
+):
     """Two runs of an earlier version (no lineage in their records) logging into one TensorBoard folder: the
     folder layout says nothing of which continued which, so neither is pruned."""
     out = tmp_path / "outputs"
     first = _run(out, "default/old1", write_checkpoint, steps=5, mtime=1000)
     _run(
-        out, "default/old2", write_checkpoint, steps=9, mtime=2000, continues=_last(first), lineage=False,
+        out,
+        "default/old2",
+        write_checkpoint,
+        steps=9,
+        mtime=2000,
+        continues=_last(first),
+        lineage=False,
         tensorboard_dir="../old1/tb/default",
     )
     assert "nothing to prune" in gptmini_cli(["runs", "--runs-dir", out, "--prune"]).stdout
