@@ -398,3 +398,25 @@ def test_an_empty_or_root_only_output_root_is_refused_in_one_line(train, monkeyp
         r"error: paths\.output_root='/*' would put the runs at the filesystem root: pass a folder of its own",
     )
     assert not Path("/", name).exists()
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [{"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}, {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "batch"}],
+    ids=["torchrun", "sbatch-n2"],
+)
+def test_a_one_process_run_under_stray_launcher_variables_trains_and_logs_as_rank_zero(
+    run_cli, char_data_root, tmp_path, variables
+) -> None:
+    """LOCAL_RANK=1 RANK=1 WORLD_SIZE=2 made a run of one process act as rank 1 (exit 0, no tb/, no scalars.csv,
+    no curve, "final validation: none logged"); SLURM_NTASKS=2 (sbatch -n 2 around one command) failed it with
+    Lightning's --ntasks error. A process started with these, not by a launcher of this run, is its rank 0."""
+    proc = run_cli.train(
+        [*TINY, f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"],
+        env=variables,
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    assert "final validation: val/loss" in output(proc)
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    for made in ("tb", "scalars.csv", "loss_curve.png", "checkpoints/last.ckpt"):
+        assert (run_dir / made).exists(), made
