@@ -354,3 +354,20 @@ def test_a_cycle_in_a_user_experiment_and_a_foreign_primary_config_are_one_line(
         "error: --config-name own: a config of your own starts from gptmini's: put `defaults:"
     )
     assert [p for p in work.rglob("*") if p.is_file()] == []
+
+
+def test_a_yaml_syntax_error_in_a_user_experiment_is_one_line_naming_the_file(
+    corpus: Path, tmp_path: Path, gptmini_train: Any
+) -> None:
+    """A user's experiment file that is not YAML ended in PyYAML's traceback, exit 1."""
+    confs = tmp_path / "confs"
+    (confs / "experiment").mkdir(parents=True)
+    broken = confs / "experiment" / "broken.yaml"
+    broken.write_text("# @package _global_\ntrainer:\n  max_steps: [1, 2\n")
+    proc = gptmini_train(["--config-dir", confs, "experiment=broken", *_base(corpus, tmp_path)])
+    text = proc.stdout + proc.stderr
+    (line,) = _error_lines(text)
+    assert proc.returncode == 2 and "Traceback" not in text, text
+    assert line.startswith(f"error: {broken}, line 4, is not valid YAML (while parsing a flow sequence"), line
+    assert line.endswith("): fix the file")
+    assert not (tmp_path / "outputs").exists()

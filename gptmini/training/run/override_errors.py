@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import yaml
 from hydra.errors import (
     ConfigCompositionException,
     MissingConfigException,
@@ -113,6 +114,13 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         dropped = re.match(r"Error resolving interpolation '\$\{(\w+)\}'", str(err))
         if dropped and f"~{dropped.group(1)}" in argv:
             return dropped_group(dropped.group(1))
+    if isinstance(
+        err, yaml.YAMLError
+    ):  # a config file of the user's (--config-dir, an experiment) that does not parse
+        mark = getattr(err, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}," if mark is not None else "a config file"
+        why = ", ".join(str(w) for w in (getattr(err, "context", None), getattr(err, "problem", None)) if w)
+        return f"{where} is not valid YAML ({why or err}): fix the file"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if isinstance(err, MissingConfigException):
         # "Could not find 'model/foo'", "Available options in 'model':", "baby", ..., "Config search path:", ...
@@ -234,6 +242,7 @@ def run_hydra(
         MissingConfigException,
         OverrideParseException,
         SearchPathException,
+        yaml.YAMLError,
     ) as err:
         if full:
             raise
