@@ -696,7 +696,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     root = Path(args.runs_dir)
     if not root.is_dir():
-        sys.stderr.write(f"error: --runs-dir {root} does not exist: train first (gptmini train)\n")
+        what = (
+            "is not a folder: pass the runs folder (paths.output_root of training)"
+            if root.exists()
+            else "does not exist: train first (gptmini train)"
+        )
+        sys.stderr.write(f"error: --runs-dir {root} {what}\n")
         return 2
     if args.prune:
         sys.stdout.write(prune(root, args.name, args.yes))
