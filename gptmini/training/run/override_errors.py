@@ -101,7 +101,8 @@ def _bad_value(err: ConfigCompositionException, argv: Sequence[str]) -> str | No
     if not key or not str(err).startswith("Error merging override"):
         return None
     reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-    return f"{_override(argv, key)}: {reason}"
+    # the override Hydra failed to merge (a key given twice: the later one, not the first of the key)
+    return f"{str(err).splitlines()[0].removeprefix('Error merging override ')}: {reason}"
 
 
 def one_line(err: Exception, argv: Sequence[str]) -> str:
@@ -226,6 +227,14 @@ def run_hydra(
     import hydra
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(argv):  # argparse's refusal is Hydra's whole usage, naming the interpreter's script
+        if arg in ("--cfg", "-c") and argv[i + 1 : i + 2] not in (["job"], ["hydra"], ["all"]):
+            given = f", not {argv[i + 1]!r}" if i + 1 < len(argv) else ""
+            sys.stderr.write(
+                f"error: {arg} takes what to print, job, hydra or all{given}: e.g. gptmini train --cfg job "
+                "trainer.max_steps=300\n"
+            )
+            sys.exit(EXIT_HYDRA_ERROR)
     full = os.environ.get(_FULL_ERROR) == "1"
     if not full:
         os.environ[_FULL_ERROR] = os.environ[_SET_BY_GPTMINI] = "1"
