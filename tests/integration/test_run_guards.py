@@ -420,3 +420,16 @@ def test_a_one_process_run_under_stray_launcher_variables_trains_and_logs_as_ran
     (run_dir,) = (tmp_path / "out").glob("*/*")
     for made in ("tb", "scalars.csv", "loss_curve.png", "checkpoints/last.ckpt"):
         assert (run_dir / made).exists(), made
+
+
+@pytest.mark.parametrize("refused", ["model.dropout=1.5", "seed=-1", "optimizer.hidden.lr=nan"])
+def test_a_refusal_after_composition_leaves_no_output_root_it_made(train, tmp_path, refused) -> None:
+    """The run folder and its run_name folder went, but the output root the start had made stayed, empty; an
+    output root that existed before stays."""
+    made = tmp_path / "new" / "root"
+    check_refused(train(f"paths.output_root={made}", refused), rf"error: {re.escape(refused)} is invalid")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    check_refused(train(f"paths.output_root={kept}", refused), rf"error: {re.escape(refused)} is invalid")
+    assert kept.is_dir() and not any(kept.iterdir())

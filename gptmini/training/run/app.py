@@ -32,7 +32,7 @@ from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import check_resolves
 from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
 from gptmini.training.run.resume import check_resumed_data
-from gptmini.training.run.run_folder import hold_output_dir, trainer_processes
+from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir, trainer_processes
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -520,8 +520,17 @@ def _remove_failed_run_folder(
                 (output_dir / own).unlink()
         return
     shutil.rmtree(output_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        output_dir.parent.rmdir()  # only when empty
+    # its run_name folder, and the folders above it that the run's start made (an output root), when empty
+    top = Path(os.environ[MADE_FOLDERS]) if os.environ.get(MADE_FOLDERS) else None
+    folder = output_dir.absolute().parent
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+        if top is None or top not in folder.parents:
+            break
+        folder = folder.parent
 
 
 def _output_dir(cfg: DictConfig) -> Path | None:

@@ -249,8 +249,17 @@ def _run_folder(config: DictConfig, key: str) -> str:
     raise AssertionError  # (_refuse exits)
 
 
+# Set by a run's start for the clean-up of a failed one: the outermost folder of the run folder's path that did
+# not exist before it ("": every one did), which the clean-up may remove when empty.
+MADE_FOLDERS = "GPTMINI_MADE_FOLDERS"
+
+
 def _check_run_start(config: DictConfig, key: str) -> None:
     folder = _run_folder(config, key)
+    missing = Path(os.path.abspath(folder))
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    os.environ[MADE_FOLDERS] = "" if missing.exists() else str(missing)
     try:
         check_run_name(config.get("run_name"))
         check_tensorboard_version(config)
