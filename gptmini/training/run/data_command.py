@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gptmini.data.bpe import log_compression
     from gptmini.data.errors import DataError
     from gptmini.data.progress import cli_logging
-    from gptmini.data.reader import load_meta
+    from gptmini.data.reader import check_block_size, load_meta
     from gptmini.data.tokenizers import TokenizerError
     from gptmini.training.errors import RunError
     from gptmini.training.run.compose import register_configs
@@ -77,8 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         datamodule = instantiate(dataclasses.asdict(data), _convert_="all")  # the run's (app.build_data)
         with shown:
             datamodule.prepare_data(progress=callback)
+        meta = load_meta(datamodule.data_dir)
         if datamodule.tokenizer_name == "bpe":
-            log_compression(datamodule.data_dir, load_meta(datamodule.data_dir))
+            log_compression(datamodule.data_dir, meta)
+        try:  # what the run refuses at its start: a corpus too small for one window of model.block_size
+            check_block_size(data.block_size, meta)
+        except DataError as err:
+            raise DataError(
+                f"{datamodule.data_dir} is prepared, but training would refuse it: {err}"
+            ) from None
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
         sys.stderr.write(f"error: {one_line(err, overrides)}\n")
         return EXIT_HYDRA_ERROR
