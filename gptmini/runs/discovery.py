@@ -415,29 +415,26 @@ def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
         else _config(folder)  # a run of a version before the record
     )
     files = _checkpoints(folder)
-    ckpt = files[0] if files else None
+    ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
     done = recorded = val_loss = val_step = None
-    damaged = False
     for path in files:
         summary = read_summary(path)
         if summary is not None:
-            config = {"run_name": summary.get("run_name"), "trainer": {"max_steps": summary.get("max_steps")}}
             done = _wanted(summary.get("global_step"), int)
             recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
             val_loss, val_step = (
                 _wanted(summary.get("val_loss"), float),
                 _wanted(summary.get("val_step"), int),
             )
-            ckpt, damaged = path, False
-            break
-        from gptmini.runs.checkpoint import CheckpointError  # torch: only for a checkpoint without a summary
+        else:
+            # torch: only for a checkpoint without a summary
+            from gptmini.runs.checkpoint import CheckpointError
 
-        try:
-            done, recorded, (val_loss, val_step) = _checkpoint_facts(path)
-        except CheckpointError as err:
-            log.warning("%s", err)
-            damaged = True
-            continue
+            try:
+                done, recorded, (val_loss, val_step) = _checkpoint_facts(path)
+            except CheckpointError as err:
+                log.warning("%s", err)
+                continue
         ckpt, damaged = path, False
         break
     trainer = _wanted(config.get("trainer"), dict) or {}

@@ -55,7 +55,6 @@ class RunRecord:
     tokens_per_step: int | None = None  # tokens of one optimizer step, over every process
     tensorboard_dir: str | None = None  # the run's TensorBoard folder, relative to its run folder
     output_dir: str | None = None
-    resumed_from: str | None = None  # the checkpoint this run continued: `gptmini runs` offers it no more
     continued_from: Lineage | None = None  # None: a fresh run
 
     @property

@@ -227,7 +227,8 @@ def run_hydra(
     import hydra
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    for i, arg in enumerate(argv):  # argparse's refusal is Hydra's whole usage, naming the interpreter's script
+    # --cfg without what to print: argparse's refusal would be Hydra's whole usage, naming the interpreter's script
+    for i, arg in enumerate(argv):
         if arg in ("--cfg", "-c") and argv[i + 1 : i + 2] not in (["job"], ["hydra"], ["all"]):
             given = f", not {argv[i + 1]!r}" if i + 1 < len(argv) else ""
             sys.stderr.write(

@@ -126,7 +126,6 @@ class RunPlan:
             tokens_per_step=tokens_per_step,
             tensorboard_dir=tensorboard_dir,
             output_dir=self.output_dir,
-            resumed_from=os.path.abspath(self.ckpt_path) if self.ckpt_path is not None else None,
             continued_from=Lineage(os.path.abspath(self.ckpt_path), int(self.resume.get("global_step") or 0))
             if self.ckpt_path is not None and self.resume is not None
             else None,
