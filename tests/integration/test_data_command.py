@@ -110,7 +110,5 @@ def test_a_corpus_too_small_to_train_on_is_refused_as_training_refuses_it(tmp_pa
     proc = gptmini_cli(["data", *args, f"data.data_dir={tmp_path / 'd'}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
-    assert line.startswith(
-        f"error: {tmp_path / 'd'} is prepared, but training would refuse it: split 'train' has "
-    )
-    assert "block_size=16 needs at least 17" in line
+    assert line.startswith(f"error: {tmp_path / 'd'} is prepared, but its train split has ")
+    assert "tokens where one window of model.block_size=16 needs 17: training would refuse it" in line

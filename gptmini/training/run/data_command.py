@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gptmini.data.bpe import log_compression
     from gptmini.data.errors import DataError
     from gptmini.data.progress import cli_logging
-    from gptmini.data.reader import check_block_size, load_meta
+    from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import TokenizerError
     from gptmini.training.errors import RunError
     from gptmini.training.run.compose import register_configs
@@ -80,12 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta = load_meta(datamodule.data_dir)
         if datamodule.tokenizer_name == "bpe":
             log_compression(datamodule.data_dir, meta)
-        try:  # what the run refuses at its start: a corpus too small for one window of model.block_size
-            check_block_size(data.block_size, meta)
-        except DataError as err:
+        # a train split without one window of the run's context: training would refuse it (a short val split is
+        # the run's to judge: the data may be prepared for another model's eval)
+        tokens, need = int(meta["splits"].get("train", {}).get("tokens", 0)), data.block_size + 1
+        if tokens < need:
             raise DataError(
-                f"{datamodule.data_dir} is prepared, but training would refuse it: {err}"
-            ) from None
+                f"{datamodule.data_dir} is prepared, but its train split has {tokens} tokens where one window of "
+                f"model.block_size={data.block_size} needs {need}: training would refuse it; give more text or a "
+                "smaller model.block_size"
+            )
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
         sys.stderr.write(f"error: {one_line(err, overrides)}\n")
         return EXIT_HYDRA_ERROR
