@@ -151,6 +151,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
             "/text": self._text_route,
             "/attribution": self._attribution_route,
             **{f"/static/{name}": self._static_route for name in STATIC_FILES},
+            "/*": self._static_route,  # any other path under the tab's: a JSON 404 as every route's errors
         }
 
     def is_active(self) -> bool:
@@ -324,7 +325,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def _static_route(self, request: wrappers.Request) -> wrappers.Response:
         name = request.path.rsplit("/", 1)[-1]
         if name not in STATIC_FILES:  # only the files listed; never a path from the request
-            raise NotFound(f"no static file {name[:80]!r}")
+            raise NotFound(f"no static file or route {name[:80]!r}")
         content = resources.files("gptmini.board").joinpath("static", name).read_bytes()
         mimetype = "text/javascript" if name.endswith(".js") else mimetypes.guess_type(name)[0]
         return http_util.Respond(request, content, mimetype)

@@ -349,6 +349,9 @@ def _source_files(source: str) -> list[tuple[Path, str]]:
             # cache-*.arrow: what datasets' map/filter leave beside a dataset's own files
             if kind is None or hidden or (kind == ARROW and p.name.startswith("cache-")):
                 continue
+            problem = path_problem(p)  # a FIFO or a dangling link here is refused as it is alone
+            if problem is not None:
+                raise DataError(f"corpus source {source}: {p} {problem} (or move it out of the folder)")
             if p.is_file():
                 found.append((p, kind))
         if not found:

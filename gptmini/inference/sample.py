@@ -21,7 +21,7 @@ log = logging.getLogger("gptmini.inference.sample")
 
 def _temperature(text: str) -> float:
     """``--temperature``'s argparse type: a finite number, 0 or in ``TEMPERATURE_RANGE``."""
-    value = finite_float(0.0)(text)
+    value = finite_float()(text)
     problem = temperature_problem(value)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{text} {problem}")
@@ -122,6 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run = open_run(args.ckpt, args.device, args.data_dir)
         model, tokenizer, device = run.model, run.tokenizer, run.device
+        diverged = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+        if diverged is not None:
+            raise CheckpointError(
+                f"{run.path} holds non-finite weights (NaN or inf, in {diverged}): its training diverged, so "
+                "nothing can be sampled from it; pass an earlier checkpoint"
+            )
         ids = encode_prompt(tokenizer, args.prompt, "--prompt")
         check_generation_sizes(model.config, len(ids), args.max_new_tokens, args.num_samples, device)
         idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)

@@ -211,7 +211,8 @@ class RunInfo:
     ] = ()  # the command line's overrides that set what the run trains (not its folders)
     # the folder of the TensorBoard run it logged to (a resumed run: its first run's)
     tensorboard: str | None = None
-    resumed_from: str | None = None  # the checkpoint this run resumed (its summary's record)
+    # what this run continued, from its record's lineage: "<run folder>@<step>" (None: a fresh run)
+    continues: str | None = None
 
     def steps(self) -> str:
         done = "-" if self.steps_done is None else str(self.steps_done)
@@ -338,12 +339,6 @@ def read_events(folder: Path, **size_guidance: int) -> Any:
     return events
 
 
-def _checkpoint(folder: Path) -> Path | None:
-    files = [folder / "checkpoints" / name for name in LAST_NAMES]
-    found = [p for p in files if p.is_file()]
-    return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
-
-
 def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
     """The TensorBoard folder a checkpoint's run logged to, as training records it (its run record's
     ``tensorboard_dir``, relative to the run folder: a resumed run logs into the run it resumes); None when not
@@ -374,7 +369,7 @@ def run_event_folder(run_dir: Path) -> Path | None:
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
     from gptmini.runs.checkpoint import CheckpointError
 
-    ckpt = _checkpoint(Path(run_dir))
+    ckpt = next(iter(_checkpoints(Path(run_dir))), None)
     try:
         recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
     except CheckpointError as err:
@@ -408,42 +403,46 @@ def _wanted(value: Any, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def run_info(folder: Path, output_root: Path) -> RunInfo:
-    """One run's row. From the run's summary (``run_summary.json``, written with each checkpoint) when it still
-    describes the newest checkpoint; else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the
-    checkpoint (memory-mapped): its step and the last val/loss its callbacks recorded."""
-    ckpt = _checkpoint(folder)
-    summary = read_summary(ckpt) if ckpt is not None else None
-    val_loss = val_step = None
-    if summary is not None:
-        config: dict[str, Any] = {
-            "run_name": summary.get("run_name"),
-            "trainer": {"max_steps": summary.get("max_steps")},
-        }
-        done = _wanted(summary.get("global_step"), int)
-        recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
-        val_loss, val_step = _wanted(summary.get("val_loss"), float), _wanted(summary.get("val_step"), int)
-        resumed_from = _wanted(summary.get("resumed_from"), str)
-        damaged = False
-    else:
-        record = read_record_file(folder)  # written when the run starts
-        config = (
-            {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
-            if record is not None
-            else _config(folder)  # a run of a version before the record
-        )
-        done, recorded, damaged = None, None, False
-        resumed_from = record.resumed_from if record is not None else None
-        if ckpt is not None:
-            from gptmini.runs.checkpoint import (
-                CheckpointError,  # torch: only for a checkpoint without a summary
+def _checkpoints(folder: Path) -> list[Path]:
+    """A run folder's ``last.ckpt`` and ``on_exception.ckpt``, the one written last first."""
+    found = [p for p in (folder / "checkpoints" / name for name in LAST_NAMES) if p.is_file()]
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
+
+
+def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
+    """One run's row and the checkpoint it stands for: the newest of the run's two that its summary
+    (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged newer one is
+    skipped, as a resume and ``--ckpt`` skip it). The figures from that summary, else from ``run_record.json``
+    (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step and last val/loss."""
+    record = read_record_file(folder)  # written when the run starts
+    config: dict[str, Any] = (
+        {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
+        if record is not None
+        else _config(folder)  # a run of a version before the record
+    )
+    files = _checkpoints(folder)
+    ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
+    done = recorded = val_loss = val_step = None
+    for path in files:
+        summary = read_summary(path)
+        if summary is not None:
+            done = _wanted(summary.get("global_step"), int)
+            recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
+            val_loss, val_step = (
+                _wanted(summary.get("val_loss"), float),
+                _wanted(summary.get("val_step"), int),
             )
+        else:
+            # torch: only for a checkpoint without a summary
+            from gptmini.runs.checkpoint import CheckpointError
 
             try:
-                done, recorded, (val_loss, val_step) = _checkpoint_facts(ckpt)
+                done, recorded, (val_loss, val_step) = _checkpoint_facts(path)
             except CheckpointError as err:
                 log.warning("%s", err)
-                damaged = True
+                continue
+        ckpt, damaged = path, False
+        break
     trainer = _wanted(config.get("trainer"), dict) or {}
     planned = _wanted(trainer.get("max_steps"), int)
     planned = planned if planned is not None and planned >= 0 else None
@@ -465,7 +464,14 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
     name = config.get("run_name")
     if not isinstance(name, str) or not name or "${" in name:  # run_name's default, as saved: unresolved
         name = relative.parts[0]  # outputs/<run_name>/...
-    return RunInfo(
+    lineage = record.continued_from if record is not None else None
+    continues = None
+    if lineage is not None:
+        run = Path(lineage.path).parent.parent
+        with contextlib.suppress(ValueError):
+            run = run.resolve().relative_to(output_root.resolve())
+        continues = f"{display_path(run)}@{lineage.step}"
+    info = RunInfo(
         name=display_path(name),
         folder=display_path(folder),
         sweep_job=is_sweep_job(relative),
@@ -479,8 +485,17 @@ def run_info(folder: Path, output_root: Path) -> RunInfo:
         modified=modified,
         overrides=tuple(display_path(o) for o in _overrides(folder)),
         tensorboard=display_path(events) if events is not None else None,
-        resumed_from=resumed_from,
+        continues=continues,
     )
+    return info, ckpt
+
+
+def _lineage(folder: Path) -> tuple[Path, int] | None:
+    """The checkpoint a run continued and the step it held, from the run's record; None: a fresh run, or one
+    whose record does not say (a run of an earlier version)."""
+    record = read_record_file(folder)
+    lineage = record.continued_from if record is not None else None
+    return (Path(lineage.path).resolve(), lineage.step) if lineage is not None else None
 
 
 def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
@@ -488,18 +503,24 @@ def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
     if not root.is_dir():
         return []
     folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    scanned = [(run_info(f, root), f) for f in folders]
-    # a run another run resumed (and checkpointed) is continued there: that one is the run to resume
-    continued = {Path(r.resumed_from).parent.parent.resolve() for r, _ in scanned if r.resumed_from}
+    scanned = [(*_row(f, root), f) for f in folders]
+    # a run whose checkpoint another run continued (its record's lineage) is continued there: resume that one
+    continued = {lineage[0] for *_, f in scanned if (lineage := _lineage(f)) is not None}
     scanned = [
-        (replace(r, state="resumed") if r.state == "resumable" and f.resolve() in continued else r, f)
-        for r, f in scanned
+        (
+            replace(r, state="resumed")
+            if r.state == "resumable" and c is not None and c.resolve() in continued
+            else r,
+            c,
+            f,
+        )
+        for r, c, f in scanned
     ]
     if name is not None:
         # a run name is the first folder under the runs folder, or the run_name its row shows
-        scanned = [(r, f) for r, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
-    scanned.sort(key=lambda rf: (rf[0].modified, rf[0].folder), reverse=True)
-    return [(r, _checkpoint(f)) for r, f in scanned]
+        scanned = [(r, c, f) for r, c, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
+    scanned.sort(key=lambda rcf: (rcf[0].modified, rcf[0].folder), reverse=True)
+    return [(r, c) for r, c, _ in scanned]
 
 
 def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
@@ -541,7 +562,8 @@ def human_size(n: int) -> str:
 
 
 def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
-    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``. The overrides come
+    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``, a continuation's
+    state names what it continues (``continues <run folder>@<step>``). The overrides come
     last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
     header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES")
     rows = [header]
@@ -554,7 +576,9 @@ def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
                 r.steps(),
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
-                f"{r.state} (sweep job)" if r.sweep_job else r.state,
+                r.state
+                + (" (sweep job)" if r.sweep_job else "")
+                + (f", continues {r.continues}" if r.continues else ""),
                 r.folder,
                 " ".join(r.overrides) or "-",
             )
@@ -574,56 +598,52 @@ class Prunable:
     reason: str
 
 
-def _step_of(ckpt: Path) -> tuple[int | None, Path | None]:
-    """A checkpoint's global step and the TensorBoard folder its run logged to: from the run's summary when it
-    still describes the file, else from the checkpoint. (None, None) when it does not load."""
-    from gptmini.runs.checkpoint import CheckpointError
+def _usable_step(ckpt: Path) -> int | None:
+    """The global step of a checkpoint that loads and matches its checksum; None when it does not (or records
+    no step)."""
+    from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
-    summary = read_summary(ckpt)
-    if summary is not None:
-        recorded = recorded_event_folder(ckpt.parent.parent, summary.get("tensorboard_dir"))
-        return _wanted(summary.get("global_step"), int), recorded
     try:
-        return _checkpoint_facts(ckpt)[:2]
+        step = load_checkpoint(ckpt, mmap=True).get("global_step")
     except CheckpointError as err:
         log.warning("%s", err)
-        return None, None
+        return None
+    return _wanted(step, int)
 
 
 def prunable(root: Path, name: str | None = None) -> list[Prunable]:
     """The checkpoint files under ``root`` (of run name ``name``) that a user no longer needs, each with why:
 
-    - the older of a run folder's ``last.ckpt`` and ``on_exception.ckpt``: a resume and ``--ckpt`` read the newer;
-    - the ``last.ckpt``/``on_exception.ckpt`` of a run that a later run folder resumed and took past its step
-      (the later run logs on into the same TensorBoard run, and a resume continues from its checkpoint).
+    - the older of a run folder's ``last.ckpt`` and ``on_exception.ckpt``, when the newer one loads: a resume and
+      ``--ckpt`` read that one;
+    - a run's checkpoint that a later run continued (that run's record names the file, :class:`Lineage`) and took
+      past the step it held, when that run's newest checkpoint loads.
 
-    ``best.ckpt`` stays (the weights of a run's best validation), and so does the checkpoint ``--ckpt last``
-    opens."""
+    What continued what is read from the runs' records only, never guessed from folders: a run without a record
+    of its lineage is never pruned for another's sake. ``best.ckpt`` stays (the weights of a run's best
+    validation), and so does the checkpoint ``--ckpt last`` opens."""
     scanned = _scan(root, name)
     _, marked = mark_last(scanned)
     keep = {path for r, path in scanned if r is marked and path is not None}
     found: dict[Path, str] = {}
-    groups: dict[Path, list[tuple[int, int, Path]]] = {}  # TensorBoard run -> (step, mtime, run folder)
+    steps: dict[Path, int] = {}  # run folder -> the step of its newest usable checkpoint
     for _, newest in scanned:
         if newest is None:
             continue
         folder = newest.parent.parent
-        for other in (folder / "checkpoints" / n for n in LAST_NAMES):
-            if other != newest and other.is_file():
+        step = _usable_step(newest)
+        if step is None:
+            continue
+        steps[folder] = step
+        for other in _checkpoints(folder):
+            if other != newest and other.stat().st_mtime_ns <= newest.stat().st_mtime_ns:
                 found[other] = f"older than {newest.name} beside it, which a resume and --ckpt read"
-        step, events = _step_of(newest)
-        if step is not None:
-            events = events if events is not None else next(iter(event_folders(folder)), None)
-            if events is not None:
-                groups.setdefault(events.resolve(), []).append((step, newest.stat().st_mtime_ns, folder))
-    for members in groups.values():
-        top_step, _, top = max(members)
-        for step, _, folder in members:
-            if folder == top or step >= top_step:
-                continue
-            for path in (folder / "checkpoints" / n for n in LAST_NAMES):
-                if path.is_file():
-                    found[path] = f"resumed by {display_path(top)}, which went on to step {top_step}"
+    ours = {path.resolve(): path for _, path in scanned if path is not None} | {p.resolve(): p for p in found}
+    for folder, step in steps.items():
+        lineage = _lineage(folder)
+        if lineage is None or lineage[0] not in ours or step <= lineage[1]:
+            continue
+        found[ours[lineage[0]]] = f"continued by {display_path(folder)}, which went on to step {step}"
     return sorted(
         (Prunable(p, p.stat().st_size, why) for p, why in found.items() if p not in keep),
         key=lambda x: str(x.path),
@@ -664,7 +684,7 @@ def _parser() -> argparse.ArgumentParser:
         "--prune",
         action="store_true",
         help="list the checkpoints no longer needed (the older of last.ckpt and on_exception.ckpt in a run folder; "
-        "those of a run that a later run resumed and took further), with their sizes; nothing is deleted without "
+        "a checkpoint a later run continued, by its record, and took further), with their sizes; nothing is deleted without "
         "--yes. best.ckpt and what --ckpt last opens stay",
     )
     p.add_argument("--yes", action="store_true", help="with --prune: delete what it lists")
@@ -681,7 +701,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     root = Path(args.runs_dir)
     if not root.is_dir():
-        sys.stderr.write(f"error: --runs-dir {root} does not exist: train first (gptmini train)\n")
+        what = (
+            "is not a folder: pass the runs folder (paths.output_root of training)"
+            if root.exists()
+            else "does not exist: train first (gptmini train)"
+        )
+        sys.stderr.write(f"error: --runs-dir {root} {what}\n")
         return 2
     if args.prune:
         sys.stdout.write(prune(root, args.name, args.yes))

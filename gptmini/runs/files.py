@@ -74,12 +74,9 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
         "bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns,
         "global_step": step if isinstance(step, int) else None,
-        "run_name": record.run_name,
-        "max_steps": record.max_steps,
         "val_loss": val_loss,
         "val_step": val_step,
         "tensorboard_dir": record.tensorboard_dir,
-        "resumed_from": record.resumed_from,
     }
     fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
 

@@ -154,7 +154,7 @@ def test_runs_prune_lists_first_and_deletes_only_with_yes(train, gptmini_cli, tm
     assert dry.returncode == 0, dry.stderr
     listed = [line.split()[0] for line in dry.stdout.splitlines() if line.startswith("  ")]
     assert listed == [str(superseded), str(stale)]
-    assert f"resumed by {second}, which went on to step 9" in dry.stdout
+    assert f"continued by {second}, which went on to step 9" in dry.stdout
     assert f"2 file(s), {human_size(size)}: gptmini runs --prune --yes deletes them" in dry.stdout
     assert {p: p.stat().st_size for p in root.rglob("*.ckpt")} == before  # nothing deleted
 

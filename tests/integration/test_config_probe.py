@@ -225,6 +225,24 @@ REFUSED = [
         r"cannot create the run folder /proc/gptmini/smoke/\S+: .*paths\.output_root",
         2,
     ),
+    # it was accepted and logged nothing
+    (
+        ["trainer.log_every_n_steps=0"],
+        r"trainer\.log_every_n_steps=0 is invalid: it must be an integer >= 1",
+        2,
+    ),
+    # a key given twice: the override Hydra could not merge is quoted (the first of the key was)
+    (
+        ["model.n_layer=2", "model.n_layer=abc"],
+        r"model\.n_layer=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        2,
+    ),
+    # argparse printed Hydra's whole usage, naming __main__.py
+    (
+        ["--cfg", "trainer.max_steps=3"],
+        r"--cfg takes what to print, job, hydra or all, not 'trainer\.max_steps=3': e\.g\. gptmini train --cfg job",
+        2,
+    ),
     (
         ["--config-dir", "/nonexistent/gptmini"],
         r"Additional config directory '/nonexistent/gptmini' not found: --config-dir",
@@ -354,3 +372,35 @@ def test_a_cycle_in_a_user_experiment_and_a_foreign_primary_config_are_one_line(
         "error: --config-name own: a config of your own starts from gptmini's: put `defaults:"
     )
     assert [p for p in work.rglob("*") if p.is_file()] == []
+
+
+def test_a_yaml_syntax_error_in_a_user_experiment_is_one_line_naming_the_file(
+    corpus: Path, tmp_path: Path, gptmini_train: Any
+) -> None:
+    """A user's experiment file that is not YAML ended in PyYAML's traceback, exit 1."""
+    confs = tmp_path / "confs"
+    (confs / "experiment").mkdir(parents=True)
+    broken = confs / "experiment" / "broken.yaml"
+    broken.write_text("# @package _global_\ntrainer:\n  max_steps: [1, 2\n")
+    proc = gptmini_train(["--config-dir", confs, "experiment=broken", *_base(corpus, tmp_path)])
+    text = proc.stdout + proc.stderr
+    (line,) = _error_lines(text)
+    assert proc.returncode == 2 and "Traceback" not in text, text
+    assert line.startswith(f"error: {broken}, line 4, is not valid YAML (while parsing a flow sequence"), line
+    assert line.endswith("): fix the file")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_max_steps_from_an_environment_variable_trains_that_many_steps(
+    corpus: Path, tmp_path: Path, gptmini_train: Any, monkeypatch
+) -> None:
+    """trainer.max_steps='${oc.env:STEPS}' (text in the config, an integer once typed) was refused by the
+    scheduler's constructor ("'<' not supported between instances of 'str' and 'int'"), naming neither the key
+    nor a fix: the schedule takes its length from the typed trainer setting."""
+    import torch
+
+    monkeypatch.setenv("GPTMINI_TEST_STEPS", "2")
+    proc = gptmini_train([*_base(corpus, tmp_path), "trainer.max_steps=${oc.env:GPTMINI_TEST_STEPS}"])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (last,) = (tmp_path / "outputs").rglob("last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 2

@@ -101,3 +101,14 @@ def test_a_misspelt_key_is_refused_as_training_refuses_it(tmp_path, gptmini_cli,
     assert data.returncode == train.returncode == 2
     assert data.stderr == train.stderr.splitlines(keepends=True)[-1]
     assert "did you mean tokenizer.vocab_size?" in data.stderr
+
+
+def test_a_corpus_too_small_to_train_on_is_refused_as_training_refuses_it(tmp_path, gptmini_cli):
+    """`gptmini data` said "data prepared: train 0 tokens", exit 0, where `gptmini train` then refused the data."""
+    (tmp_path / "tiny.txt").write_text("ab\n")
+    args = ["data=text", f"data.source={tmp_path / 'tiny.txt'}", "tokenizer=char", "model.block_size=16"]
+    proc = gptmini_cli(["data", *args, f"data.data_dir={tmp_path / 'd'}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert line.startswith(f"error: {tmp_path / 'd'} is prepared, but its train split has ")
+    assert "tokens where one window of model.block_size=16 needs 17: training would refuse it" in line

@@ -317,4 +317,5 @@ def test_the_hint_of_an_interrupted_run_typed_as_printed_resumes_that_run(
         if str(folder) in line
     }
     assert " resumed " in rows[first.name] and " resumable " not in rows[first.name], listed.stdout
-    assert " finished " in rows[third.name], listed.stdout
+    # the continuation says what it continued: the interrupted run's checkpoint, at its step
+    assert f" finished, continues hint/{first.name}@4 " in rows[third.name], listed.stdout

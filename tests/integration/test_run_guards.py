@@ -4,6 +4,7 @@ stop a sweep at its first failing job, or resume a run it cannot continue."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -384,3 +385,51 @@ def test_a_run_stopped_by_a_nan_loss_writes_its_curves_and_says_where_they_end(t
     assert re.search(
         r"train/loss is NaN/inf from step \d+ on: loss_curve\.png draws its finite points only", output(proc)
     )
+
+
+@pytest.mark.parametrize("root", ["", "/", "//", "${oc.env:GPTMINI_TEST_EMPTY}"])
+def test_an_empty_or_root_only_output_root_is_refused_in_one_line(train, monkeypatch, root) -> None:
+    """paths.output_root= (or an ${oc.env:X} with X empty) put the run at the filesystem root, /<run_name>/...,
+    exit 0. (A model setting refused later keeps the old code from training there: it named that setting.)"""
+    monkeypatch.setenv("GPTMINI_TEST_EMPTY", "")
+    name = f"gptmini_root_test_{os.getpid()}"
+    check_refused(
+        train(f"paths.output_root={root}", f"run_name={name}", "model.dropout=1.5"),
+        r"error: paths\.output_root='/*' would put the runs at the filesystem root: pass a folder of its own",
+    )
+    assert not Path("/", name).exists()
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [{"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}, {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "batch"}],
+    ids=["torchrun", "sbatch-n2"],
+)
+def test_a_one_process_run_under_stray_launcher_variables_trains_and_logs_as_rank_zero(
+    run_cli, char_data_root, tmp_path, variables
+) -> None:
+    """LOCAL_RANK=1 RANK=1 WORLD_SIZE=2 made a run of one process act as rank 1 (exit 0, no tb/, no scalars.csv,
+    no curve, "final validation: none logged"); SLURM_NTASKS=2 (sbatch -n 2 around one command) failed it with
+    Lightning's --ntasks error. A process started with these, not by a launcher of this run, is its rank 0."""
+    proc = run_cli.train(
+        [*TINY, f"paths.output_root={tmp_path / 'out'}", f"paths.data_root={char_data_root}"],
+        env=variables,
+    )
+    assert proc.returncode == 0, output(proc)[-3000:]
+    assert "final validation: val/loss" in output(proc)
+    (run_dir,) = (tmp_path / "out").glob("*/*")
+    for made in ("tb", "scalars.csv", "loss_curve.png", "checkpoints/last.ckpt"):
+        assert (run_dir / made).exists(), made
+
+
+@pytest.mark.parametrize("refused", ["model.dropout=1.5", "seed=-1", "optimizer.hidden.lr=nan"])
+def test_a_refusal_after_composition_leaves_no_output_root_it_made(train, tmp_path, refused) -> None:
+    """The run folder and its run_name folder went, but the output root the start had made stayed, empty; an
+    output root that existed before stays."""
+    made = tmp_path / "new" / "root"
+    check_refused(train(f"paths.output_root={made}", refused), rf"error: {re.escape(refused)} is invalid")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    check_refused(train(f"paths.output_root={kept}", refused), rf"error: {re.escape(refused)} is invalid")
+    assert kept.is_dir() and not any(kept.iterdir())

@@ -32,7 +32,7 @@ from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import check_resolves
 from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
 from gptmini.training.run.resume import check_resumed_data
-from gptmini.training.run.run_folder import hold_output_dir
+from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir, trainer_processes
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -115,8 +115,8 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
 
     _quiet_lightning()
     L.seed_everything(plan.seed, workers=True)
-    _log_hardware(plan)
     trainer, callbacks = build_trainer(plan)
+    _log_hardware(plan)
     datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
@@ -203,16 +203,21 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
     trainer_cfg["max_time"] = None
     _keep_the_guards(callbacks, trainer_cfg)
     loggers = [_logger(settings, plan) for settings in _nodes(plan.loggers).values()]
-    trainer = instantiate(
-        trainer_cfg,
-        callbacks=callbacks,
-        logger=loggers or False,
-        # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
-        # AsyncCheckpointIO: the state is copied on the training thread at the step it belongs to (so resuming
-        # stays exact) and written by one background thread, in order, while training goes on; a failed write
-        # stops the run at the next save or at the end.
-        plugins=[AsyncCheckpointIO(AtomicCheckpointIO())],
-    )
+    # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
+    # AsyncCheckpointIO: the state is copied on the training thread at the step it belongs to (so resuming stays
+    # exact) and written by one background thread, in order, while training goes on; a failed write stops the run
+    # at the next save or at the end.
+    plugins = [AsyncCheckpointIO(AtomicCheckpointIO())]
+    if trainer_processes(trainer_cfg) == 1:
+        # A run of one process (its trainer.devices x trainer.num_nodes) is rank 0 of 1 whatever a launcher's
+        # variables left in the environment say (RANK, LOCAL_RANK, WORLD_SIZE, SLURM_NTASKS): Lightning's own
+        # environment for a process it starts itself, instead of the one it would detect from them.
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
+        from lightning.pytorch.plugins.environments import LightningEnvironment
+
+        rank_zero_only.rank = 0  # (Lightning reads it from RANK/LOCAL_RANK when imported)
+        plugins.append(LightningEnvironment())
+    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers or False, plugins=plugins)
     return trainer, RunCallbacks(named, callbacks, timer)
 
 
@@ -515,8 +520,17 @@ def _remove_failed_run_folder(
                 (output_dir / own).unlink()
         return
     shutil.rmtree(output_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        output_dir.parent.rmdir()  # only when empty
+    # its run_name folder, and the folders above it that the run's start made (an output root), when empty
+    top = Path(os.environ[MADE_FOLDERS]) if os.environ.get(MADE_FOLDERS) else None
+    folder = output_dir.absolute().parent
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+        if top is None or top not in folder.parents:
+            break
+        folder = folder.parent
 
 
 def _output_dir(cfg: DictConfig) -> Path | None:

@@ -77,8 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         datamodule = instantiate(dataclasses.asdict(data), _convert_="all")  # the run's (app.build_data)
         with shown:
             datamodule.prepare_data(progress=callback)
+        meta = load_meta(datamodule.data_dir)
         if datamodule.tokenizer_name == "bpe":
-            log_compression(datamodule.data_dir, load_meta(datamodule.data_dir))
+            log_compression(datamodule.data_dir, meta)
+        # a train split without one window of the run's context: training would refuse it (a short val split is
+        # the run's to judge: the data may be prepared for another model's eval)
+        tokens, need = int(meta["splits"].get("train", {}).get("tokens", 0)), data.block_size + 1
+        if tokens < need:
+            raise DataError(
+                f"{datamodule.data_dir} is prepared, but its train split has {tokens} tokens where one window of "
+                f"model.block_size={data.block_size} needs {need}: training would refuse it; give more text or a "
+                "smaller model.block_size"
+            )
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
         sys.stderr.write(f"error: {one_line(err, overrides)}\n")
         return EXIT_HYDRA_ERROR

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import yaml
 from hydra.errors import (
     ConfigCompositionException,
     MissingConfigException,
@@ -100,7 +101,8 @@ def _bad_value(err: ConfigCompositionException, argv: Sequence[str]) -> str | No
     if not key or not str(err).startswith("Error merging override"):
         return None
     reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-    return f"{_override(argv, key)}: {reason}"
+    # the override Hydra failed to merge (a key given twice: the later one, not the first of the key)
+    return f"{str(err).splitlines()[0].removeprefix('Error merging override ')}: {reason}"
 
 
 def one_line(err: Exception, argv: Sequence[str]) -> str:
@@ -113,6 +115,13 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         dropped = re.match(r"Error resolving interpolation '\$\{(\w+)\}'", str(err))
         if dropped and f"~{dropped.group(1)}" in argv:
             return dropped_group(dropped.group(1))
+    if isinstance(
+        err, yaml.YAMLError
+    ):  # a config file of the user's (--config-dir, an experiment) that does not parse
+        mark = getattr(err, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}," if mark is not None else "a config file"
+        why = ", ".join(str(w) for w in (getattr(err, "context", None), getattr(err, "problem", None)) if w)
+        return f"{where} is not valid YAML ({why or err}): fix the file"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if isinstance(err, MissingConfigException):
         # "Could not find 'model/foo'", "Available options in 'model':", "baby", ..., "Config search path:", ...
@@ -218,6 +227,15 @@ def run_hydra(
     import hydra
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    # --cfg without what to print: argparse's refusal would be Hydra's whole usage, naming the interpreter's script
+    for i, arg in enumerate(argv):
+        if arg in ("--cfg", "-c") and argv[i + 1 : i + 2] not in (["job"], ["hydra"], ["all"]):
+            given = f", not {argv[i + 1]!r}" if i + 1 < len(argv) else ""
+            sys.stderr.write(
+                f"error: {arg} takes what to print, job, hydra or all{given}: e.g. gptmini train --cfg job "
+                "trainer.max_steps=300\n"
+            )
+            sys.exit(EXIT_HYDRA_ERROR)
     full = os.environ.get(_FULL_ERROR) == "1"
     if not full:
         os.environ[_FULL_ERROR] = os.environ[_SET_BY_GPTMINI] = "1"
@@ -234,6 +252,7 @@ def run_hydra(
         MissingConfigException,
         OverrideParseException,
         SearchPathException,
+        yaml.YAMLError,
     ) as err:
         if full:
             raise

@@ -16,7 +16,7 @@ import glob
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from gptmini import liger
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
-from gptmini.runs.record import RECORD_VERSION, RunRecord
+from gptmini.runs.record import RECORD_VERSION, Lineage, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
@@ -126,7 +126,9 @@ class RunPlan:
             tokens_per_step=tokens_per_step,
             tensorboard_dir=tensorboard_dir,
             output_dir=self.output_dir,
-            resumed_from=os.path.abspath(self.ckpt_path) if self.ckpt_path is not None else None,
+            continued_from=Lineage(os.path.abspath(self.ckpt_path), int(self.resume.get("global_step") or 0))
+            if self.ckpt_path is not None and self.resume is not None
+            else None,
         )
 
     def trainer_overrides(self) -> dict[str, Any]:
@@ -180,7 +182,9 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_optimizer(optimizer)
     trainer = typed_group(cfg, "trainer")
     _check_trainer(trainer)
-    scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"))
+    # the schedule's length from the typed trainer: trainer.max_steps='${oc.env:STEPS}' is text in the config
+    typed = {f"trainer.{k}": getattr(trainer, k) for k in ("max_steps", "max_time")}
+    scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"), typed_values=typed)
     _check_scheduler(scheduler)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
@@ -318,16 +322,24 @@ def _checked_data(cfg: DictConfig) -> tuple[TokenizerSchema, Any]:
     return tokenizer, data
 
 
-def _with_derived(cfg: DictConfig, group: str, typed: Any, key: str | None = None) -> Any:
+def _with_derived(
+    cfg: DictConfig,
+    group: str,
+    typed: Any,
+    key: str | None = None,
+    typed_values: Mapping[str, Any] | None = None,
+) -> Any:
     """``typed`` (the user settings of ``group``'s node at ``key``, by default ``group``) with the derived
-    parameters its constructor takes, from ``DERIVED``."""
+    parameters its constructor takes, from ``DERIVED``: the value of ``typed_values`` (by full key) where given,
+    else the config's."""
     if typed is None:
         return None
     key = key or group
     full = schema_of(group, typed._target_, user=False)
     names = {f.name for f in dataclasses.fields(full)}
+    sources = {name: DERIVED[f"{key}.{name}"][0] for name in derived_of(key) if name in names}
     derived = {
-        name: OmegaConf.select(cfg, DERIVED[f"{key}.{name}"][0]) for name in derived_of(key) if name in names
+        name: (typed_values or {}).get(src, OmegaConf.select(cfg, src)) for name, src in sources.items()
     }
     return full(**dataclasses.asdict(typed), **derived)
 
@@ -443,11 +455,11 @@ def _check_trainer(trainer: Any) -> None:
                 f"trainer.{key}={value} is invalid: it must be an integer >= 1, or null"
                 + (" (-1: no limit; trainer.max_steps ends the run)" if key == "max_epochs" else "")
             )
-    if not _positive_int(trainer.accumulate_grad_batches):
-        raise RunError(
-            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} is invalid: it must be an "
-            "integer >= 1"
-        )
+    # log_every_n_steps=0 logged nothing at all
+    for key in ("accumulate_grad_batches", "log_every_n_steps"):
+        value = getattr(trainer, key)
+        if not _positive_int(value) and (key == "accumulate_grad_batches" or value is not None):
+            raise RunError(f"trainer.{key}={value} is invalid: it must be an integer >= 1")
     every = trainer.val_check_interval
     if isinstance(every, int) and not isinstance(every, bool) and every <= 0:
         raise RunError(

@@ -235,6 +235,12 @@ def _run_folder(config: DictConfig, key: str) -> str:
 
     try:
         _check_kept_settings(config)
+        root = str(OmegaConf.select(config, "paths.output_root", throw_on_resolution_failure=True))
+        if not root.strip() or not os.path.normpath(os.path.abspath(root)).strip("/"):
+            raise RunError(
+                f"paths.output_root={root!r} would put the runs at the filesystem root: pass a folder of its own, "
+                "e.g. paths.output_root=outputs (an ${oc.env:VAR} whose variable is empty or unset gives '')"
+            )
         return str(OmegaConf.select(config, key, throw_on_resolution_failure=True))
     except OmegaConfBaseException as err:
         _refuse(unresolvable(err, config))
@@ -243,8 +249,17 @@ def _run_folder(config: DictConfig, key: str) -> str:
     raise AssertionError  # (_refuse exits)
 
 
+# Set by a run's start for the clean-up of a failed one: the outermost folder of the run folder's path that did
+# not exist before it ("": every one did), which the clean-up may remove when empty.
+MADE_FOLDERS = "GPTMINI_MADE_FOLDERS"
+
+
 def _check_run_start(config: DictConfig, key: str) -> None:
     folder = _run_folder(config, key)
+    missing = Path(os.path.abspath(folder))
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    os.environ[MADE_FOLDERS] = "" if missing.exists() else str(missing)
     try:
         check_run_name(config.get("run_name"))
         check_tensorboard_version(config)

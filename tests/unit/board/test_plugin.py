@@ -684,3 +684,11 @@ def test_own_text_keeps_the_queries_and_keys_of_every_layer(tmp_path, write_chec
     torch.testing.assert_close(
         torch.from_numpy(got.astype(np.float32)), want, rtol=1e-3, atol=1e-3
     )  # float16
+
+
+@pytest.mark.parametrize("path", ["static/..", "static/../runs", "static/", "nothing", "static/a/b"])
+def test_a_path_under_the_tab_that_is_no_route_gets_a_json_404(client, path):
+    """`static/..` got TensorBoard's plain-text 404, where every other answer of the tab's API is JSON."""
+    response = client.get(f"{PREFIX}/{path}")
+    assert response.status_code == 404
+    assert "no static file or route" in json.loads(response.get_data(as_text=True))["error"]

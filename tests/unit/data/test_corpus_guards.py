@@ -148,3 +148,25 @@ def test_a_corpus_in_another_encoding_gets_the_matching_conversion_hint(
         in proc.stderr
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling_link", "fifo"])
+def test_a_corpus_folder_holding_a_txt_that_is_not_a_file_is_refused_as_that_path_alone_is(
+    tmp_path, gptmini_cli, kind
+) -> None:
+    """A folder's *.txt that is a FIFO or a dangling link was skipped without a word (the rest prepared, exit 0),
+    where the same path given alone is refused."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "good.txt").write_text(TEXT)
+    path, cause = special_paths(tmp_path)[kind]
+    path.rename(folder / path.name)  # the one special path in the folder (a link's target stays as it was)
+    path = folder / path.name
+    proc = gptmini_cli(
+        ["data", "data=text", f"data.source={folder}", "tokenizer=char", f"data.data_dir={tmp_path}/o"]
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(
+        rf"error: .*{re.escape(str(folder))}: {re.escape(str(path))} {cause}.*\n", proc.stderr
+    ), proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -51,3 +51,29 @@ def test_a_data_folder_with_another_vocabulary_is_refused(tmp_path, char_data, w
     assert main(["--ckpt", str(ckpt), "--max-new-tokens", "4"]) == 2
     assert f"error: {char_data} (source '{other}', tokenizer 'char'" in caplog.text
     assert "is tokenized differently from the data checkpoint" in caplog.text
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(
+    tmp_path, char_data, write_checkpoint, caplog
+):
+    """A diverged run's weights (NaN) ended in torch.multinomial's traceback."""
+    import torch
+
+    from gptmini.runs.checkpoint import atomic_save
+
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=char_data)
+    saved = torch.load(ckpt, weights_only=True)
+    name = next(k for k in saved["state_dict"] if k.endswith("lm_head.weight") or "wte" in k)
+    saved["state_dict"][name][0, 0] = float("nan")
+    atomic_save(saved, ckpt)  # a checksum of the NaN weights: the file is intact, its weights are not
+    assert main(["--ckpt", str(ckpt), "--max-new-tokens", "4"]) == 2
+    assert f"error: {ckpt} holds non-finite weights (NaN or inf, in " in caplog.text
+    assert "pass an earlier checkpoint" in caplog.text
+
+
+@pytest.mark.parametrize("value", ["-1", "1e5"])
+def test_a_temperature_out_of_range_names_the_documented_range(value, capsys):
+    """-1 was refused with finite_float's "[0, inf)", where 1e5 got the range --help states."""
+    with pytest.raises(SystemExit):
+        main(["--temperature", value])
+    assert f"{value} is out of range: it must be 0 (greedy) or in [0.0001, 10000]" in capsys.readouterr().err

@@ -213,6 +213,13 @@ def test_gptmini_runs_without_a_runs_folder_says_so(tmp_path, gptmini_cli):
         proc.stderr.strip()
         == f"error: --runs-dir {tmp_path / 'none'} does not exist: train first (gptmini train)"
     )
+    (tmp_path / "file").write_text("x")
+    proc = gptmini_cli(["runs", "--runs-dir", tmp_path / "file"])  # said "does not exist"
+    assert proc.returncode == 2
+    assert (
+        proc.stderr
+        == f"error: --runs-dir {tmp_path / 'file'} is not a folder: pass the runs folder (paths.output_root of training)\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["sample", "eval", "attention", "analyze", "export", "runs"])
