@@ -1,6 +1,6 @@
 """``gptmini data [overrides]``: the data folder that ``gptmini train`` with the same overrides reads, prepared
 without training: the training config composed and planned as the run's (``plan.plan_preparation``), then
-prepared by the run's DataModule."""
+prepared as the run's DataModule prepares it (``prepare_run_data``), without building it."""
 
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     from gptmini.conf_dir import conf_dir
     from gptmini.data.bpe import log_compression
+    from gptmini.data.prepare import prepare_run_data
     from gptmini.data.errors import DataError
     from gptmini.data.progress import cli_logging
     from gptmini.data.reader import load_meta
@@ -74,11 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open_dict(cfg):
             del cfg["hydra"]  # as the run's task function receives it
         data = plan_preparation(cfg)
-        datamodule = instantiate(dataclasses.asdict(data), _convert_="all")  # the run's (app.build_data)
-        with shown:
-            datamodule.prepare_data(progress=callback)
-        if datamodule.tokenizer_name == "bpe":
-            log_compression(datamodule.data_dir, load_meta(datamodule.data_dir))
+        with shown:  # the run's DataModule prepares through the same function
+            prepared = prepare_run_data(dataclasses.asdict(data), progress=callback)
+        if data.tokenizer == "bpe":
+            log_compression(prepared.out_dir, load_meta(prepared.out_dir))
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
         sys.stderr.write(f"error: {one_line(err, overrides)}\n")
         return EXIT_HYDRA_ERROR
