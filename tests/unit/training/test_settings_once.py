@@ -290,13 +290,53 @@ def test_adding_an_optimizer_setting_is_one_constructor_parameter(monkeypatch: p
             super().__init__(params, **options)
 
     monkeypatch.setitem(optimizers.MuonAdamW.settings_of, "hidden", (WithCap, ("params",)))
-    schema.settings_schema.cache_clear()
+    # an edited optimizers.py has another stamp: its settings are read from the signature, not the stored ones
+    monkeypatch.setattr(schema, "code_stamp", lambda target: "edited")
+    _clear_schema_caches()
     try:
         hidden = schema.option_settings(conf_dir())["optimizer", "muon"]["hidden"]
         page = settings_reference(conf_dir())
     finally:
-        schema.settings_schema.cache_clear()
+        _clear_schema_caches()
     assert hidden["update_cap"] is None and hidden["beta2"] == 0.95
     assert (
         "| `optimizer.hidden.update_cap` | `null` | the largest step of one element (null: no cap) |" in page
     )
+
+
+def _clear_schema_caches() -> None:
+    from gptmini.training.run import schema
+
+    schema.target_spec.cache_clear()
+    schema.schema_of.cache_clear()
+
+
+def test_the_stored_settings_are_the_signatures() -> None:
+    """gptmini/training/run/settings_specs.json, which composing reads instead of importing every option's
+    class, is what the signatures say: regenerate it with ``python scripts/settings_page.py --specs``."""
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run.schema import SPECS_FILE
+    from scripts.settings_page import settings_specs
+
+    assert SPECS_FILE.read_text() == settings_specs(conf_dir())
+
+
+def test_stored_settings_of_other_code_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored spec whose stamp is not the code's (an edited module, another Lightning) is read again from the
+    signature: here a stored Trainer spec made to lack ``max_steps``."""
+    import json
+
+    from gptmini.training.run import schema
+
+    stored = json.loads(schema.SPECS_FILE.read_text())
+    trainer = stored["trainer lightning.pytorch.Trainer"]
+    trainer["settings"] = [s for s in trainer["settings"] if s["name"] != "max_steps"]
+    monkeypatch.setattr(schema, "_stored_specs", lambda: stored)
+    _clear_schema_caches()
+    try:
+        assert "max_steps" not in schema.settings(schema.schema_of("trainer", "lightning.pytorch.Trainer"))
+        trainer["stamp"] = "another version"
+        _clear_schema_caches()
+        assert "max_steps" in schema.settings(schema.schema_of("trainer", "lightning.pytorch.Trainer"))
+    finally:
+        _clear_schema_caches()
