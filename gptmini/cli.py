@@ -41,12 +41,20 @@ def _train(prog: str, argv: list[str]) -> int:
     the other processes of a one-node DDP run by running this process's program again with sys.argv[1:], which
     must then be the training module, not ``gptmini`` (whose first argument is the subcommand)."""
     cmd = [sys.executable, "-m", "gptmini.training", *argv]
+    starting(prog, "composing the config, then torch")
     if os.name != "posix":  # no exec that keeps the process (Windows): run it and wait
         return subprocess.call(cmd)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached
+
+
+def starting(prog: str, what: str) -> None:
+    """One line on a terminal at once, before a command's seconds of imports and composing: it has started."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"{prog}: {what}...\n")
+        sys.stderr.flush()
 
 
 def _board(prog: str, argv: list[str]) -> int:
