@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gptmini
+from gptmini.options import starting
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,6 @@ def _train(prog: str, argv: list[str]) -> int:
     sys.stderr.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached
-
-
-def starting(prog: str, what: str) -> None:
-    """One line on a terminal at once, before a command's seconds of imports and composing: it has started."""
-    if sys.stderr.isatty():
-        sys.stderr.write(f"{prog}: {what}...\n")
-        sys.stderr.flush()
 
 
 def _board(prog: str, argv: list[str]) -> int:

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if instead:
         sys.stderr.write(f"error: gptmini data takes the training settings: {' '.join(instead)}\n")
         return EXIT_HYDRA_ERROR
-    from gptmini.cli import starting
+    from gptmini.options import starting
 
     starting("gptmini data", "composing the config, then the data")
     from hydra import compose, initialize_config_dir

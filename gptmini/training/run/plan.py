@@ -79,15 +79,15 @@ class RunPlan:
     resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
     # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
     init_from: str | None
+    # the top-level settings the build reads (their defaults: TrainSchema's)
+    seed: int
+    compile: bool
+    retain_freed_memory: bool
+    run_name: str
+    output_dir: str
+    output_root: str
     # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
     tensorboard_dir: str | None = None
-    # the top-level settings the build reads
-    seed: int = 1337
-    compile: bool = False
-    retain_freed_memory: bool = True
-    run_name: str = "default"
-    output_dir: str = "."
-    output_root: str = "outputs"
     tokenizer: TokenizerSchema = dataclasses.field(default_factory=TokenizerSchema)
     init_kind: str | None = None  # "checkpoint" or "hf": what init_from is
     hardware: str | None = None  # the hardware option chosen (None: composed without Hydra's choices)

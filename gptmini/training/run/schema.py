@@ -109,7 +109,7 @@ class TokenizerSchema:
 @dataclass
 class PathsSchema:
     # Where prepared data folders go (with data.data_dir null: one per corpus and tokenizer)
-    data_root: str = "data"
+    data_root: str = "${hydra:runtime.cwd}/data"
     # Where run folders go: <output_root>/<run_name>/<time>/
     output_root: str = "outputs"
     # This run's folder, as Hydra makes it (not set by hand)
@@ -135,8 +135,9 @@ class TrainSchema:
     trainer: Any = field(default_factory=dict)
     callbacks: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
-    # The run's name: its folder under paths.output_root and the run ckpt_path=last resumes.
-    run_name: str = "default"
+    # The run's name: its folder under paths.output_root and the run ckpt_path=last resumes ("default" for the
+    # embedded corpus in GPT-2's BPE, else <corpus name>_<tokenizer>).
+    run_name: str = "${default_run_name:${oc.select:data.source,null},${tokenizer.name}}"
     # Seeds the weights, the data order and the dropout masks (an integer in [0, 2**32)).
     seed: int = 1337
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.

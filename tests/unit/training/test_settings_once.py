@@ -340,3 +340,41 @@ def test_stored_settings_of_other_code_are_not_used(monkeypatch: pytest.MonkeyPa
         assert "max_steps" in schema.settings(schema.schema_of("trainer", "lightning.pytorch.Trainer"))
     finally:
         _clear_schema_caches()
+
+
+def test_the_top_level_defaults_are_written_once_in_the_schema() -> None:
+    """conf/train.yaml makes choices only: no value of its own equals the schema's default it would override;
+    and the plan's dataclass takes the top-level settings without restating their defaults."""
+    import ast
+    import dataclasses
+    import inspect
+
+    import yaml
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run import plan
+    from gptmini.training.run.schema import TrainSchema
+
+    def defaults(schema: type) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(schema):
+            if dataclasses.is_dataclass(f.type) or f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.type()
+                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            else:
+                out[f.name] = f.default
+        return out
+
+    own = yaml.safe_load((conf_dir() / "train.yaml").read_text())
+    own.pop("defaults")
+    own.pop("hydra")
+    assert _restated(own, defaults(TrainSchema), "") == []
+    restated = [
+        node.target.id
+        for node in ast.walk(ast.parse(inspect.getsource(plan.RunPlan)))
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id in {f.name for f in dataclasses.fields(TrainSchema)}
+        and node.value is not None
+    ]
+    assert restated == []
