@@ -149,7 +149,8 @@ def settings_specs(conf: Path) -> str:
                 if target:
                     settings = signature_spec(get_object(str(target)), BUILT_BY_THE_RUN[group])
                     specs[f"{group} {target}"] = {"stamp": code_stamp(str(target)), "settings": settings}
-    return json.dumps(dict(sorted(specs.items())), indent=1) + "\n"
+    lines = [f"{json.dumps(key)}: {json.dumps(spec)}" for key, spec in sorted(specs.items())]
+    return "{\n" + ",\n".join(lines) + "\n}\n"  # one option a line
 
 
 if __name__ == "__main__":
