@@ -343,7 +343,7 @@ def target_spec(group: str, target: str) -> list[dict[str, Any]] | None:
     is the code's, else read from the signature (a class of the user's own). None when ``target`` cannot be
     imported (a class of the user's own that fails to import fails when built)."""
     stored = _stored_specs().get(f"{group} {target}")
-    if stored is not None and stored["stamp"] == code_stamp(target):
+    if stored is not None and stored["stamp"] is not None and stored["stamp"] == code_stamp(target):
         return stored["settings"]
     from hydra.utils import get_object
 
