@@ -57,7 +57,10 @@ def _lightning_without_eager() -> float:
     costs where they are not."""
     t0 = time.time()
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import lightning"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-X", "importtime", "-c", "import lightning"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     wall = time.time() - t0
     if proc.returncode != 0:
@@ -110,8 +113,8 @@ def bench_startup(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
         f"CPU: {cpu_name()}; load average (1/5/15 min) {load_start} at the start, {loadavg()} at the end",
         "each round runs every row once, in the table's order; x_import_torch: the median over rounds of the row "
         "over that round's import torch",
-        f"the first step: when the training process starts its first batch (benchmarks.step_clock), timed from "
-        f"just before `gptmini train` starts; the data is prepared before the rounds",
+        "the first step: when the training process starts its first batch (benchmarks.step_clock), timed from "
+        "just before `gptmini train` starts; the data is prepared before the rounds",
         "import lightning less its eager imports: torchmetrics (which Lightning imports) imports transformers and "
         "scipy.signal when they are installed (make install installs them); its availability checks read their "
         "metadata, so a process that has them cannot keep them out; the row is the import less what "

@@ -330,7 +330,10 @@ def prepare_run_data(
         buffer_mb=settings["buffer_mb"],
         progress=progress,
         # tokenizer=bpe: the vocabulary to train and the bound on its training text (gptmini.data.bpe)
-        tokenizer_options={"vocab_size": settings["tokenizer_vocab_size"], "train_bytes": settings["tokenizer_train_bytes"]},
+        tokenizer_options={
+            "vocab_size": settings["tokenizer_vocab_size"],
+            "train_bytes": settings["tokenizer_train_bytes"],
+        },
     )
     log.info("data %s", result.summary)
     for split, info in result.meta["splits"].items():

@@ -247,7 +247,9 @@ def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
     return dict(hp["model_config"])
 
 
-def check_tensors_match(state_dict: Mapping[str, Any], model: GPT, path: str | Path, prefix: str = "model.") -> None:
+def check_tensors_match(
+    state_dict: Mapping[str, Any], model: GPT, path: str | Path, prefix: str = "model."
+) -> None:
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``prefix``) are not exactly those of
     ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
     (edited, or written by another tool)."""

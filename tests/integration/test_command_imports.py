@@ -53,7 +53,9 @@ LANES = [
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory: pytest.TempPathFactory, write_checkpoint, cli_env) -> dict[str, tuple[int, str, set]]:
+def imported(
+    tmp_path_factory: pytest.TempPathFactory, write_checkpoint, cli_env
+) -> dict[str, tuple[int, str, set]]:
     """Each command's exit status, its stderr and the modules it had imported at its exit."""
     from gptmini.data.prepare import prepare
 
@@ -98,4 +100,3 @@ def test_the_commands_that_compute_import_torch(imported) -> None:
     for command in ("sample", "eval", "export", "train --cfg job", "data (preparing)"):
         assert "torch" in imported[command][2], command
     assert "matplotlib" in imported["attention"][2]
-

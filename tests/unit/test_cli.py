@@ -289,4 +289,6 @@ def test_train_and_data_say_at_once_that_they_started(monkeypatch, terminal):
     err.truncate()
     with pytest.raises(Composing) as seen:
         main(["data", "data.val_fraction=0.2"])
-    assert seen.value.args[0] == ("gptmini data: composing the config, then the data...\n" if terminal else "")
+    assert seen.value.args[0] == (
+        "gptmini data: composing the config, then the data...\n" if terminal else ""
+    )

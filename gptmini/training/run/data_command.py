@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gptmini.conf_dir import conf_dir
     from gptmini.data.bpe import log_compression
-    from gptmini.data.prepare import prepare_run_data
     from gptmini.data.errors import DataError
+    from gptmini.data.prepare import prepare_run_data
     from gptmini.data.progress import cli_logging
     from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import TokenizerError

@@ -269,7 +269,9 @@ def signature_spec(target: Any, skip: tuple[str, ...] = ()) -> list[dict[str, An
         elif isinstance(p.default, (list, tuple, dict)) or typ is Any:
             kinds, literals = _kinds(hint)
             entry |= {"type": "any", "kinds": sorted(k.__name__ for k in kinds if k in (*_SIMPLE, object))}
-            entry |= {"literals": sorted(literals, key=str)} if literals else {}
+            entry |= (
+                {"literals": sorted(literals, key=lambda v: (str(v), type(v).__name__))} if literals else {}
+            )
         else:
             entry["type"] = next((n for n, t in _TYPES.items() if t == typ), "any")
         if p.default is not p.empty:
@@ -292,7 +294,9 @@ def spec_schema(spec: list[dict[str, Any]], name: str, skip: tuple[str, ...] = (
         typ = spec_schema(typ, entry["name"], node=False) if isinstance(typ, list) else _TYPES.get(typ, Any)
         default = entry.get("default", "???")  # OmegaConf's mark of a value that must be set
         mutable = isinstance(default, (list, dict))
-        made = field(default_factory=lambda d=default: copy.deepcopy(d)) if mutable else field(default=default)
+        made = (
+            field(default_factory=lambda d=default: copy.deepcopy(d)) if mutable else field(default=default)
+        )
         specs.append((entry["name"], typ, made))
     hydra = [("_target_", str, field(default="")), ("_partial_", bool, field(default=False))] if node else []
     return make_dataclass(f"{name}Settings", [*hydra, *specs])

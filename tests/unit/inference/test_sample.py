@@ -82,6 +82,8 @@ def test_the_text_is_written_as_it_is_generated(tmp_path, char_data, write_check
     ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=char_data)
     assert main(["--ckpt", str(ckpt), "--prompt", "but", "--max-new-tokens", "6", "--temperature", "0"]) == 0
     text = out.getvalue()
-    assert len(drawn) == 6 and text.endswith("\n") and len(text) == len("but") + 6 + 1  # char: a token a character
+    assert (
+        len(drawn) == 6 and text.endswith("\n") and len(text) == len("but") + 6 + 1
+    )  # char: a token a character
     # flushed after each token: at the k-th draw, the prompt and k - 1 generated characters were out
     assert seen_at_draw == [""] + [text[: len("but") + k] for k in range(1, 6)]
