@@ -94,6 +94,7 @@ def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
     from benchmarks.insight import INSIGHT_COLUMNS, bench_insight
     from benchmarks.lm_loss import LM_LOSS_COLUMNS, bench_lm_loss
     from benchmarks.runs import RUNS_COLUMNS, bench_runs
+    from benchmarks.startup import STARTUP_COLUMNS, bench_startup
     from benchmarks.summary import (
         E2E_COLUMNS,
         GENERATE_COLUMNS,
@@ -114,6 +115,9 @@ def tables() -> dict[str, list[tuple[Benchmark, str, str, list[str]]]]:
         "board": [(bench_board, "board", "Attention tab: size, render and own-text timings", BOARD_COLUMNS)],
         "runs": [(bench_runs, "runs", "`gptmini runs` over many runs", RUNS_COLUMNS)],
         "generate": [(bench_generate, "generate", "Generation (batch 1, greedy)", GENERATE_COLUMNS)],
+        "startup": [
+            (bench_startup, "startup", "Start-up: the command to the first training step", STARTUP_COLUMNS)
+        ],
     }
 
 

@@ -34,6 +34,7 @@ SECTIONS = (
     "data",
     "board",
     "runs",
+    "startup",
 )
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gptmini
+from gptmini.options import starting
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ def _train(prog: str, argv: list[str]) -> int:
     the other processes of a one-node DDP run by running this process's program again with sys.argv[1:], which
     must then be the training module, not ``gptmini`` (whose first argument is the subcommand)."""
     cmd = [sys.executable, "-m", "gptmini.training", *argv]
+    starting(prog, "composing the config, then torch")
     if os.name != "posix":  # no exec that keeps the process (Windows): run it and wait
         return subprocess.call(cmd)
     sys.stdout.flush()

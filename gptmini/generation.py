@@ -5,6 +5,7 @@ the choice of each next token (greedy, temperature, top-k, nucleus). ``GPT.gener
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -62,8 +63,11 @@ def generate(
     eos_token: int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Continue ``idx`` (B, T) by up to ``max_new_tokens`` tokens; ``temperature=0`` is greedy decoding.
+    ``on_token``: called with the sequences so far (B, T + n) after each new token (``gptmini sample`` prints
+    them as they come).
 
     With the key/value cache each step feeds only the newest token. When the sequence outgrows ``block_size`` the
     cache is rebuilt from the last half block (the uncached path crops to the last ``block_size`` tokens instead),
@@ -94,6 +98,8 @@ def generate(
             finished |= next_id[:, 0] == eos_token
         idx = torch.cat((idx, next_id), dim=1)
         fresh = next_id
+        if on_token is not None:
+            on_token(idx)
         if eos_token is not None and bool(finished.all()):
             break
     return idx

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 
@@ -137,3 +138,10 @@ def duration(seconds: float) -> str:
     h, m = divmod(s, 3600)
     m, s = divmod(m, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def starting(prog: str, what: str) -> None:
+    """One line on a terminal at once, before a command's seconds of imports and composing: it has started."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"{prog}: {what}...\n")
+        sys.stderr.flush()

@@ -17,7 +17,17 @@ from hydra.utils import get_object
 
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPTConfig
-from gptmini.training.run.schema import INSTANTIATED, NAMED, TrainSchema, option_file, schema_of
+from gptmini.training.run.schema import (
+    BUILT_BY_THE_RUN,
+    INSTANTIATED,
+    NAMED,
+    SPECS_FILE,
+    TrainSchema,
+    code_stamp,
+    option_file,
+    schema_of,
+    signature_spec,
+)
 
 
 def setting_help(owner: Any, name: str) -> str:
@@ -127,5 +137,25 @@ def settings_reference(conf: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def settings_specs(conf: Path) -> str:
+    """gptmini/training/run/settings_specs.json: the settings of every option's ``_target_`` in ``conf``, read from
+    its signature, with the stamp of the code they were read from (``schema.code_stamp``)."""
+    specs = {}
+    for group in (*INSTANTIATED, *NAMED):
+        for path in sorted((conf / group).glob("*.yaml")):
+            option = option_file(conf / group, path.stem)
+            for values in option.values() if group in NAMED else [option]:
+                target = values.get("_target_") if isinstance(values, dict) else None
+                if target:
+                    settings = signature_spec(get_object(str(target)), BUILT_BY_THE_RUN[group])
+                    specs[f"{group} {target}"] = {"stamp": code_stamp(str(target)), "settings": settings}
+    lines = [f"{json.dumps(key)}: {json.dumps(spec)}" for key, spec in sorted(specs.items())]
+    return "{\n" + ",\n".join(lines) + "\n}\n"  # one option a line
+
+
 if __name__ == "__main__":
-    sys.stdout.write(settings_reference(conf_dir()))
+    # --specs: write the settings file the config is composed from (run it after changing a constructor)
+    if sys.argv[1:] == ["--specs"]:
+        SPECS_FILE.write_text(settings_specs(conf_dir()))
+    else:
+        sys.stdout.write(settings_reference(conf_dir()))

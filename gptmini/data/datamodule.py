@@ -21,10 +21,10 @@ from gptmini.data.prepare import (
     DEFAULT_TEXT_FIELD,
     DEFAULT_VAL_FRACTION,
     PrepareProgress,
-    prepare,
+    prepare_run_data,
 )
 from gptmini.data.reader import load_meta, load_split, load_tokenizer
-from gptmini.data.schema import at_least, check_settings
+from gptmini.data.schema import check_data_settings
 from gptmini.data.tokenizers import Tokenizer
 from gptmini.data.windows import (
     DeviceWindows,
@@ -88,33 +88,22 @@ class TokenDataModule(L.LightningDataModule):
         tokenizer_vocab_size: int | None = None,
         tokenizer_train_bytes: int | None = None,
     ) -> None:
-        # each bad setting named as its config key (the run's plan builds this to run them before any work)
-        at_least("batch_size", batch_size, 1)
-        at_least("num_workers", num_workers, 0, " (0: load in the main process)")
-        at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
-        check_settings(val_fraction, shard_tokens, buffer_mb, prepare_threads)
         super().__init__()
         # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
         data_dir = str(data_dir) if data_dir is not None else None
         self.save_hyperparameters()
+        # each bad setting named as its config key (the run's plan builds this to run them before any work)
+        check_data_settings(**self.hparams)
         self.source = source
         self.tokenizer_name = tokenizer
         self.data_dir = Path(data_dir) if data_dir is not None else default_out_dir(source, tokenizer)
         self.block_size = block_size
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.val_fraction = val_fraction
         self.train_samples = train_samples
         self.val_stride = val_stride
         self.seed = seed
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.force_prepare = force_prepare
-        self.text_field = text_field
-        self.shard_tokens = shard_tokens
-        self.buffer_mb = buffer_mb
-        self.prepare_threads = prepare_threads
-        # tokenizer=bpe: the vocabulary to train and the bound on its training text (gptmini.data.bpe)
-        self.tokenizer_options = {"vocab_size": tokenizer_vocab_size, "train_bytes": tokenizer_train_bytes}
         self.meta: dict[str, Any] | None = None
         self.train_dataset: RandomWindowDataset | None = None
         self.val_dataset: StridedWindowDataset | None = None
@@ -128,25 +117,8 @@ class TokenDataModule(L.LightningDataModule):
 
     def prepare_data(self, progress: Callable[[PrepareProgress], None] | None = None) -> None:
         """``progress``: a progress-bar callback (``gptmini.data.prepare.progress_bar``); without one, a long
-        preparation logs a line every 30 s."""
-        result = prepare(
-            self.source,
-            self.tokenizer_name,
-            self.data_dir,
-            val_fraction=self.val_fraction,
-            force=self.force_prepare,
-            num_threads=self.prepare_threads,
-            text_field=self.text_field,
-            shard_tokens=self.shard_tokens,
-            buffer_mb=self.buffer_mb,
-            progress=progress,
-            tokenizer_options=self.tokenizer_options,
-        )
-        log.info("data %s", result.summary)
-        # the token files checked (sizes, and ids against the vocabulary) before any model is built or step run
-        for split, info in result.meta["splits"].items():
-            if info["tokens"] > 0:
-                load_split(self.data_dir, split, result.meta)
+        preparation logs a line every 30 s. ``gptmini data`` prepares through the same function."""
+        prepare_run_data({**self.hparams, "data_dir": self.data_dir}, progress)
 
     def setup(self, stage: str | None = None) -> None:
         if self.meta is not None and self.train_dataset is not None:

@@ -43,7 +43,7 @@ from gptmini.data.encoding import (
 )
 from gptmini.data.errors import DataError
 from gptmini.data.progress import PrepareProgress, Reporter, progress_bar
-from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta
+from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta, load_split
 from gptmini.data.schema import SHARD_PREFIX, check_progress, check_settings
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
@@ -310,6 +310,36 @@ def prepare(
             f"cannot write prepared data to {out}: {e.strerror or e}; nothing half-written will be used. Free disk "
             "space or point paths.data_root (or data.data_dir) at a writable folder"
         ) from e
+
+
+def prepare_run_data(
+    settings: Mapping[str, Any], progress: Callable[[PrepareProgress], None] | None = None
+) -> PreparedData:
+    """The data of a run's ``data`` settings (``TokenDataModule``'s parameters) prepared, and its token files
+    checked (sizes, and ids against the vocabulary) before any model is built or step run: the DataModule's
+    ``prepare_data``, and ``gptmini data`` without building the DataModule."""
+    result = prepare(
+        settings["source"],
+        settings["tokenizer"],
+        settings["data_dir"],
+        val_fraction=settings["val_fraction"],
+        force=settings["force_prepare"],
+        num_threads=settings["prepare_threads"],
+        text_field=settings["text_field"],
+        shard_tokens=settings["shard_tokens"],
+        buffer_mb=settings["buffer_mb"],
+        progress=progress,
+        # tokenizer=bpe: the vocabulary to train and the bound on its training text (gptmini.data.bpe)
+        tokenizer_options={
+            "vocab_size": settings["tokenizer_vocab_size"],
+            "train_bytes": settings["tokenizer_train_bytes"],
+        },
+    )
+    log.info("data %s", result.summary)
+    for split, info in result.meta["splits"].items():
+        if info["tokens"] > 0:
+            load_split(result.out_dir, split, result.meta)
+    return result
 
 
 def _check_out_folder(out: Path) -> None:

@@ -278,6 +278,24 @@ def at_least(key: str, value: Any, low: int, note: str = "") -> None:
         raise DataError(f"data.{key}={value} is invalid: it must be an integer >= {low}{note}")
 
 
+def check_data_settings(
+    *,
+    batch_size: int,
+    num_workers: int,
+    val_stride: int | None,
+    val_fraction: float,
+    shard_tokens: int,
+    buffer_mb: int,
+    prepare_threads: int | None,
+    **_: Any,
+) -> None:
+    """The ranges of the ``data`` group's settings (``TokenDataModule``'s), each named as its config key."""
+    at_least("batch_size", batch_size, 1)
+    at_least("num_workers", num_workers, 0, " (0: load in the main process)")
+    at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
+    check_settings(val_fraction, shard_tokens, buffer_mb, prepare_threads)
+
+
 def check_settings(val_fraction: float, shard_tokens: int, buffer_mb: int, threads: int | None) -> None:
     """The preparation's own settings, named as the run's (``data.*``)."""
     at_least("shard_tokens", shard_tokens, 1)

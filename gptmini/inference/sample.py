@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_generation_sizes(model.config, len(ids), args.max_new_tokens, args.num_samples, device)
         idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
         gen = torch.Generator(device=device).manual_seed(args.seed)
+        shown = Shown(tokenizer) if args.num_samples == 1 else None  # one sample: its text as it is generated
         out = model.generate(
             idx,
             args.max_new_tokens,
@@ -141,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             eos_token=getattr(tokenizer, "eot_id", None),
             use_cache=not args.no_cache,
             generator=gen,
+            on_token=shown,
         )
         texts = decode_samples(tokenizer, out.tolist(), model.config.vocab_size)
     except (CheckpointError, ValueError) as err:
@@ -149,8 +151,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i, text in enumerate(texts):
         if args.num_samples > 1:
             sys.stdout.write(f"--- sample {i + 1} ---\n")
-        sys.stdout.write(text + "\n")
+        sys.stdout.write((shown.rest(text) if shown else text) + "\n")
     return 0
+
+
+class Shown:
+    """One sample's text written to stdout as its tokens come: each time the decoded text so far extends what is
+    shown by whole characters (a token may end inside a character's bytes), the new part."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.text = ""
+
+    def __call__(self, idx: torch.Tensor) -> None:
+        from gptmini.data.tokenizers import TokenizerError
+
+        try:
+            text = self.tokenizer.decode(idx[0].tolist())
+        except (TokenizerError, KeyError, ValueError):
+            return  # an id the tokenizer lacks: the final decode says so
+        if text.startswith(self.text) and not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(self.text) :])
+            sys.stdout.flush()
+            self.text = text
+
+    def rest(self, text: str) -> str:
+        """What of the whole ``text`` is not shown yet."""
+        return text[len(self.text) :] if text.startswith(self.text) else "\n" + text
 
 
 if __name__ == "__main__":

@@ -248,12 +248,13 @@ def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
 
 
 def check_tensors_match(
-    state_dict: Mapping[str, Any], config: GPTConfig, path: str | Path, prefix: str = "model."
+    state_dict: Mapping[str, Any], model: GPT, path: str | Path, prefix: str = "model."
 ) -> None:
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``prefix``) are not exactly those of
-    a ``GPT(config)``: a file whose saved settings disagree with its weights (edited, or written by another
-    tool). The model is built on the meta device: no memory, no initialisation."""
-    shown = _tensor_problems(state_dict, config, prefix)
+    ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
+    (edited, or written by another tool)."""
+    shown = _tensor_problems(state_dict, model, prefix)
+    config = model.config
     if shown:
         raise CheckpointError(
             f"{path} is inconsistent: its saved model settings (n_layer={config.n_layer}, n_embd={config.n_embd}, "
@@ -262,10 +263,10 @@ def check_tensors_match(
         )
 
 
-def _tensor_problems(state_dict: Mapping[str, Any], config: GPTConfig, prefix: str = "model.") -> str:
-    """How the tensors of ``state_dict`` differ from a ``GPT(config)``'s (empty: they match)."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+def _tensor_problems(state_dict: Mapping[str, Any], model: GPT, prefix: str = "model.") -> str:
+    """How the tensors of ``state_dict`` differ from ``model``'s (empty: they match)."""
+    config = model.config
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {
         k.removeprefix(prefix): tuple(v.shape)
         for k, v in state_dict.items()
@@ -289,9 +290,8 @@ def model_and_checkpoint(
 ) -> tuple[GPT, dict[str, Any]]:
     """The plain ``GPT`` stored in a training checkpoint (in eval mode), and the checkpoint's whole dict."""
     ckpt = load_checkpoint(path, map_location)
-    config = GPTConfig.from_dict(_model_config(ckpt, path))
-    check_tensors_match(ckpt["state_dict"], config, path)
-    model = GPT(config)
+    model = GPT(GPTConfig.from_dict(_model_config(ckpt, path)))
+    check_tensors_match(ckpt["state_dict"], model, path)
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
@@ -313,7 +313,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     must give exactly the checkpoint's tensors (CheckpointError naming the differences): fine-tuning starts from
     them with a fresh optimizer."""
     ckpt = load_checkpoint(path)
-    problems = _tensor_problems(ckpt["state_dict"], model.config)
+    problems = _tensor_problems(ckpt["state_dict"], model)
     if problems:
         saved = _model_config(ckpt, path)
         keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
@@ -339,7 +339,8 @@ def check_resume_compatible(
     if ckpt is None:
         ckpt = load_checkpoint(path, mmap=True)
     saved = GPTConfig.from_dict(dict(_model_config(ckpt, path)))  # settings older checkpoints lack: defaults
-    check_tensors_match(ckpt["state_dict"], saved, path)
+    with torch.device("meta"):  # no memory, no initialisation
+        check_tensors_match(ckpt["state_dict"], GPT(saved), path)
     wanted = GPTConfig.from_dict(dict(model_config)).to_dict()
     # every model setting but dropout, which only acts in training, and the kernels: they may change on resume
     keys = [k for k in saved.to_dict() if k not in ("dropout", *KERNEL_SETTINGS, *ignore)]

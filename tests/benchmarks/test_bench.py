@@ -26,10 +26,10 @@ def _positive(value: str) -> bool:
     return math.isfinite(x) and x > 0
 
 
-# The quick run of every section but host and e2e, which start real training processes: e2e's quick run is a slow
+# The quick run of every section but host, e2e and startup, which start real training processes: e2e's quick run is a slow
 # test (test_the_end_to_end_section_writes_its_table); their parts are tested in test_end_to_end.py and
 # test_host_bench.py.
-FAST_SECTIONS = tuple(s for s in common.SECTIONS if s not in ("host", "e2e"))
+FAST_SECTIONS = tuple(s for s in common.SECTIONS if s not in ("host", "e2e", "startup"))
 
 
 @pytest.fixture(scope="module")

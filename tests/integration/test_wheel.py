@@ -76,6 +76,8 @@ def test_wheel_ships_configs_every_package_and_nothing_else(wheel):
         if "__pycache__" not in p.parts
     }
     assert code <= names, sorted(code - names)  # a package missing from pyproject's list would be absent
+    # the options' settings composing reads instead of importing their classes
+    assert "gptmini/training/run/settings_specs.json" in names
 
     tops = {n.split("/")[0] for n in names}
     assert tops == {"gptmini", f"{whl.name.split('-')[0]}-{whl.name.split('-')[1]}.dist-info"}, tops

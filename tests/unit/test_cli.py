@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -254,3 +255,40 @@ def test_bench_help_names_its_command_and_imports_no_benchmark(repo_root, cli_en
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: gptmini bench")
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_train_and_data_say_at_once_that_they_started(monkeypatch, terminal):
+    """On a terminal, one line before the seconds of composing and importing: `gptmini train` before it becomes
+    the training process, `gptmini data` before it composes. Off a terminal nothing (an error stays one line)."""
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    at_exec = []
+
+    def execv(path, args):
+        at_exec.append(err.getvalue())
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execv", execv)
+    assert main(["train", "--help"]) == 0
+    assert at_exec == (["gptmini train: composing the config, then torch...\n"] if terminal else [""])
+
+    class Composing(Exception):
+        pass
+
+    def compose() -> None:
+        raise Composing(err.getvalue())
+
+    monkeypatch.setattr("gptmini.training.run.compose.register_configs", compose)
+    err.seek(0)
+    err.truncate()
+    with pytest.raises(Composing) as seen:
+        main(["data", "data.val_fraction=0.2"])
+    assert seen.value.args[0] == (
+        "gptmini data: composing the config, then the data...\n" if terminal else ""
+    )

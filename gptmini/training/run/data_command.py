@@ -1,6 +1,6 @@
 """``gptmini data [overrides]``: the data folder that ``gptmini train`` with the same overrides reads, prepared
 without training: the training config composed and planned as the run's (``plan.plan_preparation``), then
-prepared by the run's DataModule."""
+prepared as the run's DataModule prepares it (``prepare_run_data``), without building it."""
 
 from __future__ import annotations
 
@@ -44,16 +44,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if instead:
         sys.stderr.write(f"error: gptmini data takes the training settings: {' '.join(instead)}\n")
         return EXIT_HYDRA_ERROR
+    from gptmini.options import starting
+
+    starting("gptmini data", "composing the config, then the data")
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     from gptmini.conf_dir import conf_dir
     from gptmini.data.bpe import log_compression
     from gptmini.data.errors import DataError
+    from gptmini.data.prepare import prepare_run_data
     from gptmini.data.progress import cli_logging
     from gptmini.data.reader import load_meta
     from gptmini.data.tokenizers import TokenizerError
@@ -74,18 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open_dict(cfg):
             del cfg["hydra"]  # as the run's task function receives it
         data = plan_preparation(cfg)
-        datamodule = instantiate(dataclasses.asdict(data), _convert_="all")  # the run's (app.build_data)
-        with shown:
-            datamodule.prepare_data(progress=callback)
-        meta = load_meta(datamodule.data_dir)
-        if datamodule.tokenizer_name == "bpe":
-            log_compression(datamodule.data_dir, meta)
+        with shown:  # the run's DataModule prepares through the same function
+            prepared = prepare_run_data(dataclasses.asdict(data), progress=callback)
+        meta = load_meta(prepared.out_dir)
+        if data.tokenizer == "bpe":
+            log_compression(prepared.out_dir, meta)
         # a train split without one window of the run's context: training would refuse it (a short val split is
         # the run's to judge: the data may be prepared for another model's eval)
         tokens, need = int(meta["splits"].get("train", {}).get("tokens", 0)), data.block_size + 1
         if tokens < need:
             raise DataError(
-                f"{datamodule.data_dir} is prepared, but its train split has {tokens} tokens where one window of "
+                f"{prepared.out_dir} is prepared, but its train split has {tokens} tokens where one window of "
                 f"model.block_size={data.block_size} needs {need}: training would refuse it; give more text or a "
                 "smaller model.block_size"
             )

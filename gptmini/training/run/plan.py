@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gptmini import liger
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
+from gptmini.data.schema import check_data_settings
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
 from gptmini.runs.record import RECORD_VERSION, Lineage, RunRecord
@@ -78,15 +79,15 @@ class RunPlan:
     resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
     # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
     init_from: str | None
+    # the top-level settings the build reads (their defaults: TrainSchema's)
+    seed: int
+    compile: bool
+    retain_freed_memory: bool
+    run_name: str
+    output_dir: str
+    output_root: str
     # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
     tensorboard_dir: str | None = None
-    # the top-level settings the build reads
-    seed: int = 1337
-    compile: bool = False
-    retain_freed_memory: bool = True
-    run_name: str = "default"
-    output_dir: str = "."
-    output_root: str = "outputs"
     tokenizer: TokenizerSchema = dataclasses.field(default_factory=TokenizerSchema)
     init_kind: str | None = None  # "checkpoint" or "hf": what init_from is
     hardware: str | None = None  # the hardware option chosen (None: composed without Hydra's choices)
@@ -304,10 +305,10 @@ def plan_preparation(cfg: DictConfig) -> Any:
     _check_required_groups()
     _check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
     check_resolves(cfg)
-    return _checked_data(cfg)[1]
+    return _checked_data(cfg, build=False)[1]
 
 
-def _checked_data(cfg: DictConfig) -> tuple[TokenizerSchema, Any]:
+def _checked_data(cfg: DictConfig, build: bool = True) -> tuple[TokenizerSchema, Any]:
     """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and ``plan_data``."""
     _check_composed_keys(cfg)
     _check_missing(cfg)
@@ -315,7 +316,7 @@ def _checked_data(cfg: DictConfig) -> tuple[TokenizerSchema, Any]:
     tokenizer = TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True))
     tokenizer.check()
     data = plan_data(cfg)
-    _check_data(data)
+    _check_data(data, build)
     _check_val_split(data)
     _check_data_dir_given(cfg)
     _check_data_dir(getattr(data, "data_dir", None))
@@ -398,10 +399,14 @@ def check_by_building(key: str, typed: Any, stand_in: Callable[[Any], Any] = lam
         ) from None
 
 
-def _check_data(data: Any) -> None:
-    """The DataModule built (nothing is read or prepared until ``prepare_data``): its constructor's checks; and
-    its loader processes against this machine."""
-    check_by_building("data", data)
+def _check_data(data: Any, build: bool = True) -> None:
+    """The DataModule built (nothing is read or prepared until ``prepare_data``): its constructor's checks (not
+    ``build``: those of its settings alone, for ``gptmini data``, which prepares without it); and its loader
+    processes against this machine."""
+    if build:
+        check_by_building("data", data)
+    else:
+        check_data_settings(**dataclasses.asdict(data))
     workers = getattr(data, "num_workers", 0)
     if isinstance(workers, int) and workers > hardware.max_loader_workers():
         # each worker is a process holding its own copy of the loader's state: far more of them than cores

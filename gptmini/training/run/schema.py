@@ -23,10 +23,14 @@ This module reads no config: the plan walks the composed config and hands each n
 
 from __future__ import annotations
 
+import builtins
 import copy
 import dataclasses
 import functools
+import hashlib
+import importlib.metadata
 import inspect
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -105,7 +109,7 @@ class TokenizerSchema:
 @dataclass
 class PathsSchema:
     # Where prepared data folders go (with data.data_dir null: one per corpus and tokenizer)
-    data_root: str = "data"
+    data_root: str = "${hydra:runtime.cwd}/data"
     # Where run folders go: <output_root>/<run_name>/<time>/
     output_root: str = "outputs"
     # This run's folder, as Hydra makes it (not set by hand)
@@ -131,8 +135,9 @@ class TrainSchema:
     trainer: Any = field(default_factory=dict)
     callbacks: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
-    # The run's name: its folder under paths.output_root and the run ckpt_path=last resumes.
-    run_name: str = "default"
+    # The run's name: its folder under paths.output_root and the run ckpt_path=last resumes ("default" for the
+    # embedded corpus in GPT-2's BPE, else <corpus name>_<tokenizer>).
+    run_name: str = "${default_run_name:${oc.select:data.source,null},${tokenizer.name}}"
     # Seeds the weights, the data order and the dropout masks (an integer in [0, 2**32)).
     seed: int = 1337
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
@@ -248,33 +253,58 @@ def _parameters(target: Any) -> list[tuple[inspect.Parameter, Any]]:
     return list(found.values())
 
 
-@functools.cache
-def settings_schema(target: Any, skip: tuple[str, ...] = (), node: bool = True) -> type:
-    """The schema of ``target``'s settings: a dataclass of its parameters (names, types, defaults) read from its
-    signature, so the constructor is their one source. A parameter without a default is required (``???``).
-    ``skip``: what the run passes itself. A class's ``settings_of`` names the constructor a nested settings node
-    goes to (``MuonAdamW.settings_of``): that node's schema is that constructor's signature in turn. ``node``: with
-    Hydra's ``_target_`` and ``_partial_`` (a group's node; not a nested settings node)."""
+def signature_spec(target: Any, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``target``'s settings as JSON: each parameter's name, its field ``type`` (``_field_type``: a name, a
+    nested spec for a ``settings_of`` node, or "any" with the plain ``kinds`` and ``literals`` its hint takes),
+    and its ``default`` (absent: required). ``skip``: what the run passes itself."""
     nested = getattr(target, "settings_of", {})
-    specs: list[tuple[str, Any, Any]] = []
+    spec = []
     for p, hint in _parameters(target):
         if p.name in skip:
             continue
         typ = _field_type(hint)
+        entry: dict[str, Any] = {"name": p.name}
         if p.name in nested:
-            typ = settings_schema(*nested[p.name], node=False)
-        if p.default is p.empty:
-            spec = field(default="???")  # OmegaConf's mark of a value that must be set
-        elif isinstance(p.default, (list, tuple, dict)):
-            default = list(p.default) if isinstance(p.default, tuple) else p.default
-            spec = field(default_factory=lambda d=default: copy.deepcopy(d))
-            typ = Any if typ in _SIMPLE else typ
+            entry["type"] = signature_spec(*nested[p.name])
+        elif isinstance(p.default, (list, tuple, dict)) or typ is Any:
+            kinds, literals = _kinds(hint)
+            entry |= {"type": "any", "kinds": sorted(k.__name__ for k in kinds if k in (*_SIMPLE, object))}
+            entry |= (
+                {"literals": sorted(literals, key=lambda v: (str(v), type(v).__name__))} if literals else {}
+            )
         else:
-            spec = field(default=p.default)
-        specs.append((p.name, typ, spec))
-    name = f"{getattr(target, '__name__', 'Target')}Settings"
+            entry["type"] = next((n for n, t in _TYPES.items() if t == typ), "any")
+        if p.default is not p.empty:
+            entry["default"] = list(p.default) if isinstance(p.default, tuple) else p.default
+        spec.append(entry)
+    return spec
+
+
+_TYPES = {t.__name__: t for t in _SIMPLE} | {f"{t.__name__}?": Optional[t] for t in _SIMPLE}
+
+
+def spec_schema(spec: list[dict[str, Any]], name: str, skip: tuple[str, ...] = (), node: bool = True) -> type:
+    """The dataclass of a ``signature_spec``, without ``skip``; ``node``: with Hydra's ``_target_`` and
+    ``_partial_`` (a group's node; not a nested settings node). A setting without a default is ``???``."""
+    specs: list[tuple[str, Any, Any]] = []
+    for entry in spec:
+        if entry["name"] in skip:
+            continue
+        typ = entry["type"]
+        typ = spec_schema(typ, entry["name"], node=False) if isinstance(typ, list) else _TYPES.get(typ, Any)
+        default = entry.get("default", "???")  # OmegaConf's mark of a value that must be set
+        mutable = isinstance(default, (list, dict))
+        made = (
+            field(default_factory=lambda d=default: copy.deepcopy(d)) if mutable else field(default=default)
+        )
+        specs.append((entry["name"], typ, made))
     hydra = [("_target_", str, field(default="")), ("_partial_", bool, field(default=False))] if node else []
-    return make_dataclass(name, [*hydra, *specs])
+    return make_dataclass(f"{name}Settings", [*hydra, *specs])
+
+
+def settings_schema(target: Any, skip: tuple[str, ...] = ()) -> type:
+    """The schema of ``target``'s settings read from its signature (names, types, defaults)."""
+    return spec_schema(signature_spec(target, skip), getattr(target, "__name__", "Target"))
 
 
 def settings(schema: type) -> list[str]:
@@ -287,19 +317,54 @@ def required(schema: type) -> list[str]:
     return [f.name for f in fields(schema) if not f.name.startswith("_") and f.default == "???"]
 
 
-def schema_of(group: str, target: str, user: bool = True, key: str | None = None) -> type | None:
-    """The schema of the ``group`` option (at ``key``, by default ``group``) whose ``_target_`` is ``target``,
-    derived from that class's or function's signature; ``user``: without the derived values (``DERIVED``), the
-    settings a user writes. None when ``target`` cannot be imported (a class of the user's own that fails to
-    import fails when built)."""
+# Each option's constructor settings (``signature_spec``), keyed "group target", with the stamp of the code they
+# were read from: composing a config and planning it then import no option's class.
+# ``python scripts/settings_page.py --specs`` writes it; tests/unit/training/test_settings_once.py checks it.
+SPECS_FILE = Path(__file__).with_name("settings_specs.json")
+
+
+def code_stamp(target: str) -> str | None:
+    """What a target's signature depends on, without importing it: the SHA-256 of a gptmini module's source, else
+    the installed version of the distribution named like its top-level package (None: unknown)."""
+    module, top = target.rsplit(".", 1)[0], target.split(".")[0]
+    if top == "gptmini":
+        source = Path(__file__).parents[2].joinpath(*module.split(".")[1:]).with_suffix(".py")
+        return hashlib.sha256(source.read_bytes()).hexdigest() if source.is_file() else None
+    try:
+        return importlib.metadata.version(top)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _stored_specs() -> dict[str, Any]:
+    return json.loads(SPECS_FILE.read_text()) if SPECS_FILE.is_file() else {}
+
+
+@functools.cache
+def target_spec(group: str, target: str) -> list[dict[str, Any]] | None:
+    """The settings of ``group``'s option whose ``_target_`` is ``target``: from ``SPECS_FILE`` where its stamp
+    is the code's, else read from the signature (a class of the user's own). None when ``target`` cannot be
+    imported (a class of the user's own that fails to import fails when built)."""
+    stored = _stored_specs().get(f"{group} {target}")
+    if stored is not None and stored["stamp"] is not None and stored["stamp"] == code_stamp(target):
+        return stored["settings"]
     from hydra.utils import get_object
 
     try:
         obj = get_object(target)
     except Exception:  # hydra raises ImportError or its own error, with the import's reason
         return None
-    skip = BUILT_BY_THE_RUN.get(group, ()) + (derived_of(key or group) if user else ())
-    return settings_schema(obj, skip)
+    return signature_spec(obj, BUILT_BY_THE_RUN.get(group, ()))
+
+
+@functools.cache
+def schema_of(group: str, target: str, user: bool = True, key: str | None = None) -> type | None:
+    """The schema of the ``group`` option (at ``key``, by default ``group``) whose ``_target_`` is ``target``
+    (``target_spec``); ``user``: without the derived values (``DERIVED``), the settings a user writes."""
+    spec = target_spec(group, target)
+    skip = derived_of(key or group) if user else ()
+    return None if spec is None else spec_schema(spec, target.rsplit(".", 1)[-1], skip)
 
 
 # The groups built from their ``_target_``: one node each, or named nodes (``callbacks.<name>``, ``logger.<name>``).
@@ -460,7 +525,7 @@ def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
     if extra:
         raise _unknown_keys(key, target, schema, extra)
     _check_switches(values, schema, key)
-    _check_kinds(values, target, key)
+    _check_kinds(values, group, target, key)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
         missing = sorted(OmegaConf.missing_keys(merged))
@@ -512,21 +577,17 @@ def _kinds(hint: Any) -> tuple[set[type], set[Any]]:
     return ({origin} if isinstance(origin, type) else {object}), set()
 
 
-def _check_kinds(values: dict[str, Any], target: str, key: str) -> None:
+def _check_kinds(values: dict[str, Any], group: str, target: str, key: str) -> None:
     """A setting the constructor types as a number or a switch, given text or another number (its schema reads
     such unions as Any): ``trainer.gradient_clip_val=${oc.env:CLIP}`` is the text "1.0" (an environment
     variable's value is text), ``trainer.deterministic=3`` no switch."""
-    from hydra.utils import get_object
-
-    try:
-        hints = {p.name: hint for p, hint in _parameters(get_object(target))}
-    except Exception:  # a target that does not import: its build reports it
-        return
+    spec = {entry["name"]: entry for entry in target_spec(group, target) or []}
     for name, value in values.items():
-        hint = hints.get(name, Any)
-        if _field_type(hint) is not Any:
+        entry = spec.get(name, {"type": "any", "kinds": ["object"]})
+        if entry["type"] != "any":
             continue  # typed by the schema itself
-        kinds, literals = _kinds(hint)
+        kinds = {getattr(builtins, k) for k in entry["kinds"]}
+        literals = entry.get("literals", [])
         if not isinstance(value, _SIMPLE) or object in kinds or value in literals or type(value) in kinds:
             continue
         numbers = kinds & {int, float}

@@ -77,3 +77,39 @@ def test_a_temperature_out_of_range_names_the_documented_range(value, capsys):
     with pytest.raises(SystemExit):
         main(["--temperature", value])
     assert f"{value} is out of range: it must be 0 (greedy) or in [0.0001, 10000]" in capsys.readouterr().err
+
+
+def test_the_text_is_written_as_it_is_generated(tmp_path, char_data, write_checkpoint, monkeypatch, capsys):
+    """Each token's text reaches stdout (flushed) before the next token is drawn: what a writer had seen when the
+    k-th token was drawn is the prompt and the k - 1 tokens before it. The whole output is the one sample's text."""
+    import io
+    import sys
+
+    from gptmini import generation
+
+    drawn: list[int] = []
+    written: list[str] = []
+    seen_at_draw: list[str] = []
+
+    class Out(io.StringIO):
+        def flush(self) -> None:
+            written.append(self.getvalue())
+
+    draw = generation.sample
+
+    def counted(*args, **kwargs):
+        seen_at_draw.append(out.getvalue() if written else "")
+        drawn.append(1)
+        return draw(*args, **kwargs)
+
+    out = Out()
+    monkeypatch.setattr(generation, "sample", counted)
+    monkeypatch.setattr(sys, "stdout", out)
+    ckpt = write_checkpoint(tmp_path / "last.ckpt", data_dir=char_data)
+    assert main(["--ckpt", str(ckpt), "--prompt", "but", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    text = out.getvalue()
+    assert (
+        len(drawn) == 6 and text.endswith("\n") and len(text) == len("but") + 6 + 1
+    )  # char: a token a character
+    # flushed after each token: at the k-th draw, the prompt and k - 1 generated characters were out
+    assert seen_at_draw == [""] + [text[: len("but") + k] for k in range(1, 6)]

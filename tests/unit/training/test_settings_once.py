@@ -290,13 +290,91 @@ def test_adding_an_optimizer_setting_is_one_constructor_parameter(monkeypatch: p
             super().__init__(params, **options)
 
     monkeypatch.setitem(optimizers.MuonAdamW.settings_of, "hidden", (WithCap, ("params",)))
-    schema.settings_schema.cache_clear()
+    # an edited optimizers.py has another stamp: its settings are read from the signature, not the stored ones
+    monkeypatch.setattr(schema, "code_stamp", lambda target: "edited")
+    _clear_schema_caches()
     try:
         hidden = schema.option_settings(conf_dir())["optimizer", "muon"]["hidden"]
         page = settings_reference(conf_dir())
     finally:
-        schema.settings_schema.cache_clear()
+        _clear_schema_caches()
     assert hidden["update_cap"] is None and hidden["beta2"] == 0.95
     assert (
         "| `optimizer.hidden.update_cap` | `null` | the largest step of one element (null: no cap) |" in page
     )
+
+
+def _clear_schema_caches() -> None:
+    from gptmini.training.run import schema
+
+    schema.target_spec.cache_clear()
+    schema.schema_of.cache_clear()
+
+
+def test_the_stored_settings_are_the_signatures() -> None:
+    """gptmini/training/run/settings_specs.json, which composing reads instead of importing every option's
+    class, is what the signatures say: regenerate it with ``python scripts/settings_page.py --specs``."""
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run.schema import SPECS_FILE
+    from scripts.settings_page import settings_specs
+
+    assert SPECS_FILE.read_text() == settings_specs(conf_dir())
+
+
+def test_stored_settings_of_other_code_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored spec whose stamp is not the code's (an edited module, another Lightning) is read again from the
+    signature: here a stored Trainer spec made to lack ``max_steps``."""
+    import json
+
+    from gptmini.training.run import schema
+
+    stored = json.loads(schema.SPECS_FILE.read_text())
+    trainer = stored["trainer lightning.pytorch.Trainer"]
+    trainer["settings"] = [s for s in trainer["settings"] if s["name"] != "max_steps"]
+    monkeypatch.setattr(schema, "_stored_specs", lambda: stored)
+    _clear_schema_caches()
+    try:
+        assert "max_steps" not in schema.settings(schema.schema_of("trainer", "lightning.pytorch.Trainer"))
+        trainer["stamp"] = "another version"
+        _clear_schema_caches()
+        assert "max_steps" in schema.settings(schema.schema_of("trainer", "lightning.pytorch.Trainer"))
+    finally:
+        _clear_schema_caches()
+
+
+def test_the_top_level_defaults_are_written_once_in_the_schema() -> None:
+    """conf/train.yaml makes choices only: no value of its own equals the schema's default it would override;
+    and the plan's dataclass takes the top-level settings without restating their defaults as literals."""
+    import ast
+    import dataclasses
+    import inspect
+
+    import yaml
+
+    from gptmini.conf_dir import conf_dir
+    from gptmini.training.run import plan
+    from gptmini.training.run.schema import TrainSchema
+
+    def defaults(schema: type) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(schema):
+            if dataclasses.is_dataclass(f.type) or f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.type()
+                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            else:
+                out[f.name] = f.default
+        return out
+
+    own = yaml.safe_load((conf_dir() / "train.yaml").read_text())
+    own.pop("defaults")
+    own.pop("hydra")
+    assert _restated(own, defaults(TrainSchema), "") == []
+    restated = [
+        node.target.id
+        for node in ast.walk(ast.parse(inspect.getsource(plan.RunPlan)))
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id in {f.name for f in dataclasses.fields(TrainSchema)}
+        and isinstance(node.value, ast.Constant)  # a literal: a second copy of the schema's default
+    ]
+    assert restated == []
