@@ -28,6 +28,12 @@ class RunRecordError(ValueError):
 
 
 @dataclass(frozen=True)
+class Lineage:
+    path: str  # the checkpoint file this run continued, absolute
+    step: int  # the global step it held
+
+
+@dataclass(frozen=True)
 class RunRecord:
     version: int = RECORD_VERSION  # 0: read from a checkpoint written before the record
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig's fields, as trained
@@ -50,6 +56,7 @@ class RunRecord:
     tensorboard_dir: str | None = None  # the run's TensorBoard folder, relative to its run folder
     output_dir: str | None = None
     resumed_from: str | None = None  # the checkpoint this run continued: `gptmini runs` offers it no more
+    continued_from: Lineage | None = None  # None: a fresh run
 
     @property
     def tokenizer_name(self) -> str | None:
@@ -124,6 +131,8 @@ def parse_record(text: str, model: Mapping[str, Any] | None = None) -> RunRecord
     values["model"] = values.get("model") or dict(model or {})
     if values.get("overrides") is not None:
         values["overrides"] = tuple(values["overrides"])
+    if values.get("continued_from") is not None:
+        values["continued_from"] = Lineage(**values["continued_from"])
     return RunRecord(**values)
 
 
