@@ -28,7 +28,7 @@ from gptmini import liger
 from gptmini.data.corpora import EMBEDDED_SOURCES, is_url, path_problem
 from gptmini.fileio import name_too_long, unwritable_reason
 from gptmini.model import GPTConfig
-from gptmini.runs.record import RECORD_VERSION, RunRecord
+from gptmini.runs.record import RECORD_VERSION, Lineage, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
@@ -127,6 +127,9 @@ class RunPlan:
             tensorboard_dir=tensorboard_dir,
             output_dir=self.output_dir,
             resumed_from=os.path.abspath(self.ckpt_path) if self.ckpt_path is not None else None,
+            continued_from=Lineage(os.path.abspath(self.ckpt_path), int(self.resume.get("global_step") or 0))
+            if self.ckpt_path is not None and self.resume is not None
+            else None,
         )
 
     def trainer_overrides(self) -> dict[str, Any]:

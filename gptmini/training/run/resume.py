@@ -37,22 +37,29 @@ def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
     return found
 
 
-def resolve_ckpt_path(cfg: DictConfig) -> str | None:
-    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
-    itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
+def resolve_ckpt_path(ckpt_path: Any, run_dir: str | Path, output_root: str | Path, run_name: str) -> str | None:
+    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of its run folder
+    ``run_dir`` itself when that already holds one, else of any run of ``run_name``; else what
     :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
-    a run name under ``paths.output_root``: its newest checkpoint)."""
-    if cfg.ckpt_path is None:
+    a run name under ``output_root``: its newest checkpoint)."""
+    if ckpt_path is None:
         return None
-    if cfg.ckpt_path == "last":
-        own = newest_checkpoint(cfg.paths.output_dir)
+    if ckpt_path == "last":
+        own = newest_checkpoint(run_dir)
         if own is not None:
             return str(own)
-        return str(ckpt_path_last(cfg.paths.output_root, cfg.run_name))
+        return str(ckpt_path_last(output_root, run_name))
     try:  # a file, a run folder or a run name, as every command opens one
-        return str(resolve_checkpoint(cfg.ckpt_path, cfg.paths.output_root, option="ckpt_path"))
+        return str(resolve_checkpoint(ckpt_path, output_root, option="ckpt_path"))
     except CheckpointError as err:
         raise RunError(str(err)) from None
+
+
+def continued_run_folder(ckpt_path: str | Path) -> Path | None:
+    """The run folder a resume checkpoint belongs to (``<run folder>/checkpoints/<file>``); None for a file
+    elsewhere."""
+    path = Path(ckpt_path).absolute()
+    return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
 def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
@@ -134,7 +141,7 @@ def read_resume(
     other changes are said in one line) and this model's shape (its vocabulary aside when the tokenizer's is not
     known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's settings, laid out as
     its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
-    path = resolve_ckpt_path(cfg)
+    path = resolve_ckpt_path(cfg.ckpt_path, output_dir, cfg.paths.output_root, cfg.run_name)
     if path is None:
         return None
     from gptmini.runs.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint

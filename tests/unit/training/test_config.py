@@ -286,7 +286,7 @@ def test_plain_run_names_are_accepted(name) -> None:
     check_run_name(name)
 
 
-def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming(tmp_path) -> None:
+def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming_its_own_run(tmp_path) -> None:
     from gptmini.training.run.run_folder import check_run_folder_free
 
     check_run_folder_free(tmp_path / "missing", None, "hydra.run.dir")
@@ -294,7 +294,10 @@ def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming(tmp_path) -
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(RunError, match=r"is not empty \(notes\.txt\.\.\.\): a new run never writes into it"):
         check_run_folder_free(tmp_path, None, "hydra.run.dir")
-    check_run_folder_free(tmp_path, "last", "hydra.run.dir")
+    check_run_folder_free(tmp_path, str(tmp_path / "checkpoints" / "last.ckpt"), "hydra.run.dir")
+    other = str(tmp_path / "other" / "checkpoints" / "last.ckpt")
+    with pytest.raises(RunError, match=r"resumes .*another run's: a resume writes only into a new folder or the"):
+        check_run_folder_free(tmp_path, other, "hydra.run.dir")
 
 
 def test_resume_plans_that_cannot_continue_are_refused(compose_cfg, tmp_path) -> None:
