@@ -103,3 +103,6 @@ def test_an_old_checkpoint_resumes(gptmini_train, old_run) -> None:
     (resumed,) = (old_run / "out").glob("*/*/checkpoints/last.ckpt")
     saved = torch.load(resumed, map_location="cpu", weights_only=True)
     assert saved["global_step"] == 8  # the old run's 6 steps and 2 more: it resumed, not restarted
+    from gptmini.runs.record import Lineage, read_record
+
+    assert read_record(saved).continued_from == Lineage(str(ckpt), 6)

@@ -33,7 +33,7 @@ from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
 from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group, missing_keys
-from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
+from gptmini.training.run.resume import read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
     DERIVED,
@@ -78,8 +78,6 @@ class RunPlan:
     resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
     # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
     init_from: str | None
-    # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
-    tensorboard_dir: str | None = None
     # the top-level settings the build reads
     seed: int = 1337
     compile: bool = False
@@ -236,7 +234,6 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         resume=resume[1] if resume else None,
         init_from=init_source,
         init_kind=init_kind,
-        tensorboard_dir=continued_event_folder(*resume, cfg.paths.output_root) if resume else None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
         output_root=str(cfg.paths.output_root),

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
 from gptmini.runs.checkpoint import CheckpointError
-from gptmini.runs.discovery import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
+from gptmini.runs.discovery import newest_checkpoint, resolve_checkpoint
 from gptmini.runs.record import read_record
 from gptmini.training.errors import RunError
 
@@ -37,7 +37,9 @@ def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
     return found
 
 
-def resolve_ckpt_path(ckpt_path: Any, run_dir: str | Path, output_root: str | Path, run_name: str) -> str | None:
+def resolve_ckpt_path(
+    ckpt_path: Any, run_dir: str | Path, output_root: str | Path, run_name: str
+) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of its run folder
     ``run_dir`` itself when that already holds one, else of any run of ``run_name``; else what
     :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
@@ -222,43 +224,6 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     if folder.name == "checkpoints" and (folder.parent / ".hydra").is_dir():
         for stale in remove_stale_temp_files(folder):
             log.info("removed %s, left by a save that was interrupted", stale)
-
-
-def continued_event_folder(path: str, ckpt: dict[str, Any], output_root: str | Path) -> str | None:
-    """The TensorBoard folder of the run a checkpoint belongs to, which the resumed run logs on into (one run,
-    one curve in TensorBoard): the folder the checkpoint records (a run resumed before logged into its own
-    first run's), else the one of the run folder holding ``checkpoints/<file>``. Only a folder that resolves
-    inside ``output_root`` or the checkpoint's run folder is followed: a checkpoint is a file anyone can write,
-    so one recording another place is said in one line and the run logs to a TensorBoard run of its own. None: a
-    checkpoint outside a run folder, or one whose events are gone or elsewhere (a TensorBoard run of its own)."""
-    ckpt_file = Path(path)
-    if ckpt_file.parent.name != "checkpoints":
-        return None
-    run_dir = ckpt_file.parent.parent
-    allowed = (Path(output_root).resolve(), run_dir.resolve())
-    recorded = recorded_event_folder(run_dir, read_record(ckpt).tensorboard_dir)
-    if recorded is not None and recorded.is_dir():
-        if _inside(recorded.resolve(), allowed):
-            return str(recorded.resolve())
-        log.warning(
-            "the TensorBoard folder %s recorded in %s is outside paths.output_root and the checkpoint's run "
-            "folder: not followed, this run logs to a TensorBoard run of its own",
-            recorded,
-            path,
-        )
-        return None
-    found = [f.resolve() for f in event_folders(run_dir) if _inside(f.resolve(), allowed)]
-    if found:
-        return str(found[0])
-    log.info(
-        "no TensorBoard events of the run of %s were found: this run logs to a TensorBoard run of its own",
-        path,
-    )
-    return None
-
-
-def _inside(folder: Path, roots: tuple[Path, ...]) -> bool:
-    return any(folder == root or folder.is_relative_to(root) for root in roots)
 
 
 def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:

@@ -85,17 +85,17 @@ def resume_command(output_dir: str | Path) -> str | None:
     return shlex.join(["gptmini", "train", *own, f"ckpt_path={Path(output_dir).resolve()}"])
 
 
-def tensorboard_place(node: Mapping[str, Any], run_name: str, continued: str | None) -> dict[str, str]:
-    """Where the TensorBoard logger of config ``node`` writes, as its ``save_dir``, ``name`` and ``version``:
-    a resumed run's ``continued`` folder (the run it resumes: one run, one curve); else the run's label under
-    the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``) unless the node names a
-    ``version`` itself."""
-    if continued is not None:
-        folder = Path(continued)
-        return {"save_dir": str(folder.parent.parent), "name": folder.parent.name, "version": folder.name}
+def tensorboard_place(node: Mapping[str, Any], run_name: str, resumed_at: int | None) -> dict[str, str]:
+    """The ``version`` of the TensorBoard logger of config ``node``, unless the node names one itself: the run's
+    label under the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``), a continuation's
+    with the step it continued from among its overrides (``resumed_at=<step>``), so that each continuation is a TensorBoard run of
+    its own, even in the folder of the run it continues."""
     if node.get("version") is not None:
         return {}
-    return {"version": tensorboard_label(str(run_name), task_overrides(command_overrides()))}
+    overrides = task_overrides(command_overrides())
+    if resumed_at is not None:
+        overrides = (*overrides, f"resumed_at={resumed_at}")
+    return {"version": tensorboard_label(str(run_name), overrides)}
 
 
 # What a run writes into its folder: one of these there means the folder already holds a run.

@@ -296,7 +296,9 @@ def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming_its_own_run
         check_run_folder_free(tmp_path, None, "hydra.run.dir")
     check_run_folder_free(tmp_path, str(tmp_path / "checkpoints" / "last.ckpt"), "hydra.run.dir")
     other = str(tmp_path / "other" / "checkpoints" / "last.ckpt")
-    with pytest.raises(RunError, match=r"resumes .*another run's: a resume writes only into a new folder or the"):
+    with pytest.raises(
+        RunError, match=r"resumes .*another run's: a resume writes only into a new folder or the"
+    ):
         check_run_folder_free(tmp_path, other, "hydra.run.dir")
 
 
