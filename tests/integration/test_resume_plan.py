@@ -256,7 +256,7 @@ def test_a_resume_trains_under_its_new_optimizer_settings_with_the_checkpoint_s_
     [
         (
             "model.n_layer=3",
-            "was trained with a different model shape (model.n_layer: checkpoint 2 vs config 3)",
+            "was trained with another model shape (model.n_layer: checkpoint 2 vs now 3): its weights are another model's",
         ),
         (
             "tokenizer=gpt2",

@@ -210,10 +210,15 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         data,
         cfg.seed,
     )
-    resume = (
-        read_resume(cfg, model, vocab_known, settings_now, str(cfg.paths.output_dir))
-        if cfg.get("ckpt_path") is not None
-        else None
+    resume = read_resume(
+        cfg.get("ckpt_path"),
+        model,
+        vocab_known,
+        settings_now,
+        str(cfg.paths.output_dir),
+        str(cfg.paths.output_root),
+        cfg.run_name,
+        cfg.get("target_val_loss"),
     )
     init_kind, init_source = (
         resolve_init_from(str(init_from), cfg.paths.output_root) if init_from and not resume else (None, None)

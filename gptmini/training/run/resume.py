@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from omegaconf import DictConfig, OmegaConf
-
 from gptmini.fileio import name_too_long
 from gptmini.model import GPTConfig
 from gptmini.runs.checkpoint import CheckpointError
@@ -84,32 +82,75 @@ def _world_size(trainer: Any) -> int | None:
     return None  # "auto" or a list: known once the trainer exists
 
 
-# What a checkpoint cannot be resumed under: the tokenizer (its token ids would mean other text). The model's shape
-# is compared apart, with its tensors (gptmini.runs.checkpoint.check_resume_compatible).
-FIXED_SETTINGS = ("tokenizer",)
+# --- the resume's one table: what a resume does with each setting it changes ------------------------------------
+
+# A refusal's kind: what the checkpoint was trained with, and why it cannot continue under another.
+REFUSALS = {
+    "model": ("model shape", "its weights are another model's"),
+    "tokenizer": ("tokenizer", "its token ids would mean other text"),
+    "optimizer": ("optimizer", "its saved optimizer state (moments, Muon's groups) fits no other optimizer"),
+    "batch": ("batch", "its data stream and step count are positions in batches of its size"),
+}
+OBEY, SAY = "obey", "say"  # obey: from the first resumed step, silently; say: the same, named in one line
+# Every setting of the run record (gptmini.runs.record.RunRecord), dotted: obey, say, or a refusal's kind. "group.*"
+# covers the settings of a group not named apart (an optimizer's, the trainer's, the callbacks'); the model's are
+# each named (tests/unit/training/test_resume_policy.py). docs/resume.md is this table (scripts/resume_page.py).
+RESUME_POLICY = {
+    **{f"model.{f.name}": "model" for f in dataclasses.fields(GPTConfig) if f.init},
+    "model.dropout": SAY,  # it acts in training only
+    "model.loss": OBEY,  # the kernels: the same weights, computed another way (a CPU run resumed on a GPU)
+    "model.fused_ops": OBEY,
+    "tokenizer.*": "tokenizer",
+    "data.batch_size": "batch",
+    "data.*": SAY,  # another corpus is said once the data is prepared (check_resumed_data)
+    "trainer.accumulate_grad_batches": "batch",
+    "world_size": "batch",
+    "trainer.*": SAY,  # the schedule follows this run's max_steps and max_time
+    "optimizer._target_": "optimizer",
+    "optimizer.*": SAY,  # this run's group settings (lr, weight decay) over the saved state
+    "scheduler.*": SAY,  # laid over this run's plan from the checkpoint's step
+    "callbacks.*": SAY,  # this run's (callbacks.ema: say_average_change says what becomes of the average)
+    "seed": SAY,  # the data order is the checkpoint's stream; dropout draws from the restored generator
+    **dict.fromkeys(("version", "run_name", "hardware", "precision", "overrides", "init_from"), OBEY),
+    **dict.fromkeys(
+        ("tokens_per_step", "tensorboard_dir", "output_dir", "resumed_from", "continued_from"), OBEY
+    ),
+}
+SHOWN_AS = {"world_size": "training processes (trainer.devices x trainer.num_nodes)"}
+# Optimizer classes a checkpoint may name by an earlier module path: the same class, so its state resumes.
+MOVED_OPTIMIZERS = {"gptmini.training.optimizers.MuonAdamW": "gptmini.training.loop.optimizers.MuonAdamW"}
+
+
+def resume_policy(key: str) -> str:
+    """What a resume does with a change of the record's setting ``key`` (``RESUME_POLICY``); KeyError: none."""
+    return RESUME_POLICY.get(key) or RESUME_POLICY[key.split(".", 1)[0] + ".*"]
 
 
 def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The resume's comparison of the settings a checkpoint's run recorded (``saved``) with this run's (``now``:
-    the record's typed groups, ``plan.recorded_settings``; what places a run, its folders and processes, is not
-    among them): a changed setting the checkpoint cannot continue under (``FIXED_SETTINGS``) is
-    refused in one line; every other change is returned as ``key old -> new``, and takes effect from the first
-    resumed step (the optimizer keeps this run's group settings, the schedule its own plan, the callbacks are
-    this run's). A setting one of the two does not hold (another version's) is no change."""
+    """The resume's one comparison of the settings a checkpoint's run recorded (``saved``) with this run's
+    (``now``, laid out as its record), through ``RESUME_POLICY``: the changes it refuses in one line (the first
+    kind's); those it says, returned as ``key old -> new``. A setting one of the two does not hold (another
+    version's) is no change."""
     changes = [
-        (key, was, new)
-        for key in now  # in this run's order
-        if key in saved
-        for key, was, new in _differences(saved[key], now[key], key)
+        (key, was, new, resume_policy(key))
+        for group in now  # in this run's order
+        if group in saved
+        for key, was, new in _differences(saved[group], now[group], group)
     ]
-    fixed = [(k, was, new) for k, was, new in changes if k.split(".", 1)[0] in FIXED_SETTINGS]
-    if fixed:
-        desc = ", ".join(f"{k}: checkpoint {_shown(was)} vs now {_shown(new)}" for k, was, new in fixed)
-        raise RunError(
-            f"checkpoint {path} was trained with another tokenizer ({desc}): its token ids would mean other text. "
-            "Resume with the tokenizer it was trained with, or start a new run without ckpt_path"
+    refused = [c for c in changes if c[3] in REFUSALS]
+    if refused:
+        kind = refused[0][3]
+        desc = ", ".join(
+            f"{SHOWN_AS.get(k, k)}: checkpoint {_shown(a)} vs now {_shown(b)}"
+            for k, a, b, p in refused
+            if p == kind
         )
-    return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new in changes]
+        what, why = REFUSALS[kind]
+        raise RunError(
+            f"checkpoint {path} was trained with another {what} ({desc}): {why}. Resume with the settings it was "
+            "trained with, or start a new run without ckpt_path"
+        )
+    return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new, policy in changes if policy == SAY]
 
 
 def _in_folder(value: Any, saved_dir: str | None, output_dir: str) -> Any:
@@ -136,17 +177,24 @@ def _shown(value: Any) -> str:
 
 
 def read_resume(
-    cfg: DictConfig, model: GPTConfig, vocab_known: bool, now: Mapping[str, Any], output_dir: str
+    ckpt_path: str | None,
+    model: GPTConfig,
+    vocab_known: bool,
+    now: Mapping[str, Any],
+    output_dir: str,
+    output_root: str,
+    run_name: str,
+    target_val_loss: float | None,
 ) -> tuple[str, dict[str, Any]] | None:
     """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
-    the config: a training run's checkpoint (not weights alone), of this tokenizer (``resume_changes``, whose
-    other changes are said in one line) and this model's shape (its vocabulary aside when the tokenizer's is not
-    known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's settings, laid out as
-    its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
-    path = resolve_ckpt_path(cfg.ckpt_path, output_dir, cfg.paths.output_root, cfg.run_name)
+    this run: a training run's checkpoint (not weights alone) whose tensors fit its own model settings, every
+    change of setting through the one table (``resume_changes``: the model's vocabulary aside when the
+    tokenizer's is not known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's
+    settings, laid out as its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
+    path = resolve_ckpt_path(ckpt_path, output_dir, output_root, run_name)
     if path is None:
         return None
-    from gptmini.runs.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
+    from gptmini.runs.checkpoint import check_tensors_match, load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
@@ -156,29 +204,43 @@ def read_resume(
             "run's last.ckpt (ckpt_path=last), or, to train from these weights with a fresh optimizer, start a new "
             f"run with model.init_from={path} and no ckpt_path"
         )
-    record = read_record(ckpt)
-    saved = _in_folder(dataclasses.asdict(record), record.output_dir, output_dir)
-    changes = resume_changes(path, saved, now)
-    check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
-    check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
-    check_resume_plan(path, ckpt, cfg)
-    say_average_change(path, ckpt, cfg)
+    saved = _saved(path, ckpt, output_dir)
+    check_tensors_match(ckpt["state_dict"], GPTConfig.from_dict(saved["model"]), path)
+    trainer = now["trainer"]
+    known = {"model": _model(model, vocab_known), "world_size": _world_size(trainer)}
+    changes = resume_changes(path, saved, {**{k: v for k, v in known.items() if v is not None}, **now})
+    check_resume_plan(path, ckpt, trainer.get("max_steps"), trainer.get("max_time"), target_val_loss)
+    say_average_change(path, ckpt, saved["callbacks"].get("ema"), (now.get("callbacks") or {}).get("ema"))
     if changes:
         log.info("resuming %s with this run's settings from its first step: %s", path, ", ".join(changes))
     return path, ckpt
 
 
-def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None:
-    """One log line when ``callbacks.ema`` differs from the checkpoint's run: the resume continues from the
-    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average."""
+def _saved(path: str, ckpt: Mapping[str, Any], output_dir: str) -> dict[str, Any]:
+    """The checkpoint's record as the resume compares it: its paths in its run folder moved to this run's, its
+    model's settings that it lacks (an earlier version's) at their defaults, its optimizer by its class's path now."""
+    record = read_record(ckpt)
+    saved = _in_folder(dataclasses.asdict(record), record.output_dir, output_dir)
+    saved["model"] = GPTConfig.from_dict(dict(saved["model"])).to_dict()
+    target = saved["optimizer"].get("_target_")
+    if target in MOVED_OPTIMIZERS:
+        saved["optimizer"] = {**saved["optimizer"], "_target_": MOVED_OPTIMIZERS[target]}
+    return saved
+
+
+def _model(model: GPTConfig, vocab_known: bool) -> dict[str, Any]:
+    """The model's settings as the resume compares them: without the vocabulary while it is a placeholder."""
+    values = model.to_dict()
+    return values if vocab_known else {k: v for k, v in values.items() if k != "vocab_size"}
+
+
+def say_average_change(path: str, ckpt: Mapping[str, Any], was: Any, now: Any) -> None:
+    """One log line when ``callbacks.ema`` (``was``: the checkpoint's run's, ``now``: this run's) differs: the
+    resume continues from the trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what
+    becomes of the average."""
     from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
-    callbacks = cfg.get("callbacks") or {}
-    node = callbacks.get("ema")
-    now = OmegaConf.to_container(node, resolve=True) if node is not None else None
-    saved_callbacks = read_record(ckpt).callbacks
     had = TRAINED_WEIGHTS_KEY in ckpt
-    was = saved_callbacks.get("ema") if had else None
     if had and now is None:
         log.warning(
             "%s was trained with callbacks.ema and this run has none: it continues from the trained weights, and "
@@ -206,7 +268,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
     The temp file a save of this host killed midway left in the resumed run's checkpoints folder (its writer is
     gone) is removed."""
-    from gptmini.runs.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
+    from gptmini.runs.checkpoint import check_trained_data, remove_stale_temp_files
 
     other_data = check_trained_data(
         path,
@@ -218,7 +280,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     )
     if other_data:
         log.warning("resuming on other data: %s; the run will differ from one never interrupted", other_data)
-    check_resume_compatible(path, model.to_dict(), ckpt=ckpt)
+    resume_changes(path, {"model": _saved(path, ckpt, "")["model"]}, {"model": model.to_dict()})
     folder = Path(path).parent
     # only the checkpoints folder of a run (the one this run resumes), never a folder of the user's own
     if folder.name == "checkpoints" and (folder.parent / ".hydra").is_dir():
@@ -226,7 +288,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
             log.info("removed %s, left by a save that was interrupted", stale)
 
 
-def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
+def target_reached(ckpt: Mapping[str, Any]) -> tuple[int, float] | None:
     """The step and val/loss at which the run of ``ckpt`` reached its ``target_val_loss`` (None: it did not)."""
     from gptmini.training.callbacks.guards import TARGET_STATE_KEY
 
@@ -240,7 +302,7 @@ def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
 TIMER_STATE_KEY = "Timer"
 
 
-def check_time_left(path: str | Path, ckpt: dict[str, Any], max_time: str | None) -> None:
+def check_time_left(path: str | Path, ckpt: Mapping[str, Any], max_time: str | None) -> None:
     """Refuses a resume whose ``trainer.max_time`` the checkpoint's run has already spent training (Lightning's
     Timer carries the seconds over and would stop at once, training nothing)."""
     from gptmini.training.loop.schedulers import max_time_seconds
@@ -258,13 +320,12 @@ def check_time_left(path: str | Path, ckpt: dict[str, Any], max_time: str | None
     )
 
 
-def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
-    """Refuses a resume that would not continue the run: a checkpoint already at ``trainer.max_steps`` (nothing
-    would train, and the run would report no validation), or another global batch (``data.batch_size``,
-    ``trainer.accumulate_grad_batches`` or the number of training processes): the resumed data stream and the
-    progress count are positions in batches of the checkpoint's size."""
+def check_resume_plan(
+    path: str | Path, ckpt: Mapping[str, Any], max_steps: int, max_time: Any, target: float | None
+) -> None:
+    """Refuses a resume that would train nothing: a checkpoint already at ``trainer.max_steps`` (and the run would
+    report no validation), past its time budget or at its ``target_val_loss``."""
     step = int(ckpt.get("global_step") or 0)
-    target = cfg.get("target_val_loss")
     reached = target_reached(ckpt)
     if target is not None and reached is not None and reached[1] <= float(target):
         raise RunError(
@@ -272,35 +333,10 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             f"{reached[0]}): the run is finished and resuming would stop at once. To train on, resume with "
             "target_val_loss=null (or a lower target); to evaluate it, use the eval command"
         )
-    max_steps = int(cfg.trainer.max_steps)
     if step >= max_steps:
         raise RunError(
             f"checkpoint {path} is already at step {step} and trainer.max_steps={max_steps}: the run is finished "
             f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
-    check_time_left(path, ckpt, cfg.trainer.get("max_time"))
-    saved = read_record(ckpt)
-    saved_data, saved_trainer = saved.data, saved.trainer
-    changes = []
-    for key, was, now in (
-        ("data.batch_size", saved_data.get("batch_size"), cfg.data.get("batch_size")),
-        (
-            "trainer.accumulate_grad_batches",
-            saved_trainer.get("accumulate_grad_batches", 1 if saved_trainer else None),
-            cfg.trainer.get("accumulate_grad_batches", 1),
-        ),
-        (
-            "training processes (trainer.devices x trainer.num_nodes)",
-            saved.world_size,
-            _world_size(cfg.trainer),
-        ),
-    ):
-        if was is not None and now is not None and was != now:
-            changes.append(f"{key}: checkpoint {was} vs now {now}")
-    if changes:
-        raise RunError(
-            f"checkpoint {path} was trained with another batch ({'; '.join(changes)}): resuming would continue its "
-            "data stream at the wrong place and count steps against the wrong epoch. Resume with the checkpoint's "
-            f"settings, or start a new run from its weights (a fresh optimizer and schedule) with model.init_from={path}"
-        )
+    check_time_left(path, ckpt, max_time)
