@@ -93,10 +93,7 @@ class TokenDataModule(L.LightningDataModule):
         at_least("num_workers", num_workers, 0, " (0: load in the main process)")
         at_least("val_stride", val_stride, 1, " (or null: non-overlapping windows, stride = block_size)")
         check_settings(val_fraction, shard_tokens, buffer_mb, prepare_threads)
-        super().__init__()
-        # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
-        data_dir = str(data_dir) if data_dir is not None else None
-        self.save_hyperparameters()
+        super().__init__()  # no hyper-parameters of its own: the run record keeps the data's settings
         self.source = source
         self.tokenizer_name = tokenizer
         self.data_dir = Path(data_dir) if data_dir is not None else default_out_dir(source, tokenizer)

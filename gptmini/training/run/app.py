@@ -624,7 +624,7 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
             # Lightning's handler of a raw KeyboardInterrupt (a second Ctrl-C) calls sys.exit(1).
             log.error(
                 "interrupted (Ctrl-C twice): stopped at once without saving; %s",
-                _resume_hint(cfg.paths.output_dir),
+                _resume_hint(str(output_dir)),
             )
             sys.exit(EXIT_SIGINT)
         from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -632,13 +632,13 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         if not isinstance(exc, SIGTERMException):
             raise
         signum = getattr(exc, "signum", signal.SIGTERM)
-        ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "on_exception.ckpt"
+        ckpt = Path(str(output_dir)) / "checkpoints" / "on_exception.ckpt"
         saved = f"saved {ckpt}" if ckpt.is_file() else "no checkpoint saved (no step was done)"
         log.error(
             "interrupted by %s: %s; %s",
             signal.Signals(signum).name,
             saved,
-            _resume_hint(cfg.paths.output_dir),
+            _resume_hint(str(output_dir)),
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:

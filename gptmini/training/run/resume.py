@@ -1,6 +1,6 @@
 """Resuming and starting from weights: which checkpoint ``ckpt_path`` and ``model.init_from`` name, and whether a
-run can continue from it. The resume checkpoint is read once, here (``read_resume``), and checked against the
-config; once the data is prepared, against the data (``check_resumed_data``)."""
+run can continue from it. The resume checkpoint is read once, here (``read_resume``), and compared with the plan
+through one table (``RESUME_POLICY``); once the data is prepared, with the data (``check_resumed_data``)."""
 
 from __future__ import annotations
 
@@ -207,10 +207,13 @@ def read_resume(
     saved = _saved(path, ckpt, output_dir)
     check_tensors_match(ckpt["state_dict"], GPTConfig.from_dict(saved["model"]), path)
     trainer = now["trainer"]
-    known = {"model": _model(model, vocab_known), "world_size": _world_size(trainer)}
+    model_now = {
+        k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"
+    }  # not a placeholder
+    known = {"model": model_now, "world_size": _world_size(trainer)}
     changes = resume_changes(path, saved, {**{k: v for k, v in known.items() if v is not None}, **now})
     check_resume_plan(path, ckpt, trainer.get("max_steps"), trainer.get("max_time"), target_val_loss)
-    say_average_change(path, ckpt, saved["callbacks"].get("ema"), (now.get("callbacks") or {}).get("ema"))
+    say_average_change(path, ckpt, (now.get("callbacks") or {}).get("ema"))
     if changes:
         log.info("resuming %s with this run's settings from its first step: %s", path, ", ".join(changes))
     return path, ckpt
@@ -228,16 +231,10 @@ def _saved(path: str, ckpt: Mapping[str, Any], output_dir: str) -> dict[str, Any
     return saved
 
 
-def _model(model: GPTConfig, vocab_known: bool) -> dict[str, Any]:
-    """The model's settings as the resume compares them: without the vocabulary while it is a placeholder."""
-    values = model.to_dict()
-    return values if vocab_known else {k: v for k, v in values.items() if k != "vocab_size"}
-
-
-def say_average_change(path: str, ckpt: Mapping[str, Any], was: Any, now: Any) -> None:
-    """One log line when ``callbacks.ema`` (``was``: the checkpoint's run's, ``now``: this run's) differs: the
-    resume continues from the trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what
-    becomes of the average."""
+def say_average_change(path: str, ckpt: Mapping[str, Any], now: Any) -> None:
+    """One log line when ``callbacks.ema`` (``now``: this run's) is added or dropped: the resume continues from the
+    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average (a
+    changed one is said with the other changes)."""
     from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
     had = TRAINED_WEIGHTS_KEY in ckpt
@@ -252,14 +249,6 @@ def say_average_change(path: str, ckpt: Mapping[str, Any], was: Any, now: Any) -
             "%s was trained without callbacks.ema: the average starts from its trained weights at step %s",
             path,
             ckpt.get("global_step"),
-        )
-    elif had and was is not None and was != now:
-        log.warning(
-            "callbacks.ema differs from the one %s was trained with (%s, now %s): the average continues under "
-            "the new settings",
-            path,
-            was,
-            now,
         )
 
 

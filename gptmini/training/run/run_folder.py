@@ -88,8 +88,7 @@ def resume_command(output_dir: str | Path) -> str | None:
 def tensorboard_place(node: Mapping[str, Any], run_name: str, resumed_at: int | None) -> dict[str, str]:
     """The ``version`` of the TensorBoard logger of config ``node``, unless the node names one itself: the run's
     label under the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``), a continuation's
-    with the step it continued from among its overrides (``resumed_at=<step>``), so that each continuation is a TensorBoard run of
-    its own, even in the folder of the run it continues."""
+    with ``resumed_at=<step>`` among its overrides: a TensorBoard run of its own, in any folder."""
     if node.get("version") is not None:
         return {}
     overrides = task_overrides(command_overrides())
