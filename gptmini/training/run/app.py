@@ -136,7 +136,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     output_dir = Path(plan.output_dir)
     from gptmini.training.run.run_report import continued_history
 
-    # read now: a continuation in the folder of the run it continues replaces that run's scalars.csv at its end
+    # now: a continuation in the folder of the run it continues replaces its scalars.csv at the end
     history = continued_history(plan.ckpt_path, _resumed_at(plan) or 0)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
@@ -411,12 +411,11 @@ def report(
     wall_seconds: float = 0.0,
     output_root: str = "outputs",
     throughput: Any = None,
-    history: Any = None,
+    history: Any = None,  # a continuation's (run_report.continued_history)
 ) -> dict[str, Any]:
     """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
     ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
-    final metrics. ``throughput``: the run's throughput monitor, if any (its count of the tokens per step);
-    ``history``: a continuation's scalars of the run it continued (``run_report.continued_history``)."""
+    final metrics. ``throughput``: the run's throughput monitor, if any (its count of the tokens per step)."""
     ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     result: dict[str, Any] = {
@@ -439,7 +438,7 @@ def report(
         checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
         event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
         output_root=output_root,
-        history=history if history is not None else Scalars(),
+        history=history or Scalars(),
     )
     title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
     return result | report_run(facts, title)

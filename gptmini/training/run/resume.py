@@ -75,13 +75,6 @@ def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal[
         ) from None
 
 
-def _world_size(trainer: Any) -> int | None:
-    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
-    if isinstance(devices, int) and not isinstance(devices, bool) and isinstance(nodes, int):
-        return max(devices, 1) * max(nodes, 1)
-    return None  # "auto" or a list: known once the trainer exists
-
-
 # --- the resume's one table: what a resume does with each setting it changes ------------------------------------
 
 # A refusal's kind: what the checkpoint was trained with, and why it cannot continue under another.
@@ -207,11 +200,12 @@ def read_resume(
     saved = _saved(path, ckpt, output_dir)
     check_tensors_match(ckpt["state_dict"], GPTConfig.from_dict(saved["model"]), path)
     trainer = now["trainer"]
-    model_now = {
-        k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"
-    }  # not a placeholder
-    known = {"model": model_now, "world_size": _world_size(trainer)}
-    changes = resume_changes(path, saved, {**{k: v for k, v in known.items() if v is not None}, **now})
+    from gptmini.training.run.run_folder import trainer_processes
+
+    # the vocabulary only once it is not a placeholder; the processes only where the checkpoint recorded them
+    model_now = {k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"}
+    processes = saved["world_size"] and trainer_processes(trainer)
+    changes = resume_changes(path, saved, {"model": model_now, "world_size": processes, **now})
     check_resume_plan(path, ckpt, trainer.get("max_steps"), trainer.get("max_time"), target_val_loss)
     say_average_change(path, ckpt, (now.get("callbacks") or {}).get("ema"))
     if changes:

@@ -118,23 +118,19 @@ def check_run_folder_free(folder: str | Path, continued: str | None, key: str) -
     what = (
         f"already holds a run ({', '.join(held)})" if held else f"is not empty ({', '.join(contents[:3])}...)"
     )
-    if continued is not None:
-        raise RunError(
-            f"the run folder {folder} {what}, and this run resumes {continued}, another run's: a resume writes "
-            f"only into a new folder or the folder of the run it continues. Leave {key} unset (a new folder), or "
-            "name a new one"
-        )
     raise RunError(
-        f"the run folder {folder} {what}: a new run never writes into it. Resume that run with ckpt_path=last "
+        f"the run folder {folder} {what}, and this run resumes {continued}, another run's: a resume writes only "
+        f"into a new folder or the folder of the run it continues. Leave {key} unset (a new folder), or name a new one"
+        if continued is not None
+        else f"the run folder {folder} {what}: a new run never writes into it. Resume that run with ckpt_path=last "
         f"{key}={folder} (or ckpt_path={folder}), or start a new run in a folder of its own (another run_name, "
         f"or leave {key} unset)"
     )
 
 
 def _continued(config: DictConfig, folder: str) -> str | None:
-    """The checkpoint ``ckpt_path`` resumes, resolved as the plan does (``resume.resolve_ckpt_path``: a RunError
-    where there is none); None for a fresh run, and where ``paths.output_root`` does not resolve (the plan says
-    why; the folder must be free)."""
+    """The checkpoint ``ckpt_path`` resumes, resolved as the plan does (a RunError where there is none); None for a
+    fresh run, and where ``paths.output_root`` does not resolve (the plan says why)."""
     ckpt_path = config.get("ckpt_path")
     if ckpt_path is None:
         return None

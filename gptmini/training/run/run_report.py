@@ -109,9 +109,8 @@ def read_scalars_csv(path: Path) -> Scalars:
 
 
 def continued_history(ckpt_path: str | None, step: int) -> Scalars:
-    """The scalars of the run a continuation continues (``ckpt_path``, at ``step``), up to that step: its run
-    folder's ``scalars.csv`` (its own history included), else its TensorBoard events; none for a checkpoint
-    outside a run folder or a run that left neither."""
+    """The scalars of the run a continuation continues (``ckpt_path``, at ``step``) up to that step: its run
+    folder's ``scalars.csv`` (its own history included), else its TensorBoard events."""
     from gptmini.runs.discovery import event_folders
     from gptmini.training.run.resume import continued_run_folder
 
