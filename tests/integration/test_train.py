@@ -327,7 +327,7 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, gptmini_c
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    # the checkpoint's own step: a resume of this run (test_resume_...) logs on into the same TensorBoard run
+    # the checkpoint's own step, in the run's own TensorBoard run
     step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     logged = next(e.value for e in tb_events(run_dir).Scalars("val/loss") if e.step == step)
     assert result["loss"] == pytest.approx(logged, abs=1e-4)

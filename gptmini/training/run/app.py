@@ -336,13 +336,13 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
     }
     tensorboard = _tensorboard(trainer)
-    # where the run's events are, relative to its folder: a run resumed from it logs on into them
+    # where the run's events are, relative to its folder
     events = (
         os.path.relpath(os.path.abspath(tensorboard.log_dir), os.path.abspath(plan.output_dir))
         if tensorboard is not None
         else None
     )
-    # the training processes are recorded too, which a resume must keep (resume.check_resume_plan)
+    # the training processes are recorded too, which a resume must keep (resume.RESUME_POLICY)
     record = plan.record(gpt_config, trainer.world_size, events)
     if trainer.is_global_zero:
         record.write(plan.output_dir)
