@@ -520,7 +520,7 @@ def test_a_settings_schema_follows_its_constructor() -> None:
     assert (defaults["rate"], defaults["shared"], defaults["name"]) == (0.1, 0.5, None)
 
 
-def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkeypatch) -> None:
+def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkeypatch, caplog) -> None:
     """The resume checkpoint is read (and its checksum verified) once, by the plan, which keeps it for the checks
     once the data is prepared; only Lightning's own load reads it again."""
     import gptmini.runs.checkpoint as checkpoint
@@ -551,6 +551,13 @@ def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkey
     plan = plan_run(cfg)
     assert reads == [str(path)]
     assert plan.ckpt_path == str(path) and plan.resume["global_step"] == 5 and plan.init_from is None
+
+    # a changed dropout is said in the resume's line of changes (it was left out), and obeyed
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="gptmini.training.run.resume"):
+        plan = plan_run(compose_cfg([*overrides, f"ckpt_path={path}", "model.dropout=0.25"]))
+    assert f"model.dropout {config.dropout} -> 0.25" in caplog.text and plan.model.dropout == 0.25
 
 
 @pytest.mark.parametrize(
