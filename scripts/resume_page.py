@@ -29,7 +29,7 @@ def resume_page() -> str:
     ]
     for key, policy in RESUME_POLICY.items():
         if policy in REFUSALS:
-            what, why = REFUSALS[policy]
+            what, why, _ = REFUSALS[policy]
             lines.append(f"| `{key}` | refused (another {what}) | {why} |")
         else:
             lines.append(f"| `{key}` | {MEANING[policy][0]} | {MEANING[policy][1]} |")

@@ -77,12 +77,17 @@ def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal[
 
 # --- the resume's one table: what a resume does with each setting it changes ------------------------------------
 
-# A refusal's kind: what the checkpoint was trained with, and why it cannot continue under another.
+# A refusal's kind: what the checkpoint was trained with, why it cannot continue under another, and whether its
+# weights can start a new run of these settings (model.init_from).
 REFUSALS = {
-    "model": ("model shape", "its weights are another model's"),
-    "tokenizer": ("tokenizer", "its token ids would mean other text"),
-    "optimizer": ("optimizer", "its saved optimizer state (moments, Muon's groups) fits no other optimizer"),
-    "batch": ("batch", "its data stream and step count are positions in batches of its size"),
+    "model": ("model shape", "its weights are another model's", False),
+    "tokenizer": ("tokenizer", "its token ids would mean other text", False),
+    "optimizer": (
+        "optimizer",
+        "its saved optimizer state (moments, Muon's groups) fits no other optimizer",
+        True,
+    ),
+    "batch": ("batch", "its data stream and step count are positions in batches of its size", True),
 }
 OBEY, SAY = "obey", "say"  # obey: from the first resumed step, silently; say: the same, named in one line
 # Every setting of the run record (gptmini.runs.record.RunRecord), dotted: obey, say, or a refusal's kind. "group.*"
@@ -138,10 +143,11 @@ def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str,
             for k, a, b, p in refused
             if p == kind
         )
-        what, why = REFUSALS[kind]
+        what, why, weights_fit = REFUSALS[kind]
         raise RunError(
             f"checkpoint {path} was trained with another {what} ({desc}): {why}. Resume with the settings it was "
-            "trained with, or start a new run without ckpt_path"
+            "trained with, or start a new run "
+            + (f"from its weights with model.init_from={path}" if weights_fit else "without ckpt_path")
         )
     return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new, policy in changes if policy == SAY]
 

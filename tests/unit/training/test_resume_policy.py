@@ -94,7 +94,12 @@ def test_the_table_refuses_says_or_obeys_each_change() -> None:
     ):
         with pytest.raises(RunError, match=rf"was trained with another batch \({what}\)"):
             resume_changes("c.ckpt", batch, now)
-    with pytest.raises(RunError, match=r"another tokenizer \(tokenizer\.name: checkpoint char vs now gpt2\)"):
+    # what cannot be resumed but fits the weights names model.init_from; another model or tokenizer does not
+    with pytest.raises(RunError, match=r"start a new run from its weights with model\.init_from=c\.ckpt$"):
+        resume_changes("c.ckpt", batch, {"data": {"batch_size": 8}})
+    with pytest.raises(
+        RunError, match=r"another tokenizer \(tokenizer\.name: checkpoint char vs now gpt2\).*ckpt_path$"
+    ):
         resume_changes("c.ckpt", {"tokenizer": {"name": "char"}}, {"tokenizer": {"name": "gpt2"}})
 
 
