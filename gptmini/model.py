@@ -306,8 +306,6 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
 FUSED_OPS = ("none", "liger")
-# settings that choose how the model computes, not what: the same parameters and function (a resume may change them)
-KERNEL_SETTINGS = ("loss", "fused_ops")
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
 

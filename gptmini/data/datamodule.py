@@ -88,12 +88,30 @@ class TokenDataModule(L.LightningDataModule):
         tokenizer_vocab_size: int | None = None,
         tokenizer_train_bytes: int | None = None,
     ) -> None:
-        super().__init__()
-        # Checkpoints store these hparams; a Path would make them unloadable with weights_only=True.
-        data_dir = str(data_dir) if data_dir is not None else None
-        self.save_hyperparameters()
         # each bad setting named as its config key (the run's plan builds this to run them before any work)
-        check_data_settings(**self.hparams)
+        check_data_settings(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            val_stride=val_stride,
+            val_fraction=val_fraction,
+            shard_tokens=shard_tokens,
+            buffer_mb=buffer_mb,
+            prepare_threads=prepare_threads,
+        )
+        super().__init__()  # no hyper-parameters of its own: the run record keeps the data's settings
+        # what prepare_data hands prepare_run_data (`gptmini data` hands it the same settings from the plan)
+        self.preparation = dict(
+            source=source,
+            tokenizer=tokenizer,
+            val_fraction=val_fraction,
+            force_prepare=force_prepare,
+            prepare_threads=prepare_threads,
+            text_field=text_field,
+            shard_tokens=shard_tokens,
+            buffer_mb=buffer_mb,
+            tokenizer_vocab_size=tokenizer_vocab_size,
+            tokenizer_train_bytes=tokenizer_train_bytes,
+        )
         self.source = source
         self.tokenizer_name = tokenizer
         self.data_dir = Path(data_dir) if data_dir is not None else default_out_dir(source, tokenizer)
@@ -118,7 +136,7 @@ class TokenDataModule(L.LightningDataModule):
     def prepare_data(self, progress: Callable[[PrepareProgress], None] | None = None) -> None:
         """``progress``: a progress-bar callback (``gptmini.data.prepare.progress_bar``); without one, a long
         preparation logs a line every 30 s. ``gptmini data`` prepares through the same function."""
-        prepare_run_data({**self.hparams, "data_dir": self.data_dir}, progress)
+        prepare_run_data({**self.preparation, "data_dir": self.data_dir}, progress)
 
     def setup(self, stage: str | None = None) -> None:
         if self.meta is not None and self.train_dataset is not None:

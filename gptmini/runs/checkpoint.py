@@ -12,16 +12,15 @@ import logging
 import os
 import pickle
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
 import torch
 
 from gptmini import fileio
-from gptmini.model import GPT, KERNEL_SETTINGS, GPTConfig
+from gptmini.model import GPT, GPTConfig
 from gptmini.runs.files import SUMMARY_FILE, write_summary
-from gptmini.runs.record import read_record
 
 log = logging.getLogger(__name__)
 
@@ -326,53 +325,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     _say_if_averaged(ckpt, path)
 
 
-def check_resume_compatible(
-    path: str | Path,
-    model_config: dict[str, Any],
-    ignore: Iterable[str] = (),
-    ckpt: Mapping[str, Any] | None = None,
-) -> None:
-    """Refuses to resume a run whose model differs from the checkpoint's, naming the differing fields, and a
-    checkpoint that does not load with ``weights_only=True``, is damaged, or whose tensors disagree with its own
-    settings. ``ignore``: fields not known yet (vocab_size before the data is prepared). ``ckpt``: the
-    checkpoint already loaded from ``path`` (and verified), so it is not read again."""
-    if ckpt is None:
-        ckpt = load_checkpoint(path, mmap=True)
-    saved = GPTConfig.from_dict(dict(_model_config(ckpt, path)))  # settings older checkpoints lack: defaults
-    with torch.device("meta"):  # no memory, no initialisation
-        check_tensors_match(ckpt["state_dict"], GPT(saved), path)
-    wanted = GPTConfig.from_dict(dict(model_config)).to_dict()
-    # every model setting but dropout, which only acts in training, and the kernels: they may change on resume
-    keys = [k for k in saved.to_dict() if k not in ("dropout", *KERNEL_SETTINGS, *ignore)]
-    diff = {k: (getattr(saved, k), wanted.get(k)) for k in keys if getattr(saved, k) != wanted.get(k)}
-    if diff:
-        desc = ", ".join(f"model.{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in diff.items())
-        raise CheckpointError(
-            f"checkpoint {path} was trained with a different model shape ({desc}): resume with the same model "
-            "settings (e.g. the same experiment), or start a new run without ckpt_path"
-        )
-
-
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
-
-
-# Optimizer classes a checkpoint may name by an earlier module path: the same class, so its state resumes.
-MOVED_OPTIMIZERS = {"gptmini.training.optimizers.MuonAdamW": "gptmini.training.loop.optimizers.MuonAdamW"}
-
-
-def check_resume_optimizer(path: str | Path, ckpt: Mapping[str, Any], optimizer: Mapping[str, Any]) -> None:
-    """Refuses to resume with another optimizer than the checkpoint's (``optimizer``: this run's optimizer
-    config, its ``_target_`` compared with the one the checkpoint's run recorded): the saved optimizer state
-    (Muon's per-role groups, AdamW's moments) cannot be loaded into another optimizer."""
-    saved = read_record(ckpt).optimizer
-    was, now = saved.get("_target_"), optimizer.get("_target_")
-    was = MOVED_OPTIMIZERS.get(was, was)
-    if was and now and was != now:
-        raise CheckpointError(
-            f"ckpt_path={path} was trained with the optimizer {was}, and this run builds {now}: its saved optimizer "
-            "state cannot be loaded into another optimizer. Resume with the optimizer it was trained with (the "
-            f"optimizer=... it started with), or start a new run from its weights with model.init_from={path}"
-        )
 
 
 def check_trained_data(

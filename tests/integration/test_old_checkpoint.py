@@ -1,5 +1,6 @@
-"""A run written by an earlier version (tests/fixtures/run_v0: its checkpoint records the composed config, not the
-run record) still samples, evaluates, exports and resumes through the commands."""
+"""Runs written by earlier versions still sample, evaluate, export and resume through the commands:
+tests/fixtures/run_v0 (its checkpoint records the composed config, not the run record) and tests/fixtures/run_v1
+(the first versioned record, the model's and the data's settings also kept apart, no lineage)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_v0"
-# the settings the fixture was trained with (its README's command), which a resume must repeat
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+VERSIONS = ("run_v0", "run_v1")
+# the settings the fixtures were trained with (their README's command), which a resume must repeat
 TRAINED_WITH = [
     "debug=smoke",
     "tokenizer=char",
@@ -22,18 +24,18 @@ TRAINED_WITH = [
 ]
 
 
-@pytest.fixture
-def old_run(tmp_path: Path) -> Path:
-    """A copy of the fixture (the commands never touch the original), with its corpus beside the run folder."""
-    shutil.copytree(FIXTURE, tmp_path, dirs_exist_ok=True)
+@pytest.fixture(params=VERSIONS)
+def old_run(request, tmp_path: Path) -> Path:
+    """A copy of a fixture (the commands never touch the original), with its corpus beside the run folder."""
+    shutil.copytree(FIXTURES / request.param, tmp_path, dirs_exist_ok=True)
     return tmp_path
 
 
-def _fixture_model() -> torch.nn.Module:
+def _fixture_model(old_run: Path) -> torch.nn.Module:
     """The fixture's model, built from its checkpoint's own tensors with torch alone."""
     from gptmini.model import GPT, GPTConfig
 
-    ckpt = torch.load(FIXTURE / "run/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    ckpt = torch.load(old_run / "run/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     model = GPT(GPTConfig.from_dict(ckpt["hyper_parameters"]["model_config"]))
     model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()})
     return model.eval()
@@ -67,7 +69,7 @@ def test_an_old_checkpoint_evaluates_as_its_own_weights_score(gptmini_cli, old_r
     x = torch.stack([tokens[s : s + block] for s in starts])  # (W, T)
     y = torch.stack([tokens[s + 1 : s + block + 1] for s in starts])  # (W, T)
     with torch.no_grad():
-        logits, _ = _fixture_model()(x, y)  # (W, T, V)
+        logits, _ = _fixture_model(old_run)(x, y)  # (W, T, V)
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
     assert result["tokens"] == y.numel()
     torch.testing.assert_close(torch.tensor(result["loss"]), expected, rtol=1e-4, atol=1e-5)
@@ -80,7 +82,7 @@ def test_an_old_checkpoint_exports_to_transformers(gptmini_cli, old_run) -> None
     hf = transformers.GPT2LMHeadModel.from_pretrained(old_run / "hf").eval()
     idx = torch.tensor([[1, 5, 2, 7, 3, 3, 9, 4]])  # (1, T)
     with torch.no_grad():
-        ours, _ = _fixture_model()(idx)  # (1, T, V)
+        ours, _ = _fixture_model(old_run)(idx)  # (1, T, V)
         theirs = hf(idx).logits[..., : ours.shape[-1]]  # (1, T, V)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
 
@@ -101,3 +103,6 @@ def test_an_old_checkpoint_resumes(gptmini_train, old_run) -> None:
     (resumed,) = (old_run / "out").glob("*/*/checkpoints/last.ckpt")
     saved = torch.load(resumed, map_location="cpu", weights_only=True)
     assert saved["global_step"] == 8  # the old run's 6 steps and 2 more: it resumed, not restarted
+    from gptmini.runs.record import Lineage, read_record
+
+    assert read_record(saved).continued_from == Lineage(str(ckpt), 6)

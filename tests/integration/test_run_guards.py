@@ -115,6 +115,26 @@ def test_paths_output_dir_naming_a_finished_run_is_refused_and_changes_nothing(t
     assert files(run_dir) == before
 
 
+@pytest.mark.parametrize("key", ["hydra.run.dir", "paths.output_dir"])
+def test_a_resume_into_another_run_s_folder_is_refused_and_changes_nothing(
+    train, finished_run, tmp_path, key
+) -> None:
+    """ckpt_path=<run A> with the run folder naming run B's: the folder guard was skipped for every resume, so B's
+    last.ckpt, record, summary, scalars and curve were replaced by A's continuation, exit 0."""
+    run_dir, _ = finished_run
+    other = tmp_path / "a"
+    assert train(f"hydra.run.dir={other}").returncode == 0
+    before = files(run_dir)
+    proc = train(f"ckpt_path={other}", f"{key}={run_dir}", "trainer.max_steps=4")
+    check_refused(
+        proc,
+        rf"error: the run folder {re.escape(str(run_dir))} already holds a run \(.*\), and this run resumes "
+        rf"{re.escape(str(other))}/checkpoints/last\.ckpt, another run's: a resume writes only into a new folder "
+        rf"or the folder of the run it continues\. Leave {re.escape(key)} unset",
+    )
+    assert files(run_dir) == before
+
+
 def test_a_sweep_with_one_output_dir_for_every_job_is_refused_before_the_first(
     gptmini_train, tmp_path
 ) -> None:
@@ -260,6 +280,11 @@ def test_resuming_a_finished_run_or_with_another_batch_is_refused_and_in_place_r
     assert resumed.returncode == 0, output(resumed)[-3000:]
     assert f"resuming from {run_dir}/checkpoints/last.ckpt" in output(resumed)
     assert "run finished: 4 steps" in output(resumed)
+    # its lineage, in its record from the start: the checkpoint it continued and the step that held
+    from gptmini.runs.record import Lineage, read_record_file
+
+    lineage = Lineage(str((run_dir / "checkpoints" / "last.ckpt").resolve()), 2)
+    assert read_record_file(run_dir).continued_from == lineage
 
 
 @pytest.mark.slow

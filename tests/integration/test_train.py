@@ -189,26 +189,39 @@ def test_gptmini_runs_lists_the_run_and_its_name_opens_it(smoke_run, gptmini_cli
     assert "loaded outputs/smoke/" in sample.stderr and "/checkpoints/last.ckpt" in sample.stderr
 
 
-def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run_cli, tmp_path):
-    """The resumed run trains the remaining steps and logs on into the TensorBoard run of the run it resumes:
-    one run whose train/loss goes past the first run's last step, no second one. Its output goes to a file, as
-    `make train > log` does: the plain progress lines are there, and no frame of the progress bar."""
-    from gptmini.runs.discovery import event_folders, read_events
-    from gptmini.runs.record import read_record
+def _csv_steps(run_dir, tag):
+    import csv
 
-    root, first_run, _ = smoke_run
-    first_steps = [e.step for e in read_events(event_folders(first_run)[0]).Scalars("train/loss")]
+    with (run_dir / "scalars.csv").open() as f:
+        return [int(row["step"]) for row in csv.DictReader(f) if row[tag]]
+
+
+def test_each_continuation_is_a_tensorboard_run_of_its_own_with_the_history_it_continued(
+    smoke_run, run_cli, tmp_path
+):
+    """Two continuations of one checkpoint (ckpt_path=last, then the first run's folder with another lr): each logs
+    to a TensorBoard run of its own, the first run's untouched, and each one's scalars.csv holds the first run's
+    steps up to the step it continued from, then its own, never the other's (both logged into the first run's
+    TensorBoard run, so each one's CSV held the other's steps). Each records its lineage. Its output goes to a
+    file, as `make train > log` does: the plain progress lines are there, and no frame of the progress bar."""
+    import shutil
+
+    from gptmini.runs.discovery import event_folders, read_events
+    from gptmini.runs.record import Lineage, read_record, read_record_file
+
+    source_root, source_run, _ = smoke_run
+    root = tmp_path / "root"
+    shutil.copytree(source_root, root)
+    first_run = root / "outputs" / "smoke" / source_run.name
+    (first_events,) = event_folders(first_run)
+    first_steps = [e.step for e in read_events(first_events).Scalars("train/loss")]
+    first_files = {p: p.read_bytes() for p in first_run.rglob("*") if p.is_file()}
+    base = ["debug=smoke", f"paths.output_root={root}/outputs", f"paths.data_root={root}/data"]
     out = tmp_path / "resume.out"
     with out.open("w") as console:
         proc = run_cli.popen(
             run_cli.train_module,
-            [
-                "debug=smoke",
-                "ckpt_path=last",
-                "trainer.max_steps=9",
-                f"paths.output_root={root}/outputs",
-                f"paths.data_root={root}/data",
-            ],
+            [*base, "ckpt_path=last", "trainer.max_steps=9"],
             stdout=console,
             stderr=subprocess.STDOUT,
         )
@@ -216,35 +229,42 @@ def test_resume_with_ckpt_path_last_continues_its_tensorboard_run(smoke_run, run
     text = out.read_text()
     assert f"resuming from {first_run / 'checkpoints' / 'last.ckpt'}" in text
     (resumed,) = [d for d in (root / "outputs" / "smoke").iterdir() if d != first_run]
-    ckpt = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 9
-    # one TensorBoard run in all: the first run's, named after it
-    runs = sorted({p.parent for p in (root / "outputs").rglob("events.out.tfevents.*")})
-    assert runs == [first_run / "tb" / "smoke,debug=smoke"], runs
-    assert not (resumed / "tb").exists()
-    events = read_events(runs[0], tensors=0)
-    steps = [e.step for e in events.Scalars("train/loss")]
-    # the first run's steps, then the resumed run's, on past them in the same run
-    assert steps[: len(first_steps)] == first_steps and max(first_steps) == 5
-    assert len(steps) == len(first_steps) + 3 and steps == sorted(set(steps)) and steps[-1] == 9
-    assert [e.step for e in events.Scalars("val/loss")] == [3, 6, 9]
-    # the checkpoint records where its run logs, for a resume of the resumed run
-    recorded = read_record(ckpt).tensorboard_dir
-    assert (resumed / recorded).resolve() == runs[0].resolve()
-    # the overrides of both starts as text: the first at step 0, the resumed one's at the step it resumed from
+    other = run_cli.train(
+        [*base, f"ckpt_path={first_run}", "trainer.max_steps=8", "optimizer.hidden.lr=0.01"]
+    )
+    assert other.returncode == 0, other.stderr[-3000:]
+    (second,) = [d for d in (root / "outputs" / "smoke").iterdir() if d not in (first_run, resumed)]
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 9
+    # the first run is as it was: no continuation wrote into its folder or its TensorBoard run
+    assert {p: p.read_bytes() for p in first_run.rglob("*") if p.is_file()} == first_files
+    lineage = Lineage(str(first_run / "checkpoints" / "last.ckpt"), 6)
+    for run, steps, validated in ((resumed, [7, 8, 9], [3, 6, 9]), (second, [7, 8], [3, 6])):
+        # a TensorBoard run of its own, named after it and the step it continued from
+        (events,) = event_folders(run)
+        assert events.parent == run / "tb" and "resumed_at=6" in events.name.split(","), events
+        assert [e.step for e in read_events(events, tensors=0).Scalars("train/loss")] == steps
+        # its CSV: the first run's history up to step 6, then its own steps only
+        assert _csv_steps(run, "train/loss") == [*first_steps, *steps], run
+        assert _csv_steps(run, "val/loss") == validated
+        record = read_record_file(run)
+        assert (
+            record.continued_from == lineage
+            and read_record(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)) == record
+        )
+        assert (run / record.tensorboard_dir).resolve() == events.resolve()
+    # the overrides as text at the step it resumed from
+    events = read_events(event_folders(resumed)[0], tensors=0)
     texts = {
         e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("run/overrides/text_summary")
     }
-    assert sorted(texts) == [0, 6] and "- `debug=smoke`" in texts[0]
-    assert "resumed from" in texts[6] and "- `trainer.max_steps=9`" in texts[6]
+    assert sorted(texts) == [6] and "resumed from" in texts[6] and "- `trainer.max_steps=9`" in texts[6]
     # not a terminal: ProgressLog's lines, no progress bar
     assert re.findall(r"step (\d+)/9 \| loss", text) == ["8", "9"]
     assert "━" not in text and "it/s" not in text, text[-2000:]
     listed = run_cli("gptmini.cli", ["runs", "--runs-dir", root / "outputs", "--json", "smoke"])
     rows = {row["folder"]: row for row in json.loads(listed.stdout)}
-    # each row's val/loss is its own run's last, though both logged into one TensorBoard run
     assert rows[str(resumed)]["val_step"] == 9 and rows[str(first_run)]["val_step"] == 6
-    assert rows[str(resumed)]["tensorboard"] == rows[str(first_run)]["tensorboard"] == str(runs[0])
+    assert rows[str(resumed)]["tensorboard"] == str(event_folders(resumed)[0])
 
 
 def test_sample_command_generates_text_from_a_checkpoint(smoke_run, capsys):
@@ -307,7 +327,7 @@ def test_eval_command_reproduces_the_logged_validation_loss(smoke_run, gptmini_c
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    # the checkpoint's own step: a resume of this run (test_resume_...) logs on into the same TensorBoard run
+    # the checkpoint's own step, in the run's own TensorBoard run
     step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     logged = next(e.value for e in tb_events(run_dir).Scalars("val/loss") if e.step == step)
     assert result["loss"] == pytest.approx(logged, abs=1e-4)

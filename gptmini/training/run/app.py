@@ -134,14 +134,20 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     connect_callbacks(callbacks.given, parts)
     skip_idle_hooks(callbacks.given)
     output_dir = Path(plan.output_dir)
+    from gptmini.training.run.run_report import continued_history
+
+    # now: a continuation in the folder of the run it continues replaces its scalars.csv at the end
+    history = continued_history(plan.ckpt_path, _resumed_at(plan) or 0)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
     try:
         fit(trainer, module, datamodule, plan, output_dir / "checkpoints" / "last.ckpt")
     except BaseException:  # a NaN loss, a signal, an error: the curves so far, as a finished run has them
-        _write_curves_so_far(trainer, output_dir)
+        _write_curves_so_far(trainer, output_dir, history)
         raise
-    return report(trainer, output_dir, time.monotonic() - started, plan.output_root, parts.throughput)
+    return report(
+        trainer, output_dir, time.monotonic() - started, plan.output_root, parts.throughput, history
+    )
 
 
 # The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
@@ -270,8 +276,13 @@ def _logger(settings: dict[str, Any], plan: RunPlan) -> Any:
         return instantiate(settings, _convert_="all")
     from gptmini.training.run.run_folder import tensorboard_place
 
-    place = tensorboard_place(settings, plan.run_name, plan.tensorboard_dir)
+    place = tensorboard_place(settings, plan.run_name, _resumed_at(plan))
     return instantiate({**settings, **place}, _convert_="all")
+
+
+def _resumed_at(plan: RunPlan) -> int | None:
+    """The step of the checkpoint a resumed run continues; None: a fresh run."""
+    return int(plan.resume.get("global_step") or 0) if plan.resume is not None else None
 
 
 def _tensorboard(trainer: Any) -> Any:
@@ -289,7 +300,7 @@ def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     logger = _tensorboard(trainer)
     if logger is None:
         return
-    step = int(plan.resume.get("global_step") or 0) if plan.resume is not None else 0
+    step = _resumed_at(plan) or 0
     lines = [f"run_name `{plan.run_name}`, run folder `{plan.output_dir}`"]
     if plan.ckpt_path is not None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
@@ -330,13 +341,13 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
     }
     tensorboard = _tensorboard(trainer)
-    # where the run's events are, relative to its folder: a run resumed from it logs on into them
+    # where the run's events are, relative to its folder
     events = (
         os.path.relpath(os.path.abspath(tensorboard.log_dir), os.path.abspath(plan.output_dir))
         if tensorboard is not None
         else None
     )
-    # the training processes are recorded too, which a resume must keep (resume.check_resume_plan)
+    # the training processes are recorded too, which a resume must keep (resume.RESUME_POLICY)
     record = plan.record(gpt_config, trainer.world_size, events)
     if trainer.is_global_zero:
         record.write(plan.output_dir)
@@ -405,6 +416,7 @@ def report(
     wall_seconds: float = 0.0,
     output_root: str = "outputs",
     throughput: Any = None,
+    history: Any = None,  # a continuation's (run_report.continued_history)
 ) -> dict[str, Any]:
     """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
     ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
@@ -420,7 +432,7 @@ def report(
     }
     if not trainer.is_global_zero:
         return result
-    from gptmini.training.run.run_report import RunFacts, report_run
+    from gptmini.training.run.run_report import RunFacts, Scalars, report_run
 
     tensorboard = _tensorboard(trainer)
     facts = RunFacts(
@@ -431,12 +443,13 @@ def report(
         checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
         event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
         output_root=output_root,
+        history=history or Scalars(),
     )
     title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
     return result | report_run(facts, title)
 
 
-def _write_curves_so_far(trainer: Any, output_dir: Path) -> None:
+def _write_curves_so_far(trainer: Any, output_dir: Path, history: Any) -> None:
     """``scalars.csv`` and ``loss_curve.png`` of a run stopped after some steps (on the first process); a run
     stopped before its first step leaves none (its folder is then removed as a failed start's)."""
     tensorboard = _tensorboard(trainer)
@@ -447,7 +460,7 @@ def _write_curves_so_far(trainer: Any, output_dir: Path) -> None:
     try:
         tensorboard.experiment.flush()
         title = f"{output_dir.parent.name}/{output_dir.name}: stopped at step {trainer.global_step:,}"
-        write_curves(read_scalars(Path(tensorboard.log_dir)), output_dir, title)
+        write_curves(read_scalars(Path(tensorboard.log_dir)).after(history), output_dir, title)
     except Exception as err:  # the run's own error is the one to report
         log.warning("could not write the curves of the stopped run: %s: %s", type(err).__name__, err)
 
@@ -624,7 +637,7 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
             # Lightning's handler of a raw KeyboardInterrupt (a second Ctrl-C) calls sys.exit(1).
             log.error(
                 "interrupted (Ctrl-C twice): stopped at once without saving; %s",
-                _resume_hint(cfg.paths.output_dir),
+                _resume_hint(str(output_dir)),
             )
             sys.exit(EXIT_SIGINT)
         from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -632,13 +645,13 @@ def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
         if not isinstance(exc, SIGTERMException):
             raise
         signum = getattr(exc, "signum", signal.SIGTERM)
-        ckpt = Path(cfg.paths.output_dir) / "checkpoints" / "on_exception.ckpt"
+        ckpt = Path(str(output_dir)) / "checkpoints" / "on_exception.ckpt"
         saved = f"saved {ckpt}" if ckpt.is_file() else "no checkpoint saved (no step was done)"
         log.error(
             "interrupted by %s: %s; %s",
             signal.Signals(signum).name,
             saved,
-            _resume_hint(cfg.paths.output_dir),
+            _resume_hint(str(output_dir)),
         )
         sys.exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
     except Exception as err:

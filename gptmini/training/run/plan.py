@@ -34,7 +34,7 @@ from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
 from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group, missing_keys
-from gptmini.training.run.resume import continued_event_folder, read_resume, resolve_init_from
+from gptmini.training.run.resume import read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
     DERIVED,
@@ -86,8 +86,6 @@ class RunPlan:
     run_name: str
     output_dir: str
     output_root: str
-    # the TensorBoard folder a resumed run logs on into (its first run's); None: a TensorBoard run of its own
-    tensorboard_dir: str | None = None
     tokenizer: TokenizerSchema = dataclasses.field(default_factory=TokenizerSchema)
     init_kind: str | None = None  # "checkpoint" or "hf": what init_from is
     hardware: str | None = None  # the hardware option chosen (None: composed without Hydra's choices)
@@ -214,10 +212,15 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         data,
         cfg.seed,
     )
-    resume = (
-        read_resume(cfg, model, vocab_known, settings_now, str(cfg.paths.output_dir))
-        if cfg.get("ckpt_path") is not None
-        else None
+    resume = read_resume(
+        cfg.get("ckpt_path"),
+        model,
+        vocab_known,
+        settings_now,
+        str(cfg.paths.output_dir),
+        str(cfg.paths.output_root),
+        cfg.run_name,
+        cfg.get("target_val_loss"),
     )
     init_kind, init_source = (
         resolve_init_from(str(init_from), cfg.paths.output_root) if init_from and not resume else (None, None)
@@ -238,7 +241,6 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         resume=resume[1] if resume else None,
         init_from=init_source,
         init_kind=init_kind,
-        tensorboard_dir=continued_event_folder(*resume, cfg.paths.output_root) if resume else None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
         output_root=str(cfg.paths.output_root),

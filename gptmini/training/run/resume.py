@@ -1,6 +1,6 @@
 """Resuming and starting from weights: which checkpoint ``ckpt_path`` and ``model.init_from`` name, and whether a
-run can continue from it. The resume checkpoint is read once, here (``read_resume``), and checked against the
-config; once the data is prepared, against the data (``check_resumed_data``)."""
+run can continue from it. The resume checkpoint is read once, here (``read_resume``), and compared with the plan
+through one table (``RESUME_POLICY``); once the data is prepared, with the data (``check_resumed_data``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from omegaconf import DictConfig, OmegaConf
+import torch
 
 from gptmini.fileio import name_too_long
-from gptmini.model import GPTConfig
+from gptmini.model import GPT, GPTConfig
 from gptmini.runs.checkpoint import CheckpointError
-from gptmini.runs.discovery import event_folders, newest_checkpoint, recorded_event_folder, resolve_checkpoint
+from gptmini.runs.discovery import newest_checkpoint, resolve_checkpoint
 from gptmini.runs.record import read_record
 from gptmini.training.errors import RunError
 
@@ -37,22 +37,31 @@ def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
     return found
 
 
-def resolve_ckpt_path(cfg: DictConfig) -> str | None:
-    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of the run folder
-    itself when it already holds one (``hydra.run.dir`` given), else of any run of ``run_name``; else what
+def resolve_ckpt_path(
+    ckpt_path: Any, run_dir: str | Path, output_root: str | Path, run_name: str
+) -> str | None:
+    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of its run folder
+    ``run_dir`` itself when that already holds one, else of any run of ``run_name``; else what
     :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
-    a run name under ``paths.output_root``: its newest checkpoint)."""
-    if cfg.ckpt_path is None:
+    a run name under ``output_root``: its newest checkpoint)."""
+    if ckpt_path is None:
         return None
-    if cfg.ckpt_path == "last":
-        own = newest_checkpoint(cfg.paths.output_dir)
+    if ckpt_path == "last":
+        own = newest_checkpoint(run_dir)
         if own is not None:
             return str(own)
-        return str(ckpt_path_last(cfg.paths.output_root, cfg.run_name))
+        return str(ckpt_path_last(output_root, run_name))
     try:  # a file, a run folder or a run name, as every command opens one
-        return str(resolve_checkpoint(cfg.ckpt_path, cfg.paths.output_root, option="ckpt_path"))
+        return str(resolve_checkpoint(ckpt_path, output_root, option="ckpt_path"))
     except CheckpointError as err:
         raise RunError(str(err)) from None
+
+
+def continued_run_folder(ckpt_path: str | Path) -> Path | None:
+    """The run folder a resume checkpoint belongs to (``<run folder>/checkpoints/<file>``); None for a file
+    elsewhere."""
+    path = Path(ckpt_path).absolute()
+    return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
 def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
@@ -68,39 +77,79 @@ def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal[
         ) from None
 
 
-def _world_size(trainer: Any) -> int | None:
-    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
-    if isinstance(devices, int) and not isinstance(devices, bool) and isinstance(nodes, int):
-        return max(devices, 1) * max(nodes, 1)
-    return None  # "auto" or a list: known once the trainer exists
+# --- the resume's one table: what a resume does with each setting it changes ------------------------------------
+
+# A refusal's kind: what the checkpoint was trained with, why it cannot continue under another, and whether its
+# weights can start a new run of these settings (model.init_from).
+REFUSALS = {
+    "model": ("model shape", "its weights are another model's", False),
+    "tokenizer": ("tokenizer", "its token ids would mean other text", False),
+    "optimizer": (
+        "optimizer",
+        "its saved optimizer state (moments, Muon's groups) fits no other optimizer",
+        True,
+    ),
+    "batch": ("batch", "its data stream and step count are positions in batches of its size", True),
+}
+OBEY, SAY = "obey", "say"  # obey: from the first resumed step, silently; say: the same, named in one line
+# Every setting of the run record (gptmini.runs.record.RunRecord), dotted: obey, say, or a refusal's kind. "group.*"
+# covers the settings of a group not named apart (an optimizer's, the trainer's, the callbacks'); the model's are
+# each named (tests/unit/training/test_resume_policy.py). docs/resume.md is this table (scripts/resume_page.py).
+RESUME_POLICY = {
+    **{f"model.{f.name}": "model" for f in dataclasses.fields(GPTConfig) if f.init},
+    "model.dropout": SAY,  # it acts in training only
+    "model.loss": OBEY,  # the kernels: the same weights, computed another way (a CPU run resumed on a GPU)
+    "model.fused_ops": OBEY,
+    "tokenizer.*": "tokenizer",
+    "data.batch_size": "batch",
+    "data.*": SAY,  # another corpus is said once the data is prepared (check_resumed_data)
+    "trainer.accumulate_grad_batches": "batch",
+    "world_size": "batch",
+    "trainer.*": SAY,  # the schedule follows this run's max_steps and max_time
+    "optimizer._target_": "optimizer",
+    "optimizer.*": SAY,  # this run's group settings (lr, weight decay) over the saved state
+    "scheduler.*": SAY,  # laid over this run's plan from the checkpoint's step
+    "callbacks.*": SAY,  # this run's (callbacks.ema: say_average_change says what becomes of the average)
+    "seed": SAY,  # the data order is the checkpoint's stream; dropout draws from the restored generator
+    **dict.fromkeys(("version", "run_name", "hardware", "precision", "overrides", "init_from"), OBEY),
+    **dict.fromkeys(("tokens_per_step", "tensorboard_dir", "output_dir", "continued_from"), OBEY),
+}
+SHOWN_AS = {"world_size": "training processes (trainer.devices x trainer.num_nodes)"}
+# Optimizer classes a checkpoint may name by an earlier module path: the same class, so its state resumes.
+MOVED_OPTIMIZERS = {"gptmini.training.optimizers.MuonAdamW": "gptmini.training.loop.optimizers.MuonAdamW"}
 
 
-# What a checkpoint cannot be resumed under: the tokenizer (its token ids would mean other text). The model's shape
-# is compared apart, with its tensors (gptmini.runs.checkpoint.check_resume_compatible).
-FIXED_SETTINGS = ("tokenizer",)
+def resume_policy(key: str) -> str:
+    """What a resume does with a change of the record's setting ``key`` (``RESUME_POLICY``); KeyError: none."""
+    return RESUME_POLICY.get(key) or RESUME_POLICY[key.split(".", 1)[0] + ".*"]
 
 
 def resume_changes(path: str | Path, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The resume's comparison of the settings a checkpoint's run recorded (``saved``) with this run's (``now``:
-    the record's typed groups, ``plan.recorded_settings``; what places a run, its folders and processes, is not
-    among them): a changed setting the checkpoint cannot continue under (``FIXED_SETTINGS``) is
-    refused in one line; every other change is returned as ``key old -> new``, and takes effect from the first
-    resumed step (the optimizer keeps this run's group settings, the schedule its own plan, the callbacks are
-    this run's). A setting one of the two does not hold (another version's) is no change."""
+    """The resume's one comparison of the settings a checkpoint's run recorded (``saved``) with this run's
+    (``now``, laid out as its record), through ``RESUME_POLICY``: the changes it refuses in one line (the first
+    kind's); those it says, returned as ``key old -> new``. A setting one of the two does not hold (another
+    version's) is no change."""
     changes = [
-        (key, was, new)
-        for key in now  # in this run's order
-        if key in saved
-        for key, was, new in _differences(saved[key], now[key], key)
+        (key, was, new, resume_policy(key))
+        for group in now  # in this run's order
+        if group in saved
+        for key, was, new in _differences(saved[group], now[group], group)
     ]
-    fixed = [(k, was, new) for k, was, new in changes if k.split(".", 1)[0] in FIXED_SETTINGS]
-    if fixed:
-        desc = ", ".join(f"{k}: checkpoint {_shown(was)} vs now {_shown(new)}" for k, was, new in fixed)
-        raise RunError(
-            f"checkpoint {path} was trained with another tokenizer ({desc}): its token ids would mean other text. "
-            "Resume with the tokenizer it was trained with, or start a new run without ckpt_path"
+    refused = [c for c in changes if c[3] in REFUSALS]
+    if refused:
+        kind = refused[0][3]
+        desc = ", ".join(
+            f"{SHOWN_AS.get(k, k)}: checkpoint {_shown(a)} vs now {_shown(b)}"
+            for k, a, b, p in refused
+            if p == kind
         )
-    return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new in changes]
+        what, why, weights_fit = REFUSALS[kind]
+        raise RunError(
+            f"checkpoint {path} was trained with another {what} ({desc}): {why}. Resume with the settings it was "
+            "trained with, or start a new run "
+            + (f"from its weights with model.init_from={path}" if weights_fit else "without ckpt_path")
+        )
+    return [f"{k} {_shown(was)} -> {_shown(new)}" for k, was, new, policy in changes if policy == SAY]
 
 
 def _in_folder(value: Any, saved_dir: str | None, output_dir: str) -> Any:
@@ -127,17 +176,24 @@ def _shown(value: Any) -> str:
 
 
 def read_resume(
-    cfg: DictConfig, model: GPTConfig, vocab_known: bool, now: Mapping[str, Any], output_dir: str
+    ckpt_path: str | None,
+    model: GPTConfig,
+    vocab_known: bool,
+    now: Mapping[str, Any],
+    output_dir: str,
+    output_root: str,
+    run_name: str,
+    target_val_loss: float | None,
 ) -> tuple[str, dict[str, Any]] | None:
     """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
-    the config: a training run's checkpoint (not weights alone), of this tokenizer (``resume_changes``, whose
-    other changes are said in one line) and this model's shape (its vocabulary aside when the tokenizer's is not
-    known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's settings, laid out as
-    its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
-    path = resolve_ckpt_path(cfg)
+    this run: a training run's checkpoint (not weights alone) whose tensors fit its own model settings, every
+    change of setting through the one table (``resume_changes``: the model's vocabulary aside when the
+    tokenizer's is not known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's
+    settings, laid out as its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
+    path = resolve_ckpt_path(ckpt_path, output_dir, output_root, run_name)
     if path is None:
         return None
-    from gptmini.runs.checkpoint import check_resume_compatible, check_resume_optimizer, load_checkpoint
+    from gptmini.runs.checkpoint import check_tensors_match, load_checkpoint
 
     ckpt = load_checkpoint(path, mmap=True)
     if "pytorch-lightning_version" not in ckpt or "optimizer_states" not in ckpt:
@@ -147,29 +203,42 @@ def read_resume(
             "run's last.ckpt (ckpt_path=last), or, to train from these weights with a fresh optimizer, start a new "
             f"run with model.init_from={path} and no ckpt_path"
         )
-    record = read_record(ckpt)
-    saved = _in_folder(dataclasses.asdict(record), record.output_dir, output_dir)
-    changes = resume_changes(path, saved, now)
-    check_resume_compatible(path, model.to_dict(), ignore=() if vocab_known else ("vocab_size",), ckpt=ckpt)
-    check_resume_optimizer(path, ckpt, OmegaConf.to_container(cfg.optimizer, resolve=False) or {})
-    check_resume_plan(path, ckpt, cfg)
-    say_average_change(path, ckpt, cfg)
+    saved = _saved(path, ckpt, output_dir)
+    with torch.device("meta"):  # no memory, no initialisation
+        check_tensors_match(ckpt["state_dict"], GPT(GPTConfig.from_dict(saved["model"])), path)
+    trainer = now["trainer"]
+    from gptmini.training.run.run_folder import trainer_processes
+
+    # the vocabulary only once it is not a placeholder; the processes only where the checkpoint recorded them
+    model_now = {k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"}
+    processes = saved["world_size"] and trainer_processes(trainer)
+    changes = resume_changes(path, saved, {"model": model_now, "world_size": processes, **now})
+    check_resume_plan(path, ckpt, trainer.get("max_steps"), trainer.get("max_time"), target_val_loss)
+    say_average_change(path, ckpt, (now.get("callbacks") or {}).get("ema"))
     if changes:
         log.info("resuming %s with this run's settings from its first step: %s", path, ", ".join(changes))
     return path, ckpt
 
 
-def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None:
-    """One log line when ``callbacks.ema`` differs from the checkpoint's run: the resume continues from the
-    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average."""
+def _saved(path: str, ckpt: Mapping[str, Any], output_dir: str) -> dict[str, Any]:
+    """The checkpoint's record as the resume compares it: its paths in its run folder moved to this run's, its
+    model's settings that it lacks (an earlier version's) at their defaults, its optimizer by its class's path now."""
+    record = read_record(ckpt)
+    saved = _in_folder(dataclasses.asdict(record), record.output_dir, output_dir)
+    saved["model"] = GPTConfig.from_dict(dict(saved["model"])).to_dict()
+    target = saved["optimizer"].get("_target_")
+    if target in MOVED_OPTIMIZERS:
+        saved["optimizer"] = {**saved["optimizer"], "_target_": MOVED_OPTIMIZERS[target]}
+    return saved
+
+
+def say_average_change(path: str, ckpt: Mapping[str, Any], now: Any) -> None:
+    """One log line when ``callbacks.ema`` (``now``: this run's) is added or dropped: the resume continues from the
+    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average (a
+    changed one is said with the other changes)."""
     from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
-    callbacks = cfg.get("callbacks") or {}
-    node = callbacks.get("ema")
-    now = OmegaConf.to_container(node, resolve=True) if node is not None else None
-    saved_callbacks = read_record(ckpt).callbacks
     had = TRAINED_WEIGHTS_KEY in ckpt
-    was = saved_callbacks.get("ema") if had else None
     if had and now is None:
         log.warning(
             "%s was trained with callbacks.ema and this run has none: it continues from the trained weights, and "
@@ -182,14 +251,6 @@ def say_average_change(path: str, ckpt: dict[str, Any], cfg: DictConfig) -> None
             path,
             ckpt.get("global_step"),
         )
-    elif had and was is not None and was != now:
-        log.warning(
-            "callbacks.ema differs from the one %s was trained with (%s, now %s): the average continues under "
-            "the new settings",
-            path,
-            was,
-            now,
-        )
 
 
 def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: Any, model: GPTConfig) -> None:
@@ -197,7 +258,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
     The temp file a save of this host killed midway left in the resumed run's checkpoints folder (its writer is
     gone) is removed."""
-    from gptmini.runs.checkpoint import check_resume_compatible, check_trained_data, remove_stale_temp_files
+    from gptmini.runs.checkpoint import check_trained_data, remove_stale_temp_files
 
     other_data = check_trained_data(
         path,
@@ -209,7 +270,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     )
     if other_data:
         log.warning("resuming on other data: %s; the run will differ from one never interrupted", other_data)
-    check_resume_compatible(path, model.to_dict(), ckpt=ckpt)
+    resume_changes(path, {"model": _saved(path, ckpt, "")["model"]}, {"model": model.to_dict()})
     folder = Path(path).parent
     # only the checkpoints folder of a run (the one this run resumes), never a folder of the user's own
     if folder.name == "checkpoints" and (folder.parent / ".hydra").is_dir():
@@ -217,44 +278,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
             log.info("removed %s, left by a save that was interrupted", stale)
 
 
-def continued_event_folder(path: str, ckpt: dict[str, Any], output_root: str | Path) -> str | None:
-    """The TensorBoard folder of the run a checkpoint belongs to, which the resumed run logs on into (one run,
-    one curve in TensorBoard): the folder the checkpoint records (a run resumed before logged into its own
-    first run's), else the one of the run folder holding ``checkpoints/<file>``. Only a folder that resolves
-    inside ``output_root`` or the checkpoint's run folder is followed: a checkpoint is a file anyone can write,
-    so one recording another place is said in one line and the run logs to a TensorBoard run of its own. None: a
-    checkpoint outside a run folder, or one whose events are gone or elsewhere (a TensorBoard run of its own)."""
-    ckpt_file = Path(path)
-    if ckpt_file.parent.name != "checkpoints":
-        return None
-    run_dir = ckpt_file.parent.parent
-    allowed = (Path(output_root).resolve(), run_dir.resolve())
-    recorded = recorded_event_folder(run_dir, read_record(ckpt).tensorboard_dir)
-    if recorded is not None and recorded.is_dir():
-        if _inside(recorded.resolve(), allowed):
-            return str(recorded.resolve())
-        log.warning(
-            "the TensorBoard folder %s recorded in %s is outside paths.output_root and the checkpoint's run "
-            "folder: not followed, this run logs to a TensorBoard run of its own",
-            recorded,
-            path,
-        )
-        return None
-    found = [f.resolve() for f in event_folders(run_dir) if _inside(f.resolve(), allowed)]
-    if found:
-        return str(found[0])
-    log.info(
-        "no TensorBoard events of the run of %s were found: this run logs to a TensorBoard run of its own",
-        path,
-    )
-    return None
-
-
-def _inside(folder: Path, roots: tuple[Path, ...]) -> bool:
-    return any(folder == root or folder.is_relative_to(root) for root in roots)
-
-
-def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
+def target_reached(ckpt: Mapping[str, Any]) -> tuple[int, float] | None:
     """The step and val/loss at which the run of ``ckpt`` reached its ``target_val_loss`` (None: it did not)."""
     from gptmini.training.callbacks.guards import TARGET_STATE_KEY
 
@@ -268,7 +292,7 @@ def target_reached(ckpt: dict[str, Any]) -> tuple[int, float] | None:
 TIMER_STATE_KEY = "Timer"
 
 
-def check_time_left(path: str | Path, ckpt: dict[str, Any], max_time: str | None) -> None:
+def check_time_left(path: str | Path, ckpt: Mapping[str, Any], max_time: str | None) -> None:
     """Refuses a resume whose ``trainer.max_time`` the checkpoint's run has already spent training (Lightning's
     Timer carries the seconds over and would stop at once, training nothing)."""
     from gptmini.training.loop.schedulers import max_time_seconds
@@ -286,13 +310,12 @@ def check_time_left(path: str | Path, ckpt: dict[str, Any], max_time: str | None
     )
 
 
-def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -> None:
-    """Refuses a resume that would not continue the run: a checkpoint already at ``trainer.max_steps`` (nothing
-    would train, and the run would report no validation), or another global batch (``data.batch_size``,
-    ``trainer.accumulate_grad_batches`` or the number of training processes): the resumed data stream and the
-    progress count are positions in batches of the checkpoint's size."""
+def check_resume_plan(
+    path: str | Path, ckpt: Mapping[str, Any], max_steps: int, max_time: Any, target: float | None
+) -> None:
+    """Refuses a resume that would train nothing: a checkpoint already at ``trainer.max_steps`` (and the run would
+    report no validation), past its time budget or at its ``target_val_loss``."""
     step = int(ckpt.get("global_step") or 0)
-    target = cfg.get("target_val_loss")
     reached = target_reached(ckpt)
     if target is not None and reached is not None and reached[1] <= float(target):
         raise RunError(
@@ -300,35 +323,10 @@ def check_resume_plan(path: str | Path, ckpt: dict[str, Any], cfg: DictConfig) -
             f"{reached[0]}): the run is finished and resuming would stop at once. To train on, resume with "
             "target_val_loss=null (or a lower target); to evaluate it, use the eval command"
         )
-    max_steps = int(cfg.trainer.max_steps)
     if step >= max_steps:
         raise RunError(
             f"checkpoint {path} is already at step {step} and trainer.max_steps={max_steps}: the run is finished "
             f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
-    check_time_left(path, ckpt, cfg.trainer.get("max_time"))
-    saved = read_record(ckpt)
-    saved_data, saved_trainer = saved.data, saved.trainer
-    changes = []
-    for key, was, now in (
-        ("data.batch_size", saved_data.get("batch_size"), cfg.data.get("batch_size")),
-        (
-            "trainer.accumulate_grad_batches",
-            saved_trainer.get("accumulate_grad_batches", 1 if saved_trainer else None),
-            cfg.trainer.get("accumulate_grad_batches", 1),
-        ),
-        (
-            "training processes (trainer.devices x trainer.num_nodes)",
-            saved.world_size,
-            _world_size(cfg.trainer),
-        ),
-    ):
-        if was is not None and now is not None and was != now:
-            changes.append(f"{key}: checkpoint {was} vs now {now}")
-    if changes:
-        raise RunError(
-            f"checkpoint {path} was trained with another batch ({'; '.join(changes)}): resuming would continue its "
-            "data stream at the wrong place and count steps against the wrong epoch. Resume with the checkpoint's "
-            f"settings, or start a new run from its weights (a fresh optimizer and schedule) with model.init_from={path}"
-        )
+    check_time_left(path, ckpt, max_time)

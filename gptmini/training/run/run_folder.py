@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
 from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
+from gptmini.training.run.resume import continued_run_folder, resolve_ckpt_path
 from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
@@ -84,29 +85,31 @@ def resume_command(output_dir: str | Path) -> str | None:
     return shlex.join(["gptmini", "train", *own, f"ckpt_path={Path(output_dir).resolve()}"])
 
 
-def tensorboard_place(node: Mapping[str, Any], run_name: str, continued: str | None) -> dict[str, str]:
-    """Where the TensorBoard logger of config ``node`` writes, as its ``save_dir``, ``name`` and ``version``:
-    a resumed run's ``continued`` folder (the run it resumes: one run, one curve); else the run's label under
-    the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``) unless the node names a
-    ``version`` itself."""
-    if continued is not None:
-        folder = Path(continued)
-        return {"save_dir": str(folder.parent.parent), "name": folder.parent.name, "version": folder.name}
+def tensorboard_place(node: Mapping[str, Any], run_name: str, resumed_at: int | None) -> dict[str, str]:
+    """The ``version`` of the TensorBoard logger of config ``node``, unless the node names one itself: the run's
+    label under the node's ``save_dir``/``name`` (``<run folder>/tb/<run_name>,<overrides>``), a continuation's
+    with ``resumed_at=<step>`` among its overrides: a TensorBoard run of its own, in any folder."""
     if node.get("version") is not None:
         return {}
-    return {"version": tensorboard_label(str(run_name), task_overrides(command_overrides()))}
+    overrides = task_overrides(command_overrides())
+    if resumed_at is not None:
+        overrides = (*overrides, f"resumed_at={resumed_at}")
+    return {"version": tensorboard_label(str(run_name), overrides)}
 
 
 # What a run writes into its folder: one of these there means the folder already holds a run.
 RUN_FILES = (".hydra", "checkpoints", "tb", "train.log")
 
 
-def check_run_folder_free(folder: str | Path, ckpt_path: Any, key: str) -> None:
-    """A new run never writes into a folder that already holds something (another run's checkpoints, logs and
-    TensorBoard events would be mixed with its own, and Lightning would silently resume the old ``last.ckpt``):
-    refused unless the run resumes (``ckpt_path`` set), naming both ways out. An empty folder is used."""
+def check_run_folder_free(folder: str | Path, continued: str | None, key: str) -> None:
+    """A run never writes into a folder that already holds something (another run's checkpoints, logs and
+    TensorBoard events would be mixed with its own, and Lightning would silently resume the old ``last.ckpt``),
+    unless it resumes the run of that folder (``continued``: the checkpoint it resumes, resolved; None: a fresh
+    run). An empty folder is used."""
     path = Path(folder)
-    if ckpt_path is not None or not path.is_dir():
+    if not path.is_dir():
+        return
+    if continued is not None and continued_run_folder(continued) == path.absolute():
         return
     contents = sorted(p.name for p in path.iterdir() if p.name != RUN_LOCK)
     if not contents:
@@ -116,10 +119,30 @@ def check_run_folder_free(folder: str | Path, ckpt_path: Any, key: str) -> None:
         f"already holds a run ({', '.join(held)})" if held else f"is not empty ({', '.join(contents[:3])}...)"
     )
     raise RunError(
-        f"the run folder {folder} {what}: a new run never writes into it. Resume that run with ckpt_path=last "
+        f"the run folder {folder} {what}, and this run resumes {continued}, another run's: a resume writes only "
+        f"into a new folder or the folder of the run it continues. Leave {key} unset (a new folder), or name a new one"
+        if continued is not None
+        else f"the run folder {folder} {what}: a new run never writes into it. Resume that run with ckpt_path=last "
         f"{key}={folder} (or ckpt_path={folder}), or start a new run in a folder of its own (another run_name, "
         f"or leave {key} unset)"
     )
+
+
+def _continued(config: DictConfig, folder: str) -> str | None:
+    """The checkpoint ``ckpt_path`` resumes, resolved as the plan does (a RunError where there is none); None for a
+    fresh run, and where ``paths.output_root`` does not resolve (the plan says why)."""
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path is None:
+        return None
+    try:
+        return resolve_ckpt_path(
+            ckpt_path,
+            folder,
+            str(OmegaConf.select(config, "paths.output_root", throw_on_resolution_failure=True)),
+            str(config.get("run_name")),
+        )
+    except OmegaConfBaseException:
+        return None
 
 
 def _refuse(err: RunError) -> None:
@@ -274,7 +297,7 @@ def _check_run_start(config: DictConfig, key: str) -> None:
     if shares_its_folder(trainer, folder):
         return
     try:
-        check_run_folder_free(folder, config.get("ckpt_path"), key)
+        check_run_folder_free(folder, _continued(config, folder), key)
         _hold(folder, key)
     except RunError as err:
         _refuse(err)
@@ -303,7 +326,7 @@ def hold_output_dir(cfg: DictConfig) -> None:
         raise RunError(
             f"cannot create the run folder {folder}: {reason}; pass paths.output_dir=<a writable folder>"
         )
-    check_run_folder_free(folder, cfg.get("ckpt_path"), "paths.output_dir")
+    check_run_folder_free(folder, _continued(cfg, folder), "paths.output_dir")
     _hold(folder, "paths.output_dir")
 
 

@@ -2,8 +2,10 @@
 its TensorBoard run as ``scalars.csv``, the loss curves as ``loss_curve.png``, and a short summary in the log
 (wall time, tokens seen, the final validation, the best step, where everything is, the next commands).
 
-The TensorBoard events are the one record of the scalars: the CSV and the curve are read from them at the end, so
-a resumed run's files cover its whole history (it logs on into the run it resumes)."""
+The TensorBoard events are the one record of the scalars: the CSV and the curve are read from them at the end. A
+continuation logs to a TensorBoard run of its own; its CSV and curve start with the history of the run it continued,
+up to the step it continued from (that run's own ``scalars.csv``, which holds its history in turn), read when it
+starts (``continued_history``)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,16 @@ class Scalars:
             writer.writerow([step, *(_cell(rows[step].get(tag)) for tag in tags)])
         return out.getvalue()
 
+    def after(self, history: Scalars) -> Scalars:
+        """``history``'s points, then these (which win a step both hold)."""
+        tags = {*history.series, *self.series}
+        return Scalars(
+            {
+                tag: sorted((dict(history.series.get(tag, [])) | dict(self.series.get(tag, []))).items())
+                for tag in tags
+            }
+        )
+
 
 def _cell(value: float | None) -> str:
     return "" if value is None else repr(float(value))
@@ -84,6 +96,41 @@ def read_scalars(event_folder: Path) -> Scalars:
         by_step = {int(e.step): float(e.value) for e in events.Scalars(tag)}  # a later write of a step wins
         series[tag] = sorted(by_step.items())
     return Scalars(series)
+
+
+def read_scalars_csv(path: Path) -> Scalars:
+    """The scalars of a ``scalars.csv`` (``Scalars.csv_text``)."""
+    rows = list(csv.reader(io.StringIO(path.read_text())))
+    tags = rows[0][1:] if rows else []
+    series: dict[str, list[tuple[int, float]]] = {tag: [] for tag in tags}
+    for row in rows[1:]:
+        for tag, cell in zip(tags, row[1:], strict=False):
+            if cell:
+                series[tag].append((int(row[0]), float(cell)))
+    return Scalars(series)
+
+
+def continued_history(ckpt_path: str | None, step: int) -> Scalars:
+    """The scalars of the run a continuation continues (``ckpt_path``, at ``step``) up to that step: its run
+    folder's ``scalars.csv`` (its own history included), else its TensorBoard events."""
+    from gptmini.runs.discovery import event_folders
+    from gptmini.training.run.resume import continued_run_folder
+
+    run_dir = continued_run_folder(ckpt_path) if ckpt_path is not None else None
+    if run_dir is None:
+        return Scalars()
+    try:
+        if (run_dir / SCALARS_CSV).is_file():
+            scalars = read_scalars_csv(run_dir / SCALARS_CSV)
+        else:
+            folders = event_folders(run_dir)
+            scalars = read_scalars(folders[0]) if folders else Scalars()
+    except Exception as err:  # the continuation trains either way: its curve starts at its own steps
+        log.warning(
+            "could not read the scalars of the run %s continues: %s: %s", ckpt_path, type(err).__name__, err
+        )
+        return Scalars()
+    return Scalars({tag: [p for p in points if p[0] <= step] for tag, points in scalars.series.items()})
 
 
 def write_curves(scalars: Scalars, run_dir: Path, title: str) -> tuple[Path, Path]:
@@ -114,6 +161,9 @@ class RunFacts:
     checkpoints: list[Path]
     event_folder: Path | None
     output_root: str = "outputs"  # paths.output_root: where `gptmini runs` and `gptmini board` look
+    history: Scalars = field(
+        default_factory=Scalars
+    )  # a continuation's: the run it continued, up to its step
 
 
 def command_name() -> str:
@@ -172,7 +222,7 @@ def report_run(facts: RunFacts, title: str) -> dict[str, Any]:
     scalars, files = None, None
     if facts.event_folder is not None:
         try:
-            scalars = read_scalars(facts.event_folder)
+            scalars = read_scalars(facts.event_folder).after(facts.history)
             files = write_curves(scalars, facts.run_dir, title)
         except Exception as err:  # the run is trained and saved: a curve that cannot be drawn only says so
             log.warning(

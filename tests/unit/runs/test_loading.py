@@ -248,20 +248,17 @@ def test_the_attention_tab_opens_the_checkpoint_as_the_commands_do(world):
 
 
 def test_training_resolves_ckpt_path_and_init_from_by_the_same_rule(world, tmp_path):
-    from omegaconf import OmegaConf
-
     from gptmini.training.errors import RunError
     from gptmini.training.run.resume import resolve_ckpt_path, resolve_init_from
 
     def cfg(ckpt_path: str) -> Any:
-        paths = {"output_root": str(world["outputs"]), "output_dir": str(tmp_path / "fresh")}
-        return OmegaConf.create({"ckpt_path": ckpt_path, "run_name": "alpha", "paths": paths})
+        return ckpt_path, tmp_path / "fresh", world["outputs"], "alpha"
 
-    assert resolve_ckpt_path(cfg("last")) == str(world["alpha"])  # the run_name's newest
-    assert resolve_ckpt_path(cfg("beta")) == str(world["beta"])  # a run name
-    assert resolve_ckpt_path(cfg(str(world["alpha_old"].parent.parent))) == str(world["alpha_old"])
+    assert resolve_ckpt_path(*cfg("last")) == str(world["alpha"])  # the run_name's newest
+    assert resolve_ckpt_path(*cfg("beta")) == str(world["beta"])  # a run name
+    assert resolve_ckpt_path(*cfg(str(world["alpha_old"].parent.parent))) == str(world["alpha_old"])
     with pytest.raises(RunError, match=r"^ckpt_path=gamma does not exist: .*\(its runs: alpha, beta\)"):
-        resolve_ckpt_path(cfg("gamma"))
+        resolve_ckpt_path(*cfg("gamma"))
     assert resolve_init_from("beta", world["outputs"]) == ("checkpoint", str(world["beta"]))
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")

@@ -1,5 +1,6 @@
 """The run record's one reader: this version's JSON, and the composed config a checkpoint of an earlier version
-kept (tests/fixtures/run_v0)."""
+kept (tests/fixtures/run_v0), and the first version's record, written before a run kept its lineage
+(tests/fixtures/run_v1)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from pathlib import Path
 import torch
 
 from gptmini.runs.checkpoint import atomic_save, load_checkpoint
-from gptmini.runs.record import RECORD_KEY, RECORD_VERSION, RunRecord, parse_record, read_record
-
-OLD_CHECKPOINT = (
-    Path(__file__).resolve().parents[2] / "fixtures" / "run_v0" / "run" / "checkpoints" / "last.ckpt"
+from gptmini.runs.record import (
+    RECORD_KEY,
+    RECORD_VERSION,
+    Lineage,
+    RunRecord,
+    parse_record,
+    read_record,
+    read_record_file,
 )
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+OLD_CHECKPOINT = FIXTURES / "run_v0" / "run" / "checkpoints" / "last.ckpt"
 
 
 def test_a_checkpoint_of_the_earlier_version_reads_as_a_record_of_version_0() -> None:
@@ -30,12 +38,29 @@ def test_a_checkpoint_of_the_earlier_version_reads_as_a_record_of_version_0() ->
     assert record.tensorboard_dir.startswith("tb/smoke,") and record.overrides is None
 
 
+def test_a_record_written_before_lineage_reads_as_a_fresh_run() -> None:
+    ckpt = load_checkpoint(FIXTURES / "run_v1" / "run" / "checkpoints" / "last.ckpt")
+    record = read_record(ckpt)
+    assert "continued_from" not in json.loads(ckpt["hyper_parameters"][RECORD_KEY])
+    assert record.version == 1 and record.continued_from is None
+    assert record.model == ckpt["hyper_parameters"]["model_config"] and record.tokenizer_name == "char"
+    assert read_record_file(FIXTURES / "run_v1" / "run") == record
+
+
 def test_a_record_reads_back_as_it_was_written() -> None:
     record = RunRecord(
-        model={"n_layer": 1}, tokenizer={"name": "char"}, overrides=("a=1", "b=2"), tokens_per_step=64
+        model={"n_layer": 1},
+        tokenizer={"name": "char"},
+        overrides=("a=1", "b=2"),
+        tokens_per_step=64,
+        continued_from=Lineage("/runs/a/checkpoints/last.ckpt", 6),
     )
-    again = parse_record(record.to_json())
+    text = record.to_json()
+    assert json.loads(text)["continued_from"] == {"path": "/runs/a/checkpoints/last.ckpt", "step": 6}
+    again = parse_record(text)
     assert again == record and again.version == RECORD_VERSION and again.overrides == ("a=1", "b=2")
+    assert again.continued_from == Lineage("/runs/a/checkpoints/last.ckpt", 6)
+    assert json.loads(RunRecord().to_json())["continued_from"] is None
 
 
 def test_a_record_of_another_version_is_refused_in_one_line(gptmini_cli, tmp_path) -> None:
