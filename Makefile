@@ -16,7 +16,7 @@ YES ?=
 PORT ?= 6006
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data train sample attention analyze tensorboard test test-full bench bench-tokenizers gpu-check lint format clean
+.PHONY: help install data train sample attention analyze tensorboard test test-slow test-full bench bench-tokenizers gpu-check lint format clean
 
 help: ## Show this help (target names in colour on a terminal only)
 	@if [ -t 1 ]; then on=$$'\033[36m' off=$$'\033[0m'; else on= off=; fi; \
@@ -70,6 +70,9 @@ PYTEST_PARALLEL = -n auto --dist loadfile
 
 test: $(STAMP) ## Fast test suite (what CI runs)
 	$(PY) -m pytest -m "not slow" -q $(PYTEST_PARALLEL)
+
+test-slow: $(STAMP) ## The slow tests alone (what `make test` leaves out: processes, DDP, long runs)
+	$(PY) -m pytest -m slow -q $(PYTEST_PARALLEL)
 
 test-full: $(STAMP) ## Every test, the slow ones too
 	$(PY) -m pytest -q $(PYTEST_PARALLEL)

@@ -23,6 +23,9 @@ import pytest
 # test imports torch: two workers of two threads each on two cores spin-wait for their descheduled partners.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
+# A test that asks for two threads (trainer.deterministic's) gets them; their idle waits sleep instead of spinning
+# on a core the other worker needs (the spin made such a test four times slower with every core busy).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_ROOT = REPO_ROOT / "tests"

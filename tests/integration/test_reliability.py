@@ -1021,14 +1021,8 @@ def test_a_crafted_meta_json_never_makes_training_delete_or_read_outside_the_dat
     )
 
 
-def test_two_runs_started_together_in_one_folder_never_both_train(run_cli, tmp_path) -> None:
-    """Both found the folder free and trained into it (two checkpoints, two event files, one log overwritten):
-    the run folder is held by one run at a time (a lock file created with O_EXCL, removed when the run ends)."""
-    from gptmini.data.prepare import prepare
-
-    prepare("shakespeare", "char", tmp_path / "data" / "shakespeare_char")
-    folder = tmp_path / "shared"
-    args = [
+def _together_args(tmp_path: Path, folder: Path) -> list[str]:
+    return [
         *RUN,
         "run_name=together",
         f"paths.output_root={tmp_path / 'out'}",
@@ -1037,6 +1031,46 @@ def test_two_runs_started_together_in_one_folder_never_both_train(run_cli, tmp_p
         "trainer.max_steps=3",
         "trainer.val_check_interval=3",
     ]
+
+
+def test_a_run_into_a_folder_a_live_process_holds_is_refused_and_changes_nothing(
+    tmp_path, gptmini_train
+) -> None:
+    """The run folder's lock held by another live process (pid 1, as a run started a moment before holds it):
+    one error line naming that process, exit 2, the lock left to its holder, nothing prepared or written. The race
+    itself, two training processes started together, is test_two_runs_started_together_in_one_folder_never_both_train
+    (slow: two processes); the lock's O_EXCL creation and its release are tests/unit/test_fileio.py's."""
+    from gptmini.fileio import RUN_LOCK
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / RUN_LOCK).write_text("1\n")
+    proc = gptmini_train(_together_args(tmp_path, folder))
+    text = output(proc)
+    assert proc.returncode == 2, text[-3000:]
+    assert re.search(
+        rf"^error: another gptmini run \(process 1\) is training in the run folder {re.escape(str(folder))}: wait "
+        r"for it to end, or start this run in a folder of its own",
+        text,
+        re.M,
+    ), text[-3000:]
+    assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1
+    assert sorted(p.name for p in folder.iterdir()) == [RUN_LOCK]
+    assert (folder / RUN_LOCK).read_text() == "1\n"
+    assert not (tmp_path / "data").exists()
+
+
+# Slow: two training processes (each an interpreter start and a run); the fast suite keeps the refusal through the
+# command (test_a_run_into_a_folder_a_live_process_holds_is_refused_and_changes_nothing) and the lock's own tests.
+@pytest.mark.slow
+def test_two_runs_started_together_in_one_folder_never_both_train(run_cli, tmp_path) -> None:
+    """Both found the folder free and trained into it (two checkpoints, two event files, one log overwritten):
+    the run folder is held by one run at a time (a lock file created with O_EXCL, removed when the run ends)."""
+    from gptmini.data.prepare import prepare
+
+    prepare("shakespeare", "char", tmp_path / "data" / "shakespeare_char")
+    folder = tmp_path / "shared"
+    args = _together_args(tmp_path, folder)
     procs = [
         run_cli.popen(run_cli.train_module, args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)

@@ -251,6 +251,18 @@ def test_a_resume_trains_under_its_new_optimizer_settings_with_the_checkpoint_s_
     assert [v for k, v in sorted(lr.items()) if k > 6] == pytest.approx([0.002, 0.002]), lr
 
 
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory: pytest.TempPathFactory, train_in_process: Any, char_data_root: Path) -> Path:
+    """A finished run of 2 steps (debug=smoke on characters) in ``<root>/out/fixed/``, trained once for the
+    refused resumes below (each must leave it alone)."""
+    out = tmp_path_factory.mktemp("fixed") / "out"
+    first = out / "fixed" / "first"
+    overrides = ["debug=smoke", "tokenizer=char", "run_name=fixed", "trainer.max_steps=2"]
+    train_in_process([*overrides, f"paths.output_root={out}", f"paths.data_root={char_data_root}"], first)
+    assert ckpt_of(first)["global_step"] == 2
+    return first
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -267,21 +279,31 @@ def test_a_resume_trains_under_its_new_optimizer_settings_with_the_checkpoint_s_
     ids=["shape", "tokenizer"],
 )
 def test_a_change_the_checkpoint_cannot_honour_is_refused_before_any_work(
-    train, tmp_path, char_data_root, change, says
+    fixed_run, gptmini_train, char_data_root, change, says
 ) -> None:
     """Another model shape or tokenizer: one error line, exit 2, before the data is prepared (no data folder of
     the other tokenizer) and with no run folder left."""
-    finished(train("fixed", "trainer.max_steps=2"))
-    (first,) = run_folders(tmp_path / "out", "fixed")
+    first, out = fixed_run, fixed_run.parent.parent
     data_before = sorted(p.name for p in char_data_root.iterdir())
-    refused = train("fixed", f"ckpt_path={first}", "trainer.max_steps=4", change)
+    refused = gptmini_train(
+        [
+            "debug=smoke",
+            "tokenizer=char",
+            "run_name=fixed",
+            f"paths.output_root={out}",
+            f"paths.data_root={char_data_root}",
+            f"ckpt_path={first}",
+            "trainer.max_steps=4",
+            change,
+        ]
+    )
     text = output(refused)
     assert refused.returncode == 2, text[-3000:]
     assert f"error: checkpoint {first / 'checkpoints' / 'last.ckpt'} {says}" in text, text[-3000:]
     assert "Traceback" not in text and len(re.findall(r"\berror: ", text)) == 1
     assert "data prepared" not in text
     assert sorted(p.name for p in char_data_root.iterdir()) == data_before
-    assert run_folders(tmp_path / "out", "fixed") == [first]
+    assert run_folders(out, "fixed") == [first]
 
 
 def test_the_hint_of_an_interrupted_run_typed_as_printed_resumes_that_run(

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -238,10 +239,10 @@ def test_char_and_gpt2_runs_log_bits_per_byte(tokenizer, tmp_path, train_in_proc
         assert bpb == pytest.approx(loss * n / (math.log(2) * nbytes), rel=1e-5)
 
 
-def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, run_cli):
+def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, gptmini_train):
     corpus = tmp_path / "c.txt"
     corpus.write_text(_corpus(50))
-    proc = run_cli.train(
+    proc = gptmini_train(
         [
             "debug=smoke",
             "data=text",
@@ -252,9 +253,10 @@ def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, run_cli):
             f"paths.output_root={tmp_path}/out",
         ]
     )
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     out = proc.stdout + proc.stderr
     assert "tokenizer.vocab_size=100 is out of range" in out and "Traceback" not in out
+    assert len(re.findall(r"\berror: ", out)) == 1, out
     assert not (tmp_path / "data").exists()
 
 

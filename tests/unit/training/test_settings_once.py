@@ -179,16 +179,24 @@ def test_cfg_job_shows_every_setting_from_the_signatures(gptmini_train: Any) -> 
     assert cfg["trainer"]["enable_progress_bar"] is False
 
 
-def test_the_settings_page_is_generated_from_the_signatures() -> None:
+@pytest.fixture(scope="module")
+def settings_page() -> str:
+    """The settings page of the repository's configs, as ``scripts/settings_page.py`` writes it (built once: the
+    two tests reading it build the same page from the same configs)."""
+    from gptmini.conf_dir import conf_dir
+    from scripts.settings_page import settings_reference
+
+    return settings_reference(conf_dir())
+
+
+def test_the_settings_page_is_generated_from_the_signatures(settings_page: str) -> None:
     """docs/settings.md is what the signatures say: regenerate it with
     ``python scripts/settings_page.py > docs/settings.md``."""
     import inspect
 
-    from gptmini.conf_dir import conf_dir
     from gptmini.data.datamodule import TokenDataModule
-    from scripts.settings_page import settings_reference
 
-    page = settings_reference(conf_dir())
+    page = settings_page
     assert (Path(__file__).resolve().parents[3] / "docs" / "settings.md").read_text() == page
     # a setting's default and its help line, as its constructor writes them
     default = inspect.signature(TokenDataModule).parameters["prepare_threads"].default
@@ -197,12 +205,9 @@ def test_the_settings_page_is_generated_from_the_signatures() -> None:
     )
 
 
-def test_every_row_of_the_settings_page_has_its_help() -> None:
+def test_every_row_of_the_settings_page_has_its_help(settings_page: str) -> None:
     """Each setting's help line comes from the code that uses it: no row of docs/settings.md is left without."""
-    from gptmini.conf_dir import conf_dir
-    from scripts.settings_page import settings_reference
-
-    rows = [line for line in settings_reference(conf_dir()).splitlines() if line.startswith("| `")]
+    rows = [line for line in settings_page.splitlines() if line.startswith("| `")]
     assert len(rows) > 200
     assert [row for row in rows if row.endswith("|  |")] == []
 
