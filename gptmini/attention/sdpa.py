@@ -200,8 +200,7 @@ class CausalSelfAttention(LMAttention):
         dropout = self.dropout if self.training else 0.0
         if kernel is None:  # plain causal scores: PyTorch's fused kernel (flash / memory-efficient)
             mask = cached_rows(T, start, x.device)  # (T, start + T), or None: is_causal, or one new token
-            # float32 on a CPU, under bf16 autocast too: PyTorch's CPU kernel runs several times slower in bf16 (its
-            # backward above all), while the projections around it gain from bf16 (docs/benchmarks.md, "Speedrun")
+            # float32 on a CPU, under bf16 autocast too: PyTorch's CPU kernel is several times slower in bf16
             qkv = (q, k, v) if x.device.type != "cpu" else (q.float(), k.float(), v.float())
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(
