@@ -200,9 +200,12 @@ class CausalSelfAttention(LMAttention):
         dropout = self.dropout if self.training else 0.0
         if kernel is None:  # plain causal scores: PyTorch's fused kernel (flash / memory-efficient)
             mask = cached_rows(T, start, x.device)  # (T, start + T), or None: is_causal, or one new token
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=start == 0, enable_gqa=self.grouped
-            )  # (B, nh, T, hs)
+            # float32 on a CPU, under bf16 autocast too: PyTorch's CPU kernel is several times slower in bf16
+            qkv = (q, k, v) if x.device.type != "cpu" else (q.float(), k.float(), v.float())
+            with torch.autocast("cpu", enabled=False):
+                y = F.scaled_dot_product_attention(
+                    *qkv, attn_mask=mask, dropout_p=dropout, is_causal=start == 0, enable_gqa=self.grouped
+                ).to(q.dtype)  # (B, nh, T, hs)
         else:  # ALiBi, a window or a sink: the kernel chosen in __init__
             y = kernel(q, k, v, self, start, dropout)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, nh, hs) -> (B, T, C): heads merged

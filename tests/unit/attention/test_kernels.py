@@ -330,3 +330,27 @@ def test_a_score_kernel_is_one_frame_more(options, kernel):
     assert paths == [
         ["GPT.forward", "GPT.hidden_states", "Block.forward", "CausalSelfAttention.forward", kernel]
     ]
+
+
+def test_under_cpu_bf16_autocast_sdpa_runs_in_float32_and_the_result_matches():
+    # PyTorch's CPU kernel is several times slower in bf16: the projections take bf16, the attention float32
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, position="rope", qk_norm=True))
+    idx = torch.randint(64, (2, 8))
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, **kwargs)
+
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", spy):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, loss = model(idx, idx)
+        loss.backward()
+    assert seen == [(torch.float32, torch.float32, torch.float32, False)] * 2
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    # against the same model in float32: bf16 projections change the loss by bf16's rounding only
+    with torch.no_grad():
+        _, loss32 = model(idx, idx)
+    assert_close(loss.float(), loss32, rtol=2e-2, atol=0.0)
