@@ -95,9 +95,10 @@ def _bench(prog: str, argv: list[str]) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks", *argv], cwd=root)
     while True:
         try:
-            return proc.wait()
+            code = proc.wait()
         except KeyboardInterrupt:
             continue
+        return 128 - code if code < 0 else code  # ended by signal N: 128 + N, as a shell reports it
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {

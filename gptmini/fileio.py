@@ -133,6 +133,11 @@ def holder(folder: str | Path, name: str = RUN_LOCK) -> int | None:
     return pid if pid > 0 and _pid_alive(pid) else None
 
 
+def release_folder(folder: str | Path, name: str = RUN_LOCK) -> None:
+    """Gives up ``folder/name`` where this process holds it (``hold_folder``): the run in it has ended."""
+    _release(Path(folder) / name, os.getpid())
+
+
 def _release(path: Path, pid: int) -> None:
     with contextlib.suppress(OSError, ValueError):
         if int(path.read_text().strip()) == pid == os.getpid():

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,3 +384,28 @@ def retain_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, threshold) == 1
     log.debug("retain_freed_memory(%d): %s", threshold, "on" if ok else "not supported")
     return ok
+
+
+def trainer_processes(trainer: Any) -> int:
+    """How many training processes the ``trainer`` config node asks for: its devices (a count, a list, a
+    ``"0,1"`` string; -1 or ``"auto"``: every GPU on a GPU, one process on the CPU) times ``num_nodes``."""
+    if not isinstance(trainer, Mapping):
+        return 1
+    devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
+    if isinstance(devices, str) and "," in devices:
+        count = len([d for d in devices.split(",") if d.strip()])
+    elif isinstance(devices, Sequence):  # a list (an OmegaConf ListConfig is a Sequence too)
+        count = len(devices)
+    else:
+        try:
+            count = int(devices)
+        except (TypeError, ValueError):
+            count = -1  # "auto"
+        if count == -1:
+            on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+            count = torch.cuda.device_count() if on_gpu else 1
+    try:
+        nodes = int(trainer.get("num_nodes", 1))
+    except (TypeError, ValueError):
+        nodes = 1
+    return max(count, 1) * max(nodes, 1)

@@ -321,7 +321,7 @@ def test_fine_tuning_from_an_imported_checkpoint_starts_from_its_weights(world, 
         (
             "sample",
             ["--temperature", "-1"],
-            r"argument --temperature: -1 is out of range: it must be in \[0, inf\)",
+            r"argument --temperature: -1 is out of range: it must be 0 \(greedy\) or in \[0.0001, 10000\]",
         ),
         # logits / temperature overflowed float32 (NaN probabilities: a traceback in sampling)
         (

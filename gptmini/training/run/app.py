@@ -23,16 +23,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gptmini.conf_dir import conf_dir
-from gptmini.fileio import RUN_LOCK, utf8_text
+from gptmini.fileio import RUN_LOCK, release_folder, utf8_text
 from gptmini.limits import SizeError, check_training_step
 from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.errors import RunError
-from gptmini.training.hardware import hardware_summary
+from gptmini.training.hardware import hardware_summary, trainer_processes
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import check_resolves
 from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
 from gptmini.training.run.resume import check_resumed_data
-from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir, trainer_processes
+from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -599,6 +599,22 @@ def _resume_hint(output_dir: str) -> str:
 
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return _job(cfg)
+    finally:
+        # the run is over, whatever its end: its folders are free again, also where this process goes on (a
+        # sweep's next job, a run started in-process), so `gptmini runs` no longer lists it as running
+        for folder in (
+            _output_dir(cfg),
+            HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None,
+        ):
+            if folder is not None:
+                release_folder(folder)
+
+
+def _job(cfg: DictConfig) -> float | JobFailed | None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     output_dir = _output_dir(cfg)
     made = output_dir is not None and not output_dir.exists()

@@ -207,7 +207,7 @@ def read_resume(
     with torch.device("meta"):  # no memory, no initialisation
         check_tensors_match(ckpt["state_dict"], GPT(GPTConfig.from_dict(saved["model"])), path)
     trainer = now["trainer"]
-    from gptmini.training.run.run_folder import trainer_processes
+    from gptmini.training.hardware import trainer_processes
 
     # the vocabulary only once it is not a placeholder; the processes only where the checkpoint recorded them
     model_now = {k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"}

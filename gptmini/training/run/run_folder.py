@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reason
 from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
+from gptmini.training.hardware import trainer_processes
 from gptmini.training.run.resume import continued_run_folder, resolve_ckpt_path
 from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
@@ -163,33 +164,6 @@ def _refuse_unwritable(folder: str, key: str) -> None:
 # others from it, inherited by them: "<its process id>:<the run folder>". A process whose parent wrote it for its
 # own run folder is one of those, and shares the folder its parent checked and holds.
 LAUNCHED_BY = "GPTMINI_LAUNCHED_BY"
-
-
-def trainer_processes(trainer: Any) -> int:
-    """How many training processes the ``trainer`` config node asks for: its devices (a count, a list, a
-    ``"0,1"`` string; -1 or ``"auto"``: every GPU on a GPU, one process on the CPU) times ``num_nodes``."""
-    if not isinstance(trainer, Mapping):
-        return 1
-    devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
-    if isinstance(devices, str) and "," in devices:
-        count = len([d for d in devices.split(",") if d.strip()])
-    elif isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices):
-        count = len(devices)
-    else:
-        try:
-            count = int(devices)
-        except (TypeError, ValueError):
-            count = -1  # "auto"
-        if count == -1:
-            import torch
-
-            on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-            count = torch.cuda.device_count() if on_gpu else 1
-    try:
-        nodes = int(trainer.get("num_nodes", 1))
-    except (TypeError, ValueError):
-        nodes = 1
-    return max(count, 1) * max(nodes, 1)
 
 
 def _launcher_says_several() -> bool:
