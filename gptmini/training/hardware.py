@@ -394,7 +394,7 @@ def trainer_processes(trainer: Any) -> int:
     devices, accelerator = trainer.get("devices", "auto"), str(trainer.get("accelerator", "auto"))
     if isinstance(devices, str) and "," in devices:
         count = len([d for d in devices.split(",") if d.strip()])
-    elif isinstance(devices, Sequence):  # a list (an OmegaConf ListConfig is a Sequence too)
+    elif isinstance(devices, Sequence) and not isinstance(devices, str):  # a list (a ListConfig too)
         count = len(devices)
     else:
         try:
