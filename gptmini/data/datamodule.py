@@ -112,8 +112,6 @@ class TokenDataModule(L.LightningDataModule):
             tokenizer_vocab_size=tokenizer_vocab_size,
             tokenizer_train_bytes=tokenizer_train_bytes,
         )
-        self.source = source
-        self.tokenizer_name = tokenizer
         self.data_dir = Path(data_dir) if data_dir is not None else default_out_dir(source, tokenizer)
         self.block_size = block_size
         self.batch_size = batch_size

@@ -19,6 +19,7 @@ from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.discovery import newest_checkpoint, resolve_checkpoint
 from gptmini.runs.record import read_record
 from gptmini.training.errors import RunError
+from gptmini.training.hardware import trainer_processes
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +208,6 @@ def read_resume(
     with torch.device("meta"):  # no memory, no initialisation
         check_tensors_match(ckpt["state_dict"], GPT(GPTConfig.from_dict(saved["model"])), path)
     trainer = now["trainer"]
-    from gptmini.training.hardware import trainer_processes
-
     # the vocabulary only once it is not a placeholder; the processes only where the checkpoint recorded them
     model_now = {k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"}
     processes = saved["world_size"] and trainer_processes(trainer)
