@@ -50,7 +50,7 @@ def instantiate_all(cfg) -> None:
     trainer, _ = build_trainer(plan)
     assert trainer.max_steps == cfg.trainer.max_steps
     dm = instantiate(dataclasses.asdict(plan.data), train_samples=10, _convert_="all")
-    assert dm.block_size == cfg.model.block_size and dm.tokenizer_name == cfg.tokenizer.name
+    assert dm.block_size == cfg.model.block_size and dm.preparation["tokenizer"] == cfg.tokenizer.name
 
 
 GROUPS = [
