@@ -89,12 +89,6 @@ def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
 # --- hardware=auto: the defaults a run starts from ------------------------------------------------------------
 
 
-def choose_hardware(has_cuda: bool) -> str:
-    """What ``hardware=auto`` stands for: ``gpu`` (conf/hardware/gpu.yaml) on a machine with a CUDA GPU, else
-    ``cpu`` (conf/hardware/cpu.yaml, the CPU default, which changes nothing)."""
-    return "gpu" if has_cuda else "cpu"
-
-
 def register_hardware_configs(facts: DeviceFacts | None = None) -> str:
     """Stores ``hardware/auto`` in Hydra's ConfigStore as an alias of ``hardware/gpu`` or ``hardware/cpu``, for
     this machine (or for ``facts``); returns the choice. Must run before the config is composed (Hydra cannot
@@ -103,7 +97,8 @@ def register_hardware_configs(facts: DeviceFacts | None = None) -> str:
     from hydra.core.config_store import ConfigStore
 
     has_cuda = facts.is_cuda if facts is not None else torch.cuda.is_available()
-    choice = choose_hardware(has_cuda)
+    # gpu (conf/hardware/gpu.yaml) on a machine with a CUDA GPU, else cpu (the CPU default, which changes nothing)
+    choice = "gpu" if has_cuda else "cpu"
     ConfigStore.instance().store(
         group="hardware", name="auto", node={"defaults": [choice]}, package="_global_"
     )
@@ -114,7 +109,7 @@ def hardware_summary(choice: str | None, facts: DeviceFacts) -> str:
     """The start of a run's first log line: the machine, the defaults the run started from (``choice``: the
     ``hardware`` group's choice, None when unknown) and how to pick the others."""
     auto = choice in (None, "auto")
-    picked = choose_hardware(facts.is_cuda) if auto else choice
+    picked = ("gpu" if facts.is_cuda else "cpu") if auto else choice
     other = {"cpu": "hardware=gpu picks the GPU-sized ones", "gpu": "hardware=cpu picks the CPU ones"}
     source = f"conf/hardware/{picked}.yaml; {other[picked]}" if picked in other else "a config of yours"
     return f"machine: {facts.describe()}; defaults: hardware={'auto -> ' if auto else ''}{picked} ({source})"

@@ -17,13 +17,13 @@ RUN_ONLY = ("~callbacks.progress_bar", "trainer.enable_progress_bar=false")
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
 def test_every_run_composes_with_its_budget_pacing_the_schedule(recipe, compose_cfg, tmp_path: Path):
     from gptmini.training.loop.schedulers import max_time_seconds
-    from gptmini.training.run.plan import plan_run, validate_config
+    from gptmini.training.run.plan import plan_run
 
     source = tmp_path / "input.txt"
     source.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50)
     args = [a for a in run_args(recipe, 180, str(source), tmp_path, 1, False) if a not in RUN_ONLY]
     cfg = compose_cfg(args)
-    validate_config(cfg)
+    plan_run(cfg)
     # the clock stops the run and paces the decay: the step count is out of reach
     assert max_time_seconds(cfg.trainer.max_time) == 180 - MARGIN_S
     assert plan_run(cfg).scheduler.max_time == cfg.trainer.max_time

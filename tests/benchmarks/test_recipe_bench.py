@@ -16,7 +16,7 @@ RUN_ONLY = ("~callbacks.progress_bar", "trainer.enable_progress_bar=false")
 
 def _composed(config, compose_cfg, tmp_path: Path):
     """``config``'s training config as its run composes it (on a small corpus), and its checked model config."""
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     corpus = tmp_path / "input.txt"
     corpus.write_text("ROMEO: hello\n" * 10)
@@ -26,7 +26,7 @@ def _composed(config, compose_cfg, tmp_path: Path):
         if a not in RUN_ONLY and not a.startswith("paths.")
     ]
     cfg = compose_cfg(args)
-    return cfg, validate_config(cfg)
+    return cfg, plan_run(cfg).model
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])

@@ -17,11 +17,11 @@ RUN_ONLY = ("~callbacks.progress_bar", "trainer.enable_progress_bar=false")
 
 @pytest.mark.parametrize("config", TOKENIZERS, ids=[c.label for c in TOKENIZERS])
 def test_every_run_composes_with_its_tokenizer_and_clock(config, compose_cfg, tmp_path: Path):
-    from gptmini.training.run.plan import output_vocab, plan_run, validate_config
+    from gptmini.training.run.plan import output_vocab, plan_run
 
     args = [a for a in run_args(config, tmp_path, 300, False, 1) if a not in RUN_ONLY]
     cfg = compose_cfg(args)
-    validate_config(cfg)
+    plan_run(cfg)
     assert cfg.tokenizer.name == config.name and cfg.trainer.max_time == "00:00:05:00"
     assert cfg.data.data_dir == str(tmp_path / "data" / config.folder)
     assert "WarmupConstantLR" in cfg.scheduler._target_

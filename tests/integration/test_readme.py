@@ -185,7 +185,7 @@ def test_every_gptmini_train_line_of_the_readme_composes_and_passes_the_checks(
 ):
     from omegaconf import OmegaConf
 
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     corpus = tmp_path / "tinyshakespeare.txt"
     corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50)
@@ -193,9 +193,9 @@ def test_every_gptmini_train_line_of_the_readme_composes_and_passes_the_checks(
     if needs_a_gpu(overrides) and not torch.cuda.is_available():
         # a GPU line composes and passes every check before the machine's: that one refuses in one line
         with pytest.raises(RunError, match="asks for a CUDA GPU and no CUDA GPU is available"):
-            validate_config(cfg)
+            plan_run(cfg)
     else:
-        validate_config(cfg)
+        plan_run(cfg)
     for override in overrides:  # what the line asks for is what the run gets
         key, _, value = override.partition("=")
         if "." in key and not key.startswith(("+", "~")):

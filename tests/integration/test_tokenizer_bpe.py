@@ -271,10 +271,10 @@ def test_bad_vocabulary_is_one_line_before_any_work(tmp_path, gptmini_train):
 )
 def test_config_checks_name_the_tokenizer_key(overrides, message, compose_cfg):
     from gptmini.training.errors import RunError
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     with pytest.raises(RunError, match=message):
-        validate_config(compose_cfg(overrides))
+        plan_run(compose_cfg(overrides))
 
 
 def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):

@@ -401,10 +401,10 @@ def test_each_ingredient_composes_with_debug_smoke_and_the_zoo_and_trains_a_step
     from hydra.utils import instantiate
 
     from gptmini.training.loop.module import GPTLightningModule
-    from gptmini.training.run.plan import plan_run, validate_config
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(["debug=smoke", "tokenizer=char", "attention_variant=best", *SMOKE_OPTIONS[option]])
-    gpt = validate_config(cfg)
+    gpt = plan_run(cfg).model
     plan = plan_run(cfg)
     module = GPTLightningModule(
         model_config={**gpt.to_dict(), "vocab_size": 40},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ class BatchedMuon(torch.optim.Muon):
     kernel for all the matrices of a shape). That is what keeps a GPU busy when the hidden matrices are small
     (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
-    Options beyond Muon's (its keyword-only parameters, ``MUON_OPTIONS``, all off by default; each one's help is
+    Options beyond Muon's (its keyword-only parameters, all off by default; each one's help is
     beside it), from the GPT-2 speedrun (modded-nanogpt) and nanochat: each a group setting saved with the group,
     their state in the per-parameter state (``second_momentum_buffer`` for ``normuon``; ``step`` for the momentum
     warmup, so a resumed run continues the ramp where it was). Cautious weight decay: Chen et al."""
@@ -230,12 +229,6 @@ class BatchedMuon(torch.optim.Muon):
             torch._foreach_add_(params, updates, alpha=-step)
 
 
-# BatchedMuon's options beyond torch.optim.Muon's, with their defaults: its keyword-only parameters
-MUON_OPTIONS: dict[str, Any] = {
-    p.name: p.default for p in inspect.signature(BatchedMuon).parameters.values() if p.kind is p.KEYWORD_ONLY
-}
-
-
 @dataclass
 class AdamWRole:
     """The settings of one AdamW parameter group of ``MuonAdamW`` (``optimizer.embedding|head|matrix|vector``);
@@ -309,12 +302,6 @@ class HookHandles:
         for handle in self.handles:
             handle.remove()
 
-    def __enter__(self) -> HookHandles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
 
 class MuonAdamW(torch.optim.Optimizer):
     """Muon (Jordan et al.; ``BatchedMuon``: ``torch.optim.Muon`` batched by shape) on the ``hidden`` matrices and
@@ -334,7 +321,7 @@ class MuonAdamW(torch.optim.Optimizer):
     # Muon orthogonalises each whole matrix, which FSDP shards across devices (the plan refuses the pair)
     runs_under_fsdp = False
     # the constructor each settings node is passed to, less what MuonAdamW passes itself: the config's schema of
-    # the node is that constructor's signature (gptmini.training.run.schema.settings_schema)
+    # the node is that constructor's signature (gptmini.training.run.schema.signature_spec)
     settings_of: ClassVar[dict[str, tuple[Any, tuple[str, ...]]]] = {
         "hidden": (BatchedMuon, ("params",)),
         "adamw": (torch.optim.AdamW, ("params", "lr", "weight_decay", "fused", "foreach")),

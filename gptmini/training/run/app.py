@@ -30,7 +30,7 @@ from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary, trainer_processes
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import check_resolves
-from gptmini.training.run.plan import RunPlan, check_input_files, plan_run
+from gptmini.training.run.plan import RunPlan, check_input_files, node_values, plan_run
 from gptmini.training.run.resume import check_resumed_data
 from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir
 from gptmini.training.run.sweeps import JobFailed
@@ -97,14 +97,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # First, before any data or model: a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
     # from here on the plan alone: the composed config does not travel past planning
-    return train_plan(plan, started)
-
-
-def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
-    """build (trainer, data, module) -> fit -> report, from the checked plan. ``started``: the command's start
-    (``time.monotonic()``), for the summary's wall time; None: now."""
-    if started is None:
-        started = time.monotonic()
     if plan.retain_freed_memory:
         from gptmini.training.hardware import retain_freed_memory
 
@@ -137,7 +129,7 @@ def train_plan(plan: RunPlan, started: float | None = None) -> dict[str, Any]:
     from gptmini.training.run.run_report import continued_history
 
     # now: a continuation in the folder of the run it continues replaces its scalars.csv at the end
-    history = continued_history(plan.ckpt_path, _resumed_at(plan) or 0)
+    history = continued_history(plan.ckpt_path, plan.resumed_at or 0)
     # the first event written: a run that fails its checks leaves no TensorBoard events (nor its folder) behind
     _log_overrides(trainer, plan)
     try:
@@ -183,9 +175,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
     from gptmini.runs.checkpoint import AtomicCheckpointIO
 
     trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
-    named = {
-        name: instantiate(settings, _convert_="all") for name, settings in _nodes(plan.callbacks).items()
-    }
+    named = {name: instantiate(node_values(node), _convert_="all") for name, node in plan.callbacks.items()}
     if plan.trainer.enable_progress_bar is False:
         # trainer.enable_progress_bar=false: the config's progress bar goes (Lightning refuses both at once)
         named = {n: c for n, c in named.items() if not isinstance(c, LightningProgressBar)}
@@ -208,7 +198,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
         callbacks.append(timer)
     trainer_cfg["max_time"] = None
     _keep_the_guards(callbacks, trainer_cfg)
-    loggers = [_logger(settings, plan) for settings in _nodes(plan.loggers).values()]
+    loggers = [_logger(node_values(node), plan) for node in plan.loggers.values()]
     # AtomicCheckpointIO: temp file + fsync + rename, so a kill during a save never corrupts a .ckpt.
     # AsyncCheckpointIO: the state is copied on the training thread at the step it belongs to (so resuming stays
     # exact) and written by one background thread, in order, while training goes on; a failed write stops the run
@@ -262,27 +252,14 @@ TENSORBOARD_LOGGERS = (
 )
 
 
-def _nodes(typed: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Named typed nodes (the plan's callbacks or loggers) as what ``instantiate`` takes."""
-    return {
-        name: dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
-        for name, node in typed.items()
-    }
-
-
 def _logger(settings: dict[str, Any], plan: RunPlan) -> Any:
     """A logger of the plan; TensorBoard's writes where ``tensorboard_place`` says."""
     if settings.get("_target_") not in TENSORBOARD_LOGGERS:
         return instantiate(settings, _convert_="all")
     from gptmini.training.run.run_folder import tensorboard_place
 
-    place = tensorboard_place(settings, plan.run_name, _resumed_at(plan))
+    place = tensorboard_place(settings, plan.run_name, plan.resumed_at)
     return instantiate({**settings, **place}, _convert_="all")
-
-
-def _resumed_at(plan: RunPlan) -> int | None:
-    """The step of the checkpoint a resumed run continues; None: a fresh run."""
-    return int(plan.resume.get("global_step") or 0) if plan.resume is not None else None
 
 
 def _tensorboard(trainer: Any) -> Any:
@@ -300,7 +277,7 @@ def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     logger = _tensorboard(trainer)
     if logger is None:
         return
-    step = _resumed_at(plan) or 0
+    step = plan.resumed_at or 0
     lines = [f"run_name `{plan.run_name}`, run folder `{plan.output_dir}`"]
     if plan.ckpt_path is not None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")

@@ -4,7 +4,7 @@
 Each group's keys and types are checked by its schema (``gptmini.training.run.schema``: its constructor's signature),
 its ranges by its constructor, built here on a stand-in; the values derived from other groups are filled in; what
 depends on several groups or on the machine (the precision, the optimizer under a strategy, CPU processes, the
-resume checkpoint) is checked here. The build (``gptmini.training.run.app.train_plan``) reads the plan alone. Nothing
+resume checkpoint) is checked here. The build (``gptmini.training.run.app.train``) reads the plan alone. Nothing
 here prepares data or builds the model: a bad run fails within the time it takes to import torch and Lightning
 (whose Trainer's signature is the ``trainer`` group's schema).
 """
@@ -75,10 +75,6 @@ class RunPlan:
     device: DeviceFacts
     precision: str  # trainer.precision made concrete for this machine
     val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
-    ckpt_path: str | None  # the checkpoint a resumed run starts from
-    resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
-    # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
-    init_from: str | None
     # the top-level settings the build reads (their defaults: TrainSchema's)
     seed: int
     compile: bool
@@ -86,7 +82,11 @@ class RunPlan:
     run_name: str
     output_dir: str
     output_root: str
+    ckpt_path: str | None  # the checkpoint a resumed run starts from
     tokenizer: TokenizerSchema = dataclasses.field(default_factory=TokenizerSchema)
+    resume: dict[str, Any] | None = None  # that checkpoint, read once (memory-mapped)
+    # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
+    init_from: str | None = None
     init_kind: str | None = None  # "checkpoint" or "hf": what init_from is
     hardware: str | None = None  # the hardware option chosen (None: composed without Hydra's choices)
     overrides: tuple[str, ...] = ()  # the command line's overrides
@@ -106,16 +106,7 @@ class RunPlan:
         return RunRecord(
             version=RECORD_VERSION,
             model=model.to_dict(),
-            **recorded_settings(
-                self.optimizer,
-                self.scheduler,
-                self.trainer,
-                self.trainer_overrides(),
-                self.callbacks,
-                self.tokenizer,
-                self.data,
-                self.seed,
-            ),
+            **self.settings(),
             run_name=self.run_name,
             hardware=self.hardware,
             precision=self.precision,
@@ -125,45 +116,40 @@ class RunPlan:
             tokens_per_step=tokens_per_step,
             tensorboard_dir=tensorboard_dir,
             output_dir=self.output_dir,
-            continued_from=Lineage(os.path.abspath(self.ckpt_path), int(self.resume.get("global_step") or 0))
-            if self.ckpt_path is not None and self.resume is not None
+            continued_from=Lineage(os.path.abspath(self.ckpt_path), self.resumed_at)
+            if self.ckpt_path is not None and self.resumed_at is not None
             else None,
         )
 
+    @property
+    def resumed_at(self) -> int | None:
+        """The step of the checkpoint a resumed run continues; None: a fresh run."""
+        return int(self.resume.get("global_step") or 0) if self.resume is not None else None
+
     def trainer_overrides(self) -> dict[str, Any]:
         """What the plan decided for the Lightning Trainer, over the config's ``trainer`` node."""
-        return trainer_overrides(self.precision, self.val_check_interval)
+        overrides: dict[str, Any] = {"precision": self.precision}
+        if self.val_check_interval is not None:
+            overrides["val_check_interval"] = self.val_check_interval
+        return overrides
+
+    def settings(self) -> dict[str, Any]:
+        """The typed groups as the run record keeps them, and as a resume compares them with a checkpoint's
+        record (in this order: the line of changes follows it)."""
+        return {
+            "optimizer": dataclasses.asdict(self.optimizer) if self.optimizer is not None else {},
+            "scheduler": dataclasses.asdict(self.scheduler) if self.scheduler is not None else None,
+            "trainer": dataclasses.asdict(self.trainer) | self.trainer_overrides(),
+            "callbacks": {k: node_values(v) for k, v in self.callbacks.items()},
+            "tokenizer": dataclasses.asdict(self.tokenizer),
+            "data": dataclasses.asdict(self.data),
+            "seed": self.seed,
+        }
 
 
-def trainer_overrides(precision: str, val_check_interval: int | float | None) -> dict[str, Any]:
-    """What the plan decides for the Lightning Trainer, over the config's ``trainer`` node."""
-    overrides: dict[str, Any] = {"precision": precision}
-    if val_check_interval is not None:
-        overrides["val_check_interval"] = val_check_interval
-    return overrides
-
-
-def recorded_settings(
-    optimizer: Any,
-    scheduler: Any,
-    trainer: Any,
-    trainer_overrides: dict[str, Any],
-    callbacks: dict[str, Any],
-    tokenizer: Any,
-    data: Any,
-    seed: Any,
-) -> dict[str, Any]:
-    """The typed groups as the run record keeps them (``RunPlan.record``), and as a resume compares them with a
-    checkpoint's record (in this order: the line of changes follows it)."""
-    return {
-        "optimizer": dataclasses.asdict(optimizer) if optimizer is not None else {},
-        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
-        "trainer": dataclasses.asdict(trainer) | trainer_overrides,
-        "callbacks": {k: _plain(v) for k, v in callbacks.items()},
-        "tokenizer": dataclasses.asdict(tokenizer),
-        "data": dataclasses.asdict(data),
-        "seed": seed,
-    }
+def node_values(node: Any) -> dict[str, Any]:
+    """A named node's typed settings (a callback's, a logger's) as plain data, what ``instantiate`` takes."""
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else dict(node)
 
 
 # what a model setting that names liger takes instead where liger cannot run
@@ -190,7 +176,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_top_level(cfg, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
-    precision = _precision(cfg, trainer, device)
+    precision = _precision(cfg, trainer, device, hardware_choice)
     _check_cpu_processes(trainer, device)
     _check_liger(model, trainer, device)
     init_from = cfg.model.get("init_from")
@@ -200,32 +186,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
             f"model.init_from={init_from} and ckpt_path={cfg.ckpt_path} both say where the weights come from: "
             "drop model.init_from to resume that run, or drop ckpt_path to start a new run from those weights"
         )
-    val_check_interval = _val_check_interval(trainer)
-    # the settings a resume compares with the checkpoint's record, as RunPlan.record writes them
-    settings_now = recorded_settings(
-        optimizer,
-        scheduler,
-        trainer,
-        trainer_overrides(precision, val_check_interval),
-        callbacks,
-        tokenizer,
-        data,
-        cfg.seed,
-    )
-    resume = read_resume(
-        cfg.get("ckpt_path"),
-        model,
-        vocab_known,
-        settings_now,
-        str(cfg.paths.output_dir),
-        str(cfg.paths.output_root),
-        cfg.run_name,
-        cfg.get("target_val_loss"),
-    )
-    init_kind, init_source = (
-        resolve_init_from(str(init_from), cfg.paths.output_root) if init_from and not resume else (None, None)
-    )
-    return RunPlan(
+    plan = RunPlan(
         model=model,
         vocab_known=vocab_known,
         trainer=trainer,
@@ -236,11 +197,8 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         loggers=loggers,
         device=device,
         precision=precision,
-        val_check_interval=val_check_interval,
-        ckpt_path=resume[0] if resume else None,
-        resume=resume[1] if resume else None,
-        init_from=init_source,
-        init_kind=init_kind,
+        val_check_interval=_val_check_interval(trainer),
+        ckpt_path=None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
         output_root=str(cfg.paths.output_root),
@@ -248,16 +206,23 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         hardware=hardware_choice,
         overrides=tuple(command_overrides()),
     )
-
-
-def _plain(settings: Any) -> Any:
-    """A callback's or logger's typed settings as plain data."""
-    return dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else settings
-
-
-def validate_config(cfg: DictConfig) -> GPTConfig:
-    """``plan_run``'s checks, for callers that need only the checked model config."""
-    return plan_run(cfg).model
+    # the settings a resume compares with the checkpoint's record are the record's
+    resume = read_resume(
+        cfg.get("ckpt_path"),
+        model,
+        vocab_known,
+        plan.settings(),
+        plan.output_dir,
+        plan.output_root,
+        plan.run_name,
+        cfg.get("target_val_loss"),
+    )
+    if resume:
+        return dataclasses.replace(plan, ckpt_path=resume[0], resume=resume[1])
+    if not init_from:
+        return plan
+    init_kind, init_source = resolve_init_from(str(init_from), plan.output_root)
+    return dataclasses.replace(plan, init_from=init_source, init_kind=init_kind)
 
 
 def _check_required_groups() -> str | None:
@@ -599,14 +564,13 @@ def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
 
     if optimizer is None:
         return
-    if not getattr(get_object(optimizer._target_), "runs_under_fsdp", True):
-        if "fsdp" in _strategy_name(trainer):
-            target = optimizer._target_
-            raise RunError(
-                f"optimizer={target.rsplit('.', 1)[-1]} cannot run under FSDP (trainer.strategy="
-                f"{_strategy_name(trainer)}): Muon orthogonalises each whole matrix, which FSDP shards across "
-                "devices. Use trainer=ddp, or optimizer=adamw with FSDP"
-            )
+    strategy = _strategy_name(trainer)
+    if not getattr(get_object(optimizer._target_), "runs_under_fsdp", True) and "fsdp" in strategy:
+        raise RunError(
+            f"optimizer={optimizer._target_.rsplit('.', 1)[-1]} cannot run under FSDP (trainer.strategy={strategy}): "
+            "Muon orthogonalises each whole matrix, which FSDP shards across devices. Use trainer=ddp, or "
+            "optimizer=adamw with FSDP"
+        )
     clip = trainer.gradient_clip_val
     if getattr(optimizer, "fused", None) and clip and trainer.precision in FLOAT16_AMP:
         raise RunError(
@@ -633,14 +597,11 @@ def output_vocab(cfg: DictConfig) -> int | None:
     return build_tokenizer(name).vocab_size
 
 
-def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts) -> str:
+def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts, chosen: str | None) -> str:
     """The GPU a run asks for exists, and ``trainer.precision`` made concrete for ``device`` (the vocabulary
-    matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there)."""
+    matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there). ``chosen``: the
+    hardware option (hardware=gpu, or an experiment naming it, sets trainer=gpu: the refusal names it)."""
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        from hydra.core.hydra_config import HydraConfig
-
-        # hardware=gpu (or an experiment naming it) sets trainer=gpu: name what the user chose
-        chosen = HydraConfig.get().runtime.choices.get("hardware") if HydraConfig.initialized() else None
         raise RunError(
             "hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine (conf/hardware/gpu.yaml): "
             "use hardware=cpu, or run on a machine with a CUDA GPU"
@@ -778,13 +739,10 @@ def check_input_files(cfg: DictConfig) -> None:
 
 
 def _check_data_files(cfg: DictConfig) -> None:
-    if "source" in cfg.data and not OmegaConf.is_missing(cfg.data, "source"):
-        _check_data_source(cfg.data)
-
-
-def _check_data_source(data: DictConfig) -> None:
     """A local corpus path that does not exist fails here, before Lightning is even imported."""
-    source = data.get("source")
+    if "source" not in cfg.data or OmegaConf.is_missing(cfg.data, "source"):
+        return
+    source = cfg.data.get("source")
     if not isinstance(source, str) or not source:
         raise RunError(
             f"data.source={source!r} is invalid: expected 'shakespeare', a file, a folder, a glob or a URL"

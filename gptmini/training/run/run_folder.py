@@ -25,16 +25,21 @@ from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
 # A run name is one folder name under paths.output_root: no separators, no "..", nothing hidden.
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@-]*")
+# what RUN_NAME allows, for the refusals
+NAME_RULE = "letters, digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..')"
+
+
+def _one_folder(text: str) -> bool:
+    return bool(RUN_NAME.fullmatch(text)) and ".." not in text and len(text) <= 200
 
 
 def check_run_name(name: Any) -> None:
     """Refuses a ``run_name`` that is not one plain folder name (``../x`` would write outside the output root,
     and ``last`` could not find it again)."""
-    text = str(name)
-    if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
+    if not _one_folder(str(name)):
         raise RunError(
-            f"run_name={text!r} is invalid: it names one folder under paths.output_root, so it may hold letters, "
-            "digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), e.g. run_name=my_run"
+            f"run_name={str(name)!r} is invalid: it names one folder under paths.output_root, so it may hold "
+            f"{NAME_RULE}, e.g. run_name=my_run"
         )
 
 
@@ -56,12 +61,10 @@ def check_tensorboard_version(config: DictConfig) -> None:
                 or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
             ):
                 continue
-            text = str(value)
-            if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
+            if not _one_folder(str(value)):
                 raise RunError(
-                    f"logger.{key}.{field}={text!r} is invalid: it names {meaning}, so it may hold letters, "
-                    "digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..'), "
-                    f"e.g. logger.{key}.{field}=my_run, or null"
+                    f"logger.{key}.{field}={str(value)!r} is invalid: it names {meaning}, so it may hold "
+                    f"{NAME_RULE}, e.g. logger.{key}.{field}=my_run, or null"
                     + (" for the run's own name" if field == "version" else "")
                 )
 
@@ -154,12 +157,6 @@ def _refuse(err: RunError) -> None:
     sys.exit(2)  # EXIT_USER_ERROR
 
 
-def _refuse_unwritable(folder: str, key: str) -> None:
-    reason = unwritable_reason(folder)
-    if reason is not None:
-        _refuse(RunError(f"cannot create the run folder {folder}: {reason}; pass {key}=<a writable folder>"))
-
-
 # Set by the first process of a run of several (trainer.devices x trainer.num_nodes) before Lightning starts the
 # others from it, inherited by them: "<its process id>:<the run folder>". A process whose parent wrote it for its
 # own run folder is one of those, and shares the folder its parent checked and holds.
@@ -201,8 +198,21 @@ def shares_its_folder(trainer: Any, run_dir: str | Path) -> bool:
     return _launcher_says_several()
 
 
-def _hold(folder: str, key: str) -> None:
-    """One run at a time in a folder: of two started together (both found it free), the second is refused."""
+def _check_folder(config: DictConfig, folder: str, key: str, fix: str, shared: bool) -> None:
+    """The run folder ``folder`` (named by ``key``; ``fix``: the setting that moves it) has a name the filesystem
+    takes and can be created; unless ``shared`` (``shares_its_folder``), it holds no other run and is held for
+    this one: of two runs started together (both found it free), the second is refused."""
+    if name_too_long(folder):
+        also = f" (or {key})" if key != fix else ""
+        raise RunError(
+            f"the run folder {folder[:80]}...: {name_too_long(folder)}; pass a shorter {fix}{also}"
+        )
+    reason = unwritable_reason(folder)
+    if reason is not None:
+        raise RunError(f"cannot create the run folder {folder}: {reason}; pass {fix}=<a writable folder>")
+    if shared:
+        return
+    check_run_folder_free(folder, _continued(config, folder), key)
     try:
         holder = hold_folder(folder)
     except OSError as err:  # what the permission bits do not tell (a read-only mount, /proc, a full disk)
@@ -257,24 +267,16 @@ def _check_run_start(config: DictConfig, key: str) -> None:
     while not missing.parent.exists() and missing.parent != missing:
         missing = missing.parent
     os.environ[MADE_FOLDERS] = "" if missing.exists() else str(missing)
+    trainer = config.get("trainer")
     try:
         check_run_name(config.get("run_name"))
         check_tensorboard_version(config)
-        if name_too_long(folder):
-            raise RunError(
-                f"the run folder {folder[:80]}...: {name_too_long(folder)}; pass a shorter paths.output_root (or {key})"
-            )
+        shared = shares_its_folder(trainer, folder)
+        _check_folder(config, folder, key, "paths.output_root", shared)
     except RunError as err:
         _refuse(err)
-    _refuse_unwritable(folder, "paths.output_root")
-    trainer = config.get("trainer")
-    if shares_its_folder(trainer, folder):
+    if shared:
         return
-    try:
-        check_run_folder_free(folder, _continued(config, folder), key)
-        _hold(folder, key)
-    except RunError as err:
-        _refuse(err)
     if trainer_processes(trainer) > 1:
         os.environ[LAUNCHED_BY] = _launch_mark(folder)  # for the processes Lightning starts from this one
 
@@ -291,17 +293,8 @@ def hold_output_dir(cfg: DictConfig) -> None:
     folder = str(cfg.paths.output_dir)
     if os.path.abspath(folder) == os.path.abspath(hydra_dir):
         return
-    if shares_its_folder(cfg.get("trainer"), str(HydraConfig.get().run.dir)):
-        return
-    if name_too_long(folder):
-        raise RunError(f"paths.output_dir={folder[:80]}...: {name_too_long(folder)}; pass a shorter one")
-    reason = unwritable_reason(folder)
-    if reason is not None:
-        raise RunError(
-            f"cannot create the run folder {folder}: {reason}; pass paths.output_dir=<a writable folder>"
-        )
-    check_run_folder_free(folder, _continued(cfg, folder), "paths.output_dir")
-    _hold(folder, "paths.output_dir")
+    shared = shares_its_folder(cfg.get("trainer"), str(HydraConfig.get().run.dir))
+    _check_folder(cfg, folder, "paths.output_dir", "paths.output_dir", shared)
 
 
 def refuse_shared_sweep_folder(config: DictConfig) -> None:

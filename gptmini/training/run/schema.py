@@ -7,7 +7,7 @@ Two kinds of schema, for two kinds of group:
   of the wrong type fails while Hydra composes the config (``model``'s fields are ``GPTConfig``'s).
 - Groups that are instantiated (``data``, ``optimizer``, ``scheduler``, ``trainer``, each named ``callbacks.*``
   and ``logger.*``) are read, before any work, through the schema of the class their ``_target_`` names, derived
-  from its constructor's signature (``settings_schema``): a key the constructor does not take (often one left by
+  from its constructor's signature (``signature_spec``): a key the constructor does not take (often one left by
   an experiment written for another option of the group, e.g. the speedrun's ``optimizer.hidden`` under
   ``optimizer=adamw``) is refused with one line naming it and how to drop it. They are not typed at composition
   because a config that swaps an option would then fail inside Hydra with a traceback of the merge, and
@@ -302,19 +302,9 @@ def spec_schema(spec: list[dict[str, Any]], name: str, skip: tuple[str, ...] = (
     return make_dataclass(f"{name}Settings", [*hydra, *specs])
 
 
-def settings_schema(target: Any, skip: tuple[str, ...] = ()) -> type:
-    """The schema of ``target``'s settings read from its signature (names, types, defaults)."""
-    return spec_schema(signature_spec(target, skip), getattr(target, "__name__", "Target"))
-
-
 def settings(schema: type) -> list[str]:
     """A schema's settings, as a user writes them (Hydra's ``_target_``/``_partial_`` apart)."""
     return sorted(f.name for f in fields(schema) if not f.name.startswith("_"))
-
-
-def required(schema: type) -> list[str]:
-    """The settings of ``schema`` its constructor has no default for."""
-    return [f.name for f in fields(schema) if not f.name.startswith("_") and f.default == "???"]
 
 
 # Each option's constructor settings (``signature_spec``), keyed "group target", with the stamp of the code they
@@ -425,7 +415,9 @@ def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> Ru
         return RunError(derived_refusal(f"{group}.{derived[0]}"))
     drop = " ".join(f"~{group}.{k}" for k in extra)
     nodes = [f.name for f in fields(schema) if dataclasses.is_dataclass(f.type)]
-    if group == "optimizer" and not nodes and all(k in ROLE_KEYS for k in extra):
+    from gptmini.training.loop.optimizers import ROLES
+
+    if group == "optimizer" and not nodes and all(k in ROLES for k in extra):
         text = (
             f"{'it is a per-role setting' if one else 'they are per-role settings'} of optimizer=muon: use "
             f"optimizer=muon, or drop {'it' if one else 'them'} ({drop})"
@@ -507,10 +499,6 @@ def out_of_range(key: str, target: Any, values: Mapping[str, Any]) -> str | None
         elif name in ranges and not ranges[name].accepts(value):
             return f"{key}.{name}={value!r} is invalid: {ranges[name].rule}"
     return None
-
-
-# the parameter roles of a role-built optimizer's settings (optimizer.hidden.lr, ...)
-ROLE_KEYS = ("hidden", "embedding", "head", "matrix", "vector")
 
 
 def typed_node(values: dict[str, Any], key: str, group: str) -> Any:

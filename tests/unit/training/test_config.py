@@ -15,7 +15,7 @@ from gptmini.conf_dir import conf_dir
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import resolve_precision
-from gptmini.training.run.plan import validate_config
+from gptmini.training.run.plan import plan_run
 
 
 def _options(group: str) -> list[str]:
@@ -34,7 +34,7 @@ def instantiate_all(cfg) -> None:
 
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         with pytest.raises(RunError, match="no CUDA GPU is available"):
-            validate_config(cfg)
+            plan_run(cfg)
         OmegaConf.update(cfg, "trainer.accelerator", "cpu")
         if not isinstance(cfg.trainer.strategy, str):
             OmegaConf.update(cfg, "trainer.strategy", "auto", merge=False)
@@ -144,12 +144,12 @@ def test_a_typo_in_a_model_key_fails_before_any_work(compose_cfg):
         compose_cfg(["model.n_layer=four"])
     # Forced in with "+", it is still refused by the model's own config check.
     with pytest.raises(ConfigError, match=r"unknown model config key\(s\) \['n_embdd'\]"):
-        validate_config(compose_cfg(["+model.n_embdd=3"]))
+        plan_run(compose_cfg(["+model.n_embdd=3"]))
 
 
 def test_finetune_experiment_requires_init_from(compose_cfg):
     with pytest.raises(RunError, match=r"model.init_from must be set for this run"):
-        validate_config(compose_cfg(["experiment=finetune_shakespeare"]))
+        plan_run(compose_cfg(["experiment=finetune_shakespeare"]))
 
 
 def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg):
@@ -157,11 +157,11 @@ def test_a_fused_optimizer_with_float16_amp_and_clipping_is_refused(compose_cfg)
     with pytest.raises(
         RunError, match=r"optimizer\.fused=true cannot be combined with trainer\.precision=16-mixed"
     ):
-        validate_config(compose_cfg(base))
+        plan_run(compose_cfg(base))
     # without clipping, or under bf16 (no GradScaler), the fused kernel is fine
     for extra in (["trainer.gradient_clip_val=0"], ["trainer.precision=bf16-mixed"]):
         try:
-            validate_config(compose_cfg(base + extra))
+            plan_run(compose_cfg(base + extra))
         except RunError as e:
             assert "optimizer.fused" not in str(e)
 
@@ -178,7 +178,7 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None
         resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"}, v100)
     assert resolve_precision({"accelerator": "gpu", "precision": "auto"}, v100) == "32-true"
     assert resolve_precision({"accelerator": "gpu", "precision": "16-mixed"}, v100) == "16-mixed"
-    # validate_config checks the machine it runs on: this one, made to look like a V100 box (composed with the CPU
+    # plan_run checks the machine it runs on: this one, made to look like a V100 box (composed with the CPU
     # defaults: the ConfigStore's hardware=auto outlives the test)
     from gptmini.training.hardware import register_hardware_configs
 
@@ -187,7 +187,7 @@ def test_bf16_on_a_gpu_without_bf16_is_refused(monkeypatch, compose_cfg) -> None
     monkeypatch.setattr(config, "register_hardware_configs", lambda: register_hardware_configs(DeviceFacts()))
     cfg = compose_cfg(["trainer=gpu", "trainer.precision=bf16-true"])
     with pytest.raises(RunError, match=r"trainer\.precision=bf16-true is not supported by this GPU"):
-        validate_config(cfg)
+        plan_run(cfg)
 
 
 # --- checks of the machine a run is on ------------------------------------------------------------------------
@@ -203,9 +203,9 @@ def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
         rf"gloo\) on this machine's {cores} CPU cores, each slower than one process alone: use "
         rf"trainer\.devices={cores} or fewer",
     ):
-        validate_config(compose_cfg(["trainer=cpu", f"trainer.devices={cores + 1}"]))
+        plan_run(compose_cfg(["trainer=cpu", f"trainer.devices={cores + 1}"]))
     if cores >= 2:  # as many processes as cores: allowed, and said out loud
-        validate_config(compose_cfg(["trainer=cpu", "trainer.devices=2"]))
+        plan_run(compose_cfg(["trainer=cpu", "trainer.devices=2"]))
         assert "trainer.devices=2 on the CPU: 2 training processes (DDP over gloo)" in caplog.text
 
 
@@ -241,7 +241,7 @@ def test_unwritable_data_and_output_folders_are_refused_before_any_work(
         match=rf"the prepared-data folder {blocker}/data/shakespeare_char cannot be created: {blocker} is a file, "
         r"not a folder; pass paths\.data_root=",
     ):
-        validate_config(compose_cfg(["tokenizer=char", f"paths.data_root={blocker}/data"]))
+        plan_run(compose_cfg(["tokenizer=char", f"paths.data_root={blocker}/data"]))
 
     cfg = compose_cfg([f"paths.output_root={blocker}/outputs"], keep_hydra=True)
     with pytest.raises(SystemExit) as exit_info:
@@ -316,7 +316,7 @@ def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming_its_own_run
 )
 def test_non_finite_numbers_are_refused_naming_the_key(compose_cfg, override, key) -> None:
     with pytest.raises(RunError, match=rf"^{re.escape(key)} is invalid: .*finite"):
-        validate_config(compose_cfg(["model=tiny", "tokenizer=char", *override.split()]))
+        plan_run(compose_cfg(["model=tiny", "tokenizer=char", *override.split()]))
 
 
 @pytest.mark.parametrize(
@@ -327,7 +327,7 @@ def test_data_sizes_below_one_are_refused_naming_the_key(compose_cfg, override) 
     with pytest.raises(
         RunError, match=rf"^{re.escape(key)}={re.escape(value)} is invalid: it must be an integer >= 1"
     ):
-        validate_config(compose_cfg(["model=tiny", "tokenizer=char", *override.split()]))
+        plan_run(compose_cfg(["model=tiny", "tokenizer=char", *override.split()]))
 
 
 def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch) -> None:
@@ -337,19 +337,19 @@ def test_data_loader_workers_are_bounded_by_the_machine(compose_cfg, monkeypatch
 
     monkeypatch.setattr(hardware, "cpu_cores", lambda: 3)
     base = ["model=tiny", "tokenizer=char"]
-    validate_config(compose_cfg([*base, "data.num_workers=12"]))  # 4 x 3 cores: allowed
+    plan_run(compose_cfg([*base, "data.num_workers=12"]))  # 4 x 3 cores: allowed
     with pytest.raises(
         RunError,
         match=r"^data\.num_workers=13 is more than this machine can use: at most 12 loader processes here "
         r"\(3 usable CPU cores x 4\); lower it \(0 loads in the main process\)",
     ):
-        validate_config(compose_cfg([*base, "data.num_workers=13"]))
+        plan_run(compose_cfg([*base, "data.num_workers=13"]))
     monkeypatch.setattr(hardware, "cpu_cores", lambda: 1)
-    validate_config(compose_cfg([*base, "data.num_workers=8"]))  # never fewer than 8
+    plan_run(compose_cfg([*base, "data.num_workers=8"]))  # never fewer than 8
     with pytest.raises(RunError, match=r"^data\.num_workers=1000000 is more than this machine can use"):
-        validate_config(compose_cfg([*base, "data.num_workers=1000000"]))
+        plan_run(compose_cfg([*base, "data.num_workers=1000000"]))
     with pytest.raises(RunError, match=r"^data\.num_workers=-1 is invalid: it must be an integer >= 0"):
-        validate_config(compose_cfg([*base, "data.num_workers=-1"]))
+        plan_run(compose_cfg([*base, "data.num_workers=-1"]))
 
 
 # --- the run plan: what the checks derive, the config unchanged ------------------------------------------------
@@ -408,7 +408,7 @@ def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog
 )
 def test_each_group_s_schema_refuses_a_bad_key_or_type_in_one_line(compose_cfg, overrides, message) -> None:
     with pytest.raises(RunError, match=message) as err:
-        validate_config(compose_cfg(["model=tiny", "tokenizer=char", *overrides]))
+        plan_run(compose_cfg(["model=tiny", "tokenizer=char", *overrides]))
     assert "\n" not in str(err.value)
 
 
@@ -500,7 +500,7 @@ def test_a_settings_schema_follows_its_constructor() -> None:
     a parameter without a default a required one, a ``**kwargs`` its base class's parameters."""
     import dataclasses
 
-    from gptmini.training.run.schema import required, settings, settings_schema
+    from gptmini.training.run.schema import settings, signature_spec, spec_schema
 
     class Base:
         def __init__(self, needed: int, shared: float = 0.5) -> None: ...
@@ -508,14 +508,14 @@ def test_a_settings_schema_follows_its_constructor() -> None:
     class Mine(Base):
         def __init__(self, size: int, rate: float = 0.1, name: str | None = None, **rest) -> None: ...
 
-    schema = settings_schema(Mine)
+    schema = spec_schema(signature_spec(Mine), "Mine")
     assert settings(schema) == [
         "name",
         "rate",
         "shared",
         "size",
     ]  # Base's required `needed` is Mine's to pass
-    assert required(schema) == ["size"]
+    assert [f.name for f in dataclasses.fields(schema) if f.default == "???"] == ["size"]  # required
     defaults = {f.name: f.default for f in dataclasses.fields(schema)}
     assert (defaults["rate"], defaults["shared"], defaults["name"]) == (0.1, 0.5, None)
 

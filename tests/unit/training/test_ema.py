@@ -199,11 +199,11 @@ def test_bad_ema_settings_are_refused_when_the_trainer_is_built(compose_cfg, ove
 def test_a_good_ema_setting_composes_and_builds(compose_cfg):
     from hydra.utils import instantiate
 
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(
         ["debug=smoke", "callbacks.ema={_target_:gptmini.training.loop.ema.EMAWeightAveraging,decay:0.9}"]
     )
-    validate_config(cfg)
+    plan_run(cfg)
     callback = instantiate(cfg.callbacks.ema)
     assert isinstance(callback, EMAWeightAveraging) and callback.decay == 0.9

@@ -5,6 +5,7 @@ built by hand; its state dict round-trips (resume), and the module and config wi
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
-from gptmini.training.loop.optimizers import MUON_OPTIONS, ROLES, MuonAdamW
+from gptmini.training.loop.optimizers import ROLES, BatchedMuon, MuonAdamW
 from gptmini.training.run.schema import option_settings
 
 VARIANTS = sorted(p.stem for p in (conf_dir() / "attention_variant").glob("*.yaml"))
@@ -108,9 +109,12 @@ def test_muon_adamw_steps_exactly_as_the_two_pytorch_optimizers_built_by_hand():
             part.grad = g.clone()
         separate[id(p)] = parts
     s = SETTINGS
-    # BatchedMuon's own options are all off in conf/optimizer/muon.yaml: plain Muon, which takes none of them
-    assert all(s["hidden"][k] == v for k, v in MUON_OPTIONS.items())
-    plain = {k: v for k, v in s["hidden"].items() if k not in MUON_OPTIONS}
+    # BatchedMuon's own options (its keyword-only parameters) are all off in conf/optimizer/muon.yaml: plain Muon,
+    # which takes none of them
+    params = inspect.signature(BatchedMuon).parameters.values()
+    options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    assert all(s["hidden"][k] == v for k, v in options.items())
+    plain = {k: v for k, v in s["hidden"].items() if k not in options}
     muon = torch.optim.Muon([q for p in rb["hidden"] for q in separate.get(id(p), [p])], **plain)
     adamw = torch.optim.AdamW(
         [{"params": rb[r], **s[r]} for r in ("embedding", "head", "matrix", "vector") if rb[r]],
@@ -206,11 +210,11 @@ def test_the_module_builds_muon_from_roles_with_the_fused_adamw_kernel():
 )
 def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, message):
     from gptmini.training.errors import RunError
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(["debug=smoke", "optimizer=muon", *overrides])
     with pytest.raises(RunError, match=message):
-        validate_config(cfg)
+        plan_run(cfg)
 
 
 @pytest.mark.parametrize(
@@ -236,17 +240,17 @@ def test_bad_muon_and_wsd_settings_fail_at_config_time(compose_cfg, overrides, m
 )
 def test_a_plain_optimizer_refuses_keys_its_constructor_does_not_take(compose_cfg, overrides, message):
     from gptmini.training.errors import RunError
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(["debug=smoke", *overrides, "optimizer=adamw"])
     with pytest.raises(RunError, match=message):
-        validate_config(cfg)
+        plan_run(cfg)
 
 
 @pytest.mark.parametrize("scheduler", ["warmup_cosine", "wsd"])
 def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, scheduler):
     from gptmini.training.errors import RunError
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     # the speedrun's WSD settings (decay_fraction) under scheduler=warmup_cosine failed with a TypeError traceback
     if scheduler == "warmup_cosine":
@@ -261,16 +265,16 @@ def test_a_scheduler_refuses_keys_its_constructor_does_not_take(compose_cfg, sch
             r"scheduler\.cycles is not a setting of gptmini\.training\.loop\.schedulers\.WarmupStableDecayLR",
         )
     with pytest.raises(RunError, match=message):
-        validate_config(compose_cfg(overrides))
+        plan_run(compose_cfg(overrides))
 
 
 def test_a_plain_optimizer_takes_its_constructor_keywords(compose_cfg):
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
-    validate_config(
+    plan_run(
         compose_cfg(["debug=smoke", "optimizer=adamw", "optimizer.amsgrad=true", "optimizer.fused=true"])
     )
-    validate_config(
+    plan_run(
         compose_cfg(
             ["experiment=speedrun_char_cpu", "data.source=x.txt", "optimizer=adamw", "~optimizer.hidden"]
         )
@@ -526,10 +530,10 @@ def test_muon_options_resume_exactly_from_a_saved_state(tmp_path: Path):
 )
 def test_bad_muon_options_fail_at_config_time(compose_cfg, override, message):
     from gptmini.training.errors import RunError
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     with pytest.raises(RunError, match=message):
-        validate_config(compose_cfg(["debug=smoke", "optimizer=muon", override]))
+        plan_run(compose_cfg(["debug=smoke", "optimizer=muon", override]))
 
 
 def test_cautious_weight_decay_of_an_adamw_role_steps_as_the_formula():
@@ -577,13 +581,13 @@ def test_cautious_weight_decay_of_an_adamw_role_steps_as_the_formula():
 
 def test_a_bad_adamw_role_cautious_setting_fails_at_config_time(compose_cfg):
     from gptmini.training.errors import RunError
-    from gptmini.training.run.plan import validate_config
+    from gptmini.training.run.plan import plan_run
 
     cfg = compose_cfg(["debug=smoke", "optimizer=muon", "optimizer.matrix.cautious_weight_decay=3"])
     with pytest.raises(
         RunError, match=r"optimizer\.matrix\.cautious_weight_decay=3 is invalid: true or false"
     ):
-        validate_config(cfg)
+        plan_run(cfg)
 
 
 def test_a_loaded_state_keeps_the_optimizer_s_own_settings_and_takes_the_saved_buffers():
