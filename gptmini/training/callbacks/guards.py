@@ -259,7 +259,7 @@ class RNGStateCallback(L.Callback):
 
     def __init__(
         self,
-        seed: int = 1337,
+        seed: int,  # the run's top-level seed
         # seed the global RNGs from (seed, step, batch, rank) before every training batch (false: only the
         # checkpoint's RNG states are kept)
         reseed_every_step: bool = True,

@@ -70,9 +70,6 @@ def check_muon_options(settings: Mapping[str, Any], prefix: str = "optimizer.hid
         raise ValueError(
             f"{prefix}.ns_steps={steps!r} is invalid: Newton-Schulz iterations, an integer >= 1 (5 is usual)"
         )
-    for key in ("normuon", "cautious_weight_decay"):
-        if key in settings and not isinstance(settings[key], bool):
-            raise ValueError(f"{prefix}.{key}={settings[key]!r} is invalid: true or false")
     for key in ("beta2", "momentum_warmup_start"):
         value = settings.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -248,10 +245,6 @@ class AdamWRole:
         if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ValueError(
                 f"optimizer.{role}.weight_decay={self.weight_decay:g} is invalid: it must be >= 0"
-            )
-        if not isinstance(self.cautious_weight_decay, bool):
-            raise ValueError(
-                f"optimizer.{role}.cautious_weight_decay={self.cautious_weight_decay!r} is invalid: true or false"
             )
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 

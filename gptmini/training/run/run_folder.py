@@ -179,10 +179,6 @@ def _launcher_says_several() -> bool:
     )
 
 
-def _launch_mark(folder: str | Path) -> str:
-    return f"{os.getpid()}:{os.path.abspath(folder)}"
-
-
 def shares_its_folder(trainer: Any, run_dir: str | Path) -> bool:
     """This process is one of a run of several processes that share one run folder (``run_dir``, Hydra's), which
     the launch names (torchrun, srun: ``hydra.run.dir``) or the first process checked and holds (the others
@@ -278,7 +274,8 @@ def _check_run_start(config: DictConfig, key: str) -> None:
     if shared:
         return
     if trainer_processes(trainer) > 1:
-        os.environ[LAUNCHED_BY] = _launch_mark(folder)  # for the processes Lightning starts from this one
+        # for the processes Lightning starts from this one
+        os.environ[LAUNCHED_BY] = f"{os.getpid()}:{os.path.abspath(folder)}"
 
 
 def hold_output_dir(cfg: DictConfig) -> None:
