@@ -31,16 +31,6 @@ AVERAGE_KEY = "averaged_state_dict"
 AVERAGING_STATE_KEY = "averaging_state"
 
 
-def check_ema(decay: Any, start_step: Any, prefix: str = "callbacks.ema") -> None:
-    """Raises ValueError naming the first invalid setting (the constructor runs it: callbacks have no schema)."""
-    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
-        raise ValueError(
-            f"{prefix}.decay={decay!r} is invalid: the average's decay per optimizer step, in (0, 1) (e.g. 0.99)"
-        )
-    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-        raise ValueError(f"{prefix}.start_step={start_step!r} is invalid: an optimizer step >= 0")
-
-
 def average_into_weights_only(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     """A checkpoint of weights alone (``best.ckpt``; Lightning runs no callback's hook for one) of a run that keeps
     an average gets the average as its ``state_dict``, as every other checkpoint of the run does: the weights its
@@ -59,7 +49,13 @@ class EMAWeightAveraging(WeightAveraging):
     ``start_step`` (0-based) on; parameters and buffers are averaged (the model's buffers are constant tables)."""
 
     def __init__(self, decay: float = 0.99, start_step: int = 0, device: Any = None) -> None:
-        check_ema(decay, start_step)
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
+            raise ValueError(
+                f"callbacks.ema.decay={decay!r} is invalid: the average's decay per optimizer step, in (0, 1) "
+                "(e.g. 0.99)"
+            )
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"callbacks.ema.start_step={start_step!r} is invalid: an optimizer step >= 0")
         super().__init__(device=device, use_buffers=True, multi_avg_fn=get_ema_multi_avg_fn(decay))
         self.decay = decay
         self.start_step = start_step

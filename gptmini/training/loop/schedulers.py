@@ -79,6 +79,13 @@ class _PlannedLR(LRScheduler):
     # the attributes that lay out the schedule, compared with the checkpoint's to say what changed
     plan_settings: tuple[str, ...] = ()
 
+    def factor(self, step: int) -> float:
+        raise NotImplementedError
+
+    def get_lr(self) -> list[float]:
+        f = self.factor(self.last_epoch)
+        return [base_lr * f for base_lr in self.base_lrs]
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict({k: state_dict[k] for k in RESTORED_KEYS if k in state_dict})
         changed = {
@@ -98,7 +105,7 @@ class _PlannedLR(LRScheduler):
 
 
 class _BudgetedLR(_PlannedLR):
-    """An ``LRScheduler`` whose ``factor(step, time_fraction)`` is read with the time budget's share, over
+    """An ``LRScheduler`` whose ``factor`` also reads the time budget's share (``clock``), over
     ``max_steps`` after ``warmup_steps``, down to ``min_lr_ratio`` of the base LR (the settings both schedules
     that end have, checked here once)."""
 
@@ -124,13 +131,6 @@ class _BudgetedLR(_PlannedLR):
         self.max_time = max_time  # trainer.max_time: compared on resume, as the settings above
         self.clock = _TimeBudget(max_time)
         super().__init__(optimizer, last_epoch)
-
-    def factor(self, step: int, time_fraction: float = 0.0) -> float:
-        raise NotImplementedError
-
-    def get_lr(self) -> list[float]:
-        f = self.factor(self.last_epoch, self.clock.fraction())
-        return [base_lr * f for base_lr in self.base_lrs]
 
     def state_dict(self) -> dict[str, Any]:
         state = {k: v for k, v in super().state_dict().items() if k != "clock"}
@@ -161,11 +161,11 @@ class WarmupCosineLR(_BudgetedLR):
     ) -> None:
         super().__init__(optimizer, max_steps, warmup_steps, min_lr_ratio, max_time, last_epoch)
 
-    def factor(self, step: int, time_fraction: float = 0.0) -> float:
+    def factor(self, step: int) -> float:
         if step < self.warmup_steps:
             return _warmup(step, self.warmup_steps)
         # the share of the run done: by steps, or by the time budget when that runs out first
-        done = max(step / self.max_steps, time_fraction)
+        done = max(step / self.max_steps, self.clock.fraction())
         if done >= 1.0:
             return self.min_lr_ratio
         start = self.warmup_steps / self.max_steps
@@ -194,10 +194,6 @@ class WarmupConstantLR(_PlannedLR):
 
     def factor(self, step: int) -> float:
         return _warmup(step, self.warmup_steps)
-
-    def get_lr(self) -> list[float]:
-        f = self.factor(self.last_epoch)
-        return [base_lr * f for base_lr in self.base_lrs]
 
 
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
@@ -239,11 +235,11 @@ class WarmupStableDecayLR(_BudgetedLR):
         self.decay_shape = decay_shape
         super().__init__(optimizer, max_steps, warmup_steps, min_lr_ratio, max_time, last_epoch)
 
-    def factor(self, step: int, time_fraction: float = 0.0) -> float:
+    def factor(self, step: int) -> float:
         if step < self.warmup_steps:
             return _warmup(step, self.warmup_steps)
         # the share of the run done: by steps, or by the time budget when that runs out first
-        done = max(step / self.max_steps, time_fraction)
+        done = max(step / self.max_steps, self.clock.fraction())
         start = self.decay_start / self.max_steps
         if done < start:
             return 1.0
