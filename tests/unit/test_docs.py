@@ -201,13 +201,12 @@ def test_every_documented_gptmini_data_command_takes_overrides_only():
 def test_reliability_promises_the_exit_status_the_code_gives():
     """The page's promise (one line starting with `error:`, exit status N) is the code's: the training refusals,
     Hydra's restated errors and the command-line tools' (tests/integration/test_reliability.py runs them)."""
-    from gptmini.training.run.app import EXIT_USER_ERROR
-    from gptmini.training.run.override_errors import EXIT_HYDRA_ERROR
+    from gptmini.training.run.override_errors import EXIT_USER_ERROR
 
     page = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
     promise = re.search(r"one line starting with `error:`.*?exit status (\d+)", page, re.S)
     assert promise is not None
-    assert EXIT_USER_ERROR == EXIT_HYDRA_ERROR == int(promise.group(1))
+    assert EXIT_USER_ERROR == int(promise.group(1))
     assert "exit status 1" not in page
 
 

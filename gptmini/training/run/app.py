@@ -29,7 +29,7 @@ from gptmini.model import ConfigError, GPTConfig
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary, trainer_processes
 from gptmini.training.run.compose import register_configs
-from gptmini.training.run.override_errors import check_resolves
+from gptmini.training.run.override_errors import EXIT_USER_ERROR, check_resolves
 from gptmini.training.run.plan import RunPlan, check_input_files, node_values, plan_run
 from gptmini.training.run.resume import check_resumed_data
 from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir
@@ -469,8 +469,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-# Exit statuses (documented in docs/training.md, "Resuming and failures").
-EXIT_USER_ERROR = 2  # invalid config or input; nothing was trained
+# Exit statuses (documented in docs/training.md, "Resuming and failures"), after EXIT_USER_ERROR (2).
 EXIT_NONFINITE = 3  # the loss became NaN/inf; the last good checkpoint is kept
 EXIT_SIGINT = 130  # 128 + SIGINT: Ctrl-C, on_exception.ckpt saved at a step boundary
 EXIT_SIGTERM = 143  # 128 + SIGTERM: preemption, on_exception.ckpt saved at a step boundary

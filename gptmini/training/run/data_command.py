@@ -10,7 +10,7 @@ from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Sequence
 from pathlib import Path
 
-from gptmini.training.run.override_errors import EXIT_HYDRA_ERROR, one_line
+from gptmini.training.run.override_errors import EXIT_USER_ERROR, one_line
 
 # the options of the command before it took the training settings, and the override each became
 OLD_OPTIONS = {
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     instead = [f"{override}={value}" for override, value in args.items() if value is not None]
     if instead:
         sys.stderr.write(f"error: gptmini data takes the training settings: {' '.join(instead)}\n")
-        return EXIT_HYDRA_ERROR
+        return EXIT_USER_ERROR
     from gptmini.options import starting
 
     starting("gptmini data", "composing the config, then the data")
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
         sys.stderr.write(f"error: {one_line(err, overrides)}\n")
-        return EXIT_HYDRA_ERROR
+        return EXIT_USER_ERROR
     finally:
         HydraConfig.instance().cfg = before
     return 0

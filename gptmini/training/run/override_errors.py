@@ -30,8 +30,9 @@ from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseExce
 
 from gptmini.training.errors import RunError
 
-# the exit status of every refused input (docs/reliability.md), Hydra's command-line errors included
-EXIT_HYDRA_ERROR = 2
+# the exit status of every refused input (docs/reliability.md): invalid config or input, nothing was trained;
+# Hydra's command-line errors included
+EXIT_USER_ERROR = 2
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 # set beside HYDRA_FULL_ERROR when run_hydra set it (not the user), so that it is removed again
 _SET_BY_GPTMINI = "GPTMINI_RESTATES_HYDRA_ERRORS"
@@ -235,7 +236,7 @@ def run_hydra(
                 f"error: {arg} takes what to print, job, hydra or all{given}: e.g. gptmini train --cfg job "
                 "trainer.max_steps=300\n"
             )
-            sys.exit(EXIT_HYDRA_ERROR)
+            sys.exit(EXIT_USER_ERROR)
     full = os.environ.get(_FULL_ERROR) == "1"
     if not full:
         os.environ[_FULL_ERROR] = os.environ[_SET_BY_GPTMINI] = "1"
@@ -257,7 +258,7 @@ def run_hydra(
         if full:
             raise
         sys.stderr.write(f"error: {one_line(err, argv)}\n")
-        sys.exit(EXIT_HYDRA_ERROR)
+        sys.exit(EXIT_USER_ERROR)
     finally:
         _restore_full_error()
 

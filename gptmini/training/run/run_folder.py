@@ -20,6 +20,7 @@ from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reas
 from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import trainer_processes
+from gptmini.training.run.override_errors import EXIT_USER_ERROR, unresolvable
 from gptmini.training.run.resume import continued_run_folder, resolve_ckpt_path
 from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
@@ -154,7 +155,7 @@ def _refuse(err: RunError) -> None:
         raise err
     # Hydra has not set up logging yet: the one line goes to stderr as the app's own errors do.
     sys.stderr.write(f"error: {err}\n")
-    sys.exit(2)  # EXIT_USER_ERROR
+    sys.exit(EXIT_USER_ERROR)
 
 
 # Set by the first process of a run of several (trainer.devices x trainer.num_nodes) before Lightning starts the
@@ -234,8 +235,6 @@ def _check_kept_settings(config: DictConfig) -> None:
 
 def _run_folder(config: DictConfig, key: str) -> str:
     """The run folder ``key`` names, one ``error:`` line (exit status 2) where it does not resolve."""
-    from gptmini.training.run.override_errors import unresolvable
-
     try:
         _check_kept_settings(config)
         root = str(OmegaConf.select(config, "paths.output_root", throw_on_resolution_failure=True))
