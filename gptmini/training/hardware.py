@@ -117,9 +117,6 @@ def hardware_summary(choice: str | None, facts: DeviceFacts) -> str:
 
 # --- peak FLOP/s for perf/mfu ---------------------------------------------------------------------------------
 
-# The compute dtype keys of the peak tables: dense tensor-core throughput where there is one.
-COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
-
 
 def compute_dtype(precision: str, facts: DeviceFacts, float32_matmul_precision: str | None = None) -> str:
     """The dtype the matmuls of a Trainer ``precision`` run in on this device: "bf16", "fp16", "tf32", "fp32"
@@ -308,10 +305,6 @@ FLOAT16_AMP = ("16-mixed", "16")
 CPU_BF16_MIN_VOCAB = 8192
 
 
-def on_gpu(accelerator: str, device: DeviceFacts) -> bool:
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
-
-
 def resolve_precision(
     trainer_cfg: dict[str, Any], device: DeviceFacts | None = None, vocab_size: int | None = None
 ) -> str:
@@ -325,7 +318,7 @@ def resolve_precision(
     if precision not in PRECISIONS:
         raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(PRECISIONS)}")
     device = detect_device() if device is None else device
-    gpu = on_gpu(accelerator, device)
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
     if precision == "auto":
         if gpu:
             return "bf16-mixed" if device.bf16 else "32-true"
