@@ -122,8 +122,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if isinstance(callback, LoggingCallback):
             callback.check_sizes(gpt_config, device, f"callbacks.{name}.")
     module = build_module(plan, trainer, datamodule, gpt_config)
-    parts = callbacks.parts(module.validation_probe)
-    connect_callbacks(callbacks.given, parts)
+    parts = callbacks.connect(module.validation_probe)
     skip_idle_hooks(callbacks.given)
     output_dir = Path(plan.output_dir)
     from gptmini.training.run.run_report import continued_history
@@ -143,7 +142,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 # The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
-# build hands them over (RunCallbacks.parts), so that none of the readers looks for them.
+# build hands them over (RunCallbacks.connect), so that none of the readers looks for them.
 THROUGHPUT, BACKGROUND = "throughput", "background"
 CHECKPOINT_SAVERS = ("checkpoint_last", "checkpoint_best")
 
@@ -157,12 +156,20 @@ class RunCallbacks:
     given: list[Any]
     timer: Any = None
 
-    def parts(self, probe: Any) -> Any:
-        """The parts of the run the callbacks read (``RunParts``), with the module's validation ``probe``."""
-        from gptmini.training.callbacks.loggers import RunParts
+    def connect(self, probe: Any) -> Any:
+        """Hands every callback that reads a part of the run it does not own (a ``Receiver``) those parts
+        (``RunParts``), so that none of them goes looking for it: the LightningModule's validation ``probe`` (one
+        attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
+        lines), the background worker, Lightning's Timer (trainer.max_time, for the progress lines' ETA) and the
+        checkpoint savers (whose files the guards name). Returns the parts."""
+        from gptmini.training.callbacks.loggers import Receiver, RunParts
 
         savers = tuple(self.named[n] for n in CHECKPOINT_SAVERS if n in self.named)
-        return RunParts(probe, self.named.get(THROUGHPUT), self.named.get(BACKGROUND), self.timer, savers)
+        parts = RunParts(probe, self.named.get(THROUGHPUT), self.named.get(BACKGROUND), self.timer, savers)
+        for callback in self.given:
+            if isinstance(callback, Receiver):
+                callback.receive(parts)
+        return parts
 
 
 def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
@@ -230,19 +237,6 @@ def _keep_the_guards(callbacks: list[Any], trainer_cfg: dict[str, Any]) -> None:
         callbacks.append(NonFiniteLossGuard())
     if not any(isinstance(c, Checkpoint) for c in callbacks):
         trainer_cfg["enable_checkpointing"] = False
-
-
-def connect_callbacks(callbacks: list[Any], parts: Any) -> None:
-    """Hands every callback that reads a part of the run it does not own (a ``Receiver``) the ``parts``
-    (``RunParts``), so that none of them goes looking for it: the LightningModule's validation probe (one
-    attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
-    lines), the background worker, Lightning's Timer (trainer.max_time, for the progress lines' ETA) and the
-    checkpoint savers (whose files the guards name)."""
-    from gptmini.training.callbacks.loggers import Receiver
-
-    for callback in callbacks:
-        if isinstance(callback, Receiver):
-            callback.receive(parts)
 
 
 # the TensorBoard logger's targets: its events are placed by the run (run_folder.tensorboard_place)

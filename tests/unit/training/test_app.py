@@ -96,8 +96,7 @@ def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
         )
     )
     named |= {"background": work, "checkpoint_last": last, "checkpoint_best": best}
-    built = app.RunCallbacks(named, list(named.values()))
-    app.connect_callbacks(built.given, built.parts(probe))
+    app.RunCallbacks(named, list(named.values())).connect(probe)
     assert all(r.probe is probe for r in readers)
     assert all(s.throughput is monitor for s in shows)
     assert readers[0].background is work
@@ -106,7 +105,6 @@ def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
     assert [s.tokens_per_sec() for s in shows] == [1234.0, 1234.0]
 
     alone, maps = ProgressLog(), AttentionMapLogger()  # a run without a monitor, a worker or a saver
-    built = app.RunCallbacks({"lines": alone, "maps": maps}, [alone, maps])
-    app.connect_callbacks(built.given, built.parts(probe))
+    app.RunCallbacks({"lines": alone, "maps": maps}, [alone, maps]).connect(probe)
     assert alone.throughput is None and alone.tokens_per_sec() is None
     assert maps.background is None  # its images are drawn at once

@@ -160,7 +160,7 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
     trainer, module = _run(tmp_path, tokenizer)
     work = BackgroundWork()
     logger = AttentionMapLogger(probe_text="ROMEO: but soft", max_tokens=8)
-    logger.background = work  # what the app hands over (connect_callbacks)
+    logger.background = work  # what the app hands over (RunCallbacks.connect)
     ids = tokenizer.encode("ROMEO: b")
     expected = attention_images(
         module.model.eval().attention_maps(torch.tensor([ids]))[:, 0], token_labels(tokenizer, ids)
