@@ -34,15 +34,9 @@ from gptmini.data.corpora import (
     file_sha256,
     resolve_source,
 )
-from gptmini.data.encoding import (
-    CHUNK_CHARS,
-    encode_text,
-    split_for_encoding,
-    token_dtype,
-    tokenize_corpus,
-)
+from gptmini.data.encoding import CHUNK_CHARS, token_dtype, tokenize_corpus
 from gptmini.data.errors import DataError
-from gptmini.data.progress import PrepareProgress, Reporter, progress_bar
+from gptmini.data.progress import PrepareProgress, Reporter
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta, load_split
 from gptmini.data.schema import SHARD_PREFIX, check_progress, check_settings
 from gptmini.data.shards import ShardWriter
@@ -63,19 +57,6 @@ try:  # POSIX: one preparation of a folder at a time, across processes and (on s
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
-
-__all__ = [  # the writer's API; tokenizing and progress live in gptmini.data.encoding and .progress
-    "CHUNK_CHARS",
-    "DEFAULT_BUFFER_MB",
-    "DEFAULT_SHARD_TOKENS",
-    "PrepareProgress",
-    "PreparedData",
-    "encode_text",
-    "prepare",
-    "progress_bar",
-    "split_for_encoding",
-    "token_dtype",
-]
 
 log = logging.getLogger(__name__)
 
