@@ -119,11 +119,24 @@ def check_ids(tokens: np.ndarray | TokenStream, vocab_size: int, where: str) -> 
         block = np.asarray(tokens[a : a + SAMPLE_TOKENS])
         if len(block) and int(block.max()) >= vocab_size:
             at = a + int(np.argmax(block >= vocab_size))
-            raise DataError(
-                f"{where} holds token id {int(block[at - a])} at token {at}, but the vocabulary has {vocab_size} "
-                f"ids (0 to {vocab_size - 1}): its shards are damaged or of another tokenizer; re-run prepare "
-                "with --force"
-            )
+            raise bad_id(where, int(block[at - a]), f" at token {at}", vocab_size)
+
+
+def bad_id(where: str, token: int, at: str, vocab_size: int) -> DataError:
+    return DataError(
+        f"{where} holds token id {token}{at}, but the vocabulary has {vocab_size} ids (0 to {vocab_size - 1}): "
+        "its shards are damaged or of another tokenizer; re-run prepare with --force"
+    )
+
+
+def check_split_length(split: str, tokens: int, block_size: int) -> None:
+    """Refuse a split too short for one window of ``block_size + 1`` tokens."""
+    if tokens < block_size + 1:
+        fix = "a larger val_fraction" if split == "val" else "a smaller val_fraction"
+        raise DataError(
+            f"split {split!r} has {tokens} tokens but block_size={block_size} needs at least "
+            f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
+        )
 
 
 def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Tokenizer:
@@ -146,12 +159,8 @@ def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
     alone: before any model is built or any token is read."""
     for split in SPLITS:
         tokens = int(meta["splits"].get(split, {}).get("tokens", 0))
-        if (split == "train" or tokens > 0) and tokens < block_size + 1:
-            fix = "a larger val_fraction" if split == "val" else "a smaller val_fraction"
-            raise DataError(
-                f"split {split!r} has {tokens} tokens but block_size={block_size} needs at least "
-                f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
-            )
+        if split == "train" or tokens > 0:
+            check_split_length(split, tokens, block_size)
 
 
 def _fingerprint(payload: Any) -> str:
