@@ -325,13 +325,9 @@ class CharTokenizer:
     def from_payload(cls, payload: Any, where: str) -> CharTokenizer:
         """The vocabulary ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin
         in a refusal."""
-        if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
+        _check_payload(payload, "char", CHAR_VOCAB_FORMAT, where, "a char vocabulary")
+        if "chars" not in payload:
             raise TokenizerError(f"{where} is not a char vocabulary; re-run prepare with --force")
-        if payload.get("format_version") != CHAR_VOCAB_FORMAT:
-            raise TokenizerError(
-                f"{where} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
-                "re-run prepare with --force"
-            )
         return cls(payload["chars"])
 
     @classmethod
@@ -415,13 +411,7 @@ class BPETokenizer(TiktokenTokenizer):
     def from_payload(cls, payload: Any, where: str) -> BPETokenizer:
         """The BPE ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin in a
         refusal."""
-        if not isinstance(payload, dict) or payload.get("kind") != "bpe":
-            raise TokenizerError(f"{where} is not a trained BPE; re-run prepare with --force")
-        if payload.get("format_version") != BPE_FORMAT:
-            raise TokenizerError(
-                f"{where} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
-                "prepare with --force"
-            )
+        _check_payload(payload, "bpe", BPE_FORMAT, where, "a trained BPE")
         try:
             tokens = [base64.b64decode(t, validate=True) for t in payload["tokens"]]
             tok = cls(tokens, str(payload["pattern"]))
@@ -433,6 +423,17 @@ class BPETokenizer(TiktokenTokenizer):
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+def _check_payload(payload: Any, kind: str, version: int, where: str, what: str) -> None:
+    """A saved tokenizer's JSON (a file's, or a checkpoint's copy) of ``kind`` and format ``version``."""
+    if not isinstance(payload, dict) or payload.get("kind") != kind:
+        raise TokenizerError(f"{where} is not {what}; re-run prepare with --force")
+    if payload.get("format_version") != version:
+        raise TokenizerError(
+            f"{where} has format_version {payload.get('format_version')!r}, expected {version}; re-run prepare "
+            "with --force"
+        )
 
 
 def _payload_sha256(payload: Any) -> str:
@@ -540,19 +541,14 @@ def build_tokenizer(
 ) -> Tokenizer:
     """``gpt2`` (offline), ``char`` or ``bpe`` (read from ``vocab_path``, the file saved with the prepared data;
     ``spec``: what meta.json records of it, checked), or any other tiktoken encoding name."""
+    if name in SAVED_TOKENIZERS and vocab_path is None:
+        raise TokenizerError(
+            f"the {name} tokenizer needs vocab_path (the file prepare writes beside the shards); prepare the data "
+            f"with --tokenizer {name}"
+        )
     if name == "bpe":
-        if vocab_path is None:
-            raise TokenizerError(
-                "the bpe tokenizer needs vocab_path (the bpe.json written by prepare); prepare the data with "
-                "--tokenizer bpe"
-            )
         return load_recorded(vocab_path, spec)
     if name == "char":
-        if vocab_path is None:
-            raise TokenizerError(
-                "the char tokenizer needs vocab_path (the vocab.json written by prepare), "
-                "or build one with CharTokenizer.from_text(text)"
-            )
         return CharTokenizer.load(vocab_path)
     if name == "gpt2" or name in tiktoken.list_encoding_names():
         return TiktokenTokenizer(name)

@@ -16,8 +16,9 @@ from gptmini.data.bpe import (
     training_sample,
 )
 from gptmini.data.corpora import Fragment
+from gptmini.data.encoding import encode_text
 from gptmini.data.errors import DataError
-from gptmini.data.prepare import encode_text, prepare
+from gptmini.data.prepare import prepare
 from gptmini.data.reader import data_identity, load_meta, load_split, load_tokenizer
 from gptmini.data.tokenizers import (
     BPE_FILE,
