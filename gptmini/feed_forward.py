@@ -1,4 +1,4 @@
-"""The blocks' feed-forward sublayers, one class per ``model.mlp`` choice (``FEED_FORWARDS``; ``none`` builds no
+"""The blocks' feed-forward sublayers by ``model.mlp`` choice (``FEED_FORWARDS``; ``none`` builds no
 sublayer). Each is built from the model's ``GPTConfig`` (``n_embd``, ``mlp_width``, ``bias``, ``dropout``) and
 names the hidden matrices an orthogonalising optimizer (Muon) may take. ``model.fused_ops=liger`` computes the
 SwiGLU and squared-ReLU activations with liger-kernel's kernels (``gptmini.liger``); GELU has none there.
