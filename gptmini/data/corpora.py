@@ -112,21 +112,15 @@ def source_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "corpus"
 
 
-def source_identity(source: str) -> str:
-    """What names a source independently of the current folder: the embedded corpus's name, a URL, or the
-    absolute path (or glob pattern) of local files."""
-    if source in EMBEDDED_SOURCES or is_url(source):
-        return source
-    return str(Path(source).expanduser().absolute())
-
-
 def prepared_folder_name(source: str, tokenizer: str) -> str:
     """The prepared-data folder of ``source`` tokenized with ``tokenizer``: ``<source name>_<tokenizer>`` for the
     embedded corpus, ``<source name>_<8 hex digits of its identity>_<tokenizer>`` for anything else, so two
     corpora never share (and re-prepare) one folder, whatever their file names."""
     if source in EMBEDDED_SOURCES:
         return f"{source}_{tokenizer}"
-    key = hashlib.sha256(source_identity(source).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    # what names the source independently of the current folder: a URL, or the absolute path (or glob) of files
+    identity = source if is_url(source) else str(Path(source).expanduser().absolute())
+    key = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{source_name(source)}_{key}_{tokenizer}"
 
 
