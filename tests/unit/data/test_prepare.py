@@ -17,7 +17,7 @@ from gptmini.data import corpora
 from gptmini.data import prepare as prep  # the module, for monkeypatching its globals
 from gptmini.data import progress as progress_module
 from gptmini.data.corpora import Fragment, shakespeare_text
-from gptmini.data.encoding import encode_text, pieces, split_for_encoding, token_dtype
+from gptmini.data.encoding import pieces, split_for_encoding, token_dtype
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import check_vocab, data_identity, load_meta, load_split, load_tokenizer
@@ -107,7 +107,7 @@ def test_pieces_encode_to_the_ids_of_the_whole(caplog):
         chunks = split_for_encoding(text, chunk_chars)
         assert "".join(chunks) == text and len(chunks) > len(text) // (4 * chunk_chars)
         assert [i for c in tok.encode_batch(chunks) for i in c] == tok.encode(text)
-    assert encode_text(tok, text).tolist() == tok.encode(text)
+    assert [i for piece in split_for_encoding(text) for i in tok.encode(piece)] == tok.encode(text)
     assert tok.encode_array(text).tolist() == tok.encode(text)  # "<|endoftext|>" stays ordinary text
     assert "no space or newline" not in caplog.text
     # Text without a cut point is cut at 4x the length anyway, with one warning per document.
