@@ -142,10 +142,11 @@ class GPTConfig:
                 f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: choose among "
                 f"{', '.join(str(d) for d in _divisors(self.n_head))} (1: multi-query; null: n_head)"
             )
-        if self.position not in POSITIONS:
-            raise ConfigError(
-                f"model.position={self.position!r} is invalid: valid values are {', '.join(POSITIONS)}"
-            )
+        for name, valid in CHOICES.items():
+            if getattr(self, name) not in valid:
+                raise ConfigError(
+                    f"model.{name}={getattr(self, name)!r} is invalid: valid values are {', '.join(valid)}"
+                )
         if (
             not isinstance(self.rope_base, (int, float))
             or isinstance(self.rope_base, bool)
@@ -181,24 +182,15 @@ class GPTConfig:
             raise ConfigError(problem)
 
     def _check_block_options(self) -> None:
-        if self.norm not in NORMS:
-            raise ConfigError(f"model.norm={self.norm!r} is invalid: valid values are {', '.join(NORMS)}")
         eps = self.norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
             raise ConfigError(
                 f"model.norm_eps={eps!r} is invalid: it must be a small positive number (1e-5 or 1e-6 are usual)"
             )
-        if self.mlp not in MLPS:
-            raise ConfigError(f"model.mlp={self.mlp!r} is invalid: valid values are {', '.join(MLPS)}")
         hidden = self.mlp_hidden
         if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0):
             raise ConfigError(
                 f"model.mlp_hidden={hidden!r} is invalid: a positive integer, or null for the default width"
-            )
-        if self.gelu_approximate not in GELU_APPROXIMATIONS:
-            raise ConfigError(
-                f"model.gelu_approximate={self.gelu_approximate!r} is invalid: valid values are "
-                f"{', '.join(GELU_APPROXIMATIONS)}"
             )
         if self.mlp != "gelu" and self.gelu_approximate != "tanh":
             raise ConfigError(
@@ -210,18 +202,10 @@ class GPTConfig:
             raise ConfigError(
                 f"model.logit_softcap={cap!r} is invalid: a positive number (15 or 30 are usual), or null for no cap"
             )
-        if self.loss not in lm_loss.LOSSES:
-            raise ConfigError(
-                f"model.loss={self.loss!r} is invalid: valid values are {', '.join(lm_loss.LOSSES)}"
-            )
         if self.loss == "chunked" and cap is not None:
             raise ConfigError(
                 f"model.loss=chunked computes plain logits and model.logit_softcap={cap} caps them: use "
                 "model.loss=plain (or liger on a CUDA GPU), or model.logit_softcap=null"
-            )
-        if self.fused_ops not in FUSED_OPS:
-            raise ConfigError(
-                f"model.fused_ops={self.fused_ops!r} is invalid: valid values are {', '.join(FUSED_OPS)}"
             )
         if self.mlp == "none":
             if hidden is not None:
@@ -301,11 +285,15 @@ def swiglu_hidden(n_embd: int, multiple: int = 64) -> int:
     return -(-8 * n_embd // (3 * multiple)) * multiple
 
 
-POSITIONS = ("learned", "rope", "alibi", "none")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu", "relu2", "none")
-GELU_APPROXIMATIONS = ("tanh", "none")
-FUSED_OPS = ("none", "liger")
+# the settings that take one of a few names, and their names
+CHOICES = {
+    "position": ("learned", "rope", "alibi", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "mlp": ("gelu", "swiglu", "relu2", "none"),
+    "gelu_approximate": ("tanh", "none"),
+    "loss": lm_loss.LOSSES,
+    "fused_ops": ("none", "liger"),
+}
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
 
