@@ -376,13 +376,7 @@ class BPETokenizer(TiktokenTokenizer):
         self.sha256 = _payload_sha256(self._payload)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "bpe",
-            "name": self.name,
-            "vocab_size": self.vocab_size,
-            "eot_id": self.eot_id,
-            "sha256": self.sha256,
-        }
+        return super().to_dict() | {"kind": "bpe", "sha256": self.sha256}
 
     def identity(self) -> dict[str, Any]:
         return {"sha256": self.sha256}
