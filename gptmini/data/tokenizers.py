@@ -53,8 +53,6 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]: ...
-
     def encode_array(self, text: str) -> np.ndarray: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -196,9 +194,6 @@ class TiktokenTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or default_threads())
-
     def encode_array(self, text: str) -> np.ndarray:
         """The ids of ``encode`` as a uint32 array, without a Python int per token; tiktoken releases the GIL
         while it encodes, so threads calling this run in parallel."""
@@ -290,9 +285,6 @@ class CharTokenizer:
         except KeyError:
             pos = next(i for i, c in enumerate(text) if c not in self._stoi)
             self._unknown(text, pos)
-
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
 
     def token_text(self, i: int) -> str:
         """One token as a label: its character."""
