@@ -45,10 +45,9 @@ from gptmini.data.tokenizers import (
     BPETokenizer,
     CharTokenizer,
     Tokenizer,
-    TokenizerError,
-    available_tokenizers,
     bpe_file_facts,
     build_tokenizer,
+    check_tokenizer_name,
     default_threads,
 )
 from gptmini.fileio import atomic_write_json, fsync_dir, name_too_long, remove_stale_temp_files
@@ -247,10 +246,7 @@ def prepare(
     """
     t0 = time.perf_counter()
     check_settings(val_fraction, shard_tokens, buffer_mb, num_threads)
-    if tokenizer not in available_tokenizers():
-        raise TokenizerError(
-            f"unknown tokenizer {tokenizer!r}; valid names: {', '.join(available_tokenizers())}"
-        )
+    check_tokenizer_name(tokenizer)
     options = dict(tokenizer_options or {})
     bpe = (
         bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)

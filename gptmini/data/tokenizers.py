@@ -156,8 +156,7 @@ def gpt2_encoding() -> tiktoken.Encoding:
 def _tiktoken_encoding(name: str) -> tiktoken.Encoding:
     if name == "gpt2":
         return gpt2_encoding()
-    if name not in tiktoken.list_encoding_names():
-        raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
+    check_tokenizer_name(name)
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # requests/urllib errors, missing 'requests', hash mismatch: all mean "no file"
@@ -515,6 +514,11 @@ def available_tokenizers() -> list[str]:
     return ["gpt2", "char", "bpe", *sorted(n for n in tiktoken.list_encoding_names() if n != "gpt2")]
 
 
+def check_tokenizer_name(name: str) -> None:
+    if name not in available_tokenizers():
+        raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
+
+
 def build_tokenizer(
     name: str = "gpt2", vocab_path: str | Path | None = None, spec: Mapping[str, Any] | None = None
 ) -> Tokenizer:
@@ -529,6 +533,4 @@ def build_tokenizer(
         return load_recorded(vocab_path, spec)
     if name == "char":
         return CharTokenizer.load(vocab_path)
-    if name == "gpt2" or name in tiktoken.list_encoding_names():
-        return TiktokenTokenizer(name)
-    raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
+    return TiktokenTokenizer(name)
