@@ -109,7 +109,6 @@ class StridedWindowDataset(_WindowDataset):
         starts = np.arange(0, last + 1, stride, dtype=np.int64)
         if starts[-1] != last:
             starts = np.append(starts, last)
-        self.stride = stride
         self.starts = starts
 
     def __len__(self) -> int:
