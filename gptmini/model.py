@@ -572,35 +572,28 @@ class GPT(nn.Module):
 
         Uses each attention module's explicit ``attention_probs`` path; the fused training kernels never
         materialise these matrices, so ordinary steps pay nothing for this."""
-        b, t = idx.shape
-        self._check_length(t)
-        x = self._embed(idx)
-        maps = []
-        values = self._layer_values(idx)
-        for block, v in zip(self.blocks, values, strict=True):
-            maps.append(block.attn.attention_probs(block.ln_1(x)))  # (B, nh, T, T)
-            x = block(x, None, v)
-        return torch.stack(maps)
+        return self.inspect(idx, vectors=False).maps
 
     @torch.no_grad()
-    def inspect(self, idx: torch.Tensor) -> Inspection:
+    def inspect(self, idx: torch.Tensor, vectors: bool = True) -> Inspection:
         """One pass of the explicit path that keeps what the attention tab reads: every layer's attention, the
         residual stream before the first block and after each (the logit lens reads it through ``lens_logits``)
-        and, where the attention exposes them, the queries and keys its scores come from (the neuron view)."""
+        and, with ``vectors`` where the attention exposes them, the queries and keys its scores come from (the
+        neuron view)."""
         self._check_length(idx.size(1))
         x = self._embed(idx)  # (B, T, C)
-        maps, residuals, vectors = [], [x], []
+        maps, residuals, keys = [], [x], []
         for block, v in zip(self.blocks, self._layer_values(idx), strict=True):
             h = block.ln_1(x)
             maps.append(block.attn.attention_probs(h))  # (B, nh, T, T)
-            if block.attn.exposes_vectors:
-                vectors.append(block.attn.query_key_vectors(h))
+            if vectors and block.attn.exposes_vectors:
+                keys.append(block.attn.query_key_vectors(h))
             x = block(x, None, v)
             residuals.append(x)
         return Inspection(
             maps=torch.stack(maps),
             residuals=torch.stack(residuals),
-            vectors=vectors if len(vectors) == len(self.blocks) else None,
+            vectors=keys if len(keys) == len(self.blocks) else None,
         )
 
     @torch.no_grad()
