@@ -243,22 +243,16 @@ class GPTConfig:
     def attention_options(self) -> dict[str, Any]:
         """The attention options that differ from plain causal multi-head attention, as keyword arguments
         for the attention class (each class declares in ``options`` which ones it honours)."""
-        options: dict[str, Any] = {}
-        if self.kv_heads != self.n_head:
-            options["n_kv_head"] = self.kv_heads
-        if self.position == "rope":
-            options["rope_base"] = float(self.rope_base)
-        if self.position == "alibi":
-            options["alibi"] = True
-        if self.sliding_window is not None:
-            options["sliding_window"] = self.sliding_window
-        if self.qk_norm:
-            options["qk_norm"] = True
-        if self.attn_gate:
-            options["attn_gate"] = True
-        if self.attn_sink:
-            options["attn_sink"] = True
-        return options
+        options = {
+            "n_kv_head": self.kv_heads if self.kv_heads != self.n_head else None,
+            "rope_base": float(self.rope_base) if self.position == "rope" else None,
+            "alibi": self.position == "alibi",
+            "sliding_window": self.sliding_window,
+            "qk_norm": self.qk_norm,
+            "attn_gate": self.attn_gate,
+            "attn_sink": self.attn_sink,
+        }
+        return {name: value for name, value in options.items() if value is not None and value is not False}
 
     def to_dict(self) -> dict:
         # Only the constructor fields: derived ones are recomputed on load.
