@@ -147,13 +147,10 @@ class GPTConfig:
                 raise ConfigError(
                     f"model.{name}={getattr(self, name)!r} is invalid: valid values are {', '.join(valid)}"
                 )
-        if (
-            not isinstance(self.rope_base, (int, float))
-            or isinstance(self.rope_base, bool)
-            or self.rope_base <= 1
-        ):
+        base = self.rope_base
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
             raise ConfigError(
-                f"model.rope_base={self.rope_base!r} is invalid: it must be a number > 1 (10000 is usual)"
+                f"model.rope_base={base!r} is invalid: it must be a number > 1 (10000 is usual)"
             )
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
