@@ -49,6 +49,7 @@ from gptmini.data.tokenizers import (
     build_tokenizer,
     check_tokenizer_name,
     default_threads,
+    json_sha256,
 )
 from gptmini.fileio import atomic_write_json, fsync_dir, name_too_long, remove_stale_temp_files
 
@@ -159,12 +160,7 @@ def source_sha256(corpus: Corpus, scan: Mapping[str, Any], tok: Tokenizer) -> st
         "text_field": corpus.text_field,
         "end_of_text": tok.eot_id,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def _inputs_digest(corpus: Corpus, settings: Mapping[str, Any]) -> str:
-    payload = {"settings": settings, "files": [f.record() for f in corpus.files]}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    return json_sha256(payload)
 
 
 def _splits(total: int, val_fraction: float) -> dict[str, dict[str, int]]:
@@ -370,7 +366,8 @@ def _prepare_locked(
         live = load_meta(out)["shard_dir"]  # validated: a plain name of a folder inside ``out``
     except DataError:
         live = None
-    name = SHARD_PREFIX + _inputs_digest(corpus, settings)
+    inputs = {"settings": settings, "files": [f.record() for f in corpus.files]}
+    name = SHARD_PREFIX + json_sha256(inputs)[:12]
     if name == live:  # --force over up-to-date data: build beside it, swap when done
         name += "-2"
     folder = out / name

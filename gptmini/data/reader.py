@@ -13,7 +13,6 @@ Every reader checks what it relies on (every field of meta.json, by ``gptmini.da
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ import numpy as np
 from gptmini.data.errors import DataError
 from gptmini.data.schema import FORMAT_VERSION, META_FILE, SPLITS, check_meta, inside
 from gptmini.data.shards import TokenStream
-from gptmini.data.tokenizers import Tokenizer, build_tokenizer
+from gptmini.data.tokenizers import Tokenizer, build_tokenizer, json_sha256
 from gptmini.fileio import name_too_long
 
 __all__ = ["DTYPES", "FORMAT_VERSION", "META_FILE", "SPLITS", "load_meta", "load_split", "load_tokenizer"]
@@ -163,10 +162,6 @@ def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
             check_split_length(split, tokens, block_size)
 
 
-def _fingerprint(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a checkpoint records about the prepared data it was trained on (plain JSON data):
     ``tokenizer_fingerprint`` changes with the tokenizer (for ``char``, with its exact vocabulary: ids mean other
@@ -176,7 +171,7 @@ def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -
     tokenizer: dict[str, Any] = {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"]}
     if meta.get("vocab_file"):  # char: its characters; bpe: its ranks' digest
         tokenizer |= load_tokenizer(data_dir, meta).identity()
-    tokenizer_fingerprint = _fingerprint(tokenizer)
+    tokenizer_fingerprint = json_sha256(tokenizer)[:16]
     data = {
         "tokenizer": tokenizer_fingerprint,
         "source_sha256": meta.get("source_sha256"),
@@ -185,7 +180,7 @@ def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -
         "splits": {s: info.get("tokens") for s, info in sorted(meta["splits"].items())},
     }
     return {
-        "fingerprint": _fingerprint(data),
+        "fingerprint": json_sha256(data)[:16],
         "tokenizer_fingerprint": tokenizer_fingerprint,
         "data_dir": str(data_dir),
         "source": meta.get("source"),

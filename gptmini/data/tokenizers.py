@@ -364,7 +364,7 @@ class BPETokenizer(TiktokenTokenizer):
             "special_tokens": special,
             "tokens": [_b64(t) for t in tokens],
         }
-        self.sha256 = _payload_sha256(self._payload)
+        self.sha256 = json_sha256(self._payload)
 
     def to_dict(self) -> dict[str, Any]:
         return super().to_dict() | {"kind": "bpe", "sha256": self.sha256}
@@ -381,7 +381,7 @@ class BPETokenizer(TiktokenTokenizer):
         JSON before any token is decoded or the encoder built."""
         path = Path(path)
         payload = _read_json(path, "trained BPE", "prepare the data with --tokenizer bpe")
-        if sha256 is not None and isinstance(payload, dict) and _payload_sha256(payload) != sha256:
+        if sha256 is not None and isinstance(payload, dict) and json_sha256(payload) != sha256:
             raise TokenizerError(
                 f"{path} is not the tokenizer its data was prepared with (its sha256 differs from the "
                 f"{sha256[:12]} meta.json records): re-run prepare with --force"
@@ -421,7 +421,8 @@ def _check_payload(payload: Any, kind: str, version: int, where: str, what: str)
         )
 
 
-def _payload_sha256(payload: Any) -> str:
+def json_sha256(payload: Any) -> str:
+    """The SHA-256 of JSON data with its keys sorted: the digest of a record, whatever its keys' order."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
