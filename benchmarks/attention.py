@@ -29,7 +29,7 @@ from benchmarks.common import (
     sync,
 )
 from gptmini.attention import available_attention, build_attention
-from gptmini.attention.teaching import MultiHeadAttention
+from gptmini.attention.teaching.textbook import MultiHeadAttention
 from gptmini.fileio import atomic_write_bytes
 
 

@@ -47,7 +47,7 @@ class BareReference(L.Callback):
         ).train()
         windows = trainer.max_steps * self.steps * c.batch_size
         data = RandomWindowDataset(
-            load_split(self.data_dir, "train", meta), self.model.config.block_size, windows
+            load_split(self.data_dir, "train", meta), self.model.config.block_size, windows, c.seed
         )
         loader = DataLoader(data, batch_size=c.batch_size, sampler=StreamSampler(len(data)), drop_last=True)
         self.batches = iter(loader)

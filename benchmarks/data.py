@@ -178,7 +178,7 @@ def _peak_rss_and_seconds(cmd: list[str]) -> tuple[float, float, float]:
 def _tiktoken_batch_seconds(path: Path, threads: int, batch_mb: int = 32) -> float:
     """tiktoken's own ``encode_ordinary_batch`` over the whole file, ``batch_mb`` of text at a time, cut into the
     same ~64k-character pieces: only the encoding is timed (not reading, nor anything written)."""
-    from gptmini.data.prepare import split_for_encoding
+    from gptmini.data.encoding import split_for_encoding
     from gptmini.data.tokenizers import gpt2_encoding
 
     enc = gpt2_encoding()
@@ -209,7 +209,7 @@ def _encode(text: str) -> np.ndarray:
 def _threads_vs_processes(path: Path, threads: int, megabytes: int = 32) -> tuple[float, float]:
     """MB/s of encoding the first ``megabytes`` of ``path`` to uint32 arrays by a thread pool (what prepare uses)
     and by a pool of worker processes (text pickled to them, ids pickled back), each pool started beforehand."""
-    from gptmini.data.prepare import split_for_encoding
+    from gptmini.data.encoding import split_for_encoding
 
     with open(path, encoding="utf-8") as f:
         pieces = split_for_encoding(f.read(megabytes * 1_000_000))

@@ -1,4 +1,4 @@
-"""The blocks' feed-forward sublayers, one class per ``model.mlp`` choice (``FEED_FORWARDS``; ``none`` builds no
+"""The blocks' feed-forward sublayers by ``model.mlp`` choice (``FEED_FORWARDS``; ``none`` builds no
 sublayer). Each is built from the model's ``GPTConfig`` (``n_embd``, ``mlp_width``, ``bias``, ``dropout``) and
 names the hidden matrices an orthogonalising optimizer (Muon) may take. ``model.fused_ops=liger`` computes the
 SwiGLU and squared-ReLU activations with liger-kernel's kernels (``gptmini.liger``); GELU has none there.
@@ -16,38 +16,24 @@ from gptmini import liger
 
 
 class MLP(nn.Module):
-    """GPT-2's feed-forward sublayer: Linear, GELU (tanh-approximated, as GPT-2's, unless
-    ``config.gelu_approximate`` is "none"), Linear."""
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
-        self.gelu = nn.GELU(approximate=config.gelu_approximate)
-        self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        # the 2-D weights an orthogonalising optimizer (Muon) may take: see GPT.parameter_roles
-        return [self.c_fc.weight, self.c_proj.weight]
-
-
-class ReLU2MLP(nn.Module):
-    """modded-nanogpt's feed-forward sublayer: Linear, squared ReLU (So et al., Primer), Linear."""
+    """Linear, activation, Linear: GPT-2's GELU (tanh-approximated, as GPT-2's, unless ``config.gelu_approximate``
+    is "none"), or modded-nanogpt's squared ReLU (So et al., Primer) for ``mlp=relu2``."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.mlp_width, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_width, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.act = liger.relu_squared if config.fused_ops == "liger" else _relu_squared
+        if config.mlp == "gelu":
+            self.act: Any = nn.GELU(approximate=config.gelu_approximate)
+        else:
+            self.act = liger.relu_squared if config.fused_ops == "liger" else _relu_squared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.act(self.c_fc(x))))  # (B, T, C)
 
     def hidden_matrices(self) -> list[nn.Parameter]:
+        # the 2-D weights an orthogonalising optimizer (Muon) may take: see GPT.parameter_roles
         return [self.c_fc.weight, self.c_proj.weight]
 
 
@@ -79,4 +65,4 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-FEED_FORWARDS: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": ReLU2MLP}
+FEED_FORWARDS: dict[str, type[nn.Module]] = {"gelu": MLP, "swiglu": SwiGLU, "relu2": MLP}

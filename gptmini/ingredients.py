@@ -50,9 +50,6 @@ def ingredient_problem(config: Any) -> str | None:
             f"model.value_embeds={count} needs an attention that adds values to its own, and "
             f"model.attention={config.attention!r} does not: use model.attention=sdpa, or model.value_embeds=0"
         )
-    for key in ("smear_gate", "bigram_embed"):
-        if not isinstance(getattr(config, key), bool):
-            return f"model.{key}={getattr(config, key)!r} is invalid: true or false"
     buckets = config.bigram_buckets
     if buckets is not None:
         if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 2:

@@ -39,14 +39,9 @@ def device_memory(device: torch.device | str) -> tuple[int, str] | None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            limit = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit():
-            total = min(total, int(limit))
-        break
+    cgroup = _cgroup_memory()
+    if cgroup is not None:
+        total = min(total, cgroup[0])
     return total, "this machine's memory"
 
 
@@ -120,12 +115,16 @@ def _meminfo_available() -> int | None:
         return None
 
 
-def _cgroup_room() -> int | None:
-    """What this process's cgroup may still allocate (its limit less its usage), None without a limit."""
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
+# cgroup v2's and v1's (limit, usage) files
+CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
+
+
+def _cgroup_memory() -> tuple[int, int] | None:
+    """This process's cgroup memory limit and usage (0 when unreadable), None without a limit."""
+    for limit_file, usage_file in CGROUP_FILES:
         try:
             limit = Path(limit_file).read_text().strip()
         except OSError:
@@ -136,7 +135,7 @@ def _cgroup_room() -> int | None:
             usage = int(Path(usage_file).read_text().strip())
         except (OSError, ValueError):
             usage = 0
-        return max(0, int(limit) - usage)
+        return int(limit), usage
     return None
 
 
@@ -147,7 +146,9 @@ def process_memory(device: torch.device | str) -> tuple[int, str] | None:
     device = torch.device(device)
     if device.type != "cpu":
         return device_memory(device)
-    candidates = ((_meminfo_available(), "available memory"), (_cgroup_room(), "its cgroup's room"))
+    cgroup = _cgroup_memory()
+    room = None if cgroup is None else max(0, cgroup[0] - cgroup[1])
+    candidates = ((_meminfo_available(), "available memory"), (room, "its cgroup's room"))
     known = [(n, what) for n, what in candidates if n is not None]
     if not known:
         return None

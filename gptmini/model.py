@@ -142,17 +142,15 @@ class GPTConfig:
                 f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: choose among "
                 f"{', '.join(str(d) for d in _divisors(self.n_head))} (1: multi-query; null: n_head)"
             )
-        if self.position not in POSITIONS:
+        for name, valid in CHOICES.items():
+            if getattr(self, name) not in valid:
+                raise ConfigError(
+                    f"model.{name}={getattr(self, name)!r} is invalid: valid values are {', '.join(valid)}"
+                )
+        base = self.rope_base
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
             raise ConfigError(
-                f"model.position={self.position!r} is invalid: valid values are {', '.join(POSITIONS)}"
-            )
-        if (
-            not isinstance(self.rope_base, (int, float))
-            or isinstance(self.rope_base, bool)
-            or self.rope_base <= 1
-        ):
-            raise ConfigError(
-                f"model.rope_base={self.rope_base!r} is invalid: it must be a number > 1 (10000 is usual)"
+                f"model.rope_base={base!r} is invalid: it must be a number > 1 (10000 is usual)"
             )
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
@@ -181,24 +179,15 @@ class GPTConfig:
             raise ConfigError(problem)
 
     def _check_block_options(self) -> None:
-        if self.norm not in NORMS:
-            raise ConfigError(f"model.norm={self.norm!r} is invalid: valid values are {', '.join(NORMS)}")
         eps = self.norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
             raise ConfigError(
                 f"model.norm_eps={eps!r} is invalid: it must be a small positive number (1e-5 or 1e-6 are usual)"
             )
-        if self.mlp not in MLPS:
-            raise ConfigError(f"model.mlp={self.mlp!r} is invalid: valid values are {', '.join(MLPS)}")
         hidden = self.mlp_hidden
         if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0):
             raise ConfigError(
                 f"model.mlp_hidden={hidden!r} is invalid: a positive integer, or null for the default width"
-            )
-        if self.gelu_approximate not in GELU_APPROXIMATIONS:
-            raise ConfigError(
-                f"model.gelu_approximate={self.gelu_approximate!r} is invalid: valid values are "
-                f"{', '.join(GELU_APPROXIMATIONS)}"
             )
         if self.mlp != "gelu" and self.gelu_approximate != "tanh":
             raise ConfigError(
@@ -210,18 +199,10 @@ class GPTConfig:
             raise ConfigError(
                 f"model.logit_softcap={cap!r} is invalid: a positive number (15 or 30 are usual), or null for no cap"
             )
-        if self.loss not in lm_loss.LOSSES:
-            raise ConfigError(
-                f"model.loss={self.loss!r} is invalid: valid values are {', '.join(lm_loss.LOSSES)}"
-            )
         if self.loss == "chunked" and cap is not None:
             raise ConfigError(
                 f"model.loss=chunked computes plain logits and model.logit_softcap={cap} caps them: use "
                 "model.loss=plain (or liger on a CUDA GPU), or model.logit_softcap=null"
-            )
-        if self.fused_ops not in FUSED_OPS:
-            raise ConfigError(
-                f"model.fused_ops={self.fused_ops!r} is invalid: valid values are {', '.join(FUSED_OPS)}"
             )
         if self.mlp == "none":
             if hidden is not None:
@@ -259,22 +240,16 @@ class GPTConfig:
     def attention_options(self) -> dict[str, Any]:
         """The attention options that differ from plain causal multi-head attention, as keyword arguments
         for the attention class (each class declares in ``options`` which ones it honours)."""
-        options: dict[str, Any] = {}
-        if self.kv_heads != self.n_head:
-            options["n_kv_head"] = self.kv_heads
-        if self.position == "rope":
-            options["rope_base"] = float(self.rope_base)
-        if self.position == "alibi":
-            options["alibi"] = True
-        if self.sliding_window is not None:
-            options["sliding_window"] = self.sliding_window
-        if self.qk_norm:
-            options["qk_norm"] = True
-        if self.attn_gate:
-            options["attn_gate"] = True
-        if self.attn_sink:
-            options["attn_sink"] = True
-        return options
+        options = {
+            "n_kv_head": self.kv_heads if self.kv_heads != self.n_head else None,
+            "rope_base": float(self.rope_base) if self.position == "rope" else None,
+            "alibi": self.position == "alibi",
+            "sliding_window": self.sliding_window,
+            "qk_norm": self.qk_norm,
+            "attn_gate": self.attn_gate,
+            "attn_sink": self.attn_sink,
+        }
+        return {name: value for name, value in options.items() if value is not None and value is not False}
 
     def to_dict(self) -> dict:
         # Only the constructor fields: derived ones are recomputed on load.
@@ -301,11 +276,15 @@ def swiglu_hidden(n_embd: int, multiple: int = 64) -> int:
     return -(-8 * n_embd // (3 * multiple)) * multiple
 
 
-POSITIONS = ("learned", "rope", "alibi", "none")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu", "relu2", "none")
-GELU_APPROXIMATIONS = ("tanh", "none")
-FUSED_OPS = ("none", "liger")
+# the settings that take one of a few names, and their names
+CHOICES = {
+    "position": ("learned", "rope", "alibi", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "mlp": ("gelu", "swiglu", "relu2", "none"),
+    "gelu_approximate": ("tanh", "none"),
+    "loss": lm_loss.LOSSES,
+    "fused_ops": ("none", "liger"),
+}
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
 
@@ -584,35 +563,28 @@ class GPT(nn.Module):
 
         Uses each attention module's explicit ``attention_probs`` path; the fused training kernels never
         materialise these matrices, so ordinary steps pay nothing for this."""
-        b, t = idx.shape
-        self._check_length(t)
-        x = self._embed(idx)
-        maps = []
-        values = self._layer_values(idx)
-        for block, v in zip(self.blocks, values, strict=True):
-            maps.append(block.attn.attention_probs(block.ln_1(x)))  # (B, nh, T, T)
-            x = block(x, None, v)
-        return torch.stack(maps)
+        return self.inspect(idx, vectors=False).maps
 
     @torch.no_grad()
-    def inspect(self, idx: torch.Tensor) -> Inspection:
+    def inspect(self, idx: torch.Tensor, vectors: bool = True) -> Inspection:
         """One pass of the explicit path that keeps what the attention tab reads: every layer's attention, the
         residual stream before the first block and after each (the logit lens reads it through ``lens_logits``)
-        and, where the attention exposes them, the queries and keys its scores come from (the neuron view)."""
+        and, with ``vectors`` where the attention exposes them, the queries and keys its scores come from (the
+        neuron view)."""
         self._check_length(idx.size(1))
         x = self._embed(idx)  # (B, T, C)
-        maps, residuals, vectors = [], [x], []
+        maps, residuals, keys = [], [x], []
         for block, v in zip(self.blocks, self._layer_values(idx), strict=True):
             h = block.ln_1(x)
             maps.append(block.attn.attention_probs(h))  # (B, nh, T, T)
-            if block.attn.exposes_vectors:
-                vectors.append(block.attn.query_key_vectors(h))
+            if vectors and block.attn.exposes_vectors:
+                keys.append(block.attn.query_key_vectors(h))
             x = block(x, None, v)
             residuals.append(x)
         return Inspection(
             maps=torch.stack(maps),
             residuals=torch.stack(residuals),
-            vectors=vectors if len(vectors) == len(self.blocks) else None,
+            vectors=keys if len(keys) == len(self.blocks) else None,
         )
 
     @torch.no_grad()

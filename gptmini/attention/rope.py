@@ -12,19 +12,14 @@ import torch
 from torch import Tensor
 
 
-def rope_angles(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each (max_len, head_size // 2), in float32."""
+def rope_tables(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """``apply_rope``'s tables, each (max_len, head_size) in float32: cos repeated on both halves, and sin negated
+    on the first half, so a rotation is two products and a sum over the whole head."""
     if head_size % 2:
         raise ValueError(f"rotary embeddings need an even head size, got {head_size}")
     inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)  # (hs/2,)
     angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (T, hs/2)
-    return angles.cos().float(), angles.sin().float()
-
-
-def rope_tables(head_size: int, max_len: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """``apply_rope``'s tables, each (max_len, head_size): cos repeated on both halves, and sin negated on the
-    first half, so a rotation is two products and a sum over the whole head."""
-    cos, sin = rope_angles(head_size, max_len, base)  # (T, hs/2) each
+    cos, sin = angles.cos().float(), angles.sin().float()  # (T, hs/2) each
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # (T, hs) each
 
 

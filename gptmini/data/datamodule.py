@@ -132,7 +132,7 @@ class TokenDataModule(L.LightningDataModule):
         return int(self.meta["vocab_size"])
 
     def prepare_data(self, progress: Callable[[PrepareProgress], None] | None = None) -> None:
-        """``progress``: a progress-bar callback (``gptmini.data.prepare.progress_bar``); without one, a long
+        """``progress``: a progress-bar callback (``gptmini.data.progress.progress_bar``); without one, a long
         preparation logs a line every 30 s. ``gptmini data`` prepares through the same function."""
         prepare_run_data({**self.preparation, "data_dir": self.data_dir}, progress)
 

@@ -18,7 +18,7 @@ from gptmini.data.errors import DataError
 from gptmini.data.progress import PrepareProgress, Reporter
 from gptmini.data.reader import DTYPES
 from gptmini.data.shards import ShardWriter
-from gptmini.data.tokenizers import Tokenizer, default_threads
+from gptmini.data.tokenizers import Tokenizer
 
 log = logging.getLogger("gptmini.data.prepare")
 
@@ -85,14 +85,6 @@ def split_for_encoding(text: str, chunk_chars: int = CHUNK_CHARS) -> list[str]:
     if not text:
         return []
     return [p.text for p in pieces(iter([Fragment(0, text, 0, True)]), chunk_chars)]
-
-
-def encode_text(tokenizer: Tokenizer, text: str, num_threads: int | None = None) -> np.ndarray:
-    """All ids of ``text`` as one int64 array, the pieces of ``split_for_encoding`` encoded by threads."""
-    pieces = split_for_encoding(text)
-    with ThreadPoolExecutor(num_threads or default_threads()) as pool:
-        parts = list(pool.map(tokenizer.encode_array, pieces))
-    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -34,15 +34,9 @@ from gptmini.data.corpora import (
     file_sha256,
     resolve_source,
 )
-from gptmini.data.encoding import (
-    CHUNK_CHARS,
-    encode_text,
-    split_for_encoding,
-    token_dtype,
-    tokenize_corpus,
-)
+from gptmini.data.encoding import CHUNK_CHARS, token_dtype, tokenize_corpus
 from gptmini.data.errors import DataError
-from gptmini.data.progress import PrepareProgress, Reporter, progress_bar
+from gptmini.data.progress import PrepareProgress, Reporter
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta, load_split
 from gptmini.data.schema import SHARD_PREFIX, check_progress, check_settings
 from gptmini.data.shards import ShardWriter
@@ -51,11 +45,11 @@ from gptmini.data.tokenizers import (
     BPETokenizer,
     CharTokenizer,
     Tokenizer,
-    TokenizerError,
-    available_tokenizers,
     bpe_file_facts,
     build_tokenizer,
+    check_tokenizer_name,
     default_threads,
+    json_sha256,
 )
 from gptmini.fileio import atomic_write_json, fsync_dir, name_too_long, remove_stale_temp_files
 
@@ -63,19 +57,6 @@ try:  # POSIX: one preparation of a folder at a time, across processes and (on s
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
-
-__all__ = [  # the writer's API; tokenizing and progress live in gptmini.data.encoding and .progress
-    "CHUNK_CHARS",
-    "DEFAULT_BUFFER_MB",
-    "DEFAULT_SHARD_TOKENS",
-    "PrepareProgress",
-    "PreparedData",
-    "encode_text",
-    "prepare",
-    "progress_bar",
-    "split_for_encoding",
-    "token_dtype",
-]
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +160,7 @@ def source_sha256(corpus: Corpus, scan: Mapping[str, Any], tok: Tokenizer) -> st
         "text_field": corpus.text_field,
         "end_of_text": tok.eot_id,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def _inputs_digest(corpus: Corpus, settings: Mapping[str, Any]) -> str:
-    payload = {"settings": settings, "files": [f.record() for f in corpus.files]}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    return json_sha256(payload)
 
 
 def _splits(total: int, val_fraction: float) -> dict[str, dict[str, int]]:
@@ -266,10 +242,7 @@ def prepare(
     """
     t0 = time.perf_counter()
     check_settings(val_fraction, shard_tokens, buffer_mb, num_threads)
-    if tokenizer not in available_tokenizers():
-        raise TokenizerError(
-            f"unknown tokenizer {tokenizer!r}; valid names: {', '.join(available_tokenizers())}"
-        )
+    check_tokenizer_name(tokenizer)
     options = dict(tokenizer_options or {})
     bpe = (
         bpe_settings(options.get("vocab_size"), options.get("train_bytes"), val_fraction)
@@ -393,7 +366,8 @@ def _prepare_locked(
         live = load_meta(out)["shard_dir"]  # validated: a plain name of a folder inside ``out``
     except DataError:
         live = None
-    name = SHARD_PREFIX + _inputs_digest(corpus, settings)
+    inputs = {"settings": settings, "files": [f.record() for f in corpus.files]}
+    name = SHARD_PREFIX + json_sha256(inputs)[:12]
     if name == live:  # --force over up-to-date data: build beside it, swap when done
         name += "-2"
     folder = out / name

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gptmini.options import duration
+
 log = logging.getLogger("gptmini.data.prepare")  # the preparation's own log lines, whichever module reports
 
 
@@ -61,9 +63,7 @@ class Reporter:
                 f"{documents:,}",
                 f"{tokens:,}",
                 rate / 1e6,
-                f"{int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-                if math.isfinite(eta)
-                else "?",
+                duration(eta) if math.isfinite(eta) else "?",
             )
 
 

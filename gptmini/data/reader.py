@@ -13,7 +13,6 @@ Every reader checks what it relies on (every field of meta.json, by ``gptmini.da
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ import numpy as np
 from gptmini.data.errors import DataError
 from gptmini.data.schema import FORMAT_VERSION, META_FILE, SPLITS, check_meta, inside
 from gptmini.data.shards import TokenStream
-from gptmini.data.tokenizers import Tokenizer, build_tokenizer
+from gptmini.data.tokenizers import Tokenizer, build_tokenizer, json_sha256
 from gptmini.fileio import name_too_long
 
 __all__ = ["DTYPES", "FORMAT_VERSION", "META_FILE", "SPLITS", "load_meta", "load_split", "load_tokenizer"]
@@ -119,11 +118,24 @@ def check_ids(tokens: np.ndarray | TokenStream, vocab_size: int, where: str) -> 
         block = np.asarray(tokens[a : a + SAMPLE_TOKENS])
         if len(block) and int(block.max()) >= vocab_size:
             at = a + int(np.argmax(block >= vocab_size))
-            raise DataError(
-                f"{where} holds token id {int(block[at - a])} at token {at}, but the vocabulary has {vocab_size} "
-                f"ids (0 to {vocab_size - 1}): its shards are damaged or of another tokenizer; re-run prepare "
-                "with --force"
-            )
+            raise bad_id(where, int(block[at - a]), f" at token {at}", vocab_size)
+
+
+def bad_id(where: str, token: int, at: str, vocab_size: int) -> DataError:
+    return DataError(
+        f"{where} holds token id {token}{at}, but the vocabulary has {vocab_size} ids (0 to {vocab_size - 1}): "
+        "its shards are damaged or of another tokenizer; re-run prepare with --force"
+    )
+
+
+def check_split_length(split: str, tokens: int, block_size: int) -> None:
+    """Refuse a split too short for one window of ``block_size + 1`` tokens."""
+    if tokens < block_size + 1:
+        fix = "a larger val_fraction" if split == "val" else "a smaller val_fraction"
+        raise DataError(
+            f"split {split!r} has {tokens} tokens but block_size={block_size} needs at least "
+            f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
+        )
 
 
 def load_tokenizer(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Tokenizer:
@@ -146,16 +158,8 @@ def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
     alone: before any model is built or any token is read."""
     for split in SPLITS:
         tokens = int(meta["splits"].get(split, {}).get("tokens", 0))
-        if (split == "train" or tokens > 0) and tokens < block_size + 1:
-            fix = "a larger val_fraction" if split == "val" else "a smaller val_fraction"
-            raise DataError(
-                f"split {split!r} has {tokens} tokens but block_size={block_size} needs at least "
-                f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
-            )
-
-
-def _fingerprint(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        if split == "train" or tokens > 0:
+            check_split_length(split, tokens, block_size)
 
 
 def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -167,7 +171,7 @@ def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -
     tokenizer: dict[str, Any] = {"tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"]}
     if meta.get("vocab_file"):  # char: its characters; bpe: its ranks' digest
         tokenizer |= load_tokenizer(data_dir, meta).identity()
-    tokenizer_fingerprint = _fingerprint(tokenizer)
+    tokenizer_fingerprint = json_sha256(tokenizer)[:16]
     data = {
         "tokenizer": tokenizer_fingerprint,
         "source_sha256": meta.get("source_sha256"),
@@ -176,7 +180,7 @@ def data_identity(data_dir: str | Path, meta: Mapping[str, Any] | None = None) -
         "splits": {s: info.get("tokens") for s, info in sorted(meta["splits"].items())},
     }
     return {
-        "fingerprint": _fingerprint(data),
+        "fingerprint": json_sha256(data)[:16],
         "tokenizer_fingerprint": tokenizer_fingerprint,
         "data_dir": str(data_dir),
         "source": meta.get("source"),

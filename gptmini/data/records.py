@@ -38,6 +38,13 @@ class _CountingReader(io.RawIOBase):
         return n
 
 
+def open_corpus_file(path: Path) -> io.BufferedReader:
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+
+
 def _record_text(value: Any, where: str, text_field: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -54,10 +61,7 @@ def _count_dropped(text: str | None, dropped: collections.Counter[str]) -> None:
 def read_jsonl(
     path: Path, text_field: str, hasher: Any, dropped: collections.Counter[str]
 ) -> Iterator[tuple[str, int, bool]]:
-    try:
-        raw = open(path, "rb")
-    except OSError as e:
-        raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+    raw = open_corpus_file(path)
     counter = _CountingReader(raw, hasher)
     stream: Any = io.BufferedReader(counter, BLOCK_BYTES)
     if path.name.lower().endswith(".gz"):

@@ -47,10 +47,8 @@ def integer(low: int = 0, high: int | None = None) -> Check:
     return check
 
 
-def text(pattern: re.Pattern[str] | None = None, optional: bool = False) -> Check:
+def text(pattern: re.Pattern[str] | None = None) -> Check:
     def check(v: Any) -> str | None:
-        if v is None and optional:
-            return None
         if isinstance(v, str) and (pattern is None or pattern.fullmatch(v)):
             return None
         return bad(v, f"a name matching {pattern.pattern}" if pattern else "a string")
@@ -79,10 +77,8 @@ def optional(check: Check) -> Check:
     return lambda v: None if v is None else check(v)
 
 
-def mapping(
-    fields: Mapping[str, Check], exact: bool = True, optional_fields: Mapping[str, Check] = {}
-) -> Check:  # noqa: B006
-    """A JSON object with these fields (each checked; ``exact``: no others), and ``optional_fields`` checked when
+def mapping(fields: Mapping[str, Check], optional_fields: Mapping[str, Check] = {}) -> Check:  # noqa: B006
+    """A JSON object with these fields (each checked) and no others but ``optional_fields``, checked when
     present."""
 
     def check(v: Any) -> str | None:
@@ -91,7 +87,7 @@ def mapping(
         missing = [k for k in fields if k not in v]
         if missing:
             return f"lacks {missing}"
-        extra = sorted(k for k in v if k not in fields and k not in optional_fields) if exact else []
+        extra = sorted(k for k in v if k not in fields and k not in optional_fields)
         if extra:
             return f"has unknown fields {extra}"
         present = {**fields, **{k: c for k, c in optional_fields.items() if k in v}}
@@ -133,7 +129,7 @@ SETTINGS = mapping(
         "format_version": integer(FORMAT_VERSION, FORMAT_VERSION),
         "tokenizer": one_of(available_tokenizers),
         "single_text": boolean,
-        "text_field": text(optional=True),
+        "text_field": optional(text()),
         "plays_conversion": optional(integer(0)),
         "chunk_chars": integer(1),
         "shard_tokens": integer(1),
@@ -181,7 +177,7 @@ META_FIELDS: dict[str, Check] = {
     "shards": list_of(SHARD, 1),
     "tokens": integer(1),
     "splits": mapping({s: SPLIT for s in SPLITS}),
-    "vocab_file": text(optional=True),
+    "vocab_file": optional(text()),
     "dropped_records": dict_of(integer(0)),
 }
 
@@ -192,7 +188,7 @@ PROGRESS_FIELDS: dict[str, Check] = {
     "scan": mapping(
         {
             "file_sha256": list_of(text(SHA256), 1),
-            "text_sha256": text(SHA256, optional=True),
+            "text_sha256": optional(text(SHA256)),
             "chars": optional(
                 list_of(lambda c: None if isinstance(c, str) and len(c) == 1 else bad(c, "a character"))
             ),

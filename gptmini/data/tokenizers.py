@@ -53,8 +53,6 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]: ...
-
     def encode_array(self, text: str) -> np.ndarray: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -158,8 +156,7 @@ def gpt2_encoding() -> tiktoken.Encoding:
 def _tiktoken_encoding(name: str) -> tiktoken.Encoding:
     if name == "gpt2":
         return gpt2_encoding()
-    if name not in tiktoken.list_encoding_names():
-        raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
+    check_tokenizer_name(name)
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # requests/urllib errors, missing 'requests', hash mismatch: all mean "no file"
@@ -195,9 +192,6 @@ class TiktokenTokenizer:
     # does) is tokenized as plain text instead of raising, and can never inject a real document break.
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or default_threads())
 
     def encode_array(self, text: str) -> np.ndarray:
         """The ids of ``encode`` as a uint32 array, without a Python int per token; tiktoken releases the GIL
@@ -291,9 +285,6 @@ class CharTokenizer:
             pos = next(i for i, c in enumerate(text) if c not in self._stoi)
             self._unknown(text, pos)
 
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
     def token_text(self, i: int) -> str:
         """One token as a label: its character."""
         return self.decode([i])
@@ -325,13 +316,9 @@ class CharTokenizer:
     def from_payload(cls, payload: Any, where: str) -> CharTokenizer:
         """The vocabulary ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin
         in a refusal."""
-        if not isinstance(payload, dict) or payload.get("kind") != "char" or "chars" not in payload:
+        _check_payload(payload, "char", CHAR_VOCAB_FORMAT, where, "a char vocabulary")
+        if "chars" not in payload:
             raise TokenizerError(f"{where} is not a char vocabulary; re-run prepare with --force")
-        if payload.get("format_version") != CHAR_VOCAB_FORMAT:
-            raise TokenizerError(
-                f"{where} has format_version {payload.get('format_version')!r}, expected {CHAR_VOCAB_FORMAT}; "
-                "re-run prepare with --force"
-            )
         return cls(payload["chars"])
 
     @classmethod
@@ -377,16 +364,10 @@ class BPETokenizer(TiktokenTokenizer):
             "special_tokens": special,
             "tokens": [_b64(t) for t in tokens],
         }
-        self.sha256 = _payload_sha256(self._payload)
+        self.sha256 = json_sha256(self._payload)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "bpe",
-            "name": self.name,
-            "vocab_size": self.vocab_size,
-            "eot_id": self.eot_id,
-            "sha256": self.sha256,
-        }
+        return super().to_dict() | {"kind": "bpe", "sha256": self.sha256}
 
     def identity(self) -> dict[str, Any]:
         return {"sha256": self.sha256}
@@ -400,7 +381,7 @@ class BPETokenizer(TiktokenTokenizer):
         JSON before any token is decoded or the encoder built."""
         path = Path(path)
         payload = _read_json(path, "trained BPE", "prepare the data with --tokenizer bpe")
-        if sha256 is not None and isinstance(payload, dict) and _payload_sha256(payload) != sha256:
+        if sha256 is not None and isinstance(payload, dict) and json_sha256(payload) != sha256:
             raise TokenizerError(
                 f"{path} is not the tokenizer its data was prepared with (its sha256 differs from the "
                 f"{sha256[:12]} meta.json records): re-run prepare with --force"
@@ -415,13 +396,7 @@ class BPETokenizer(TiktokenTokenizer):
     def from_payload(cls, payload: Any, where: str) -> BPETokenizer:
         """The BPE ``payload`` holds (a file's JSON, or a checkpoint's copy); ``where`` names its origin in a
         refusal."""
-        if not isinstance(payload, dict) or payload.get("kind") != "bpe":
-            raise TokenizerError(f"{where} is not a trained BPE; re-run prepare with --force")
-        if payload.get("format_version") != BPE_FORMAT:
-            raise TokenizerError(
-                f"{where} has format_version {payload.get('format_version')!r}, expected {BPE_FORMAT}; re-run "
-                "prepare with --force"
-            )
+        _check_payload(payload, "bpe", BPE_FORMAT, where, "a trained BPE")
         try:
             tokens = [base64.b64decode(t, validate=True) for t in payload["tokens"]]
             tok = cls(tokens, str(payload["pattern"]))
@@ -435,7 +410,19 @@ class BPETokenizer(TiktokenTokenizer):
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
 
-def _payload_sha256(payload: Any) -> str:
+def _check_payload(payload: Any, kind: str, version: int, where: str, what: str) -> None:
+    """A saved tokenizer's JSON (a file's, or a checkpoint's copy) of ``kind`` and format ``version``."""
+    if not isinstance(payload, dict) or payload.get("kind") != kind:
+        raise TokenizerError(f"{where} is not {what}; re-run prepare with --force")
+    if payload.get("format_version") != version:
+        raise TokenizerError(
+            f"{where} has format_version {payload.get('format_version')!r}, expected {version}; re-run prepare "
+            "with --force"
+        )
+
+
+def json_sha256(payload: Any) -> str:
+    """The SHA-256 of JSON data with its keys sorted: the digest of a record, whatever its keys' order."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -494,14 +481,7 @@ def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokeni
     if spec:
         _check_bpe_file(path, spec)
     recorded = spec.get("sha256") if spec else None
-    tok = BPETokenizer.load(path, recorded if isinstance(recorded, str) else None)
-    if spec and (spec.get("sha256"), spec.get("vocab_size")) != (tok.sha256, tok.vocab_size):
-        raise TokenizerError(
-            f"{path} is not the tokenizer its data was prepared with (meta.json records {spec.get('vocab_size')} "
-            f"tokens, sha256 {str(spec.get('sha256'))[:12]}; the file has {tok.vocab_size}, {tok.sha256[:12]}): "
-            "re-run prepare with --force"
-        )
-    return tok
+    return BPETokenizer.load(path, recorded if isinstance(recorded, str) else None)
 
 
 def tokenizer_from_payload(payload: Any, where: str) -> Tokenizer:
@@ -535,25 +515,23 @@ def available_tokenizers() -> list[str]:
     return ["gpt2", "char", "bpe", *sorted(n for n in tiktoken.list_encoding_names() if n != "gpt2")]
 
 
+def check_tokenizer_name(name: str) -> None:
+    if name not in available_tokenizers():
+        raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
+
+
 def build_tokenizer(
     name: str = "gpt2", vocab_path: str | Path | None = None, spec: Mapping[str, Any] | None = None
 ) -> Tokenizer:
     """``gpt2`` (offline), ``char`` or ``bpe`` (read from ``vocab_path``, the file saved with the prepared data;
     ``spec``: what meta.json records of it, checked), or any other tiktoken encoding name."""
+    if name in SAVED_TOKENIZERS and vocab_path is None:
+        raise TokenizerError(
+            f"the {name} tokenizer needs vocab_path (the file prepare writes beside the shards); prepare the data "
+            f"with --tokenizer {name}"
+        )
     if name == "bpe":
-        if vocab_path is None:
-            raise TokenizerError(
-                "the bpe tokenizer needs vocab_path (the bpe.json written by prepare); prepare the data with "
-                "--tokenizer bpe"
-            )
         return load_recorded(vocab_path, spec)
     if name == "char":
-        if vocab_path is None:
-            raise TokenizerError(
-                "the char tokenizer needs vocab_path (the vocab.json written by prepare), "
-                "or build one with CharTokenizer.from_text(text)"
-            )
         return CharTokenizer.load(vocab_path)
-    if name == "gpt2" or name in tiktoken.list_encoding_names():
-        return TiktokenTokenizer(name)
-    raise TokenizerError(f"unknown tokenizer {name!r}; valid names: {', '.join(available_tokenizers())}")
+    return TiktokenTokenizer(name)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from gptmini.data.errors import DataError
+from gptmini.data.reader import bad_id, check_split_length
 
 
 class _WindowDataset(Dataset):
@@ -20,14 +20,7 @@ class _WindowDataset(Dataset):
     DataError instead of indexing past the embedding table)."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, name: str, vocab_size: int | None = None) -> None:
-        if block_size < 1:
-            raise DataError(f"block_size must be >= 1, got {block_size}")
-        if len(tokens) < block_size + 1:
-            fix = "a larger val_fraction" if name == "val" else "a smaller val_fraction"
-            raise DataError(
-                f"split {name!r} has {len(tokens)} tokens but block_size={block_size} needs at least "
-                f"{block_size + 1}; use a smaller block_size, more data, or {fix}"
-            )
+        check_split_length(name, len(tokens), block_size)
         self.tokens = tokens
         self.block_size = block_size
         self.name = name
@@ -38,11 +31,8 @@ class _WindowDataset(Dataset):
         chunk = torch.from_numpy(ids)  # (block_size + 1,)
         # checked in NumPy: the tokens are host memory, and a torch scalar read costs more per window
         if self.vocab_size is not None and ids.max() >= self.vocab_size:
-            raise DataError(
-                f"split {self.name!r} holds token id {int(ids.max())} in tokens [{start}, "
-                f"{start + self.block_size + 1}), but the vocabulary has {self.vocab_size} ids: its shards are "
-                "damaged or of another tokenizer; re-run prepare with --force"
-            )
+            at = f" in tokens [{start}, {start + self.block_size + 1})"
+            raise bad_id(f"split {self.name!r}", int(ids.max()), at, self.vocab_size)
         return chunk[:-1], chunk[1:]  # x, y: (block_size,) each, y = x shifted by one token
 
     # Workers started with spawn/forkserver get the memmap re-opened by path instead of a pickled copy.
@@ -76,15 +66,11 @@ class RandomWindowDataset(_WindowDataset):
         tokens: np.ndarray,
         block_size: int,
         num_samples: int,
-        seed: int = 1337,
+        seed: int,
         name: str = "train",
         vocab_size: int | None = None,
     ) -> None:
         super().__init__(tokens, block_size, name, vocab_size)
-        if num_samples < 1:
-            raise DataError(f"num_samples must be >= 1, got {num_samples}")
-        if seed < 0:
-            raise DataError(f"seed must be >= 0, got {seed}")
         self.num_samples = num_samples
         self.seed = seed
         self._starts: tuple[int, np.ndarray] | None = None  # last block drawn: indices mostly come in order
@@ -119,13 +105,10 @@ class StridedWindowDataset(_WindowDataset):
     ) -> None:
         super().__init__(tokens, block_size, name, vocab_size)
         stride = block_size if stride is None else stride
-        if stride < 1:
-            raise DataError(f"stride must be >= 1, got {stride}")
         last = len(tokens) - block_size - 1
         starts = np.arange(0, last + 1, stride, dtype=np.int64)
         if starts[-1] != last:
             starts = np.append(starts, last)
-        self.stride = stride
         self.starts = starts
 
     def __len__(self) -> int:
@@ -210,10 +193,7 @@ class DeviceWindows(Dataset):
         self.device = device
         tokens = torch.from_numpy(np.asarray(windows.tokens).astype(np.int32))
         if windows.vocab_size is not None and len(tokens) and int(tokens.max()) >= windows.vocab_size:
-            raise DataError(
-                f"split {windows.name!r} holds token id {int(tokens.max())}, but the vocabulary has "
-                f"{windows.vocab_size} ids: its shards are damaged or of another tokenizer; re-run prepare with --force"
-            )
+            raise bad_id(f"split {windows.name!r}", int(tokens.max()), "", windows.vocab_size)
         self.tokens = tokens.to(device)  # (n,) int32
         self.offsets = torch.arange(windows.block_size + 1, device=device)  # (block_size + 1,)
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from gptmini.attention.kernels.base import AttentionKernel, MaskCache, ScoreOptions
+from gptmini.attention.kernels.base import AttentionKernel
+from gptmini.attention.kernels.base import MaskCache as MaskCache  # re-exported
+from gptmini.attention.kernels.base import ScoreOptions as ScoreOptions  # re-exported
 from gptmini.attention.kernels.causal import CausalKernel
 from gptmini.attention.kernels.chunked import CHUNK_QUERIES, ChunkedKernel
 from gptmini.attention.kernels.explicit import EXPLICIT_SINK_MAX_LEN, ExplicitKernel
 from gptmini.attention.kernels.flex import FlexKernel, flex_available
-from gptmini.attention.kernels.masked import MASK, MaskKernel
+from gptmini.attention.kernels.masked import MASK as MASK  # re-exported
+from gptmini.attention.kernels.masked import MaskKernel
 from gptmini.attention.kernels.sink_slot import SinkSlotKernel
 
 KERNELS: dict[str, type[AttentionKernel]] = {
@@ -68,21 +71,3 @@ def choose_kernel(
             f"kernels that support {', '.join(sorted(features))}: {', '.join(able) or 'none'} (or auto)"
         )
     return None if type(chosen) is CausalKernel else chosen
-
-
-__all__ = [
-    "KERNELS",
-    "MASK",
-    "AttentionKernel",
-    "CausalKernel",
-    "ChunkedKernel",
-    "ExplicitKernel",
-    "FlexKernel",
-    "MaskCache",
-    "MaskKernel",
-    "ScoreOptions",
-    "SinkSlotKernel",
-    "auto_kernel",
-    "available_kernels",
-    "choose_kernel",
-]

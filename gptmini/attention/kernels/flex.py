@@ -105,19 +105,12 @@ def flex_attend(
     else None (the compiled CPU kernel, inference only, computes no log-sum-exp)."""
     # compiled on CUDA; the eager reference elsewhere (CPU inference, tests), which compiles nothing
     flex = compiled_flex() if q.is_cuda else eager_flex()
+    options = {"score_mod": score_mod, "block_mask": block_mask, "enable_gqa": gqa}
     if not lse:
-        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa), None
+        return flex(q, k, v, **options), None
     from torch.nn.attention import flex_attention as api
 
     if hasattr(api, "AuxRequest"):  # PyTorch >= 2.9; return_lse before
-        y, aux = flex(
-            q,
-            k,
-            v,
-            score_mod=score_mod,
-            block_mask=block_mask,
-            enable_gqa=gqa,
-            return_aux=api.AuxRequest(lse=True),
-        )
+        y, aux = flex(q, k, v, **options, return_aux=api.AuxRequest(lse=True))
         return y, aux.lse
-    return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa, return_lse=True)
+    return flex(q, k, v, **options, return_lse=True)

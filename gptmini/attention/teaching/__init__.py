@@ -11,34 +11,3 @@
 Each registers itself in ``gptmini.attention.registry``; the non-causal ones (``simplified``, ``v1``, ``v2``,
 ``bahdanau``) are there to be looked up and tested, not to drive the language model.
 """
-
-from gptmini.attention.teaching.additive import AdditiveSelfAttention, BahdanauAttention
-from gptmini.attention.teaching.einsum import EinsumMultiHeadAttention
-from gptmini.attention.teaching.textbook import (
-    CausalAttention,
-    MultiHeadAttention,
-    MultiHeadAttentionAdapter,
-    MultiHeadAttentionWrapper,
-    MultiHeadAttentionWrapperAdapter,
-    SelfAttention_v1,
-    SelfAttention_v2,
-    simplified_attention_scores,
-    simplified_attention_weights,
-    simplified_self_attention,
-)
-
-__all__ = [
-    "AdditiveSelfAttention",
-    "BahdanauAttention",
-    "CausalAttention",
-    "EinsumMultiHeadAttention",
-    "MultiHeadAttention",
-    "MultiHeadAttentionAdapter",
-    "MultiHeadAttentionWrapper",
-    "MultiHeadAttentionWrapperAdapter",
-    "SelfAttention_v1",
-    "SelfAttention_v2",
-    "simplified_attention_scores",
-    "simplified_attention_weights",
-    "simplified_self_attention",
-]

@@ -22,7 +22,8 @@ from gptmini.attention import (
     unregister_attention,
 )
 from gptmini.attention.checks import check_heads, check_length
-from gptmini.attention.teaching import AdditiveSelfAttention, CausalAttention, MultiHeadAttention
+from gptmini.attention.teaching.additive import AdditiveSelfAttention
+from gptmini.attention.teaching.textbook import CausalAttention, MultiHeadAttention
 from gptmini.model import GPT, ConfigError, GPTConfig
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gptmini.attention.teaching import (
-    BahdanauAttention,
+from gptmini.attention.teaching.additive import BahdanauAttention
+from gptmini.attention.teaching.textbook import (
     CausalAttention,
     MultiHeadAttention,
     MultiHeadAttentionWrapper,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.data import prepare as prep
 from gptmini.data.corpora import path_problem
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
+from gptmini.data.progress import PrepareProgress
 from gptmini.data.reader import load_meta
 
 TEXT = "".join(f"Line {i}: some words, and more words.\n" for i in range(300))
@@ -93,7 +93,7 @@ def test_a_corpus_changing_while_it_is_prepared_is_refused_and_the_old_data_kept
     before = prepare(str(corpus), "char", out).meta
     corpus.write_text(TEXT + "a second version\n")  # a new version: prepared again...
 
-    def append_once(progress: prep.PrepareProgress) -> None:
+    def append_once(progress: PrepareProgress) -> None:
         if progress.phase == "tokenizing" and not appended:
             appended.append(True)
             with open(corpus, "a") as f:  # ...and written to while that runs

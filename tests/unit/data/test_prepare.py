@@ -17,7 +17,7 @@ from gptmini.data import corpora
 from gptmini.data import prepare as prep  # the module, for monkeypatching its globals
 from gptmini.data import progress as progress_module
 from gptmini.data.corpora import Fragment, shakespeare_text
-from gptmini.data.encoding import pieces
+from gptmini.data.encoding import pieces, split_for_encoding, token_dtype
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import check_vocab, data_identity, load_meta, load_split, load_tokenizer
@@ -104,14 +104,14 @@ def test_pieces_encode_to_the_ids_of_the_whole(caplog):
     text = "".join(rng.choice(pieces) for _ in range(5000))
     tok = TiktokenTokenizer("gpt2")
     for chunk_chars in (64, 1000, 10_000):
-        chunks = prep.split_for_encoding(text, chunk_chars)
+        chunks = split_for_encoding(text, chunk_chars)
         assert "".join(chunks) == text and len(chunks) > len(text) // (4 * chunk_chars)
-        assert [i for c in tok.encode_batch(chunks) for i in c] == tok.encode(text)
-    assert prep.encode_text(tok, text).tolist() == tok.encode(text)
+        assert [i for c in chunks for i in tok.encode(c)] == tok.encode(text)
+    assert [i for piece in split_for_encoding(text) for i in tok.encode(piece)] == tok.encode(text)
     assert tok.encode_array(text).tolist() == tok.encode(text)  # "<|endoftext|>" stays ordinary text
     assert "no space or newline" not in caplog.text
     # Text without a cut point is cut at 4x the length anyway, with one warning per document.
-    chunks = prep.split_for_encoding("漢字" * 100, 16)
+    chunks = split_for_encoding("漢字" * 100, 16)
     assert [len(c) for c in chunks] == [64, 64, 64, 8] and caplog.text.count("no space or newline") == 1
 
 
@@ -330,8 +330,8 @@ def test_progress_reports_every_phase(tmp_path, monkeypatch):
 
 
 def test_uint32_for_large_vocabularies(corpus, tmp_path, monkeypatch):
-    assert prep.token_dtype(50257) == np.uint16 and prep.token_dtype(65536) == np.uint16
-    assert prep.token_dtype(65537) == np.uint32 and prep.token_dtype(200_019) == np.uint32
+    assert token_dtype(50257) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32 and token_dtype(200_019) == np.uint32
 
     class BigVocab:
         name, vocab_size, eot_id = "cl100k_base", 100_277, 100_257
