@@ -36,7 +36,7 @@ from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import EtaProgress, HelpFormatter, int_at_least, positive_int, resolve_device
-from gptmini.runs.checkpoint import DATA_IDENTITY_KEY, CheckpointError
+from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.discovery import resolve_checkpoint
 from gptmini.runs.loading import LoadedRun, add_run_options, open_run
 from gptmini.viz import context_sweep_figure
@@ -352,7 +352,7 @@ def _open(path: Path, args: argparse.Namespace, scratch: ExitStack) -> tuple[Loa
         # re-prepared with another vocabulary, or gone: the checkpoint's own tokenizer on its own corpus gives the
         # same tokens again when the corpus is unchanged (checked against the fingerprint it recorded). A
         # checkpoint is data: the corpus it records is read only when the user names it (or it is embedded).
-        recorded = str(run.checkpoint["hyper_parameters"][DATA_IDENTITY_KEY]["source"])
+        recorded = str(run.record.data_identity["source"])
         source = args.corpus or (recorded if recorded in EMBEDDED_SOURCES else None)
         if source is None:
             raise DataError(

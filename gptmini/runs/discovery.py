@@ -409,11 +409,17 @@ def _checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
 
-def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
-    """One run's row and the checkpoint it stands for: the newest of the run's two that its summary
-    (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged newer one is
-    skipped, as a resume and ``--ckpt`` skip it). The figures from that summary, else from ``run_record.json``
-    (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step and last val/loss."""
+# A run of the listing: its row, the checkpoint it stands for, and the checkpoint it continued (resolved) with the
+# step that held (None: a fresh run, or one whose record does not say, of an earlier version).
+Scanned = tuple[RunInfo, Path | None, tuple[Path, int] | None]
+
+
+def _row(folder: Path, output_root: Path) -> Scanned:
+    """One run, its record read once: its row and the checkpoint it stands for, the newest of the run's two that
+    its summary (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged
+    newer one is skipped, as a resume and ``--ckpt`` skip it), and its lineage. The figures from that summary,
+    else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step
+    and last val/loss."""
     record = read_record_file(folder)  # written when the run starts
     config: dict[str, Any] = (
         {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
@@ -471,6 +477,7 @@ def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
         with contextlib.suppress(ValueError):
             run = run.resolve().relative_to(output_root.resolve())
         continues = f"{display_path(run)}@{lineage.step}"
+        lineage = (Path(lineage.path).resolve(), lineage.step)
     info = RunInfo(
         name=display_path(name),
         folder=display_path(folder),
@@ -487,51 +494,48 @@ def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
         tensorboard=display_path(events) if events is not None else None,
         continues=continues,
     )
-    return info, ckpt
+    return info, ckpt, lineage
 
 
-def _lineage(folder: Path) -> tuple[Path, int] | None:
-    """The checkpoint a run continued and the step it held, from the run's record; None: a fresh run, or one
-    whose record does not say (a run of an earlier version)."""
-    record = read_record_file(folder)
-    lineage = record.continued_from if record is not None else None
-    return (Path(lineage.path).resolve(), lineage.step) if lineage is not None else None
-
-
-def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
-    """Every run's row with its checkpoint's path (a row shows names as valid UTF-8 text, not the path itself)."""
+def _scan(root: Path, name: str | None) -> list[Scanned]:
+    """Every run, newest first (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():
         return []
     folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    scanned = [(*_row(f, root), f) for f in folders]
+    scanned = [(_row(f, root), f) for f in folders]
     # a run whose checkpoint another run continued (its record's lineage) is continued there: resume that one
-    continued = {lineage[0] for *_, f in scanned if (lineage := _lineage(f)) is not None}
+    continued = {lineage[0] for (*_, lineage), _ in scanned if lineage is not None}
     scanned = [
         (
-            replace(r, state="resumed")
-            if r.state == "resumable" and c is not None and c.resolve() in continued
-            else r,
-            c,
+            (
+                replace(r, state="resumed")
+                if r.state == "resumable" and c is not None and c.resolve() in continued
+                else r,
+                c,
+                lineage,
+            ),
             f,
         )
-        for r, c, f in scanned
+        for (r, c, lineage), f in scanned
     ]
     if name is not None:
         # a run name is the first folder under the runs folder, or the run_name its row shows
-        scanned = [(r, c, f) for r, c, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
-    scanned.sort(key=lambda rcf: (rcf[0].modified, rcf[0].folder), reverse=True)
-    return [(r, c) for r, c, _ in scanned]
+        scanned = [
+            (run, f) for run, f in scanned if run[0].name == name or f.relative_to(root).parts[0] == name
+        ]
+    scanned.sort(key=lambda run_f: (run_f[0][0].modified, run_f[0][0].folder), reverse=True)
+    return [run for run, _ in scanned]
 
 
-def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
+def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None]:
     """The row ``--ckpt last`` opens (the rule of :func:`gptmini.runs.checkpoint.newest_usable_checkpoint`): the
     newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
     it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
     the marked one."""
-    rows = [r for r, _ in scanned]
+    rows = [r for r, _, _ in scanned]
     candidates = [
         (i, path)
-        for i, (r, path) in enumerate(scanned)
+        for i, (r, path, _) in enumerate(scanned)
         if path is not None
         and not r.sweep_job
         and r.state in ("finished", "resumable", "resumed")
@@ -624,23 +628,25 @@ def prunable(root: Path, name: str | None = None) -> list[Prunable]:
     validation), and so does the checkpoint ``--ckpt last`` opens."""
     scanned = _scan(root, name)
     _, marked = mark_last(scanned)
-    keep = {path for r, path in scanned if r is marked and path is not None}
+    keep = {path for r, path, _ in scanned if r is marked and path is not None}
     found: dict[Path, str] = {}
-    steps: dict[Path, int] = {}  # run folder -> the step of its newest usable checkpoint
-    for _, newest in scanned:
+    # run folder -> the step of its newest usable checkpoint, and the run's lineage
+    steps: dict[Path, tuple[int, tuple[Path, int] | None]] = {}
+    for _, newest, lineage in scanned:
         if newest is None:
             continue
         folder = newest.parent.parent
         step = _usable_step(newest)
         if step is None:
             continue
-        steps[folder] = step
+        steps[folder] = step, lineage
         for other in _checkpoints(folder):
             if other != newest and other.stat().st_mtime_ns <= newest.stat().st_mtime_ns:
                 found[other] = f"older than {newest.name} beside it, which a resume and --ckpt read"
-    ours = {path.resolve(): path for _, path in scanned if path is not None} | {p.resolve(): p for p in found}
-    for folder, step in steps.items():
-        lineage = _lineage(folder)
+    ours = {path.resolve(): path for _, path, _ in scanned if path is not None} | {
+        p.resolve(): p for p in found
+    }
+    for folder, (step, lineage) in steps.items():
         if lineage is None or lineage[0] not in ours or step <= lineage[1]:
             continue
         found[ours[lineage[0]]] = f"continued by {display_path(folder)}, which went on to step {step}"

@@ -76,7 +76,7 @@ class RunPlan:
     precision: str  # trainer.precision made concrete for this machine
     val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
     ckpt_path: str | None  # the checkpoint a resumed run starts from
-    resume: dict[str, Any] | None  # that checkpoint, read once (memory-mapped)
+    resume: dict[str, Any] | None  # that checkpoint's global_step and record (as compared), read once
     # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
     init_from: str | None
     # the top-level settings the build reads (their defaults: TrainSchema's)

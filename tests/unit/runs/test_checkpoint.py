@@ -15,6 +15,7 @@ import torch
 
 from gptmini.runs import checkpoint
 from gptmini.runs.checkpoint import CheckpointError, atomic_save, load_checkpoint, model_and_checkpoint
+from gptmini.runs.record import read_record
 
 # The checksum's entry in a checkpoint (read through the module: a test then fails, not its import, without it).
 CHECKSUM_KEY = "gptmini_checksum"
@@ -177,7 +178,7 @@ def test_a_checkpoint_records_its_data_and_refuses_other_data(tmp_path, write_ch
     folder = tmp_path / "data"
     prepare(str(_corpus(tmp_path / "a.txt", "to be or not to be\n" * 300)), "char", folder)
     path = write_checkpoint(tmp_path / "last.ckpt", data_dir=folder)
-    ckpt = load_checkpoint(path)
+    ckpt = read_record(load_checkpoint(path)).data_identity
     assert checkpoint.check_trained_data(path, ckpt, folder) is None
     # Same characters, other text: other data, same tokenizer.
     prepare(str(_corpus(tmp_path / "b.txt", "not to be or to be\n" * 300)), "char", folder)

@@ -78,7 +78,7 @@ def test_every_kind_of_spec_opens_the_same_checkpoint(world):
         assert run.path == alpha, kind
         assert run.step == 9 and run.name == "2026-01-02_00-00-00_000000" and run.device == "cpu"
         assert run.record.data_dir == str(world["data"])
-        assert run.checkpoint["hyper_parameters"]["data_identity"]["tokenizer"] == "char"
+        assert run.record.data_identity["tokenizer"] == "char"
         assert not run.model.training
         torch.testing.assert_close(run.model(idx)[0], want)
     # "last": the newest checkpoint of any run
