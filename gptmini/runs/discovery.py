@@ -1,19 +1,10 @@
-"""``gptmini runs``: the runs under the runs folder (``outputs/``), newest first, with what tells them apart and
-what can be done with them: name, folder, steps done of planned, the last val/loss, size on disk, and whether the
-run finished, can be resumed, was resumed by a later run, or left no checkpoint. The row ``--ckpt last`` opens is marked.
+"""Which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and ``model.init_from``) means
+(``resolve_checkpoint``, :data:`CKPT_RULE`), and ``gptmini runs``: the runs under the runs folder, newest first.
 
-A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it started): ``outputs/<name>/<time>/`` for
-a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
-run's own files: the summary training writes with each ``last.ckpt``/``on_exception.ckpt``
-(``run_summary.json``: steps done and planned, name, last val/loss), and ``.hydra/overrides.yaml``. Without a
-summary that still describes the newest checkpoint: the planned steps and the name from ``.hydra/config.yaml``,
-the steps done from the checkpoint (read with ``weights_only=True``, tensors memory-mapped, not read), the last
-val/loss from its TensorBoard events. Nothing imports torch or TensorBoard unless a run needs the long way.
-
-
-Also the one rule for which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and
-``model.init_from``) means: a file, a run folder, a run name or ``last`` (``resolve_checkpoint``, :data:`CKPT_RULE`),
-and the search under it (``newest_checkpoint``)."""
+A run is a folder holding ``.hydra/config.yaml``: ``outputs/<name>/<time>/``, or
+``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. Its row is read from its own small files
+(``run_record.json``, the ``run_summary.json`` written with each checkpoint, ``.hydra/overrides.yaml``); a
+checkpoint (memory-mapped) only when no summary describes it as it is now, so a listing imports no torch."""
 
 from __future__ import annotations
 
@@ -25,7 +16,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,39 +40,23 @@ CKPT_RULE = (
 # --- which file "last" means ---------------------------------------------------------------------------------
 
 
-def newest_checkpoint(
-    output_root: str | Path,
-    run_name: str | None = None,
-    exclude: str | Path | None = None,
-    sweep_jobs: bool = True,
-) -> Path | None:
-    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
-    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
-    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
-    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
-    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
-
-    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
-    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
-    return next(iter(last_checkpoints(output_root, run_name, exclude, sweep_jobs)), None)
+def newest_checkpoint(output_root: str | Path, run_name: str | None = None) -> Path | None:
+    """The first of :func:`last_checkpoints`; None when there is none."""
+    return next(iter(last_checkpoints(output_root, run_name)), None)
 
 
-def last_checkpoints(
-    output_root: str | Path,
-    run_name: str | None = None,
-    exclude: str | Path | None = None,
-    sweep_jobs: bool = True,
-) -> list[Path]:
-    """Every file :func:`newest_checkpoint` chooses among, the one it chooses first."""
+def last_checkpoints(output_root: str | Path, run_name: str | None = None, sweep_jobs: bool = True) -> list[Path]:
+    """Every ``last.ckpt`` and ``on_exception.ckpt`` in a ``checkpoints/`` folder under ``output_root/run_name``
+    (every run's when ``run_name`` is None), the one written last first (ties: the later path).
+    ``sweep_jobs=False`` leaves out the jobs of sweeps (``multirun_*``), as ``last`` and a run name do
+    (:data:`CKPT_RULE`). Saves are atomic: a file found here is complete (a save killed midway leaves only a
+    ``.last.ckpt.*.tmp`` beside it, never chosen)."""
     root = Path(output_root) / run_name if run_name else Path(output_root)
-    skip = Path(exclude).resolve() if exclude is not None else None
     candidates = [
         p
         for name in LAST_NAMES
         for p in root.glob(f"**/checkpoints/{name}")
-        if p.is_file()
-        and (skip is None or skip not in p.resolve().parents)
-        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
+        if p.is_file() and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
     ]
     return sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
@@ -315,27 +290,20 @@ def event_folders(run_dir: Path) -> list[Path]:
     return sorted(newest, key=lambda f: (newest[f], str(f)), reverse=True)
 
 
-@contextlib.contextmanager
-def _quiet_tensorboard() -> Iterator[None]:
-    # TensorBoard's directory watcher logs each folder it has read to the end ("No path found after ...") at
-    # INFO: routine, and noise in a command's log
+def read_events(folder: Path, **size_guidance: int) -> Any:
+    """An ``EventAccumulator`` of the event files in ``folder``, read; ``size_guidance``: how many of each kind to
+    keep (0: all), by default every scalar."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, **size_guidance})
+    # its directory watcher logs each folder read to the end ("No path found after ...") at INFO: noise here
     logger = logging.getLogger("tensorboard")
     level = logger.level
     logger.setLevel(max(level, logging.WARNING))
     try:
-        yield
+        events.Reload()
     finally:
         logger.setLevel(level)
-
-
-def read_events(folder: Path, **size_guidance: int) -> Any:
-    """An ``EventAccumulator`` of the event files in ``folder``, read (TensorBoard's routine log lines
-    silenced); ``size_guidance``: how many of each kind to keep (0: all), by default every scalar."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, **size_guidance})
-    with _quiet_tensorboard():
-        events.Reload()
     return events
 
 
@@ -543,14 +511,7 @@ def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None
     ]
     candidates.sort(key=lambda c: (c[1].stat().st_mtime_ns, str(c[1])), reverse=True)
     for i, path in candidates:
-        if read_summary(path) is not None:
-            return rows, rows[i]
-        from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
-
-        try:
-            load_checkpoint(path, mmap=True)
-        except CheckpointError as err:
-            log.warning("%s", err)
+        if read_summary(path) is None and _loaded(path) is None:
             rows[i] = replace(rows[i], state="damaged")
             continue
         return rows, rows[i]
@@ -602,17 +563,16 @@ class Prunable:
     reason: str
 
 
-def _usable_step(ckpt: Path) -> int | None:
-    """The global step of a checkpoint that loads and matches its checksum; None when it does not (or records
-    no step)."""
+def _loaded(path: Path) -> dict[str, Any] | None:
+    """The checkpoint ``path`` (memory-mapped) when it loads and matches its checksum; None, with a warning,
+    when not."""
     from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     try:
-        step = load_checkpoint(ckpt, mmap=True).get("global_step")
+        return load_checkpoint(path, mmap=True)
     except CheckpointError as err:
         log.warning("%s", err)
         return None
-    return _wanted(step, int)
 
 
 def prunable(root: Path, name: str | None = None) -> list[Prunable]:
@@ -636,7 +596,7 @@ def prunable(root: Path, name: str | None = None) -> list[Prunable]:
         if newest is None:
             continue
         folder = newest.parent.parent
-        step = _usable_step(newest)
+        step = _wanted((_loaded(newest) or {}).get("global_step"), int)
         if step is None:
             continue
         steps[folder] = step, lineage

@@ -233,8 +233,6 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
     # A newer run of another run_name is "last" for the commands that take no run_name, not for ckpt_path=last.
     other = _touch(out / "other" / "2026-01-02_00-00-00_000000" / "checkpoints" / "last.ckpt", 7000)
     assert newest_checkpoint(out) == other and newest_checkpoint(out, "exp") == newest
-    # A resumed run's own (fresh) folder is left out.
-    assert newest_checkpoint(out, "exp", exclude=job.parent) != newest
     assert newest_checkpoint(tmp_path / "nothing", "exp") is None
     with pytest.raises(CheckpointError, match=r"no last\.ckpt or on_exception\.ckpt found under nowhere/"):
         resolve_checkpoint("last", "nowhere")
