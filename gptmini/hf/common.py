@@ -132,6 +132,45 @@ def weight_files(path: Path) -> list[Path]:
     )
 
 
+def read_state(path: Path) -> dict[str, Tensor]:
+    """Every tensor of the folder's weight files."""
+    state: dict[str, Tensor] = {}
+    for file in weight_files(path):
+        state.update(read_tensors(file))
+    return state
+
+
+def export_tensor(x: Tensor) -> Tensor:
+    """A fresh contiguous float32 CPU copy (safetensors refuses shared or strided storage); of a tensor on the
+    meta device (``exported_shapes``), its shape alone."""
+    if x.is_meta:
+        return x.to(torch.float32)
+    return x.detach().to("cpu", torch.float32).clone().contiguous()
+
+
+def exported_shapes(
+    state: Callable[[Any], dict[str, Tensor]], config: GPTConfig
+) -> dict[str, tuple[int, ...]]:
+    """The shapes of the tensors ``state(model)`` exports for a model of ``config``: those a folder of that
+    model must hold (computed on the meta device: no memory)."""
+    from gptmini.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    return {k: tuple(v.shape) for k, v in state(model).items()}
+
+
+def vocab_rows(config: GPTConfig, weight: Tensor) -> Tensor:
+    """A folder's (vocab, n_embd) token rows as the model's (padded_vocab_size, n_embd) table. Rows for real
+    tokens the folder lacks (a larger model vocabulary) start at the mean row, so that their logits are ordinary
+    rather than 0 (far above typical logits); gptmini's padding rows (always -inf) are zeros."""
+    rows = torch.zeros(config.padded_vocab_size, config.n_embd)
+    vocab = weight.shape[0]
+    rows[:vocab] = weight.float()
+    rows[vocab : config.vocab_size] = weight.float().mean(dim=0)
+    return rows
+
+
 def read_tensors(file: Path) -> dict[str, Tensor]:
     if file.name.endswith(".safetensors"):
         st = safetensors_torch()

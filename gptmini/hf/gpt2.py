@@ -37,9 +37,11 @@ from gptmini.hf.common import (
     STRING,
     HFWeightsError,
     check_json_types,
+    export_tensor,
+    exported_shapes,
     read_config_json,
-    read_tensors,
-    weight_files,
+    read_state,
+    vocab_rows,
     write_export,
     wrong_shapes,
 )
@@ -132,51 +134,33 @@ def _block_size(cfg: dict[str, Any]) -> int:
     return int(cfg.get("n_positions", cfg.get("n_ctx")))
 
 
-def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    d, vocab, n_pos = cfg["n_embd"], cfg["vocab_size"], _block_size(cfg)
-    shapes: dict[str, tuple[int, ...]] = {
-        "wte.weight": (vocab, d),
-        "wpe.weight": (n_pos, d),
-        "ln_f.weight": (d,),
-        "ln_f.bias": (d,),
-    }
-    for i in range(cfg["n_layer"]):
-        h = f"h.{i}."
-        shapes |= {
-            h + "ln_1.weight": (d,),
-            h + "ln_1.bias": (d,),
-            h + "attn.c_attn.weight": (d, 3 * d),  # Conv1D: (in, out)
-            h + "attn.c_attn.bias": (3 * d,),
-            h + "attn.c_proj.weight": (d, d),
-            h + "attn.c_proj.bias": (d,),
-            h + "ln_2.weight": (d,),
-            h + "ln_2.bias": (d,),
-            h + "mlp.c_fc.weight": (d, 4 * d),
-            h + "mlp.c_fc.bias": (4 * d,),
-            h + "mlp.c_proj.weight": (4 * d, d),
-            h + "mlp.c_proj.bias": (d,),
-        }
-    return shapes
+def _gpt2_config(cfg: dict[str, Any], attention: str = "sdpa", dropout: float = 0.0) -> GPTConfig:
+    """The gptmini settings of a GPT-2 folder's validated config.json."""
+    return GPTConfig(
+        vocab_size=cfg["vocab_size"],
+        block_size=_block_size(cfg),
+        n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"],
+        n_embd=cfg["n_embd"],
+        dropout=dropout,
+        bias=True,
+        attention=attention,
+        tie_weights=True,
+        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
+    )
 
 
 def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The validated config and state dict (keys without ``transformer.``, buffers dropped) of a folder."""
     path = Path(path)
     cfg = _read_hf_config(path)
-    raw: dict[str, Tensor] = {}
-    for file in weight_files(path):
-        raw.update(read_tensors(file))
-    state: dict[str, Tensor] = {}
-    for key, value in raw.items():
-        state[key.removeprefix("transformer.")] = value
+    state = {k.removeprefix("transformer."): v for k, v in read_state(path).items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
-    for key in [k for k in state if _IGNORED.match(k)]:
-        del state[key]
-
+    expected = exported_shapes(_hf_state, _gpt2_config(cfg))
     wrong = wrong_shapes(
         path,
         state,
-        _expected_shapes(cfg),
+        {k.removeprefix("transformer."): shape for k, shape in expected.items()},
         f"GPT-2 weights (n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']})",
     )
     if wrong:
@@ -251,15 +235,9 @@ def _check_model(model: GPT, what: str) -> None:
 
 
 @torch.no_grad()
-def _copy_into(model: GPT, cfg: dict[str, Any], state: dict[str, Tensor]) -> None:
+def _copy_into(model: GPT, state: dict[str, Tensor]) -> None:
     c = model.config
-    vocab, d = cfg["vocab_size"], cfg["n_embd"]
-    wte = state["wte.weight"].to(torch.float32)
-    # Rows for real tokens the checkpoint lacks (model vocab larger) start at the mean embedding, so their
-    # logits are ordinary rather than 0 (far above GPT-2's typical logits); padded rows (always -inf) are zeros.
-    emb = torch.zeros(c.padded_vocab_size, d)
-    emb[:vocab] = wte
-    emb[vocab : c.vocab_size] = wte.mean(dim=0)
+    emb = vocab_rows(c, state["wte.weight"])
     model.wte.weight.copy_(emb)
     if not c.tie_weights:
         model.lm_head.weight.copy_(emb)
@@ -296,21 +274,9 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
     ``attention`` may be any of ``gpt2_attention()``; ``dropout`` is gptmini's (HF's *_pdrop values are
     training settings and are not copied)."""
     cfg, state = _read_hf(path)
-    config = GPTConfig(
-        vocab_size=cfg["vocab_size"],
-        block_size=_block_size(cfg),
-        n_layer=cfg["n_layer"],
-        n_head=cfg["n_head"],
-        n_embd=cfg["n_embd"],
-        dropout=dropout,
-        bias=True,
-        attention=attention,
-        tie_weights=True,
-        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
-    )
-    model = GPT(config)
+    model = GPT(_gpt2_config(cfg, attention, dropout))
     _check_model(model, "load")
-    _copy_into(model, cfg, state)
+    _copy_into(model, state)
     return model.eval()
 
 
@@ -344,8 +310,8 @@ def load_gpt2_weights(model: GPT, path: str | Path) -> None:
             + "; ".join(problems)
             + " — use the matching model preset (e.g. model=gpt2 for GPT-2 small) or load with load_hf_gpt2"
         )
-    cfg, state = _read_hf(path)
-    _copy_into(model, cfg, state)
+    _, state = _read_hf(path)
+    _copy_into(model, state)
 
 
 def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
@@ -385,8 +351,7 @@ def _hf_state(model: GPT) -> dict[str, Tensor]:
     d = c.n_embd
 
     def t(x: Tensor | None, shape: tuple[int, ...]) -> Tensor:
-        # fresh contiguous float32 CPU copies: safetensors refuses shared or strided storage
-        return torch.zeros(shape) if x is None else x.detach().to("cpu", torch.float32).clone().contiguous()
+        return torch.zeros(shape) if x is None else export_tensor(x)
 
     state = {
         "wte.weight": t(model.wte.weight[: c.vocab_size], (c.vocab_size, d)),

@@ -40,9 +40,11 @@ from gptmini.hf.common import (
     STRING,
     HFWeightsError,
     check_json_types,
+    export_tensor,
+    exported_shapes,
     read_config_json,
-    read_tensors,
-    weight_files,
+    read_state,
+    vocab_rows,
     write_export,
     wrong_shapes,
 )
@@ -195,9 +197,7 @@ def _llama_config_dict(model: GPT, bos: int | None, eos: int | None) -> dict[str
 def _llama_state(model: GPT) -> dict[str, Tensor]:
     c = model.config
 
-    def t(x: Tensor) -> Tensor:
-        # fresh contiguous float32 CPU copies: safetensors refuses shared or strided storage
-        return x.detach().to("cpu", torch.float32).clone().contiguous()
+    t = export_tensor
 
     def qk(x: Tensor, heads: int) -> Tensor:
         return t(rope_layout(x, heads, GPTMINI_ROPE_LAYOUT, LLAMA_ROPE_LAYOUT))
@@ -374,45 +374,17 @@ def llama_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout:
     )
 
 
-def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    c = config
-    d, kv, hidden = c.n_embd, c.kv_heads * c.head_size, c.mlp_width
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (c.vocab_size, d),
-        "model.norm.weight": (d,),
-    }
-    for i in range(c.n_layer):
-        p = f"model.layers.{i}."
-        linears = {
-            "self_attn.q_proj": (d, d),
-            "self_attn.k_proj": (kv, d),
-            "self_attn.v_proj": (kv, d),
-            "self_attn.o_proj": (d, d),
-            "mlp.gate_proj": (hidden, d),
-            "mlp.up_proj": (hidden, d),
-            "mlp.down_proj": (d, hidden),
-        }
-        shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
-        for name, shape in linears.items():
-            shapes[p + name + ".weight"] = shape
-            if c.bias:
-                shapes[p + name + ".bias"] = shape[:1]
-    return shapes
-
-
 def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tensor | None]:
     """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
     when tied)."""
-    state: dict[str, Tensor] = {}
-    for file in weight_files(path):
-        state.update(read_tensors(file))
-    for key in [k for k in state if _IGNORED.match(k)]:
-        del state[key]
+    state = {k: v for k, v in read_state(path).items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
+    expected = exported_shapes(_llama_state, config)
+    expected.pop("lm_head.weight", None)  # checked below
     wrong = wrong_shapes(
         path,
         state,
-        _expected_shapes(config),
+        expected,
         f"Llama weights (num_hidden_layers={config.n_layer}, hidden_size={config.n_embd})",
     )
     vocab_shape = (config.vocab_size, config.n_embd)
@@ -434,23 +406,12 @@ def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tenso
     return state, lm_head
 
 
-def _vocab_rows(model: GPT, weight: Tensor) -> Tensor:
-    # Rows for real tokens the folder lacks (model vocab larger) start at the mean row, so their logits are
-    # ordinary; gptmini's padding rows (always -inf) are zeros.
-    c = model.config
-    rows = torch.zeros(c.padded_vocab_size, c.n_embd)
-    vocab = weight.shape[0]
-    rows[:vocab] = weight.float()
-    rows[vocab : c.vocab_size] = weight.float().mean(dim=0)
-    return rows
-
-
 @torch.no_grad()
 def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> None:
     c = model.config
-    model.wte.weight.copy_(_vocab_rows(model, state["model.embed_tokens.weight"]))
+    model.wte.weight.copy_(vocab_rows(c, state["model.embed_tokens.weight"]))
     if not c.tie_weights:
-        model.lm_head.weight.copy_(_vocab_rows(model, lm_head))
+        model.lm_head.weight.copy_(vocab_rows(c, lm_head))
     model.ln_f.weight.copy_(state["model.norm.weight"])
 
     def qk(x: Tensor | None, heads: int) -> Tensor | None:
