@@ -27,8 +27,6 @@ log = logging.getLogger("gptmini.inference.export_attention")
 
 
 def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_tokens: int = 48) -> list[Path]:
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens {max_tokens} is out of range: it must be an integer >= 1")
     ids = encode_prompt(tokenizer, text, "--text")
     limit = min(max_tokens, model.config.block_size)
     if len(ids) > limit:

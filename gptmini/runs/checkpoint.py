@@ -296,15 +296,14 @@ def stored_model(ckpt: Mapping[str, Any], record: RunRecord, path: str | Path) -
     """The plain ``GPT`` of a loaded checkpoint and its record (in eval mode)."""
     model = GPT(GPTConfig.from_dict(record.model))
     check_tensors_match(ckpt["state_dict"], model, path)
+    _load_weights(model, ckpt, path)
+    return model.eval()
+
+
+def _load_weights(model: GPT, ckpt: Mapping[str, Any], path: str | Path) -> None:
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
+    # strict=False: every tensor was checked first (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
-    model.eval()
-    _say_if_averaged(ckpt, path)
-    return model
-
-
-def _say_if_averaged(ckpt: Mapping[str, Any], path: str | Path) -> None:
     if TRAINED_WEIGHTS_KEY in ckpt:
         log.info(
             "%s holds an average of the weights (callbacks.ema) beside the trained ones: using the average",
@@ -325,9 +324,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
             f"model.init_from={path}: its weights do not fit this run's model ({problems}); configure the model "
             f"as it was saved ({', '.join(f'model.{k}={saved.get(k)}' for k in keys)}, ...)"
         )
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
-    _say_if_averaged(ckpt, path)
+    _load_weights(model, ckpt, path)
 
 
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
