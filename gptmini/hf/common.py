@@ -141,23 +141,8 @@ def read_state(path: Path) -> dict[str, Tensor]:
 
 
 def export_tensor(x: Tensor) -> Tensor:
-    """A fresh contiguous float32 CPU copy (safetensors refuses shared or strided storage); of a tensor on the
-    meta device (``exported_shapes``), its shape alone."""
-    if x.is_meta:
-        return x.to(torch.float32)
+    """A fresh contiguous float32 CPU copy: safetensors refuses shared or strided storage."""
     return x.detach().to("cpu", torch.float32).clone().contiguous()
-
-
-def exported_shapes(
-    state: Callable[[Any], dict[str, Tensor]], config: GPTConfig
-) -> dict[str, tuple[int, ...]]:
-    """The shapes of the tensors ``state(model)`` exports for a model of ``config``: those a folder of that
-    model must hold (computed on the meta device: no memory)."""
-    from gptmini.model import GPT
-
-    with torch.device("meta"):
-        model = GPT(config)
-    return {k: tuple(v.shape) for k, v in state(model).items()}
 
 
 def vocab_rows(config: GPTConfig, weight: Tensor) -> Tensor:

@@ -38,7 +38,6 @@ from gptmini.hf.common import (
     HFWeightsError,
     check_json_types,
     export_tensor,
-    exported_shapes,
     read_config_json,
     read_state,
     vocab_rows,
@@ -134,33 +133,44 @@ def _block_size(cfg: dict[str, Any]) -> int:
     return int(cfg.get("n_positions", cfg.get("n_ctx")))
 
 
-def _gpt2_config(cfg: dict[str, Any], attention: str = "sdpa", dropout: float = 0.0) -> GPTConfig:
-    """The gptmini settings of a GPT-2 folder's validated config.json."""
-    return GPTConfig(
-        vocab_size=cfg["vocab_size"],
-        block_size=_block_size(cfg),
-        n_layer=cfg["n_layer"],
-        n_head=cfg["n_head"],
-        n_embd=cfg["n_embd"],
-        dropout=dropout,
-        bias=True,
-        attention=attention,
-        tie_weights=True,
-        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
-    )
+def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    d, vocab, n_pos = cfg["n_embd"], cfg["vocab_size"], _block_size(cfg)
+    shapes: dict[str, tuple[int, ...]] = {
+        "wte.weight": (vocab, d),
+        "wpe.weight": (n_pos, d),
+        "ln_f.weight": (d,),
+        "ln_f.bias": (d,),
+    }
+    for i in range(cfg["n_layer"]):
+        h = f"h.{i}."
+        shapes |= {
+            h + "ln_1.weight": (d,),
+            h + "ln_1.bias": (d,),
+            h + "attn.c_attn.weight": (d, 3 * d),  # Conv1D: (in, out)
+            h + "attn.c_attn.bias": (3 * d,),
+            h + "attn.c_proj.weight": (d, d),
+            h + "attn.c_proj.bias": (d,),
+            h + "ln_2.weight": (d,),
+            h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (d, 4 * d),
+            h + "mlp.c_fc.bias": (4 * d,),
+            h + "mlp.c_proj.weight": (4 * d, d),
+            h + "mlp.c_proj.bias": (d,),
+        }
+    return shapes
 
 
 def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The validated config and state dict (keys without ``transformer.``, buffers dropped) of a folder."""
     path = Path(path)
     cfg = _read_hf_config(path)
-    state = {k.removeprefix("transformer."): v for k, v in read_state(path).items() if not _IGNORED.match(k)}
+    state = {k.removeprefix("transformer."): v for k, v in read_state(path).items()}
+    state = {k: v for k, v in state.items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
-    expected = exported_shapes(_hf_state, _gpt2_config(cfg))
     wrong = wrong_shapes(
         path,
         state,
-        {k.removeprefix("transformer."): shape for k, shape in expected.items()},
+        _expected_shapes(cfg),
         f"GPT-2 weights (n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']})",
     )
     if wrong:
@@ -274,7 +284,19 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
     ``attention`` may be any of ``gpt2_attention()``; ``dropout`` is gptmini's (HF's *_pdrop values are
     training settings and are not copied)."""
     cfg, state = _read_hf(path)
-    model = GPT(_gpt2_config(cfg, attention, dropout))
+    config = GPTConfig(
+        vocab_size=cfg["vocab_size"],
+        block_size=_block_size(cfg),
+        n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"],
+        n_embd=cfg["n_embd"],
+        dropout=dropout,
+        bias=True,
+        attention=attention,
+        tie_weights=True,
+        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
+    )
+    model = GPT(config)
     _check_model(model, "load")
     _copy_into(model, state)
     return model.eval()

@@ -41,7 +41,6 @@ from gptmini.hf.common import (
     HFWeightsError,
     check_json_types,
     export_tensor,
-    exported_shapes,
     read_config_json,
     read_state,
     vocab_rows,
@@ -374,17 +373,41 @@ def llama_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout:
     )
 
 
+def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    c = config
+    d, kv, hidden = c.n_embd, c.kv_heads * c.head_size, c.mlp_width
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    for i in range(c.n_layer):
+        p = f"model.layers.{i}."
+        linears = {
+            "self_attn.q_proj": (d, d),
+            "self_attn.k_proj": (kv, d),
+            "self_attn.v_proj": (kv, d),
+            "self_attn.o_proj": (d, d),
+            "mlp.gate_proj": (hidden, d),
+            "mlp.up_proj": (hidden, d),
+            "mlp.down_proj": (d, hidden),
+        }
+        shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
+        for name, shape in linears.items():
+            shapes[p + name + ".weight"] = shape
+            if c.bias:
+                shapes[p + name + ".bias"] = shape[:1]
+    return shapes
+
+
 def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tensor | None]:
     """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
     when tied)."""
     state = {k: v for k, v in read_state(path).items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
-    expected = exported_shapes(_llama_state, config)
-    expected.pop("lm_head.weight", None)  # checked below
     wrong = wrong_shapes(
         path,
         state,
-        expected,
+        _expected_shapes(config),
         f"Llama weights (num_hidden_layers={config.n_layer}, hidden_size={config.n_embd})",
     )
     vocab_shape = (config.vocab_size, config.n_embd)

@@ -45,7 +45,9 @@ def newest_checkpoint(output_root: str | Path, run_name: str | None = None) -> P
     return next(iter(last_checkpoints(output_root, run_name)), None)
 
 
-def last_checkpoints(output_root: str | Path, run_name: str | None = None, sweep_jobs: bool = True) -> list[Path]:
+def last_checkpoints(
+    output_root: str | Path, run_name: str | None = None, sweep_jobs: bool = True
+) -> list[Path]:
     """Every ``last.ckpt`` and ``on_exception.ckpt`` in a ``checkpoints/`` folder under ``output_root/run_name``
     (every run's when ``run_name`` is None), the one written last first (ties: the later path).
     ``sweep_jobs=False`` leaves out the jobs of sweeps (``multirun_*``), as ``last`` and a run name do

@@ -5,6 +5,7 @@ disagree with the tensors, the data a checkpoint records, and the one rule for w
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import zipfile
@@ -55,21 +56,29 @@ def test_damage_inside_a_checkpoint_is_refused_naming_the_file(tmp_path, write_c
             load(path)
 
 
+def _edit_record(ckpt: dict, edit: dict) -> None:
+    """Sets fields of the checkpoint's run record (one level deep), as a hand edit would."""
+    record = json.loads(ckpt["hyper_parameters"]["run_record"])
+    for key, value in edit.items():
+        record[key] = record[key] | value if isinstance(value, dict) else value
+    ckpt["hyper_parameters"]["run_record"] = json.dumps(record)
+
+
 @pytest.mark.parametrize(
     "edit",
     [
-        lambda hp: hp["model_config"].update(n_head=1),  # the same tensors read as another model
-        lambda hp: hp["model_config"].update(position="rope"),
-        lambda hp: hp["run_config"].update(seed=7),
+        {"model": {"n_head": 1}},  # the same tensors read as another model
+        {"model": {"position": "rope"}},
+        {"seed": 7},
     ],
-    ids=["n_head", "position", "run_config"],
+    ids=["n_head", "position", "seed"],
 )
 def test_an_edited_setting_is_refused_like_damaged_tensors(tmp_path, write_checkpoint, edit):
     """The checksum covers the settings (hyper_parameters) too: editing one and saving the file again without
     the checksum (as a hand edit does) is refused at load, naming the file."""
     path = write_checkpoint(tmp_path / "last.ckpt")
     raw = torch.load(path, weights_only=True)
-    edit(raw["hyper_parameters"])
+    _edit_record(raw, edit)
     torch.save(raw, path)
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))} was modified: its settings"):
         load_checkpoint(path)
@@ -159,7 +168,7 @@ def test_an_unwritable_checkpoint_folder_is_a_save_error(tmp_path):
 def test_settings_that_disagree_with_the_tensors_are_one_clear_error(tmp_path, write_checkpoint):
     path = write_checkpoint(tmp_path / "edited.ckpt", n_embd=8)
     raw = torch.load(path, weights_only=True)
-    raw["hyper_parameters"]["model_config"]["n_embd"] = 16
+    _edit_record(raw, {"model": {"n_embd": 16}})
     atomic_save({k: v for k, v in raw.items() if k != CHECKSUM_KEY}, path)  # a consistent checksum
     with pytest.raises(
         CheckpointError,

@@ -53,7 +53,7 @@ def by_hand(path: Path) -> GPT:
     """The oracle: a GPT built from the checkpoint's saved settings and loaded with its tensors, without the
     loader."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = GPT(GPTConfig(**ckpt["hyper_parameters"]["model_config"]))
+    model = GPT(GPTConfig(**json.loads(ckpt["hyper_parameters"]["run_record"])["model"]))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
     model.load_state_dict(state)
     return model.eval()

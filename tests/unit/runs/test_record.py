@@ -78,6 +78,7 @@ def test_a_record_of_another_version_is_refused_in_one_line(gptmini_cli, tmp_pat
     assert proc.returncode == 2
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert (
-        f"run record's version {RECORD_VERSION + 1} is not one this gptmini reads (1, {RECORD_VERSION})" in line
+        f"run record's version {RECORD_VERSION + 1} is not one this gptmini reads (1, {RECORD_VERSION})"
+        in line
     )
     assert torch.load(path, weights_only=True)["global_step"] == 1  # left as it was
