@@ -282,6 +282,38 @@ def write_export(
     return written
 
 
+def refuse_extras(
+    config: GPTConfig,
+    refusal: Callable[[str, Any], str],
+    fmt: str,
+    attention: str,
+    allowed: frozenset[str] = frozenset(),
+) -> None:
+    """Raises HFWeightsError for the first setting of ``config`` that neither Hugging Face format holds: logit
+    soft-capping, an ingredient without weights there, an attention option ``allowed`` leaves out.
+    ``refusal(setting, value)`` begins the message; ``fmt`` names the format, ``attention`` what it has."""
+    from gptmini.ingredients import hf_inexpressible
+    from gptmini.model import _OPTION_SETTINGS
+
+    if config.logit_softcap is not None:
+        raise HFWeightsError(
+            f"{refusal('logit_softcap', config.logit_softcap)}: {fmt} has no logit soft-capping, so its logits "
+            "would differ (use model.logit_softcap=null)"
+        )
+    if (ingredient := hf_inexpressible(config)) is not None:
+        raise HFWeightsError(
+            f"{refusal(*ingredient)}: a {fmt} checkpoint has no weights for it (train without "
+            f"model.{ingredient[0]})"
+        )
+    extra = sorted(set(config.attention_options()) - allowed)
+    if extra:
+        setting = _OPTION_SETTINGS.get(extra[0], extra[0])
+        raise HFWeightsError(
+            f"{refusal(setting, getattr(config, setting))}: {fmt} has {attention} (leave model.{setting} at its "
+            "default)"
+        )
+
+
 def check_export_tokenizer(tokenizer: Any, model_vocab: int) -> None:
     """The tokenizer files an export writes can express ``tokenizer``, and the model was trained with it (a
     larger vocabulary than the model's is another tokenizer's)."""

@@ -40,11 +40,11 @@ from gptmini.hf.common import (
     export_tensor,
     read_config_json,
     read_state,
+    refuse_extras,
     vocab_rows,
     write_export,
     wrong_shapes,
 )
-from gptmini.ingredients import hf_inexpressible
 from gptmini.model import GPT, GPTConfig
 
 __all__ = ["HFWeightsError", "load_gpt2_weights", "load_hf_gpt2", "save_hf_gpt2"]
@@ -206,23 +206,12 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.position={c.position!r}: GPT-2 learns a table of positions "
             "(use model.position=learned)"
         )
-    if c.logit_softcap is not None:
-        raise HFWeightsError(
-            f"cannot {what} GPT-2 weights with model.logit_softcap={c.logit_softcap}: GPT-2 has no logit "
-            "soft-capping (use model.logit_softcap=null)"
-        )
-    if (ingredient := hf_inexpressible(c)) is not None:
-        raise HFWeightsError(
-            f"cannot {what} GPT-2 weights with model.{ingredient[0]}={ingredient[1]}: a GPT-2 checkpoint has no "
-            f"weights for it (train without model.{ingredient[0]})"
-        )
-    options = c.attention_options()
-    if options:
-        option, value = next(iter(options.items()))
-        raise HFWeightsError(
-            f"cannot {what} GPT-2 weights with model.{option}={value}: GPT-2 has plain multi-head attention "
-            f"(leave model.{option} at its default)"
-        )
+    refuse_extras(
+        c,
+        lambda setting, value: f"cannot {what} GPT-2 weights with model.{setting}={value}",
+        "GPT-2",
+        "plain multi-head attention",
+    )
     block = {
         "norm": ("layernorm", "GPT-2 normalises with LayerNorm"),
         "mlp": ("gelu", "GPT-2's MLP is Linear, GELU, Linear"),

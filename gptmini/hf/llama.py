@@ -41,12 +41,12 @@ from gptmini.hf.common import (
     export_tensor,
     read_config_json,
     read_state,
+    refuse_extras,
     vocab_rows,
     write_export,
     wrong_shapes,
 )
-from gptmini.ingredients import hf_inexpressible
-from gptmini.model import _OPTION_SETTINGS, GPT, GPTConfig
+from gptmini.model import GPT, GPTConfig
 
 __all__ = [
     "check_llama_model",
@@ -83,23 +83,13 @@ def check_llama_model(config: GPTConfig, what: str = "export") -> None:
                 f"cannot {what} a model with model.{setting}={value} in Llama's format: {why} "
                 f"(train with model.{setting}={wanted}, e.g. model=llama_small)"
             )
-    if config.logit_softcap is not None:
-        raise HFWeightsError(
-            f"cannot {what} a model with model.logit_softcap={config.logit_softcap} in Llama's format: a Llama "
-            "checkpoint has no logit soft-capping, so its logits would differ (train with model.logit_softcap=null)"
-        )
-    if (ingredient := hf_inexpressible(config)) is not None:
-        raise HFWeightsError(
-            f"cannot {what} a model with model.{ingredient[0]}={ingredient[1]} in Llama's format: a Llama "
-            f"checkpoint has no weights for it (train without model.{ingredient[0]})"
-        )
-    extra = sorted(set(config.attention_options()) - _LLAMA_OPTIONS)
-    if extra:
-        setting = _OPTION_SETTINGS.get(extra[0], extra[0])
-        raise HFWeightsError(
-            f"cannot {what} a model with model.{setting}={getattr(config, setting)!r} in Llama's format: a Llama "
-            f"block has plain rotary grouped-query attention (leave model.{setting} at its default)"
-        )
+    refuse_extras(
+        config,
+        lambda setting, value: f"cannot {what} a model with model.{setting}={value!r} in Llama's format",
+        "Llama",
+        "plain rotary grouped-query attention",
+        allowed=_LLAMA_OPTIONS,
+    )
     if config.attention != "sdpa":  # rotary positions already need sdpa: this guards a future implementation
         raise HFWeightsError(
             f"cannot {what} a model with model.attention={config.attention!r} in Llama's format: use model.attention=sdpa"

@@ -102,7 +102,8 @@ def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return {**checkpoint, CHECKSUM_KEY: record}
 
 
-# (path, size, mtime) of files verified in this process: a resume reads its checkpoint up to three times.
+# (path, size, mtime) of files verified in this process: a resume, and a command's ``--ckpt last``, read their
+# checkpoint twice (the choice or the plan, then the load).
 _verified: set[tuple[str, int, int]] = set()
 _unverifiable_warned: set[str] = set()
 

@@ -183,9 +183,8 @@ class RunInfo:
     state: str
     checkpoint: str | None  # the file a resume (or --ckpt with this folder) reads
     modified: float  # seconds since the epoch: the newest file of the run
-    overrides: tuple[
-        str, ...
-    ] = ()  # the command line's overrides that set what the run trains (not its folders)
+    # the command line's overrides that set what the run trains (not its folders)
+    overrides: tuple[str, ...] = ()
     # the folder of the TensorBoard run it logged to (a resumed run: its first run's)
     tensorboard: str | None = None
     # what this run continued, from its record's lineage: "<run folder>@<step>" (None: a fresh run)
@@ -229,11 +228,6 @@ def display_path(path: str | Path) -> str:
     """``path`` as text that is valid UTF-8: bytes of a name that are not UTF-8 (Python holds them as lone
     surrogates) are written ``\\xNN``."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-def _config(folder: Path) -> dict[str, Any]:
-    loaded = read_run_yaml(folder / ".hydra" / "config.yaml")
-    return loaded if isinstance(loaded, dict) else {}
 
 
 # Overrides that place a run rather than change what it trains (as hydra.job.config.override_dirname leaves out).
@@ -391,11 +385,12 @@ def _row(folder: Path, output_root: Path) -> Scanned:
     else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step
     and last val/loss."""
     record = read_record_file(folder)  # written when the run starts
-    config: dict[str, Any] = (
+    config = (
         {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
         if record is not None
-        else _config(folder)  # a run of a version before the record
+        else read_run_yaml(folder / ".hydra" / "config.yaml")  # a run of a version before the record
     )
+    config = config if isinstance(config, dict) else {}
     files = _checkpoints(folder)
     ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
     done = recorded = val_loss = val_step = None

@@ -1,14 +1,7 @@
-"""Opening a trained run: the one way every command (sample, eval, attention, analyze, export) and the ATTENTION
-tab's own text turn what the user named into a model to run.
-
-``open_run(spec)`` takes a checkpoint file, a run folder (its newest ``last.ckpt``/``on_exception.ckpt``), a run
-name (a folder of the runs folder, ``outputs/``) or ``last`` (the newest checkpoint of any run), the rule of
-:func:`gptmini.runs.discovery.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
-chosen device, the tokenizer it was trained with, the run's record (:func:`gptmini.runs.record.read_record`)
-and the checkpoint's metadata. The checkpoint
-is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.runs.checkpoint.load_checkpoint`), and the
-device is checked by :func:`gptmini.options.resolve_device` before any file is read.
-"""
+"""Opening a trained run (``open_run``): the one way every command (sample, eval, attention, analyze, export) and
+the ATTENTION tab's own text turn what the user named (the rule of :func:`gptmini.runs.discovery.resolve_checkpoint`)
+into a :class:`LoadedRun`: the model in eval mode on the chosen device, the tokenizer it was trained with and the
+run's record, from a checkpoint read once (``weights_only=True``, its checksum verified)."""
 
 from __future__ import annotations
 
