@@ -2,11 +2,11 @@
 
 - Drawn directly as RGB arrays with NumPy and Pillow, without importing matplotlib (the training process draws
   these at every validation): :func:`heatmap_grid` and :func:`attention_images` (attention maps with the tokens
-  on the axes), :func:`score_grid` (a layers x heads grid of one head score), :func:`loss_curve` (loss by
-  position in the context); :func:`png` encodes any of them.
-- matplotlib figures, for files a person opens: :func:`attention_figures` (the attention maps ``gptmini
-  attention`` exports as PNG), :func:`pattern_panels` (the attention patterns of the head report) and
-  :func:`context_sweep_figure` (loss against context length, ``gptmini eval --context``).
+  on the axes, as TensorBoard and ``gptmini attention`` show them), :func:`score_grid` (a layers x heads grid of
+  one head score), :func:`loss_curve` (loss by position in the context); :func:`png` encodes any of them.
+- matplotlib figures: :func:`pattern_panels` (the attention patterns of the head report),
+  :func:`training_curves` and :func:`context_sweep_figure` (loss against context length, ``gptmini eval
+  --context``).
 
 Every heatmap and grid has the one colour map, viridis (:func:`viridis`), on a fixed scale the caller gives; every
 image has the one font, DejaVu Sans.
@@ -37,32 +37,6 @@ def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
         s = tokenizer.token_text(i).replace("\n", "\\n").replace(" ", "·")
         labels.append(s if len(s) <= 10 else s[:9] + "…")
     return labels
-
-
-def attention_figures(maps: torch.Tensor, labels: list[str]) -> tuple[list[Any], list[Any]]:
-    """For (n_layer, n_head, T, T) probabilities: per layer, a grid of head heatmaps and a head-averaged map,
-    with the tokens written on the axes (rows: queries, columns: keys), as matplotlib figures (``savefig``)."""
-    n_layer, n_head, t, _ = maps.shape
-    cols = min(n_head, 4)
-    rows = math.ceil(n_head / cols)
-    size = max(3.0, 0.22 * t)
-    grids, means = [], []
-    for layer in range(n_layer):
-        fig = _figure(cols * size, rows * size)
-        axes = fig.subplots(rows, cols, squeeze=False)
-        for h in range(rows * cols):
-            ax = axes[h // cols][h % cols]
-            if h >= n_head:
-                ax.axis("off")
-                continue
-            _heatmap(ax, maps[layer, h], labels, f"layer {layer} head {h}")
-        fig.tight_layout()
-        grids.append(fig)
-        fig = _figure(size, size)
-        _heatmap(fig.add_subplot(), maps[layer].mean(0), labels, f"layer {layer}, mean over heads")
-        fig.tight_layout()
-        means.append(fig)
-    return grids, means
 
 
 def context_sweep_figure(runs: Sequence[dict[str, Any]]) -> Any:
@@ -260,7 +234,7 @@ def attention_images(
     maps: np.ndarray | torch.Tensor, labels: Sequence[str]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """For (n_layer, n_head, T, T) probabilities: per layer, (grid of head heatmaps, head-averaged map) as RGB
-    arrays, the same panels as :func:`attention_figures` draws with matplotlib."""
+    arrays."""
     values = _numpy(maps)
     n_layer, n_head = values.shape[:2]
     out = []

@@ -294,7 +294,7 @@ def write_checkpoint() -> Callable[..., Path]:
     """``write_checkpoint(path, data_dir=None, vocab_size=16, global_step=5, **model) -> path``: a checkpoint of a
     small freshly initialised GPT, written as training writes one (``gptmini.runs.checkpoint.atomic_save``: atomic,
     with the checksum of its tensors). With ``data_dir`` (a prepared folder), its vocabulary sizes the model and
-    the checkpoint records that data (``data_identity``, ``run_config.data.data_dir``) as a training run does."""
+    the checkpoint's run record holds that data (its ``data_identity``, ``data.data_dir``) as a training run's does."""
 
     def _write(
         path: Path,
@@ -308,15 +308,16 @@ def write_checkpoint() -> Callable[..., Path]:
 
         from gptmini.model import GPT, GPTConfig
         from gptmini.runs.checkpoint import atomic_save
+        from gptmini.runs.record import RECORD_KEY, RunRecord
 
-        hyper: dict[str, Any] = {"run_config": {}}
+        recorded: dict[str, Any] = {}
         if data_dir is not None:
             from gptmini.data.reader import data_identity, load_meta
 
             meta = load_meta(data_dir)
             vocab_size = meta["vocab_size"]
-            hyper["data_identity"] = data_identity(data_dir, meta)
-            hyper["run_config"] = {
+            recorded = {
+                "data_identity": data_identity(data_dir, meta),
                 "data": {"data_dir": str(data_dir)},
                 "tokenizer": {"name": meta["tokenizer"]},
             }
@@ -324,7 +325,7 @@ def write_checkpoint() -> Callable[..., Path]:
         config = GPTConfig(vocab_size=vocab_size, **settings)
         torch.manual_seed(seed)
         state = {f"model.{k}": v for k, v in GPT(config).state_dict().items()}
-        hyper["model_config"] = config.to_dict()
+        hyper = {RECORD_KEY: RunRecord(model=config.to_dict(), **recorded).to_json()}
         atomic_save({"state_dict": state, "hyper_parameters": hyper, "global_step": global_step}, path)
         return Path(path)
 

@@ -500,9 +500,7 @@ def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
             "modified or corrupted on disk); own text needs the checkpoint as training wrote it"
         )
     try:
-        tokenizer = tokenizer_for_run(
-            run.record, None, (run.path, run.checkpoint), run.model.config.vocab_size
-        )
+        tokenizer = tokenizer_for_run(run.record, None, run.path, run.model.config.vocab_size)
     except (CheckpointError, DataError) as err:
         folder = run.record.data_dir
         log.warning("own text for %s: %s", path, err)  # the command line's wording, in TensorBoard's log

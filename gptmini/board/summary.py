@@ -376,10 +376,7 @@ def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str,
     if not _finite(vectors.get("scale")):
         raise SummaryFormatError("vectors.scale must be a number")
     for name in ("q", "k"):
-        try:
-            size = len(base64.b64decode(vectors.get(name) or "", validate=True))
-        except (binascii.Error, TypeError, ValueError):
-            raise SummaryFormatError(f"vectors.{name} is not base64") from None
+        size = _b64_size(vectors.get(name), f"vectors.{name}")
         if size != 2 * layers * n_head * t * hs:
             raise SummaryFormatError(
                 f"vectors.{name}: {size} bytes for {layers}x{n_head} heads, {t} tokens of {hs}"
@@ -438,15 +435,20 @@ def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[st
             f"circuits.circuit_tokens must be 1 to {MAX_CIRCUIT_TOKENS} strings, within {MAX_CIRCUIT_VALUES} values"
         )
     for name in ("qk", "ov"):
-        try:
-            size = len(base64.b64decode(circuits.get(name) or "", validate=True))
-        except (binascii.Error, TypeError, ValueError):
-            raise SummaryFormatError(f"circuits.{name} is not base64") from None
+        size = _b64_size(circuits.get(name), f"circuits.{name}")
         if size != 2 * heads * len(names) ** 2:
             raise SummaryFormatError(
                 f"circuits.{name}: {size} bytes for {heads} heads over {len(names)} tokens"
             )
     return {k: circuits.get(k) for k in CIRCUIT_KEYS}
+
+
+def _b64_size(value: Any, where: str) -> int:
+    """The bytes of a base64 field."""
+    try:
+        return len(base64.b64decode(value or "", validate=True))
+    except (binascii.Error, TypeError, ValueError):
+        raise SummaryFormatError(f"{where} is not base64") from None
 
 
 def _count(header: dict[str, Any], key: str, most: int, where: str = "") -> int:

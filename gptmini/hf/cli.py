@@ -42,9 +42,7 @@ def default_tokenizer_choice(export_format: str, record: RunRecord) -> str:
     return "auto" if export_format == "llama" or recorded in SAVED_TOKENIZERS else "none"
 
 
-def export_tokenizer(
-    choice: str, record: RunRecord, data_dir: str | None, checkpoint: tuple[Path, dict[str, Any]]
-) -> Any | None:
+def export_tokenizer(choice: str, record: RunRecord, data_dir: str | None, checkpoint: Path) -> Any | None:
     """The gptmini tokenizer whose files go with an export: ``auto`` is the one the run recorded (None, with a
     warning, for a checkpoint that records none), ``none`` writes none; found as every command finds a run's
     tokenizer (``gptmini.runs.loading.tokenizer_for_run``). Raises HFWeightsError when a ``char`` vocabulary
@@ -93,7 +91,7 @@ def _export(args: argparse.Namespace) -> None:
 
             check_llama_model(model.config)  # before looking for a tokenizer: the model is the first question
             save = save_hf_llama
-        tokenizer = export_tokenizer(args.tokenizer, run.record, args.data_dir, (run.path, run.checkpoint))
+        tokenizer = export_tokenizer(args.tokenizer, run.record, args.data_dir, run.path)
         files = ", ".join(save(model, args.out, tokenizer=tokenizer, overwrite=args.force))
     except CheckpointError as err:
         raise HFWeightsError(str(err)) from None
@@ -173,7 +171,7 @@ def _import(args: argparse.Namespace) -> None:
     record = _imported_record(args, model.config.to_dict())
     ckpt = {
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-        "hyper_parameters": {"model_config": model.config.to_dict(), RECORD_KEY: record.to_json()},
+        "hyper_parameters": {RECORD_KEY: record.to_json()},
     }
     try:
         atomic_save(ckpt, out)  # with the checksum every gptmini command verifies

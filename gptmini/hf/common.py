@@ -132,6 +132,30 @@ def weight_files(path: Path) -> list[Path]:
     )
 
 
+def read_state(path: Path) -> dict[str, Tensor]:
+    """Every tensor of the folder's weight files."""
+    state: dict[str, Tensor] = {}
+    for file in weight_files(path):
+        state.update(read_tensors(file))
+    return state
+
+
+def export_tensor(x: Tensor) -> Tensor:
+    """A fresh contiguous float32 CPU copy: safetensors refuses shared or strided storage."""
+    return x.detach().to("cpu", torch.float32).clone().contiguous()
+
+
+def vocab_rows(config: GPTConfig, weight: Tensor) -> Tensor:
+    """A folder's (vocab, n_embd) token rows as the model's (padded_vocab_size, n_embd) table. Rows for real
+    tokens the folder lacks (a larger model vocabulary) start at the mean row, so that their logits are ordinary
+    rather than 0 (far above typical logits); gptmini's padding rows (always -inf) are zeros."""
+    rows = torch.zeros(config.padded_vocab_size, config.n_embd)
+    vocab = weight.shape[0]
+    rows[:vocab] = weight.float()
+    rows[vocab : config.vocab_size] = weight.float().mean(dim=0)
+    return rows
+
+
 def read_tensors(file: Path) -> dict[str, Tensor]:
     if file.name.endswith(".safetensors"):
         st = safetensors_torch()
@@ -256,6 +280,38 @@ def write_export(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return written
+
+
+def refuse_extras(
+    config: GPTConfig,
+    refusal: Callable[[str, Any], str],
+    fmt: str,
+    attention: str,
+    allowed: frozenset[str] = frozenset(),
+) -> None:
+    """Raises HFWeightsError for the first setting of ``config`` that neither Hugging Face format holds: logit
+    soft-capping, an ingredient without weights there, an attention option ``allowed`` leaves out.
+    ``refusal(setting, value)`` begins the message; ``fmt`` names the format, ``attention`` what it has."""
+    from gptmini.ingredients import hf_inexpressible
+    from gptmini.model import _OPTION_SETTINGS
+
+    if config.logit_softcap is not None:
+        raise HFWeightsError(
+            f"{refusal('logit_softcap', config.logit_softcap)}: {fmt} has no logit soft-capping, so its logits "
+            "would differ (use model.logit_softcap=null)"
+        )
+    if (ingredient := hf_inexpressible(config)) is not None:
+        raise HFWeightsError(
+            f"{refusal(*ingredient)}: a {fmt} checkpoint has no weights for it (train without "
+            f"model.{ingredient[0]})"
+        )
+    extra = sorted(set(config.attention_options()) - allowed)
+    if extra:
+        setting = _OPTION_SETTINGS.get(extra[0], extra[0])
+        raise HFWeightsError(
+            f"{refusal(setting, getattr(config, setting))}: {fmt} has {attention} (leave model.{setting} at its "
+            "default)"
+        )
 
 
 def check_export_tokenizer(tokenizer: Any, model_vocab: int) -> None:

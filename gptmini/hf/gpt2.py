@@ -37,13 +37,14 @@ from gptmini.hf.common import (
     STRING,
     HFWeightsError,
     check_json_types,
+    export_tensor,
     read_config_json,
-    read_tensors,
-    weight_files,
+    read_state,
+    refuse_extras,
+    vocab_rows,
     write_export,
     wrong_shapes,
 )
-from gptmini.ingredients import hf_inexpressible
 from gptmini.model import GPT, GPTConfig
 
 __all__ = ["HFWeightsError", "load_gpt2_weights", "load_hf_gpt2", "save_hf_gpt2"]
@@ -163,16 +164,9 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """The validated config and state dict (keys without ``transformer.``, buffers dropped) of a folder."""
     path = Path(path)
     cfg = _read_hf_config(path)
-    raw: dict[str, Tensor] = {}
-    for file in weight_files(path):
-        raw.update(read_tensors(file))
-    state: dict[str, Tensor] = {}
-    for key, value in raw.items():
-        state[key.removeprefix("transformer.")] = value
+    state = {k.removeprefix("transformer."): v for k, v in read_state(path).items()}
+    state = {k: v for k, v in state.items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
-    for key in [k for k in state if _IGNORED.match(k)]:
-        del state[key]
-
     wrong = wrong_shapes(
         path,
         state,
@@ -212,23 +206,12 @@ def _check_model(model: GPT, what: str) -> None:
             f"cannot {what} GPT-2 weights with model.position={c.position!r}: GPT-2 learns a table of positions "
             "(use model.position=learned)"
         )
-    if c.logit_softcap is not None:
-        raise HFWeightsError(
-            f"cannot {what} GPT-2 weights with model.logit_softcap={c.logit_softcap}: GPT-2 has no logit "
-            "soft-capping (use model.logit_softcap=null)"
-        )
-    if (ingredient := hf_inexpressible(c)) is not None:
-        raise HFWeightsError(
-            f"cannot {what} GPT-2 weights with model.{ingredient[0]}={ingredient[1]}: a GPT-2 checkpoint has no "
-            f"weights for it (train without model.{ingredient[0]})"
-        )
-    options = c.attention_options()
-    if options:
-        option, value = next(iter(options.items()))
-        raise HFWeightsError(
-            f"cannot {what} GPT-2 weights with model.{option}={value}: GPT-2 has plain multi-head attention "
-            f"(leave model.{option} at its default)"
-        )
+    refuse_extras(
+        c,
+        lambda setting, value: f"cannot {what} GPT-2 weights with model.{setting}={value}",
+        "GPT-2",
+        "plain multi-head attention",
+    )
     block = {
         "norm": ("layernorm", "GPT-2 normalises with LayerNorm"),
         "mlp": ("gelu", "GPT-2's MLP is Linear, GELU, Linear"),
@@ -251,15 +234,9 @@ def _check_model(model: GPT, what: str) -> None:
 
 
 @torch.no_grad()
-def _copy_into(model: GPT, cfg: dict[str, Any], state: dict[str, Tensor]) -> None:
+def _copy_into(model: GPT, state: dict[str, Tensor]) -> None:
     c = model.config
-    vocab, d = cfg["vocab_size"], cfg["n_embd"]
-    wte = state["wte.weight"].to(torch.float32)
-    # Rows for real tokens the checkpoint lacks (model vocab larger) start at the mean embedding, so their
-    # logits are ordinary rather than 0 (far above GPT-2's typical logits); padded rows (always -inf) are zeros.
-    emb = torch.zeros(c.padded_vocab_size, d)
-    emb[:vocab] = wte
-    emb[vocab : c.vocab_size] = wte.mean(dim=0)
+    emb = vocab_rows(c, state["wte.weight"])
     model.wte.weight.copy_(emb)
     if not c.tie_weights:
         model.lm_head.weight.copy_(emb)
@@ -310,7 +287,7 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
     )
     model = GPT(config)
     _check_model(model, "load")
-    _copy_into(model, cfg, state)
+    _copy_into(model, state)
     return model.eval()
 
 
@@ -344,8 +321,8 @@ def load_gpt2_weights(model: GPT, path: str | Path) -> None:
             + "; ".join(problems)
             + " — use the matching model preset (e.g. model=gpt2 for GPT-2 small) or load with load_hf_gpt2"
         )
-    cfg, state = _read_hf(path)
-    _copy_into(model, cfg, state)
+    _, state = _read_hf(path)
+    _copy_into(model, state)
 
 
 def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
@@ -385,8 +362,7 @@ def _hf_state(model: GPT) -> dict[str, Tensor]:
     d = c.n_embd
 
     def t(x: Tensor | None, shape: tuple[int, ...]) -> Tensor:
-        # fresh contiguous float32 CPU copies: safetensors refuses shared or strided storage
-        return torch.zeros(shape) if x is None else x.detach().to("cpu", torch.float32).clone().contiguous()
+        return torch.zeros(shape) if x is None else export_tensor(x)
 
     state = {
         "wte.weight": t(model.wte.weight[: c.vocab_size], (c.vocab_size, d)),

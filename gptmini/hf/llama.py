@@ -10,11 +10,9 @@ A Llama block is a gptmini block with ``position=rope``, ``norm=rmsnorm``, ``mlp
 ``attention_bias`` + ``mlp_bias``. Anything else (learned or ALiBi positions, windows, sinks, gates, q/k norms,
 LayerNorm, GELU MLPs, other attention mechanisms) has no place in the format and is refused, naming the setting.
 
-Rotary layouts: a head's dimensions pair up either as interleaved neighbours (2i, 2i + 1) — the RoPE paper and
-Meta's original Llama code — or as halves (i, i + hs/2) — GPT-NeoX, Hugging Face Llama and gptmini
-(``gptmini.attention.rope``). A projection trained for one layout works in the other once its query/key output
-rows are permuted (:func:`interleaved_to_halves`, :func:`halves_to_interleaved`); the converters name both
-sides' layouts and permute between them (the identity for Hugging Face's Llama, whose layout is gptmini's).
+Rotary positions pair a head's dimensions as halves (i, i + hs/2) in Hugging Face's Llama as in gptmini
+(``gptmini.attention.rope``), so query and key rows are copied as they are (Meta's original checkpoints pair
+neighbours (2i, 2i + 1): they are not this format).
 """
 
 from __future__ import annotations
@@ -40,71 +38,27 @@ from gptmini.hf.common import (
     STRING,
     HFWeightsError,
     check_json_types,
+    export_tensor,
     read_config_json,
-    read_tensors,
-    weight_files,
+    read_state,
+    refuse_extras,
+    vocab_rows,
     write_export,
     wrong_shapes,
 )
-from gptmini.ingredients import hf_inexpressible
-from gptmini.model import _OPTION_SETTINGS, GPT, GPTConfig
+from gptmini.model import GPT, GPTConfig
 
 __all__ = [
-    "GPTMINI_ROPE_LAYOUT",
-    "LLAMA_ROPE_LAYOUT",
     "check_llama_model",
-    "halves_to_interleaved",
-    "interleaved_to_halves",
     "load_hf_llama",
     "load_llama_weights",
-    "rope_layout",
     "save_hf_llama",
 ]
 
 log = logging.getLogger(__name__)
 
-# How each side pairs a head's dimensions for rotary embeddings (see the module docstring).
-GPTMINI_ROPE_LAYOUT = "halves"
-# transformers' LlamaForCausalLM (rotate_half); Meta's original checkpoints interleave
-LLAMA_ROPE_LAYOUT = "halves"
-ROPE_LAYOUTS = ("halves", "interleaved")
-
 # buffers older transformers versions saved with the weights: not weights, ignored on import
 _IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# rotary layouts
-# ---------------------------------------------------------------------------------------------------------
-
-
-def interleaved_to_halves(w: Tensor, n_heads: int) -> Tensor:
-    """Rows of a query or key projection (weight (n_heads * hs, C) or bias (n_heads * hs,)) reordered from the
-    interleaved layout to the halves one: in each head, row 2i goes to i and row 2i + 1 to i + hs/2. The
-    rotated dot products are unchanged (the permutation of transformers' convert_llama_weights_to_hf)."""
-    rows = w.shape[0]
-    hs = rows // n_heads
-    return w.reshape(n_heads, hs // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(rows, *w.shape[1:])
-
-
-def halves_to_interleaved(w: Tensor, n_heads: int) -> Tensor:
-    """The inverse of :func:`interleaved_to_halves`: row i goes to 2i and row i + hs/2 to 2i + 1, per head."""
-    rows = w.shape[0]
-    hs = rows // n_heads
-    return w.reshape(n_heads, 2, hs // 2, *w.shape[1:]).transpose(1, 2).reshape(rows, *w.shape[1:])
-
-
-def rope_layout(w: Tensor, n_heads: int, src: str, dst: str) -> Tensor:
-    """A query/key projection's rows moved from rotary layout ``src`` to ``dst`` (each "halves" or
-    "interleaved")."""
-    for layout in (src, dst):
-        if layout not in ROPE_LAYOUTS:
-            raise ValueError(
-                f"rotary layout {layout!r} is unknown: valid layouts are {', '.join(ROPE_LAYOUTS)}"
-            )
-    if src == dst:
-        return w
-    return interleaved_to_halves(w, n_heads) if src == "interleaved" else halves_to_interleaved(w, n_heads)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -129,23 +83,13 @@ def check_llama_model(config: GPTConfig, what: str = "export") -> None:
                 f"cannot {what} a model with model.{setting}={value} in Llama's format: {why} "
                 f"(train with model.{setting}={wanted}, e.g. model=llama_small)"
             )
-    if config.logit_softcap is not None:
-        raise HFWeightsError(
-            f"cannot {what} a model with model.logit_softcap={config.logit_softcap} in Llama's format: a Llama "
-            "checkpoint has no logit soft-capping, so its logits would differ (train with model.logit_softcap=null)"
-        )
-    if (ingredient := hf_inexpressible(config)) is not None:
-        raise HFWeightsError(
-            f"cannot {what} a model with model.{ingredient[0]}={ingredient[1]} in Llama's format: a Llama "
-            f"checkpoint has no weights for it (train without model.{ingredient[0]})"
-        )
-    extra = sorted(set(config.attention_options()) - _LLAMA_OPTIONS)
-    if extra:
-        setting = _OPTION_SETTINGS.get(extra[0], extra[0])
-        raise HFWeightsError(
-            f"cannot {what} a model with model.{setting}={getattr(config, setting)!r} in Llama's format: a Llama "
-            f"block has plain rotary grouped-query attention (leave model.{setting} at its default)"
-        )
+    refuse_extras(
+        config,
+        lambda setting, value: f"cannot {what} a model with model.{setting}={value!r} in Llama's format",
+        "Llama",
+        "plain rotary grouped-query attention",
+        allowed=_LLAMA_OPTIONS,
+    )
     if config.attention != "sdpa":  # rotary positions already need sdpa: this guards a future implementation
         raise HFWeightsError(
             f"cannot {what} a model with model.attention={config.attention!r} in Llama's format: use model.attention=sdpa"
@@ -195,12 +139,7 @@ def _llama_config_dict(model: GPT, bos: int | None, eos: int | None) -> dict[str
 def _llama_state(model: GPT) -> dict[str, Tensor]:
     c = model.config
 
-    def t(x: Tensor) -> Tensor:
-        # fresh contiguous float32 CPU copies: safetensors refuses shared or strided storage
-        return x.detach().to("cpu", torch.float32).clone().contiguous()
-
-    def qk(x: Tensor, heads: int) -> Tensor:
-        return t(rope_layout(x, heads, GPTMINI_ROPE_LAYOUT, LLAMA_ROPE_LAYOUT))
+    t = export_tensor
 
     state = {
         "model.embed_tokens.weight": t(model.wte.weight[: c.vocab_size]),
@@ -215,8 +154,8 @@ def _llama_state(model: GPT) -> dict[str, Tensor]:
         layer = {
             "input_layernorm.weight": t(block.ln_1.weight),
             "post_attention_layernorm.weight": t(block.ln_2.weight),
-            "self_attn.q_proj.weight": qk(wq, c.n_head),
-            "self_attn.k_proj.weight": qk(wk, c.kv_heads),
+            "self_attn.q_proj.weight": t(wq),
+            "self_attn.k_proj.weight": t(wk),
             "self_attn.v_proj.weight": t(wv),
             "self_attn.o_proj.weight": t(attn.out_weight),
             "mlp.gate_proj.weight": t(block.mlp.w_gate.weight),
@@ -225,8 +164,8 @@ def _llama_state(model: GPT) -> dict[str, Tensor]:
         }
         if c.bias:
             layer |= {
-                "self_attn.q_proj.bias": qk(bq, c.n_head),
-                "self_attn.k_proj.bias": qk(bk, c.kv_heads),
+                "self_attn.q_proj.bias": t(bq),
+                "self_attn.k_proj.bias": t(bk),
                 "self_attn.v_proj.bias": t(bv),
                 "self_attn.o_proj.bias": t(attn.out_bias),
                 "mlp.gate_proj.bias": t(block.mlp.w_gate.bias),
@@ -403,11 +342,7 @@ def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
 def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tensor | None]:
     """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
     when tied)."""
-    state: dict[str, Tensor] = {}
-    for file in weight_files(path):
-        state.update(read_tensors(file))
-    for key in [k for k in state if _IGNORED.match(k)]:
-        del state[key]
+    state = {k: v for k, v in read_state(path).items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
     wrong = wrong_shapes(
         path,
@@ -434,27 +369,13 @@ def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tenso
     return state, lm_head
 
 
-def _vocab_rows(model: GPT, weight: Tensor) -> Tensor:
-    # Rows for real tokens the folder lacks (model vocab larger) start at the mean row, so their logits are
-    # ordinary; gptmini's padding rows (always -inf) are zeros.
-    c = model.config
-    rows = torch.zeros(c.padded_vocab_size, c.n_embd)
-    vocab = weight.shape[0]
-    rows[:vocab] = weight.float()
-    rows[vocab : c.vocab_size] = weight.float().mean(dim=0)
-    return rows
-
-
 @torch.no_grad()
 def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> None:
     c = model.config
-    model.wte.weight.copy_(_vocab_rows(model, state["model.embed_tokens.weight"]))
+    model.wte.weight.copy_(vocab_rows(c, state["model.embed_tokens.weight"]))
     if not c.tie_weights:
-        model.lm_head.weight.copy_(_vocab_rows(model, lm_head))
+        model.lm_head.weight.copy_(vocab_rows(c, lm_head))
     model.ln_f.weight.copy_(state["model.norm.weight"])
-
-    def qk(x: Tensor | None, heads: int) -> Tensor | None:
-        return None if x is None else rope_layout(x, heads, LLAMA_ROPE_LAYOUT, GPTMINI_ROPE_LAYOUT)
 
     for i, block in enumerate(model.blocks):
         layer = {
@@ -465,17 +386,11 @@ def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> 
         get = layer.get  # a bias the model has no room for is absent (bias=false): None
         block.ln_1.weight.copy_(get("input_layernorm.weight"))
         block.ln_2.weight.copy_(get("post_attention_layernorm.weight"))
-        biases = [qk(get("self_attn.q_proj.bias"), c.n_head), qk(get("self_attn.k_proj.bias"), c.kv_heads)]
-        biases.append(get("self_attn.v_proj.bias"))
-        weights = [
-            qk(get("self_attn.q_proj.weight"), c.n_head),
-            qk(get("self_attn.k_proj.weight"), c.kv_heads),
-        ]
-        weights.append(get("self_attn.v_proj.weight"))
+        qkv = [f"self_attn.{x}_proj" for x in "qkv"]
         block.attn.set_weights(
             AttentionWeights(
-                qkv_weight=torch.cat(weights),  # rows [W_q; W_k; W_v]
-                qkv_bias=torch.cat(biases) if c.bias else None,
+                qkv_weight=torch.cat([get(f"{p}.weight") for p in qkv]),  # rows [W_q; W_k; W_v]
+                qkv_bias=torch.cat([get(f"{p}.bias") for p in qkv]) if c.bias else None,
                 out_weight=get("self_attn.o_proj.weight"),
                 out_bias=get("self_attn.o_proj.bias"),
             )

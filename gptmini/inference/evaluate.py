@@ -36,7 +36,7 @@ from gptmini.fileio import atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import EtaProgress, HelpFormatter, int_at_least, positive_int, resolve_device
-from gptmini.runs.checkpoint import DATA_IDENTITY_KEY, CheckpointError
+from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.discovery import resolve_checkpoint
 from gptmini.runs.loading import LoadedRun, add_run_options, open_run
 from gptmini.viz import context_sweep_figure
@@ -59,10 +59,6 @@ def evaluate(
     """Token-weighted mean cross entropy over strided (non-overlapping) windows of a prepared split, and bits per
     byte: the summed nats over ln 2 times the UTF-8 bytes the scored tokens stand for (comparable across
     tokenizers). ``progress(done, total)`` is called after each batch."""
-    if max_batches is not None and max_batches < 1:
-        raise ValueError(f"--max-batches {max_batches} is out of range: it must be an integer >= 1")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size {batch_size} is out of range: it must be an integer >= 1")
     meta = load_meta(data_dir)
     check_vocab(model.config.vocab_size, meta)
     tokens = load_split(data_dir, split, meta)
@@ -126,15 +122,6 @@ def context_sweep(
         log.info("context %d: %s loss %.4f over %d tokens", context, split, result["loss"], result["tokens"])
         rows.append({"context": context} | {k: result[k] for k in ("loss", "ppl", "tokens", "seconds")})
     return rows
-
-
-def plot_context_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """The sweep's chart (``gptmini.viz.context_sweep_figure``) as a PNG; an existing plot is replaced whole or
-    not at all."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_name(Path(path).name + ".tmp.png")
-    context_sweep_figure(runs).savefig(tmp)
-    tmp.replace(path)
 
 
 def _contexts(text: str) -> list[int]:
@@ -305,7 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             r["name"] += f" ({Path(r['checkpoint']).parent.parent.name})"
     plot = Path(out).with_suffix(".png")
     try:
-        plot_context_sweep(runs, plot)
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        tmp = plot.with_name(plot.name + ".tmp.png")  # an earlier plot is replaced whole or not at all
+        context_sweep_figure(runs).savefig(tmp)
+        tmp.replace(plot)
     except OSError as err:
         log.error("error: cannot write the plot %s: %s", plot, err.strerror or err)
         return 2
@@ -352,7 +342,7 @@ def _open(path: Path, args: argparse.Namespace, scratch: ExitStack) -> tuple[Loa
         # re-prepared with another vocabulary, or gone: the checkpoint's own tokenizer on its own corpus gives the
         # same tokens again when the corpus is unchanged (checked against the fingerprint it recorded). A
         # checkpoint is data: the corpus it records is read only when the user names it (or it is embedded).
-        recorded = str(run.checkpoint["hyper_parameters"][DATA_IDENTITY_KEY]["source"])
+        recorded = str(run.record.data_identity["source"])
         source = args.corpus or (recorded if recorded in EMBEDDED_SOURCES else None)
         if source is None:
             raise DataError(

@@ -21,14 +21,12 @@ from gptmini.inference.sample import encode_prompt
 from gptmini.options import HelpFormatter, positive_int
 from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.loading import add_run_options, open_run
-from gptmini.viz import attention_entropy, attention_figures, token_labels
+from gptmini.viz import attention_entropy, attention_images, png, token_labels
 
 log = logging.getLogger("gptmini.inference.export_attention")
 
 
 def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_tokens: int = 48) -> list[Path]:
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens {max_tokens} is out of range: it must be an integer >= 1")
     ids = encode_prompt(tokenizer, text, "--text")
     limit = min(max_tokens, model.config.block_size)
     if len(ids) > limit:
@@ -44,14 +42,13 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
         ids = ids[:limit]
     device = next(model.parameters()).device
     maps = model.eval().attention_maps(torch.tensor([ids], device=device))[:, 0]  # (n_layer, n_head, T, T)
-    grids, means = attention_figures(maps, token_labels(tokenizer, ids))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for layer, (grid, mean) in enumerate(zip(grids, means, strict=True)):
-        for fig, name in ((grid, f"layer{layer}_heads.png"), (mean, f"layer{layer}_mean.png")):
+    for layer, images in enumerate(attention_images(maps, token_labels(tokenizer, ids))):
+        for image, name in zip(images, (f"layer{layer}_heads.png", f"layer{layer}_mean.png"), strict=True):
             tmp = out / f".{name}.tmp"
-            fig.savefig(tmp, format="png", dpi=110)  # written whole, then renamed
+            tmp.write_bytes(png(image))  # written whole, then renamed
             os.replace(tmp, out / name)
             written.append(out / name)
     entropy = attention_entropy(maps).tolist()

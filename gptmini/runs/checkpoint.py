@@ -21,16 +21,12 @@ import torch
 from gptmini import fileio
 from gptmini.model import GPT, GPTConfig
 from gptmini.runs.files import SUMMARY_FILE, write_summary
+from gptmini.runs.record import RunRecord, RunRecordError, read_record
 
 log = logging.getLogger(__name__)
 
 # The checkpoint's own entry holding the checksum of its tensors (plain data: loads with weights_only=True).
 CHECKSUM_KEY = "gptmini_checksum"
-# The hyper-parameter recording which prepared data a run trained on (gptmini.data.reader.data_identity).
-DATA_IDENTITY_KEY = "data_identity"
-# Within it: the tokenizer itself when it is not known by name (the char vocabulary, the trained BPE; as
-# gptmini.data.reader.saved_tokenizer gives it), so the checkpoint samples and exports without its data folder.
-SAVED_TOKENIZER_KEY = "saved_tokenizer"
 # A checkpoint of a run with callbacks.ema (Lightning's WeightAveraging) holds the average as "state_dict", what
 # every command reads, and the trained weights under this key, what a resume continues from.
 TRAINED_WEIGHTS_KEY = "current_model_state"
@@ -74,8 +70,8 @@ def tensor_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return {"algorithm": "sha256", "tensors": count, "bytes": nbytes, "digest": digest.hexdigest()}
 
 
-# What the checksum covers besides the tensors: the settings the weights are read with (model_config: an edited
-# n_head or position setting would read the same tensors as another model), the run's config and data.
+# What the checksum covers besides the tensors: the settings the weights are read with (the record's model: an
+# edited n_head or position setting would read the same tensors as another model), the run's settings and data.
 COVERED_SETTINGS = "hyper_parameters"
 
 
@@ -106,7 +102,8 @@ def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return {**checkpoint, CHECKSUM_KEY: record}
 
 
-# (path, size, mtime) of files verified in this process: a resume reads its checkpoint up to three times.
+# (path, size, mtime) of files verified in this process: a resume, and a command's ``--ckpt last``, read their
+# checkpoint twice (the choice or the plan, then the load).
 _verified: set[tuple[str, int, int]] = set()
 _unverifiable_warned: set[str] = set()
 
@@ -237,13 +234,17 @@ def _check_archive_sizes(path: Path) -> None:
         )
 
 
-def _model_config(ckpt: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    hp = ckpt.get("hyper_parameters") or {}
-    if "model_config" not in hp:
+def checkpoint_record(ckpt: Mapping[str, Any], path: str | Path) -> RunRecord:
+    """The run record of the checkpoint ``path`` (``read_record``), which must hold the model's settings."""
+    try:
+        record = read_record(ckpt)
+    except RunRecordError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    if not record.model:
         raise CheckpointError(
-            f"{path} has no model_config in its hyper-parameters: it was not written by gptmini"
+            f"{path} records no model settings in its hyper-parameters: it was not written by gptmini"
         )
-    return dict(hp["model_config"])
+    return record
 
 
 def check_tensors_match(
@@ -289,17 +290,21 @@ def model_and_checkpoint(
 ) -> tuple[GPT, dict[str, Any]]:
     """The plain ``GPT`` stored in a training checkpoint (in eval mode), and the checkpoint's whole dict."""
     ckpt = load_checkpoint(path, map_location)
-    model = GPT(GPTConfig.from_dict(_model_config(ckpt, path)))
+    return stored_model(ckpt, checkpoint_record(ckpt, path), path), ckpt
+
+
+def stored_model(ckpt: Mapping[str, Any], record: RunRecord, path: str | Path) -> GPT:
+    """The plain ``GPT`` of a loaded checkpoint and its record (in eval mode)."""
+    model = GPT(GPTConfig.from_dict(record.model))
     check_tensors_match(ckpt["state_dict"], model, path)
+    _load_weights(model, ckpt, path)
+    return model.eval()
+
+
+def _load_weights(model: GPT, ckpt: Mapping[str, Any], path: str | Path) -> None:
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    # strict=False: every tensor was checked above (and a tied lm_head.weight is wte.weight)
+    # strict=False: every tensor was checked first (and a tied lm_head.weight is wte.weight)
     model.load_state_dict(state, strict=False)
-    model.eval()
-    _say_if_averaged(ckpt, path)
-    return model, ckpt
-
-
-def _say_if_averaged(ckpt: Mapping[str, Any], path: str | Path) -> None:
     if TRAINED_WEIGHTS_KEY in ckpt:
         log.info(
             "%s holds an average of the weights (callbacks.ema) beside the trained ones: using the average",
@@ -314,15 +319,13 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     ckpt = load_checkpoint(path)
     problems = _tensor_problems(ckpt["state_dict"], model)
     if problems:
-        saved = _model_config(ckpt, path)
+        saved = checkpoint_record(ckpt, path).model
         keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
         raise CheckpointError(
             f"model.init_from={path}: its weights do not fit this run's model ({problems}); configure the model "
             f"as it was saved ({', '.join(f'model.{k}={saved.get(k)}' for k in keys)}, ...)"
         )
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(state, strict=False)  # every tensor was checked above (a tied lm_head is wte)
-    _say_if_averaged(ckpt, path)
+    _load_weights(model, ckpt, path)
 
 
 # --- the data a checkpoint was trained on ----------------------------------------------------------------------
@@ -330,20 +333,20 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
 
 def check_trained_data(
     path: str | Path,
-    ckpt: Mapping[str, Any],
+    recorded: Mapping[str, Any],
     data_dir: str | Path,
     meta: Mapping[str, Any] | None = None,
     other_data: Literal["refuse", "warn", "allow"] = "refuse",
     fix: str = "",
 ) -> str | None:
     """Compares the prepared data in ``data_dir`` with the data checkpoint ``path`` recorded at training time
-    (``hyper_parameters.data_identity``). Another tokenization (another char vocabulary: the ids would mean other
-    text) is always refused; other data with the same tokenizer is refused, returned as a warning text, or
-    allowed, per ``other_data``. ``fix`` ends a refusal. Checkpoints that record nothing are not compared."""
+    (``recorded``: its record's ``data_identity``). Another tokenization (another char vocabulary: the ids would
+    mean other text) is always refused; other data with the same tokenizer is refused, returned as a warning
+    text, or allowed, per ``other_data``. ``fix`` ends a refusal. Checkpoints that record nothing are not
+    compared."""
     from gptmini.data.reader import data_identity
 
-    recorded = (ckpt.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
-    if not isinstance(recorded, Mapping) or "fingerprint" not in recorded:
+    if "fingerprint" not in recorded:
         return None
     current = data_identity(data_dir, meta)
     was = (

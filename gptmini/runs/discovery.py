@@ -1,19 +1,10 @@
-"""``gptmini runs``: the runs under the runs folder (``outputs/``), newest first, with what tells them apart and
-what can be done with them: name, folder, steps done of planned, the last val/loss, size on disk, and whether the
-run finished, can be resumed, was resumed by a later run, or left no checkpoint. The row ``--ckpt last`` opens is marked.
+"""Which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and ``model.init_from``) means
+(``resolve_checkpoint``, :data:`CKPT_RULE`), and ``gptmini runs``: the runs under the runs folder, newest first.
 
-A run is a folder holding ``.hydra/config.yaml`` (what Hydra wrote when it started): ``outputs/<name>/<time>/`` for
-a single run, ``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. The figures come from the
-run's own files: the summary training writes with each ``last.ckpt``/``on_exception.ckpt``
-(``run_summary.json``: steps done and planned, name, last val/loss), and ``.hydra/overrides.yaml``. Without a
-summary that still describes the newest checkpoint: the planned steps and the name from ``.hydra/config.yaml``,
-the steps done from the checkpoint (read with ``weights_only=True``, tensors memory-mapped, not read), the last
-val/loss from its TensorBoard events. Nothing imports torch or TensorBoard unless a run needs the long way.
-
-
-Also the one rule for which checkpoint a command's ``--ckpt`` (and training's ``ckpt_path`` and
-``model.init_from``) means: a file, a run folder, a run name or ``last`` (``resolve_checkpoint``, :data:`CKPT_RULE`),
-and the search under it (``newest_checkpoint``)."""
+A run is a folder holding ``.hydra/config.yaml``: ``outputs/<name>/<time>/``, or
+``outputs/<name>/multirun_<time>/<overrides>/`` for a job of a sweep. Its row is read from its own small files
+(``run_record.json``, the ``run_summary.json`` written with each checkpoint, ``.hydra/overrides.yaml``); a
+checkpoint (memory-mapped) only when no summary describes it as it is now, so a listing imports no torch."""
 
 from __future__ import annotations
 
@@ -25,7 +16,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,39 +40,25 @@ CKPT_RULE = (
 # --- which file "last" means ---------------------------------------------------------------------------------
 
 
-def newest_checkpoint(
-    output_root: str | Path,
-    run_name: str | None = None,
-    exclude: str | Path | None = None,
-    sweep_jobs: bool = True,
-) -> Path | None:
-    """The newest ``last.ckpt`` or ``on_exception.ckpt`` in any ``checkpoints/`` folder under
-    ``output_root/run_name`` (every run when ``run_name`` is None): the one written most recently (modification
-    time; ties: the later path). None when there is none. ``exclude``: a folder to leave out (a resumed run's own,
-    still empty, folder). ``sweep_jobs=False`` leaves out the jobs of sweeps (folders ``multirun_*`` below the
-    searched folder): what ``last`` and a run name mean in the commands (:data:`CKPT_RULE`).
-
-    Checkpoints are written atomically, so any file found here is complete: a run killed while saving leaves its
-    previous checkpoint in place and only a ``.last.ckpt.*.tmp`` file beside it, which is never chosen."""
-    return next(iter(last_checkpoints(output_root, run_name, exclude, sweep_jobs)), None)
+def newest_checkpoint(output_root: str | Path, run_name: str | None = None) -> Path | None:
+    """The first of :func:`last_checkpoints`; None when there is none."""
+    return next(iter(last_checkpoints(output_root, run_name)), None)
 
 
 def last_checkpoints(
-    output_root: str | Path,
-    run_name: str | None = None,
-    exclude: str | Path | None = None,
-    sweep_jobs: bool = True,
+    output_root: str | Path, run_name: str | None = None, sweep_jobs: bool = True
 ) -> list[Path]:
-    """Every file :func:`newest_checkpoint` chooses among, the one it chooses first."""
+    """Every ``last.ckpt`` and ``on_exception.ckpt`` in a ``checkpoints/`` folder under ``output_root/run_name``
+    (every run's when ``run_name`` is None), the one written last first (ties: the later path).
+    ``sweep_jobs=False`` leaves out the jobs of sweeps (``multirun_*``), as ``last`` and a run name do
+    (:data:`CKPT_RULE`). Saves are atomic: a file found here is complete (a save killed midway leaves only a
+    ``.last.ckpt.*.tmp`` beside it, never chosen)."""
     root = Path(output_root) / run_name if run_name else Path(output_root)
-    skip = Path(exclude).resolve() if exclude is not None else None
     candidates = [
         p
         for name in LAST_NAMES
         for p in root.glob(f"**/checkpoints/{name}")
-        if p.is_file()
-        and (skip is None or skip not in p.resolve().parents)
-        and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
+        if p.is_file() and (sweep_jobs or not is_sweep_job(p.relative_to(root)))
     ]
     return sorted(candidates, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
@@ -206,9 +183,8 @@ class RunInfo:
     state: str
     checkpoint: str | None  # the file a resume (or --ckpt with this folder) reads
     modified: float  # seconds since the epoch: the newest file of the run
-    overrides: tuple[
-        str, ...
-    ] = ()  # the command line's overrides that set what the run trains (not its folders)
+    # the command line's overrides that set what the run trains (not its folders)
+    overrides: tuple[str, ...] = ()
     # the folder of the TensorBoard run it logged to (a resumed run: its first run's)
     tensorboard: str | None = None
     # what this run continued, from its record's lineage: "<run folder>@<step>" (None: a fresh run)
@@ -252,11 +228,6 @@ def display_path(path: str | Path) -> str:
     """``path`` as text that is valid UTF-8: bytes of a name that are not UTF-8 (Python holds them as lone
     surrogates) are written ``\\xNN``."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-def _config(folder: Path) -> dict[str, Any]:
-    loaded = read_run_yaml(folder / ".hydra" / "config.yaml")
-    return loaded if isinstance(loaded, dict) else {}
 
 
 # Overrides that place a run rather than change what it trains (as hydra.job.config.override_dirname leaves out).
@@ -315,27 +286,20 @@ def event_folders(run_dir: Path) -> list[Path]:
     return sorted(newest, key=lambda f: (newest[f], str(f)), reverse=True)
 
 
-@contextlib.contextmanager
-def _quiet_tensorboard() -> Iterator[None]:
-    # TensorBoard's directory watcher logs each folder it has read to the end ("No path found after ...") at
-    # INFO: routine, and noise in a command's log
+def read_events(folder: Path, **size_guidance: int) -> Any:
+    """An ``EventAccumulator`` of the event files in ``folder``, read; ``size_guidance``: how many of each kind to
+    keep (0: all), by default every scalar."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, **size_guidance})
+    # its directory watcher logs each folder read to the end ("No path found after ...") at INFO: noise here
     logger = logging.getLogger("tensorboard")
     level = logger.level
     logger.setLevel(max(level, logging.WARNING))
     try:
-        yield
+        events.Reload()
     finally:
         logger.setLevel(level)
-
-
-def read_events(folder: Path, **size_guidance: int) -> Any:
-    """An ``EventAccumulator`` of the event files in ``folder``, read (TensorBoard's routine log lines
-    silenced); ``size_guidance``: how many of each kind to keep (0: all), by default every scalar."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, **size_guidance})
-    with _quiet_tensorboard():
-        events.Reload()
     return events
 
 
@@ -409,17 +373,24 @@ def _checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
 
-def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
-    """One run's row and the checkpoint it stands for: the newest of the run's two that its summary
-    (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged newer one is
-    skipped, as a resume and ``--ckpt`` skip it). The figures from that summary, else from ``run_record.json``
-    (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step and last val/loss."""
+# A run of the listing: its row, the checkpoint it stands for, and the checkpoint it continued (resolved) with the
+# step that held (None: a fresh run, or one whose record does not say, of an earlier version).
+Scanned = tuple[RunInfo, Path | None, tuple[Path, int] | None]
+
+
+def _row(folder: Path, output_root: Path) -> Scanned:
+    """One run, its record read once: its row and the checkpoint it stands for, the newest of the run's two that
+    its summary (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged
+    newer one is skipped, as a resume and ``--ckpt`` skip it), and its lineage. The figures from that summary,
+    else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step
+    and last val/loss."""
     record = read_record_file(folder)  # written when the run starts
-    config: dict[str, Any] = (
+    config = (
         {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
         if record is not None
-        else _config(folder)  # a run of a version before the record
+        else read_run_yaml(folder / ".hydra" / "config.yaml")  # a run of a version before the record
     )
+    config = config if isinstance(config, dict) else {}
     files = _checkpoints(folder)
     ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
     done = recorded = val_loss = val_step = None
@@ -471,6 +442,7 @@ def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
         with contextlib.suppress(ValueError):
             run = run.resolve().relative_to(output_root.resolve())
         continues = f"{display_path(run)}@{lineage.step}"
+        lineage = (Path(lineage.path).resolve(), lineage.step)
     info = RunInfo(
         name=display_path(name),
         folder=display_path(folder),
@@ -487,51 +459,48 @@ def _row(folder: Path, output_root: Path) -> tuple[RunInfo, Path | None]:
         tensorboard=display_path(events) if events is not None else None,
         continues=continues,
     )
-    return info, ckpt
+    return info, ckpt, lineage
 
 
-def _lineage(folder: Path) -> tuple[Path, int] | None:
-    """The checkpoint a run continued and the step it held, from the run's record; None: a fresh run, or one
-    whose record does not say (a run of an earlier version)."""
-    record = read_record_file(folder)
-    lineage = record.continued_from if record is not None else None
-    return (Path(lineage.path).resolve(), lineage.step) if lineage is not None else None
-
-
-def _scan(root: Path, name: str | None) -> list[tuple[RunInfo, Path | None]]:
-    """Every run's row with its checkpoint's path (a row shows names as valid UTF-8 text, not the path itself)."""
+def _scan(root: Path, name: str | None) -> list[Scanned]:
+    """Every run, newest first (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():
         return []
     folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    scanned = [(*_row(f, root), f) for f in folders]
+    scanned = [(_row(f, root), f) for f in folders]
     # a run whose checkpoint another run continued (its record's lineage) is continued there: resume that one
-    continued = {lineage[0] for *_, f in scanned if (lineage := _lineage(f)) is not None}
+    continued = {lineage[0] for (*_, lineage), _ in scanned if lineage is not None}
     scanned = [
         (
-            replace(r, state="resumed")
-            if r.state == "resumable" and c is not None and c.resolve() in continued
-            else r,
-            c,
+            (
+                replace(r, state="resumed")
+                if r.state == "resumable" and c is not None and c.resolve() in continued
+                else r,
+                c,
+                lineage,
+            ),
             f,
         )
-        for r, c, f in scanned
+        for (r, c, lineage), f in scanned
     ]
     if name is not None:
         # a run name is the first folder under the runs folder, or the run_name its row shows
-        scanned = [(r, c, f) for r, c, f in scanned if r.name == name or f.relative_to(root).parts[0] == name]
-    scanned.sort(key=lambda rcf: (rcf[0].modified, rcf[0].folder), reverse=True)
-    return [(r, c) for r, c, _ in scanned]
+        scanned = [
+            (run, f) for run, f in scanned if run[0].name == name or f.relative_to(root).parts[0] == name
+        ]
+    scanned.sort(key=lambda run_f: (run_f[0][0].modified, run_f[0][0].folder), reverse=True)
+    return [run for run, _ in scanned]
 
 
-def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunInfo], RunInfo | None]:
+def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None]:
     """The row ``--ckpt last`` opens (the rule of :func:`gptmini.runs.checkpoint.newest_usable_checkpoint`): the
     newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
     it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
     the marked one."""
-    rows = [r for r, _ in scanned]
+    rows = [r for r, _, _ in scanned]
     candidates = [
         (i, path)
-        for i, (r, path) in enumerate(scanned)
+        for i, (r, path, _) in enumerate(scanned)
         if path is not None
         and not r.sweep_job
         and r.state in ("finished", "resumable", "resumed")
@@ -539,14 +508,7 @@ def mark_last(scanned: Sequence[tuple[RunInfo, Path | None]]) -> tuple[list[RunI
     ]
     candidates.sort(key=lambda c: (c[1].stat().st_mtime_ns, str(c[1])), reverse=True)
     for i, path in candidates:
-        if read_summary(path) is not None:
-            return rows, rows[i]
-        from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
-
-        try:
-            load_checkpoint(path, mmap=True)
-        except CheckpointError as err:
-            log.warning("%s", err)
+        if read_summary(path) is None and _loaded(path) is None:
             rows[i] = replace(rows[i], state="damaged")
             continue
         return rows, rows[i]
@@ -598,17 +560,16 @@ class Prunable:
     reason: str
 
 
-def _usable_step(ckpt: Path) -> int | None:
-    """The global step of a checkpoint that loads and matches its checksum; None when it does not (or records
-    no step)."""
+def _loaded(path: Path) -> dict[str, Any] | None:
+    """The checkpoint ``path`` (memory-mapped) when it loads and matches its checksum; None, with a warning,
+    when not."""
     from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     try:
-        step = load_checkpoint(ckpt, mmap=True).get("global_step")
+        return load_checkpoint(path, mmap=True)
     except CheckpointError as err:
         log.warning("%s", err)
         return None
-    return _wanted(step, int)
 
 
 def prunable(root: Path, name: str | None = None) -> list[Prunable]:
@@ -624,23 +585,25 @@ def prunable(root: Path, name: str | None = None) -> list[Prunable]:
     validation), and so does the checkpoint ``--ckpt last`` opens."""
     scanned = _scan(root, name)
     _, marked = mark_last(scanned)
-    keep = {path for r, path in scanned if r is marked and path is not None}
+    keep = {path for r, path, _ in scanned if r is marked and path is not None}
     found: dict[Path, str] = {}
-    steps: dict[Path, int] = {}  # run folder -> the step of its newest usable checkpoint
-    for _, newest in scanned:
+    # run folder -> the step of its newest usable checkpoint, and the run's lineage
+    steps: dict[Path, tuple[int, tuple[Path, int] | None]] = {}
+    for _, newest, lineage in scanned:
         if newest is None:
             continue
         folder = newest.parent.parent
-        step = _usable_step(newest)
+        step = _wanted((_loaded(newest) or {}).get("global_step"), int)
         if step is None:
             continue
-        steps[folder] = step
+        steps[folder] = step, lineage
         for other in _checkpoints(folder):
             if other != newest and other.stat().st_mtime_ns <= newest.stat().st_mtime_ns:
                 found[other] = f"older than {newest.name} beside it, which a resume and --ckpt read"
-    ours = {path.resolve(): path for _, path in scanned if path is not None} | {p.resolve(): p for p in found}
-    for folder, step in steps.items():
-        lineage = _lineage(folder)
+    ours = {path.resolve(): path for _, path, _ in scanned if path is not None} | {
+        p.resolve(): p for p in found
+    }
+    for folder, (step, lineage) in steps.items():
         if lineage is None or lineage[0] not in ours or step <= lineage[1]:
             continue
         found[ours[lineage[0]]] = f"continued by {display_path(folder)}, which went on to step {step}"

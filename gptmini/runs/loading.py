@@ -1,14 +1,7 @@
-"""Opening a trained run: the one way every command (sample, eval, attention, analyze, export) and the ATTENTION
-tab's own text turn what the user named into a model to run.
-
-``open_run(spec)`` takes a checkpoint file, a run folder (its newest ``last.ckpt``/``on_exception.ckpt``), a run
-name (a folder of the runs folder, ``outputs/``) or ``last`` (the newest checkpoint of any run), the rule of
-:func:`gptmini.runs.discovery.resolve_checkpoint`, and returns a :class:`LoadedRun`: the model in eval mode on the
-chosen device, the tokenizer it was trained with, the run's record (:func:`gptmini.runs.record.read_record`)
-and the checkpoint's metadata. The checkpoint
-is read with ``weights_only=True`` and its checksum verified (:func:`gptmini.runs.checkpoint.load_checkpoint`), and the
-device is checked by :func:`gptmini.options.resolve_device` before any file is read.
-"""
+"""Opening a trained run (``open_run``): the one way every command (sample, eval, attention, analyze, export) and
+the ATTENTION tab's own text turn what the user named (the rule of :func:`gptmini.runs.discovery.resolve_checkpoint`)
+into a :class:`LoadedRun`: the model in eval mode on the chosen device, the tokenizer it was trained with and the
+run's record, from a checkpoint read once (``weights_only=True``, its checksum verified)."""
 
 from __future__ import annotations
 
@@ -31,14 +24,14 @@ from gptmini.fileio import name_too_long
 from gptmini.model import GPT
 from gptmini.options import resolve_device
 from gptmini.runs.checkpoint import (
-    DATA_IDENTITY_KEY,
-    SAVED_TOKENIZER_KEY,
     CheckpointError,
     check_trained_data,
-    model_and_checkpoint,
+    checkpoint_record,
+    load_checkpoint,
+    stored_model,
 )
 from gptmini.runs.discovery import CKPT_RULE, resolve_checkpoint
-from gptmini.runs.record import RunRecord, RunRecordError, read_record
+from gptmini.runs.record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +42,7 @@ class LoadedRun:
     model: GPT  # in eval mode, on ``device``
     tokenizer: Tokenizer | None  # None when open_run was asked for none
     record: RunRecord  # what the run was (an empty one for a checkpoint that records nothing)
-    checkpoint: dict[str, Any]  # the whole checkpoint: global_step, hyper_parameters (data_identity), ...
+    checkpoint: dict[str, Any]  # the whole checkpoint: global_step, state_dict, callbacks, ...
     device: str  # resolved: "cpu", "cuda", "cuda:1", ...
 
     @property
@@ -74,7 +67,7 @@ class LoadedRun:
         # The data first: another vocabulary is the cause of a vocab_size difference check_vocab would name.
         note = check_trained_data(
             self.path,
-            self.checkpoint,
+            self.record.data_identity,
             folder,
             meta,
             other_data="warn" if data_dir else "refuse",
@@ -94,12 +87,11 @@ class LoadedRun:
 
     def can_rebuild_data(self) -> bool:
         """Whether ``rebuild_data`` can try: the checkpoint carries its tokenizer and records its data and corpus."""
-        recorded = (self.checkpoint.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
+        recorded = self.record.data_identity
         return (
-            isinstance(recorded, dict)
-            and "fingerprint" in recorded
+            "fingerprint" in recorded
             and bool(recorded.get("source"))
-            and recorded.get(SAVED_TOKENIZER_KEY) is not None
+            and self.record.saved_tokenizer is not None
         )
 
     def rebuild_data(self, out: Path, source: str) -> str:
@@ -111,9 +103,9 @@ class LoadedRun:
         from gptmini.data.prepare import prepare
         from gptmini.data.reader import data_identity
 
-        recorded = self.checkpoint["hyper_parameters"][DATA_IDENTITY_KEY]
+        recorded = self.record.data_identity
         data = self.record.data
-        tokenizer = carried_tokenizer(self.path, self.checkpoint)
+        tokenizer = carried_tokenizer(self.path, self.record)
         assert tokenizer is not None, "rebuild_data needs can_rebuild_data()"
         changed = (
             f"the corpus {source!r} is not the one checkpoint {self.path} was trained on, or it changed since: its "
@@ -173,16 +165,10 @@ def open_run(
     model's."""
     device = resolve_device(device)  # before any file is read
     path = resolve_checkpoint(spec, output_root)
-    model, checkpoint = model_and_checkpoint(path, map_location=device)
-    try:
-        record = read_record(checkpoint)
-    except RunRecordError as err:
-        raise CheckpointError(f"{path}: {err}") from None
-    tok = (
-        tokenizer_for_run(record, data_dir, (path, checkpoint), model.config.vocab_size)
-        if tokenizer
-        else None
-    )
+    checkpoint = load_checkpoint(path, map_location=device)
+    record = checkpoint_record(checkpoint, path)  # the one read of the record
+    model = stored_model(checkpoint, record, path)
+    tok = tokenizer_for_run(record, data_dir, path, model.config.vocab_size) if tokenizer else None
     log.info("loaded %s (%s parameters)", path, f"{model.num_parameters():,}")
     return LoadedRun(path, model.to(device).eval(), tok, record, checkpoint, device)
 
@@ -190,11 +176,12 @@ def open_run(
 def tokenizer_for_run(
     record: RunRecord,
     data_dir: str | Path | None = None,
-    checkpoint: tuple[Path, dict[str, Any]] | None = None,
+    checkpoint: Path | None = None,
     model_vocab: int | None = None,
 ) -> Tokenizer:
-    """The tokenizer a checkpoint was trained with: from its prepared data folder (char vocab) or by name.
-    ``checkpoint`` (path, dict): refuse a folder tokenized otherwise than the data the checkpoint recorded.
+    """The tokenizer a checkpoint was trained with: the one it carries, else from its prepared data folder (char
+    vocab) or by name. ``checkpoint``: the file ``record`` is read from; a folder tokenized otherwise than the data
+    it recorded is refused.
     ``model_vocab``: the model's vocabulary; a tokenizer with more ids than that is refused (its ids would index
     past the embedding), and a checkpoint that records no tokenizer (imported) gets GPT-2's BPE only when the
     model's vocabulary holds it."""
@@ -208,12 +195,11 @@ def tokenizer_for_run(
     return tokenizer
 
 
-def carried_tokenizer(path: str | Path, checkpoint: dict[str, Any]) -> Tokenizer | None:
-    """The tokenizer a checkpoint carries (the char vocabulary or trained BPE of its data, recorded at training
-    time); None when it carries none (a tokenizer known by name, or a checkpoint written before they were
-    carried)."""
-    identity = (checkpoint.get("hyper_parameters") or {}).get(DATA_IDENTITY_KEY)
-    payload = identity.get(SAVED_TOKENIZER_KEY) if isinstance(identity, dict) else None
+def carried_tokenizer(path: str | Path, record: RunRecord) -> Tokenizer | None:
+    """The tokenizer the checkpoint ``path`` carries in its record (the char vocabulary or trained BPE of its
+    data, recorded at training time); None when it carries none (a tokenizer known by name, or a checkpoint
+    written before they were carried)."""
+    payload = record.saved_tokenizer
     if payload is None:
         return None
     try:
@@ -227,11 +213,11 @@ def carried_tokenizer(path: str | Path, checkpoint: dict[str, Any]) -> Tokenizer
 def _tokenizer_for_run(
     record: RunRecord,
     data_dir: str | Path | None,
-    checkpoint: tuple[Path, dict[str, Any]] | None,
+    checkpoint: Path | None,
     model_vocab: int | None,
 ) -> Tokenizer:
     # its own copy first, unless a data folder is named: the recorded folder may be re-prepared or gone
-    carried = carried_tokenizer(*checkpoint) if checkpoint is not None and not data_dir else None
+    carried = carried_tokenizer(checkpoint, record) if checkpoint is not None and not data_dir else None
     if carried is not None:
         return carried
     folder = Path(data_dir) if data_dir else Path(record.data_dir or "")
@@ -241,7 +227,8 @@ def _tokenizer_for_run(
     if (folder / "meta.json").is_file():
         if checkpoint is not None:
             check_trained_data(
-                *checkpoint,
+                checkpoint,
+                record.data_identity,
                 folder,
                 other_data="allow",
                 fix="pass --data-dir with the prepared folder it was trained on",
@@ -249,7 +236,7 @@ def _tokenizer_for_run(
         return load_tokenizer(folder)
     name = record.tokenizer_name
     if name is None:  # a checkpoint not written by training (imported from Hugging Face): nothing recorded
-        where = f"checkpoint {checkpoint[0]}" if checkpoint is not None else "the checkpoint"
+        where = f"checkpoint {checkpoint}" if checkpoint is not None else "the checkpoint"
         gpt2 = build_tokenizer("gpt2")
         if model_vocab is not None and model_vocab < gpt2.vocab_size:
             raise CheckpointError(

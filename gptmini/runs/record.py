@@ -2,9 +2,11 @@
 and the one reader every command uses to read it back (``read_record``).
 
 Training writes the record from its frozen plan (``gptmini.training.run.plan.RunPlan.record``). A checkpoint holds
-it as JSON text under ``hyper_parameters.run_record``; the run folder as ``run_record.json``. Checkpoints written
-before the record (version 0) kept the composed config (``hyper_parameters.run_config``): ``read_record`` reads
-them into the same ``RunRecord``, the settings they lack left empty.
+it as JSON text under ``hyper_parameters.run_record``, its only hyper-parameter; the run folder as
+``run_record.json``. Checkpoints of earlier versions kept the model's settings (``model_config``) and the data's
+identity (``data_identity``) beside it (version 1), or the composed config instead of a record
+(``run_config``, version 0): ``read_record`` reads them into the same ``RunRecord``, the settings they lack left
+empty.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from gptmini import fileio
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 1: the model and data identity kept beside the record
 RECORD_KEY = "run_record"  # in a checkpoint's hyper_parameters: the record as JSON text
 RECORD_FILE = "run_record.json"  # in the run folder
 
@@ -37,6 +39,9 @@ class Lineage:
 class RunRecord:
     version: int = RECORD_VERSION  # 0: read from a checkpoint written before the record
     model: dict[str, Any] = field(default_factory=dict)  # GPTConfig's fields, as trained
+    # the prepared data trained on (gptmini.data.reader.data_identity), with the tokenizer itself under
+    # "saved_tokenizer" when it is not known by name (gptmini.data.reader.saved_tokenizer)
+    data_identity: dict[str, Any] = field(default_factory=dict)
     tokenizer: dict[str, Any] = field(
         default_factory=dict
     )  # name, and a trained BPE's vocab_size, train_bytes
@@ -69,6 +74,10 @@ class RunRecord:
     def max_steps(self) -> int | None:
         return self.trainer.get("max_steps")
 
+    @property
+    def saved_tokenizer(self) -> Any:
+        return self.data_identity.get("saved_tokenizer")
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
@@ -78,18 +87,19 @@ class RunRecord:
 
 
 def read_record(checkpoint: Mapping[str, Any]) -> RunRecord:
-    """The run record of a loaded checkpoint: its ``run_record``, else the composed config an earlier version
-    kept (version 0); an empty record for a checkpoint that records neither. RunRecordError for a record that is
-    not JSON of a known version."""
+    """The run record of a loaded checkpoint: its ``run_record`` (with the model and data identity version 1 kept
+    beside it), else the composed config version 0 kept; an empty record for a checkpoint that records neither.
+    RunRecordError for a record that is not JSON of a known version."""
     hp = checkpoint.get("hyper_parameters") or {}
-    model = _dict(hp.get("model_config"))
+    beside = {"model": _dict(hp.get("model_config")), "data_identity": _dict(hp.get("data_identity"))}
     if hp.get(RECORD_KEY) is not None:
-        return parse_record(hp[RECORD_KEY], model)
+        return parse_record(hp[RECORD_KEY], beside)
     config = _dict(hp.get("run_config"))
     trainer, composed_model = _dict(config.get("trainer")), _dict(config.get("model"))
     return RunRecord(
         version=0,
-        model=model or {k: v for k, v in composed_model.items() if k != "init_from"},
+        model=beside["model"] or {k: v for k, v in composed_model.items() if k != "init_from"},
+        data_identity=beside["data_identity"],
         tokenizer=_dict(config.get("tokenizer")),
         data=_dict(config.get("data")),
         trainer=trainer,
@@ -114,20 +124,21 @@ def read_record_file(run_dir: str | Path) -> RunRecord | None:
         return None
 
 
-def parse_record(text: str, model: Mapping[str, Any] | None = None) -> RunRecord:
-    """A record from its JSON text. ``model``: the checkpoint's model_config, when the record has none."""
+def parse_record(text: str, beside: Mapping[str, dict[str, Any]] | None = None) -> RunRecord:
+    """A record from its JSON text. ``beside``: the fields a version 1 checkpoint kept beside its record."""
     try:
         values = json.loads(text)
     except (TypeError, ValueError) as err:
         raise RunRecordError(f"the run record is not JSON: {err}") from None
     version = values.get("version") if isinstance(values, dict) else None
-    if version != RECORD_VERSION:
+    if version not in (1, RECORD_VERSION):
         raise RunRecordError(
-            f"the run record's version {version!r} is not one this gptmini reads ({RECORD_VERSION}): read it with "
+            f"the run record's version {version!r} is not one this gptmini reads (1, {RECORD_VERSION}): read it with "
             "the gptmini that wrote it"
         )
     values = {f.name: values[f.name] for f in dataclasses.fields(RunRecord) if f.name in values}
-    values["model"] = values.get("model") or dict(model or {})
+    for name, value in (beside or {}).items():
+        values[name] = values.get(name) or value
     if values.get("overrides") is not None:
         values["overrides"] = tuple(values["overrides"])
     if values.get("continued_from") is not None:

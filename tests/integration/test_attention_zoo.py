@@ -11,6 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from gptmini.runs.record import read_record
+
 ALL_OPTIONS = [
     "model.n_head=4",  # the smoke model's 32 wide: 4 heads of 8, sharing 2 key/value heads
     "model.position=rope",
@@ -48,7 +50,7 @@ def zoo_run(tmp_path_factory, train_in_process):
 def test_every_option_at_once_trains_and_logs_maps_and_entropy(zoo_run, tb_events):
     _, run_dir = zoo_run
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    config = ckpt["hyper_parameters"]["model_config"]
+    config = read_record(ckpt).model
     assert (config["position"], config["n_kv_head"], config["sliding_window"]) == ("rope", 2, 5)
     assert config["qk_norm"] and config["attn_gate"] and config["attn_sink"]
     state = ckpt["state_dict"]
@@ -152,6 +154,6 @@ def test_the_attention_zoo_experiment_trains_every_variant(tmp_path, run_cli, co
     for job in jobs:
         variant = job.name.split("attention_variant=")[1].split(",")[0]
         expected = OmegaConf.to_container(OmegaConf.load(conf_path / "attention_variant" / f"{variant}.yaml"))
-        config = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]
-        assert {k: config["model_config"][k] for k in expected} == expected
-        assert config["model_config"]["n_layer"] == 4 and config["model_config"]["block_size"] == 64
+        config = read_record(torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)).model
+        assert {k: config[k] for k in expected} == expected
+        assert config["n_layer"] == 4 and config["block_size"] == 64

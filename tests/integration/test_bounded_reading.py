@@ -340,8 +340,8 @@ def _crafted(run: Path, to: Path, source: str) -> Path:
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     record = json.loads(ckpt["hyper_parameters"]["run_record"])
     record["data"]["data_dir"] = str(to.parent / "no-such-data")
+    record["data_identity"]["source"] = source
     ckpt["hyper_parameters"]["run_record"] = json.dumps(record)
-    ckpt["hyper_parameters"]["data_identity"]["source"] = source
     del ckpt[CHECKSUM_KEY]
     torch.save(with_checksum(ckpt), to)
     return to
@@ -414,6 +414,7 @@ def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trip
     from transformers import AutoTokenizer
 
     from gptmini.runs.loading import carried_tokenizer
+    from gptmini.runs.record import read_record
 
     run = _run_dir(char_run[0] if which == "char" else bpe_run)
     out = tmp_path / "export"
@@ -421,7 +422,7 @@ def test_a_default_export_writes_the_runs_tokenizer_and_autotokenizer_round_trip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)
-    ours = carried_tokenizer(run / "checkpoints" / "last.ckpt", ckpt)
+    ours = carried_tokenizer(run / "checkpoints" / "last.ckpt", read_record(ckpt))
     hf = AutoTokenizer.from_pretrained(str(out))
     ids = hf(ROUND_TRIP)["input_ids"]
     assert ids == ours.encode(ROUND_TRIP) and len(ids) > 0

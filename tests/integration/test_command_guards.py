@@ -15,6 +15,7 @@ import pytest
 
 from gptmini.cli import main as gptmini
 from gptmini.data.prepare import prepare
+from gptmini.runs.record import read_record
 
 
 def command(sub: str) -> Any:
@@ -276,7 +277,7 @@ def test_fine_tuning_from_an_imported_checkpoint_starts_from_its_weights(world, 
         )
         == 0
     )
-    saved = load_checkpoint(imported)["hyper_parameters"]["model_config"]  # the export padded the vocabulary
+    saved = read_record(load_checkpoint(imported)).model  # the export padded the vocabulary
     settings = ["model=llama_tiny", *(f"model.{k}={saved[k]}" for k in (*LLAMA, "vocab_size", "mlp_hidden"))]
     proc = run_cli.train(
         [

@@ -14,6 +14,8 @@ import pytest
 import torch
 from test_reliability import assert_identical  # the same exactness check as the fast kill/resume tests
 
+from gptmini.runs.record import read_record
+
 # optimizer=muon + scheduler=wsd on the tiny model (untied head: every AdamW role is present), dropout so the RNG
 # state matters; 20 steps, a periodic checkpoint every 5, validation every 10, the decay over the last half
 RUN = [
@@ -171,7 +173,7 @@ def test_gpt2_speedrun_composes_and_trains_a_few_steps_on_the_cpu(tmp_path, run_
     assert lrs == pytest.approx({"hidden": 0.05, "embedding": 0.6, "head": 0.008, "vector": 0.04})
     ckpt = _load(run_dir / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 3
-    assert ckpt["hyper_parameters"]["model_config"]["logit_softcap"] == 15.0
+    assert read_record(ckpt).model["logit_softcap"] == 15.0
 
 
 @pytest.mark.slow

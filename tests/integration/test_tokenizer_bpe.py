@@ -16,6 +16,7 @@ import torch
 
 from gptmini.data.reader import load_split, load_tokenizer
 from gptmini.data.windows import StridedWindowDataset
+from gptmini.runs.record import read_record
 
 LINES = [
     "Καλημέρα κόσμε, η θάλασσα είναι ήρεμη σήμερα και ο ήλιος λάμπει.",
@@ -97,7 +98,7 @@ def test_bpe_run_logs_bits_per_byte_of_the_validation_bytes(bpe_run, tb_events):
     n, nbytes = _val_bytes(data_dir, load_tokenizer(data_dir), 64, 8)
     assert bpb == pytest.approx(loss * n / (math.log(2) * nbytes), rel=1e-5)
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["hyper_parameters"]["data_identity"]["tokenizer"] == "bpe"
+    assert read_record(ckpt).data_identity["tokenizer"] == "bpe"
 
 
 @pytest.mark.slow

@@ -13,6 +13,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from gptmini.runs.record import read_record
+
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, run_cli):
@@ -34,7 +36,8 @@ def test_smoke_run_writes_checkpoints_config_and_a_final_message(smoke_run):
     assert "gptmini board" in out and str(run_dir / "checkpoints") in out
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 6
-    assert ckpt["hyper_parameters"]["model_config"]["vocab_size"] == 50257
+    assert set(ckpt["hyper_parameters"]) == {"run_record"}  # the one record: the model, the data, ...
+    assert read_record(ckpt).model["vocab_size"] == 50257
 
 
 def test_the_run_keeps_its_plan_as_a_versioned_json_record(smoke_run):
@@ -59,7 +62,7 @@ def test_the_run_keeps_its_plan_as_a_versioned_json_record(smoke_run):
     assert record.tokenizer_name == "gpt2" and record.init_from is None and record.world_size == 1
     # debug=smoke: 4 sequences of model=tiny's 32 tokens, one process, no accumulation
     assert record.tokens_per_step == 4 * 32
-    assert record.model == hp["model_config"] and record.trainer["val_check_interval"] == 3
+    assert record.model == read_record(ckpt).model and record.trainer["val_check_interval"] == 3
 
 
 def test_smoke_run_logs_losses_attention_maps_and_text_to_tensorboard(smoke_run, tb_events):
@@ -361,10 +364,7 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path, ru
         assert events == sweep / job / "tb" / f"smoke,{job}"
         assert "val/loss" in tb_events(sweep / job).Tags()["scalars"]
         ckpt = torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)
-        assert (
-            ckpt["hyper_parameters"]["model_config"]["attention"]
-            == job.split("model.attention=")[1].split(",")[0]
-        )
+        assert read_record(ckpt).model["attention"] == job.split("model.attention=")[1].split(",")[0]
 
 
 @pytest.mark.slow

@@ -144,7 +144,7 @@ def test_hugging_face_exports_refuse_what_their_checkpoints_cannot_express(tmp_p
     llama = GPTConfig.from_preset("llama_tiny", vocab_size=40)
     capped = GPT(GPTConfig.from_dict({**llama.to_dict(), "logit_softcap": 30.0}))
     with pytest.raises(
-        HFWeightsError, match=r"model\.logit_softcap=30\.0 in Llama's format: a Llama checkpoint has no"
+        HFWeightsError, match=r"model\.logit_softcap=30\.0 in Llama's format: Llama has no logit soft-capping"
     ):
         save_hf_llama(capped, tmp_path / "llama")
     relu2 = GPT(GPTConfig.from_dict({**llama.to_dict(), "mlp": "relu2"}))

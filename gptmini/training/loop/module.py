@@ -13,6 +13,7 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
+from gptmini.runs.record import RECORD_KEY, RunRecord
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
 from gptmini.training.lightning_compat import logs_after_step
 from gptmini.training.loop.ema import AVERAGE_KEY, TRAINED_KEY, average_into_weights_only
@@ -79,14 +80,11 @@ class GPTLightningModule(L.LightningModule):
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
         run_record: str | None = None,
-        data_identity: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        # Plain data only (the optimizer/scheduler factories are code, kept out), so a checkpoint's
-        # hyper-parameters load with torch.load(weights_only=True). run_record: the run's plan as JSON
-        # (gptmini.runs.record). data_identity: which prepared data the run
-        # trains on (gptmini.data.reader.data_identity), compared by evaluation, sampling and resuming.
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        # The checkpoint's one hyper-parameter, plain data so that it loads with torch.load(weights_only=True):
+        # run_record, the run's plan as JSON (gptmini.runs.record), with the model and the data it trains on.
+        self.save_hyperparameters({RECORD_KEY: run_record or RunRecord(model=dict(model_config)).to_json()})
         self.config = GPTConfig.from_dict(dict(model_config))
         self.model = GPT(self.config)
         self.optimizer_factory = optimizer

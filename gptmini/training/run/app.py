@@ -295,7 +295,7 @@ def build_data(plan: RunPlan, trainer: Any) -> tuple[Any, GPTConfig]:
     check_block_size(plan.model.block_size, meta)
     gpt_config = dataclasses.replace(plan.model, vocab_size=vocab)
     if plan.resume is not None:
-        check_resumed_data(plan.ckpt_path, plan.resume, datamodule.data_dir, meta, gpt_config)
+        check_resumed_data(plan.ckpt_path, plan.resume["record"], datamodule.data_dir, meta, gpt_config)
     return datamodule, gpt_config
 
 
@@ -303,13 +303,12 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
     """The LightningModule: the model, its optimizer and schedule, the run record for its checkpoints (and the run
     folder's run_record.json), and the starting weights of ``model.init_from``."""
     from gptmini.data.reader import data_identity, load_meta, saved_tokenizer
-    from gptmini.runs.checkpoint import SAVED_TOKENIZER_KEY
     from gptmini.training.loop.module import GPTLightningModule
 
     meta = load_meta(datamodule.data_dir)
     # the tokenizer travels with the checkpoint: a re-prepared or moved data folder does not orphan it
     identity = data_identity(datamodule.data_dir, meta) | {
-        SAVED_TOKENIZER_KEY: saved_tokenizer(datamodule.data_dir, meta)
+        "saved_tokenizer": saved_tokenizer(datamodule.data_dir, meta)
     }
     tensorboard = _tensorboard(trainer)
     # where the run's events are, relative to its folder
@@ -319,7 +318,7 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         else None
     )
     # the training processes are recorded too, which a resume must keep (resume.RESUME_POLICY)
-    record = plan.record(gpt_config, trainer.world_size, events)
+    record = dataclasses.replace(plan.record(gpt_config, trainer.world_size, events), data_identity=identity)
     if trainer.is_global_zero:
         record.write(plan.output_dir)
     module = GPTLightningModule(
@@ -330,7 +329,6 @@ def build_module(plan: RunPlan, trainer: Any, datamodule: Any, gpt_config: GPTCo
         else None,
         compile=plan.compile,
         run_record=record.to_json(),
-        data_identity=identity,
     )
     if plan.init_from is not None:
         _load_initial_weights(module.model, plan.init_kind, plan.init_from)

@@ -84,7 +84,7 @@ class RunPlan:
     output_root: str
     ckpt_path: str | None  # the checkpoint a resumed run starts from
     tokenizer: TokenizerSchema = dataclasses.field(default_factory=TokenizerSchema)
-    resume: dict[str, Any] | None = None  # that checkpoint, read once (memory-mapped)
+    resume: dict[str, Any] | None = None  # that checkpoint's global_step and record (as compared), read once
     # model.init_from resolved: the weights a fresh run starts from (a checkpoint file or a Hugging Face folder)
     init_from: str | None = None
     init_kind: str | None = None  # "checkpoint" or "hf": what init_from is

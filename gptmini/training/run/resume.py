@@ -104,6 +104,7 @@ RESUME_POLICY = {
     "tokenizer.*": "tokenizer",
     "data.batch_size": "batch",
     "data.*": SAY,  # another corpus is said once the data is prepared (check_resumed_data)
+    "data_identity.*": SAY,  # the same, and another tokenization refused (check_resumed_data)
     "trainer.accumulate_grad_batches": "batch",
     "world_size": "batch",
     "trainer.*": SAY,  # the schedule follows this run's max_steps and max_time
@@ -216,7 +217,7 @@ def read_resume(
     say_average_change(path, ckpt, (now.get("callbacks") or {}).get("ema"))
     if changes:
         log.info("resuming %s with this run's settings from its first step: %s", path, ", ".join(changes))
-    return path, ckpt
+    return path, {"global_step": ckpt.get("global_step"), "record": saved}
 
 
 def _saved(path: str, ckpt: Mapping[str, Any], output_dir: str) -> dict[str, Any]:
@@ -252,7 +253,9 @@ def say_average_change(path: str, ckpt: Mapping[str, Any], now: Any) -> None:
         )
 
 
-def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: Any, model: GPTConfig) -> None:
+def check_resumed_data(
+    path: str, saved: Mapping[str, Any], data_dir: Path, meta: Any, model: GPTConfig
+) -> None:
     """Once the data is prepared: the checkpoint against it (another corpus or tokenizer is said, and another
     vocabulary refused before the shape check would name only its symptom), and against the model's full shape.
     The temp file a save of this host killed midway left in the resumed run's checkpoints folder (its writer is
@@ -261,7 +264,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
 
     other_data = check_trained_data(
         path,
-        ckpt,
+        saved["data_identity"],
         data_dir,
         meta,
         other_data="warn",
@@ -269,7 +272,7 @@ def check_resumed_data(path: str, ckpt: dict[str, Any], data_dir: Path, meta: An
     )
     if other_data:
         log.warning("resuming on other data: %s; the run will differ from one never interrupted", other_data)
-    resume_changes(path, {"model": _saved(path, ckpt, "")["model"]}, {"model": model.to_dict()})
+    resume_changes(path, {"model": saved["model"]}, {"model": model.to_dict()})
     folder = Path(path).parent
     # only the checkpoints folder of a run (the one this run resumes), never a folder of the user's own
     if folder.name == "checkpoints" and (folder.parent / ".hydra").is_dir():

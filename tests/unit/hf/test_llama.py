@@ -15,7 +15,6 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
-from gptmini.attention.rope import apply_rope, rope_tables  # noqa: E402
 from gptmini.data.prepare import prepare  # noqa: E402
 from gptmini.data.reader import load_tokenizer  # noqa: E402
 from gptmini.data.tokenizers import build_tokenizer  # noqa: E402
@@ -23,11 +22,8 @@ from gptmini.hf import load_hf_model, load_hf_weights  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
 from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2  # noqa: E402
 from gptmini.hf.llama import (  # noqa: E402
-    halves_to_interleaved,
-    interleaved_to_halves,
     load_hf_llama,
     load_llama_weights,
-    rope_layout,
     save_hf_llama,
 )
 from gptmini.model import GPT, GPTConfig  # noqa: E402
@@ -97,49 +93,6 @@ def _tokens(t: int = 40) -> torch.Tensor:
 @torch.no_grad()
 def _logits_both(ours: GPT, hf, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ours(idx)[0], hf(input_ids=idx).logits
-
-
-# --- rotary layouts ----------------------------------------------------------------------------------------------
-
-
-def _interleaved_rope(x: torch.Tensor, base: float) -> torch.Tensor:
-    # the RoPE paper's / Meta's form, written independently: pairs (2i, 2i + 1) as complex numbers times e^{i m θ_i}
-    t, hs = x.shape[-2], x.shape[-1]
-    theta = base ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
-    rot = torch.polar(torch.ones(t, hs // 2, dtype=torch.float64), torch.arange(t)[:, None] * theta)
-    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], hs // 2, 2).contiguous())
-    return torch.view_as_real(pairs * rot).reshape(x.shape).float()
-
-
-def test_rotary_layout_permutation_gives_the_interleaved_reference_the_same_scores():
-    torch.manual_seed(0)
-    heads, hs, c, t = 2, 8, 16, 5
-    w_q, w_k = torch.randn(heads * hs, c), torch.randn(heads * hs, c)  # gptmini's (halves) layout
-    x = torch.randn(t, c)
-
-    def scores(wq, wk, rope):
-        q = (x @ wq.T).view(t, heads, hs).transpose(0, 1)  # (nh, T, hs)
-        k = (x @ wk.T).view(t, heads, hs).transpose(0, 1)
-        return rope(q) @ rope(k).transpose(-2, -1)  # (nh, T, T)
-
-    cos, sin = rope_tables(hs, t, 10000.0)
-    ours = scores(w_q, w_k, lambda v: apply_rope(v, cos, sin))
-    permuted = [halves_to_interleaved(w, heads) for w in (w_q, w_k)]
-    assert_close(scores(*permuted, lambda v: _interleaved_rope(v, 10000.0)), ours, atol=1e-4, rtol=1e-4)
-    # unpermuted weights under the other layout are another function: the permutation is what makes them agree
-    assert not torch.allclose(scores(w_q, w_k, lambda v: _interleaved_rope(v, 10000.0)), ours, atol=1e-2)
-    # the two directions are inverse, on weights and biases, and a layout to itself is the identity
-    assert torch.equal(interleaved_to_halves(permuted[0], heads), w_q)
-    bias = torch.arange(heads * hs, dtype=torch.float32)
-    assert halves_to_interleaved(bias, heads)[:4].tolist() == [
-        0.0,
-        4.0,
-        1.0,
-        5.0,
-    ]  # (i, i + hs/2) side by side
-    assert rope_layout(w_q, heads, "halves", "halves") is w_q
-    with pytest.raises(ValueError, match="rotary layout 'meta' is unknown"):
-        rope_layout(w_q, heads, "meta", "halves")
 
 
 # --- transformers -> gptmini ---------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def by_hand(path: Path) -> GPT:
     """The oracle: a GPT built from the checkpoint's saved settings and loaded with its tensors, without the
     loader."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = GPT(GPTConfig(**ckpt["hyper_parameters"]["model_config"]))
+    model = GPT(GPTConfig(**json.loads(ckpt["hyper_parameters"]["run_record"])["model"]))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
     model.load_state_dict(state)
     return model.eval()
@@ -78,7 +78,7 @@ def test_every_kind_of_spec_opens_the_same_checkpoint(world):
         assert run.path == alpha, kind
         assert run.step == 9 and run.name == "2026-01-02_00-00-00_000000" and run.device == "cpu"
         assert run.record.data_dir == str(world["data"])
-        assert run.checkpoint["hyper_parameters"]["data_identity"]["tokenizer"] == "char"
+        assert run.record.data_identity["tokenizer"] == "char"
         assert not run.model.training
         torch.testing.assert_close(run.model(idx)[0], want)
     # "last": the newest checkpoint of any run

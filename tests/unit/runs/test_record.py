@@ -4,6 +4,7 @@ kept (tests/fixtures/run_v0), and the first version's record, written before a r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -44,7 +45,11 @@ def test_a_record_written_before_lineage_reads_as_a_fresh_run() -> None:
     assert "continued_from" not in json.loads(ckpt["hyper_parameters"][RECORD_KEY])
     assert record.version == 1 and record.continued_from is None
     assert record.model == ckpt["hyper_parameters"]["model_config"] and record.tokenizer_name == "char"
-    assert read_record_file(FIXTURES / "run_v1" / "run") == record
+    # the data's identity and its tokenizer, kept beside the record in that version, read into it
+    assert record.data_identity == ckpt["hyper_parameters"]["data_identity"]
+    assert record.saved_tokenizer["kind"] == "char"
+    run_folder_record = read_record_file(FIXTURES / "run_v1" / "run")
+    assert run_folder_record == dataclasses.replace(record, data_identity={})
 
 
 def test_a_record_reads_back_as_it_was_written() -> None:
@@ -73,6 +78,7 @@ def test_a_record_of_another_version_is_refused_in_one_line(gptmini_cli, tmp_pat
     assert proc.returncode == 2
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert (
-        f"run record's version {RECORD_VERSION + 1} is not one this gptmini reads ({RECORD_VERSION})" in line
+        f"run record's version {RECORD_VERSION + 1} is not one this gptmini reads (1, {RECORD_VERSION})"
+        in line
     )
     assert torch.load(path, weights_only=True)["global_step"] == 1  # left as it was

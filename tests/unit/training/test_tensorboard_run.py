@@ -3,6 +3,7 @@ name however long), a continuation's with the step it continued from."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def test_a_run_folder_reads_the_tensorboard_run_its_checkpoint_records(tmp_path,
     path = write_checkpoint(resumed / "checkpoints" / "last.ckpt")
     assert run_event_folder(resumed) is None  # no record, no events of its own
     ckpt = torch.load(path, weights_only=True)
-    ckpt["hyper_parameters"]["run_config"]["tensorboard_dir"] = "../first/tb/default"
+    record = json.loads(ckpt["hyper_parameters"]["run_record"])
+    ckpt["hyper_parameters"]["run_record"] = json.dumps(record | {"tensorboard_dir": "../first/tb/default"})
     torch.save(ckpt, path)
     assert run_event_folder(resumed) == events
     assert run_event_folder(first) == events
