@@ -3,7 +3,9 @@ in one line, even for --help; a run that fails its checks leaves no run folder b
 
 from __future__ import annotations
 
+import gc
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -108,3 +110,15 @@ def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
     app.RunCallbacks({"lines": alone, "maps": maps}, [alone, maps]).connect(probe)
     assert alone.throughput is None and alone.tokens_per_sec() is None
     assert maps.background is None  # its images are drawn at once
+
+
+def test_the_training_process_leaves_its_objects_out_of_the_collector_before_it_exits(monkeypatch):
+    # the interpreter's last collections at the exit skip frozen objects: they would walk every object the
+    # imports and the run made, only to free them as the process ends
+    monkeypatch.setattr("gptmini.training.run.app.main", lambda: None)
+    gc.unfreeze()
+    try:
+        runpy.run_module("gptmini.training", run_name="__main__")
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
