@@ -9,6 +9,7 @@ first untested minor release: raise the cap only once that test passes on the ne
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar, WeightAveraging
@@ -67,6 +68,28 @@ def logs_after_step(trainer: L.Trainer, step: int) -> bool:
     Checked with Lightning 2.6.6.
     """
     return step % max(1, trainer.log_every_n_steps) == 0 or trainer.should_stop
+
+
+def loops_as_at_last_batch_end(checkpoint: dict[str, Any]) -> None:
+    """Rewrites the loop state in ``checkpoint``, saved once ``trainer.fit`` has returned, as Lightning saves it
+    at the end of the run's last batch (``on_train_batch_end``, where ``ModelCheckpoint(every_n_train_steps)``
+    saves).
+
+    A fit that stops closes its epoch. Resuming that state, Lightning opens another epoch and, when the last step
+    validated, first replays that step's end: the continuation skips an epoch number and logs each step one later
+    than it is (no ``train/loss`` at its first step). From the state at the last batch's end it continues that
+    epoch, or the next one when that batch ended it, and logs each step where an uninterrupted run would.
+
+    Checked with Lightning 2.6.6.
+    """
+    fit = checkpoint["loops"]["fit_loop"]
+    for counts in fit["epoch_progress"].values():  # the epoch: started, not yet processed
+        epochs = counts["completed"]
+        counts.update(ready=epochs, started=epochs, processed=epochs - 1, completed=epochs - 1)
+    batches = fit["epoch_loop.batch_progress"]
+    for counts in (batches["total"], batches["current"]):  # the last batch: processed, its end not yet done
+        counts["completed"] -= 1
+    fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1  # counted at the batch's end
 
 
 def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
