@@ -193,7 +193,9 @@ class _FinalSave(BoringModel):
 def test_a_fit_resumed_from_its_final_state_logs_every_step_where_an_uninterrupted_one_does(tmp_path, stop):
     """6 batches an epoch, validation every 3 steps: trained to ``stop``, saved, resumed to 12, then resumed again
     to 15, the loss of every step is logged at the step and in the epoch of one fit to 15."""
-    settings = dict(limit_train_batches=6, val_check_interval=3, check_val_every_n_epoch=None, limit_val_batches=1)
+    settings = dict(
+        limit_train_batches=6, val_check_interval=3, check_val_every_n_epoch=None, limit_val_batches=1
+    )
 
     def fit(max_steps, ckpt_path=None):
         logger = _LoggedSteps()
