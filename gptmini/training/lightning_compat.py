@@ -71,24 +71,15 @@ def logs_after_step(trainer: L.Trainer, step: int) -> bool:
 
 
 def loops_as_at_last_batch_end(checkpoint: dict[str, Any]) -> None:
-    """Rewrites the loop state in ``checkpoint``, saved once ``trainer.fit`` has returned, as Lightning saves it
-    at the end of the run's last batch (``on_train_batch_end``, where ``ModelCheckpoint(every_n_train_steps)``
-    saves).
-
-    A fit that stops closes its epoch. Resuming that state, Lightning opens another epoch and, when the last step
-    validated, first replays that step's end: the continuation skips an epoch number and logs each step one later
-    than it is (no ``train/loss`` at its first step). From the state at the last batch's end it continues that
-    epoch, or the next one when that batch ended it, and logs each step where an uninterrupted run would.
-
-    Checked with Lightning 2.6.6.
-    """
+    """The loop state of a checkpoint saved once ``fit`` returned, rewritten as Lightning saves it at the last
+    batch's end (``on_train_batch_end``). Resuming a closed epoch, Lightning opens another and replays a validating
+    last step's end: the continuation would skip an epoch number and log each step one late. Checked with 2.6.6."""
     fit = checkpoint["loops"]["fit_loop"]
     for counts in fit["epoch_progress"].values():  # the epoch: started, not yet processed
         epochs = counts["completed"]
         counts.update(ready=epochs, started=epochs, processed=epochs - 1, completed=epochs - 1)
-    batches = fit["epoch_loop.batch_progress"]
-    for counts in (batches["total"], batches["current"]):  # the last batch: processed, its end not yet done
-        counts["completed"] -= 1
+    for counts in map(fit["epoch_loop.batch_progress"].get, ("total", "current")):
+        counts["completed"] -= 1  # the last batch: processed, its end not yet done
     fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1  # counted at the batch's end
 
 

@@ -78,10 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open_dict(cfg):
             del cfg["hydra"]  # as the run's task function receives it
         data = plan_preparation(cfg)
-        made = Path(data.data_dir).absolute()  # the outermost folder this preparation creates, if any
-        while not made.parent.exists():
-            made = made.parent
-        made = None if made.exists() else made
+        folder = Path(data.data_dir).absolute()  # made: the outermost folder preparing it creates, if any
+        made = next((p for p in (*reversed(folder.parents), folder) if not p.exists()), None)
         with shown:  # the run's DataModule prepares through the same function
             prepared = prepare_run_data(dataclasses.asdict(data), progress=callback)
         meta = load_meta(prepared.out_dir)
