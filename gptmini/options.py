@@ -12,6 +12,9 @@ import sys
 import time
 from collections.abc import Callable
 
+# The seed of a run (seed=) and of sampling (gptmini sample --seed) when none is given.
+DEFAULT_SEED = 1337
+
 
 def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer >= ``low`` (and <= ``high``)."""

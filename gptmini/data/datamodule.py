@@ -34,6 +34,7 @@ from gptmini.data.windows import (
     StridedWindowDataset,
     split_fits_device,
 )
+from gptmini.options import DEFAULT_SEED
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class TokenDataModule(L.LightningDataModule):
         train_samples: int | None = None,
         # null: non-overlapping validation windows (stride = block_size)
         val_stride: int | None = None,
-        seed: int = 1337,
+        seed: int = DEFAULT_SEED,
         # page-locked batches for faster copies to a GPU; null: when CUDA is available
         pin_memory: bool | None = None,
         # tokenize again even when the prepared folder is up to date

@@ -12,7 +12,7 @@ import torch
 
 from gptmini.generation import TEMPERATURE_RANGE, temperature_problem
 from gptmini.limits import check_fits, generation_bytes
-from gptmini.options import HelpFormatter, finite_float, int_at_least, positive_int, seed_int
+from gptmini.options import DEFAULT_SEED, HelpFormatter, finite_float, int_at_least, positive_int, seed_int
 from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.loading import add_run_options, open_run
 
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="nucleus sampling: among the likeliest tokens whose probabilities add up to p (None: off)",
     )
     parser.add_argument("--num-samples", type=positive_int, default=1, help="samples to generate")
-    parser.add_argument("--seed", type=seed_int, default=1337, help="seed of the sampling")
+    parser.add_argument("--seed", type=seed_int, default=DEFAULT_SEED, help="seed of the sampling")
     parser.add_argument("--no-cache", action="store_true", help="generate without the key/value cache")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

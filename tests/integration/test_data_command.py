@@ -103,12 +103,21 @@ def test_a_misspelt_key_is_refused_as_training_refuses_it(tmp_path, gptmini_cli,
     assert "did you mean tokenizer.vocab_size?" in data.stderr
 
 
-def test_a_corpus_too_small_to_train_on_is_refused_as_training_refuses_it(tmp_path, gptmini_cli):
-    """`gptmini data` said "data prepared: train 0 tokens", exit 0, where `gptmini train` then refused the data."""
+def test_a_corpus_too_small_to_train_on_is_refused_as_training_refuses_it_leaving_nothing_new(
+    tmp_path, gptmini_cli
+):
+    """`gptmini data` said "data prepared: train 0 tokens", exit 0, where `gptmini train` then refused the data;
+    then refused it but left the folder it prepared (and the data root it made). A folder that was there before
+    stays."""
     (tmp_path / "tiny.txt").write_text("ab\n")
     args = ["data=text", f"data.source={tmp_path / 'tiny.txt'}", "tokenizer=char", "model.block_size=16"]
-    proc = gptmini_cli(["data", *args, f"data.data_dir={tmp_path / 'd'}"], cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
-    assert line.startswith(f"error: {tmp_path / 'd'} is prepared, but its train split has ")
-    assert "tokens where one window of model.block_size=16 needs 17: training would refuse it" in line
+    for data_dir, kept in [(tmp_path / "root" / "d", "was not kept"), (tmp_path / "there", "is prepared")]:
+        before = sorted(p.name for p in tmp_path.iterdir())
+        proc = gptmini_cli(["data", *args, f"data.data_dir={data_dir}"], cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
+        assert line.startswith(f"error: {data_dir} {kept}: its train split has "), line
+        assert "tokens where one window of model.block_size=16 needs 17: training would refuse it" in line
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+        (tmp_path / "there").mkdir(exist_ok=True)  # the second round: into an empty folder that exists
+    assert (tmp_path / "there" / "meta.json").is_file()

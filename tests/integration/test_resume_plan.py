@@ -85,7 +85,8 @@ def history(run_dir: Path, tag: str) -> dict[int, float]:
 
 def test_a_finished_run_extended_trains_its_new_steps(train, tmp_path) -> None:
     """6 steps of WSD decayed to 0; resumed with trainer.max_steps=12, the stable phase runs on and the decay
-    moves to step 12: every new step has a learning rate above 0, and val/loss moves."""
+    moves to step 12: every new step has a learning rate above 0, and val/loss moves. The continuation logs each
+    step where an uninterrupted run would (train/loss from its first step on), in the epoch after the first run's."""
     finished(train("ext"))
     (first,) = run_folders(tmp_path / "out", "ext")
     assert ckpt_of(first)["global_step"] == 6
@@ -97,11 +98,14 @@ def test_a_finished_run_extended_trains_its_new_steps(train, tmp_path) -> None:
     second = run_folders(tmp_path / "out", "ext")[-1]
     assert ckpt_of(second)["global_step"] == 12
     lr = history(second, LR)
-    new = [v for k, v in sorted(lr.items()) if k >= 6]  # Lightning logs a resumed step's rate one step on
+    new = [v for k, v in sorted(lr.items()) if k >= 6]  # Lightning logs step k's rate at k - 1
     assert len(new) == 6 and all(v > 0.0 for v in new), lr
     assert new[0] == new[1] == max(lr.values())  # the stable phase, at the base rate
     val = history(second, "val/loss")
     assert val[12] < val[6], val
+    loss, epoch = history(second, "train/loss"), history(second, "epoch")
+    assert sorted(loss) == list(range(12)), loss  # Lightning logs step k's loss at k - 1
+    assert [epoch[k] for k in range(12)] == [0.0] * 6 + [1.0] * 6, epoch
 
 
 def test_an_interrupted_run_extended_trains_past_its_old_end(train, tmp_path) -> None:
@@ -248,7 +252,7 @@ def test_a_resume_trains_under_its_new_optimizer_settings_with_the_checkpoint_s_
             for name, want in buffers.items():
                 torch.testing.assert_close(state[inner]["state"][index][name], want, rtol=0, atol=0)
     lr = scalars(tb_events(run_folders(tmp_path / "out", "opt")[-1]), LR)
-    assert [v for k, v in sorted(lr.items()) if k > 6] == pytest.approx([0.002, 0.002]), lr
+    assert [v for k, v in sorted(lr.items()) if k >= 6] == pytest.approx([0.002, 0.002]), lr
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from torchmetrics.aggregation import MeanMetric
 from gptmini.model import GPT, GPTConfig
 from gptmini.runs.record import RECORD_KEY, RunRecord
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
-from gptmini.training.lightning_compat import logs_after_step
+from gptmini.training.lightning_compat import logs_after_step, loops_as_at_last_batch_end
 from gptmini.training.loop.ema import AVERAGE_KEY, TRAINED_KEY, average_into_weights_only
 from gptmini.training.loop.optimizers import keep_own_settings
 from gptmini.training.loop.probe import ValidationProbe
@@ -176,6 +176,8 @@ class GPTLightningModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "optimizer_states" not in checkpoint:  # weights alone (best.ckpt): no callback's hook ran
             average_into_weights_only(self.trainer, checkpoint)
+        elif self.trainer.state.finished:  # the final last.ckpt, written once fit has returned
+            loops_as_at_last_batch_end(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A checkpoint of callbacks.ema holds the average as "state_dict" and the trained weights beside it. A run

@@ -5,6 +5,7 @@ prepared as the run's DataModule prepares it (``prepare_run_data``), without bui
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Sequence
@@ -77,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open_dict(cfg):
             del cfg["hydra"]  # as the run's task function receives it
         data = plan_preparation(cfg)
+        folder = Path(data.data_dir).absolute()  # made: the outermost folder preparing it creates, if any
+        made = next((p for p in (*reversed(folder.parents), folder) if not p.exists()), None)
         with shown:  # the run's DataModule prepares through the same function
             prepared = prepare_run_data(dataclasses.asdict(data), progress=callback)
         meta = load_meta(prepared.out_dir)
@@ -86,10 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the run's to judge: the data may be prepared for another model's eval)
         tokens, need = int(meta["splits"].get("train", {}).get("tokens", 0)), data.block_size + 1
         if tokens < need:
+            if made is not None:
+                shutil.rmtree(made)
             raise DataError(
-                f"{prepared.out_dir} is prepared, but its train split has {tokens} tokens where one window of "
-                f"model.block_size={data.block_size} needs {need}: training would refuse it; give more text or a "
-                "smaller model.block_size"
+                f"{prepared.out_dir} {'is prepared' if made is None else 'was not kept'}: its train split has "
+                f"{tokens} tokens where one window of model.block_size={data.block_size} needs {need}: training "
+                "would refuse it; give more text or a smaller model.block_size"
             )
     except (HydraException, OmegaConfBaseException, RunError, DataError, TokenizerError) as err:
         sys.stderr.write(f"error: {one_line(err, overrides)}\n")

@@ -43,6 +43,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from gptmini.model import GPTConfig
+from gptmini.options import DEFAULT_SEED
 from gptmini.training.errors import RunError
 
 # --- typed at composition --------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ class TrainSchema:
     # embedded corpus in GPT-2's BPE, else <corpus name>_<tokenizer>).
     run_name: str = "${default_run_name:${oc.select:data.source,null},${tokenizer.name}}"
     # Seeds the weights, the data order and the dropout masks (an integer in [0, 2**32)).
-    seed: int = 1337
+    seed: int = DEFAULT_SEED
     # null: start fresh; "last": the most recently written last/on_exception checkpoint of this run_name; or a path.
     ckpt_path: Optional[str] = None
     # torch.compile the model before training.

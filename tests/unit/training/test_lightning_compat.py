@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from packaging.version import Version
@@ -155,6 +156,57 @@ def test_averaged_model_is_the_one_weight_averaging_swaps_in_for_validation(tmp_
     _trainer(tmp_path, max_steps=2, callbacks=[callback]).fit(BoringModel())
     average = lightning_compat.averaged_model(callback)
     assert average is not None and int(average.n_averaged) == 2
+
+
+class _LoggedSteps(Logger):
+    """Test-only logger: the (step, epoch) of every training loss Lightning hands to its loggers."""
+
+    name, version = "steps", 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, float]] = []
+
+    def log_metrics(self, metrics, step=None) -> None:
+        if "loss" in metrics:
+            self.rows.append((step, metrics["epoch"]))
+
+    def log_hyperparams(self, *args, **kwargs) -> None:
+        pass
+
+
+class _FinalSave(BoringModel):
+    """Logs its loss; its checkpoint written once fit has returned goes through loops_as_at_last_batch_end, as
+    gptmini's module's does."""
+
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.log("loss", out["loss"])
+        return out
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        if self.trainer.state.finished:
+            lightning_compat.loops_as_at_last_batch_end(checkpoint)
+
+
+@pytest.mark.parametrize("stop", [4, 6], ids=["mid_epoch", "epoch_end_after_validation"])
+def test_a_fit_resumed_from_its_final_state_logs_every_step_where_an_uninterrupted_one_does(tmp_path, stop):
+    """6 batches an epoch, validation every 3 steps: trained to ``stop``, saved, resumed to 12, then resumed again
+    to 15, the loss of every step is logged at the step and in the epoch of one fit to 15."""
+    settings = dict(
+        limit_train_batches=6, val_check_interval=3, check_val_every_n_epoch=None, limit_val_batches=1
+    )
+
+    def fit(max_steps, ckpt_path=None):
+        logger = _LoggedSteps()
+        trainer = _trainer(tmp_path, max_steps=max_steps, logger=logger, log_every_n_steps=1, **settings)
+        trainer.fit(_FinalSave(), ckpt_path=ckpt_path)
+        trainer.save_checkpoint(tmp_path / f"{max_steps}.ckpt")
+        return logger.rows
+
+    whole = fit(15)
+    pieces = fit(stop) + fit(12, tmp_path / f"{stop}.ckpt") + fit(15, tmp_path / "12.ckpt")
+    assert pieces == whole == [(k, float(k // 6)) for k in range(15)]
 
 
 def test_labelled_rich_progress_bar_adds_its_bar_with_its_own_label(tmp_path, monkeypatch):

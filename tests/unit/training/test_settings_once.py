@@ -4,6 +4,7 @@ that cannot act under the chosen options is refused."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -383,3 +384,67 @@ def test_the_top_level_defaults_are_written_once_in_the_schema() -> None:
         and isinstance(node.value, ast.Constant)  # a literal: a second copy of the schema's default
     ]
     assert restated == []
+    # the constructors the plan gives a top-level setting (schema.DERIVED) restate no default of it as a literal
+    assert _derived_literals(conf_dir()) == []
+    # the seed's literal once in the package and the configs (gptmini.options.DEFAULT_SEED)
+    seed = str(next(f.default for f in dataclasses.fields(TrainSchema) if f.name == "seed"))
+    files = [*Path(plan.__file__).parents[3].joinpath("gptmini").rglob("*.py"), *conf_dir().rglob("*.yaml")]
+    assert sum(len(re.findall(rf"\b{seed}\b", f.read_text())) for f in files) == 1
+
+
+def _derived_literals(conf: Path) -> list[str]:
+    """``target.param=literal`` for each gptmini constructor named in ``conf`` whose parameter the plan derives
+    from a top-level setting (``schema.DERIVED``: the seed, the checkpoint interval, the target loss) with a default
+    written as a literal other than None."""
+    import ast
+    import inspect
+    import textwrap
+
+    import yaml
+    from hydra.utils import get_object
+
+    from gptmini.training.run.schema import DERIVED
+
+    def targets(node: Any, owner: tuple[str, ...]) -> Any:
+        if isinstance(node, dict):
+            if str(node.get("_target_", "")).startswith("gptmini."):
+                yield owner, node["_target_"]
+            for key, value in node.items():
+                yield from targets(value, (*owner, str(key)))
+
+    found = set()
+    for file in conf.rglob("*.yaml"):
+        group = file.relative_to(conf).parts[0]
+        for owner, target in targets(yaml.safe_load(file.read_text()), (group,)):
+            obj = get_object(target)
+            init = obj.__init__ if isinstance(obj, type) else obj
+            if not inspect.isfunction(init):  # no constructor of its own
+                continue
+            args = ast.parse(textwrap.dedent(inspect.getsource(init))).body[0].args
+            params = [*args.args, *args.kwonlyargs]
+            given = dict(
+                zip(
+                    [a.arg for a in args.args[len(args.args) - len(args.defaults) :]],
+                    args.defaults,
+                    strict=True,
+                )
+            )
+            given.update(
+                {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
+            )
+            for param in params:
+                default = given.get(param.arg)
+                derived = [
+                    k
+                    for k in DERIVED
+                    if k.split(".")[-1] == param.arg
+                    and k.rsplit(".", 1)[0] in {group, ".".join(owner[:1] + owner[-1:])}
+                ]
+                if (
+                    derived
+                    and "." not in DERIVED[derived[0]][0]
+                    and isinstance(default, ast.Constant)
+                    and default.value is not None
+                ):
+                    found.add(f"{target}.{param.arg}={default.value!r}")
+    return sorted(found)
