@@ -2,11 +2,11 @@
 
 - Drawn directly as RGB arrays with NumPy and Pillow, without importing matplotlib (the training process draws
   these at every validation): :func:`heatmap_grid` and :func:`attention_images` (attention maps with the tokens
-  on the axes, as TensorBoard and ``gptmini attention`` show them), :func:`score_grid` (a layers x heads grid of
-  one head score), :func:`loss_curve` (loss by position in the context); :func:`png` encodes any of them.
-- matplotlib figures: :func:`pattern_panels` (the attention patterns of the head report),
-  :func:`training_curves` and :func:`context_sweep_figure` (loss against context length, ``gptmini eval
-  --context``).
+  on the axes, as TensorBoard, ``gptmini attention`` and the head report show them), :func:`score_grid` (a layers
+  x heads grid of one head score), :func:`loss_curve` (loss by position in the context); :func:`png` encodes any
+  of them.
+- matplotlib figures: :func:`training_curves` and :func:`context_sweep_figure` (loss against context length,
+  ``gptmini eval --context``).
 
 Every heatmap and grid has the one colour map, viridis (:func:`viridis`), on a fixed scale the caller gives; every
 image has the one font, DejaVu Sans.
@@ -79,22 +79,6 @@ def context_sweep_figure(runs: Sequence[dict[str, Any]]) -> Any:
         )
     fig.tight_layout()
     return fig
-
-
-def _heatmap(
-    ax: Any, probs: torch.Tensor | np.ndarray, labels: Sequence[str] | None, title: str, text: int = 6
-) -> None:
-    """Probabilities (T, T) on [0, 1] into ``ax``: rows queries, columns keys, a token per tick when given."""
-    ax.imshow(_numpy(probs), cmap="viridis", vmin=0.0, vmax=1.0)
-    ax.set_title(title, fontsize=text + 3)
-    if labels is not None:
-        ticks = range(len(labels))
-        ax.set_xticks(ticks, labels, rotation=90, fontsize=text)
-        ax.set_yticks(ticks, labels, fontsize=text)
-    else:
-        ax.tick_params(labelsize=text + 1)
-    ax.set_xlabel("key", fontsize=7)
-    ax.set_ylabel("query", fontsize=7)
 
 
 def _figure(width: float, height: float, dpi: int = 100) -> Any:
@@ -183,10 +167,12 @@ def heatmap_grid(
     ylabel: str = "query",
     vmin: float = 0.0,
     vmax: float = 1.0,
+    cell: int = 14,
 ) -> np.ndarray:
     """(N, R, C) values -> one RGB image (H, W, 3) uint8 of N heatmaps side by side, ``cols`` to a row: viridis
-    from ``vmin`` to ``vmax``, each panel titled, its rows and columns labelled on both axes. Pure NumPy and
-    Pillow (no torch, no matplotlib): safe to run on a background thread."""
+    from ``vmin`` to ``vmax``, each panel titled, its rows and columns labelled on both axes (``cell`` pixels a
+    value: 14 fits a label's 9-pixel font). Pure NumPy and Pillow (no torch, no matplotlib): safe to run on a
+    background thread."""
     from PIL import Image, ImageDraw
 
     values = _numpy(panels)
@@ -197,7 +183,6 @@ def heatmap_grid(
             f"{len(titles)}, {len(row_labels)} and {len(col_labels)}"
         )
     font, small = _font(10), _font(9)
-    cell = 14  # pixels per row/column: a 10-pixel font with room to spare
     label_w = 6 + max(int(small.getlength(s)) for s in (*row_labels, *col_labels, " "))
     title_h, axis_h = 18, 14
     panel_w = axis_h + label_w + c * cell + 10
@@ -408,21 +393,6 @@ def training_curves(curves: Sequence[tuple[str, Sequence[tuple[int, float]]]], t
     ax.set_ylabel("loss (nats per token)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return _to_array(fig)
-
-
-def pattern_panels(
-    maps: Sequence[torch.Tensor], titles: Sequence[str], labels: Sequence[str] | None = None
-) -> np.ndarray:
-    """Attention patterns (T, T) side by side (rows: queries, columns: keys; probabilities on [0, 1]), with the
-    tokens on the axes when there are few enough to read: (H, W, 3) uint8."""
-    n = len(maps)
-    fig = _figure(3.2 * n, 3.4)
-    for i, (probs, title) in enumerate(zip(maps, titles, strict=True)):
-        t = probs.shape[-1]
-        shown = list(labels[:t]) if labels is not None and t <= 40 else None
-        _heatmap(fig.add_subplot(1, n, i + 1), probs, shown, title, text=5)
     fig.tight_layout()
     return _to_array(fig)
 

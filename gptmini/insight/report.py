@@ -19,7 +19,7 @@ from gptmini.insight.icl import icl_bands, icl_score, loss_by_position
 from gptmini.insight.probes import Probes
 from gptmini.insight.scores import SCORES, probe_maps, score_patterns
 from gptmini.model import GPT
-from gptmini.viz import loss_curve, pattern_panels, png, score_grid
+from gptmini.viz import heatmap_grid, loss_curve, png, score_grid
 
 ABLATION = "ablation_loss_delta"
 TOP_K = 3
@@ -173,10 +173,14 @@ def render_html(
                 labels,
                 f"the first {n} tokens of text",
             )
-        patterns = [maps[h["layer"], h["head"]] for h in top]
+        patterns = torch.stack([maps[h["layer"], h["head"]] for h in top])  # (k, T, T)
         titles = [f"L{h['layer']} H{h['head']}: {h['value']:.3f}" for h in top]
+        t = patterns.size(-1)
+        # the tokens on the axes where given, else unlabelled cells that keep a panel about 320 pixels wide
+        labelled = shown_labels is not None and len(shown_labels) >= t
+        axis, cell = (list(shown_labels[:t]), 14) if labelled else ([""] * t, max(1, 320 // t))
         parts.append(f"<h3>{html.escape(s['scores'][name])}</h3><p>Patterns on {what}.</p>")
-        parts.append(_img(pattern_panels(patterns, titles, shown_labels), name))
+        parts.append(_img(heatmap_grid(patterns, axis, axis, titles, cols=len(top), cell=cell), name))
     names = list(s["scores"])
     parts.append("<h2>Every head</h2><table><tr><th>layer</th><th>head</th>")
     parts += [f"<th>{html.escape(n)}</th>" for n in names]

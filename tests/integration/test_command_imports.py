@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 FORBIDDEN = ("lightning", "torchmetrics", "transformers", "scipy", "matplotlib", "torch._dynamo")
-DRAWS = ("analyze",)  # its report draws figures with matplotlib (`attention` draws with Pillow)
 
 # the command, its modules written to argv[1] at exit; `gptmini train` becomes `python -m gptmini.training`
 PROBE = """
@@ -90,8 +89,7 @@ def test_a_command_imports_no_heavy_package_its_work_does_not_need(imported, com
     status, stderr, modules = imported[command]
     assert status == 0, stderr[-2000:]
     assert "gptmini" in modules and "json" in modules  # the oracle reads the command's own modules
-    allowed = {"matplotlib"} if command in DRAWS else set()
-    heavy = sorted((set(FORBIDDEN) - allowed) & modules)
+    heavy = sorted(set(FORBIDDEN) & modules)
     assert heavy == [], heavy
 
 
@@ -99,4 +97,3 @@ def test_the_commands_that_compute_import_torch(imported) -> None:
     """The oracle sees a heavy import where there is one: the commands that run the model import torch."""
     for command in ("sample", "eval", "export", "train --cfg job", "data (preparing)"):
         assert "torch" in imported[command][2], command
-    assert "matplotlib" in imported["analyze"][2]
