@@ -357,38 +357,37 @@ def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def _hf_state(model: GPT) -> dict[str, Tensor]:
+def _hf_state(model: GPT, config: dict[str, Any]) -> dict[str, Tensor]:
     c = model.config
-    d = c.n_embd
-
-    def t(x: Tensor | None, shape: tuple[int, ...]) -> Tensor:
-        return torch.zeros(shape) if x is None else export_tensor(x)
-
-    state = {
-        "wte.weight": t(model.wte.weight[: c.vocab_size], (c.vocab_size, d)),
-        "wpe.weight": t(model.wpe.weight, (c.block_size, d)),
-        "ln_f.weight": t(model.ln_f.weight, (d,)),
-        "ln_f.bias": t(model.ln_f.bias, (d,)),
+    state: dict[str, Tensor | None] = {
+        "wte.weight": model.wte.weight[: c.vocab_size],
+        "wpe.weight": model.wpe.weight,
+        "ln_f.weight": model.ln_f.weight,
+        "ln_f.bias": model.ln_f.bias,
     }
     for i, block in enumerate(model.blocks):
         h = f"h.{i}."
         attn = block.attn.get_weights()
         state |= {
-            h + "ln_1.weight": t(block.ln_1.weight, (d,)),
-            h + "ln_1.bias": t(block.ln_1.bias, (d,)),
-            h + "attn.c_attn.weight": t(attn.qkv_weight.t(), (d, 3 * d)),
-            h + "attn.c_attn.bias": t(attn.qkv_bias, (3 * d,)),
-            h + "attn.c_proj.weight": t(attn.out_weight.t(), (d, d)),
-            h + "attn.c_proj.bias": t(attn.out_bias, (d,)),
-            h + "ln_2.weight": t(block.ln_2.weight, (d,)),
-            h + "ln_2.bias": t(block.ln_2.bias, (d,)),
-            h + "mlp.c_fc.weight": t(block.mlp.c_fc.weight.t(), (d, 4 * d)),
-            h + "mlp.c_fc.bias": t(block.mlp.c_fc.bias, (4 * d,)),
-            h + "mlp.c_proj.weight": t(block.mlp.c_proj.weight.t(), (4 * d, d)),
-            h + "mlp.c_proj.bias": t(block.mlp.c_proj.bias, (d,)),
+            h + "ln_1.weight": block.ln_1.weight,
+            h + "ln_1.bias": block.ln_1.bias,
+            h + "attn.c_attn.weight": attn.qkv_weight.t(),  # Linear (out, in) -> Conv1D (in, out)
+            h + "attn.c_attn.bias": attn.qkv_bias,
+            h + "attn.c_proj.weight": attn.out_weight.t(),
+            h + "attn.c_proj.bias": attn.out_bias,
+            h + "ln_2.weight": block.ln_2.weight,
+            h + "ln_2.bias": block.ln_2.bias,
+            h + "mlp.c_fc.weight": block.mlp.c_fc.weight.t(),
+            h + "mlp.c_fc.bias": block.mlp.c_fc.bias,
+            h + "mlp.c_proj.weight": block.mlp.c_proj.weight.t(),
+            h + "mlp.c_proj.bias": block.mlp.c_proj.bias,
         }
+    shapes = _expected_shapes(config)  # a bias the model lacks (bias=false): zeros of its shape
     # the prefix GPT2LMHeadModel.save_pretrained writes; lm_head.weight is tied to wte and left out, as there
-    return {"transformer." + k: v for k, v in state.items()}
+    return {
+        "transformer." + k: torch.zeros(shapes[k]) if x is None else export_tensor(x)
+        for k, x in state.items()
+    }
 
 
 def save_hf_gpt2(
@@ -408,6 +407,7 @@ def save_hf_gpt2(
             "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
         )
     config = _hf_config_dict(model, tokenizer.eot_id if tokenizer is not None else None)
+    state = _hf_state(model, config)
     return write_export(
-        path, _hf_state(model), config, tokenizer=tokenizer, model_config=model.config, overwrite=overwrite
+        path, state, config, tokenizer=tokenizer, model_config=model.config, overwrite=overwrite
     )
