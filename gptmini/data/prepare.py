@@ -38,7 +38,7 @@ from gptmini.data.encoding import CHUNK_CHARS, token_dtype, tokenize_corpus
 from gptmini.data.errors import DataError
 from gptmini.data.progress import PrepareProgress, Reporter
 from gptmini.data.reader import DTYPES, FORMAT_VERSION, META_FILE, checked_shards, load_meta, load_split
-from gptmini.data.schema import SHARD_PREFIX, check_progress, check_settings
+from gptmini.data.schema import PROGRESS_FIELDS, SHARD_PREFIX, check_fields, check_settings
 from gptmini.data.shards import ShardWriter
 from gptmini.data.tokenizers import (
     BPE_FILE,
@@ -547,7 +547,8 @@ def _resume_state(folder: Path, name: str) -> dict[str, Any] | None:
     """The progress of an interrupted preparation of these very inputs, if its finished shards are all there;
     else None."""
     try:
-        state = check_progress(json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8")), folder)
+        state = json.loads((folder / PROGRESS_FILE).read_text(encoding="utf-8"))
+        check_fields(state, PROGRESS_FIELDS, folder / PROGRESS_FILE)
         itemsize = DTYPES[state["dtype"]].itemsize
         if state["inputs"] != name or folder.is_symlink():
             return None

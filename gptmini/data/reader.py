@@ -78,11 +78,11 @@ def load_split(
     corpus under ``shard_tokens``), else a ``TokenStream`` over the shards (same indexing and slicing)."""
     data_dir = Path(data_dir)
     meta = load_meta(data_dir) if meta is None else meta
-    info = meta["splits"].get(split)
-    if not isinstance(info, dict) or not isinstance(info.get("tokens"), int):
+    if split not in meta["splits"]:
         raise DataError(
             f"{data_dir / META_FILE} has no split {split!r}; valid splits: {sorted(meta['splits'])}"
         )
+    info = meta["splits"][split]
     shards = checked_shards(data_dir, meta)
     dtype = DTYPES[meta["dtype"]]
     start, n = int(info["start"]), int(info["tokens"])
@@ -157,7 +157,7 @@ def check_block_size(block_size: int, meta: Mapping[str, Any]) -> None:
     """Refuse a context longer than a split can fill (the same check the window datasets make), from meta.json
     alone: before any model is built or any token is read."""
     for split in SPLITS:
-        tokens = int(meta["splits"].get(split, {}).get("tokens", 0))
+        tokens = meta["splits"][split]["tokens"]
         if split == "train" or tokens > 0:
             check_split_length(split, tokens, block_size)
 

@@ -263,11 +263,6 @@ def check_meta(meta: Any, data_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def check_progress(state: Any, folder: Path) -> dict[str, Any]:
-    check_fields(state, PROGRESS_FIELDS, folder / "progress.json")
-    return state
-
-
 def at_least(key: str, value: Any, low: int, note: str = "") -> None:
     """``value`` (None: not set) an integer >= ``low``, else a DataError naming ``data.<key>``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
