@@ -3,9 +3,9 @@
 - Drawn directly as RGB arrays with NumPy and Pillow, without importing matplotlib (the training process draws
   these at every validation): :func:`heatmap_grid` and :func:`attention_images` (attention maps with the tokens
   on the axes, as TensorBoard, ``gptmini attention`` and the head report show them), :func:`score_grid` (a layers
-  x heads grid of one head score), :func:`loss_curve` (loss by position in the context); :func:`png` encodes any
-  of them.
-- matplotlib figures: :func:`training_curves` and :func:`context_sweep_figure` (loss against context length,
+  x heads grid of one head score); :func:`png` encodes any of them.
+- line charts, drawn the same way (:func:`line_chart`): :func:`loss_curve` (loss by position in the context),
+  :func:`training_curves` (a run's losses) and :func:`context_sweep_chart` (loss against context length,
   ``gptmini eval --context``).
 
 Every heatmap and grid has the one colour map, viridis (:func:`viridis`), on a fixed scale the caller gives; every
@@ -20,7 +20,7 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -37,63 +37,6 @@ def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
         s = tokenizer.token_text(i).replace("\n", "\\n").replace(" ", "·")
         labels.append(s if len(s) <= 10 else s[:9] + "…")
     return labels
-
-
-def context_sweep_figure(runs: Sequence[dict[str, Any]]) -> Any:
-    """Loss against context length (``gptmini eval --context``), one line per run (``name``, ``split``,
-    ``block_size`` and ``results``: rows of ``context`` and ``loss``, None where skipped); a hollow ring where a
-    run sits at its own training context. A matplotlib figure (``savefig``)."""
-    fig = _figure(6.4, 4.2, dpi=120)
-    ax = fig.add_subplot()
-    drawn = 0
-    for run in runs:
-        points = [(r["context"], r["loss"]) for r in run["results"] if r["loss"] is not None]
-        if not points:
-            continue
-        drawn += 1
-        xs, ys = [c for c, _ in points], [loss for _, loss in points]
-        (line,) = ax.plot(xs, ys, marker="o", label=run["name"])
-        trained = [p for p in points if p[0] == run["block_size"]]
-        if trained:
-            ax.plot(*trained[0], marker="o", markersize=11, fillstyle="none", color=line.get_color())
-    ax.set_xscale("log", base=2)
-    contexts = sorted({r["context"] for run in runs for r in run["results"]})
-    ax.set_xticks(contexts, [str(c) for c in contexts])
-    ax.set_xlabel("context length (tokens); ring: the training context")
-    ax.set_ylabel(f"{runs[0]['split']} loss")
-    ax.set_title("Length extrapolation")
-    ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize=8)
-    else:  # every length skipped (e.g. learned positions past their context): the chart says why
-        reasons = sorted({r["skipped"] for run in runs for r in run["results"] if r.get("skipped")})
-        ax.text(
-            0.5,
-            0.5,
-            "no context length could be evaluated:\n" + "\n".join(reasons),
-            ha="center",
-            va="center",
-            wrap=True,
-            fontsize=8,
-            transform=ax.transAxes,
-        )
-    fig.tight_layout()
-    return fig
-
-
-def _figure(width: float, height: float, dpi: int = 100) -> Any:
-    """A matplotlib figure of its own (the object API, not pyplot: no global state, nothing to close)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _to_array(fig: Any) -> np.ndarray:
-    fig.canvas.draw()
-    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
 def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -311,6 +254,94 @@ def _nice_step(span: float, target: int = 5) -> float:
     return float(next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
 
 
+# matplotlib's first line colours (tab10), in the order its lines take them
+COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75))
+
+
+class Line(NamedTuple):
+    points: Sequence[tuple[float, float | None]]  # (x, y); a y that is None or not finite is left out
+    label: str = ""  # in the legend when given
+    colour: tuple[int, int, int] | None = None  # None: the next of COLOURS
+    width: int = 2
+    marker: bool = False  # a dot at each point
+    ring: float | None = None  # the x of a point circled
+
+
+def line_chart(
+    lines: Sequence[Line],
+    title: str,
+    xlabel: str,
+    subtitle: str = "",
+    bands: Sequence[tuple[float, float, tuple[int, int, int]]] = (),
+    xticks: Sequence[float] | None = None,
+    empty: str = "",
+) -> np.ndarray:
+    """``lines`` on shared axes, drawn with Pillow like the grids (a matplotlib figure costs ten times as much and
+    its import a second): (H, W, 3) uint8. ``bands``: x ranges shaded; ``xticks``: a log2 x axis ticked at these
+    values (else a linear one); ``empty``: written in the middle when no line has a point."""
+    from PIL import Image, ImageDraw
+
+    width, height, left, right, top, bottom = 560, 360, 52, 22, 46, 38
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    font, small = _font(12), _font(10)
+    fx = math.log2 if xticks is not None else float
+    finite = [[(fx(x), y) for x, y in line.points if y is not None and math.isfinite(y)] for line in lines]
+    xs = [x for pts in finite for x, _ in pts] + [fx(t) for t in xticks or ()]
+    ys = [y for pts in finite for _, y in pts]
+    x_lo, x_hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    pad = max(hi - lo, 1e-3) * 0.06
+    lo, hi = lo - pad, hi + pad
+    x0, x1, y0, y1 = left, width - right, top, height - bottom  # the plot area
+
+    def px(x: float) -> float:
+        return x0 + (x1 - x0) * (x - x_lo) / max(x_hi - x_lo, 1e-9)
+
+    def py(v: float) -> float:
+        return y1 - (y1 - y0) * (v - lo) / (hi - lo)
+
+    for b0, b1, colour in bands:
+        draw.rectangle([max(x0, px(b0)), y0, min(x1, px(b1)), y1], fill=colour)
+    ystep = _nice_step(hi - lo)
+    decimals = max(0, -int(np.floor(np.log10(ystep))))
+    for v in np.arange(np.ceil(lo / ystep) * ystep, hi, ystep):
+        draw.line([x0, py(v), x1, py(v)], fill=(232, 232, 232))
+        label = round(float(v), decimals) + 0.0  # + 0.0: no "-0"
+        draw.text((x0 - 4, py(v)), f"{label:.{decimals}f}", "black", small, "rm")
+    xstep = _nice_step(x_hi - x_lo, 8)
+    ticks = xticks if xticks is not None else np.arange(np.ceil(x_lo / xstep) * xstep, x_hi + 1e-9, xstep)
+    for t in ticks:
+        draw.line([px(fx(t)), y1, px(fx(t)), y1 + 3], fill="black")
+        draw.text((px(fx(t)), y1 + 5), f"{float(t):g}", "black", small, "mt")
+    draw.rectangle([x0, y0, x1, y1], outline=(120, 120, 120))
+    legend = []
+    for k, (line, pts) in enumerate(zip(lines, finite, strict=True)):
+        colour = line.colour or COLOURS[k % len(COLOURS)]
+        xy = [(px(x), py(y)) for x, y in pts]
+        if len(xy) > 1:
+            draw.line(xy, fill=colour, width=line.width)
+        for (x, y), (u, _) in zip(xy, pts, strict=True):
+            if line.marker or len(xy) == 1:
+                draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
+            if line.ring is not None and u == fx(line.ring):
+                draw.ellipse([x - 7, y - 7, x + 7, y + 7], outline=colour, width=2)
+        if line.label and pts:
+            legend.append((line.label, colour))
+    for i, (label, colour) in enumerate(legend):  # top right, over the lines
+        y = y0 + 10 + 14 * i
+        x = x1 - 28 - small.getlength(label)
+        draw.rectangle([x - 4, y - 7, x1 - 2, y + 7], fill="white")
+        draw.line([x, y, x + 16, y], fill=colour, width=2)
+        draw.text((x + 20, y), label, "black", small, "lm")
+    if empty and not ys:
+        draw.multiline_text(((x0 + x1) / 2, (y0 + y1) / 2), empty, "black", small, "mm", align="center")
+    draw.text((width / 2, 4), title, "black", font, "mt")
+    draw.text((width / 2, 22), subtitle, (60, 60, 60), small, "mt")
+    draw.text((x1, height - 4), xlabel, (60, 60, 60), small, "rb")
+    return np.asarray(img)
+
+
 def loss_curve(
     curves: Sequence[tuple[str, torch.Tensor | np.ndarray]],
     bands: tuple[tuple[int, int], tuple[int, int]],
@@ -318,83 +349,50 @@ def loss_curve(
 ) -> np.ndarray:
     """Validation loss against position in the context for (label, losses) pairs, oldest first: the newest curve
     bold in blue over up to 6 earlier ones in grey (darker = newer, so the curve is seen to change), the early
-    (green) and late (red) ICL bands shaded: (H, W, 3) uint8. Drawn with Pillow like the grids: a matplotlib
-    figure costs ten times as much, at every validation."""
-    from PIL import Image, ImageDraw
-
-    shown = [(label, np.asarray(y, dtype=np.float64)) for label, y in list(curves)[-7:]]
-    width, height, left, right, top, bottom = 520, 360, 52, 14, 46, 38
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    font, small = _font(12), _font(10)
-    t = max(len(y) for _, y in shown)
-    values = np.concatenate([y[np.isfinite(y)] for _, y in shown] or [np.zeros(1)])
-    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
-    pad = max(hi - lo, 1e-3) * 0.06
-    lo, hi = lo - pad, hi + pad
-    x0, x1, y0, y1 = left, width - right, top, height - bottom  # the plot area
-
-    def px(i: float) -> float:
-        return x0 + (x1 - x0) * i / max(1, t - 1)
-
-    def py(v: float) -> float:
-        return y1 - (y1 - y0) * (v - lo) / (hi - lo)
-
-    for (b0, b1), colour in zip(bands, ((220, 240, 220), (248, 222, 222)), strict=True):
-        draw.rectangle([px(b0 - 0.5), y0, px(b1 - 0.5), y1], fill=colour)
-    ystep = _nice_step(hi - lo)
-    decimals = max(0, -int(np.floor(np.log10(ystep))))
-    for v in np.arange(np.ceil(lo / ystep) * ystep, hi, ystep):
-        draw.line([x0, py(v), x1, py(v)], fill=(232, 232, 232))
-        label = round(float(v), decimals) + 0.0  # + 0.0: no "-0"
-        draw.text((x0 - 4, py(v)), f"{label:.{decimals}f}", "black", small, "rm")
-    for i in np.arange(0, t, _nice_step(t - 1, 8)):
-        draw.line([px(i), y1, px(i), y1 + 3], fill="black")
-        draw.text((px(i), y1 + 5), f"{int(i)}", "black", small, "mt")
-    draw.rectangle([x0, y0, x1, y1], outline=(120, 120, 120))
+    (green) and late (red) ICL bands shaded: (H, W, 3) uint8."""
+    shown = list(curves)[-7:]
+    lines = []
     for k, (_, y) in enumerate(shown):
-        newest = k == len(shown) - 1
-        grey = int(215 - 110 * (k + 1) / len(shown))
-        points = [(px(i), py(v)) for i, v in enumerate(y) if np.isfinite(v)]
-        draw.line(points, fill=(31, 119, 180) if newest else (grey, grey, grey), width=2 if newest else 1)
-    title = "validation loss (nats) by position in the context"
-    draw.text((width / 2, 4), title, "black", font, "mt")
-    sub = f"{shown[-1][0]} (blue)" + (f"; ICL score late - early {icl:+.3f} nats" if icl is not None else "")
-    draw.text((width / 2, 22), sub, (60, 60, 60), small, "mt")
-    draw.text(
-        (x1, height - 4), "position (tokens); green: early band, red: late band", (60, 60, 60), small, "rb"
+        newest, grey = k == len(shown) - 1, int(215 - 110 * (k + 1) / len(shown))
+        colour = COLOURS[0] if newest else (grey, grey, grey)
+        lines.append(Line(list(enumerate(np.asarray(y).tolist())), colour=colour, width=2 if newest else 1))
+    (e0, e1), (l0, l1) = bands
+    return line_chart(
+        lines,
+        "validation loss (nats) by position in the context",
+        "position (tokens); green: early band, red: late band",
+        f"{shown[-1][0]} (blue)" + (f"; ICL score late - early {icl:+.3f} nats" if icl is not None else ""),
+        bands=[(e0 - 0.5, e1 - 0.5, (220, 240, 220)), (l0 - 0.5, l1 - 0.5, (248, 222, 222))],
     )
-    return np.asarray(img)
 
 
 def training_curves(curves: Sequence[tuple[str, Sequence[tuple[int, float]]]], title: str) -> np.ndarray:
     """A run's losses against the optimizer step, one line per (tag, [(step, value), ...]): the training loss
-    thin, the validation loss with a marker at each validation: (H, W, 3) uint8. An empty list draws the axes
-    and says that nothing was logged."""
-    fig = _figure(7.0, 4.2, dpi=110)
-    ax = fig.add_subplot()
-    for tag, points in curves:
-        steps, values = [s for s, _ in points], [v for _, v in points]
-        training = tag.startswith("train/")
-        ax.plot(
-            steps,
-            values,
-            label=tag,
-            linewidth=1.0 if training else 1.8,
-            marker=None if training else "o",
-            markersize=3,
-            alpha=0.7 if training else 1.0,
-        )
-    if curves:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no loss was logged", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return _to_array(fig)
+    thin, the validation loss with a marker at each validation: (H, W, 3) uint8."""
+    lines = [
+        Line(points, tag, width=1 if tag.startswith("train/") else 2, marker=not tag.startswith("train/"))
+        for tag, points in curves
+    ]
+    return line_chart(lines, title, "optimizer step", "loss (nats per token)", empty="no loss was logged")
+
+
+def context_sweep_chart(runs: Sequence[dict[str, Any]]) -> np.ndarray:
+    """Loss against context length (``gptmini eval --context``), one line per run (``name``, ``split``,
+    ``block_size`` and ``results``: rows of ``context`` and ``loss``, None where skipped), on a log2 axis; a ring
+    where a run sits at its own training context; every length skipped, the reasons."""
+    lines = []
+    for run in runs:
+        points = [(r["context"], r["loss"]) for r in run["results"]]
+        lines.append(Line(points, run["name"], marker=True, ring=run["block_size"]))
+    reasons = sorted({r["skipped"] for run in runs for r in run["results"] if r.get("skipped")})
+    return line_chart(
+        lines,
+        "Length extrapolation",
+        "context length (tokens); ring: the training context",
+        f"{runs[0]['split']} loss",
+        xticks=sorted({r["context"] for run in runs for r in run["results"]}),
+        empty="no context length could be evaluated:\n" + "\n".join(reasons),
+    )
 
 
 def png(image: np.ndarray) -> bytes:

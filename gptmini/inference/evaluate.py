@@ -32,14 +32,14 @@ from gptmini.data.corpora import EMBEDDED_SOURCES
 from gptmini.data.errors import DataError
 from gptmini.data.reader import check_vocab, load_meta, load_split, load_tokenizer
 from gptmini.data.windows import StridedWindowDataset
-from gptmini.fileio import atomic_write_text, unwritable_reason
+from gptmini.fileio import atomic_write_bytes, atomic_write_text, unwritable_reason
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPT
 from gptmini.options import EtaProgress, HelpFormatter, int_at_least, positive_int, resolve_device
 from gptmini.runs.checkpoint import CheckpointError
 from gptmini.runs.discovery import resolve_checkpoint
 from gptmini.runs.loading import LoadedRun, add_run_options, open_run
-from gptmini.viz import context_sweep_figure
+from gptmini.viz import context_sweep_chart, png
 
 log = logging.getLogger("gptmini.inference.evaluate")
 # --out of a sweep (--context, or several checkpoints) when none is named: under the runs folder, not loose
@@ -293,9 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot = Path(out).with_suffix(".png")
     try:
         plot.parent.mkdir(parents=True, exist_ok=True)
-        tmp = plot.with_name(plot.name + ".tmp.png")  # an earlier plot is replaced whole or not at all
-        context_sweep_figure(runs).savefig(tmp)
-        tmp.replace(plot)
+        # an earlier plot is replaced whole or not at all
+        atomic_write_bytes(plot, png(context_sweep_chart(runs)))
     except OSError as err:
         log.error("error: cannot write the plot %s: %s", plot, err.strerror or err)
         return 2

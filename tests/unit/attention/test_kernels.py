@@ -335,7 +335,9 @@ def test_a_score_kernel_is_one_frame_more(options, kernel):
 def test_under_cpu_bf16_autocast_sdpa_runs_in_float32_and_the_result_matches():
     # PyTorch's CPU kernel is several times slower in bf16: the projections take bf16, the attention float32
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, position="rope", qk_norm=True))
+    model = GPT(
+        GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, position="rope", qk_norm=True)
+    )
     idx = torch.randint(64, (2, 8))
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
