@@ -205,7 +205,6 @@ def write_summary_run(logdir: Path, config: Any, t: int = 64, steps: int = 3, se
 
     from gptmini.board.summary import summary_proto
     from gptmini.model import GPT
-    from gptmini.training.callbacks.summary_logging import probe_summary
 
     torch.manual_seed(seed)
     model = GPT(config)
@@ -216,6 +215,18 @@ def write_summary_run(logdir: Path, config: Any, t: int = 64, steps: int = 3, se
         writer.file_writer.add_summary(summary_proto(summary), step * 100)
     writer.close()
     return logdir / "run" / "tb"
+
+
+def probe_summary(model: Any, ids: list[int], tokens: list[str], scores: dict[str, Any]) -> Any:
+    """The attention of ``model`` (a GPT) on ``ids`` as the summary callback writes it."""
+    import torch
+
+    from gptmini.training.callbacks.summary_logging import attention_summary
+    from gptmini.training.loop.probe import eval_mode
+
+    with eval_mode(model), torch.no_grad():
+        maps = model.attention_maps(torch.tensor([ids], dtype=torch.long))[:, 0]
+    return attention_summary(maps, tokens, scores)
 
 
 def _scores(config: Any) -> dict[str, Any]:
@@ -333,7 +344,6 @@ def _validation_share(
     from benchmarks.training import TrainSetup, _batches, run_bare_loop
     from gptmini.board.summary import summary_proto
     from gptmini.model import GPT
-    from gptmini.training.callbacks.summary_logging import probe_summary
 
     setup = TrainSetup(model=config, batch=8)
     torch.manual_seed(opts.seed)

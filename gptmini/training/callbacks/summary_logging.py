@@ -192,18 +192,6 @@ def attention_summary(
     )
 
 
-@torch.no_grad()
-def probe_summary(
-    model: torch.nn.Module, ids: list[int], tokens: list[str], scores: dict[str, torch.Tensor] | None = None
-) -> AttentionSummary:
-    """The attention of ``model`` (a GPT) on ``ids`` as an AttentionSummary; ``scores``: its head scores, for the
-    head types (None: unlabelled)."""
-    device = next(model.parameters()).device
-    with eval_mode(model):
-        maps = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))[:, 0]
-    return attention_summary(maps, tokens, scores)
-
-
 # The PROJECTOR's points per write: each head adds 2 T (the probe's queries and keys), heads in order of layer then
 # head until the next would pass this
 MAX_PROJECTOR_POINTS = 4096
