@@ -285,14 +285,6 @@ def _tensor_problems(state_dict: Mapping[str, Any], model: GPT, prefix: str = "m
     return "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
 
 
-def model_and_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[GPT, dict[str, Any]]:
-    """The plain ``GPT`` stored in a training checkpoint (in eval mode), and the checkpoint's whole dict."""
-    ckpt = load_checkpoint(path, map_location)
-    return stored_model(ckpt, checkpoint_record(ckpt, path), path), ckpt
-
-
 def stored_model(ckpt: Mapping[str, Any], record: RunRecord, path: str | Path) -> GPT:
     """The plain ``GPT`` of a loaded checkpoint and its record (in eval mode)."""
     model = GPT(GPTConfig.from_dict(record.model))

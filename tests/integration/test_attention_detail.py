@@ -31,13 +31,13 @@ def _last_summary(events):
 
 def test_the_sink_and_lens_scalars_are_the_checkpoints_own(detail_run, tb_events) -> None:
     from gptmini.data.tokenizers import build_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
     _, run_dir = detail_run
     events = tb_events(run_dir)
     tags = events.Tags()
     step, header = _last_summary(events)
-    model, _ = model_and_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    model = open_run(run_dir / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     assert step == 6 and (model.config.n_layer, model.config.n_head) == (2, 2)
     ids = build_tokenizer("gpt2").encode("".join(header["tokens"]))
     assert len(ids) == len(header["tokens"])

@@ -119,7 +119,7 @@ def _detail_run(folder, write_checkpoint) -> None:
     from gptmini.board.detail import probe_detail
     from gptmini.board.summary import summary_proto, vectors_header
     from gptmini.data.tokenizers import build_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
     from gptmini.training.callbacks.summary_logging import attention_summary, inspect
 
     path = write_checkpoint(
@@ -130,7 +130,9 @@ def _detail_run(folder, write_checkpoint) -> None:
         global_step=20,
         seed=3,
     )
-    model, _ = model_and_checkpoint(path)  # its sinks' logits start at 0: each takes a share of every row
+    model = open_run(
+        path, "cpu", tokenizer=False
+    ).model  # its sinks' logits start at 0: each takes a share of every row
     tokenizer = build_tokenizer("gpt2")
     ids = tokenizer.encode("".join(TOKENS))
     tokens = [tokenizer.token_text(i) for i in ids]
@@ -668,9 +670,9 @@ def test_the_neuron_view_computes_the_models_own_weights(board, logdir, driver):
     from selenium.webdriver.common.keys import Keys
 
     from gptmini.data.tokenizers import build_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
-    model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
+    model = open_run(logdir / "d" / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     tokenizer = build_tokenizer("gpt2")
     ids = tokenizer.encode("".join(TOKENS))
     with torch.no_grad():
@@ -733,9 +735,9 @@ def test_the_lens_view_and_the_head_map(board, logdir, driver):
     from selenium.webdriver.common.keys import Keys
 
     from gptmini.data.tokenizers import build_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
-    model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
+    model = open_run(logdir / "d" / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     tokenizer = build_tokenizer("gpt2")
     ids = tokenizer.encode("".join(TOKENS))
     with torch.no_grad():
@@ -817,9 +819,9 @@ def test_the_circuits_view(board, logdir, driver):
 
     from gptmini.board.detail import circuits
     from gptmini.data.tokenizers import build_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
-    model, _ = model_and_checkpoint(logdir / "d" / "checkpoints" / "last.ckpt")
+    model = open_run(logdir / "d" / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     tokenizer = build_tokenizer("gpt2")
     ids = tokenizer.encode("".join(TOKENS))
     want = circuits(model, ids, tokenizer)

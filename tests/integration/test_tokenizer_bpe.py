@@ -167,7 +167,6 @@ def test_llama_export_tokenizer_gives_the_same_ids_and_imports_back(bpe_run, tmp
     os.environ["HF_HUB_OFFLINE"] = "1"
     transformers = pytest.importorskip("transformers")
     from gptmini.hf.cli import main
-    from gptmini.runs.checkpoint import model_and_checkpoint
     from gptmini.runs.loading import open_run
 
     _, run_dir, data_dir = bpe_run
@@ -183,7 +182,7 @@ def test_llama_export_tokenizer_gives_the_same_ids_and_imports_back(bpe_run, tmp
     assert (
         main(["import", "--hf", str(tmp_path / "hf"), "--out", str(back), "--data-dir", str(data_dir)]) == 0
     )
-    model, _ = model_and_checkpoint(ckpt)
+    model = open_run(ckpt, "cpu", tokenizer=False).model
     again = open_run(back, "cpu")
     x = torch.tensor([ids[:32]])
     assert torch.equal(again.model(x)[0], model(x)[0])
@@ -194,7 +193,7 @@ def test_gpt2_export_with_the_trained_bpe(bpe_run, tmp_path, write_checkpoint):
     os.environ["HF_HUB_OFFLINE"] = "1"
     transformers = pytest.importorskip("transformers")
     from gptmini.hf.cli import main
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
     _, _, data_dir = bpe_run
     ckpt = write_checkpoint(tmp_path / "gpt2.ckpt", data_dir=data_dir, block_size=32, n_embd=16)
@@ -211,7 +210,7 @@ def test_gpt2_export_with_the_trained_bpe(bpe_run, tmp_path, write_checkpoint):
     assert hf_tok(text)["input_ids"] == ids and hf_tok.decode(ids) == text
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.eos_token_id == ours.eot_id
-    model, _ = model_and_checkpoint(ckpt)
+    model = open_run(ckpt, "cpu", tokenizer=False).model
     x = torch.tensor([ids[:32]])
     torch.testing.assert_close(hf(x).logits[..., : ours.vocab_size], model(x)[0][..., : ours.vocab_size])
 

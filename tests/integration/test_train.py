@@ -372,7 +372,7 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     import transformers
 
     from gptmini.hf import load_hf_gpt2
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
     hf = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=50257)
@@ -394,7 +394,7 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "initialised weights from" in proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
-    trained, _ = model_and_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    trained = open_run(run_dir / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     start = load_hf_gpt2(tmp_path / "gpt2-tiny")
     idx = torch.randint(0, 50257, (1, 16))
     # One step at lr 1e-9 barely moves the weights: the run started from the Hugging Face ones.

@@ -182,14 +182,14 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
     import torch
 
     from gptmini.data.tokenizers import build_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
     code, body = _post(client, {"run": "with_ckpt/tb", "text": "But soft, what light"})
     assert code == 200, body
     tokenizer = build_tokenizer("gpt2")
     ids = tokenizer.encode("But soft, what light")
     assert body["tokens"] == [tokenizer.decode([i]) for i in ids] and body["step"] == 6
-    model, _ = model_and_checkpoint(logdir / "with_ckpt" / "checkpoints" / "last.ckpt")
+    model = open_run(logdir / "with_ckpt" / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     with torch.no_grad():
         want = model.attention_maps(torch.tensor([ids]))[:, 0].numpy()
     t = len(ids)
@@ -659,7 +659,7 @@ def test_own_text_keeps_the_queries_and_keys_of_every_layer(tmp_path, write_chec
     from gptmini.board.summary import MAX_VECTOR_VALUES
     from gptmini.data.prepare import prepare
     from gptmini.data.reader import load_meta, load_tokenizer
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
     corpus = tmp_path / "lower.txt"
     corpus.write_text("but soft, what light through yonder window breaks?\n" * 40)
@@ -675,7 +675,7 @@ def test_own_text_keeps_the_queries_and_keys_of_every_layer(tmp_path, write_chec
     assert code == 200, body["error"]
     vectors = body["vectors"]
     assert vectors["layers"] == 3
-    model, _ = model_and_checkpoint(ckpt)
+    model = open_run(ckpt, "cpu", tokenizer=False).model
     ids = load_tokenizer(data, load_meta(data)).encode(text)
     with torch.no_grad():
         found = model.inspect(torch.tensor([ids])).vectors

@@ -17,7 +17,7 @@ from torch.testing import assert_close  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
 from gptmini.hf.gpt2 import HFWeightsError, load_gpt2_weights, load_hf_gpt2, save_hf_gpt2  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
-from gptmini.runs.checkpoint import model_and_checkpoint  # noqa: E402
+from gptmini.runs.loading import open_run  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 32, 100  # vocab 100 is not a multiple of 64: exercises the padded rows
 
@@ -310,7 +310,8 @@ def test_cli_export_and_import(tmp_path, exported, capsys):
     )
     assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     assert main(["import", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back.ckpt")]) == 0
-    back, saved = model_and_checkpoint(tmp_path / "back.ckpt")
+    opened = open_run(tmp_path / "back.ckpt", "cpu", tokenizer=False)
+    back, saved = opened.model, opened.checkpoint
     idx = _tokens()
     assert torch.equal(_our_logits(back, idx), _our_logits(model, idx))
     # the import writes a run record of this version, not a composed config: where the weights came from

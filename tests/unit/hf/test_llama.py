@@ -27,7 +27,7 @@ from gptmini.hf.llama import (  # noqa: E402
     save_hf_llama,
 )
 from gptmini.model import GPT, GPTConfig  # noqa: E402
-from gptmini.runs.checkpoint import model_and_checkpoint  # noqa: E402
+from gptmini.runs.loading import open_run  # noqa: E402
 
 D, L, H, P, V = 64, 2, 4, 48, 100  # vocab 100 is not a multiple of 64: exercises gptmini's padded rows
 TEXT = (
@@ -308,7 +308,7 @@ def test_cli_exports_a_char_llama_run_that_transformers_loads_tokenizes_and_gene
         "tokenizer_config.json",
     ]
     assert {(tmp_path / "hf" / f).stat().st_mode & 0o777 for f in files} == {0o644}  # readable by others
-    ours, _ = model_and_checkpoint(ckpt)
+    ours = open_run(ckpt, "cpu", tokenizer=False).model
     chars = load_tokenizer(data_dir)
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -319,7 +319,7 @@ def test_cli_exports_a_char_llama_run_that_transformers_loads_tokenizes_and_gene
     assert hf_tok.decode(out[0]) == chars.decode(out[0].tolist())
     # import, by config.json's model_type, back into a checkpoint with the same logits
     assert main(["import", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back.ckpt")]) == 0
-    back, _ = model_and_checkpoint(tmp_path / "back.ckpt")
+    back = open_run(tmp_path / "back.ckpt", "cpu", tokenizer=False).model
     assert torch.equal(back(ids)[0], ours(ids)[0])
 
 
@@ -408,7 +408,7 @@ def test_training_starts_from_a_transformers_llama_folder(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "initialised weights from" in proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
-    trained, _ = model_and_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    trained = open_run(run_dir / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
     idx = torch.randint(0, 50257, (1, 16))
     # One step at lr 1e-9 barely moves the weights: the run started from the transformers ones.
     ours, theirs = _logits_both(trained, hf, idx)

@@ -13,7 +13,7 @@ from gptmini.data.reader import load_split
 from gptmini.inference.analyze import main
 from gptmini.insight import SCORES, head_scores, make_probes
 from gptmini.insight.report import ABLATION
-from gptmini.runs.checkpoint import model_and_checkpoint
+from gptmini.runs.loading import open_run
 
 TEXT = "to be, or not to be: that is the question.\n" * 60
 
@@ -40,7 +40,7 @@ def test_the_report_of_a_checkpoint_scores_every_head(tmp_path, write_checkpoint
     report = json.loads((out / "report.json").read_text())
     assert [(h["layer"], h["head"]) for h in report["heads"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # the scores are those of the model in the checkpoint on the same probes (the oracle: the library call)
-    model, _ = model_and_checkpoint(ckpt)
+    model = open_run(ckpt, "cpu", tokenizer=False).model
     probes = make_probes(load_split(folder, "val"), model.config.vocab_size, 16, 16, 2, 3, seed=1234)
     expected = head_scores(model, probes)
     for score in SCORES:

@@ -74,7 +74,7 @@ def test_context_sweep_runs_past_the_training_length_where_positions_allow(
     from PIL import Image
 
     from gptmini.data.reader import load_meta, load_split
-    from gptmini.runs.checkpoint import model_and_checkpoint
+    from gptmini.runs.loading import open_run
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("to be, or not to be: that is the question. " * 80)
@@ -95,7 +95,7 @@ def test_context_sweep_runs_past_the_training_length_where_positions_allow(
     tokens = load_split(folder, "val", load_meta(folder))
     for run in report["runs"]:
         assert [r["context"] for r in run["results"]] == [8, 16, 32]  # sorted, training length (8) first
-        model, _ = model_and_checkpoint(run["checkpoint"])
+        model = open_run(run["checkpoint"], "cpu", tokenizer=False).model
         for row in run["results"]:
             if run["position"] == "learned" and row["context"] > 8:
                 assert row["loss"] is None

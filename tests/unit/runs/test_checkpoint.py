@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from gptmini.runs import checkpoint
-from gptmini.runs.checkpoint import CheckpointError, atomic_save, load_checkpoint, model_and_checkpoint
+from gptmini.runs.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from gptmini.runs.loading import open_run
 from gptmini.runs.record import read_record
 
 # The checksum's entry in a checkpoint (read through the module: a test then fails, not its import, without it).
@@ -49,7 +50,7 @@ def test_damage_inside_a_checkpoint_is_refused_naming_the_file(tmp_path, write_c
     path = write_checkpoint(tmp_path / "last.ckpt")
     _overwrite_inside_tensor(path)
     torch.load(path, weights_only=True)  # the damage itself goes unnoticed by torch
-    for load in (load_checkpoint, model_and_checkpoint):
+    for load in (load_checkpoint, lambda p: open_run(p, "cpu", tokenizer=False)):
         with pytest.raises(
             CheckpointError, match=rf"{re.escape(str(path))} is damaged: its tensors .* do not match"
         ):
@@ -175,7 +176,7 @@ def test_settings_that_disagree_with_the_tensors_are_one_clear_error(tmp_path, w
         match=r"edited\.ckpt is inconsistent: its saved model settings \(n_layer=1, n_embd=16, .*\) disagree "
         r"with its tensors \(wte\.weight is \[64, 8\] but the settings need \[64, 16\]",
     ):
-        model_and_checkpoint(path)
+        open_run(path, "cpu", tokenizer=False)
 
 
 # --- the data a checkpoint was trained on (item 2) --------------------------------------------------------
