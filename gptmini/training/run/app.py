@@ -122,7 +122,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if isinstance(callback, LoggingCallback):
             callback.check_sizes(gpt_config, device, f"callbacks.{name}.")
     module = build_module(plan, trainer, datamodule, gpt_config)
-    parts = callbacks.connect(module.validation_probe)
+    callbacks.connect(module.validation_probe)
     skip_idle_hooks(callbacks.given)
     output_dir = Path(plan.output_dir)
     from gptmini.training.run.run_report import continued_history
@@ -136,9 +136,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except BaseException:  # a NaN loss, a signal, an error: the curves so far, as a finished run has them
         _write_curves_so_far(trainer, output_dir, history)
         raise
-    return report(
-        trainer, output_dir, time.monotonic() - started, plan.output_root, parts.throughput, history
-    )
+    tokens_per_step = plan.tokens_per_step(gpt_config.block_size, trainer.world_size)
+    return report(trainer, output_dir, time.monotonic() - started, plan.output_root, tokens_per_step, history)
 
 
 # The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
@@ -156,12 +155,12 @@ class RunCallbacks:
     given: list[Any]
     timer: Any = None
 
-    def connect(self, probe: Any) -> Any:
+    def connect(self, probe: Any) -> None:
         """Hands every callback that reads a part of the run it does not own (a ``Receiver``) those parts
         (``RunParts``), so that none of them goes looking for it: the LightningModule's validation ``probe`` (one
         attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
         lines), the background worker, Lightning's Timer (trainer.max_time, for the progress lines' ETA) and the
-        checkpoint savers (whose files the guards name). Returns the parts."""
+        checkpoint savers (whose files the guards name)."""
         from gptmini.training.callbacks.loggers import Receiver, RunParts
 
         savers = tuple(self.named[n] for n in CHECKPOINT_SAVERS if n in self.named)
@@ -169,7 +168,6 @@ class RunCallbacks:
         for callback in self.given:
             if isinstance(callback, Receiver):
                 callback.receive(parts)
-        return parts
 
 
 def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
@@ -382,14 +380,14 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
 def report(
     trainer: Any,
     output_dir: Path,
-    wall_seconds: float = 0.0,
-    output_root: str = "outputs",
-    throughput: Any = None,
-    history: Any = None,  # a continuation's (run_report.continued_history)
+    wall_seconds: float,
+    output_root: str,
+    tokens_per_step: int,
+    history: Any,  # a continuation's (run_report.continued_history)
 ) -> dict[str, Any]:
     """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
     ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
-    final metrics. ``throughput``: the run's throughput monitor, if any (its count of the tokens per step)."""
+    final metrics."""
     ckpt_dir = output_dir / "checkpoints"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     result: dict[str, Any] = {
@@ -401,18 +399,18 @@ def report(
     }
     if not trainer.is_global_zero:
         return result
-    from gptmini.training.run.run_report import RunFacts, Scalars, report_run
+    from gptmini.training.run.run_report import RunFacts, report_run
 
     tensorboard = _tensorboard(trainer)
     facts = RunFacts(
         run_dir=output_dir,
         steps=trainer.global_step,
         wall_seconds=wall_seconds,
-        tokens_seen=trainer.global_step * _tokens_per_step(trainer, throughput),
+        tokens_seen=trainer.global_step * tokens_per_step,
         checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
         event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
         output_root=output_root,
-        history=history or Scalars(),
+        history=history,
     )
     title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
     return result | report_run(facts, title)
@@ -432,15 +430,6 @@ def _write_curves_so_far(trainer: Any, output_dir: Path, history: Any) -> None:
         write_curves(read_scalars(Path(tensorboard.log_dir)).after(history), output_dir, title)
     except Exception as err:  # the run's own error is the one to report
         log.warning("could not write the curves of the stopped run: %s: %s", type(err).__name__, err)
-
-
-def _tokens_per_step(trainer: Any, throughput: Any = None) -> int:
-    """Tokens per optimizer step, all processes together: the throughput monitor's count of a real batch, else
-    the data's batch and context."""
-    if throughput is not None and throughput.global_batch_tokens:
-        return int(throughput.global_batch_tokens)
-    data = trainer.datamodule
-    return int(data.batch_size * data.block_size * trainer.accumulate_grad_batches * trainer.world_size)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -100,9 +100,6 @@ class RunPlan:
         """The run record of this plan (``gptmini.runs.record``), which every checkpoint and the run folder keep,
         with what only the build knows: the model with the tokenizer's vocabulary, the training processes and
         the TensorBoard folder (relative to the run folder)."""
-        tokens_per_step = (
-            self.data.batch_size * model.block_size * self.trainer.accumulate_grad_batches * world_size
-        )
         return RunRecord(
             version=RECORD_VERSION,
             model=model.to_dict(),
@@ -113,13 +110,17 @@ class RunPlan:
             overrides=self.overrides,
             init_from=self.init_from,
             world_size=world_size,
-            tokens_per_step=tokens_per_step,
+            tokens_per_step=self.tokens_per_step(model.block_size, world_size),
             tensorboard_dir=tensorboard_dir,
             output_dir=self.output_dir,
             continued_from=Lineage(os.path.abspath(self.ckpt_path), self.resumed_at)
             if self.ckpt_path is not None and self.resumed_at is not None
             else None,
         )
+
+    def tokens_per_step(self, block_size: int, world_size: int) -> int:
+        """Tokens of one optimizer step, over every process."""
+        return self.data.batch_size * block_size * self.trainer.accumulate_grad_batches * world_size
 
     @property
     def resumed_at(self) -> int | None:
