@@ -23,8 +23,8 @@ from typing import Any
 
 from gptmini import fileio
 from gptmini.options import HelpFormatter
-from gptmini.runs.files import LAST_NAMES, last_val_loss, read_summary
-from gptmini.runs.record import RunRecordError, read_record, read_record_file
+from gptmini.runs.files import LAST_NAMES, checkpoint_facts, read_summary
+from gptmini.runs.record import read_record_file
 
 log = logging.getLogger(__name__)
 
@@ -313,32 +313,29 @@ def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
     return Path(os.path.normpath(Path(run_dir) / recorded))
 
 
-def _checkpoint_facts(path: Path) -> tuple[int | None, Path | None, tuple[float | None, int | None]]:
-    """The checkpoint's global step, the TensorBoard folder its run logged to, and its last val/loss and step.
-    Raises CheckpointError when it does not load."""
-    from gptmini.runs.checkpoint import load_checkpoint
+def _facts(path: Path) -> dict[str, Any] | None:
+    """The facts of a run's checkpoint (``gptmini.runs.files.checkpoint_facts``): from the run's summary when it
+    describes the file as it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it
+    does not load."""
+    summary = read_summary(path)
+    if summary is not None:
+        return summary
+    # torch: only for a checkpoint without a summary
+    from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
-    ckpt = load_checkpoint(path, mmap=True, verify=False)
-    step = ckpt.get("global_step")
     try:
-        events = read_record(ckpt).tensorboard_dir
-    except RunRecordError:
-        events = None
-    folder = recorded_event_folder(path.parent.parent, events)
-    return int(step) if isinstance(step, int) else None, folder, last_val_loss(ckpt)
+        return checkpoint_facts(load_checkpoint(path, mmap=True, verify=False))
+    except CheckpointError as err:
+        log.warning("%s", err)
+        return None
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
     """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
     records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
-    from gptmini.runs.checkpoint import CheckpointError
-
     ckpt = next(iter(_checkpoints(Path(run_dir))), None)
-    try:
-        recorded = _checkpoint_facts(ckpt)[1] if ckpt is not None else None
-    except CheckpointError as err:
-        log.warning("%s", err)
-        recorded = None
+    facts = _facts(ckpt) if ckpt is not None else None
+    recorded = recorded_event_folder(run_dir, facts.get("tensorboard_dir")) if facts is not None else None
     if recorded is not None and recorded.is_dir():
         return recorded
     return next(iter(event_folders(Path(run_dir))), None)
@@ -395,23 +392,12 @@ def _row(folder: Path, output_root: Path) -> Scanned:
     ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
     done = recorded = val_loss = val_step = None
     for path in files:
-        summary = read_summary(path)
-        if summary is not None:
-            done = _wanted(summary.get("global_step"), int)
-            recorded = recorded_event_folder(folder, summary.get("tensorboard_dir"))
-            val_loss, val_step = (
-                _wanted(summary.get("val_loss"), float),
-                _wanted(summary.get("val_step"), int),
-            )
-        else:
-            # torch: only for a checkpoint without a summary
-            from gptmini.runs.checkpoint import CheckpointError
-
-            try:
-                done, recorded, (val_loss, val_step) = _checkpoint_facts(path)
-            except CheckpointError as err:
-                log.warning("%s", err)
-                continue
+        facts = _facts(path)
+        if facts is None:
+            continue
+        done = _wanted(facts.get("global_step"), int)
+        recorded = recorded_event_folder(folder, facts.get("tensorboard_dir"))
+        val_loss, val_step = _wanted(facts.get("val_loss"), float), _wanted(facts.get("val_step"), int)
         ckpt, damaged = path, False
         break
     trainer = _wanted(config.get("trainer"), dict) or {}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gptmini import fileio
-from gptmini.runs.record import read_record
+from gptmini.runs.record import RunRecordError, read_record
 
 # The files ``last`` chooses among (``gptmini.runs.discovery.newest_checkpoint``).
 LAST_NAMES = ("last.ckpt", "on_exception.ckpt")
@@ -45,6 +45,23 @@ def last_val_loss(checkpoint: Mapping[str, Any]) -> tuple[float | None, int | No
     return None, None
 
 
+def checkpoint_facts(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run's summary keeps of a checkpoint: its step, its last val/loss and step, and the TensorBoard
+    folder its run logged to (its record's, relative to the run folder)."""
+    step = checkpoint.get("global_step")
+    val_loss, val_step = last_val_loss(checkpoint)
+    try:
+        tensorboard_dir = read_record(checkpoint).tensorboard_dir
+    except RunRecordError:
+        tensorboard_dir = None
+    return {
+        "global_step": step if isinstance(step, int) else None,
+        "val_loss": val_loss,
+        "val_step": val_step,
+        "tensorboard_dir": tensorboard_dir,
+    }
+
+
 def _read_summaries(file: Path) -> dict[str, Any]:
     try:
         if file.stat().st_size > SUMMARY_MAX_BYTES:
@@ -65,19 +82,9 @@ def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
     file = _summary_file(path)
     if file is None:
         return
-    record = read_record(checkpoint)
     st = path.stat()
-    step = checkpoint.get("global_step")
-    val_loss, val_step = last_val_loss(checkpoint)
     entries = _read_summaries(file)
-    entries[path.name] = {
-        "bytes": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "global_step": step if isinstance(step, int) else None,
-        "val_loss": val_loss,
-        "val_step": val_step,
-        "tensorboard_dir": record.tensorboard_dir,
-    }
+    entries[path.name] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, **checkpoint_facts(checkpoint)}
     fileio.atomic_write_json(file, {"format_version": SUMMARY_FORMAT, "checkpoints": entries})
 
 
