@@ -47,6 +47,7 @@ from gptmini.training.run.schema import (
     schema_of,
     settings,
     typed_node,
+    unknown_keys,
 )
 
 log = logging.getLogger(__name__)
@@ -249,10 +250,7 @@ def _check_composed_keys(cfg: DictConfig) -> None:
     ):
         extra = sorted(str(k) for k in (cfg.get(group) or {}) if k not in set(settings(schema)))
         if extra:
-            raise RunError(
-                f"{group}.{extra[0]} is not a setting of {group}: its settings are {', '.join(settings(schema))}; "
-                f"drop it (~{group}.{extra[0]})"
-            )
+            raise unknown_keys(group, group, schema, extra)
     extra = sorted(str(k) for k in cfg if k not in {f.name for f in dataclasses.fields(TrainSchema)})
     if extra:
         raise RunError(

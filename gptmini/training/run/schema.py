@@ -409,7 +409,7 @@ def _defaults(schema: type) -> dict[str, Any]:
     return out
 
 
-def _unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:
+def unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:
     one = len(extra) == 1
     derived = [k for k in extra if f"{group}.{k}" in DERIVED]
     if derived:
@@ -512,7 +512,7 @@ def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
         return None
     extra = sorted(str(k) for k in values if k not in {f.name for f in fields(schema)})
     if extra:
-        raise _unknown_keys(key, target, schema, extra)
+        raise unknown_keys(key, target, schema, extra)
     _check_switches(values, schema, key)
     _check_kinds(values, group, target, key)
     try:
