@@ -441,7 +441,9 @@ def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = to
         ) from err
 
 
-def _make_atomic_checkpoint_io() -> type:
+def atomic_checkpoint_io() -> Any:
+    """The run's checkpoint I/O (``AtomicCheckpointIO``), whose class subclasses Lightning's TorchCheckpointIO: made
+    here, on first use, so that importing this module (sampling, config checks) does not import Lightning."""
     from lightning.pytorch.plugins.io import TorchCheckpointIO
 
     class AtomicCheckpointIO(TorchCheckpointIO):
@@ -478,14 +480,4 @@ def _make_atomic_checkpoint_io() -> type:
             torch.save(checkpoint, f)
 
     AtomicCheckpointIO.__module__ = __name__
-    return AtomicCheckpointIO
-
-
-def __getattr__(name: str) -> Any:
-    # ``AtomicCheckpointIO`` subclasses Lightning's TorchCheckpointIO; it is built on first use so that importing
-    # this module (sampling, config checks) does not import Lightning (seconds).
-    if name == "AtomicCheckpointIO":
-        cls = _make_atomic_checkpoint_io()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return AtomicCheckpointIO()

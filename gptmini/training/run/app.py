@@ -177,7 +177,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
     from lightning.pytorch.callbacks import Timer
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-    from gptmini.runs.checkpoint import AtomicCheckpointIO
+    from gptmini.runs.checkpoint import atomic_checkpoint_io
 
     trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
     named = {name: instantiate(node_values(node), _convert_="all") for name, node in plan.callbacks.items()}
@@ -208,7 +208,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
     # AsyncCheckpointIO: the state is copied on the training thread at the step it belongs to (so resuming stays
     # exact) and written by one background thread, in order, while training goes on; a failed write stops the run
     # at the next save or at the end.
-    plugins = [AsyncCheckpointIO(AtomicCheckpointIO())]
+    plugins = [AsyncCheckpointIO(atomic_checkpoint_io())]
     if trainer_processes(trainer_cfg) == 1:
         # A run of one process (its trainer.devices x trainer.num_nodes) is rank 0 of 1 whatever a launcher's
         # variables left in the environment say (RANK, LOCAL_RANK, WORLD_SIZE, SLURM_NTASKS): Lightning's own
