@@ -339,13 +339,10 @@ def resolve_precision(
 
 
 # --- the host allocator for CPU training: freed memory kept in the process (retain_freed_memory) ----------------
-# glibc's malloc serves every block above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and gives it
-# back to the kernel on ``free``. A training step allocates and frees the same large tensors every time (the
-# default model's logits alone are 8 x 128 x 50,304 floats, 206 MB, plus their gradient), so the kernel zeroes
-# and faults in the same memory again on every step. Measured on the 2-core machine with the default model:
-# 6.4 M minor page faults and 14 s of system time in 25 steps, 714 ms per step; with freed memory kept in the
-# process, 0.7 M faults, 2.6 s, 406 ms per step (1.76x faster). The usual remedy is jemalloc or tcmalloc through
-# ``LD_PRELOAD``; ``mallopt`` gets the same effect from glibc itself with nothing to install.
+# glibc's malloc serves every block above its mmap threshold with a fresh ``mmap`` and returns it to the kernel on
+# ``free``; a training step frees and allocates the same large tensors every time, so the kernel zeroes and faults in
+# the same memory on every step (docs/development.md, "Memory on a CPU"). ``mallopt`` keeps it in the process, as
+# jemalloc or tcmalloc through ``LD_PRELOAD`` would, with nothing to install.
 
 # mallopt parameters from glibc's <malloc.h>
 _M_TRIM_THRESHOLD = -1
