@@ -247,13 +247,11 @@ def checkpoint_record(ckpt: Mapping[str, Any], path: str | Path) -> RunRecord:
     return record
 
 
-def check_tensors_match(
-    state_dict: Mapping[str, Any], model: GPT, path: str | Path, prefix: str = "model."
-) -> None:
-    """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``prefix``) are not exactly those of
+def check_tensors_match(state_dict: Mapping[str, Any], model: GPT, path: str | Path) -> None:
+    """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``model.``) are not exactly those of
     ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
     (edited, or written by another tool)."""
-    shown = _tensor_problems(state_dict, model, prefix)
+    shown = _tensor_problems(state_dict, model)
     config = model.config
     if shown:
         raise CheckpointError(
@@ -263,14 +261,14 @@ def check_tensors_match(
         )
 
 
-def _tensor_problems(state_dict: Mapping[str, Any], model: GPT, prefix: str = "model.") -> str:
+def _tensor_problems(state_dict: Mapping[str, Any], model: GPT) -> str:
     """How the tensors of ``state_dict`` differ from ``model``'s (empty: they match)."""
     config = model.config
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {
-        k.removeprefix(prefix): tuple(v.shape)
+        k.removeprefix("model."): tuple(v.shape)
         for k, v in state_dict.items()
-        if k.startswith(prefix) and isinstance(v, torch.Tensor)
+        if k.startswith("model.") and isinstance(v, torch.Tensor)
     }
     if config.tie_weights:  # the tied lm_head.weight is wte.weight itself, saved or not under its own name
         found.pop("lm_head.weight", None)
