@@ -26,7 +26,7 @@ from gptmini.training.lightning_compat import logs_after_step, request_graceful_
 
 log = logging.getLogger(__name__)
 
-# the key of StopAtTargetLoss's state in a checkpoint (read by training.run.resume.target_reached)
+# the key of StopAtTargetLoss's state in a checkpoint (read by training.run.resume.check_resume_plan)
 TARGET_STATE_KEY = "StopAtTargetLoss"
 
 
@@ -376,7 +376,7 @@ class StopAtTargetLoss(L.Callback):
         # summary (``gptmini runs`` shows it without reading the event files)
         self._last_val: tuple[float, int] | None = None
 
-    # the key of its state in a checkpoint (``target_reached`` reads it there)
+    # the key of its state in a checkpoint (``check_resume_plan`` reads it there)
     @property
     def state_key(self) -> str:
         return TARGET_STATE_KEY

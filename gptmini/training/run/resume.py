@@ -280,50 +280,29 @@ def check_resumed_data(
             log.info("removed %s, left by a save that was interrupted", stale)
 
 
-def target_reached(ckpt: Mapping[str, Any]) -> tuple[int, float] | None:
-    """The step and val/loss at which the run of ``ckpt`` reached its ``target_val_loss`` (None: it did not)."""
-    from gptmini.training.callbacks.guards import TARGET_STATE_KEY
-
-    state = (ckpt.get("callbacks") or {}).get(TARGET_STATE_KEY) or {}
-    if state.get("reached_at") is None or state.get("val_loss") is None:
-        return None
-    return int(state["reached_at"]), float(state["val_loss"])
-
-
-# the key of Lightning's Timer callback (trainer.max_time) in a checkpoint's callback states
-TIMER_STATE_KEY = "Timer"
-
-
-def check_time_left(path: str | Path, ckpt: Mapping[str, Any], max_time: str | None) -> None:
-    """Refuses a resume whose ``trainer.max_time`` the checkpoint's run has already spent training (Lightning's
-    Timer carries the seconds over and would stop at once, training nothing)."""
-    from gptmini.training.loop.schedulers import max_time_seconds
-
-    budget = max_time_seconds(max_time)
-    timer = (ckpt.get("callbacks") or {}).get(TIMER_STATE_KEY) or {}
-    spent = (timer.get("time_elapsed") or {}).get("train")
-    if budget is None or not isinstance(spent, (int, float)) or spent < budget:
-        return
-    raise RunError(
-        f"checkpoint {path} has already trained for {spent:.0f} s and trainer.max_time={max_time} allows "
-        f"{budget:.0f} s: the run is finished and resuming would train nothing. To train on, resume with a larger "
-        "trainer.max_time (the schedule is re-laid over it) or trainer.max_time=null; to evaluate it, use the "
-        "eval command"
-    )
-
-
 def check_resume_plan(
     path: str | Path, ckpt: Mapping[str, Any], max_steps: int, max_time: Any, target: float | None
 ) -> None:
-    """Refuses a resume that would train nothing: a checkpoint already at ``trainer.max_steps`` (and the run would
-    report no validation), past its time budget or at its ``target_val_loss``."""
+    """Refuses a resume that would train nothing: a checkpoint already at its ``target_val_loss``, at
+    ``trainer.max_steps`` (and the run would report no validation), or past its time budget (Lightning's Timer
+    carries the seconds over and would stop at once)."""
+    from gptmini.training.callbacks.guards import TARGET_STATE_KEY
+    from gptmini.training.loop.schedulers import max_time_seconds
+
     step = int(ckpt.get("global_step") or 0)
-    reached = target_reached(ckpt)
-    if target is not None and reached is not None and reached[1] <= float(target):
+    states = ckpt.get("callbacks") or {}
+    reached = states.get(TARGET_STATE_KEY) or {}
+    loss = reached.get("val_loss")
+    if (
+        target is not None
+        and reached.get("reached_at") is not None
+        and loss is not None
+        and loss <= float(target)
+    ):
         raise RunError(
-            f"checkpoint {path} already reached target_val_loss={target} (val/loss {reached[1]:.4f} at step "
-            f"{reached[0]}): the run is finished and resuming would stop at once. To train on, resume with "
-            "target_val_loss=null (or a lower target); to evaluate it, use the eval command"
+            f"checkpoint {path} already reached target_val_loss={target} (val/loss {float(loss):.4f} at step "
+            f"{int(reached['reached_at'])}): the run is finished and resuming would stop at once. To train on, resume "
+            "with target_val_loss=null (or a lower target); to evaluate it, use the eval command"
         )
     if step >= max_steps:
         raise RunError(
@@ -331,4 +310,13 @@ def check_resume_plan(
             f"and resuming would train nothing. To train on, resume with a larger trainer.max_steps (e.g. "
             f"trainer.max_steps={max_steps + step}); to evaluate it, use the eval command"
         )
-    check_time_left(path, ckpt, max_time)
+    budget = max_time_seconds(max_time)
+    # Lightning's Timer (trainer.max_time) keeps its state under its class's name
+    spent = ((states.get("Timer") or {}).get("time_elapsed") or {}).get("train")
+    if budget is not None and isinstance(spent, (int, float)) and spent >= budget:
+        raise RunError(
+            f"checkpoint {path} has already trained for {spent:.0f} s and trainer.max_time={max_time} allows "
+            f"{budget:.0f} s: the run is finished and resuming would train nothing. To train on, resume with a "
+            "larger trainer.max_time (the schedule is re-laid over it) or trainer.max_time=null; to evaluate it, "
+            "use the eval command"
+        )
