@@ -167,5 +167,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
 
 
+# The console scripts of the previous release: one more release as aliases of the subcommands (pyproject.toml).
+OLD_SCRIPTS = {
+    "gptmini-train": "train",
+    "gptmini-sample": "sample",
+    "gptmini-prepare": "data",
+    "gptmini-attention": "attention",
+    "gptmini-eval": "eval",
+    "gptmini-analyze": "analyze",
+}
+
+
+def old_script() -> int:
+    """Every old script's entry point: the subcommand its name (``sys.argv[0]``) stands for."""
+    name = Path(sys.argv[0]).name
+    sub = OLD_SCRIPTS[name]
+    sys.stderr.write(f"{name} is now `gptmini {sub}`; this alias goes in the next release\n")
+    return main([sub, *sys.argv[1:]])
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

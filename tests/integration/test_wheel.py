@@ -22,7 +22,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "gptmini", "conf")  # what the build reads
 
 
-SCRIPTS = ("gptmini",)
+SCRIPTS = (
+    "gptmini",
+    "gptmini-train",
+    "gptmini-sample",
+    "gptmini-eval",
+    "gptmini-attention",
+    "gptmini-prepare",
+    "gptmini-analyze",
+)
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +212,8 @@ def test_gptmini_train_debug_smoke_works_from_the_wheel_in_an_empty_folder(insta
         installed / "gptmini", "sample", "--ckpt", "smoke", "--prompt", "ROMEO:", "--max-new-tokens", "4"
     )
     assert sample.returncode == 0 and "ROMEO:" in sample.stdout, sample.stderr[-3000:]
+    # the previous release's spelling still works, and says the new one
+    old = run(installed / "gptmini-sample", "--prompt", "ROMEO:", "--max-new-tokens", "2")
+    assert old.returncode == 0 and "ROMEO:" in old.stdout and "gptmini sample" in old.stderr, old.stderr[
+        -3000:
+    ]

@@ -80,6 +80,46 @@ def test_train_passes_hydra_arguments_through(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def test_the_old_scripts_are_aliases_that_name_the_new_spelling(monkeypatch, capsys):
+    import importlib
+
+    from gptmini.cli import OLD_SCRIPTS, Subcommand
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    old = {name: target for name, target in scripts["scripts"].items() if name != "gptmini"}
+    assert (
+        set(old)
+        == set(OLD_SCRIPTS)
+        == {f"gptmini-{n}" for n in ("train", "sample", "prepare", "attention", "eval", "analyze")}
+    )
+    for name, target in old.items():
+        module, function = target.split(":")
+        alias = getattr(importlib.import_module(module), function)
+        sub = OLD_SCRIPTS[name]
+        seen = []
+        monkeypatch.setitem(
+            SUBCOMMANDS, sub, Subcommand("", lambda prog, argv, seen=seen: seen.append((prog, argv)) or 7)
+        )
+        monkeypatch.setattr(sys, "argv", [f"/venv/bin/{name}", "a=1", "--b", "c"])
+        assert alias() == 7
+        assert seen == [(f"gptmini {sub}", ["a=1", "--b", "c"])]  # the same arguments, to the subcommand
+        assert (
+            capsys.readouterr().err == f"{name} is now `gptmini {sub}`; this alias goes in the next release\n"
+        )
+
+
+def test_an_old_script_runs_the_subcommand_itself(monkeypatch, capsys):
+    from gptmini.cli import old_script
+
+    monkeypatch.setattr(sys, "argv", ["gptmini-sample", "--help"])
+    assert old_script() == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "gptmini-sample is now `gptmini sample`" in captured.err
+    assert captured.out.startswith("usage: gptmini sample") and "--temperature" in captured.out
+
+
 def test_train_becomes_the_training_module_with_its_argv_untouched(monkeypatch):
     # Lightning starts the other processes of a one-node DDP run by running the program again with sys.argv[1:]:
     # that program must be the training module itself (the slow test below runs such a run)
