@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import shutil
@@ -367,6 +368,9 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
             else "",
         )
     resuming = plan.ckpt_path is not None
+    if not gc.isenabled():  # held off through start-up by the training process (gptmini/training/__main__.py)
+        gc.freeze()
+        gc.enable()
     trainer.fit(
         module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if resuming else None
     )

@@ -10,6 +10,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from gptmini.training.run import app
 
@@ -112,13 +115,43 @@ def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
     assert maps.background is None  # its images are drawn at once
 
 
-def test_the_training_process_leaves_its_objects_out_of_the_collector_before_it_exits(monkeypatch):
-    # the interpreter's last collections at the exit skip frozen objects: they would walk every object the
-    # imports and the run made, only to free them as the process ends
-    monkeypatch.setattr("gptmini.training.run.app.main", lambda: None)
+def test_the_training_process_holds_the_collector_off_through_start_up_and_freezes_before_it_exits(
+    monkeypatch,
+):
+    # start-up makes millions of long-lived objects: the collector's passes over them would find nothing; and the
+    # interpreter's last collections at the exit skip frozen objects, which they would walk only to free them
+    seen = []
+    monkeypatch.setattr("gptmini.training.run.app.main", lambda: seen.append(gc.isenabled()))
     gc.unfreeze()
     try:
         runpy.run_module("gptmini.training", run_name="__main__")
+        assert seen == [False]
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+        gc.enable()
+
+
+@pytest.mark.parametrize("held_off", [True, False])
+def test_the_fit_turns_the_collector_back_on_after_freezing_what_start_up_made(held_off):
+    at_fit = []
+
+    def trainer_fit(*args, **kwargs):
+        at_fit.append((gc.isenabled(), gc.get_freeze_count() > 0))
+
+    trainer = SimpleNamespace(
+        fit=trainer_fit,
+        state=SimpleNamespace(finished=False),
+        interrupted=False,
+        strategy=SimpleNamespace(checkpoint_io=SimpleNamespace(teardown=lambda: None)),
+    )
+    gc.unfreeze()
+    if held_off:
+        gc.disable()
+    try:
+        app.fit(trainer, None, None, SimpleNamespace(ckpt_path=None), Path("last.ckpt"))
+        # held off by the training process: frozen and back on; called in-process (tests, a notebook): untouched
+        assert at_fit == [(True, held_off)]
+    finally:
+        gc.unfreeze()
+        gc.enable()
