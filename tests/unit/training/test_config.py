@@ -612,3 +612,12 @@ def test_a_value_torch_refuses_without_naming_it_is_named_by_its_documented_rang
         p.name: p.default for p in inspect.signature(target).parameters.values() if p.default is not p.empty
     }
     assert out_of_range("optimizer", owner, defaults) is None
+
+
+def test_the_speedrun_validates_at_its_last_step_however_many_steps_it_is_given(compose_cfg):
+    for steps in (None, 200):
+        overrides = ["experiment=speedrun_char_cpu", "data.source=x.txt"]
+        if steps is not None:
+            overrides.append(f"trainer.max_steps={steps}")
+        cfg = compose_cfg(overrides)
+        assert cfg.trainer.val_check_interval == cfg.trainer.max_steps == (steps or 165)
