@@ -21,7 +21,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from gptmini.limits import check_positive
-from gptmini.training.callbacks.loggers import Receiver, RunParts
 from gptmini.training.lightning_compat import logs_after_step, request_graceful_stop, resume_hooks, skip_hooks
 
 log = logging.getLogger(__name__)
@@ -34,21 +33,22 @@ class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/inf loss; the run stops without saving the bad weights."""
 
 
-def _last_checkpoint(trainer: L.Trainer, checkpoints: tuple[ModelCheckpoint, ...]) -> str | None:
-    """The newest checkpoint file one of the run's ``checkpoints`` savers has written (or restored), if any."""
+def _last_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest checkpoint file one of the run's savers (last.ckpt, best.ckpt) has written (or restored), if any."""
     # Checkpoints are written in the background (AsyncCheckpointIO): wait for the writes in flight, so that one
     # requested a step ago counts (a write that failed raises its error here). The executor restarts on demand.
     trainer.strategy.checkpoint_io.teardown()
     paths = [
         Path(p)
-        for cb in checkpoints
+        for cb in trainer.checkpoint_callbacks
+        if isinstance(cb, ModelCheckpoint)
         for p in (cb.last_model_path, cb.best_model_path)
         if p and Path(p).is_file()
     ]
     return str(max(paths, key=lambda p: p.stat().st_mtime)) if paths else None
 
 
-class NonFiniteLossGuard(L.Callback, Receiver):
+class NonFiniteLossGuard(L.Callback):
     """Stops the run at the first non-finite training loss, naming the step, and refuses to write a checkpoint
     whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
 
@@ -70,13 +70,9 @@ class NonFiniteLossGuard(L.Callback, Receiver):
             key = "callbacks.nonfinite_guard.check_every_n_steps"
             check_positive(key, check_every_n_steps, note=", or null to check on the logging steps")
         self.check_every_n_steps = check_every_n_steps
-        self.checkpoints: tuple[ModelCheckpoint, ...] = ()  # the run's savers, handed over (receive)
         self.last_saved_step: int | None = None
         self._loss_sum: torch.Tensor | None = None  # the losses since the last check, on their device
         self._checked_step = 0  # the last step whose loss was checked
-
-    def receive(self, parts: RunParts) -> None:
-        self.checkpoints = parts.checkpoints
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._loss_sum = None
@@ -109,7 +105,7 @@ class NonFiniteLossGuard(L.Callback, Receiver):
         self._checked_step = step
         if math.isfinite(total):
             return
-        last = _last_checkpoint(trainer, self.checkpoints)
+        last = _last_checkpoint(trainer)
         kept = (
             f"the last good checkpoint is {last}"
             + (f" (step {self.last_saved_step})" if self.last_saved_step is not None else "")
@@ -133,14 +129,14 @@ class NonFiniteLossGuard(L.Callback, Receiver):
         if not all(bool(torch.isfinite(p).all()) for p in pl_module.parameters()):
             raise NonFiniteLossError(
                 f"the weights became non-finite (NaN/inf) at step {trainer.global_step}; refusing to save them, "
-                f"so the last good checkpoint ({_last_checkpoint(trainer, self.checkpoints) or 'none yet'}) was kept. Lower the "
+                f"so the last good checkpoint ({_last_checkpoint(trainer) or 'none yet'}) was kept. Lower the "
                 "learning rate (optimizer.lr; with optimizer=muon optimizer.hidden.lr and optimizer.embedding.lr) "
                 "or set trainer.gradient_clip_val"
             )
         self.last_saved_step = trainer.global_step
 
 
-class SafeOnExceptionCheckpoint(OnExceptionCheckpoint, Receiver):
+class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
     """Saves ``on_exception.ckpt`` when the run is interrupted (Ctrl-C, SIGTERM/preemption, a crash) so that
     ``ckpt_path=last`` resumes from there.
 
@@ -159,10 +155,6 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint, Receiver):
         self._previous_sigint: Any = None
         self._sigint_installed = False
         self.interrupted_by: int | None = None
-        self.checkpoints: tuple[ModelCheckpoint, ...] = ()  # the run's savers, handed over (receive)
-
-    def receive(self, parts: RunParts) -> None:
-        self.checkpoints = parts.checkpoints
 
     # --- Ctrl-C -> graceful stop at the next batch boundary, like SIGTERM ---
 
@@ -215,7 +207,7 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint, Receiver):
             log.warning(
                 "stopped at once (second Ctrl-C) without saving: the state may be mid-step. The last periodic "
                 "checkpoint is %s",
-                _last_checkpoint(trainer, self.checkpoints) or "none (no step was checkpointed yet)",
+                _last_checkpoint(trainer) or "none (no step was checkpointed yet)",
             )
             return
         if trainer.global_step == 0:

@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import Throughput
-from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -77,8 +77,6 @@ class RunParts:
     background: BackgroundWork | None  # the run's background worker, if it has one
     # Lightning's Timer, which stops the run when trainer.max_time is spent (None: no time budget)
     timer: Timer | None = None
-    # the run's checkpoint savers (last.ckpt, best.ckpt), whose files the guards name
-    checkpoints: tuple[ModelCheckpoint, ...] = ()
 
 
 class Receiver:

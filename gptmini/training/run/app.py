@@ -144,7 +144,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 # The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
 # build hands them over (RunCallbacks.connect), so that none of the readers looks for them.
 THROUGHPUT, BACKGROUND = "throughput", "background"
-CHECKPOINT_SAVERS = ("checkpoint_last", "checkpoint_best")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +159,10 @@ class RunCallbacks:
         """Hands every callback that reads a part of the run it does not own (a ``Receiver``) those parts
         (``RunParts``), so that none of them goes looking for it: the LightningModule's validation ``probe`` (one
         attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
-        lines), the background worker, Lightning's Timer (trainer.max_time, for the progress lines' ETA) and the
-        checkpoint savers (whose files the guards name)."""
+        lines), the background worker and Lightning's Timer (trainer.max_time, for the progress lines' ETA)."""
         from gptmini.training.callbacks.loggers import Receiver, RunParts
 
-        savers = tuple(self.named[n] for n in CHECKPOINT_SAVERS if n in self.named)
-        parts = RunParts(probe, self.named.get(THROUGHPUT), self.named.get(BACKGROUND), self.timer, savers)
+        parts = RunParts(probe, self.named.get(THROUGHPUT), self.named.get(BACKGROUND), self.timer)
         for callback in self.given:
             if isinstance(callback, Receiver):
                 callback.receive(parts)

@@ -198,9 +198,7 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
     from gptmini.training.callbacks.guards import NonFiniteLossError, NonFiniteLossGuard
-    from gptmini.training.callbacks.loggers import RunParts
     from gptmini.training.loop.module import GPTLightningModule
-    from gptmini.training.loop.probe import ValidationProbe
 
     class SlowIO(TorchCheckpointIO):
         def save_checkpoint(self, *args, **kwargs):
@@ -220,7 +218,6 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:, :-1], x[:, 1:]), batch_size=2)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)
     guard = NonFiniteLossGuard()
-    guard.receive(RunParts(ValidationProbe(), None, None, checkpoints=(ckpt,)))  # as the build hands it over
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=4,
