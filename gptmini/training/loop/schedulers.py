@@ -44,27 +44,6 @@ def max_time_seconds(max_time: str | None) -> float | None:
     return total
 
 
-class _TimeBudget:
-    """The elapsed share of a time budget, carried across a resume (the state keeps the seconds already spent)."""
-
-    def __init__(self, max_time: str | None) -> None:
-        self.budget_s = max_time_seconds(max_time)
-        self.spent_before_s = 0.0
-        self.started = time.monotonic()
-
-    def fraction(self) -> float:
-        if self.budget_s is None:
-            return 0.0
-        return (self.spent_before_s + time.monotonic() - self.started) / self.budget_s
-
-    def state(self) -> dict[str, float]:
-        return {"spent_before_s": self.spent_before_s + time.monotonic() - self.started}
-
-    def load(self, state: dict[str, float]) -> None:
-        self.spent_before_s = float(state.get("spent_before_s", 0.0))
-        self.started = time.monotonic()
-
-
 # What a checkpoint's schedule state gives back: its progress. Everything else in it (the base rates, ``max_steps``,
 # the warmup, the decay's start and shape) is the plan of the run that wrote it, and the resumed run has its own
 # (its optimizer keeps its own settings too: optimizers.keep_own_settings).
@@ -74,13 +53,21 @@ RESTORED_KEYS = ("last_epoch", "_step_count")
 class _PlannedLR(LRScheduler):
     """An ``LRScheduler`` given by a closed-form ``factor`` of the step, resumed onto this run's plan: loading a
     state restores the steps taken and sets each group's learning rate to what this run's schedule gives there,
-    from this run's base rates."""
+    from this run's base rates. Every schedule starts with a linear warmup from 0 to the base LR."""
 
     # the attributes that lay out the schedule, compared with the checkpoint's to say what changed
     plan_settings: tuple[str, ...] = ()
 
+    def __init__(self, optimizer: Optimizer, warmup_steps: int, last_epoch: int) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
+        self.warmup_steps = warmup_steps
+        super().__init__(optimizer, last_epoch)
+
     def factor(self, step: int) -> float:
-        raise NotImplementedError
+        """The LR factor at optimizer ``step`` (0-based); here the linear warmup's: never 0, so the first step
+        learns, then 1."""
+        return min(1.0, (step + 1) / (self.warmup_steps + 1))
 
     def get_lr(self) -> list[float]:
         f = self.factor(self.last_epoch)
@@ -105,9 +92,9 @@ class _PlannedLR(LRScheduler):
 
 
 class _BudgetedLR(_PlannedLR):
-    """An ``LRScheduler`` whose ``factor`` also reads the time budget's share (``clock``), over
-    ``max_steps`` after ``warmup_steps``, down to ``min_lr_ratio`` of the base LR (the settings both schedules
-    that end have, checked here once)."""
+    """An ``LRScheduler`` that decays over ``max_steps`` after ``warmup_steps``, or over the time budget
+    ``max_time`` when that runs out first, down to ``min_lr_ratio`` of the base LR (the settings both schedules
+    that end have, checked here once); ``decay(done)`` is its factor at the share of the run done, in [0, 1)."""
 
     def __init__(
         self,
@@ -122,25 +109,42 @@ class _BudgetedLR(_PlannedLR):
     ) -> None:
         if max_steps <= 0:
             raise ValueError(f"scheduler max_steps={max_steps} must be positive (set trainer.max_steps)")
-        _check_warmup(warmup_steps)
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"scheduler.min_lr_ratio={min_lr_ratio:g} is invalid: it must be in [0, 1]")
         self.max_steps = max_steps
-        self.warmup_steps = min(warmup_steps, max_steps)
         self.min_lr_ratio = min_lr_ratio
         self.max_time = max_time  # trainer.max_time: compared on resume, as the settings above
-        self.clock = _TimeBudget(max_time)
-        super().__init__(optimizer, last_epoch)
+        # the time budget, and the seconds of it a resumed run spent before this process (kept in its state)
+        self.budget_s = max_time_seconds(max_time)
+        self.spent_before_s, self.started = 0.0, time.monotonic()
+        super().__init__(optimizer, min(warmup_steps, max_steps), last_epoch)
+
+    def decay(self, done: float) -> float:
+        raise NotImplementedError
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return super().factor(step)
+        # the share of the run done: by steps, or by the time budget when that runs out first
+        done = max(step / self.max_steps, self.time_fraction())
+        return self.min_lr_ratio if done >= 1.0 else self.decay(done)
+
+    def time_fraction(self) -> float:
+        if self.budget_s is None:
+            return 0.0
+        return (self.spent_before_s + time.monotonic() - self.started) / self.budget_s
 
     def state_dict(self) -> dict[str, Any]:
-        state = {k: v for k, v in super().state_dict().items() if k != "clock"}
-        if self.clock.budget_s is not None:  # a schedule by steps alone keeps the state it always had
-            state["time_budget"] = self.clock.state()
+        clock = ("budget_s", "spent_before_s", "started")
+        state = {k: v for k, v in super().state_dict().items() if k not in clock}
+        if self.budget_s is not None:  # a schedule by steps alone keeps the state it always had
+            state["time_budget"] = {"spent_before_s": self.spent_before_s + time.monotonic() - self.started}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # the seconds already spent carry over; the budget is this run's trainer.max_time
-        self.clock.load(dict(state_dict).get("time_budget", {}))
+        self.spent_before_s = float(dict(state_dict).get("time_budget", {}).get("spent_before_s", 0.0))
+        self.started = time.monotonic()
         super().load_state_dict(state_dict)
 
 
@@ -161,13 +165,7 @@ class WarmupCosineLR(_BudgetedLR):
     ) -> None:
         super().__init__(optimizer, max_steps, warmup_steps, min_lr_ratio, max_time, last_epoch)
 
-    def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return _warmup(step, self.warmup_steps)
-        # the share of the run done: by steps, or by the time budget when that runs out first
-        done = max(step / self.max_steps, self.clock.fraction())
-        if done >= 1.0:
-            return self.min_lr_ratio
+    def decay(self, done: float) -> float:
         start = self.warmup_steps / self.max_steps
         progress = max(0.0, (done - start) / max(1.0 / self.max_steps, 1.0 - start))
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -188,12 +186,7 @@ class WarmupConstantLR(_PlannedLR):
         warmup_steps: int = 0,
         last_epoch: int = -1,
     ) -> None:
-        _check_warmup(warmup_steps)
-        self.warmup_steps = warmup_steps
-        super().__init__(optimizer, last_epoch)
-
-    def factor(self, step: int) -> float:
-        return _warmup(step, self.warmup_steps)
+        super().__init__(optimizer, warmup_steps, last_epoch)
 
 
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
@@ -235,16 +228,10 @@ class WarmupStableDecayLR(_BudgetedLR):
         self.decay_shape = decay_shape
         super().__init__(optimizer, max_steps, warmup_steps, min_lr_ratio, max_time, last_epoch)
 
-    def factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return _warmup(step, self.warmup_steps)
-        # the share of the run done: by steps, or by the time budget when that runs out first
-        done = max(step / self.max_steps, self.clock.fraction())
+    def decay(self, done: float) -> float:
         start = self.decay_start / self.max_steps
         if done < start:
             return 1.0
-        if done >= 1.0:
-            return self.min_lr_ratio
         progress = (done - start) / (1.0 - start)  # in [0, 1)
         if self.decay_shape == "cosine":
             left = 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -253,13 +240,3 @@ class WarmupStableDecayLR(_BudgetedLR):
         else:
             left = 1.0 - progress
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * left
-
-
-def _check_warmup(warmup_steps: int) -> None:
-    if warmup_steps < 0:
-        raise ValueError(f"scheduler.warmup_steps={warmup_steps} is invalid: it must be >= 0")
-
-
-def _warmup(step: int, warmup_steps: int) -> float:
-    """The LR factor at optimizer ``step`` (0-based) of a linear warmup: never 0, so the first step learns."""
-    return min(1.0, (step + 1) / (warmup_steps + 1))
