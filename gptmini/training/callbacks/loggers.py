@@ -344,8 +344,6 @@ class TokenThroughputMonitor(LoggingCallback):
         # readings the rolling averages cover
         window_size: int = 20,
         peak_flops: float | None = None,
-        # the facts of the device to assume (tests); null: the trainer's
-        device: hardware.DeviceFacts | None = None,
     ) -> None:
         if window_size < 2:
             raise ValueError(f"callbacks.throughput.window_size={window_size} must be >= 2")
@@ -353,7 +351,6 @@ class TokenThroughputMonitor(LoggingCallback):
             raise ValueError(f"perf.peak_flops={peak_flops} must be > 0 FLOP/s (null: looked up by the GPU)")
         self.window_size = window_size
         self.peak_flops = peak_flops
-        self.device = device
         self.peak: hardware.PeakFlops | None = None  # the peak perf/mfu uses, once training starts
         self.last: dict[str, float] = {}
         self.global_batch_tokens: int | None = None  # tokens per optimizer step, all ranks together
@@ -364,7 +361,7 @@ class TokenThroughputMonitor(LoggingCallback):
         self._last_step = -1
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        facts = self.device or hardware.detect_device(trainer.strategy.root_device)
+        facts = hardware.detect_device(trainer.strategy.root_device)
         dtype = hardware.compute_dtype(trainer.precision, facts)
         self.peak = hardware.peak_flops(facts, dtype, self.peak_flops)
         if trainer.is_global_zero:

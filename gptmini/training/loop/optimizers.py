@@ -336,14 +336,9 @@ class MuonAdamW(torch.optim.Optimizer):
         foreach: bool | None = None,
         stacked: dict[nn.Parameter, tuple[int, ...]] | None = None,
     ) -> None:
+        nodes = (embedding, head, matrix, vector)
         settings = {
-            role: AdamWRole(**node).group(role)
-            for role, node in (
-                ("embedding", embedding),
-                ("head", head),
-                ("matrix", matrix),
-                ("vector", vector),
-            )
+            role: AdamWRole(**node).group(role) for role, node in zip(ADAMW_ROLES, nodes, strict=True)
         }
         unknown = sorted(set(roles) - set(ROLES))
         if unknown:

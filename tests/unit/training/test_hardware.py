@@ -310,12 +310,16 @@ def _fit_with_monitor(tmp_path, monitor, precision: str = "bf16-mixed") -> None:
     ],
     ids=["h100-lightning", "h200-gptmini", "unknown-override", "cpu-override", "unknown", "cpu"],
 )
-def test_mfu_is_flops_per_second_over_the_peak_it_logs(device, override, peak, tmp_path, caplog, named_gpu):
+def test_mfu_is_flops_per_second_over_the_peak_it_logs(
+    device, override, peak, tmp_path, caplog, named_gpu, monkeypatch
+):
+    from gptmini.training import hardware
     from gptmini.training.callbacks.loggers import TokenThroughputMonitor
 
     if device.is_cuda:
         device = named_gpu(device.name, device.capability, device.bf16)
-    monitor = TokenThroughputMonitor(window_size=2, peak_flops=override, device=device)
+    monkeypatch.setattr(hardware, "detect_device", lambda root_device: device)  # the device the run trains on
+    monitor = TokenThroughputMonitor(window_size=2, peak_flops=override)
     with caplog.at_level(logging.INFO, logger="gptmini.training.callbacks.loggers"):
         _fit_with_monitor(tmp_path, monitor)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("perf/mfu")]
