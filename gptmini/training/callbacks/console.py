@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, Timer
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 from gptmini.limits import check_positive
 from gptmini.options import duration
@@ -256,23 +256,13 @@ class ValidationLog(LoggingCallback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        log.info("%s", validation_line(trainer.global_step, trainer.callback_metrics))
-
-
-def validation_line(step: int, metrics: Any) -> str:
-    """``step 300: train loss 2.1234, val loss 2.2345, val bpb 1.2345, val ppl 9.35``; a metric not logged is
-    left out."""
-    parts = []
-    for key, label, digits in (
-        ("train/loss", "train loss", 4),
-        ("val/loss", "val loss", 4),
-        ("val/bpb", "val bpb", 4),
-        ("val/ppl", "val ppl", 2),
-    ):
-        value = metrics.get(key)
-        if value is not None:
-            parts.append(f"{label} {float(value):.{digits}f}")
-    return f"step {step}: " + ", ".join(parts)
+        # step 300: train loss 2.1234, val loss 2.2345, val bpb 1.2345, val ppl 9.35 (a metric not logged: left out)
+        parts = []
+        for key, digits in (("train/loss", 4), ("val/loss", 4), ("val/bpb", 4), ("val/ppl", 2)):
+            value = trainer.callback_metrics.get(key)
+            if value is not None:
+                parts.append(f"{key.replace('/', ' ')} {float(value):.{digits}f}")
+        log.info("step %d: %s", trainer.global_step, ", ".join(parts))
 
 
 class ParameterSummary(LoggingCallback, ModelSummary):
@@ -280,30 +270,29 @@ class ParameterSummary(LoggingCallback, ModelSummary):
     module defines an ``example_input_array`` (gptmini's does not: the model's cost is logged as
     ``perf/flops_per_sec`` from ``flops_per_token``). Written to the run's log, not only to the console."""
 
-    def __init__(self, max_depth: int = 1) -> None:
-        super().__init__(max_depth=max_depth)
-        self.max_depth = max_depth
+    on_fit_start = ModelSummary.on_fit_start  # guarded here, as every LoggingCallback's hook
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.max_depth or not trainer.is_global_zero:
-            return
-        summary = summarize(pl_module, max_depth=self.max_depth)
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         columns = {
-            "Name": summary.layer_names,
-            "Type": summary.layer_types,
-            "Params": [get_human_readable_count(n) for n in summary.param_nums],
-            "Mode": ["train" if m else "eval" for m in summary.training_modes],
+            name: values for name, values in summary_data if name in ("Name", "Type", "Params", "Mode")
         }
         widths = {name: max([len(name), *(len(v) for v in values)]) for name, values in columns.items()}
         rule = "-" * (sum(widths.values()) + 3 * (len(widths) - 1))
         rows = [" | ".join(f"{name:<{w}}" for name, w in widths.items()).rstrip(), rule]
-        for i in range(len(summary.layer_names)):
+        for i in range(len(columns["Name"])):
             rows.append(" | ".join(f"{columns[name][i]:<{w}}" for name, w in widths.items()).rstrip())
-        trainable, total = summary.trainable_parameters, summary.total_parameters
         rows += [
             rule,
-            f"{get_human_readable_count(trainable):<10} trainable params",
-            f"{get_human_readable_count(total - trainable):<10} non-trainable params",
-            f"{summary.model_size:<10,.3f} estimated params size (MB)",
+            f"{get_human_readable_count(trainable_parameters):<10} trainable params",
+            f"{get_human_readable_count(total_parameters - trainable_parameters):<10} non-trainable params",
+            f"{model_size:<10,.3f} estimated params size (MB)",
         ]
         log.info("model summary:\n%s", "\n".join(rows))

@@ -197,12 +197,11 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
             exception.signum = (
                 self.interrupted_by or signal.SIGTERM
             )  # read by _hydra_main for the exit status
-        if isinstance(exception, NonFiniteLossError):
-            return
         from gptmini.runs.checkpoint import CheckpointSaveError
 
-        if isinstance(exception, CheckpointSaveError):
-            return  # a checkpoint could not be written (full disk...): another save would fail the same way
+        # weights not worth keeping; a checkpoint that could not be written (full disk...): another save fails too
+        if isinstance(exception, (NonFiniteLossError, CheckpointSaveError)):
+            return
         if isinstance(exception, KeyboardInterrupt):
             log.warning(
                 "stopped at once (second Ctrl-C) without saving: the state may be mid-step. The last periodic "
@@ -301,31 +300,22 @@ class RNGStateCallback(L.Callback):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "torch" in state_dict:
-            torch.set_rng_state(state_dict["torch"].cpu())
-        py = state_dict.get("python")
-        if py is not None:
-            random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
-        npy = state_dict.get("numpy")
-        if npy is not None:
-            np.random.set_state(
-                (
-                    "MT19937",
-                    npy["keys"].numpy().astype(np.uint32),
-                    int(npy["pos"]),
-                    int(npy["has_gauss"]),
-                    float(npy["cached_gaussian"]),
-                )
-            )
+        torch.set_rng_state(state_dict["torch"].cpu())
+        py, npy = state_dict["python"], state_dict["numpy"]
+        random.setstate((int(py["version"]), tuple(py["state"].tolist()), py["gauss"]))
+        keys = npy["keys"].numpy().astype(np.uint32)
+        np.random.set_state(
+            ("MT19937", keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+        )
         cuda = state_dict.get("cuda")
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
-        if int(state_dict.get("seed", self.seed)) != self.seed:
+        if int(state_dict["seed"]) != self.seed:
             log.warning(
                 "resuming with seed=%d but the checkpoint was trained with seed=%s: dropout masks from here on "
                 "differ from the original run",
                 self.seed,
-                state_dict.get("seed"),
+                state_dict["seed"],
             )
 
     def on_load_checkpoint(

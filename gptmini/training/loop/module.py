@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 from collections.abc import Callable
@@ -92,7 +91,8 @@ class GPTLightningModule(L.LightningModule):
         self.compile_model = compile
         self.val_loss = MeanMetric()
         # the attention of each validation's probes, computed once for every logger that reads it
-        self.validation_probe = ValidationProbe(self._forward_context)
+        # (the pass runs under the run's precision, bf16 autocast on GPUs, as the validation steps)
+        self.validation_probe = ValidationProbe(lambda: self.trainer.precision_plugin.forward_context())
         # bits per byte: comparable across tokenizers (val/loss is per token of each one's own vocabulary)
         self.val_bpb = MeanMetric()
         self._byte_table: torch.Tensor | None = None  # UTF-8 bytes per token id, from the datamodule
@@ -187,10 +187,6 @@ class GPTLightningModule(L.LightningModule):
         if trained is not None:
             checkpoint[AVERAGE_KEY] = checkpoint["state_dict"]
             checkpoint["state_dict"] = trained
-
-    def _forward_context(self) -> contextlib.AbstractContextManager:
-        # the run's precision (bf16 autocast on GPUs), as in the validation steps
-        return self.trainer.precision_plugin.forward_context()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Pre-clipping global gradient norm, only on the steps Lightning writes the logs after (this step's
