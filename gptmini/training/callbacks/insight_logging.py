@@ -43,7 +43,7 @@ from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
 from gptmini.runs.record import read_record
-from gptmini.training.callbacks.loggers import ProbeReader, tensorboard_writer
+from gptmini.training.callbacks.loggers import ProbeReader, corpus_tokens, tensorboard_writer
 from gptmini.training.loop.probe import eval_mode
 from gptmini.viz import loss_curve, score_grid
 
@@ -228,15 +228,12 @@ class HeadInsightLogger(ProbeReader):
 
     def _probe_data(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Probes | None:
         if self._probes is None:
-            datamodule = getattr(trainer, "datamodule", None)
-            dataset = getattr(datamodule, "val_dataset", None)
-            if dataset is None:  # no validation split: the training data stands in
-                dataset = getattr(datamodule, "train_dataset", None)
-            if dataset is None:
+            tokens = corpus_tokens(trainer)
+            if tokens is None:
                 return None
             c = pl_module.model.config
             probes = make_probes(
-                dataset.tokens,
+                tokens,
                 c.vocab_size,
                 c.block_size,
                 self.probe_tokens,

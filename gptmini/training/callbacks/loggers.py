@@ -44,6 +44,15 @@ def run_tokenizer(trainer: L.Trainer) -> Any | None:
     return tokenizer() if callable(tokenizer) else tokenizer
 
 
+def corpus_tokens(trainer: L.Trainer) -> Any | None:
+    """The validation split's tokens (the training split's without one), None without a datamodule holding any."""
+    for name in ("val_dataset", "train_dataset"):
+        dataset = getattr(getattr(trainer, "datamodule", None), name, None)
+        if dataset is not None and len(dataset.tokens) > 0:
+            return dataset.tokens
+    return None
+
+
 def _guarded(hook: Any) -> Any:
     @functools.wraps(hook)
     def guarded(self: Any, trainer: L.Trainer, *args: Any, **kwargs: Any) -> Any:
@@ -122,7 +131,8 @@ class PromptTokens:
         ids, unknown = encode_known(tokenizer, text)
         from_data = not tokenizer.decode(ids).strip()
         if from_data:
-            ids = self._from_data(trainer, limit)
+            tokens = corpus_tokens(trainer)
+            ids = [] if tokens is None else [int(t) for t in tokens[:limit]]
         if (unknown or from_data) and not self._warned:
             self._warned = True
             left_out = (
@@ -141,15 +151,6 @@ class PromptTokens:
                 self.key,
             )
         return ids[:limit]
-
-    @staticmethod
-    def _from_data(trainer: L.Trainer, limit: int) -> list[int]:
-        datamodule = getattr(trainer, "datamodule", None)
-        for name in ("val_dataset", "train_dataset"):
-            dataset = getattr(datamodule, name, None)
-            if dataset is not None and len(dataset.tokens) > 0:
-                return [int(t) for t in dataset.tokens[:limit]]
-        return []
 
 
 class ProbeReader(Receiver, LoggingCallback):
