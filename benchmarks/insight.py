@@ -172,14 +172,13 @@ def tab_detail(
     logger = AttentionSummaryLogger()
     ids = tokenizer.encode(logger.probe_text)[: min(logger.max_tokens, model.config.block_size)]
     tokens = [tokenizer.token_text(i) for i in ids]
-    writer = TensorBoardLogger(logdir, name="", version="detail").experiment
-    trainer = SimpleNamespace(callbacks=[])  # no BackgroundWork: the image is drawn inside the timing
+    writer = TensorBoardLogger(logdir, name="", version="detail").experiment  # no BackgroundWork: drawn here
 
     def detail(step: int) -> None:
         found = inspect(model, ids)
         summary = attention_summary(found.maps[:, 0], tokens)
         summary = dataclasses.replace(summary, **probe_detail(model, found, ids, tokenizer))
-        logger.log_detail(trainer, writer, summary, ids, tokenizer, step)
+        logger.log_detail(writer, summary, ids, tokenizer, step)
         writer.flush()
 
     def projector(step: int) -> None:

@@ -274,11 +274,11 @@ class TextSampleLogger(LoggingCallback):
         self.max_new_tokens = check_positive("callbacks.text_samples.max_new_tokens", max_new_tokens, low=0)
         from gptmini.generation import temperature_problem
 
-        if not isinstance(temperature, (int, float)) or temperature_problem(temperature) is not None:
-            raise SizeError(
-                f"callbacks.text_samples.temperature={temperature!r} "
-                f"{temperature_problem(temperature) if isinstance(temperature, (int, float)) else 'is not a number'}"
-            )
+        problem = (
+            temperature_problem(temperature) if isinstance(temperature, (int, float)) else "is not a number"
+        )
+        if problem is not None:
+            raise SizeError(f"callbacks.text_samples.temperature={temperature!r} {problem}")
         if top_k is not None:
             check_positive("callbacks.text_samples.top_k", top_k)
         self.temperature = temperature

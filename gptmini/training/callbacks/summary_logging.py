@@ -115,7 +115,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
         summary = dataclasses.replace(summary, **detail)
         proto = summary_proto(summary, TAG)
         writer.file_writer.add_summary(proto, step)
-        self.log_detail(trainer, writer, summary, ids, tokenizer, step)
+        self.log_detail(writer, summary, ids, tokenizer, step)
         if maps is not None:  # a validation's: every projector_every-th one also feeds the PROJECTOR
             self._validations += 1
             if self.projector_every and self._validations % self.projector_every == 0:
@@ -138,13 +138,7 @@ class AttentionSummaryLogger(ProbeTextCallback):
         write_projector(writer, inspection, [tokenizer.token_text(i) for i in ids], trainer.global_step)
 
     def log_detail(
-        self,
-        trainer: L.Trainer,
-        writer: Any,
-        summary: AttentionSummary,
-        ids: list[int],
-        tokenizer: Any,
-        step: int,
+        self, writer: Any, summary: AttentionSummary, ids: list[int], tokenizer: Any, step: int
     ) -> None:
         """The sink and lens scalars of ``summary`` and the lens image (drawn on the trainer's background
         thread, if it has one) to ``writer`` at ``step``."""
