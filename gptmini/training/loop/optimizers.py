@@ -196,9 +196,6 @@ class BatchedMuon(torch.optim.Muon):
 
     def _step_group(self, group: dict[str, Any]) -> None:
         params = [p for p in group["params"] if p.grad is not None]
-        for p in params:
-            if p.grad.is_sparse or torch.is_complex(p):
-                raise RuntimeError("Muon takes dense real gradients only")
         by_shape: dict[tuple[Any, ...], list[tuple[nn.Parameter, Tensor]]] = {}
         for p, update in zip(params, self._momentum_updates(params, group), strict=True):
             by_shape.setdefault((tuple(p.shape), p.device, p.dtype), []).append((p, update))
@@ -343,9 +340,6 @@ class MuonAdamW(torch.optim.Optimizer):
         unknown = sorted(set(roles) - set(ROLES))
         if unknown:
             raise ValueError(f"unknown parameter role(s) {unknown}: expected {', '.join(ROLES)}")
-        not_2d = [tuple(p.shape) for p in roles.get("hidden", []) if p.dim() != 2]
-        if not_2d:
-            raise ValueError(f"Muon takes 2-D matrices only; hidden parameters of shapes {not_2d} are not")
         adam_groups = [{"params": roles[r], "name": r, **settings[r]} for r in ADAMW_ROLES if roles.get(r)]
         kernel = {k: v for k, v in (("fused", fused), ("foreach", foreach)) if v is not None}
         adam_defaults = dict(adamw)
@@ -356,10 +350,6 @@ class MuonAdamW(torch.optim.Optimizer):
             rows = (stacked or {}).get(p)
             if rows is None:
                 continue
-            if sum(rows) != p.shape[0]:
-                raise ValueError(
-                    f"stacked projections of {sum(rows)} rows do not fill a matrix of shape {tuple(p.shape)}"
-                )
             views = [nn.Parameter(v) for v in p.detach().split(list(rows))]  # the same memory, not a copy
             self._projections.append((p, views))
         muon_settings = dict(hidden)
@@ -374,9 +364,7 @@ class MuonAdamW(torch.optim.Optimizer):
             if "betas" in adam_defaults:
                 adam_defaults["betas"] = tuple(adam_defaults["betas"])
             self.optimizers["adamw"] = torch.optim.AdamW(adam_groups, **adam_defaults, **kernel)
-        if not self.optimizers:
-            raise ValueError("MuonAdamW got no trainable parameters")
-        # The base class is given every parameter once (it checks them); its groups are then replaced by the
+        # The base class is given every parameter once (it checks them, and refuses none); its groups are then replaced by the
         # inner optimizers' own dicts.
         params = [p for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]]
         super().__init__(params, {})
