@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import lightning as L
@@ -42,7 +42,6 @@ class BackgroundWork(L.Callback):
         self.max_pending = check_positive("callbacks.background.max_pending", max_pending)
         self._executor: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(max_pending)
-        self._pending: list[Future[None]] = []
         self._reported: set[str] = set()
 
     def submit(self, name: str, job: Callable[[], Any]) -> None:
@@ -51,11 +50,10 @@ class BackgroundWork(L.Callback):
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptmini-logging")
         self._slots.acquire()
         try:
-            future = self._executor.submit(self._run, name, job)
+            self._executor.submit(self._run, name, job)
         except BaseException:
             self._slots.release()
             raise
-        self._pending = [f for f in self._pending if not f.done()] + [future]
 
     def _run(self, name: str, job: Callable[[], Any]) -> None:
         try:
@@ -73,14 +71,8 @@ class BackgroundWork(L.Callback):
         finally:
             self._slots.release()
 
-    def wait(self) -> None:
-        """Returns once every job submitted so far is done."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()  # _run never raises
-
     def close(self) -> None:
-        self.wait()
+        """Returns once every job submitted so far is done (_run never raises)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

@@ -12,7 +12,7 @@ import pytest
 from gptmini.training.callbacks.background import BackgroundWork, submit
 
 
-def test_jobs_run_in_order_on_one_background_thread_and_wait_returns_when_done():
+def test_jobs_run_in_order_on_one_background_thread_and_close_returns_when_done():
     work = BackgroundWork()
     gate = threading.Event()
     seen: list[tuple[int, str]] = []
@@ -25,11 +25,10 @@ def test_jobs_run_in_order_on_one_background_thread_and_wait_returns_when_done()
         submit(work, "job", lambda i=i: job(i))
     assert seen == []  # queued: the submitter did not wait for them
     gate.set()
-    work.wait()
+    work.close()
     assert [i for i, _ in seen] == list(range(5))
     (thread,) = {name for _, name in seen}
     assert thread != threading.current_thread().name and thread.startswith("gptmini-logging")
-    work.close()
 
 
 @pytest.mark.parametrize("hook", ["teardown", "on_exception"])
