@@ -25,7 +25,8 @@ from gptmini.training.lightning_compat import logs_after_step, request_graceful_
 
 log = logging.getLogger(__name__)
 
-# the key of StopAtTargetLoss's state in a checkpoint (read by training.run.resume.check_resume_plan)
+# the key of StopAtTargetLoss's state in a checkpoint (read by training.run.resume.check_resume_plan): Lightning's
+# Callback.state_key, the class's name (the old checkpoints in tests/fixtures hold it under this key)
 TARGET_STATE_KEY = "StopAtTargetLoss"
 
 
@@ -357,11 +358,6 @@ class StopAtTargetLoss(L.Callback):
         # the last validation's val/loss and step, whatever the target: in every checkpoint, for the run's
         # summary (``gptmini runs`` shows it without reading the event files)
         self._last_val: tuple[float, int] | None = None
-
-    # the key of its state in a checkpoint (``check_resume_plan`` reads it there)
-    @property
-    def state_key(self) -> str:
-        return TARGET_STATE_KEY
 
     def state_dict(self) -> dict[str, Any]:
         last_loss, last_step = self._last_val or (None, None)
