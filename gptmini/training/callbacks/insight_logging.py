@@ -186,9 +186,10 @@ class HeadInsightLogger(ProbeReader):
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         writer = tensorboard_writer(trainer)
-        if writer is not None:
-            self._score_untrained(trainer, pl_module, writer)  # a run that ended before its first validation
-        if writer is not None and self._session_end is not None:
+        if writer is None:
+            return
+        self._score_untrained(trainer, pl_module, writer)  # a run that ended before its first validation
+        if self._session_end is not None:
             writer.file_writer.add_summary(self._session_end)
             writer.flush()
 

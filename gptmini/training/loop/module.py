@@ -97,9 +97,8 @@ class GPTLightningModule(L.LightningModule):
         self.val_bpb = MeanMetric()
         self._byte_table: torch.Tensor | None = None  # UTF-8 bytes per token id, from the datamodule
         self.flops_per_batch = 0  # read by ThroughputMonitor
-        self._flops_per_token: dict[
-            int, float
-        ] = {}  # by sequence length: counting parameters is not per-step work
+        # FLOPs per token by sequence length: counting parameters is not per-step work
+        self._flops_per_token: dict[int, float] = {}
 
     def configure_model(self) -> None:
         if self.compile_model and not getattr(self, "_compiled", False):

@@ -49,9 +49,7 @@ class ValidationProbe:
         self.forward_context = forward_context or contextlib.nullcontext
         self.passes = 0  # batched passes run so far
         self._step: int | None = None
-        self._texts: dict[
-            tuple[int, ...], torch.Tensor | None
-        ] = {}  # ids -> (n_layer, n_head, T, T) on the CPU
+        self._texts: dict[tuple[int, ...], torch.Tensor | None] = {}  # ids -> (n_layer, n_head, T, T), CPU
         self._probes: Probes | None = None
         self._scores: dict[str, torch.Tensor] | None = None  # name -> (n_layer, n_head) on the CPU
 
