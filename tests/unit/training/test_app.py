@@ -69,14 +69,10 @@ def test_a_folder_the_user_named_keeps_existing_after_a_failed_start(tmp_path):
 
 def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
     """The build hands the LightningModule's validation probe to every logger of attention, the throughput
-    monitor to the progress bar and the progress lines, the background worker to the attention maps and the
-    checkpoint savers to the guards, from the callbacks it made, by their config name; none of them looks for
-    any of them."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
+    monitor to the progress bar and the progress lines and the background worker to the attention maps, from the
+    callbacks it made, by their config name; none of them looks for any of them."""
     from gptmini.training.callbacks.background import BackgroundWork
     from gptmini.training.callbacks.console import ProgressBar, ProgressLog
-    from gptmini.training.callbacks.guards import NonFiniteLossGuard, SafeOnExceptionCheckpoint
     from gptmini.training.callbacks.insight_logging import HeadInsightLogger
     from gptmini.training.callbacks.loggers import (
         AttentionMapLogger,
@@ -88,28 +84,24 @@ def test_the_callbacks_are_handed_the_probe_and_the_throughput_they_read():
 
     readers = [AttentionMapLogger(), HeadInsightLogger(), AttentionSummaryLogger()]
     shows = [ProgressBar(), ProgressLog()]
-    guards = [NonFiniteLossGuard(), SafeOnExceptionCheckpoint("ckpts")]
     monitor, work = TokenThroughputMonitor(), BackgroundWork()
-    last, best = ModelCheckpoint(save_last=True, save_top_k=0), ModelCheckpoint(monitor="val/loss")
     probe = ValidationProbe()
     assert all(r.probe is not probe for r in readers)  # each starts with a private one
     named = dict(
         zip(
-            ("maps", "insight", "summary", "samples", "bar", "lines", "guard", "on_exception", "throughput"),
-            [*readers, TextSampleLogger(), *shows, *guards, monitor],
+            ("maps", "insight", "summary", "samples", "bar", "lines", "throughput", "background"),
+            [*readers, TextSampleLogger(), *shows, monitor, work],
             strict=True,
         )
     )
-    named |= {"background": work, "checkpoint_last": last, "checkpoint_best": best}
     app.RunCallbacks(named, list(named.values())).connect(probe)
     assert all(r.probe is probe for r in readers)
     assert all(s.throughput is monitor for s in shows)
     assert readers[0].background is work
-    assert all(g.checkpoints == (last, best) for g in guards)
     monitor.last["perf/tokens_per_sec"] = 1234.0
     assert [s.tokens_per_sec() for s in shows] == [1234.0, 1234.0]
 
-    alone, maps = ProgressLog(), AttentionMapLogger()  # a run without a monitor, a worker or a saver
+    alone, maps = ProgressLog(), AttentionMapLogger()  # a run without a monitor or a worker
     app.RunCallbacks({"lines": alone, "maps": maps}, [alone, maps]).connect(probe)
     assert alone.throughput is None and alone.tokens_per_sec() is None
     assert maps.background is None  # its images are drawn at once
