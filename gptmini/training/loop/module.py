@@ -13,7 +13,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from gptmini.model import GPT, GPTConfig
 from gptmini.runs.record import RECORD_KEY, RunRecord
-from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts
+from gptmini.training.hardware import FLOAT16_AMP
 from gptmini.training.lightning_compat import logs_after_step, loops_as_at_last_batch_end
 from gptmini.training.loop.ema import AVERAGE_KEY, TRAINED_KEY, average_into_weights_only
 from gptmini.training.loop.optimizers import keep_own_settings
@@ -26,17 +26,16 @@ SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 
 
 def optimizer_kernel_kwargs(
-    factory: OptimizerFactory, device: str | DeviceFacts, precision: str | None = None
+    factory: OptimizerFactory, device_type: str, precision: str | None = None
 ) -> dict[str, bool]:
-    """The fastest AdamW kernel for the device (a device type such as "cuda", or its ``DeviceFacts``) under
-    ``trainer.precision``, unless the config already chose one.
+    """The fastest AdamW kernel for the device type (such as "cuda") under ``trainer.precision``, unless the
+    config already chose one.
 
     CUDA and CPU: ``fused=True``, one kernel for the whole update (on a CPU a vectorised loop over each
     parameter's elements instead of a dozen multi-tensor passes: docs/benchmarks.md). float16 AMP
     (``16-mixed``) takes the multi-tensor ``foreach=True`` path instead: its GradScaler must unscale the gradients
     before they are clipped, which a fused step would do only inside itself (Lightning refuses to clip then).
     Other devices: ``foreach=True``; PyTorch picks the per-parameter loop by default."""
-    device_type = device if isinstance(device, str) else device.type
     accepted = inspect.signature(factory).parameters
     preset = getattr(factory, "keywords", None) or {}  # what the config already chose
     # the plan's optimizer node carries every setting of the constructor's signature: None is "not chosen"

@@ -140,15 +140,15 @@ def test_precisions_a_device_cannot_run_are_refused_naming_it():
 
 def test_the_fused_adamw_kernel_is_chosen_for_a_gpu_and_a_cpu_and_works():
     adamw = partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
-    assert optimizer_kernel_kwargs(adamw, H100) == {"fused": True}
-    assert optimizer_kernel_kwargs(adamw, H100, "bf16-mixed") == {"fused": True}
-    assert optimizer_kernel_kwargs(adamw, CPU) == {"fused": True}
+    assert optimizer_kernel_kwargs(adamw, H100.type) == {"fused": True}
+    assert optimizer_kernel_kwargs(adamw, H100.type, "bf16-mixed") == {"fused": True}
+    assert optimizer_kernel_kwargs(adamw, CPU.type) == {"fused": True}
     # float16 AMP: its GradScaler unscales before clipping, which a fused step would do only inside itself
-    assert optimizer_kernel_kwargs(adamw, H100, "16-mixed") == {"foreach": True}
-    assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, foreach=False), H100) == {}
+    assert optimizer_kernel_kwargs(adamw, H100.type, "16-mixed") == {"foreach": True}
+    assert optimizer_kernel_kwargs(partial(torch.optim.AdamW, foreach=False), H100.type) == {}
     # the chosen keyword really builds the fused optimizer (PyTorch's CPU kernel runs here): the same steps
     steps = []
-    for kernel in (optimizer_kernel_kwargs(adamw, H100), {"foreach": True}):
+    for kernel in (optimizer_kernel_kwargs(adamw, H100.type), {"foreach": True}):
         w = torch.nn.Parameter(torch.linspace(-1, 1, 12).reshape(3, 4))
         opt = adamw([w], **kernel)
         assert all(opt.defaults[k] is True for k in kernel)
