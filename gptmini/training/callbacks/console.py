@@ -222,14 +222,10 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         self._logged_step = step
         # this step's loss, not the last logged one's; Lightning hands it over divided by the batches accumulated
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is not None:
-            loss = loss * trainer.accumulate_grad_batches
-        log.info("%s", self.line(trainer, step, total, time.monotonic() - self._t0, loss))
-
-    def line(self, trainer: L.Trainer, step: int, total: int | None, elapsed: float, loss: Any = None) -> str:
+        elapsed = time.monotonic() - self._t0
         parts = [f"step {step}/{total}" if total is not None and total >= 0 else f"step {step}"]
         if loss is not None:
-            parts.append(f"loss {float(loss):.4f}")
+            parts.append(f"loss {float(loss * trainer.accumulate_grad_batches):.4f}")
         rate = self.tokens_per_sec()
         if rate is not None:
             parts.append(f"{rate:,.0f} tok/s")
@@ -244,7 +240,7 @@ class ProgressLog(ShowsThroughput, LoggingCallback):
         etas = [eta for eta in etas if eta is not None]
         if etas:
             parts.append(f"ETA {duration(max(0.0, min(etas)))}")
-        return " | ".join(parts)
+        log.info("%s", " | ".join(parts))
 
 
 class ValidationLog(LoggingCallback):

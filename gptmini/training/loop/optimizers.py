@@ -370,9 +370,6 @@ class MuonAdamW(torch.optim.Optimizer):
         super().__init__(params, {})
         self.param_groups = [g for opt in self.optimizers.values() for g in opt.param_groups]
 
-    # the fused AdamW inside does not unscale float16 gradients itself: GradScaler unscales them first
-    _step_supports_amp_scaling = False
-
     @contextlib.contextmanager
     def _muon_steps_projections(self) -> Iterator[None]:
         """Within: Muon's group holds each stacked matrix's projections in its place (with the matching rows of its
@@ -427,10 +424,6 @@ class MuonAdamW(torch.optim.Optimizer):
         if "adamw" in self.optimizers:
             cautious_adamw_step(self.optimizers["adamw"])
         return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for opt in self.optimizers.values():
-            opt.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         with self._muon_steps_projections():
