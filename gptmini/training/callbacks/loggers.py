@@ -155,14 +155,17 @@ class PromptTokens:
 
 class ProbeReader(Receiver, LoggingCallback):
     """Base of the loggers that read the validation's one attention pass (``gptmini.training.loop.probe``): the
-    app hands each of them the LightningModule's probe (``receive``), so that one pass answers them all; a logger
-    driven on its own keeps the private probe it starts with."""
+    app hands each of them the LightningModule's probe (``receive``), so that one pass answers them all, and the
+    run's background worker; a logger driven on its own keeps the private probe it starts with."""
+
+    background: BackgroundWork | None = None  # where images may be drawn; None: at once
 
     def __init__(self) -> None:
         self.probe = ValidationProbe()
 
     def receive(self, parts: RunParts) -> None:
         self.probe = parts.probe
+        self.background = parts.background
 
 
 class ProbeTextCallback(ProbeReader):
@@ -174,11 +177,6 @@ class ProbeTextCallback(ProbeReader):
     probe_text: str
     max_tokens: int
     _probe: PromptTokens
-    background: BackgroundWork | None = None  # where the images are drawn; None: at once
-
-    def receive(self, parts: RunParts) -> None:
-        super().receive(parts)
-        self.background = parts.background
 
     def check_sizes(self, config: GPTConfig, device: torch.device, prefix: str) -> None:
         per_sequence = forward_bytes(config, self.max_tokens, attention_maps=True)
