@@ -199,29 +199,13 @@ _GPUS: tuple[_Gpu, ...] = (
 )
 
 
-def _gptmini_entry(name: str) -> _Gpu | None:
-    lowered = name.lower()
-    return next((gpu for gpu in _GPUS if re.search(gpu.pattern, lowered)), None)
-
-
+# compute_dtype's names as Lightning's get_available_flops takes them
 _LIGHTNING_DTYPES: dict[str, Any] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "tf32": "tfloat32",
     "fp32": torch.float32,
 }
-
-
-def _lightning_peak(facts: DeviceFacts, dtype: str) -> float | None:
-    """Lightning's figure for the device, or None. ``get_available_flops`` reads the name of the CUDA device it is
-    given from ``torch.cuda.get_device_name`` itself (and warns when it does not know it)."""
-    if dtype not in _LIGHTNING_DTYPES:
-        return None
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    device = torch.device("cuda", facts.index if facts.index is not None else 0)
-    flops = get_available_flops(device, _LIGHTNING_DTYPES[dtype])
-    return float(flops) if flops else None
 
 
 @dataclass(frozen=True)
@@ -256,12 +240,19 @@ def peak_flops(facts: DeviceFacts, dtype: str, override: float | None = None) ->
         return PeakFlops(float(override), dtype, "perf.peak_flops")
     if not facts.is_cuda:
         return PeakFlops(None, dtype, "no table")
-    entry = _gptmini_entry(facts.name)
+    entry = next((gpu for gpu in _GPUS if re.search(gpu.pattern, facts.name.lower())), None)
     if entry is not None:
-        flops = entry.flops.get(dtype)
-        return PeakFlops(flops, dtype, f"gptmini's table ({entry.label}, {entry.source})")
-    flops = _lightning_peak(facts, dtype)
-    return PeakFlops(flops, dtype, f"Lightning's table ({facts.name})" if flops else "no table")
+        return PeakFlops(entry.flops.get(dtype), dtype, f"gptmini's table ({entry.label}, {entry.source})")
+    flops = None
+    if dtype in _LIGHTNING_DTYPES:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        # it reads the device's name from torch.cuda.get_device_name itself (and warns when it does not know it)
+        device = torch.device("cuda", facts.index if facts.index is not None else 0)
+        flops = get_available_flops(device, _LIGHTNING_DTYPES[dtype])
+    return PeakFlops(
+        float(flops) if flops else None, dtype, f"Lightning's table ({facts.name})" if flops else "no table"
+    )
 
 
 # --- the CPU's share -------------------------------------------------------------------------------------------

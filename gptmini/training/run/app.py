@@ -87,7 +87,7 @@ def _log_hardware(plan: RunPlan) -> None:
     log.info(
         "%s; precision %s, compile %s",
         hardware_summary(plan.hardware, plan.device),
-        plan.precision,
+        plan.trainer.precision,
         "on" if plan.compile else "off",
     )
 
@@ -114,7 +114,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
     check_training_step(
-        gpt_config, plan.data.batch_size, plan.precision, device, processes=trainer.num_devices
+        gpt_config, plan.data.batch_size, plan.trainer.precision, device, processes=trainer.num_devices
     )
     # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
     from gptmini.training.callbacks.loggers import LoggingCallback
@@ -180,7 +180,7 @@ def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
 
     from gptmini.runs.checkpoint import atomic_checkpoint_io
 
-    trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
+    trainer_cfg = dataclasses.asdict(plan.trainer)
     named = {name: instantiate(node_values(node), _convert_="all") for name, node in plan.callbacks.items()}
     if plan.trainer.enable_progress_bar is False:
         # trainer.enable_progress_bar=false: the config's progress bar goes (Lightning refuses both at once)

@@ -66,7 +66,8 @@ class RunPlan:
     model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool
     # each instantiated group's settings, typed by its constructor's schema (gptmini.training.run.schema.schema_of),
-    # the derived values (schema.DERIVED) filled in: what the run builds, with _target_ (and _partial_)
+    # the derived values (schema.DERIVED) filled in: what the run builds, with _target_ (and _partial_). The
+    # trainer's precision is made concrete for this machine, its val_check_interval at most the run's batches.
     trainer: Any
     data: Any
     optimizer: Any
@@ -74,8 +75,6 @@ class RunPlan:
     callbacks: dict[str, Any]  # by their config name; null ones left out
     loggers: dict[str, Any]
     device: DeviceFacts
-    precision: str  # trainer.precision made concrete for this machine
-    val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
     # the top-level settings the build reads (their defaults: TrainSchema's)
     seed: int
     compile: bool
@@ -107,7 +106,7 @@ class RunPlan:
             **self.settings(),
             run_name=self.run_name,
             hardware=self.hardware,
-            precision=self.precision,
+            precision=self.trainer.precision,
             overrides=self.overrides,
             init_from=self.init_from,
             world_size=world_size,
@@ -128,20 +127,13 @@ class RunPlan:
         """The step of the checkpoint a resumed run continues; None: a fresh run."""
         return int(self.resume.get("global_step") or 0) if self.resume is not None else None
 
-    def trainer_overrides(self) -> dict[str, Any]:
-        """What the plan decided for the Lightning Trainer, over the config's ``trainer`` node."""
-        overrides: dict[str, Any] = {"precision": self.precision}
-        if self.val_check_interval is not None:
-            overrides["val_check_interval"] = self.val_check_interval
-        return overrides
-
     def settings(self) -> dict[str, Any]:
         """The typed groups as the run record keeps them, and as a resume compares them with a checkpoint's
         record (in this order: the line of changes follows it)."""
         return {
             "optimizer": dataclasses.asdict(self.optimizer) if self.optimizer is not None else {},
             "scheduler": dataclasses.asdict(self.scheduler) if self.scheduler is not None else None,
-            "trainer": dataclasses.asdict(self.trainer) | self.trainer_overrides(),
+            "trainer": dataclasses.asdict(self.trainer),
             "callbacks": {k: node_values(v) for k, v in self.callbacks.items()},
             "tokenizer": dataclasses.asdict(self.tokenizer),
             "data": dataclasses.asdict(self.data),
@@ -163,7 +155,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
     hardware_choice = _check_required_groups()
     tokenizer, data = _checked_data(cfg)
-    model, vocab_known = _model_config(cfg)
+    model, vocab_known = _model_config(cfg, tokenizer)
     # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
     optimizer = typed_group(cfg, "optimizer")
     _check_optimizer(optimizer)
@@ -175,10 +167,9 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_scheduler(scheduler)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
-    _check_top_level(cfg, command_overrides())
+    _check_top_level(cfg, callbacks, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
-    precision = _precision(cfg, trainer, device, hardware_choice)
     _check_cpu_processes(trainer, device)
     _check_liger(model, trainer, device)
     init_from = cfg.model.get("init_from")
@@ -198,8 +189,6 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         callbacks=callbacks,
         loggers=loggers,
         device=device,
-        precision=precision,
-        val_check_interval=_val_check_interval(trainer),
         ckpt_path=None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
@@ -208,17 +197,11 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         hardware=hardware_choice,
         overrides=tuple(command_overrides()),
     )
-    # the settings a resume compares with the checkpoint's record are the record's
-    resume = read_resume(
-        cfg.get("ckpt_path"),
-        model,
-        vocab_known,
-        plan.settings(),
-        plan.output_dir,
-        plan.output_root,
-        plan.run_name,
-        cfg.get("target_val_loss"),
+    trainer = dataclasses.replace(
+        trainer, precision=_precision(plan, hardware_choice), val_check_interval=_val_check_interval(trainer)
     )
+    plan = dataclasses.replace(plan, trainer=trainer)
+    resume = read_resume(cfg.get("ckpt_path"), plan, cfg.get("target_val_loss"))
     if resume:
         return dataclasses.replace(plan, ckpt_path=resume[0], resume=resume[1])
     if not init_from:
@@ -259,15 +242,10 @@ def _check_composed_keys(cfg: DictConfig) -> None:
         )
 
 
-def plan_data(cfg: DictConfig) -> Any:
-    """The ``data`` group's settings as the run builds the DataModule: typed by its constructor's schema, the
-    derived values (the tokenizer, the context) filled in from the groups they follow."""
-    return _with_derived(cfg, "data", typed_group(cfg, "data"))
-
-
 def plan_preparation(cfg: DictConfig) -> Any:
-    """``plan_data`` after the run's checks of the data (its corpus, keys, tokenizer and folder): what ``gptmini
-    data`` prepares. The model and the machine are the run's to check: a GPU run's data is prepared anywhere."""
+    """The ``data`` group's settings as the run builds the DataModule, after the run's checks of the data (its
+    corpus, keys, tokenizer and folder): what ``gptmini data`` prepares. The model and the machine are the run's to
+    check: a GPU run's data is prepared anywhere."""
     _check_required_groups()
     _check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
     check_resolves(cfg)
@@ -275,17 +253,17 @@ def plan_preparation(cfg: DictConfig) -> Any:
 
 
 def _checked_data(cfg: DictConfig, build: bool = True) -> tuple[TokenizerSchema, Any]:
-    """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and ``plan_data``."""
+    """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and the data."""
     _check_composed_keys(cfg)
     _check_missing(cfg)
     _check_finite(cfg)
     tokenizer = TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True))
     tokenizer.check()
-    data = plan_data(cfg)
+    # typed by its constructor's schema, the derived values (the tokenizer, the context) filled in
+    data = _with_derived(cfg, "data", typed_group(cfg, "data"))
     _check_data(data, build)
     _check_val_split(data)
-    _check_data_dir_given(cfg)
-    _check_data_dir(getattr(data, "data_dir", None))
+    _check_data_dir(data)
     return tokenizer, data
 
 
@@ -473,7 +451,7 @@ def _check_missing(cfg: DictConfig) -> None:
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
 
 
-def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+def _check_top_level(cfg: DictConfig, callbacks: Mapping[str, Any], overrides: Sequence[str] = ()) -> None:
     """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
     checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
     seed = cfg.get("seed")
@@ -484,13 +462,13 @@ def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
         )
     target = cfg.get("target_val_loss")
-    if target is not None and not _taken("target_val_loss", cfg):
+    if target is not None and not _taken("target_val_loss", callbacks):
         raise RunError(
             f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
             "callbacks=default): drop target_val_loss or use callbacks=default"
         )
     given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
+    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", callbacks):
         raise RunError(
             f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
             "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
@@ -498,11 +476,10 @@ def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         )
 
 
-def _taken(setting: str, cfg: DictConfig) -> bool:
-    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
-    callbacks = cfg.get("callbacks") or {}
+def _taken(setting: str, callbacks: Mapping[str, Any]) -> bool:
+    """Whether a callback of the run's ``callbacks`` that ``setting`` is passed to (``DERIVED``) is on."""
     return any(
-        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
+        source == setting and key.startswith("callbacks.") and key.split(".")[1] in callbacks
         for key, (source, _) in DERIVED.items()
     )
 
@@ -531,29 +508,33 @@ def _check_finite(cfg: DictConfig) -> None:
         raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
-def _model_config(cfg: DictConfig) -> tuple[GPTConfig, bool]:
+def _model_config(cfg: DictConfig, tokenizer: TokenizerSchema) -> tuple[GPTConfig, bool]:
     """The model's config, checked by ``GPTConfig`` itself; a vocabulary not set yet is a placeholder (the
-    tokenizer's, once the data is prepared, is checked again then)."""
+    tokenizer's, once the data is prepared, is checked again then): ``VOCAB_PLACEHOLDER``, or for an exact bigram
+    table (``model.bigram_embed`` without buckets, sized by the vocabulary squared) a size nearer the tokenizer's."""
     values = OmegaConf.to_container(cfg.model, resolve=True)
     values.pop("init_from", None)
     vocab_known = values["vocab_size"] is not None
     if not vocab_known:
-        values["vocab_size"] = _vocab_placeholder(cfg, values)
+        exact_bigram = values.get("bigram_embed") and values.get("bigram_buckets") is None
+        near = (
+            CHAR_VOCAB_PLACEHOLDER if tokenizer.name == "char" else _tokenizer_vocab(tokenizer, build=False)
+        )
+        values["vocab_size"] = (near if exact_bigram else None) or VOCAB_PLACEHOLDER
     return GPTConfig.from_dict(values), vocab_known
 
 
-def _vocab_placeholder(cfg: DictConfig, model: dict[str, Any]) -> int:
-    """``VOCAB_PLACEHOLDER``, or for an exact bigram table (``model.bigram_embed`` without buckets, sized by the
-    vocabulary squared) a size nearer the tokenizer's: 256 for the char tokenizer (the corpus's characters, known
-    once the data is prepared, and checked then) and a BPE's ``tokenizer.vocab_size``."""
-    if not model.get("bigram_embed") or model.get("bigram_buckets") is not None:
-        return VOCAB_PLACEHOLDER
-    name = str(cfg.tokenizer.name)
-    if name == "char":
-        return CHAR_VOCAB_PLACEHOLDER
-    if name == "bpe" and cfg.tokenizer.get("vocab_size") is not None:
-        return int(cfg.tokenizer.vocab_size)
-    return VOCAB_PLACEHOLDER
+def _tokenizer_vocab(tokenizer: TokenizerSchema, build: bool = True) -> int | None:
+    """The tokenizer's vocabulary before the data is prepared: a BPE's the one it will be trained to, a fixed
+    one's (not ``build``: None) from its encoding (cached for the run); None for the char tokenizer, whose
+    vocabulary is the corpus's characters (a few hundred at most in practice)."""
+    if tokenizer.name == "bpe":
+        return tokenizer.vocab_size
+    if tokenizer.name == "char" or not build:
+        return None
+    from gptmini.data.tokenizers import build_tokenizer
+
+    return build_tokenizer(tokenizer.name).vocab_size
 
 
 def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
@@ -580,26 +561,11 @@ def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
         )
 
 
-def output_vocab(cfg: DictConfig) -> int | None:
-    """The model's vocabulary before the data is prepared: ``model.vocab_size`` when set, else the tokenizer's
-    when it is fixed (a BPE; its encoding is cached for the run); None for the char tokenizer, whose vocabulary
-    is the corpus's characters (a few hundred at most in practice)."""
-    if cfg.model.get("vocab_size") is not None:
-        return int(cfg.model.vocab_size)
-    name = str(cfg.tokenizer.name)
-    if name == "char":
-        return None
-    if name == "bpe":
-        return cfg.tokenizer.get("vocab_size")  # the vocabulary it will be trained to
-    from gptmini.data.tokenizers import build_tokenizer
-
-    return build_tokenizer(name).vocab_size
-
-
-def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts, chosen: str | None) -> str:
-    """The GPU a run asks for exists, and ``trainer.precision`` made concrete for ``device`` (the vocabulary
+def _precision(plan: RunPlan, chosen: str | None) -> str:
+    """The GPU a run asks for exists, and ``trainer.precision`` made concrete for the plan's device (the vocabulary
     matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there). ``chosen``: the
     hardware option (hardware=gpu, or an experiment naming it, sets trainer=gpu: the refusal names it)."""
+    trainer, device = plan.trainer, plan.device
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise RunError(
             "hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine (conf/hardware/gpu.yaml): "
@@ -609,8 +575,10 @@ def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts, chosen: str |
             "trainer=default or trainer=cpu, or run on a machine with a CUDA GPU"
         )
     settings = {"precision": trainer.precision, "accelerator": trainer.accelerator}
-    cpu_bf16 = trainer.precision == "auto" and device.bf16 and not device.is_cuda
-    return resolve_precision(settings, device, output_vocab(cfg) if cpu_bf16 else None)
+    vocab = None
+    if trainer.precision == "auto" and device.bf16 and not device.is_cuda:
+        vocab = plan.model.vocab_size if plan.vocab_known else _tokenizer_vocab(plan.tokenizer)
+    return resolve_precision(settings, device, vocab)
 
 
 def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
@@ -672,24 +640,21 @@ def _check_val_split(data: Any) -> None:
         )
 
 
-def _check_data_dir_given(cfg: DictConfig) -> None:
-    """``data.data_dir=null`` would prepare the data under the working folder's ``data/``, not
-    ``paths.data_root``."""
-    data = cfg.get("data")
-    if isinstance(data, DictConfig) and "data_dir" in data and data.data_dir is None:
+def _check_data_dir(data: Any) -> None:
+    if not hasattr(data, "data_dir"):
+        return  # a DataModule of the user's own
+    data_dir = data.data_dir
+    if data_dir is None:
         raise RunError(
             "data.data_dir=null would put the prepared data in the working folder's data/, not under "
             "paths.data_root: drop the override (its default is a folder under paths.data_root), or name a folder"
         )
-
-
-def _check_data_dir(data_dir: Any) -> None:
-    if data_dir and name_too_long(data_dir):
+    if name_too_long(data_dir):
         raise RunError(
             f"the prepared-data folder {str(data_dir)[:80]}...: {name_too_long(data_dir)}; pass a shorter path "
             "(paths.data_root or data.data_dir)"
         )
-    if data_dir and not (Path(data_dir) / "meta.json").is_file():
+    if not (Path(data_dir) / "meta.json").is_file():
         reason = unwritable_reason(data_dir)
         if reason is not None:
             raise RunError(

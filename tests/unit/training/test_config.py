@@ -368,11 +368,15 @@ def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog
     before = OmegaConf.to_container(cfg)
     plan = plan_run(cfg)
     assert OmegaConf.to_container(cfg) == before
-    assert (cfg.trainer.val_check_interval, plan.val_check_interval, plan.training_batches) == (3, 3, 4)
+    assert (cfg.trainer.val_check_interval, plan.trainer.val_check_interval, plan.training_batches) == (
+        3,
+        3,
+        4,
+    )
     plan = plan_run(compose_cfg(["debug=smoke", "tokenizer=char", "trainer.max_steps=2"]))
-    assert plan.val_check_interval == 2 and plan.trainer_overrides()["val_check_interval"] == 2
+    assert plan.trainer.val_check_interval == 2 and plan.settings()["trainer"]["val_check_interval"] == 2
     assert "trainer.val_check_interval=3 is more than the run's 2 training batches" in caplog.text
-    assert plan.precision == "32-true" and plan.trainer.max_steps == 2 and plan.resume is None
+    assert plan.trainer.precision == "32-true" and plan.trainer.max_steps == 2 and plan.resume is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.precision = "bf16-mixed"  # type: ignore[misc]
 

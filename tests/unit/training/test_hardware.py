@@ -243,7 +243,9 @@ def test_gpus_lightning_does_not_know_or_gets_wrong_come_from_gptminis_table(nam
     # and the table holds only such GPUs: Lightning's answer for this one is missing or different
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert hardware._lightning_peak(facts, "bf16") != bf16
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        assert get_available_flops(torch.device("cuda", 0), torch.bfloat16) != bf16
     # every dtype is tabled, with fp16 = bf16 and float32 below TF32 below bf16
     p = {d: peak_flops(facts, d).flops for d in ("bf16", "fp16", "tf32", "fp32")}
     assert p["fp16"] == p["bf16"] > p["tf32"] >= p["fp32"] > 0
