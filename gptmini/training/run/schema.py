@@ -513,8 +513,7 @@ def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
     extra = sorted(str(k) for k in values if k not in {f.name for f in fields(schema)})
     if extra:
         raise unknown_keys(key, target, schema, extra)
-    _check_switches(values, schema, key)
-    _check_kinds(values, group, target, key)
+    _check_kinds(values, target_spec(group, target) or [], key)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
         missing = sorted(OmegaConf.missing_keys(merged))
@@ -538,16 +537,6 @@ def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
         raise RunError(f"{full}{shown} is invalid: {str(err.msg).splitlines()[0]}") from None
 
 
-def _check_switches(values: dict[str, Any], schema: type, key: str) -> None:
-    """A true/false setting takes true or false only: OmegaConf would read 3 or "yes" as true."""
-    for f in fields(schema):
-        value = values.get(f.name)
-        if dataclasses.is_dataclass(f.type) and isinstance(value, dict):
-            _check_switches(value, f.type, f"{key}.{f.name}")
-        elif f.type in (bool, Optional[bool]) and value is not None and not isinstance(value, bool):
-            raise RunError(f"{key}.{f.name}={value!r} is invalid: true or false")
-
-
 def _kinds(hint: Any) -> tuple[set[type], set[Any]]:
     """The plain types and the literal values a type hint accepts (Any: ``object``)."""
     if hint is Any:
@@ -566,13 +555,18 @@ def _kinds(hint: Any) -> tuple[set[type], set[Any]]:
     return ({origin} if isinstance(origin, type) else {object}), set()
 
 
-def _check_kinds(values: dict[str, Any], group: str, target: str, key: str) -> None:
-    """A setting the constructor types as a number or a switch, given text or another number (its schema reads
-    such unions as Any): ``trainer.gradient_clip_val=${oc.env:CLIP}`` is the text "1.0" (an environment
-    variable's value is text), ``trainer.deterministic=3`` no switch."""
-    spec = {entry["name"]: entry for entry in target_spec(group, target) or []}
+def _check_kinds(values: dict[str, Any], spec: list[dict[str, Any]], key: str) -> None:
+    """A true/false setting given anything but true or false (OmegaConf would read 3 or "yes" as true); a setting
+    the constructor types as a number or a switch, given text or another number (its schema reads such unions as
+    Any): ``trainer.gradient_clip_val=${oc.env:CLIP}`` is the text "1.0" (an environment variable's value is
+    text), ``trainer.deterministic=3`` no switch. ``spec``: the node's ``signature_spec``."""
+    by_name = {entry["name"]: entry for entry in spec}
     for name, value in values.items():
-        entry = spec.get(name, {"type": "any", "kinds": ["object"]})
+        entry = by_name.get(name, {"type": "any", "kinds": ["object"]})
+        if isinstance(entry["type"], list) and isinstance(value, dict):  # a nested settings node
+            _check_kinds(value, entry["type"], f"{key}.{name}")
+        elif entry["type"] in ("bool", "bool?") and value is not None and not isinstance(value, bool):
+            raise RunError(f"{key}.{name}={value!r} is invalid: true or false")
         if entry["type"] != "any":
             continue  # typed by the schema itself
         kinds = {getattr(builtins, k) for k in entry["kinds"]}
