@@ -340,9 +340,9 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 
 
-def retain_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
-    """Serve large blocks from the heap instead of fresh mmaps, and keep up to ``trim_threshold_bytes`` of
-    freed memory in the process for reuse. Returns whether it took effect (glibc on Linux only).
+def retain_freed_memory() -> bool:
+    """Serve large blocks from the heap instead of fresh mmaps, and keep up to 1 GiB of freed memory in the process
+    for reuse. Returns whether it took effect (glibc on Linux only).
 
     Peak memory is unchanged (a block is only kept once it has been needed); the resident size stays near that
     peak between steps instead of shrinking. glibc still falls back to mmap when the heap cannot grow."""
@@ -356,9 +356,8 @@ def retain_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    threshold = int(min(max(trim_threshold_bytes, 0), 2**31 - 1))
-    ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, threshold) == 1
-    log.debug("retain_freed_memory(%d): %s", threshold, "on" if ok else "not supported")
+    ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
+    log.debug("retain_freed_memory: %s", "on" if ok else "not supported")
     return ok
 
 

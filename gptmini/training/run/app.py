@@ -31,7 +31,7 @@ from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary, trainer_processes
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import EXIT_USER_ERROR, check_resolves
-from gptmini.training.run.plan import RunPlan, check_input_files, node_values, plan_run
+from gptmini.training.run.plan import RunPlan, node_values, plan_run
 from gptmini.training.run.resume import check_resumed_data
 from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir
 from gptmini.training.run.sweeps import JobFailed
@@ -94,7 +94,7 @@ def _log_hardware(plan: RunPlan) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """plan -> build (trainer, data, module) -> fit -> report."""
-    started = time.monotonic()  # the summary's wall time: the whole command, checks and data included
+    started = time.monotonic()
     # First, before any data or model: a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
     # from here on the plan alone: the composed config does not travel past planning
@@ -126,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     callbacks.connect(module.validation_probe)
     skip_idle_hooks(callbacks.given)
     output_dir = Path(plan.output_dir)
-    from gptmini.training.run.run_report import continued_history
+    from gptmini.training.run.run_report import continued_history, report_run
 
     # now: a continuation in the folder of the run it continues replaces its scalars.csv at the end
     history = continued_history(plan.ckpt_path, plan.resumed_at or 0)
@@ -137,8 +137,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except BaseException:  # a NaN loss, a signal, an error: the curves so far, as a finished run has them
         _write_curves_so_far(trainer, output_dir, history)
         raise
+    wall_seconds = time.monotonic() - started  # the whole command, checks and data included
     tokens_per_step = plan.tokens_per_step(gpt_config.block_size, trainer.world_size)
-    return report(trainer, output_dir, time.monotonic() - started, plan.output_root, tokens_per_step, history)
+    return report_run(
+        trainer, _tensorboard(trainer), output_dir, wall_seconds, plan.output_root, tokens_per_step, history
+    )
 
 
 # The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
@@ -381,45 +384,6 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
     trainer.strategy.checkpoint_io.teardown()
 
 
-def report(
-    trainer: Any,
-    output_dir: Path,
-    wall_seconds: float,
-    output_root: str,
-    tokens_per_step: int,
-    history: Any,  # a continuation's (run_report.continued_history)
-) -> dict[str, Any]:
-    """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
-    ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
-    final metrics."""
-    ckpt_dir = output_dir / "checkpoints"
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    result: dict[str, Any] = {
-        "output_dir": str(output_dir),
-        "checkpoint": str(ckpt_dir / "last.ckpt"),
-        "best_checkpoint": str(ckpt_dir / "best.ckpt"),
-        "global_step": trainer.global_step,
-        "metrics": metrics,
-    }
-    if not trainer.is_global_zero:
-        return result
-    from gptmini.training.run.run_report import RunFacts, report_run
-
-    tensorboard = _tensorboard(trainer)
-    facts = RunFacts(
-        run_dir=output_dir,
-        steps=trainer.global_step,
-        wall_seconds=wall_seconds,
-        tokens_seen=trainer.global_step * tokens_per_step,
-        checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
-        event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
-        output_root=output_root,
-        history=history,
-    )
-    title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
-    return result | report_run(facts, title)
-
-
 def _write_curves_so_far(trainer: Any, output_dir: Path, history: Any) -> None:
     """``scalars.csv`` and ``loss_curve.png`` of a run stopped after some steps (on the first process); a run
     stopped before its first step leaves none (its folder is then removed as a failed start's)."""
@@ -583,7 +547,6 @@ def _job(cfg: DictConfig) -> float | JobFailed | None:
         _check_own_config()
         check_resolves(cfg)  # every interpolation, before any value is used
         hold_output_dir(cfg)  # paths.output_dir elsewhere than Hydra's folder: free, and held
-        check_input_files(cfg)  # corpus / init_from paths: before anything else
         result = train(cfg)
     except _user_errors() as err:
         if full_error:

@@ -25,7 +25,7 @@ from hydra.errors import (
     SearchPathException,
 )
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
 from gptmini.training.errors import RunError
@@ -164,29 +164,6 @@ def unresolvable(err: OmegaConfBaseException, cfg: DictConfig) -> RunError:
         f"{what} cannot be resolved: {reason}. Fix the value or the key it names (an interpolation names an "
         "existing key, ${oc.env:VAR} a set variable; `gptmini train --cfg job` prints the config as written)"
     )
-
-
-def missing_keys(cfg: DictConfig) -> list[str]:
-    """The keys whose value is ``???`` (must be set), found without resolving any interpolation (one that leads
-    to a ``???`` is reported as its ``???``, not as itself)."""
-    found: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, DictConfig):
-            items = [(str(k), k) for k in node.keys()]
-        elif isinstance(node, ListConfig):
-            items = [(str(i), i) for i in range(len(node))]
-        else:
-            return
-        for name, k in items:
-            full = f"{prefix}.{name}" if prefix else name
-            if OmegaConf.is_missing(node, k):
-                found.append(full)
-            elif not OmegaConf.is_interpolation(node, k):
-                walk(node[k], full)
-
-    walk(cfg, "")
-    return sorted(found)
 
 
 def check_resolves(cfg: DictConfig) -> None:

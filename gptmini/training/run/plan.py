@@ -16,7 +16,7 @@ import glob
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from gptmini.runs.record import RECORD_VERSION, Lineage, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group, missing_keys
+from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group
 from gptmini.training.run.resume import read_resume, resolve_init_from
 from gptmini.training.run.run_folder import command_overrides
 from gptmini.training.run.schema import (
@@ -151,9 +151,11 @@ LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "m
 
 
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
-    """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
-    checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
+    """Cheap checks of everything a run needs, the files it reads (the corpus, ``model.init_from``) included;
+    raises ConfigError/RunError (or CheckpointError for a resume checkpoint that is unsafe or of another model
+    shape) naming the key. ``device``: this machine's by default."""
     hardware_choice = _check_required_groups()
+    _check_data_files(cfg)
     tokenizer, data = _checked_data(cfg)
     model, vocab_known = _model_config(cfg, tokenizer)
     # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
@@ -207,6 +209,16 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     if not init_from:
         return plan
     init_kind, init_source = resolve_init_from(str(init_from), plan.output_root)
+    if init_kind == "checkpoint":
+        from gptmini.runs.checkpoint import load_checkpoint
+
+        load_checkpoint(
+            init_source, mmap=True
+        )  # a gptmini checkpoint (trained or imported): refused if not one
+    else:
+        from gptmini.hf.formats import hf_model_type
+
+        hf_model_type(init_source)  # a folder of a format gptmini cannot read (its model_type) is refused
     return dataclasses.replace(plan, init_from=init_source, init_kind=init_kind)
 
 
@@ -443,8 +455,21 @@ MISSING_EXAMPLES = {
 }
 
 
+def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """Every value of a config's container as written (no interpolation resolved), by its full key."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{key}[{i}]")
+    else:
+        yield key, node
+
+
 def _check_missing(cfg: DictConfig) -> None:
-    missing = missing_keys(cfg)  # without resolving: data.data_dir names data.source's ???
+    # as written: data.data_dir names data.source's ???, which is the one to name
+    missing = sorted(k for k, v in _leaves(OmegaConf.to_container(cfg, resolve=False)) if v == "???")
     missing += [k for k in cfg.get("required", []) if OmegaConf.select(cfg, k) is None and k not in missing]
     if missing:
         hint = MISSING_EXAMPLES.get(missing[0], "")
@@ -490,19 +515,9 @@ NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbac
 
 
 def _check_finite(cfg: DictConfig) -> None:
-    def walk(node: Any, key: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise RunError(f"{key}={node} is invalid: it must be a finite number")
-
-    for group in NUMERIC_GROUPS:
-        if group in cfg and cfg[group] is not None:
-            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        if key.split(".")[0] in NUMERIC_GROUPS and isinstance(value, float) and not math.isfinite(value):
+            raise RunError(f"{key}={value} is invalid: it must be a finite number")
     target = cfg.get("target_val_loss")
     if isinstance(target, float) and not math.isfinite(target):
         raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
@@ -681,25 +696,6 @@ def _val_check_interval(trainer: Any) -> int | float | None:
 
 
 # --- the files a run reads (the corpus, model.init_from), checked before anything else runs ---------------------
-
-
-def check_input_files(cfg: DictConfig) -> None:
-    """The files a run reads, checked before anything else runs (the command line calls this before
-    ``plan_run``; kept apart so that configs can be checked without the files existing)."""
-    # "???" values are reported by plan_run.
-    init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
-    if init_from is not None:
-        kind, path = resolve_init_from(init_from, cfg.paths.output_root)
-        if kind == "checkpoint":
-            from gptmini.runs.checkpoint import load_checkpoint
-
-            load_checkpoint(path, mmap=True)  # a gptmini checkpoint (trained or imported): refused if not one
-        else:
-            from gptmini.hf.formats import hf_model_type
-
-            # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
-            hf_model_type(path)
-    _check_data_files(cfg)
 
 
 def _check_data_files(cfg: DictConfig) -> None:

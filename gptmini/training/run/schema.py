@@ -49,6 +49,20 @@ from gptmini.training.errors import RunError
 # --- typed at composition --------------------------------------------------------------------------------------
 
 
+_SIMPLE = (int, float, bool, str)
+
+
+def _field_type(hint: Any) -> Any:
+    """``hint`` as OmegaConf types a field: a plain type, an optional one, a settings dataclass, else Any."""
+    if hint in _SIMPLE or dataclasses.is_dataclass(hint):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2 and args[0] in _SIMPLE:
+            return Optional[args[0]]
+    return Any
+
+
 def _model_schema() -> type:
     """The ``model`` node's schema, derived from ``GPTConfig`` (its fields, types and defaults: one source), plus
     ``init_from``. ``vocab_size`` may be null: the tokenizer's vocabulary size, known once the data is prepared."""
@@ -60,11 +74,8 @@ def _model_schema() -> type:
         if f.name == "vocab_size":
             specs.append((f.name, Optional[int], field(default=None)))
         else:
-            hint = hints[f.name]
-            if hint is bool:
-                hint = Any  # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
-            if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
-                hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
+            # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
+            hint = Any if hints[f.name] is bool else _field_type(hints[f.name])
             specs.append((f.name, hint, field(default=f.default)))
     help_ = "Load weights before training: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors)."
     specs.append(("init_from", Optional[str], field(default=None, metadata={"help": help_})))
@@ -199,20 +210,6 @@ def derived_refusal(key: str, value: Any = None) -> str:
     source, how = DERIVED[key]
     shown = f"={value}" if value is not None else ""
     return f"{key}{shown} is not a setting: the run derives it from {source}; set {how} instead"
-
-
-_SIMPLE = (int, float, bool, str)
-
-
-def _field_type(hint: Any) -> Any:
-    """``hint`` as OmegaConf types a field: a plain type, an optional one, a settings dataclass, else Any."""
-    if hint in _SIMPLE or dataclasses.is_dataclass(hint):
-        return hint
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(hint)) == 2 and args[0] in _SIMPLE:
-            return Optional[args[0]]
-    return Any
 
 
 def _representable(value: Any) -> bool:

@@ -25,7 +25,7 @@ from gptmini.training.hardware import (
     resolve_precision,
 )
 from gptmini.training.loop.module import GPTLightningModule, optimizer_kernel_kwargs
-from gptmini.training.run.plan import output_vocab
+from gptmini.training.run.plan import plan_run
 
 H100 = DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", capability=(9, 0), bf16=True, count=1)
 H200 = DeviceFacts(type="cuda", name="NVIDIA H200", capability=(9, 0), bf16=True, count=1)
@@ -115,15 +115,16 @@ def test_cpu_precision_weighs_the_output_layer(device, vocab, precision, expecte
     assert resolve_precision({"precision": precision}, device, vocab) == expected
 
 
-def test_output_vocab_before_the_data_is_prepared():
-    from omegaconf import OmegaConf
-
-    def cfg(vocab, tokenizer):
-        return OmegaConf.create({"model": {"vocab_size": vocab}, "tokenizer": {"name": tokenizer}})
-
-    assert output_vocab(cfg(None, "gpt2")) == 50257  # the bundled GPT-2 BPE, offline
-    assert output_vocab(cfg(None, "char")) is None
-    assert output_vocab(cfg(1234, "gpt2")) == 1234  # a configured size wins
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], "bf16-mixed"),  # the bundled GPT-2 BPE's 50257 tokens, read offline
+        (["tokenizer=char"], "32-true"),  # the corpus's characters: a few hundred
+        (["model.vocab_size=1234"], "32-true"),  # a configured size wins
+    ],
+)
+def test_an_amx_cpu_weighs_the_vocabulary_the_run_will_have(overrides, expected, compose_cfg):
+    assert plan_run(compose_cfg(overrides), device=AMX_CPU).trainer.precision == expected
 
 
 def test_precisions_a_device_cannot_run_are_refused_naming_it():
