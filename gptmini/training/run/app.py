@@ -31,9 +31,9 @@ from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary, trainer_processes
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import EXIT_USER_ERROR, check_resolves
-from gptmini.training.run.plan import RunPlan, node_values, plan_run
+from gptmini.training.run.plan import RunPlan, check_data_files, node_values, plan_run
 from gptmini.training.run.resume import check_resumed_data
-from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir
+from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir, hydra_config
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -78,8 +78,6 @@ def _quiet_lightning() -> None:
 
 
 def _log_hardware(plan: RunPlan) -> None:
-    """One line, among a run's first: the machine, which defaults the run started from (hardware=auto|cpu|gpu)
-    and how to pick the others, the precision and compile."""
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank != 0:
@@ -161,10 +159,7 @@ class RunCallbacks:
 
     def connect(self, probe: Any) -> None:
         """Hands every callback that reads a part of the run it does not own (a ``Receiver``) those parts
-        (``RunParts``), so that none of them goes looking for it: the LightningModule's validation ``probe`` (one
-        attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
-        lines), the background worker, Lightning's Timer (trainer.max_time, for the progress lines' ETA) and the
-        checkpoint savers (whose files the guards name)."""
+        (``RunParts``: ``probe`` is the LightningModule's validation probe), so that none of them looks for it."""
         from gptmini.training.callbacks.loggers import Receiver, RunParts
 
         savers = tuple(self.named[n] for n in CHECKPOINT_SAVERS if n in self.named)
@@ -175,8 +170,7 @@ class RunCallbacks:
 
 
 def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
-    """The Lightning Trainer of the plan's ``trainer`` settings and values, its callbacks and loggers; and the
-    callbacks it was given."""
+    """The Lightning Trainer of the plan, with its callbacks and loggers; and the callbacks it was given."""
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
     from lightning.pytorch.callbacks import Timer
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
@@ -259,7 +253,6 @@ def _logger(settings: dict[str, Any], plan: RunPlan) -> Any:
 
 
 def _tensorboard(trainer: Any) -> Any:
-    """The run's TensorBoard logger, None without one."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
@@ -268,8 +261,6 @@ def _tensorboard(trainer: Any) -> Any:
 def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     """The run's command line as text in its TensorBoard run (``run/overrides``, TEXT tab): every override in
     full, where the run's label may be cut; a resumed run adds its own at the step it resumes from."""
-    from gptmini.training.run.run_folder import command_overrides
-
     logger = _tensorboard(trainer)
     if logger is None:
         return
@@ -277,8 +268,7 @@ def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     lines = [f"run_name `{plan.run_name}`, run folder `{plan.output_dir}`"]
     if plan.ckpt_path is not None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
-    overrides = command_overrides()
-    lines += [f"- `{o}`" for o in overrides] if overrides else ["no overrides: the defaults"]
+    lines += [f"- `{o}`" for o in plan.overrides] if plan.overrides else ["no overrides: the defaults"]
     # a corpus path that is not UTF-8 shown by its bytes
     logger.experiment.add_text("run/overrides", utf8_text("\n\n".join(lines)), global_step=step)
 
@@ -430,11 +420,8 @@ register_configs()
 def _run_folder_given() -> bool:
     """Whether the user named the run folder (``hydra.run.dir``/``hydra.sweep.dir``): a folder that may have
     existed before this run, unlike the fresh time-stamped one Hydra makes by default."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return False
-    keys = (str(o).split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.hydra)
+    hydra = hydra_config()
+    keys = (str(o).split("=", 1)[0].lstrip("+~") for o in (hydra.overrides.hydra if hydra else ()))
     return any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
 
 
@@ -480,11 +467,10 @@ def _output_dir(cfg: DictConfig) -> Path | None:
 def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
     """What a run that failed its checks wrote goes: Hydra's run folder (``_remove_failed_run_folder``) and, where
     ``paths.output_dir`` points elsewhere, its lock there, and that folder if this run ``made`` it."""
-    from hydra.core.hydra_config import HydraConfig
-
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else output_dir
+    hydra = hydra_config()
+    hydra_dir = Path(hydra.runtime.output_dir) if hydra else output_dir
     if hydra_dir is not None:
-        log_name = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "train.log"
+        log_name = f"{hydra.job.name}.log" if hydra else "train.log"
         _remove_failed_run_folder(hydra_dir, keep_folder=_run_folder_given(), log_name=log_name)
     if output_dir is None or hydra_dir is None or output_dir.absolute() == hydra_dir.absolute():
         return
@@ -497,21 +483,19 @@ def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
 def _check_own_config() -> None:
     """A primary config of the user's own (``--config-name``) composes gptmini's: without it the run would have
     none of the run folder's checks (``hydra.callbacks``), the schema or the settings every run needs."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized() or "output_folder_check" in (HydraConfig.get().callbacks or {}):
+    hydra = hydra_config()
+    if hydra is None or "output_folder_check" in (hydra.callbacks or {}):
         return
     raise RunError(
-        f"--config-name {HydraConfig.get().job.config_name}: a config of your own starts from gptmini's: put "
+        f"--config-name {hydra.job.config_name}: a config of your own starts from gptmini's: put "
         "`defaults: [train, _self_]` first in it (then its own values, or `override /model: tiny`-style lines)"
     )
 
 
 def _in_sweep() -> bool:
-    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    return getattr(hydra_config(), "mode", None) == RunMode.MULTIRUN
 
 
 def _resume_hint(output_dir: str) -> str:
@@ -524,17 +508,13 @@ def _resume_hint(output_dir: str) -> str:
 
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
-    from hydra.core.hydra_config import HydraConfig
-
     try:
         return _job(cfg)
     finally:
         # the run is over, whatever its end: its folders are free again, also where this process goes on (a
         # sweep's next job, a run started in-process), so `gptmini runs` no longer lists it as running
-        for folder in (
-            _output_dir(cfg),
-            HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None,
-        ):
+        hydra = hydra_config()
+        for folder in (_output_dir(cfg), hydra.runtime.output_dir if hydra else None):
             if folder is not None:
                 release_folder(folder)
 
@@ -547,6 +527,7 @@ def _job(cfg: DictConfig) -> float | JobFailed | None:
         _check_own_config()
         check_resolves(cfg)  # every interpolation, before any value is used
         hold_output_dir(cfg)  # paths.output_dir elsewhere than Hydra's folder: free, and held
+        check_data_files(cfg)  # the corpus's path: before anything else
         result = train(cfg)
     except _user_errors() as err:
         if full_error:

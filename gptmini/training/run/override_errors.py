@@ -190,8 +190,7 @@ class ComposedCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _restore_full_error()
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _restore_full_error()
+    on_multirun_start = on_run_start
 
 
 def run_hydra(

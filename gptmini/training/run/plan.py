@@ -35,7 +35,7 @@ from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
 from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group
 from gptmini.training.run.resume import read_resume, resolve_init_from
-from gptmini.training.run.run_folder import command_overrides
+from gptmini.training.run.run_folder import command_overrides, hydra_config
 from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
@@ -92,8 +92,7 @@ class RunPlan:
     overrides: tuple[str, ...] = ()  # the command line's overrides
 
     @property
-    def training_batches(self) -> int:
-        """Micro-batches one training process runs: trainer.max_steps x trainer.accumulate_grad_batches."""
+    def training_batches(self) -> int:  # micro-batches of one training process
         return self.trainer.max_steps * self.trainer.accumulate_grad_batches
 
     def record(self, model: GPTConfig, world_size: int, tensorboard_dir: str | None) -> RunRecord:
@@ -151,11 +150,10 @@ LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "m
 
 
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
-    """Cheap checks of everything a run needs, the files it reads (the corpus, ``model.init_from``) included;
-    raises ConfigError/RunError (or CheckpointError for a resume checkpoint that is unsafe or of another model
+    """Cheap checks of everything a run needs, ``model.init_from``'s files included (the corpus's are
+    ``check_data_files``'s, so that configs can be checked without it); raises ConfigError/RunError (or CheckpointError for a resume checkpoint that is unsafe or of another model
     shape) naming the key. ``device``: this machine's by default."""
     hardware_choice = _check_required_groups()
-    _check_data_files(cfg)
     tokenizer, data = _checked_data(cfg)
     model, vocab_known = _model_config(cfg, tokenizer)
     # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
@@ -165,7 +163,7 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_trainer(trainer)
     # the schedule's length from the typed trainer: trainer.max_steps='${oc.env:STEPS}' is text in the config
     typed = {f"trainer.{k}": getattr(trainer, k) for k in ("max_steps", "max_time")}
-    scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"), typed_values=typed)
+    scheduler = typed_group(cfg, "scheduler", typed)
     _check_scheduler(scheduler)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
@@ -212,9 +210,8 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     if init_kind == "checkpoint":
         from gptmini.runs.checkpoint import load_checkpoint
 
-        load_checkpoint(
-            init_source, mmap=True
-        )  # a gptmini checkpoint (trained or imported): refused if not one
+        # a gptmini checkpoint (trained or imported): refused if not one
+        load_checkpoint(init_source, mmap=True)
     else:
         from gptmini.hf.formats import hf_model_type
 
@@ -224,11 +221,10 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
 
 def _check_required_groups() -> str | None:
     """Refuses a run without one of ``REQUIRED_GROUPS``; the hardware option chosen (None outside Hydra)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
+    hydra = hydra_config()
+    if hydra is None:
         return None
-    choices = HydraConfig.get().runtime.choices
+    choices = hydra.runtime.choices
     for group in REQUIRED_GROUPS:
         if choices.get(group) is None:
             raise RunError(dropped_group(group))
@@ -259,7 +255,7 @@ def plan_preparation(cfg: DictConfig) -> Any:
     corpus, keys, tokenizer and folder): what ``gptmini data`` prepares. The model and the machine are the run's to
     check: a GPU run's data is prepared anywhere."""
     _check_required_groups()
-    _check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
+    check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
     check_resolves(cfg)
     return _checked_data(cfg, build=False)[1]
 
@@ -271,27 +267,26 @@ def _checked_data(cfg: DictConfig, build: bool = True) -> tuple[TokenizerSchema,
     _check_finite(cfg)
     tokenizer = TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True))
     tokenizer.check()
-    # typed by its constructor's schema, the derived values (the tokenizer, the context) filled in
-    data = _with_derived(cfg, "data", typed_group(cfg, "data"))
+    data = typed_group(cfg, "data")  # the derived values (the tokenizer, the context) filled in
     _check_data(data, build)
     _check_val_split(data)
     _check_data_dir(data)
     return tokenizer, data
 
 
-def _with_derived(
+def _typed(
     cfg: DictConfig,
+    values: dict[str, Any],
+    key: str,
     group: str,
-    typed: Any,
-    key: str | None = None,
     typed_values: Mapping[str, Any] | None = None,
 ) -> Any:
-    """``typed`` (the user settings of ``group``'s node at ``key``, by default ``group``) with the derived
-    parameters its constructor takes, from ``DERIVED``: the value of ``typed_values`` (by full key) where given,
-    else the config's."""
+    """A node's resolved ``values`` (``group``'s at ``key``) read through its constructor's schema (``typed_node``),
+    with the derived parameters the constructor takes (``DERIVED``): the value of ``typed_values`` (by full key)
+    where given, else the config's. None for a ``_target_`` that does not import (its build reports it)."""
+    typed = typed_node(values, key, group)
     if typed is None:
         return None
-    key = key or group
     full = schema_of(group, typed._target_, user=False)
     names = {f.name for f in dataclasses.fields(full)}
     sources = {name: DERIVED[f"{key}.{name}"][0] for name in derived_of(key) if name in names}
@@ -314,13 +309,12 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
         values = OmegaConf.to_container(node, resolve=True)
-        typed = _with_derived(cfg, group, typed_node(values, f"{group}.{name}", group), f"{group}.{name}")
-        out[str(name)] = typed or values
+        out[str(name)] = _typed(cfg, values, f"{group}.{name}", group) or values
     return out
 
 
-def typed_group(cfg: DictConfig, group: str) -> Any:
-    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
+def typed_group(cfg: DictConfig, group: str, typed_values: Mapping[str, Any] | None = None) -> Any:
+    """``cfg[group]`` read through its option's schema (``_typed``); None for a null group."""
     node = cfg.get(group)
     if node is None:
         return None
@@ -329,7 +323,7 @@ def typed_group(cfg: DictConfig, group: str) -> Any:
             f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
             f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
         )
-    return typed_node(OmegaConf.to_container(node, resolve=True), group, group)
+    return _typed(cfg, OmegaConf.to_container(node, resolve=True), group, group, typed_values)
 
 
 def check_by_building(key: str, typed: Any, stand_in: Callable[[Any], Any] = lambda built: built) -> None:
@@ -603,10 +597,7 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
         trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
     ):
         return
-    try:
-        n = int(trainer.devices)
-    except (TypeError, ValueError):
-        return  # "auto" (one process on a CPU) or a list: Lightning checks those
+    n = hardware.trainer_processes({"devices": trainer.devices, "accelerator": "cpu"})  # on this machine
     if n <= 1:
         return
     cores = hardware.cpu_cores()
@@ -698,7 +689,7 @@ def _val_check_interval(trainer: Any) -> int | float | None:
 # --- the files a run reads (the corpus, model.init_from), checked before anything else runs ---------------------
 
 
-def _check_data_files(cfg: DictConfig) -> None:
+def check_data_files(cfg: DictConfig) -> None:
     """A local corpus path that does not exist fails here, before Lightning is even imported."""
     if "source" not in cfg.data or OmegaConf.is_missing(cfg.data, "source"):
         return

@@ -30,11 +30,9 @@ log = logging.getLogger(__name__)
 def resolve_ckpt_path(
     ckpt_path: Any, run_dir: str | Path, output_root: str | Path, run_name: str
 ) -> str | None:
-    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of its run folder
-    ``run_dir`` itself when that already holds one, else of any run of ``run_name``
-    (:func:`gptmini.runs.discovery.newest_checkpoint`, the one rule every command uses); else what
-    :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
-    a run name under ``output_root``: its newest checkpoint)."""
+    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest of its run folder ``run_dir``
+    when that holds one, else of any run of ``run_name`` under ``output_root``; else what every command makes of
+    it (``gptmini.runs.discovery.resolve_checkpoint``: a file, or a run folder's or run name's newest)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
