@@ -273,27 +273,20 @@ def max_loader_workers() -> int:
 
 # --- trainer.precision=auto ------------------------------------------------------------------------------------
 
-# Lightning's accepted precision inputs (lightning.fabric.connector._PRECISION_INPUT), plus our "auto".
-PRECISIONS = (
-    "auto",
-    "32-true",
-    "16-mixed",
-    "bf16-mixed",
-    "16-true",
-    "bf16-true",
-    "64-true",
-    "transformer-engine",
-    "transformer-engine-float16",
-    "32",
-    "16",
-    "bf16",
-    "64",
-)
 # float16 autocast, whose GradScaler keeps the gradients scaled until the optimizer step
 FLOAT16_AMP = ("16-mixed", "16")
 # With AMX, bf16 pays on a CPU where the output layer's products dominate the step: on the default model the step
 # measured slower in bf16 below this vocabulary and faster from it (docs/training.md, "What the default run does")
 CPU_BF16_MIN_VOCAB = 8192
+
+
+def precisions() -> list[str]:
+    """What ``trainer.precision`` takes: "auto" (``resolve_precision``), then the values Lightning's Trainer
+    declares in its signature (as the settings specs store it: Lightning is not imported for it)."""
+    from gptmini.training.run.schema import target_spec
+
+    spec = {entry["name"]: entry for entry in target_spec("trainer", "lightning.pytorch.Trainer") or []}
+    return ["auto", *dict.fromkeys(str(v) for v in spec["precision"]["literals"])]
 
 
 def resolve_precision(
@@ -306,8 +299,8 @@ def resolve_precision(
     does"); else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    if precision not in PRECISIONS:
-        raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(PRECISIONS)}")
+    if precision not in (valid := precisions()):
+        raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(valid)}")
     device = detect_device() if device is None else device
     gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
     if precision == "auto":

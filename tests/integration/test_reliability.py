@@ -441,7 +441,7 @@ BAD_INPUT_MORE = [
     (
         "unknown_precision",
         ["trainer.precision=17"],
-        r"error: trainer\.precision=17 is invalid: valid values are auto, 32-true, 16-mixed, bf16-mixed",
+        r"error: trainer\.precision=17 is invalid: valid values are auto, 16, 16-mixed, 16-true, 32, 32-true",
         2,
     ),
     (

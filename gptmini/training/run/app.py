@@ -77,19 +77,6 @@ def _quiet_lightning() -> None:
     )
 
 
-def _log_hardware(plan: RunPlan) -> None:
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if rank_zero_only.rank != 0:
-        return
-    log.info(
-        "%s; precision %s, compile %s",
-        hardware_summary(plan.hardware, plan.device),
-        plan.trainer.precision,
-        "on" if plan.compile else "off",
-    )
-
-
 def train(cfg: DictConfig) -> dict[str, Any]:
     """plan -> build (trainer, data, module) -> fit -> report."""
     started = time.monotonic()
@@ -107,7 +94,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     _quiet_lightning()
     L.seed_everything(plan.seed, workers=True)
     trainer, callbacks = build_trainer(plan)
-    _log_hardware(plan)
+    if trainer.is_global_zero:  # the machine, the hardware option and how to pick another
+        summary = hardware_summary(plan.hardware, plan.device)
+        log.info(
+            "%s; precision %s, compile %s", summary, plan.trainer.precision, "on" if plan.compile else "off"
+        )
     datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
@@ -360,12 +351,11 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
             if keeps_best
             else "",
         )
-    resuming = plan.ckpt_path is not None
     if not gc.isenabled():  # held off through start-up by the training process (gptmini/training/__main__.py)
         gc.freeze()
         gc.enable()
     trainer.fit(
-        module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if resuming else None
+        module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if plan.ckpt_path else None
     )
     if trainer.state.finished and not trainer.interrupted:
         # The periodic "last" save runs every checkpoint_every_n_steps; make last.ckpt the final state.
@@ -542,9 +532,8 @@ def _job(cfg: DictConfig) -> float | JobFailed | None:
         # the one line docs/reliability.md promises: "error: ...", no logging prefix, exit status 2
         sys.stderr.write(f"error: {msg}\n")
         sys.exit(EXIT_USER_ERROR)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
+    # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
+    except KeyboardInterrupt:
         if full_error:
             raise
         log.error("interrupted (Ctrl-C) outside training: nothing to save")

@@ -116,9 +116,8 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         dropped = re.match(r"Error resolving interpolation '\$\{(\w+)\}'", str(err))
         if dropped and f"~{dropped.group(1)}" in argv:
             return dropped_group(dropped.group(1))
-    if isinstance(
-        err, yaml.YAMLError
-    ):  # a config file of the user's (--config-dir, an experiment) that does not parse
+    # a config file of the user's (--config-dir, an experiment) that does not parse
+    if isinstance(err, yaml.YAMLError):
         mark = getattr(err, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}," if mark is not None else "a config file"
         why = ", ".join(str(w) for w in (getattr(err, "context", None), getattr(err, "problem", None)) if w)

@@ -237,7 +237,8 @@ def report_run(
             log.warning(
                 "could not write %s and %s: %s: %s", SCALARS_CSV, LOSS_CURVE_PNG, type(err).__name__, err
             )
-    head = f"run finished: {steps:,} steps in {duration(wall_seconds)} (wall time), {steps * tokens_per_step:,} tokens seen"
+    tokens = f"{steps * tokens_per_step:,} tokens seen"
+    head = f"run finished: {steps:,} steps in {duration(wall_seconds)} (wall time), {tokens}"
     checkpoints = sorted(ckpt_dir.glob("*.ckpt"))
     log.info("%s\n%s", head, summary(run_dir, checkpoints, events, output_root, scalars, files))
     return result

@@ -376,9 +376,8 @@ def option_settings(conf: Path) -> dict[tuple[str, str], dict[str, Any]]:
                 key = f"{group}.{name}" if name else group
                 target = values.get("_target_") if isinstance(values, dict) else None
                 schema = schema_of(group, str(target), key=key) if target else None
-                if (
-                    schema is not None
-                ):  # ("???": the option makes the user set it; a merge would not drop a value)
+                # ("???": the option makes the user set it; a merge would not drop a value)
+                if schema is not None:
                     node[name] = {k: v for k, v in _defaults(schema).items() if values.get(k) != "???"}
             out[group, path.stem] = node.get(None, node)
     return out
@@ -393,17 +392,10 @@ def option_file(folder: Path, option: str) -> dict[str, Any]:
 
 
 def _defaults(schema: type) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in fields(schema):
-        if f.name.startswith("_"):
-            continue
-        if dataclasses.is_dataclass(f.type):
-            out[f.name] = _defaults(f.type)  # a nested settings node (optimizer.hidden, ...)
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        elif f.default != "???":
-            out[f.name] = f.default
-    return out
+    """A schema's defaults, those of its nested settings nodes (optimizer.hidden, ...) included."""
+    nested = {f.name: _defaults(f.type) for f in fields(schema) if dataclasses.is_dataclass(f.type)}
+    values = OmegaConf.to_container(OmegaConf.structured(schema)) | nested
+    return {k: v for k, v in values.items() if not k.startswith("_") and v != "???"}
 
 
 def unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:
