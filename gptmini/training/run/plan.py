@@ -40,6 +40,7 @@ from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
     PerfSchema,
+    Range,
     TokenizerSchema,
     TrainSchema,
     derived_of,
@@ -396,37 +397,32 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _check_trainer(trainer: Any) -> None:
-    """What gptmini asks of the Lightning Trainer's settings beyond what its constructor checks."""
-    if not _positive_int(trainer.max_steps):
-        raise RunError(
-            f"trainer.max_steps={trainer.max_steps} is invalid: it must be a positive number of optimizer steps"
-        )
+# What gptmini asks of the Lightning Trainer's settings beyond what its constructor checks.
+TRAINER_RANGES = {
+    "max_steps": Range(_positive_int, "it must be a positive number of optimizer steps"),
     # max_epochs=0 trained nothing and check_val_every_n_epoch=0 divided by zero after the model was built
-    for key in ("max_epochs", "check_val_every_n_epoch"):
-        value = getattr(trainer, key)
-        if value is not None and value != -1 and not _positive_int(value):
-            raise RunError(
-                f"trainer.{key}={value} is invalid: it must be an integer >= 1, or null"
-                + (" (-1: no limit; trainer.max_steps ends the run)" if key == "max_epochs" else "")
-            )
+    "max_epochs": Range(
+        lambda v: v in (None, -1) or _positive_int(v),
+        "it must be an integer >= 1, or null (-1: no limit; trainer.max_steps ends the run)",
+    ),
+    "check_val_every_n_epoch": Range(
+        lambda v: v in (None, -1) or _positive_int(v), "it must be an integer >= 1, or null"
+    ),
+    "accumulate_grad_batches": Range(_positive_int, "it must be an integer >= 1"),
     # log_every_n_steps=0 logged nothing at all
-    for key in ("accumulate_grad_batches", "log_every_n_steps"):
-        value = getattr(trainer, key)
-        if not _positive_int(value) and (key == "accumulate_grad_batches" or value is not None):
-            raise RunError(f"trainer.{key}={value} is invalid: it must be an integer >= 1")
-    every = trainer.val_check_interval
-    if isinstance(every, int) and not isinstance(every, bool) and every <= 0:
-        raise RunError(
-            f"trainer.val_check_interval={every} is invalid: it counts training batches and must be >= 1"
-        )
-    if isinstance(every, float) and not 0.0 < every <= 1.0:
-        raise RunError(f"trainer.val_check_interval={every} is invalid: a fraction must be in (0, 1]")
-    clip = trainer.gradient_clip_val
-    if clip is not None and clip < 0:
-        raise RunError(
-            f"trainer.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
-        )
+    "log_every_n_steps": Range(lambda v: v is None or _positive_int(v), "it must be an integer >= 1"),
+    "val_check_interval": Range(
+        lambda v: not isinstance(v, (int, float)) or (v >= 1 if isinstance(v, int) else 0 < v <= 1),
+        "a number of training batches must be >= 1, a fraction in (0, 1]",
+    ),
+    "gradient_clip_val": Range(lambda v: v is None or v >= 0, "it must be >= 0 (0 or null: no clipping)"),
+}
+
+
+def _check_trainer(trainer: Any) -> None:
+    for name, allowed in TRAINER_RANGES.items():
+        if not allowed.accepts(getattr(trainer, name)):
+            raise RunError(f"trainer.{name}={getattr(trainer, name)} is invalid: {allowed.rule}")
     if trainer.max_time is not None:  # the schedules pace themselves by it too (and would be named first)
         from gptmini.training.loop.schedulers import max_time_seconds
 
