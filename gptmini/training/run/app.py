@@ -52,29 +52,30 @@ def _quiet_lightning() -> None:
     from gptmini.training.lightning_compat import silence_tips
 
     silence_tips()  # advertisements for Lightning's cloud products, on every run
+    for pattern in LIGHTNING_WARNINGS_OFF:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+# Lightning's warnings that do not apply to a gptmini run, each with why
+LIGHTNING_WARNINGS_OFF = (
     # With an OnExceptionCheckpoint, Lightning maps fit(ckpt_path=None) to "last" inside the fresh run folder
     # (always empty, so nothing is loaded) and warns about it; resuming is explicit here (ckpt_path=...).
-    warnings.filterwarnings("ignore", message=r".*ckpt_path=None\)` was called without a model")
-    warnings.filterwarnings("ignore", message=r".*is set, but there is no last checkpoint available")
+    r".*ckpt_path=None\)` was called without a model",
+    r".*is set, but there is no last checkpoint available",
     # Mid-epoch resume is exact here without a stateful loader (see TokenDataModule), so this warning misleads.
-    warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    r".*your dataloader is not resumable",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated",
     # A resumed run writes into a folder of its own, so ModelCheckpoint says it reloads no best score from the
     # run it resumes: this folder's best.ckpt is the best of this run's validations (fit's log line says so).
-    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    r"The dirpath has changed from",
     # Runs count steps, and log every trainer.log_every_n_steps of them whatever an epoch's length (a small
     # corpus's epoch is a few batches): the advice about an epoch's logs does not apply.
-    warnings.filterwarnings(
-        "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging"
-    )
+    r"The number of training batches \(\d+\) is smaller than the logging",
     # callbacks.ema: the model's configure_model compiles it and shards nothing, which is what this warns about.
-    warnings.filterwarnings(
-        "ignore", message=r"You're using the WeightAveraging callback with a model that overrides"
-    )
+    r"You're using the WeightAveraging callback with a model that overrides",
     # Under DDP: val/* are torchmetrics means, reduced across the processes by compute(); step is the same on each.
-    warnings.filterwarnings(
-        "ignore", message=r"It is recommended to use `self.log\('(?:val/\w+|step)', \.\.\., sync_dist=True\)`"
-    )
+    r"It is recommended to use `self.log\('(?:val/\w+|step)', \.\.\., sync_dist=True\)`",
+)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
     return "; ".join(lines)
 
 
-def _raw_value(cfg: DictConfig, key: str) -> Any:
+def raw_value(cfg: DictConfig, key: str) -> Any:
     """``key``'s value as written (an interpolation unresolved), None where it cannot be read."""
     parent, _, leaf = key.rpartition(".")
     try:
@@ -156,7 +156,7 @@ def unresolvable(err: OmegaConfBaseException, cfg: DictConfig) -> RunError:
     """An interpolation that cannot be resolved (a missing key, a cycle, an unset environment variable, a
     resolver's error) as one line naming the key, its value as written and the fix."""
     key = str(getattr(err, "full_key", "") or "")
-    raw = _raw_value(cfg, key) if key else None
+    raw = raw_value(cfg, key) if key else None
     reason = str(err).splitlines()[0] if str(err) else type(err).__name__
     what = f"{key}={raw}" if raw is not None else (key or "the config")
     return RunError(

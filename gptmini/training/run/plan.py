@@ -432,11 +432,6 @@ def _check_trainer(trainer: Any) -> None:
             raise RunError(str(err)) from None
 
 
-def _strategy_name(trainer: Any) -> str:
-    strategy = trainer.strategy
-    return str(strategy.get("_target_", "") if isinstance(strategy, dict) else strategy).lower()
-
-
 # what a key a run must be given takes, for its refusal
 MISSING_EXAMPLES = {
     "model.init_from": " (e.g. model.init_from=/path/to/hf/gpt2)",
@@ -549,7 +544,10 @@ def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
 
     if optimizer is None:
         return
-    strategy = _strategy_name(trainer)
+    strategy = (
+        trainer.strategy.get("_target_", "") if isinstance(trainer.strategy, dict) else trainer.strategy
+    )
+    strategy = str(strategy).lower()
     if not getattr(get_object(optimizer._target_), "runs_under_fsdp", True) and "fsdp" in strategy:
         raise RunError(
             f"optimizer={optimizer._target_.rsplit('.', 1)[-1]} cannot run under FSDP (trainer.strategy={strategy}): "

@@ -21,7 +21,7 @@ from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reas
 from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import trainer_processes
-from gptmini.training.run.override_errors import EXIT_USER_ERROR, unresolvable
+from gptmini.training.run.override_errors import EXIT_USER_ERROR, raw_value, unresolvable
 from gptmini.training.run.resume import continued_run_folder, resolve_ckpt_path
 from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
@@ -294,12 +294,7 @@ def hold_output_dir(cfg: DictConfig) -> None:
 def refuse_shared_sweep_folder(config: DictConfig) -> None:
     """A sweep (``-m``) with one ``paths.output_dir`` for all its jobs would put every job's checkpoints and
     events into one folder: refused before the first job."""
-    node = config.get("paths")
-    raw = (
-        OmegaConf.to_container(node, resolve=False).get("output_dir")
-        if isinstance(node, DictConfig)
-        else None
-    )
+    raw = raw_value(config, "paths.output_dir")
     if raw is None or "${" in str(raw):
         return  # Hydra's folder of each job, or a value that depends on the job (checked per job)
     _refuse(
