@@ -235,11 +235,7 @@ def _check_required_groups() -> str | None:
 def _check_composed_keys(cfg: DictConfig) -> None:
     """The groups typed at composition hold their schema's keys only: ``++tokenizer.foo=1`` forces a key in
     that the run would ignore (``model``'s are checked by ``GPTConfig`` itself)."""
-    for group, schema in (
-        ("tokenizer", TokenizerSchema),
-        ("paths", PathsSchema),
-        ("perf", PerfSchema),
-    ):
+    for group, schema in (("tokenizer", TokenizerSchema), ("paths", PathsSchema), ("perf", PerfSchema)):
         extra = sorted(str(k) for k in (cfg.get(group) or {}) if k not in set(settings(schema)))
         if extra:
             raise unknown_keys(group, group, schema, extra)
