@@ -280,15 +280,6 @@ FLOAT16_AMP = ("16-mixed", "16")
 CPU_BF16_MIN_VOCAB = 8192
 
 
-def precisions() -> list[str]:
-    """What ``trainer.precision`` takes: "auto" (``resolve_precision``), then the values Lightning's Trainer
-    declares in its signature (as the settings specs store it: Lightning is not imported for it)."""
-    from gptmini.training.run.schema import target_spec
-
-    spec = {entry["name"]: entry for entry in target_spec("trainer", "lightning.pytorch.Trainer") or []}
-    return ["auto", *dict.fromkeys(str(v) for v in spec["precision"]["literals"])]
-
-
 def resolve_precision(
     trainer_cfg: dict[str, Any], device: DeviceFacts | None = None, vocab_size: int | None = None
 ) -> str:
@@ -296,11 +287,9 @@ def resolve_precision(
     "auto" -> bf16-mixed where matmuls run natively in bf16: a GPU from Ampere on, and a CPU with AMX tiles when
     the model's output layer is large (``vocab_size`` of at least ``CPU_BF16_MIN_VOCAB``; None: unknown, taken as
     small), where its products gain more than the model's small ones lose (docs/training.md, "What the default run
-    does"); else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
+    does"); else 32-true. Raises RunError for a precision the device cannot run."""
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    if precision not in (valid := precisions()):
-        raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(valid)}")
     device = detect_device() if device is None else device
     gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
     if precision == "auto":

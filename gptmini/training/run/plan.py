@@ -47,6 +47,7 @@ from gptmini.training.run.schema import (
     out_of_range,
     schema_of,
     settings,
+    target_spec,
     typed_node,
     unknown_keys,
 )
@@ -572,6 +573,13 @@ def _precision(plan: RunPlan, chosen: str | None) -> str:
             if chosen == "gpu"
             else "trainer.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
             "trainer=default or trainer=cpu, or run on a machine with a CUDA GPU"
+        )
+    # "auto" (resolve_precision), then the values the Trainer's signature declares (its stored spec)
+    spec = {entry["name"]: entry for entry in target_spec("trainer", "lightning.pytorch.Trainer") or []}
+    valid = ["auto", *dict.fromkeys(str(v) for v in spec["precision"]["literals"])]
+    if str(trainer.precision) not in valid:
+        raise RunError(
+            f"trainer.precision={trainer.precision} is invalid: valid values are {', '.join(valid)}"
         )
     settings = {"precision": trainer.precision, "accelerator": trainer.accelerator}
     vocab = None

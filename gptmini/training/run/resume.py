@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -20,9 +20,6 @@ from gptmini.runs.discovery import newest_checkpoint, resolve_checkpoint
 from gptmini.runs.record import read_record
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import trainer_processes
-
-if TYPE_CHECKING:
-    from gptmini.training.run.plan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +167,9 @@ def _shown(value: Any) -> str:
 
 
 def read_resume(
-    ckpt_path: str | None, plan: RunPlan, target_val_loss: float | None
+    ckpt_path: str | None,
+    plan: Any,  # the run's plan (plan.RunPlan, which imports this module), its resume not read yet
+    target_val_loss: float | None,
 ) -> tuple[str, dict[str, Any]] | None:
     """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
     this run's ``plan``: a training run's checkpoint (not weights alone) whose tensors fit its own model settings,

@@ -127,13 +127,13 @@ def test_an_amx_cpu_weighs_the_vocabulary_the_run_will_have(overrides, expected,
     assert plan_run(compose_cfg(overrides), device=AMX_CPU).trainer.precision == expected
 
 
-def test_precisions_a_device_cannot_run_are_refused_naming_it():
+def test_precisions_a_device_cannot_run_are_refused_naming_it(compose_cfg):
     with pytest.raises(RunError, match=r"bf16-mixed is not supported by this GPU \(Tesla V100.*16-mixed"):
         resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"}, V100)
     with pytest.raises(RunError, match=r"16-mixed \(float16 AMP\) needs a CUDA GPU"):
         resolve_precision({"accelerator": "auto", "precision": "16-mixed"}, CPU)
-    with pytest.raises(RunError, match="valid values are"):
-        resolve_precision({"precision": "fp8"}, H100)
+    with pytest.raises(RunError, match="trainer.precision=fp8 is invalid: valid values are auto, 16, "):
+        plan_run(compose_cfg(["trainer.precision=fp8"]), device=H100)
 
 
 # --- the AdamW kernel --------------------------------------------------------------------------------------
