@@ -199,29 +199,13 @@ _GPUS: tuple[_Gpu, ...] = (
 )
 
 
-def _gptmini_entry(name: str) -> _Gpu | None:
-    lowered = name.lower()
-    return next((gpu for gpu in _GPUS if re.search(gpu.pattern, lowered)), None)
-
-
+# compute_dtype's names as Lightning's get_available_flops takes them
 _LIGHTNING_DTYPES: dict[str, Any] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "tf32": "tfloat32",
     "fp32": torch.float32,
 }
-
-
-def _lightning_peak(facts: DeviceFacts, dtype: str) -> float | None:
-    """Lightning's figure for the device, or None. ``get_available_flops`` reads the name of the CUDA device it is
-    given from ``torch.cuda.get_device_name`` itself (and warns when it does not know it)."""
-    if dtype not in _LIGHTNING_DTYPES:
-        return None
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    device = torch.device("cuda", facts.index if facts.index is not None else 0)
-    flops = get_available_flops(device, _LIGHTNING_DTYPES[dtype])
-    return float(flops) if flops else None
 
 
 @dataclass(frozen=True)
@@ -256,12 +240,19 @@ def peak_flops(facts: DeviceFacts, dtype: str, override: float | None = None) ->
         return PeakFlops(float(override), dtype, "perf.peak_flops")
     if not facts.is_cuda:
         return PeakFlops(None, dtype, "no table")
-    entry = _gptmini_entry(facts.name)
+    entry = next((gpu for gpu in _GPUS if re.search(gpu.pattern, facts.name.lower())), None)
     if entry is not None:
-        flops = entry.flops.get(dtype)
-        return PeakFlops(flops, dtype, f"gptmini's table ({entry.label}, {entry.source})")
-    flops = _lightning_peak(facts, dtype)
-    return PeakFlops(flops, dtype, f"Lightning's table ({facts.name})" if flops else "no table")
+        return PeakFlops(entry.flops.get(dtype), dtype, f"gptmini's table ({entry.label}, {entry.source})")
+    flops = None
+    if dtype in _LIGHTNING_DTYPES:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        # it reads the device's name from torch.cuda.get_device_name itself (and warns when it does not know it)
+        device = torch.device("cuda", facts.index if facts.index is not None else 0)
+        flops = get_available_flops(device, _LIGHTNING_DTYPES[dtype])
+    return PeakFlops(
+        float(flops) if flops else None, dtype, f"Lightning's table ({facts.name})" if flops else "no table"
+    )
 
 
 # --- the CPU's share -------------------------------------------------------------------------------------------
@@ -282,22 +273,6 @@ def max_loader_workers() -> int:
 
 # --- trainer.precision=auto ------------------------------------------------------------------------------------
 
-# Lightning's accepted precision inputs (lightning.fabric.connector._PRECISION_INPUT), plus our "auto".
-PRECISIONS = (
-    "auto",
-    "32-true",
-    "16-mixed",
-    "bf16-mixed",
-    "16-true",
-    "bf16-true",
-    "64-true",
-    "transformer-engine",
-    "transformer-engine-float16",
-    "32",
-    "16",
-    "bf16",
-    "64",
-)
 # float16 autocast, whose GradScaler keeps the gradients scaled until the optimizer step
 FLOAT16_AMP = ("16-mixed", "16")
 # With AMX, bf16 pays on a CPU where the output layer's products dominate the step: on the default model the step
@@ -312,11 +287,9 @@ def resolve_precision(
     "auto" -> bf16-mixed where matmuls run natively in bf16: a GPU from Ampere on, and a CPU with AMX tiles when
     the model's output layer is large (``vocab_size`` of at least ``CPU_BF16_MIN_VOCAB``; None: unknown, taken as
     small), where its products gain more than the model's small ones lose (docs/training.md, "What the default run
-    does"); else 32-true. Raises RunError for a value Lightning does not know or the device cannot run."""
+    does"); else 32-true. Raises RunError for a precision the device cannot run."""
     precision = str(trainer_cfg.get("precision", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    if precision not in PRECISIONS:
-        raise RunError(f"trainer.precision={precision} is invalid: valid values are {', '.join(PRECISIONS)}")
     device = detect_device() if device is None else device
     gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and device.is_cuda)
     if precision == "auto":
@@ -349,9 +322,9 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 
 
-def retain_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
-    """Serve large blocks from the heap instead of fresh mmaps, and keep up to ``trim_threshold_bytes`` of
-    freed memory in the process for reuse. Returns whether it took effect (glibc on Linux only).
+def retain_freed_memory() -> bool:
+    """Serve large blocks from the heap instead of fresh mmaps, and keep up to 1 GiB of freed memory in the process
+    for reuse. Returns whether it took effect (glibc on Linux only).
 
     Peak memory is unchanged (a block is only kept once it has been needed); the resident size stays near that
     peak between steps instead of shrinking. glibc still falls back to mmap when the heap cannot grow."""
@@ -365,9 +338,8 @@ def retain_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    threshold = int(min(max(trim_threshold_bytes, 0), 2**31 - 1))
-    ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, threshold) == 1
-    log.debug("retain_freed_memory(%d): %s", threshold, "on" if ok else "not supported")
+    ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
+    log.debug("retain_freed_memory: %s", "on" if ok else "not supported")
     return ok
 
 

@@ -36,12 +36,8 @@ def request_graceful_stop(trainer: L.Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
-class _DropTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_TIP_PREFIX)
-
-
-_DROP_TIPS = _DropTips()
+def _not_a_tip(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_TIP_PREFIX)
 
 
 def silence_tips() -> None:
@@ -52,8 +48,8 @@ def silence_tips() -> None:
     """
     for name in _RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
-        if _DROP_TIPS not in logger.filters:
-            logger.addFilter(_DROP_TIPS)
+        if _not_a_tip not in logger.filters:
+            logger.addFilter(_not_a_tip)
 
 
 def logs_after_step(trainer: L.Trainer, step: int) -> bool:

@@ -441,7 +441,7 @@ BAD_INPUT_MORE = [
     (
         "unknown_precision",
         ["trainer.precision=17"],
-        r"error: trainer\.precision=17 is invalid: valid values are auto, 32-true, 16-mixed, bf16-mixed",
+        r"error: trainer\.precision=17 is invalid: valid values are auto, 16, 16-mixed, 16-true, 32, 32-true",
         2,
     ),
     (
@@ -628,11 +628,13 @@ def test_bad_input_table_is_large_enough() -> None:
 
 
 def test_failed_runs_damage_nothing(ws: Workspace, bad_runs) -> None:
-    from gptmini.training.run.resume import ckpt_path_last
+    from gptmini.training.run.resume import resolve_ckpt_path
 
     assert snapshot(ws.ref_dir, ws.data_root / "shakespeare_char") == bad_runs["before"]
     # No failed run left a checkpoint that `ckpt_path=last` would pick instead of the good run's.
-    assert ckpt_path_last(ws.out, "ref") == ws.ref_dir / "checkpoints" / "last.ckpt"
+    assert resolve_ckpt_path("last", ws.out / "new", ws.out, "ref") == str(
+        ws.ref_dir / "checkpoints" / "last.ckpt"
+    )
     # Nor a run folder: a run that fails its checks removes the one Hydra created for it (only .hydra/, train.log).
     assert run_dirs(ws.out, "ref") == [ws.ref_dir]
 

@@ -278,15 +278,18 @@ def test_config_checks_name_the_tokenizer_key(overrides, message, compose_cfg):
 
 
 def test_bpe_settings_reach_the_data_and_size_the_model(compose_cfg):
-    from gptmini.training.run.plan import output_vocab, plan_run
+    from gptmini.training.run.plan import plan_run
 
-    cfg = compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
-    data = plan_run(cfg).data  # derived by the plan from the tokenizer group
+    data = plan_run(
+        compose_cfg(["tokenizer=bpe", "tokenizer.vocab_size=4096"])
+    ).data  # derived by the plan from the tokenizer group
     assert (data.tokenizer, data.tokenizer_vocab_size, data.tokenizer_train_bytes) == (
         "bpe",
         4096,
         100_000_000,
     )
-    assert output_vocab(cfg) == 4096
+    # an exact bigram table, sized by the vocabulary squared, is sized by the BPE's before the data is prepared
+    bigram = ["tokenizer=bpe", "tokenizer.vocab_size=512", "model.bigram_embed=true"]
+    assert plan_run(compose_cfg(bigram)).model.vocab_size == 512
     default = plan_run(compose_cfg([])).data
     assert default.tokenizer_vocab_size is None and default.tokenizer_train_bytes is None

@@ -31,9 +31,9 @@ from gptmini.training.errors import RunError
 from gptmini.training.hardware import hardware_summary, trainer_processes
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.override_errors import EXIT_USER_ERROR, check_resolves
-from gptmini.training.run.plan import RunPlan, check_input_files, node_values, plan_run
+from gptmini.training.run.plan import RunPlan, check_data_files, node_values, plan_run
 from gptmini.training.run.resume import check_resumed_data
-from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir
+from gptmini.training.run.run_folder import MADE_FOLDERS, hold_output_dir, hydra_config
 from gptmini.training.run.sweeps import JobFailed
 
 log = logging.getLogger("gptmini.training.run.app")
@@ -52,49 +52,35 @@ def _quiet_lightning() -> None:
     from gptmini.training.lightning_compat import silence_tips
 
     silence_tips()  # advertisements for Lightning's cloud products, on every run
+    for pattern in LIGHTNING_WARNINGS_OFF:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+# Lightning's warnings that do not apply to a gptmini run, each with why
+LIGHTNING_WARNINGS_OFF = (
     # With an OnExceptionCheckpoint, Lightning maps fit(ckpt_path=None) to "last" inside the fresh run folder
     # (always empty, so nothing is loaded) and warns about it; resuming is explicit here (ckpt_path=...).
-    warnings.filterwarnings("ignore", message=r".*ckpt_path=None\)` was called without a model")
-    warnings.filterwarnings("ignore", message=r".*is set, but there is no last checkpoint available")
+    r".*ckpt_path=None\)` was called without a model",
+    r".*is set, but there is no last checkpoint available",
     # Mid-epoch resume is exact here without a stateful loader (see TokenDataModule), so this warning misleads.
-    warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable")
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    r".*your dataloader is not resumable",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated",
     # A resumed run writes into a folder of its own, so ModelCheckpoint says it reloads no best score from the
     # run it resumes: this folder's best.ckpt is the best of this run's validations (fit's log line says so).
-    warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    r"The dirpath has changed from",
     # Runs count steps, and log every trainer.log_every_n_steps of them whatever an epoch's length (a small
     # corpus's epoch is a few batches): the advice about an epoch's logs does not apply.
-    warnings.filterwarnings(
-        "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging"
-    )
+    r"The number of training batches \(\d+\) is smaller than the logging",
     # callbacks.ema: the model's configure_model compiles it and shards nothing, which is what this warns about.
-    warnings.filterwarnings(
-        "ignore", message=r"You're using the WeightAveraging callback with a model that overrides"
-    )
+    r"You're using the WeightAveraging callback with a model that overrides",
     # Under DDP: val/* are torchmetrics means, reduced across the processes by compute(); step is the same on each.
-    warnings.filterwarnings(
-        "ignore", message=r"It is recommended to use `self.log\('(?:val/\w+|step)', \.\.\., sync_dist=True\)`"
-    )
-
-
-def _log_hardware(plan: RunPlan) -> None:
-    """One line, among a run's first: the machine, which defaults the run started from (hardware=auto|cpu|gpu)
-    and how to pick the others, the precision and compile."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if rank_zero_only.rank != 0:
-        return
-    log.info(
-        "%s; precision %s, compile %s",
-        hardware_summary(plan.hardware, plan.device),
-        plan.precision,
-        "on" if plan.compile else "off",
-    )
+    r"It is recommended to use `self.log\('(?:val/\w+|step)', \.\.\., sync_dist=True\)`",
+)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """plan -> build (trainer, data, module) -> fit -> report."""
-    started = time.monotonic()  # the summary's wall time: the whole command, checks and data included
+    started = time.monotonic()
     # First, before any data or model: a bad config or resume checkpoint fails at once.
     plan = plan_run(cfg)
     # from here on the plan alone: the composed config does not travel past planning
@@ -109,12 +95,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     _quiet_lightning()
     L.seed_everything(plan.seed, workers=True)
     trainer, callbacks = build_trainer(plan)
-    _log_hardware(plan)
+    if trainer.is_global_zero:  # the machine, the hardware option and how to pick another
+        summary = hardware_summary(plan.hardware, plan.device)
+        log.info(
+            "%s; precision %s, compile %s", summary, plan.trainer.precision, "on" if plan.compile else "off"
+        )
     datamodule, gpt_config = build_data(plan, trainer)
     # Before building the model: a step that cannot fit in memory fails now, not after minutes of allocating.
     device = trainer.strategy.root_device
     check_training_step(
-        gpt_config, plan.data.batch_size, plan.precision, device, processes=trainer.num_devices
+        gpt_config, plan.data.batch_size, plan.trainer.precision, device, processes=trainer.num_devices
     )
     # The loggers' size settings (probe batch, sample length, ...), against the same memory, before any work.
     from gptmini.training.callbacks.loggers import LoggingCallback
@@ -126,7 +116,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     callbacks.connect(module.validation_probe)
     skip_idle_hooks(callbacks.given)
     output_dir = Path(plan.output_dir)
-    from gptmini.training.run.run_report import continued_history
+    from gptmini.training.run.run_report import continued_history, report_run
 
     # now: a continuation in the folder of the run it continues replaces its scalars.csv at the end
     history = continued_history(plan.ckpt_path, plan.resumed_at or 0)
@@ -137,8 +127,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except BaseException:  # a NaN loss, a signal, an error: the curves so far, as a finished run has them
         _write_curves_so_far(trainer, output_dir, history)
         raise
+    wall_seconds = time.monotonic() - started  # the whole command, checks and data included
     tokens_per_step = plan.tokens_per_step(gpt_config.block_size, trainer.world_size)
-    return report(trainer, output_dir, time.monotonic() - started, plan.output_root, tokens_per_step, history)
+    return report_run(
+        trainer, _tensorboard(trainer), output_dir, wall_seconds, plan.output_root, tokens_per_step, history
+    )
 
 
 # The callbacks other parts of the run read, by their name in the config (callbacks.<name>, conf/callbacks/): the
@@ -157,9 +150,7 @@ class RunCallbacks:
 
     def connect(self, probe: Any) -> None:
         """Hands every callback that reads a part of the run it does not own (a ``Receiver``) those parts
-        (``RunParts``), so that none of them goes looking for it: the LightningModule's validation ``probe`` (one
-        attention pass for every logger of attention), the throughput monitor (tokens/s for the progress bar and
-        lines), the background worker and Lightning's Timer (trainer.max_time, for the progress lines' ETA)."""
+        (``RunParts``: ``probe`` is the LightningModule's validation probe), so that none of them looks for it."""
         from gptmini.training.callbacks.loggers import Receiver, RunParts
 
         parts = RunParts(probe, self.named.get(THROUGHPUT), self.named.get(BACKGROUND), self.timer)
@@ -169,15 +160,14 @@ class RunCallbacks:
 
 
 def build_trainer(plan: RunPlan) -> tuple[Any, RunCallbacks]:
-    """The Lightning Trainer of the plan's ``trainer`` settings and values, its callbacks and loggers; and the
-    callbacks it was given."""
+    """The Lightning Trainer of the plan, with its callbacks and loggers; and the callbacks it was given."""
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
     from lightning.pytorch.callbacks import Timer
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
     from gptmini.runs.checkpoint import atomic_checkpoint_io
 
-    trainer_cfg = {**dataclasses.asdict(plan.trainer), **plan.trainer_overrides()}
+    trainer_cfg = dataclasses.asdict(plan.trainer)
     named = {name: instantiate(node_values(node), _convert_="all") for name, node in plan.callbacks.items()}
     if plan.trainer.enable_progress_bar is False:
         # trainer.enable_progress_bar=false: the config's progress bar goes (Lightning refuses both at once)
@@ -253,7 +243,6 @@ def _logger(settings: dict[str, Any], plan: RunPlan) -> Any:
 
 
 def _tensorboard(trainer: Any) -> Any:
-    """The run's TensorBoard logger, None without one."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
@@ -262,8 +251,6 @@ def _tensorboard(trainer: Any) -> Any:
 def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     """The run's command line as text in its TensorBoard run (``run/overrides``, TEXT tab): every override in
     full, where the run's label may be cut; a resumed run adds its own at the step it resumes from."""
-    from gptmini.training.run.run_folder import command_overrides
-
     logger = _tensorboard(trainer)
     if logger is None:
         return
@@ -271,8 +258,7 @@ def _log_overrides(trainer: Any, plan: RunPlan) -> None:
     lines = [f"run_name `{plan.run_name}`, run folder `{plan.output_dir}`"]
     if plan.ckpt_path is not None:
         lines.append(f"resumed from `{plan.ckpt_path}` at step {step}")
-    overrides = command_overrides()
-    lines += [f"- `{o}`" for o in overrides] if overrides else ["no overrides: the defaults"]
+    lines += [f"- `{o}`" for o in plan.overrides] if plan.overrides else ["no overrides: the defaults"]
     # a corpus path that is not UTF-8 shown by its bytes
     logger.experiment.add_text("run/overrides", utf8_text("\n\n".join(lines)), global_step=step)
 
@@ -364,57 +350,17 @@ def fit(trainer: Any, module: Any, datamodule: Any, plan: RunPlan, last: Path) -
             if keeps_best
             else "",
         )
-    resuming = plan.ckpt_path is not None
     if not gc.isenabled():  # held off through start-up by the training process (gptmini/training/__main__.py)
         gc.freeze()
         gc.enable()
     trainer.fit(
-        module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if resuming else None
+        module, datamodule=datamodule, ckpt_path=plan.ckpt_path, weights_only=True if plan.ckpt_path else None
     )
     if trainer.state.finished and not trainer.interrupted:
         # The periodic "last" save runs every checkpoint_every_n_steps; make last.ckpt the final state.
         trainer.save_checkpoint(last, weights_only=False)  # full state: resumable
     # Waits for the background writes (raising the error of one that failed) before the run is reported done.
     trainer.strategy.checkpoint_io.teardown()
-
-
-def report(
-    trainer: Any,
-    output_dir: Path,
-    wall_seconds: float,
-    output_root: str,
-    tokens_per_step: int,
-    history: Any,  # a continuation's (run_report.continued_history)
-) -> dict[str, Any]:
-    """What the run reached: on the first process, the scalars as ``scalars.csv``, the loss curves as
-    ``loss_curve.png`` and a summary in the log (``training.run.run_report``); its folder, checkpoints, step and
-    final metrics."""
-    ckpt_dir = output_dir / "checkpoints"
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-    result: dict[str, Any] = {
-        "output_dir": str(output_dir),
-        "checkpoint": str(ckpt_dir / "last.ckpt"),
-        "best_checkpoint": str(ckpt_dir / "best.ckpt"),
-        "global_step": trainer.global_step,
-        "metrics": metrics,
-    }
-    if not trainer.is_global_zero:
-        return result
-    from gptmini.training.run.run_report import RunFacts, report_run
-
-    tensorboard = _tensorboard(trainer)
-    facts = RunFacts(
-        run_dir=output_dir,
-        steps=trainer.global_step,
-        wall_seconds=wall_seconds,
-        tokens_seen=trainer.global_step * tokens_per_step,
-        checkpoints=sorted(ckpt_dir.glob("*.ckpt")),
-        event_folder=Path(tensorboard.log_dir) if tensorboard is not None else None,
-        output_root=output_root,
-        history=history,
-    )
-    title = f"{output_dir.parent.name}/{output_dir.name}: {trainer.global_step:,} steps"
-    return result | report_run(facts, title)
 
 
 def _write_curves_so_far(trainer: Any, output_dir: Path, history: Any) -> None:
@@ -463,11 +409,8 @@ register_configs()
 def _run_folder_given() -> bool:
     """Whether the user named the run folder (``hydra.run.dir``/``hydra.sweep.dir``): a folder that may have
     existed before this run, unlike the fresh time-stamped one Hydra makes by default."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return False
-    keys = (str(o).split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.hydra)
+    hydra = hydra_config()
+    keys = (str(o).split("=", 1)[0].lstrip("+~") for o in (hydra.overrides.hydra if hydra else ()))
     return any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
 
 
@@ -513,11 +456,10 @@ def _output_dir(cfg: DictConfig) -> Path | None:
 def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
     """What a run that failed its checks wrote goes: Hydra's run folder (``_remove_failed_run_folder``) and, where
     ``paths.output_dir`` points elsewhere, its lock there, and that folder if this run ``made`` it."""
-    from hydra.core.hydra_config import HydraConfig
-
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else output_dir
+    hydra = hydra_config()
+    hydra_dir = Path(hydra.runtime.output_dir) if hydra else output_dir
     if hydra_dir is not None:
-        log_name = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "train.log"
+        log_name = f"{hydra.job.name}.log" if hydra else "train.log"
         _remove_failed_run_folder(hydra_dir, keep_folder=_run_folder_given(), log_name=log_name)
     if output_dir is None or hydra_dir is None or output_dir.absolute() == hydra_dir.absolute():
         return
@@ -530,21 +472,19 @@ def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
 def _check_own_config() -> None:
     """A primary config of the user's own (``--config-name``) composes gptmini's: without it the run would have
     none of the run folder's checks (``hydra.callbacks``), the schema or the settings every run needs."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized() or "output_folder_check" in (HydraConfig.get().callbacks or {}):
+    hydra = hydra_config()
+    if hydra is None or "output_folder_check" in (hydra.callbacks or {}):
         return
     raise RunError(
-        f"--config-name {HydraConfig.get().job.config_name}: a config of your own starts from gptmini's: put "
+        f"--config-name {hydra.job.config_name}: a config of your own starts from gptmini's: put "
         "`defaults: [train, _self_]` first in it (then its own values, or `override /model: tiny`-style lines)"
     )
 
 
 def _in_sweep() -> bool:
-    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    return getattr(hydra_config(), "mode", None) == RunMode.MULTIRUN
 
 
 def _resume_hint(output_dir: str) -> str:
@@ -557,17 +497,13 @@ def _resume_hint(output_dir: str) -> str:
 
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
-    from hydra.core.hydra_config import HydraConfig
-
     try:
         return _job(cfg)
     finally:
         # the run is over, whatever its end: its folders are free again, also where this process goes on (a
         # sweep's next job, a run started in-process), so `gptmini runs` no longer lists it as running
-        for folder in (
-            _output_dir(cfg),
-            HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None,
-        ):
+        hydra = hydra_config()
+        for folder in (_output_dir(cfg), hydra.runtime.output_dir if hydra else None):
             if folder is not None:
                 release_folder(folder)
 
@@ -580,7 +516,7 @@ def _job(cfg: DictConfig) -> float | JobFailed | None:
         _check_own_config()
         check_resolves(cfg)  # every interpolation, before any value is used
         hold_output_dir(cfg)  # paths.output_dir elsewhere than Hydra's folder: free, and held
-        check_input_files(cfg)  # corpus / init_from paths: before anything else
+        check_data_files(cfg)  # the corpus's path: before anything else
         result = train(cfg)
     except _user_errors() as err:
         if full_error:
@@ -595,9 +531,8 @@ def _job(cfg: DictConfig) -> float | JobFailed | None:
         # the one line docs/reliability.md promises: "error: ...", no logging prefix, exit status 2
         sys.stderr.write(f"error: {msg}\n")
         sys.exit(EXIT_USER_ERROR)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
+    # Ctrl-C before/after fitting (during fitting, Lightning turns it into SystemExit)
+    except KeyboardInterrupt:
         if full_error:
             raise
         log.error("interrupted (Ctrl-C) outside training: nothing to save")

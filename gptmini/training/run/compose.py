@@ -9,6 +9,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from gptmini.conf_dir import conf_dir
+from gptmini.data.corpora import prepared_folder_name, source_name
 from gptmini.training.hardware import register_hardware_configs
 from gptmini.training.run.schema import TrainSchema, option_settings
 
@@ -20,23 +21,15 @@ def register_configs() -> None:
     register_hardware_configs()
     # ${attention_names:}: every causal attention in the registry, comma-separated, so a sweep over all of them
     # (conf/experiment/attention_sweep.yaml) picks up a newly registered implementation by itself
-    if not OmegaConf.has_resolver("attention_names"):
-        from gptmini.attention import available_attention
-
-        OmegaConf.register_new_resolver("attention_names", lambda: ",".join(available_attention()))
+    OmegaConf.register_new_resolver("attention_names", attention_names, replace=True)
     # ${attention_variants:}: every option of conf/attention_variant/, comma-separated, for the zoo's sweep
     # (conf/experiment/attention_zoo.yaml), so a new variant file joins it by itself
-    if not OmegaConf.has_resolver("attention_variants"):
-        OmegaConf.register_new_resolver("attention_variants", attention_variants)
+    OmegaConf.register_new_resolver("attention_variants", attention_variants, replace=True)
+    # ${default_run_name:SOURCE,TOKENIZER}: run_name's default (conf/train.yaml)
+    OmegaConf.register_new_resolver("default_run_name", default_run_name, replace=True)
     # ${prepared_folder:SOURCE,TOKENIZER}: the prepared-data folder name of a corpus, keyed by the corpus itself
     # (conf/data/text.yaml), so two corpora never share one folder
-    # ${default_run_name:SOURCE,TOKENIZER}: run_name's default (conf/train.yaml)
-    if not OmegaConf.has_resolver("default_run_name"):
-        OmegaConf.register_new_resolver("default_run_name", default_run_name)
-    if not OmegaConf.has_resolver("prepared_folder"):
-        from gptmini.data.corpora import prepared_folder_name
-
-        OmegaConf.register_new_resolver("prepared_folder", prepared_folder_name)
+    OmegaConf.register_new_resolver("prepared_folder", prepared_folder_name, replace=True)
     try:
         conf = conf_dir()
     except FileNotFoundError:  # an install without its configs: the command says so in one line
@@ -49,12 +42,16 @@ def register_configs() -> None:
 def default_run_name(source: str | None, tokenizer: str) -> str:
     """``default`` for the embedded corpus in GPT-2's BPE, else ``<corpus name>_<tokenizer>``: a run on other data
     or another tokenizer is not named like the default run."""
-    from gptmini.data.corpora import source_name
-
     if source == "shakespeare" and tokenizer == "gpt2":
         return "default"
     corpus = source_name(source) if source else "corpus"
     return re.sub(r"[^A-Za-z0-9_.,=+@-]", "_", f"{corpus}_{tokenizer}")
+
+
+def attention_names() -> str:
+    from gptmini.attention import available_attention
+
+    return ",".join(available_attention())
 
 
 def attention_variants() -> str:

@@ -25,7 +25,7 @@ from hydra.errors import (
     SearchPathException,
 )
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
 from gptmini.training.errors import RunError
@@ -116,9 +116,8 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
         dropped = re.match(r"Error resolving interpolation '\$\{(\w+)\}'", str(err))
         if dropped and f"~{dropped.group(1)}" in argv:
             return dropped_group(dropped.group(1))
-    if isinstance(
-        err, yaml.YAMLError
-    ):  # a config file of the user's (--config-dir, an experiment) that does not parse
+    # a config file of the user's (--config-dir, an experiment) that does not parse
+    if isinstance(err, yaml.YAMLError):
         mark = getattr(err, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}," if mark is not None else "a config file"
         why = ", ".join(str(w) for w in (getattr(err, "context", None), getattr(err, "problem", None)) if w)
@@ -142,7 +141,7 @@ def one_line(err: Exception, argv: Sequence[str]) -> str:
     return "; ".join(lines)
 
 
-def _raw_value(cfg: DictConfig, key: str) -> Any:
+def raw_value(cfg: DictConfig, key: str) -> Any:
     """``key``'s value as written (an interpolation unresolved), None where it cannot be read."""
     parent, _, leaf = key.rpartition(".")
     try:
@@ -157,36 +156,13 @@ def unresolvable(err: OmegaConfBaseException, cfg: DictConfig) -> RunError:
     """An interpolation that cannot be resolved (a missing key, a cycle, an unset environment variable, a
     resolver's error) as one line naming the key, its value as written and the fix."""
     key = str(getattr(err, "full_key", "") or "")
-    raw = _raw_value(cfg, key) if key else None
+    raw = raw_value(cfg, key) if key else None
     reason = str(err).splitlines()[0] if str(err) else type(err).__name__
     what = f"{key}={raw}" if raw is not None else (key or "the config")
     return RunError(
         f"{what} cannot be resolved: {reason}. Fix the value or the key it names (an interpolation names an "
         "existing key, ${oc.env:VAR} a set variable; `gptmini train --cfg job` prints the config as written)"
     )
-
-
-def missing_keys(cfg: DictConfig) -> list[str]:
-    """The keys whose value is ``???`` (must be set), found without resolving any interpolation (one that leads
-    to a ``???`` is reported as its ``???``, not as itself)."""
-    found: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, DictConfig):
-            items = [(str(k), k) for k in node.keys()]
-        elif isinstance(node, ListConfig):
-            items = [(str(i), i) for i in range(len(node))]
-        else:
-            return
-        for name, k in items:
-            full = f"{prefix}.{name}" if prefix else name
-            if OmegaConf.is_missing(node, k):
-                found.append(full)
-            elif not OmegaConf.is_interpolation(node, k):
-                walk(node[k], full)
-
-    walk(cfg, "")
-    return sorted(found)
 
 
 def check_resolves(cfg: DictConfig) -> None:
@@ -213,8 +189,7 @@ class ComposedCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _restore_full_error()
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _restore_full_error()
+    on_multirun_start = on_run_start
 
 
 def run_hydra(

@@ -16,7 +16,7 @@ import glob
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,19 +33,21 @@ from gptmini.runs.record import RECORD_VERSION, Lineage, RunRecord
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import FLOAT16_AMP, DeviceFacts, resolve_precision
-from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group, missing_keys
+from gptmini.training.run.override_errors import REQUIRED_GROUPS, check_resolves, dropped_group
 from gptmini.training.run.resume import read_resume, resolve_init_from
-from gptmini.training.run.run_folder import command_overrides
+from gptmini.training.run.run_folder import command_overrides, hydra_config
 from gptmini.training.run.schema import (
     DERIVED,
     PathsSchema,
     PerfSchema,
+    Range,
     TokenizerSchema,
     TrainSchema,
     derived_of,
     out_of_range,
     schema_of,
     settings,
+    target_spec,
     typed_node,
     unknown_keys,
 )
@@ -66,7 +68,8 @@ class RunPlan:
     model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool
     # each instantiated group's settings, typed by its constructor's schema (gptmini.training.run.schema.schema_of),
-    # the derived values (schema.DERIVED) filled in: what the run builds, with _target_ (and _partial_)
+    # the derived values (schema.DERIVED) filled in: what the run builds, with _target_ (and _partial_). The
+    # trainer's precision is made concrete for this machine, its val_check_interval at most the run's batches.
     trainer: Any
     data: Any
     optimizer: Any
@@ -74,8 +77,6 @@ class RunPlan:
     callbacks: dict[str, Any]  # by their config name; null ones left out
     loggers: dict[str, Any]
     device: DeviceFacts
-    precision: str  # trainer.precision made concrete for this machine
-    val_check_interval: int | float | None  # trainer.val_check_interval, at most the run's training batches
     # the top-level settings the build reads (their defaults: TrainSchema's)
     seed: int
     compile: bool
@@ -93,8 +94,7 @@ class RunPlan:
     overrides: tuple[str, ...] = ()  # the command line's overrides
 
     @property
-    def training_batches(self) -> int:
-        """Micro-batches one training process runs: trainer.max_steps x trainer.accumulate_grad_batches."""
+    def training_batches(self) -> int:  # micro-batches of one training process
         return self.trainer.max_steps * self.trainer.accumulate_grad_batches
 
     def record(self, model: GPTConfig, world_size: int, tensorboard_dir: str | None) -> RunRecord:
@@ -107,7 +107,7 @@ class RunPlan:
             **self.settings(),
             run_name=self.run_name,
             hardware=self.hardware,
-            precision=self.precision,
+            precision=self.trainer.precision,
             overrides=self.overrides,
             init_from=self.init_from,
             world_size=world_size,
@@ -128,20 +128,13 @@ class RunPlan:
         """The step of the checkpoint a resumed run continues; None: a fresh run."""
         return int(self.resume.get("global_step") or 0) if self.resume is not None else None
 
-    def trainer_overrides(self) -> dict[str, Any]:
-        """What the plan decided for the Lightning Trainer, over the config's ``trainer`` node."""
-        overrides: dict[str, Any] = {"precision": self.precision}
-        if self.val_check_interval is not None:
-            overrides["val_check_interval"] = self.val_check_interval
-        return overrides
-
     def settings(self) -> dict[str, Any]:
         """The typed groups as the run record keeps them, and as a resume compares them with a checkpoint's
         record (in this order: the line of changes follows it)."""
         return {
             "optimizer": dataclasses.asdict(self.optimizer) if self.optimizer is not None else {},
             "scheduler": dataclasses.asdict(self.scheduler) if self.scheduler is not None else None,
-            "trainer": dataclasses.asdict(self.trainer) | self.trainer_overrides(),
+            "trainer": dataclasses.asdict(self.trainer),
             "callbacks": {k: node_values(v) for k, v in self.callbacks.items()},
             "tokenizer": dataclasses.asdict(self.tokenizer),
             "data": dataclasses.asdict(self.data),
@@ -159,11 +152,12 @@ LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "m
 
 
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
-    """Cheap checks of everything a run needs; raises ConfigError/RunError (or CheckpointError for a resume
-    checkpoint that is unsafe or of another model shape) naming the key. ``device``: this machine's by default."""
+    """Cheap checks of everything a run needs, ``model.init_from``'s files included (the corpus's are
+    ``check_data_files``'s, so that configs can be checked without it); raises ConfigError/RunError (or CheckpointError for a resume checkpoint that is unsafe or of another model
+    shape) naming the key. ``device``: this machine's by default."""
     hardware_choice = _check_required_groups()
     tokenizer, data = _checked_data(cfg)
-    model, vocab_known = _model_config(cfg)
+    model, vocab_known = _model_config(cfg, tokenizer)
     # torch's own first: a bad optimizer setting fails before Lightning is imported (the trainer's schema)
     optimizer = typed_group(cfg, "optimizer")
     _check_optimizer(optimizer)
@@ -171,14 +165,13 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     _check_trainer(trainer)
     # the schedule's length from the typed trainer: trainer.max_steps='${oc.env:STEPS}' is text in the config
     typed = {f"trainer.{k}": getattr(trainer, k) for k in ("max_steps", "max_time")}
-    scheduler = _with_derived(cfg, "scheduler", typed_group(cfg, "scheduler"), typed_values=typed)
+    scheduler = typed_group(cfg, "scheduler", typed)
     _check_scheduler(scheduler)
     callbacks = _named_nodes(cfg, "callbacks")
     loggers = _named_nodes(cfg, "logger")
-    _check_top_level(cfg, command_overrides())
+    _check_top_level(cfg, callbacks, command_overrides())
     _check_optimizer_under_trainer(optimizer, trainer)
     device = hardware.detect_device() if device is None else device
-    precision = _precision(cfg, trainer, device, hardware_choice)
     _check_cpu_processes(trainer, device)
     _check_liger(model, trainer, device)
     init_from = cfg.model.get("init_from")
@@ -198,8 +191,6 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         callbacks=callbacks,
         loggers=loggers,
         device=device,
-        precision=precision,
-        val_check_interval=_val_check_interval(trainer),
         ckpt_path=None,
         **{key: cfg[key] for key in ("seed", "compile", "retain_freed_memory", "run_name")},
         output_dir=str(cfg.paths.output_dir),
@@ -208,32 +199,34 @@ def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
         hardware=hardware_choice,
         overrides=tuple(command_overrides()),
     )
-    # the settings a resume compares with the checkpoint's record are the record's
-    resume = read_resume(
-        cfg.get("ckpt_path"),
-        model,
-        vocab_known,
-        plan.settings(),
-        plan.output_dir,
-        plan.output_root,
-        plan.run_name,
-        cfg.get("target_val_loss"),
+    trainer = dataclasses.replace(
+        trainer, precision=_precision(plan, hardware_choice), val_check_interval=_val_check_interval(trainer)
     )
+    plan = dataclasses.replace(plan, trainer=trainer)
+    resume = read_resume(cfg.get("ckpt_path"), plan, cfg.get("target_val_loss"))
     if resume:
         return dataclasses.replace(plan, ckpt_path=resume[0], resume=resume[1])
     if not init_from:
         return plan
     init_kind, init_source = resolve_init_from(str(init_from), plan.output_root)
+    if init_kind == "checkpoint":
+        from gptmini.runs.checkpoint import load_checkpoint
+
+        # a gptmini checkpoint (trained or imported): refused if not one
+        load_checkpoint(init_source, mmap=True)
+    else:
+        from gptmini.hf.formats import hf_model_type
+
+        hf_model_type(init_source)  # a folder of a format gptmini cannot read (its model_type) is refused
     return dataclasses.replace(plan, init_from=init_source, init_kind=init_kind)
 
 
 def _check_required_groups() -> str | None:
     """Refuses a run without one of ``REQUIRED_GROUPS``; the hardware option chosen (None outside Hydra)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
+    hydra = hydra_config()
+    if hydra is None:
         return None
-    choices = HydraConfig.get().runtime.choices
+    choices = hydra.runtime.choices
     for group in REQUIRED_GROUPS:
         if choices.get(group) is None:
             raise RunError(dropped_group(group))
@@ -243,11 +236,7 @@ def _check_required_groups() -> str | None:
 def _check_composed_keys(cfg: DictConfig) -> None:
     """The groups typed at composition hold their schema's keys only: ``++tokenizer.foo=1`` forces a key in
     that the run would ignore (``model``'s are checked by ``GPTConfig`` itself)."""
-    for group, schema in (
-        ("tokenizer", TokenizerSchema),
-        ("paths", PathsSchema),
-        ("perf", PerfSchema),
-    ):
+    for group, schema in (("tokenizer", TokenizerSchema), ("paths", PathsSchema), ("perf", PerfSchema)):
         extra = sorted(str(k) for k in (cfg.get(group) or {}) if k not in set(settings(schema)))
         if extra:
             raise unknown_keys(group, group, schema, extra)
@@ -259,49 +248,43 @@ def _check_composed_keys(cfg: DictConfig) -> None:
         )
 
 
-def plan_data(cfg: DictConfig) -> Any:
-    """The ``data`` group's settings as the run builds the DataModule: typed by its constructor's schema, the
-    derived values (the tokenizer, the context) filled in from the groups they follow."""
-    return _with_derived(cfg, "data", typed_group(cfg, "data"))
-
-
 def plan_preparation(cfg: DictConfig) -> Any:
-    """``plan_data`` after the run's checks of the data (its corpus, keys, tokenizer and folder): what ``gptmini
-    data`` prepares. The model and the machine are the run's to check: a GPU run's data is prepared anywhere."""
+    """The ``data`` group's settings as the run builds the DataModule, after the run's checks of the data (its
+    corpus, keys, tokenizer and folder): what ``gptmini data`` prepares. The model and the machine are the run's to
+    check: a GPU run's data is prepared anywhere."""
     _check_required_groups()
-    _check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
+    check_data_files(cfg)  # first, as the run: the resolvers of folder names read the corpus's path
     check_resolves(cfg)
     return _checked_data(cfg, build=False)[1]
 
 
 def _checked_data(cfg: DictConfig, build: bool = True) -> tuple[TokenizerSchema, Any]:
-    """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and ``plan_data``."""
+    """The groups' keys, the tokenizer's settings and the data's, checked: the tokenizer and the data."""
     _check_composed_keys(cfg)
     _check_missing(cfg)
     _check_finite(cfg)
     tokenizer = TokenizerSchema(**OmegaConf.to_container(cfg.tokenizer, resolve=True))
     tokenizer.check()
-    data = plan_data(cfg)
+    data = typed_group(cfg, "data")  # the derived values (the tokenizer, the context) filled in
     _check_data(data, build)
     _check_val_split(data)
-    _check_data_dir_given(cfg)
-    _check_data_dir(getattr(data, "data_dir", None))
+    _check_data_dir(data)
     return tokenizer, data
 
 
-def _with_derived(
+def _typed(
     cfg: DictConfig,
+    values: dict[str, Any],
+    key: str,
     group: str,
-    typed: Any,
-    key: str | None = None,
     typed_values: Mapping[str, Any] | None = None,
 ) -> Any:
-    """``typed`` (the user settings of ``group``'s node at ``key``, by default ``group``) with the derived
-    parameters its constructor takes, from ``DERIVED``: the value of ``typed_values`` (by full key) where given,
-    else the config's."""
+    """A node's resolved ``values`` (``group``'s at ``key``) read through its constructor's schema (``typed_node``),
+    with the derived parameters the constructor takes (``DERIVED``): the value of ``typed_values`` (by full key)
+    where given, else the config's. None for a ``_target_`` that does not import (its build reports it)."""
+    typed = typed_node(values, key, group)
     if typed is None:
         return None
-    key = key or group
     full = schema_of(group, typed._target_, user=False)
     names = {f.name for f in dataclasses.fields(full)}
     sources = {name: DERIVED[f"{key}.{name}"][0] for name in derived_of(key) if name in names}
@@ -324,13 +307,12 @@ def _named_nodes(cfg: DictConfig, group: str) -> dict[str, Any]:
         if node is None or "_target_" not in node:
             continue  # off (null), or settings left for a callback the chosen option lacks (callbacks=none)
         values = OmegaConf.to_container(node, resolve=True)
-        typed = _with_derived(cfg, group, typed_node(values, f"{group}.{name}", group), f"{group}.{name}")
-        out[str(name)] = typed or values
+        out[str(name)] = _typed(cfg, values, f"{group}.{name}", group) or values
     return out
 
 
-def typed_group(cfg: DictConfig, group: str) -> Any:
-    """``cfg[group]`` read through its option's schema (``typed_node``); None for a null group."""
+def typed_group(cfg: DictConfig, group: str, typed_values: Mapping[str, Any] | None = None) -> Any:
+    """``cfg[group]`` read through its option's schema (``_typed``); None for a null group."""
     node = cfg.get(group)
     if node is None:
         return None
@@ -339,7 +321,7 @@ def typed_group(cfg: DictConfig, group: str) -> Any:
             f"{group} has no _target_ (the class it builds): it was dropped or emptied; choose an option of "
             f"{group} (e.g. {group}=<option>, listed by `gptmini train --help`)"
         )
-    return typed_node(OmegaConf.to_container(node, resolve=True), group, group)
+    return _typed(cfg, OmegaConf.to_container(node, resolve=True), group, group, typed_values)
 
 
 def check_by_building(key: str, typed: Any, stand_in: Callable[[Any], Any] = lambda built: built) -> None:
@@ -412,37 +394,32 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _check_trainer(trainer: Any) -> None:
-    """What gptmini asks of the Lightning Trainer's settings beyond what its constructor checks."""
-    if not _positive_int(trainer.max_steps):
-        raise RunError(
-            f"trainer.max_steps={trainer.max_steps} is invalid: it must be a positive number of optimizer steps"
-        )
+# What gptmini asks of the Lightning Trainer's settings beyond what its constructor checks.
+TRAINER_RANGES = {
+    "max_steps": Range(_positive_int, "it must be a positive number of optimizer steps"),
     # max_epochs=0 trained nothing and check_val_every_n_epoch=0 divided by zero after the model was built
-    for key in ("max_epochs", "check_val_every_n_epoch"):
-        value = getattr(trainer, key)
-        if value is not None and value != -1 and not _positive_int(value):
-            raise RunError(
-                f"trainer.{key}={value} is invalid: it must be an integer >= 1, or null"
-                + (" (-1: no limit; trainer.max_steps ends the run)" if key == "max_epochs" else "")
-            )
+    "max_epochs": Range(
+        lambda v: v in (None, -1) or _positive_int(v),
+        "it must be an integer >= 1, or null (-1: no limit; trainer.max_steps ends the run)",
+    ),
+    "check_val_every_n_epoch": Range(
+        lambda v: v in (None, -1) or _positive_int(v), "it must be an integer >= 1, or null"
+    ),
+    "accumulate_grad_batches": Range(_positive_int, "it must be an integer >= 1"),
     # log_every_n_steps=0 logged nothing at all
-    for key in ("accumulate_grad_batches", "log_every_n_steps"):
-        value = getattr(trainer, key)
-        if not _positive_int(value) and (key == "accumulate_grad_batches" or value is not None):
-            raise RunError(f"trainer.{key}={value} is invalid: it must be an integer >= 1")
-    every = trainer.val_check_interval
-    if isinstance(every, int) and not isinstance(every, bool) and every <= 0:
-        raise RunError(
-            f"trainer.val_check_interval={every} is invalid: it counts training batches and must be >= 1"
-        )
-    if isinstance(every, float) and not 0.0 < every <= 1.0:
-        raise RunError(f"trainer.val_check_interval={every} is invalid: a fraction must be in (0, 1]")
-    clip = trainer.gradient_clip_val
-    if clip is not None and clip < 0:
-        raise RunError(
-            f"trainer.gradient_clip_val={clip:g} is invalid: it must be >= 0 (0 or null: no clipping)"
-        )
+    "log_every_n_steps": Range(lambda v: v is None or _positive_int(v), "it must be an integer >= 1"),
+    "val_check_interval": Range(
+        lambda v: not isinstance(v, (int, float)) or (v >= 1 if isinstance(v, int) else 0 < v <= 1),
+        "a number of training batches must be >= 1, a fraction in (0, 1]",
+    ),
+    "gradient_clip_val": Range(lambda v: v is None or v >= 0, "it must be >= 0 (0 or null: no clipping)"),
+}
+
+
+def _check_trainer(trainer: Any) -> None:
+    for name, allowed in TRAINER_RANGES.items():
+        if not allowed.accepts(getattr(trainer, name)):
+            raise RunError(f"trainer.{name}={getattr(trainer, name)} is invalid: {allowed.rule}")
     if trainer.max_time is not None:  # the schedules pace themselves by it too (and would be named first)
         from gptmini.training.loop.schedulers import max_time_seconds
 
@@ -450,11 +427,6 @@ def _check_trainer(trainer: Any) -> None:
             max_time_seconds(trainer.max_time)
         except ValueError as err:
             raise RunError(str(err)) from None
-
-
-def _strategy_name(trainer: Any) -> str:
-    strategy = trainer.strategy
-    return str(strategy.get("_target_", "") if isinstance(strategy, dict) else strategy).lower()
 
 
 # what a key a run must be given takes, for its refusal
@@ -465,15 +437,28 @@ MISSING_EXAMPLES = {
 }
 
 
+def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """Every value of a config's container as written (no interpolation resolved), by its full key."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{key}[{i}]")
+    else:
+        yield key, node
+
+
 def _check_missing(cfg: DictConfig) -> None:
-    missing = missing_keys(cfg)  # without resolving: data.data_dir names data.source's ???
+    # as written: data.data_dir names data.source's ???, which is the one to name
+    missing = sorted(k for k, v in _leaves(OmegaConf.to_container(cfg, resolve=False)) if v == "???")
     missing += [k for k in cfg.get("required", []) if OmegaConf.select(cfg, k) is None and k not in missing]
     if missing:
         hint = MISSING_EXAMPLES.get(missing[0], "")
         raise RunError(f"{', '.join(missing)} must be set for this run: pass {missing[0]}=...{hint}")
 
 
-def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+def _check_top_level(cfg: DictConfig, callbacks: Mapping[str, Any], overrides: Sequence[str] = ()) -> None:
     """The top-level keys of ``TrainSchema``: the seed's range, the checkpoint interval, and a target loss or a
     checkpoint interval given on the command line (``overrides``) only with the callback that acts on it."""
     seed = cfg.get("seed")
@@ -484,13 +469,13 @@ def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
             f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} is invalid: it must be an integer >= 1"
         )
     target = cfg.get("target_val_loss")
-    if target is not None and not _taken("target_val_loss", cfg):
+    if target is not None and not _taken("target_val_loss", callbacks):
         raise RunError(
             f"target_val_loss={target} needs the callback that stops there (callbacks.stop_at_target, in "
             "callbacks=default): drop target_val_loss or use callbacks=default"
         )
     given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", cfg):
+    if "checkpoint_every_n_steps" in given and not _taken("checkpoint_every_n_steps", callbacks):
         raise RunError(
             f"checkpoint_every_n_steps={cfg.checkpoint_every_n_steps} cannot act: no callback saves periodically "
             "(callbacks.checkpoint_last, in callbacks=default and callbacks=last; callbacks=final saves at the end "
@@ -498,11 +483,10 @@ def _check_top_level(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         )
 
 
-def _taken(setting: str, cfg: DictConfig) -> bool:
-    """Whether a callback of ``cfg`` that ``setting`` is passed to (``DERIVED``) is on."""
-    callbacks = cfg.get("callbacks") or {}
+def _taken(setting: str, callbacks: Mapping[str, Any]) -> bool:
+    """Whether a callback of the run's ``callbacks`` that ``setting`` is passed to (``DERIVED``) is on."""
     return any(
-        source == setting and key.startswith("callbacks.") and callbacks.get(key.split(".")[1]) is not None
+        source == setting and key.startswith("callbacks.") and key.split(".")[1] in callbacks
         for key, (source, _) in DERIVED.items()
     )
 
@@ -513,47 +497,41 @@ NUMERIC_GROUPS = ("model", "optimizer", "scheduler", "trainer", "data", "callbac
 
 
 def _check_finite(cfg: DictConfig) -> None:
-    def walk(node: Any, key: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise RunError(f"{key}={node} is invalid: it must be a finite number")
-
-    for group in NUMERIC_GROUPS:
-        if group in cfg and cfg[group] is not None:
-            walk(OmegaConf.to_container(cfg[group], resolve=False), group)
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        if key.split(".")[0] in NUMERIC_GROUPS and isinstance(value, float) and not math.isfinite(value):
+            raise RunError(f"{key}={value} is invalid: it must be a finite number")
     target = cfg.get("target_val_loss")
     if isinstance(target, float) and not math.isfinite(target):
         raise RunError(f"target_val_loss={target} is invalid: a finite loss, or null (train to the end)")
 
 
-def _model_config(cfg: DictConfig) -> tuple[GPTConfig, bool]:
+def _model_config(cfg: DictConfig, tokenizer: TokenizerSchema) -> tuple[GPTConfig, bool]:
     """The model's config, checked by ``GPTConfig`` itself; a vocabulary not set yet is a placeholder (the
-    tokenizer's, once the data is prepared, is checked again then)."""
+    tokenizer's, once the data is prepared, is checked again then): ``VOCAB_PLACEHOLDER``, or for an exact bigram
+    table (``model.bigram_embed`` without buckets, sized by the vocabulary squared) a size nearer the tokenizer's."""
     values = OmegaConf.to_container(cfg.model, resolve=True)
     values.pop("init_from", None)
     vocab_known = values["vocab_size"] is not None
     if not vocab_known:
-        values["vocab_size"] = _vocab_placeholder(cfg, values)
+        exact_bigram = values.get("bigram_embed") and values.get("bigram_buckets") is None
+        near = (
+            CHAR_VOCAB_PLACEHOLDER if tokenizer.name == "char" else _tokenizer_vocab(tokenizer, build=False)
+        )
+        values["vocab_size"] = (near if exact_bigram else None) or VOCAB_PLACEHOLDER
     return GPTConfig.from_dict(values), vocab_known
 
 
-def _vocab_placeholder(cfg: DictConfig, model: dict[str, Any]) -> int:
-    """``VOCAB_PLACEHOLDER``, or for an exact bigram table (``model.bigram_embed`` without buckets, sized by the
-    vocabulary squared) a size nearer the tokenizer's: 256 for the char tokenizer (the corpus's characters, known
-    once the data is prepared, and checked then) and a BPE's ``tokenizer.vocab_size``."""
-    if not model.get("bigram_embed") or model.get("bigram_buckets") is not None:
-        return VOCAB_PLACEHOLDER
-    name = str(cfg.tokenizer.name)
-    if name == "char":
-        return CHAR_VOCAB_PLACEHOLDER
-    if name == "bpe" and cfg.tokenizer.get("vocab_size") is not None:
-        return int(cfg.tokenizer.vocab_size)
-    return VOCAB_PLACEHOLDER
+def _tokenizer_vocab(tokenizer: TokenizerSchema, build: bool = True) -> int | None:
+    """The tokenizer's vocabulary before the data is prepared: a BPE's the one it will be trained to, a fixed
+    one's (not ``build``: None) from its encoding (cached for the run); None for the char tokenizer, whose
+    vocabulary is the corpus's characters (a few hundred at most in practice)."""
+    if tokenizer.name == "bpe":
+        return tokenizer.vocab_size
+    if tokenizer.name == "char" or not build:
+        return None
+    from gptmini.data.tokenizers import build_tokenizer
+
+    return build_tokenizer(tokenizer.name).vocab_size
 
 
 def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
@@ -563,7 +541,10 @@ def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
 
     if optimizer is None:
         return
-    strategy = _strategy_name(trainer)
+    strategy = (
+        trainer.strategy.get("_target_", "") if isinstance(trainer.strategy, dict) else trainer.strategy
+    )
+    strategy = str(strategy).lower()
     if not getattr(get_object(optimizer._target_), "runs_under_fsdp", True) and "fsdp" in strategy:
         raise RunError(
             f"optimizer={optimizer._target_.rsplit('.', 1)[-1]} cannot run under FSDP (trainer.strategy={strategy}): "
@@ -580,26 +561,11 @@ def _check_optimizer_under_trainer(optimizer: Any, trainer: Any) -> None:
         )
 
 
-def output_vocab(cfg: DictConfig) -> int | None:
-    """The model's vocabulary before the data is prepared: ``model.vocab_size`` when set, else the tokenizer's
-    when it is fixed (a BPE; its encoding is cached for the run); None for the char tokenizer, whose vocabulary
-    is the corpus's characters (a few hundred at most in practice)."""
-    if cfg.model.get("vocab_size") is not None:
-        return int(cfg.model.vocab_size)
-    name = str(cfg.tokenizer.name)
-    if name == "char":
-        return None
-    if name == "bpe":
-        return cfg.tokenizer.get("vocab_size")  # the vocabulary it will be trained to
-    from gptmini.data.tokenizers import build_tokenizer
-
-    return build_tokenizer(name).vocab_size
-
-
-def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts, chosen: str | None) -> str:
-    """The GPU a run asks for exists, and ``trainer.precision`` made concrete for ``device`` (the vocabulary
+def _precision(plan: RunPlan, chosen: str | None) -> str:
+    """The GPU a run asks for exists, and ``trainer.precision`` made concrete for the plan's device (the vocabulary
     matters only for "auto" on a CPU with bf16 tiles, so the tokenizer is built only there). ``chosen``: the
     hardware option (hardware=gpu, or an experiment naming it, sets trainer=gpu: the refusal names it)."""
+    trainer, device = plan.trainer, plan.device
     if trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise RunError(
             "hardware=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine (conf/hardware/gpu.yaml): "
@@ -608,9 +574,18 @@ def _precision(cfg: DictConfig, trainer: Any, device: DeviceFacts, chosen: str |
             else "trainer.accelerator=gpu asks for a CUDA GPU and no CUDA GPU is available on this machine: use "
             "trainer=default or trainer=cpu, or run on a machine with a CUDA GPU"
         )
+    # "auto" (resolve_precision), then the values the Trainer's signature declares (its stored spec)
+    spec = {entry["name"]: entry for entry in target_spec("trainer", "lightning.pytorch.Trainer") or []}
+    valid = ["auto", *dict.fromkeys(str(v) for v in spec["precision"]["literals"])]
+    if str(trainer.precision) not in valid:
+        raise RunError(
+            f"trainer.precision={trainer.precision} is invalid: valid values are {', '.join(valid)}"
+        )
     settings = {"precision": trainer.precision, "accelerator": trainer.accelerator}
-    cpu_bf16 = trainer.precision == "auto" and device.bf16 and not device.is_cuda
-    return resolve_precision(settings, device, output_vocab(cfg) if cpu_bf16 else None)
+    vocab = None
+    if trainer.precision == "auto" and device.bf16 and not device.is_cuda:
+        vocab = plan.model.vocab_size if plan.vocab_known else _tokenizer_vocab(plan.tokenizer)
+    return resolve_precision(settings, device, vocab)
 
 
 def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
@@ -620,10 +595,7 @@ def _check_cpu_processes(trainer: Any, device: DeviceFacts) -> None:
         trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
     ):
         return
-    try:
-        n = int(trainer.devices)
-    except (TypeError, ValueError):
-        return  # "auto" (one process on a CPU) or a list: Lightning checks those
+    n = hardware.trainer_processes({"devices": trainer.devices, "accelerator": "cpu"})  # on this machine
     if n <= 1:
         return
     cores = hardware.cpu_cores()
@@ -672,24 +644,21 @@ def _check_val_split(data: Any) -> None:
         )
 
 
-def _check_data_dir_given(cfg: DictConfig) -> None:
-    """``data.data_dir=null`` would prepare the data under the working folder's ``data/``, not
-    ``paths.data_root``."""
-    data = cfg.get("data")
-    if isinstance(data, DictConfig) and "data_dir" in data and data.data_dir is None:
+def _check_data_dir(data: Any) -> None:
+    if not hasattr(data, "data_dir"):
+        return  # a DataModule of the user's own
+    data_dir = data.data_dir
+    if data_dir is None:
         raise RunError(
             "data.data_dir=null would put the prepared data in the working folder's data/, not under "
             "paths.data_root: drop the override (its default is a folder under paths.data_root), or name a folder"
         )
-
-
-def _check_data_dir(data_dir: Any) -> None:
-    if data_dir and name_too_long(data_dir):
+    if name_too_long(data_dir):
         raise RunError(
             f"the prepared-data folder {str(data_dir)[:80]}...: {name_too_long(data_dir)}; pass a shorter path "
             "(paths.data_root or data.data_dir)"
         )
-    if data_dir and not (Path(data_dir) / "meta.json").is_file():
+    if not (Path(data_dir) / "meta.json").is_file():
         reason = unwritable_reason(data_dir)
         if reason is not None:
             raise RunError(
@@ -718,26 +687,7 @@ def _val_check_interval(trainer: Any) -> int | float | None:
 # --- the files a run reads (the corpus, model.init_from), checked before anything else runs ---------------------
 
 
-def check_input_files(cfg: DictConfig) -> None:
-    """The files a run reads, checked before anything else runs (the command line calls this before
-    ``plan_run``; kept apart so that configs can be checked without the files existing)."""
-    # "???" values are reported by plan_run.
-    init_from = None if OmegaConf.is_missing(cfg.model, "init_from") else cfg.model.get("init_from")
-    if init_from is not None:
-        kind, path = resolve_init_from(init_from, cfg.paths.output_root)
-        if kind == "checkpoint":
-            from gptmini.runs.checkpoint import load_checkpoint
-
-            load_checkpoint(path, mmap=True)  # a gptmini checkpoint (trained or imported): refused if not one
-        else:
-            from gptmini.hf.formats import hf_model_type
-
-            # a folder of a format gptmini cannot read (its model_type) is refused before the data is prepared
-            hf_model_type(path)
-    _check_data_files(cfg)
-
-
-def _check_data_files(cfg: DictConfig) -> None:
+def check_data_files(cfg: DictConfig) -> None:
     """A local corpus path that does not exist fails here, before Lightning is even imported."""
     if "source" not in cfg.data or OmegaConf.is_missing(cfg.data, "source"):
         return

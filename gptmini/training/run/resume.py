@@ -24,34 +24,23 @@ from gptmini.training.hardware import trainer_processes
 log = logging.getLogger(__name__)
 
 
-def ckpt_path_last(output_root: str | Path, run_name: str) -> Path:
-    """What ``ckpt_path=last`` resumes: :func:`gptmini.runs.discovery.newest_checkpoint`, the one rule every command uses (the
-    most recently written last.ckpt or on_exception.ckpt of any run of ``run_name``, multirun jobs included);
-    refused in one line when there is none."""
-    found = newest_checkpoint(output_root, run_name)
-    if found is None:
-        raise RunError(
-            f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under "
-            f"{Path(output_root) / run_name}: train first, or pass ckpt_path=/path/to/file.ckpt (and the run's "
-            "run_name and paths.output_root)"
-        )
-    return found
-
-
 def resolve_ckpt_path(
     ckpt_path: Any, run_dir: str | Path, output_root: str | Path, run_name: str
 ) -> str | None:
-    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest checkpoint of its run folder
-    ``run_dir`` itself when that already holds one, else of any run of ``run_name``; else what
-    :func:`gptmini.runs.discovery.resolve_checkpoint` makes of it, the rule of every command (a file; a run folder or
-    a run name under ``output_root``: its newest checkpoint)."""
+    """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest of its run folder ``run_dir``
+    when that holds one, else of any run of ``run_name`` under ``output_root``; else what every command makes of
+    it (``gptmini.runs.discovery.resolve_checkpoint``: a file, or a run folder's or run name's newest)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        own = newest_checkpoint(run_dir)
-        if own is not None:
-            return str(own)
-        return str(ckpt_path_last(output_root, run_name))
+        found = newest_checkpoint(run_dir) or newest_checkpoint(output_root, run_name)
+        if found is None:
+            raise RunError(
+                f"ckpt_path=last but no checkpoint of run_name={run_name!r} was found under "
+                f"{Path(output_root) / run_name}: train first, or pass ckpt_path=/path/to/file.ckpt (and the run's "
+                "run_name and paths.output_root)"
+            )
+        return str(found)
     try:  # a file, a run folder or a run name, as every command opens one
         return str(resolve_checkpoint(ckpt_path, output_root, option="ckpt_path"))
     except CheckpointError as err:
@@ -179,20 +168,14 @@ def _shown(value: Any) -> str:
 
 def read_resume(
     ckpt_path: str | None,
-    model: GPTConfig,
-    vocab_known: bool,
-    now: Mapping[str, Any],
-    output_dir: str,
-    output_root: str,
-    run_name: str,
+    plan: Any,  # the run's plan (plan.RunPlan, which imports this module), its resume not read yet
     target_val_loss: float | None,
 ) -> tuple[str, dict[str, Any]] | None:
     """The checkpoint ``ckpt_path`` resumes, read once (memory-mapped, its checksum verified) and checked against
-    this run: a training run's checkpoint (not weights alone) whose tensors fit its own model settings, every
-    change of setting through the one table (``resume_changes``: the model's vocabulary aside when the
-    tokenizer's is not known yet), and one the run can continue (``check_resume_plan``). ``now``: this run's
-    settings, laid out as its record's (``RunPlan.record``); ``output_dir``: its run folder. None: a fresh run."""
-    path = resolve_ckpt_path(ckpt_path, output_dir, output_root, run_name)
+    this run's ``plan``: a training run's checkpoint (not weights alone) whose tensors fit its own model settings,
+    every change of setting through the one table (``resume_changes``: the model's vocabulary aside when the
+    tokenizer's is not known yet), and one the run can continue (``check_resume_plan``). None: a fresh run."""
+    path = resolve_ckpt_path(ckpt_path, plan.output_dir, plan.output_root, plan.run_name)
     if path is None:
         return None
     from gptmini.runs.checkpoint import check_tensors_match, load_checkpoint
@@ -205,16 +188,16 @@ def read_resume(
             "run's last.ckpt (ckpt_path=last), or, to train from these weights with a fresh optimizer, start a new "
             f"run with model.init_from={path} and no ckpt_path"
         )
-    saved = _saved(path, ckpt, output_dir)
+    saved = _saved(path, ckpt, plan.output_dir)
     with torch.device("meta"):  # no memory, no initialisation
         check_tensors_match(ckpt["state_dict"], GPT(GPTConfig.from_dict(saved["model"])), path)
-    trainer = now["trainer"]
+    now = plan.settings()  # laid out as the record's
     # the vocabulary only once it is not a placeholder; the processes only where the checkpoint recorded them
-    model_now = {k: v for k, v in model.to_dict().items() if vocab_known or k != "vocab_size"}
-    processes = saved["world_size"] and trainer_processes(trainer)
+    model_now = {k: v for k, v in plan.model.to_dict().items() if plan.vocab_known or k != "vocab_size"}
+    processes = saved["world_size"] and trainer_processes(now["trainer"])
     changes = resume_changes(path, saved, {"model": model_now, "world_size": processes, **now})
-    check_resume_plan(path, ckpt, trainer.get("max_steps"), trainer.get("max_time"), target_val_loss)
-    say_average_change(path, ckpt, (now.get("callbacks") or {}).get("ema"))
+    check_resume_plan(path, ckpt, plan.trainer.max_steps, plan.trainer.max_time, target_val_loss)
+    say_average_change(path, ckpt, plan.callbacks.get("ema"))
     if changes:
         log.info("resuming %s with this run's settings from its first step: %s", path, ", ".join(changes))
     return path, {"global_step": ckpt.get("global_step"), "record": saved}

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -20,7 +21,7 @@ from gptmini.fileio import RUN_LOCK, hold_folder, name_too_long, unwritable_reas
 from gptmini.runs.discovery import task_overrides, tensorboard_label
 from gptmini.training.errors import RunError
 from gptmini.training.hardware import trainer_processes
-from gptmini.training.run.override_errors import EXIT_USER_ERROR, unresolvable
+from gptmini.training.run.override_errors import EXIT_USER_ERROR, raw_value, unresolvable
 from gptmini.training.run.resume import continued_run_folder, resolve_ckpt_path
 from gptmini.training.run.schema import PathsSchema, PerfSchema, settings
 
@@ -30,17 +31,15 @@ RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@-]*")
 NAME_RULE = "letters, digits and _ . , = + @ - (not starting with '.' or '-', no '/' and no '..')"
 
 
-def _one_folder(text: str) -> bool:
-    return bool(RUN_NAME.fullmatch(text)) and ".." not in text and len(text) <= 200
-
-
-def check_run_name(name: Any) -> None:
-    """Refuses a ``run_name`` that is not one plain folder name (``../x`` would write outside the output root,
-    and ``last`` could not find it again)."""
-    if not _one_folder(str(name)):
+def check_one_folder(
+    key: str, value: Any, meaning: str = "one folder under paths.output_root", end: str = ""
+) -> None:
+    """Refuses a ``value`` of ``key`` (``run_name``, a logger's folder) that is not one plain folder name: ``../x``
+    would write outside the folder it belongs in, and ``ckpt_path=last`` could not find a run named so again."""
+    text = str(value)
+    if not RUN_NAME.fullmatch(text) or ".." in text or len(text) > 200:
         raise RunError(
-            f"run_name={str(name)!r} is invalid: it names one folder under paths.output_root, so it may hold "
-            f"{NAME_RULE}, e.g. run_name=my_run"
+            f"{key}={text!r} is invalid: it names {meaning}, so it may hold {NAME_RULE}, e.g. {key}=my_run{end}"
         )
 
 
@@ -62,20 +61,20 @@ def check_tensorboard_version(config: DictConfig) -> None:
                 or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
             ):
                 continue
-            if not _one_folder(str(value)):
-                raise RunError(
-                    f"logger.{key}.{field}={str(value)!r} is invalid: it names {meaning}, so it may hold "
-                    f"{NAME_RULE}, e.g. logger.{key}.{field}=my_run, or null"
-                    + (" for the run's own name" if field == "version" else "")
-                )
+            end = ", or null" + (" for the run's own name" if field == "version" else "")
+            check_one_folder(f"logger.{key}.{field}", value, meaning, end)
 
 
 def command_overrides() -> list[str]:
     """The run's command-line overrides as Hydra recorded them (``hydra.overrides.task``; a sweep job's own
     values included), [] outside a Hydra run."""
-    from hydra.core.hydra_config import HydraConfig
+    hydra = hydra_config()
+    return [str(o) for o in hydra.overrides.task] if hydra else []
 
-    return [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+
+def hydra_config() -> Any:
+    """Hydra's config of the run in progress; None outside one (a config composed without Hydra's run)."""
+    return HydraConfig.get() if HydraConfig.initialized() else None
 
 
 def resume_command(output_dir: str | Path) -> str | None:
@@ -264,7 +263,7 @@ def _check_run_start(config: DictConfig, key: str) -> None:
     os.environ[MADE_FOLDERS] = "" if missing.exists() else str(missing)
     trainer = config.get("trainer")
     try:
-        check_run_name(config.get("run_name"))
+        check_one_folder("run_name", config.get("run_name"))
         check_tensorboard_version(config)
         shared = shares_its_folder(trainer, folder)
         _check_folder(config, folder, key, "paths.output_root", shared)
@@ -281,27 +280,21 @@ def hold_output_dir(cfg: DictConfig) -> None:
     """``paths.output_dir`` pointing elsewhere than Hydra's run folder (which ``OutputFolderCheck`` checked and
     holds) gets the same checks and lock: whatever key points a new run at a folder holding another, it is refused
     (in a sweep, every job after the first that shares it)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
+    hydra = hydra_config()
+    if hydra is None:
         return
-    hydra_dir = str(HydraConfig.get().runtime.output_dir)
+    hydra_dir = str(hydra.runtime.output_dir)
     folder = str(cfg.paths.output_dir)
     if os.path.abspath(folder) == os.path.abspath(hydra_dir):
         return
-    shared = shares_its_folder(cfg.get("trainer"), str(HydraConfig.get().run.dir))
+    shared = shares_its_folder(cfg.get("trainer"), str(hydra.run.dir))
     _check_folder(cfg, folder, "paths.output_dir", "paths.output_dir", shared)
 
 
 def refuse_shared_sweep_folder(config: DictConfig) -> None:
     """A sweep (``-m``) with one ``paths.output_dir`` for all its jobs would put every job's checkpoints and
     events into one folder: refused before the first job."""
-    node = config.get("paths")
-    raw = (
-        OmegaConf.to_container(node, resolve=False).get("output_dir")
-        if isinstance(node, DictConfig)
-        else None
-    )
+    raw = raw_value(config, "paths.output_dir")
     if raw is None or "${" in str(raw):
         return  # Hydra's folder of each job, or a value that depends on the job (checked per job)
     _refuse(

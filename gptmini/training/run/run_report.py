@@ -150,22 +150,6 @@ def write_curves(scalars: Scalars, run_dir: Path, title: str) -> tuple[Path, Pat
     return csv_path, png_path
 
 
-@dataclass(frozen=True)
-class RunFacts:
-    """What the summary states that the scalars do not hold."""
-
-    run_dir: Path
-    steps: int
-    wall_seconds: float
-    tokens_seen: int
-    checkpoints: list[Path]
-    event_folder: Path | None
-    output_root: str = "outputs"  # paths.output_root: where `gptmini runs` and `gptmini board` look
-    history: Scalars = field(
-        default_factory=Scalars
-    )  # a continuation's: the run it continued, up to its step
-
-
 def command_name() -> str:
     """How the shell that started this process runs ``gptmini``: its name when PATH finds this one, else its
     path (relative inside the working folder: ``.venv/bin/gptmini`` after ``make``)."""
@@ -177,12 +161,15 @@ def command_name() -> str:
     return shlex.quote(str(exe.relative_to(Path.cwd()) if inside else exe))
 
 
-def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] | None) -> str:
-    """The end-of-run summary: a few lines, each one fact and where to look next."""
-    lines = [
-        f"run finished: {facts.steps:,} steps in {duration(facts.wall_seconds)} (wall time), "
-        f"{facts.tokens_seen:,} tokens seen"
-    ]
+def summary(
+    run_dir: Path,
+    checkpoints: list[Path],
+    event_folder: Path | None,
+    output_root: str,  # paths.output_root: where `gptmini runs` and `gptmini board` look
+    scalars: Scalars | None,
+    files: tuple[Path, Path] | None,
+) -> str:
+    """The end-of-run summary after its first line: a few lines, each one fact and where to look next."""
     if scalars is not None and scalars.last("val/loss") is not None:
         parts = [f"val/loss {scalars.last('val/loss'):.4f}"]
         if (bpb := scalars.last("val/bpb")) is not None:
@@ -192,20 +179,20 @@ def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] |
         best = scalars.best("val/loss")
         if best is not None:
             parts.append(f"best val/loss {best[1]:.4f} at step {best[0]:,}")
-        lines.append("  final validation: " + ", ".join(parts))
+        lines = ["  final validation: " + ", ".join(parts)]
     else:
-        lines.append("  final validation: none logged")
-    names = ", ".join(p.name for p in facts.checkpoints) or "none"
-    lines.append(f"  checkpoints: {facts.run_dir / 'checkpoints'} ({names})")
-    if facts.event_folder is not None:
-        lines.append(f"  TensorBoard run: {facts.event_folder}")
+        lines = ["  final validation: none logged"]
+    names = ", ".join(p.name for p in checkpoints) or "none"
+    lines.append(f"  checkpoints: {run_dir / 'checkpoints'} ({names})")
+    if event_folder is not None:
+        lines.append(f"  TensorBoard run: {event_folder}")
     else:
         lines.append("  TensorBoard run: none (no TensorBoard logger)")
     if files is not None:
         lines.append(f"  loss curve: {files[1]}; every scalar: {files[0]}")
-    run = shlex.quote(str(facts.run_dir))
-    root = shlex.quote(facts.output_root)
-    elsewhere = os.path.normpath(facts.output_root) != "outputs"  # the commands' default runs folder
+    run = shlex.quote(str(run_dir))
+    root = shlex.quote(output_root)
+    elsewhere = os.path.normpath(output_root) != "outputs"  # the commands' default runs folder
     gptmini = command_name()
     lines += [
         "  next:",
@@ -217,16 +204,41 @@ def summary(facts: RunFacts, scalars: Scalars | None, files: tuple[Path, Path] |
     return "\n".join(lines)
 
 
-def report_run(facts: RunFacts, title: str) -> dict[str, Any]:
-    """Writes the CSV and the curve (when the run has a TensorBoard run) and logs the summary; what it wrote."""
+def report_run(
+    trainer: Any,
+    tensorboard: Any,  # the run's TensorBoard logger, None without one
+    run_dir: Path,
+    wall_seconds: float,
+    output_root: str,
+    tokens_per_step: int,
+    history: Scalars,  # a continuation's (continued_history)
+) -> dict[str, Any]:
+    """What the run reached: its folder, checkpoints, step and final metrics; on the first process, also every
+    scalar as ``scalars.csv`` and the loss curves as ``loss_curve.png`` (with a TensorBoard run), and the summary
+    in the log."""
+    ckpt_dir, steps = run_dir / "checkpoints", trainer.global_step
+    result: dict[str, Any] = {
+        "output_dir": str(run_dir),
+        "checkpoint": str(ckpt_dir / "last.ckpt"),
+        "best_checkpoint": str(ckpt_dir / "best.ckpt"),
+        "global_step": steps,
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+    }
+    if not trainer.is_global_zero:
+        return result
     scalars, files = None, None
-    if facts.event_folder is not None:
+    events = Path(tensorboard.log_dir) if tensorboard is not None else None
+    if events is not None:
         try:
-            scalars = read_scalars(facts.event_folder).after(facts.history)
-            files = write_curves(scalars, facts.run_dir, title)
+            scalars = read_scalars(events).after(history)
+            files = write_curves(scalars, run_dir, f"{run_dir.parent.name}/{run_dir.name}: {steps:,} steps")
+            result |= {"scalars_csv": str(files[0]), "loss_curve": str(files[1])}
         except Exception as err:  # the run is trained and saved: a curve that cannot be drawn only says so
             log.warning(
                 "could not write %s and %s: %s: %s", SCALARS_CSV, LOSS_CURVE_PNG, type(err).__name__, err
             )
-    log.info("%s", summary(facts, scalars, files))
-    return {"scalars_csv": str(files[0]), "loss_curve": str(files[1])} if files else {}
+    tokens = f"{steps * tokens_per_step:,} tokens seen"
+    head = f"run finished: {steps:,} steps in {duration(wall_seconds)} (wall time), {tokens}"
+    checkpoints = sorted(ckpt_dir.glob("*.ckpt"))
+    log.info("%s\n%s", head, summary(run_dir, checkpoints, events, output_root, scalars, files))
+    return result

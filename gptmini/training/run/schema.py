@@ -49,6 +49,20 @@ from gptmini.training.errors import RunError
 # --- typed at composition --------------------------------------------------------------------------------------
 
 
+_SIMPLE = (int, float, bool, str)
+
+
+def _field_type(hint: Any) -> Any:
+    """``hint`` as OmegaConf types a field: a plain type, an optional one, a settings dataclass, else Any."""
+    if hint in _SIMPLE or dataclasses.is_dataclass(hint):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2 and args[0] in _SIMPLE:
+            return Optional[args[0]]
+    return Any
+
+
 def _model_schema() -> type:
     """The ``model`` node's schema, derived from ``GPTConfig`` (its fields, types and defaults: one source), plus
     ``init_from``. ``vocab_size`` may be null: the tokenizer's vocabulary size, known once the data is prepared."""
@@ -60,11 +74,8 @@ def _model_schema() -> type:
         if f.name == "vocab_size":
             specs.append((f.name, Optional[int], field(default=None)))
         else:
-            hint = hints[f.name]
-            if hint is bool:
-                hint = Any  # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
-            if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not `int | None`
-                hint = typing.Union[typing.get_args(hint)]  # noqa: UP007
+            # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
+            hint = Any if hints[f.name] is bool else _field_type(hints[f.name])
             specs.append((f.name, hint, field(default=f.default)))
     help_ = "Load weights before training: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors)."
     specs.append(("init_from", Optional[str], field(default=None, metadata={"help": help_})))
@@ -199,20 +210,6 @@ def derived_refusal(key: str, value: Any = None) -> str:
     source, how = DERIVED[key]
     shown = f"={value}" if value is not None else ""
     return f"{key}{shown} is not a setting: the run derives it from {source}; set {how} instead"
-
-
-_SIMPLE = (int, float, bool, str)
-
-
-def _field_type(hint: Any) -> Any:
-    """``hint`` as OmegaConf types a field: a plain type, an optional one, a settings dataclass, else Any."""
-    if hint in _SIMPLE or dataclasses.is_dataclass(hint):
-        return hint
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(hint)) == 2 and args[0] in _SIMPLE:
-            return Optional[args[0]]
-    return Any
 
 
 def _representable(value: Any) -> bool:
@@ -379,9 +376,8 @@ def option_settings(conf: Path) -> dict[tuple[str, str], dict[str, Any]]:
                 key = f"{group}.{name}" if name else group
                 target = values.get("_target_") if isinstance(values, dict) else None
                 schema = schema_of(group, str(target), key=key) if target else None
-                if (
-                    schema is not None
-                ):  # ("???": the option makes the user set it; a merge would not drop a value)
+                # ("???": the option makes the user set it; a merge would not drop a value)
+                if schema is not None:
                     node[name] = {k: v for k, v in _defaults(schema).items() if values.get(k) != "???"}
             out[group, path.stem] = node.get(None, node)
     return out
@@ -396,17 +392,10 @@ def option_file(folder: Path, option: str) -> dict[str, Any]:
 
 
 def _defaults(schema: type) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in fields(schema):
-        if f.name.startswith("_"):
-            continue
-        if dataclasses.is_dataclass(f.type):
-            out[f.name] = _defaults(f.type)  # a nested settings node (optimizer.hidden, ...)
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        elif f.default != "???":
-            out[f.name] = f.default
-    return out
+    """A schema's defaults, those of its nested settings nodes (optimizer.hidden, ...) included."""
+    nested = {f.name: _defaults(f.type) for f in fields(schema) if dataclasses.is_dataclass(f.type)}
+    values = OmegaConf.to_container(OmegaConf.structured(schema)) | nested
+    return {k: v for k, v in values.items() if not k.startswith("_") and v != "???"}
 
 
 def unknown_keys(group: str, target: str, schema: type, extra: list[str]) -> RunError:
@@ -513,8 +502,7 @@ def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
     extra = sorted(str(k) for k in values if k not in {f.name for f in fields(schema)})
     if extra:
         raise unknown_keys(key, target, schema, extra)
-    _check_switches(values, schema, key)
-    _check_kinds(values, group, target, key)
+    _check_kinds(values, target_spec(group, target) or [], key)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
         missing = sorted(OmegaConf.missing_keys(merged))
@@ -538,16 +526,6 @@ def typed_node(values: dict[str, Any], key: str, group: str) -> Any:
         raise RunError(f"{full}{shown} is invalid: {str(err.msg).splitlines()[0]}") from None
 
 
-def _check_switches(values: dict[str, Any], schema: type, key: str) -> None:
-    """A true/false setting takes true or false only: OmegaConf would read 3 or "yes" as true."""
-    for f in fields(schema):
-        value = values.get(f.name)
-        if dataclasses.is_dataclass(f.type) and isinstance(value, dict):
-            _check_switches(value, f.type, f"{key}.{f.name}")
-        elif f.type in (bool, Optional[bool]) and value is not None and not isinstance(value, bool):
-            raise RunError(f"{key}.{f.name}={value!r} is invalid: true or false")
-
-
 def _kinds(hint: Any) -> tuple[set[type], set[Any]]:
     """The plain types and the literal values a type hint accepts (Any: ``object``)."""
     if hint is Any:
@@ -566,13 +544,18 @@ def _kinds(hint: Any) -> tuple[set[type], set[Any]]:
     return ({origin} if isinstance(origin, type) else {object}), set()
 
 
-def _check_kinds(values: dict[str, Any], group: str, target: str, key: str) -> None:
-    """A setting the constructor types as a number or a switch, given text or another number (its schema reads
-    such unions as Any): ``trainer.gradient_clip_val=${oc.env:CLIP}`` is the text "1.0" (an environment
-    variable's value is text), ``trainer.deterministic=3`` no switch."""
-    spec = {entry["name"]: entry for entry in target_spec(group, target) or []}
+def _check_kinds(values: dict[str, Any], spec: list[dict[str, Any]], key: str) -> None:
+    """A true/false setting given anything but true or false (OmegaConf would read 3 or "yes" as true); a setting
+    the constructor types as a number or a switch, given text or another number (its schema reads such unions as
+    Any): ``trainer.gradient_clip_val=${oc.env:CLIP}`` is the text "1.0" (an environment variable's value is
+    text), ``trainer.deterministic=3`` no switch. ``spec``: the node's ``signature_spec``."""
+    by_name = {entry["name"]: entry for entry in spec}
     for name, value in values.items():
-        entry = spec.get(name, {"type": "any", "kinds": ["object"]})
+        entry = by_name.get(name, {"type": "any", "kinds": ["object"]})
+        if isinstance(entry["type"], list) and isinstance(value, dict):  # a nested settings node
+            _check_kinds(value, entry["type"], f"{key}.{name}")
+        elif entry["type"] in ("bool", "bool?") and value is not None and not isinstance(value, bool):
+            raise RunError(f"{key}.{name}={value!r} is invalid: true or false")
         if entry["type"] != "any":
             continue  # typed by the schema itself
         kinds = {getattr(builtins, k) for k in entry["kinds"]}

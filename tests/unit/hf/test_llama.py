@@ -172,7 +172,7 @@ def test_unsupported_llama_configs_are_named(tmp_path, change, message):
 
 
 def test_a_training_run_refuses_an_unreadable_format_before_preparing_data(tmp_path, compose_cfg):
-    from gptmini.training.run.plan import check_input_files
+    from gptmini.training.run.plan import plan_run
 
     (tmp_path / "mistral").mkdir()
     (tmp_path / "mistral" / "config.json").write_text(json.dumps({"model_type": "mistral"}))
@@ -180,7 +180,7 @@ def test_a_training_run_refuses_an_unreadable_format_before_preparing_data(tmp_p
     with pytest.raises(
         HFWeightsError, match=r"model_type='mistral' is not a format gptmini reads: gpt2 .*, llama"
     ):
-        check_input_files(cfg)
+        plan_run(cfg)
     assert not (tmp_path / "data").exists()
 
 

@@ -221,7 +221,7 @@ def _touch(path: Path, mtime: float) -> Path:
 
 def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, monkeypatch, write_checkpoint):
     from gptmini.runs.discovery import newest_checkpoint, resolve_checkpoint
-    from gptmini.training.run.resume import ckpt_path_last
+    from gptmini.training.run.resume import resolve_ckpt_path
 
     out = tmp_path / "outputs"
     _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "last.ckpt", 1000)
@@ -236,7 +236,7 @@ def test_last_is_one_rule_for_every_command_multirun_jobs_included(tmp_path, mon
     _touch(out / "exp" / "2026-01-01_10-00-00_000000" / "checkpoints" / "best.ckpt", 6000)  # not "last"
 
     assert newest_checkpoint(out, "exp") == newest
-    assert ckpt_path_last(out, "exp") == newest  # ckpt_path=last
+    assert resolve_ckpt_path("last", tmp_path / "new", out, "exp") == str(newest)  # ckpt_path=last
     monkeypatch.chdir(tmp_path)
     # --ckpt last in the commands: the newest run outside the sweeps (tests/unit/test_runs.py)
     assert resolve_checkpoint("last") == Path("outputs") / top.relative_to(out)

@@ -271,19 +271,19 @@ def test_a_folder_without_write_permission_is_unwritable(tmp_path, monkeypatch) 
 
 @pytest.mark.parametrize("name", ["../../escape", "a/b", "/abs", ".hidden", "", "-x", "a\\b", "x" * 201])
 def test_a_run_name_must_be_one_plain_folder_name(name) -> None:
-    from gptmini.training.run.run_folder import check_run_name
+    from gptmini.training.run.run_folder import check_one_folder
 
     with pytest.raises(
         RunError, match=r"run_name=.* is invalid: it names one folder under paths\.output_root"
     ):
-        check_run_name(name)
+        check_one_folder("run_name", name)
 
 
 @pytest.mark.parametrize("name", ["default", "my_run", "lr=1e-3,bs=8", "v1.2", "a+b@c"])
 def test_plain_run_names_are_accepted(name) -> None:
-    from gptmini.training.run.run_folder import check_run_name
+    from gptmini.training.run.run_folder import check_one_folder
 
-    check_run_name(name)
+    check_one_folder("run_name", name)
 
 
 def test_a_run_folder_is_free_when_missing_or_empty_or_when_resuming_its_own_run(tmp_path) -> None:
@@ -368,11 +368,15 @@ def test_planning_derives_values_without_changing_the_config(compose_cfg, caplog
     before = OmegaConf.to_container(cfg)
     plan = plan_run(cfg)
     assert OmegaConf.to_container(cfg) == before
-    assert (cfg.trainer.val_check_interval, plan.val_check_interval, plan.training_batches) == (3, 3, 4)
+    assert (cfg.trainer.val_check_interval, plan.trainer.val_check_interval, plan.training_batches) == (
+        3,
+        3,
+        4,
+    )
     plan = plan_run(compose_cfg(["debug=smoke", "tokenizer=char", "trainer.max_steps=2"]))
-    assert plan.val_check_interval == 2 and plan.trainer_overrides()["val_check_interval"] == 2
+    assert plan.trainer.val_check_interval == 2 and plan.settings()["trainer"]["val_check_interval"] == 2
     assert "trainer.val_check_interval=3 is more than the run's 2 training batches" in caplog.text
-    assert plan.precision == "32-true" and plan.trainer.max_steps == 2 and plan.resume is None
+    assert plan.trainer.precision == "32-true" and plan.trainer.max_steps == 2 and plan.resume is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.precision = "bf16-mixed"  # type: ignore[misc]
 
@@ -572,11 +576,11 @@ def test_the_plan_reads_the_resume_checkpoint_once(compose_cfg, tmp_path, monkey
     ],
 )
 def test_a_run_on_other_data_or_another_tokenizer_is_not_named_default(overrides, name, compose_cfg):
-    from gptmini.training.run.run_folder import check_run_name
+    from gptmini.training.run.run_folder import check_one_folder
 
     cfg = compose_cfg(overrides)
     assert cfg.run_name == name
-    check_run_name(cfg.run_name)  # one plain folder name
+    check_one_folder("run_name", cfg.run_name)  # one plain folder name
 
 
 @pytest.mark.parametrize(

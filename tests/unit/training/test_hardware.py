@@ -25,7 +25,7 @@ from gptmini.training.hardware import (
     resolve_precision,
 )
 from gptmini.training.loop.module import GPTLightningModule, optimizer_kernel_kwargs
-from gptmini.training.run.plan import output_vocab
+from gptmini.training.run.plan import plan_run
 
 H100 = DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", capability=(9, 0), bf16=True, count=1)
 H200 = DeviceFacts(type="cuda", name="NVIDIA H200", capability=(9, 0), bf16=True, count=1)
@@ -115,24 +115,25 @@ def test_cpu_precision_weighs_the_output_layer(device, vocab, precision, expecte
     assert resolve_precision({"precision": precision}, device, vocab) == expected
 
 
-def test_output_vocab_before_the_data_is_prepared():
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], "bf16-mixed"),  # the bundled GPT-2 BPE's 50257 tokens, read offline
+        (["tokenizer=char"], "32-true"),  # the corpus's characters: a few hundred
+        (["model.vocab_size=1234"], "32-true"),  # a configured size wins
+    ],
+)
+def test_an_amx_cpu_weighs_the_vocabulary_the_run_will_have(overrides, expected, compose_cfg):
+    assert plan_run(compose_cfg(overrides), device=AMX_CPU).trainer.precision == expected
 
-    def cfg(vocab, tokenizer):
-        return OmegaConf.create({"model": {"vocab_size": vocab}, "tokenizer": {"name": tokenizer}})
 
-    assert output_vocab(cfg(None, "gpt2")) == 50257  # the bundled GPT-2 BPE, offline
-    assert output_vocab(cfg(None, "char")) is None
-    assert output_vocab(cfg(1234, "gpt2")) == 1234  # a configured size wins
-
-
-def test_precisions_a_device_cannot_run_are_refused_naming_it():
+def test_precisions_a_device_cannot_run_are_refused_naming_it(compose_cfg):
     with pytest.raises(RunError, match=r"bf16-mixed is not supported by this GPU \(Tesla V100.*16-mixed"):
         resolve_precision({"accelerator": "gpu", "precision": "bf16-mixed"}, V100)
     with pytest.raises(RunError, match=r"16-mixed \(float16 AMP\) needs a CUDA GPU"):
         resolve_precision({"accelerator": "auto", "precision": "16-mixed"}, CPU)
-    with pytest.raises(RunError, match="valid values are"):
-        resolve_precision({"precision": "fp8"}, H100)
+    with pytest.raises(RunError, match="trainer.precision=fp8 is invalid: valid values are auto, 16, "):
+        plan_run(compose_cfg(["trainer.precision=fp8"]), device=H100)
 
 
 # --- the AdamW kernel --------------------------------------------------------------------------------------
@@ -243,7 +244,9 @@ def test_gpus_lightning_does_not_know_or_gets_wrong_come_from_gptminis_table(nam
     # and the table holds only such GPUs: Lightning's answer for this one is missing or different
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert hardware._lightning_peak(facts, "bf16") != bf16
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        assert get_available_flops(torch.device("cuda", 0), torch.bfloat16) != bf16
     # every dtype is tabled, with fp16 = bf16 and float32 below TF32 below bf16
     p = {d: peak_flops(facts, d).flops for d in ("bf16", "fp16", "tf32", "fp32")}
     assert p["fp16"] == p["bf16"] > p["tf32"] >= p["fp32"] > 0

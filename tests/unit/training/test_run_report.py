@@ -46,17 +46,16 @@ def test_the_next_commands_run_in_the_shell_that_started_the_run(tmp_path, monke
     its path (`.venv/bin/gptmini` from the checkout, as `make train` leaves it; absolute from elsewhere)."""
     import sys
 
-    from gptmini.training.run.run_report import RunFacts, summary
+    from gptmini.training.run.run_report import summary
 
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "gptmini").write_text("#!/bin/sh\n")
     (bin_dir / "gptmini").chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
-    facts = RunFacts(tmp_path / "outputs" / "run", 6, 1.0, 768, [], None)
 
     def commands() -> list[str]:
-        text = summary(facts, None, None)
+        text = summary(tmp_path / "outputs" / "run", [], None, "outputs", None, None)
         return [line.split()[0] for line in text.split("  next:\n")[1].splitlines()]
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
