@@ -27,7 +27,8 @@ from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
-from werkzeug import wrappers
+from werkzeug import exceptions, wrappers
+from werkzeug.exceptions import BadRequest, HTTPException, NotFound
 
 from gptmini.board import PLUGIN_NAME
 from gptmini.board.summary import AttentionSummary, SummaryFormatError, contract, decode, encode
@@ -56,30 +57,6 @@ ATTRIBUTION_TAG = re.compile(r"attribution/layer(\d+)_head(\d+)")  # as the head
 Handler = Callable[..., wrappers.Response]
 
 
-class BadRequest(ValueError):
-    """The request names something the data provider does not know, or carries malformed input: HTTP 400."""
-
-    code = 400
-
-
-class NotFound(BadRequest):
-    code = 404
-
-
-class TooLarge(BadRequest):
-    code = 413
-
-
-class Busy(BadRequest):
-    code = 429
-
-
-class Superseded(BadRequest):
-    """A later text of the same page arrived while this one waited: it is not computed (the page has dropped it)."""
-
-    code = 409
-
-
 @dataclass(frozen=True)
 class TextRequest:
     """An own-text request: ``page`` (an id the page draws once) and ``draw`` (its draw number) are optional."""
@@ -103,8 +80,8 @@ def _route(handler: Handler) -> Handler:
     def app(self: Any, request: wrappers.Request) -> wrappers.Response:
         try:
             return handler(self, request)
-        except BadRequest as err:
-            return _json(request, {"error": str(err)}, err.code)
+        except HTTPException as err:
+            return _json(request, {"error": err.description}, err.code)
         # a bug, or a file changed under a route's feet: one JSON answer all the same
         except Exception as err:
             log.exception("the ATTENTION tab's %s request failed", request.path)
@@ -311,7 +288,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self._drop_if_superseded(asked)
         model, tokenizer, step = self._model(path)
         if not self._lock.acquire(timeout=self.wait_seconds):
-            raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
+            raise exceptions.TooManyRequests(
+                f"busy: another text is still being computed after {self.wait_seconds:g} s; try again"
+            )
         try:
             # the page aborts a superseded request, but the server learns that only when it writes the answer:
             # a text that waited here while a later one of its page arrived is dropped before it is computed
@@ -347,7 +326,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         with self._draws_lock:
             latest = self._draws.get(asked.page, asked.draw)
         if latest > asked.draw:
-            raise Superseded(
+            raise exceptions.Conflict(
                 f"superseded: draw {latest} of this page came after draw {asked.draw}; not computed"
             )
 
@@ -426,8 +405,6 @@ class AttentionPlugin(base_plugin.TBPlugin):
         with self._load_lock:
             try:
                 loaded = open_checkpoint(path)
-            except TokenizerMissing as err:
-                raise BadRequest(str(err)) from None
             except (CheckpointError, DataError, ValueError, OSError) as err:
                 raise BadRequest(f"this run's checkpoint cannot be loaded: {err}") from None
         with self._cache_lock:
@@ -435,10 +412,6 @@ class AttentionPlugin(base_plugin.TBPlugin):
             while len(self._models) > CACHED_MODELS:
                 self._models.popitem(last=False)
         return loaded
-
-
-class TokenizerMissing(ValueError):
-    """The vocabulary a run was trained with cannot be found for its checkpoint."""
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -452,7 +425,9 @@ def _text_request(request: wrappers.Request) -> TextRequest:
         raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
     if request.mimetype != "application/json":
         raise BadRequest(f"Content-Type must be application/json, not {request.mimetype!r}")
-    too_large = TooLarge(f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters")
+    too_large = exceptions.RequestEntityTooLarge(
+        f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters"
+    )
     if (request.content_length or 0) > MAX_BODY_BYTES:
         raise too_large
     raw = request.stream.read(MAX_BODY_BYTES + 1)
@@ -486,8 +461,8 @@ def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
     """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, opened as every command
     opens one (:func:`gptmini.runs.loading.open_run`: ``weights_only=True``, checksum verified). The checksum is verified
     here again: the loader skips a file it verified before in this process when its size and modification time
-    are unchanged, and the tab reloads a file exactly when it changed. TokenizerMissing when the run's
-    vocabulary cannot be found (its refusal is worded for the tab, which has no --data-dir)."""
+    are unchanged, and the tab reloads a file exactly when it changed. BadRequest when the run's vocabulary cannot
+    be found (its refusal is worded for the tab, which has no --data-dir)."""
     from gptmini.data.errors import DataError
     from gptmini.runs.checkpoint import CHECKSUM_KEY, CheckpointError, tensor_checksum
     from gptmini.runs.loading import open_run, tokenizer_for_run
@@ -504,7 +479,7 @@ def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
     except (CheckpointError, DataError) as err:
         folder = run.record.data_dir
         log.warning("own text for %s: %s", path, err)  # the command line's wording, in TensorBoard's log
-        raise TokenizerMissing(
+        raise BadRequest(
             "own text needs the vocabulary this run was trained with, from the prepared data folder it recorded "
             f"({folder or 'none recorded'}), which does not hold it. Prepare the run's "
             "corpus again into that folder; the tab reads no other folder, but gptmini sample --ckpt "
