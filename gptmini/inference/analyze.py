@@ -17,9 +17,9 @@ from pathlib import Path
 from gptmini.data.errors import DataError
 from gptmini.data.reader import load_split
 from gptmini.fileio import unwritable_reason
-from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
+from gptmini.insight.scores import SCORES
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.options import EtaProgress, HelpFormatter, positive_int, seed_int
 from gptmini.runs.checkpoint import CheckpointError
