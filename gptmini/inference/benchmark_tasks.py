@@ -414,11 +414,11 @@ def run_tasks(args: argparse.Namespace) -> int:
     record = {
         "checkpoint": str(path),
         "step": step,
-        "results": (earlier.get("results") or {}) | evaluated["results"],
-        "groups": (earlier.get("groups") or {}) | evaluated.get("groups", {}),
-        "n-shot": (earlier.get("n-shot") or {}) | evaluated.get("n-shot", {}),
-        "n-samples": (earlier.get("n-samples") or {}) | evaluated.get("n-samples", {}),
-        "versions": (earlier.get("versions") or {}) | evaluated.get("versions", {}),
+        # the earlier evaluation's other tasks kept
+        **{
+            key: (earlier.get(key) or {}) | evaluated.get(key, {})
+            for key in ("results", "groups", "n-shot", "n-samples", "versions")
+        },
         "lm_eval_version": evaluated.get("lm_eval_version"),
     }
     try:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from gptmini.fileio import unwritable_reason
+from gptmini.fileio import atomic_write_bytes, unwritable_reason
 from gptmini.inference.sample import encode_prompt
 from gptmini.options import HelpFormatter, positive_int
 from gptmini.runs.checkpoint import CheckpointError
@@ -47,9 +46,7 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     written = []
     for layer, images in enumerate(attention_images(maps, token_labels(tokenizer, ids))):
         for image, name in zip(images, (f"layer{layer}_heads.png", f"layer{layer}_mean.png"), strict=True):
-            tmp = out / f".{name}.tmp"
-            tmp.write_bytes(png(image))  # written whole, then renamed
-            os.replace(tmp, out / name)
+            atomic_write_bytes(out / name, png(image))
             written.append(out / name)
     entropy = attention_entropy(maps).tolist()
     (out / "entropy.json").write_text(
