@@ -451,16 +451,3 @@ def _short(value: Any) -> str:
         return f"a JSON {'array' if isinstance(value, list) else 'object'} of {len(value)} elements"
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def to_summary(header: Mapping[str, Any], tri: np.ndarray) -> AttentionSummary:
-    return AttentionSummary(
-        tokens=list(header["tokens"]),
-        probs=dequantise(tri, len(header["tokens"])),
-        head_types=header.get("head_types"),
-        scores=header.get("scores") or {},
-        sink=header.get("sink"),
-        lens=header.get("lens"),
-        vectors=header.get("vectors"),
-        circuits=header.get("circuits"),
-    )

@@ -22,8 +22,17 @@ from gptmini.board.summary import (
     dequantise,
     quantise,
     summary_proto,
-    to_summary,
 )
+
+
+def to_summary(header, tri: np.ndarray) -> AttentionSummary:
+    """A decoded summary (``decode``'s header and triangles) as the summary it was encoded from."""
+    return AttentionSummary(
+        tokens=list(header["tokens"]),
+        probs=dequantise(tri, len(header["tokens"])),
+        **{k: header.get(k) for k in ("head_types", "sink", "lens", "vectors", "circuits")},
+        scores=header.get("scores") or {},
+    )
 
 
 def random_maps(n_layer: int, n_head: int, t: int, seed: int = 0) -> np.ndarray:
