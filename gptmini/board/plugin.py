@@ -459,21 +459,13 @@ def _text_request(request: wrappers.Request) -> TextRequest:
 
 def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
     """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, opened as every command
-    opens one (:func:`gptmini.runs.loading.open_run`: ``weights_only=True``, checksum verified). The checksum is verified
-    here again: the loader skips a file it verified before in this process when its size and modification time
-    are unchanged, and the tab reloads a file exactly when it changed. BadRequest when the run's vocabulary cannot
-    be found (its refusal is worded for the tab, which has no --data-dir)."""
+    opens one (:func:`gptmini.runs.loading.open_run`: ``weights_only=True``, checksum verified). BadRequest when the
+    run's vocabulary cannot be found (its refusal is worded for the tab, which has no --data-dir)."""
     from gptmini.data.errors import DataError
-    from gptmini.runs.checkpoint import CHECKSUM_KEY, CheckpointError, tensor_checksum
+    from gptmini.runs.checkpoint import CheckpointError
     from gptmini.runs.loading import open_run, tokenizer_for_run
 
     run = open_run(path, device="cpu", tokenizer=False)
-    recorded = run.checkpoint.get(CHECKSUM_KEY)
-    if isinstance(recorded, dict) and tensor_checksum(run.checkpoint)["digest"] != recorded.get("digest"):
-        raise CheckpointError(
-            f"{path} is damaged: its tensors do not match the checksum written when it was saved (the file was "
-            "modified or corrupted on disk); own text needs the checkpoint as training wrote it"
-        )
     try:
         tokenizer = tokenizer_for_run(run.record, None, run.path, run.model.config.vocab_size)
     except (CheckpointError, DataError) as err:

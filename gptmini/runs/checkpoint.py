@@ -102,9 +102,10 @@ def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return {**checkpoint, CHECKSUM_KEY: record}
 
 
-# (path, size, mtime) of files verified in this process: a resume, and a command's ``--ckpt last``, read their
-# checkpoint twice (the choice or the plan, then the load).
-_verified: set[tuple[str, int, int]] = set()
+# The files verified in this process, as they were (a resume, and a command's ``--ckpt last``, read their
+# checkpoint twice: the choice or the plan, then the load); a file changed in any way since is verified again (its
+# inode change time moves with every write, even one that restores the modification time).
+_verified: set[tuple[str, int, int, int, int]] = set()
 _unverifiable_warned: set[str] = set()
 
 
@@ -112,7 +113,7 @@ def verify_checksum(ckpt: Mapping[str, Any], path: str | Path) -> None:
     """Raises CheckpointError naming ``path`` when its tensors differ from the checksum written at save time.
     A checkpoint without one (written before gptmini wrote them, or by another tool) loads with a warning."""
     st = Path(path).stat()
-    stamp = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    stamp = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if stamp in _verified:
         return
     recorded = ckpt.get(CHECKSUM_KEY)
