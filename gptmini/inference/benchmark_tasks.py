@@ -78,12 +78,11 @@ class GptminiLM(TemplateLM):
         self.tok = run.tokenizer
         self.batch_size = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
-        self._device = torch.device(run.device)
+        self._device = torch.device(run.device)  # the harness's LM.device
         self._unknown: set[str] = set()  # characters a char vocabulary lacks, warned about once each
         # A text's first token is scored after the end-of-text token, as the harness's Hugging Face model does; a
         # char vocabulary has none, and a newline (where its corpus's paragraphs start) stands in.
-        start = self.tok.eot_id if self.tok.eot_id is not None else self._newline()
-        self._start_id = start
+        self._start_id = self.tok.eot_id if self.tok.eot_id is not None else self._newline()
 
     def _newline(self) -> int | None:
         ids, unknown = encode_known(self.tok, "\n")
@@ -101,10 +100,6 @@ class GptminiLM(TemplateLM):
     @property
     def max_length(self) -> int:
         return self.model.config.block_size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         ids, unknown = encode_known(self.tok, string)
@@ -271,9 +266,9 @@ def task_manager(names: Sequence[str], include_path: str | None) -> TaskManager:
         raise ValueError(
             f"--include-path {include_path} is not a folder: name the folder of your task YAML files"
         )
-    manager = None
-    if include_path is not None:
-        manager = TaskManager(include_path=include_path, include_defaults=False)
+    manager = (
+        TaskManager(include_path=include_path, include_defaults=False) if include_path is not None else None
+    )
     if manager is None or any(n not in manager.all_tasks for n in names):
         manager = TaskManager(include_path=include_path)
     for name in names:
