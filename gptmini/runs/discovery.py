@@ -303,16 +303,6 @@ def read_events(folder: Path, **size_guidance: int) -> Any:
     return events
 
 
-def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
-    """The TensorBoard folder a checkpoint's run logged to, as training records it (its run record's
-    ``tensorboard_dir``, relative to the run folder: a resumed run logs into the run it resumes); None when not
-    recorded."""
-    if not isinstance(recorded, str) or not recorded:
-        return None
-    # normalised by name: the run folder of a checkpoint that was copied away may not exist
-    return Path(os.path.normpath(Path(run_dir) / recorded))
-
-
 def _facts(path: Path) -> dict[str, Any] | None:
     """The facts of a run's checkpoint (``gptmini.runs.files.checkpoint_facts``): from the run's summary when it
     describes the file as it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it
@@ -331,14 +321,23 @@ def _facts(path: Path) -> dict[str, Any] | None:
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
-    """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
-    records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
+    """The folder of the TensorBoard run that the run in ``run_dir`` logged to (:func:`_event_folder`), by its
+    newest checkpoint."""
     ckpt = next(iter(_checkpoints(Path(run_dir))), None)
-    facts = _facts(ckpt) if ckpt is not None else None
-    recorded = recorded_event_folder(run_dir, facts.get("tensorboard_dir")) if facts is not None else None
-    if recorded is not None and recorded.is_dir():
-        return recorded
-    return next(iter(event_folders(Path(run_dir))), None)
+    return _event_folder(Path(run_dir), _facts(ckpt) if ckpt is not None else None)
+
+
+def _event_folder(run_dir: Path, facts: dict[str, Any] | None) -> Path | None:
+    """The TensorBoard folder a checkpoint's ``facts`` record (its run record's ``tensorboard_dir``, relative to
+    the run folder: a resumed run logs into the run it resumes), else the newest under ``run_dir/tb``; None: no
+    events."""
+    recorded = (facts or {}).get("tensorboard_dir")
+    if isinstance(recorded, str) and recorded:
+        # normalised by name: the run folder of a checkpoint that was copied away may not exist
+        folder = Path(os.path.normpath(run_dir / recorded))
+        if folder.is_dir():
+            return folder
+    return next(iter(event_folders(run_dir)), None)
 
 
 def _size_and_mtime(folder: Path) -> tuple[int, float]:
@@ -390,13 +389,12 @@ def _row(folder: Path, output_root: Path) -> Scanned:
     config = config if isinstance(config, dict) else {}
     files = _checkpoints(folder)
     ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
-    done = recorded = val_loss = val_step = None
+    done = facts = val_loss = val_step = None
     for path in files:
         facts = _facts(path)
         if facts is None:
             continue
         done = _wanted(facts.get("global_step"), int)
-        recorded = recorded_event_folder(folder, facts.get("tensorboard_dir"))
         val_loss, val_step = _wanted(facts.get("val_loss"), float), _wanted(facts.get("val_step"), int)
         ckpt, damaged = path, False
         break
@@ -413,9 +411,7 @@ def _row(folder: Path, output_root: Path) -> Scanned:
         state = "finished"
     else:
         state = "resumable"
-    events = (
-        recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
-    )
+    events = _event_folder(folder, facts)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     name = config.get("run_name")
