@@ -396,7 +396,6 @@ def context_sweep_chart(runs: Sequence[dict[str, Any]]) -> np.ndarray:
 
 
 def png(image: np.ndarray) -> bytes:
-    """An (H, W, 3) uint8 image as PNG bytes."""
     from PIL import Image
 
     buf = io.BytesIO()

@@ -426,7 +426,6 @@ def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[st
 
 
 def _b64_size(value: Any, where: str) -> int:
-    """The bytes of a base64 field."""
     try:
         return len(base64.b64decode(value or "", validate=True))
     except (binascii.Error, TypeError, ValueError):

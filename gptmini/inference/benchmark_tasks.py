@@ -308,7 +308,6 @@ def load_tasks(manager: TaskManager, names: Sequence[str]) -> list[Any]:
 
 
 def run_folder(path: Path) -> Path:
-    """The run folder of a checkpoint: ``<run>/checkpoints/x.ckpt`` gives ``<run>``, a file elsewhere its folder."""
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
@@ -354,7 +353,6 @@ def _earlier_results(out: Path, checkpoint: Path, step: int | None) -> dict[str,
 
 
 def _log_scalars(run_dir: Path, scalars: dict[str, float], step: int) -> Path | None:
-    """The scalars at ``step`` in the TensorBoard run of the run in ``run_dir``; None when it has none."""
     folder = run_event_folder(run_dir) if (run_dir / "checkpoints").is_dir() else None
     if folder is None:
         return None

@@ -56,7 +56,6 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
 
 
 def earlier_maps(out_dir: str | Path) -> str | None:
-    """The files of earlier attention maps in ``out_dir`` (a few named), or None when there are none."""
     out = Path(out_dir)
     if not out.is_dir():
         return None

@@ -72,7 +72,6 @@ def decode_samples(tokenizer: Any, rows: list[list[int]], model_vocab_size: int)
 def check_generation_sizes(
     config: Any, prompt_tokens: int, max_new_tokens: int, num_samples: int, device: str | torch.device
 ) -> None:
-    """Refuses ``--num-samples`` or ``--max-new-tokens`` whose generation cannot fit in the device's memory."""
     # the length first: a single sample too long to fit is --max-new-tokens's doing, not --num-samples's
     check_fits(
         "--max-new-tokens",
@@ -176,7 +175,6 @@ class Shown:
             self.text = text
 
     def rest(self, text: str) -> str:
-        """What of the whole ``text`` is not shown yet."""
         return text[len(self.text) :] if text.startswith(self.text) else "\n" + text
 
 

@@ -117,7 +117,6 @@ def _grid(summary: dict[str, Any], name: str, title: str, vmin: float, vmax: flo
 def render_html(
     analysis: HeadAnalysis, labels: Sequence[str] | None = None, title: str = "Head report"
 ) -> str:
-    """The report as one HTML page with every image inline."""
     s = analysis.summary
     t = s["probes"]["probe_tokens"]
     parts = [

@@ -90,7 +90,6 @@ def _canonical(obj: Any) -> Any:
 
 
 def settings_checksum(checkpoint: Mapping[str, Any]) -> str:
-    """SHA-256 of the checkpoint's settings (``hyper_parameters``) as canonical JSON."""
     text = json.dumps(_canonical(checkpoint.get(COVERED_SETTINGS)), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -285,7 +284,6 @@ def _tensor_problems(state_dict: Mapping[str, Any], model: GPT) -> str:
 
 
 def stored_model(ckpt: Mapping[str, Any], record: RunRecord, path: str | Path) -> GPT:
-    """The plain ``GPT`` of a loaded checkpoint and its record (in eval mode)."""
     model = GPT(GPTConfig.from_dict(record.model))
     check_tensors_match(ckpt["state_dict"], model, path)
     _load_weights(model, ckpt, path)
@@ -372,7 +370,6 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
 
 
 def _kept(path: Path) -> str:
-    """What a failed save of ``path`` left in its place, for the error message."""
     if not path.is_file():
         return f"no {path.name} was written"
     try:
@@ -467,7 +464,6 @@ def atomic_checkpoint_io() -> Any:
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None
         ) -> Any:
-            """Lightning's load (resuming), then the checksum check of :func:`verify_checksum`."""
             kwargs = {} if map_location is None else {"map_location": map_location}
             checkpoint = super().load_checkpoint(path, weights_only=weights_only, **kwargs)
             if "://" not in str(path):

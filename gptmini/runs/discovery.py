@@ -41,7 +41,6 @@ CKPT_RULE = (
 
 
 def newest_checkpoint(output_root: str | Path, run_name: str | None = None) -> Path | None:
-    """The first of :func:`last_checkpoints`; None when there is none."""
     return next(iter(last_checkpoints(output_root, run_name)), None)
 
 
@@ -105,7 +104,6 @@ def is_sweep_job(relative: Path) -> bool:
 
 
 def _sweep_only(root: Path) -> str:
-    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
     job = newest_checkpoint(root)
     return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
 
@@ -364,7 +362,6 @@ def _wanted(value: Any, kind: type) -> Any:
 
 
 def _checkpoints(folder: Path) -> list[Path]:
-    """A run folder's ``last.ckpt`` and ``on_exception.ckpt``, the one written last first."""
     found = [p for p in (folder / "checkpoints" / name for name in LAST_NAMES) if p.is_file()]
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
@@ -596,7 +593,6 @@ def prunable(root: Path, name: str | None = None) -> list[Prunable]:
 
 
 def prune(root: Path, name: str | None, delete: bool) -> str:
-    """What :func:`prunable` finds, listed with its size and why; deleted only when ``delete``."""
     found = prunable(root, name)
     if not found:
         return f"nothing to prune under {display_path(root)}/\n"

@@ -86,7 +86,6 @@ class LoadedRun:
         return str(folder), meta
 
     def can_rebuild_data(self) -> bool:
-        """Whether ``rebuild_data`` can try: the checkpoint carries its tokenizer and records its data and corpus."""
         recorded = self.record.data_identity
         return (
             "fingerprint" in recorded

@@ -82,7 +82,6 @@ class RunRecord:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     def write(self, run_dir: str | Path) -> None:
-        """``run_record.json`` in ``run_dir`` (atomically)."""
         fileio.atomic_write_json(Path(run_dir) / RECORD_FILE, json.loads(self.to_json()))
 
 
@@ -117,7 +116,6 @@ def read_record(checkpoint: Mapping[str, Any]) -> RunRecord:
 
 
 def read_record_file(run_dir: str | Path) -> RunRecord | None:
-    """The record in a run folder's ``run_record.json``; None when there is none or it is unreadable."""
     try:
         return parse_record((Path(run_dir) / RECORD_FILE).read_text())
     except (OSError, RunRecordError):
