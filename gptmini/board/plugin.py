@@ -8,6 +8,7 @@ Torch is imported on the first own-text request only, so TensorBoard starts as f
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import math
@@ -111,11 +112,11 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self._lock = threading.Lock()  # one own-text computation at a time
         # one checkpoint loaded at a time (each may take the model's memory)
         self._load_lock = threading.Lock()
-        self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
         self._draws: OrderedDict[str, int] = OrderedDict()  # page -> its latest draw number
         self._draws_lock = threading.Lock()
         self.wait_seconds = WAIT_SECONDS
-        self._models: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        # the loaded models: a cached one is served while another loads
+        self._loaded = functools.lru_cache(maxsize=CACHED_MODELS)(self._load)
 
     # --- TensorBoard's interface ---
 
@@ -388,30 +389,23 @@ class AttentionPlugin(base_plugin.TBPlugin):
         """The cached (model, tokenizer, step) of ``path``, loaded again whenever the file changed in any way
         (its inode change time moves with every write, even one that restores the modification time), and its
         checksum verified again at every load."""
-        from gptmini.data.errors import DataError
-        from gptmini.runs.checkpoint import CheckpointError
-
         try:
             st = path.stat()
         except OSError:  # renamed or removed since _checkpoint found it
             raise NotFound(
                 "this run's checkpoint was renamed or removed while the text was sent; send it again"
             ) from None
-        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        with self._cache_lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
+        return self._loaded(str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _load(self, path: str, *stamp: int) -> tuple[Any, Any, int | None]:  # stamp: the cache's key
+        from gptmini.data.errors import DataError
+        from gptmini.runs.checkpoint import CheckpointError
+
         with self._load_lock:
             try:
-                loaded = open_checkpoint(path)
+                return open_checkpoint(Path(path))
             except (CheckpointError, DataError, ValueError, OSError) as err:
                 raise BadRequest(f"this run's checkpoint cannot be loaded: {err}") from None
-        with self._cache_lock:
-            self._models[key] = loaded
-            while len(self._models) > CACHED_MODELS:
-                self._models.popitem(last=False)
-        return loaded
 
 
 def _inside(path: Path, folder: Path) -> bool:
