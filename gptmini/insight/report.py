@@ -137,24 +137,12 @@ def render_html(
         f"{s['icl_bands']['early'][0]}-{s['icl_bands']['early'][1] - 1}): <b>{s['icl_score']:+.4f}</b> nats.</p>"
     )
     parts.append("<h2>Head scores</h2><div class=grids>")
-    for score in SCORES:
-        vmin, vmax = score.scale(t)
-        parts.append(_img(_grid(s, score.name, score.title, vmin, vmax, score.fmt), score.title))
+    grids = [(score.name, score.title, *score.scale(t), score.fmt) for score in SCORES]
     if ABLATION in s["scores"]:
         deltas = [rec[ABLATION] for rec in s["heads"]]
-        parts.append(
-            _img(
-                _grid(
-                    s,
-                    ABLATION,
-                    "mean-ablation loss change (nats)",
-                    min(0.0, min(deltas)),
-                    max(deltas),
-                    "{:+.3f}",
-                ),
-                "ablation",
-            )
-        )
+        grids.append((ABLATION, s["scores"][ABLATION], min(0.0, min(deltas)), max(deltas), "{:+.3f}"))
+    for name, title, vmin, vmax, fmt in grids:
+        parts.append(_img(_grid(s, name, title, vmin, vmax, fmt), title))
     parts.append("</div><h2>Loss by position</h2>")
     bands = (tuple(s["icl_bands"]["early"]), tuple(s["icl_bands"]["late"]))
     parts.append(
