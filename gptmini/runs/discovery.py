@@ -445,30 +445,17 @@ def _scan(root: Path, name: str | None) -> list[Scanned]:
     """Every run, newest first (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():
         return []
-    folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    scanned = [(_row(f, root), f) for f in folders]
+    rows = {f: _row(f, root) for f in {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}}
     # a run whose checkpoint another run continued (its record's lineage) is continued there: resume that one
-    continued = {lineage[0] for (*_, lineage), _ in scanned if lineage is not None}
-    scanned = [
-        (
-            (
-                replace(r, state="resumed")
-                if r.state == "resumable" and c is not None and c.resolve() in continued
-                else r,
-                c,
-                lineage,
-            ),
-            f,
-        )
-        for (r, c, lineage), f in scanned
-    ]
-    if name is not None:
+    continued = {lineage[0] for *_, lineage in rows.values() if lineage is not None}
+    scanned = []
+    for folder, (row, ckpt, lineage) in rows.items():
+        if row.state == "resumable" and ckpt is not None and ckpt.resolve() in continued:
+            row = replace(row, state="resumed")
         # a run name is the first folder under the runs folder, or the run_name its row shows
-        scanned = [
-            (run, f) for run, f in scanned if run[0].name == name or f.relative_to(root).parts[0] == name
-        ]
-    scanned.sort(key=lambda run_f: (run_f[0][0].modified, run_f[0][0].folder), reverse=True)
-    return [run for run, _ in scanned]
+        if name is None or row.name == name or folder.relative_to(root).parts[0] == name:
+            scanned.append((row, ckpt, lineage))
+    return sorted(scanned, key=lambda run: (run[0].modified, run[0].folder), reverse=True)
 
 
 def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None]:
