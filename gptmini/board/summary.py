@@ -201,16 +201,12 @@ def vectors_header(
     layers = q.shape[0] if max_values is None else min(q.shape[0], max_values // per_layer)
     if layers == 0:
         return None
-
-    def b64(x: np.ndarray) -> str:
-        return base64.b64encode(np.ascontiguousarray(x[:layers], dtype="<f2").tobytes()).decode("ascii")
-
     return {
         "layers": int(layers),
         "head_size": int(q.shape[-1]),
         "scale": float(scale),
-        "q": b64(q),
-        "k": b64(k),
+        "q": _b64_f16(q[:layers]),
+        "k": _b64_f16(k[:layers]),
         "slopes": None if slopes is None else _rounded(np.asarray(slopes, dtype=np.float64), 8),
         "window": window,
         "sink": None if sink is None else _rounded(np.asarray(sink)[:layers]),
