@@ -82,11 +82,9 @@ class GptminiLM(TemplateLM):
         self._unknown: set[str] = set()  # characters a char vocabulary lacks, warned about once each
         # A text's first token is scored after the end-of-text token, as the harness's Hugging Face model does; a
         # char vocabulary has none, and a newline (where its corpus's paragraphs start) stands in.
-        self._start_id = self.tok.eot_id if self.tok.eot_id is not None else self._newline()
-
-    def _newline(self) -> int | None:
         ids, unknown = encode_known(self.tok, "\n")
-        return ids[0] if len(ids) == 1 and not unknown else None
+        newline = ids[0] if len(ids) == 1 and not unknown else None
+        self._start_id = self.tok.eot_id if self.tok.eot_id is not None else newline
 
     @property
     def eot_token_id(self) -> int:

@@ -188,10 +188,6 @@ class RunInfo:
     # what this run continued, from its record's lineage: "<run folder>@<step>" (None: a fresh run)
     continues: str | None = None
 
-    def steps(self) -> str:
-        done = "-" if self.steps_done is None else str(self.steps_done)
-        return f"{done}/{'-' if self.steps_planned is None else self.steps_planned}"
-
 
 # The largest YAML file of a run folder read: Hydra's config.yaml of a run is a few kilobytes.
 YAML_MAX_BYTES = 1 << 20
@@ -481,12 +477,12 @@ def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None
     return rows, None
 
 
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    raise AssertionError("not reached")
+    return f"{n:.1f} GB"
 
 
 def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
@@ -501,7 +497,7 @@ def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
             (
                 "*" if marked else "",
                 r.name,
-                r.steps(),
+                "/".join("-" if n is None else str(n) for n in (r.steps_done, r.steps_planned)),
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
                 r.state
