@@ -91,6 +91,15 @@ def _route(handler: Handler) -> Handler:
     return app
 
 
+def _where(request: wrappers.Request, plugin_name: str = PLUGIN_NAME) -> dict[str, Any]:
+    """What the data provider's listings and reads take: the request's context and experiment, and the plugin."""
+    return {
+        "ctx": plugin_util.context(request.environ),
+        "experiment_id": plugin_util.experiment_id(request.environ),
+        "plugin_name": plugin_name,
+    }
+
+
 def _arg(request: wrappers.Request, name: str) -> str:
     value = request.args.get(name)
     if value is None or value == "":
@@ -149,23 +158,13 @@ class AttentionPlugin(base_plugin.TBPlugin):
     # --- what the data provider knows ---
 
     def _series(self, request: wrappers.Request) -> dict[str, dict[str, Any]]:
-        if self._provider is None:
-            return {}
-        return self._provider.list_tensors(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ),
-            plugin_name=PLUGIN_NAME,
-        )
-
-    def _run(self, request: wrappers.Request, series: dict[str, Any] | None = None) -> str:
-        run = _arg(request, "run")
-        if run not in (series if series is not None else self._series(request)):
-            raise BadRequest(f"unknown run {run!r}: it holds no attention summaries")
-        return run
+        return {} if self._provider is None else self._provider.list_tensors(**_where(request))
 
     def _run_tag(self, request: wrappers.Request) -> tuple[str, str]:
         series = self._series(request)
-        run = self._run(request, series)
+        run = _arg(request, "run")
+        if run not in series:
+            raise BadRequest(f"unknown run {run!r}: it holds no attention summaries")
         tag = _arg(request, "tag")
         if tag not in series[run]:
             raise BadRequest(f"unknown tag {tag!r} for run {run!r}; it has {sorted(series[run])}")
@@ -173,9 +172,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     def _data(self, request: wrappers.Request, run: str, tag: str) -> list[Any]:
         found = self._provider.read_tensors(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ),
-            plugin_name=PLUGIN_NAME,
+            **_where(request),
             downsample=self._samples,
             run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]),
         )
@@ -190,18 +187,11 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     @_route
     def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
-        series = self._series(request)
         runs = [
-            {
-                "run": run,
-                "tags": sorted(tags),
-                "has_checkpoint": self._checkpoint(run) is not None,
-            }
-            for run, tags in sorted(series.items())
+            {"run": run, "tags": sorted(tags), "has_checkpoint": self._checkpoint(run) is not None}
+            for run, tags in sorted(self._series(request).items())
         ]
-        return _json(
-            request, {"runs": runs, "max_text_chars": MAX_TEXT_CHARS, "max_text_tokens": MAX_TEXT_TOKENS}
-        )
+        return _json(request, {"runs": runs})  # the text's limits are the contract's
 
     @_route
     def _steps_route(self, request: wrappers.Request) -> wrappers.Response:
@@ -237,11 +227,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         are read whole (TensorBoard keeps 1,000 per tag): past 100 validations the steps kept of the summaries
         are a sample, and the map shows the same one."""
         run, tag = self._run_tag(request)
-        where = {
-            "ctx": plugin_util.context(request.environ),
-            "experiment_id": plugin_util.experiment_id(request.environ),
-            "plugin_name": SCALARS_PLUGIN,
-        }
+        where = _where(request, SCALARS_PLUGIN)
         listed = self._provider.list_scalars(**where, run_tag_filter=provider.RunTagFilter(runs=[run]))
         names = [name for name in listed.get(run, {}) if ATTRIBUTION_TAG.fullmatch(name)]
         if not names:
