@@ -272,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _emit(result, out)
             log.info("%s (%s):", path, run.name)
             contexts = args.context or [model.config.block_size]
+            results = context_sweep(
+                model, data_dir, contexts, args.split, args.batch_size, args.max_tokens, args.max_batches
+            )
             runs.append(
                 {
                     "name": _label(run),
@@ -280,15 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "split": args.split,
                     "block_size": model.config.block_size,
                     "position": model.config.position,
-                    "results": context_sweep(
-                        model,
-                        data_dir,
-                        contexts,
-                        args.split,
-                        args.batch_size,
-                        args.max_tokens,
-                        args.max_batches,
-                    ),
+                    "results": results,
                 }
             )
     except (CheckpointError, DataError, ValueError) as err:

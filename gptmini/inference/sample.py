@@ -73,24 +73,14 @@ def check_generation_sizes(
     config: Any, prompt_tokens: int, max_new_tokens: int, num_samples: int, device: str | torch.device
 ) -> None:
     # the length first: a single sample too long to fit is --max-new-tokens's doing, not --num-samples's
+    prompt = generation_bytes(config, prompt_tokens)
+    check_fits("--max-new-tokens", max_new_tokens, 24, device, "new tokens", fixed=prompt)
+    total = prompt_tokens + max_new_tokens
+    per_sample = generation_bytes(config, total)
+    check_fits("--num-samples", num_samples, per_sample, device, f"samples of {total:,} tokens")
     check_fits(
-        "--max-new-tokens",
-        max_new_tokens,
-        24,
-        device,
-        "new tokens",
-        fixed=generation_bytes(config, prompt_tokens),
+        "--max-new-tokens", max_new_tokens, 24 * num_samples, device, "new tokens", fixed=num_samples * prompt
     )
-    per_sample = generation_bytes(config, prompt_tokens + max_new_tokens)
-    check_fits(
-        "--num-samples",
-        num_samples,
-        per_sample,
-        device,
-        f"samples of {prompt_tokens + max_new_tokens:,} tokens",
-    )
-    fixed = num_samples * generation_bytes(config, prompt_tokens)
-    check_fits("--max-new-tokens", max_new_tokens, 24 * num_samples, device, "new tokens", fixed=fixed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
