@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from gptmini.fileio import atomic_write_bytes, unwritable_reason
+from gptmini.fileio import atomic_write_bytes, atomic_write_json, unwritable_reason
 from gptmini.inference.sample import encode_prompt
 from gptmini.options import HelpFormatter, positive_int
 from gptmini.runs.checkpoint import CheckpointError
@@ -44,13 +43,13 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for layer, images in enumerate(attention_images(maps, token_labels(tokenizer, ids))):
+    labels = token_labels(tokenizer, ids)
+    for layer, images in enumerate(attention_images(maps, labels)):
         for image, name in zip(images, (f"layer{layer}_heads.png", f"layer{layer}_mean.png"), strict=True):
             atomic_write_bytes(out / name, png(image))
             written.append(out / name)
-    entropy = attention_entropy(maps).tolist()
-    (out / "entropy.json").write_text(
-        json.dumps({"tokens": token_labels(tokenizer, ids), "entropy": entropy}, indent=1)
+    atomic_write_json(
+        out / "entropy.json", {"tokens": labels, "entropy": attention_entropy(maps).tolist()}, indent=1
     )
     return written
 

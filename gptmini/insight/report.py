@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ class HeadAnalysis:
     summary: dict[str, Any]
     text_maps: torch.Tensor  # (n_layer, n_head, T, T): the first text probe
     repeated_maps: torch.Tensor  # (n_layer, n_head, T, T): the first repeated probe
-    text_ids: list[int] = field(default_factory=list)
+    text_ids: list[int]  # the first text probe's tokens
 
 
 def _top(values: torch.Tensor, k: int = TOP_K) -> list[dict[str, Any]]:
