@@ -22,8 +22,7 @@ log = logging.getLogger("gptmini.inference.sample")
 def _temperature(text: str) -> float:
     """``--temperature``'s argparse type: a finite number, 0 or in ``TEMPERATURE_RANGE``."""
     value = finite_float()(text)
-    problem = temperature_problem(value)
-    if problem is not None:
+    if (problem := temperature_problem(value)) is not None:
         raise argparse.ArgumentTypeError(f"{text} {problem}")
     return value
 

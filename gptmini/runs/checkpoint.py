@@ -162,8 +162,7 @@ def load_checkpoint(
     ``verify``: check the tensors against the checksum written at save time. Every failure is one
     CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
-    too_long = fileio.name_too_long(path)
-    if too_long:
+    if too_long := fileio.name_too_long(path):
         raise CheckpointError(f"checkpoint {str(path)[:80]}...: {too_long}; pass a shorter path")
     if path.is_dir():
         raise CheckpointError(
@@ -306,8 +305,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     must give exactly the checkpoint's tensors (CheckpointError naming the differences): fine-tuning starts from
     them with a fresh optimizer."""
     ckpt = load_checkpoint(path)
-    problems = _tensor_problems(ckpt["state_dict"], model)
-    if problems:
+    if problems := _tensor_problems(ckpt["state_dict"], model):
         saved = checkpoint_record(ckpt, path).model
         keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
         raise CheckpointError(

@@ -119,8 +119,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
 
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
-        too_long = fileio.name_too_long(value)
-        if too_long:
+        if too_long := fileio.name_too_long(value):
             raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
         found = newest_usable_checkpoint(output_root, running=False)
