@@ -95,11 +95,6 @@ class AttentionSummary:
     vectors: Mapping[str, Any] | None = None  # see vectors_header
     circuits: Mapping[str, Any] | None = None  # see circuits_header
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        n_layer, n_head, t, _ = self.probs.shape
-        return n_layer, n_head, t
-
 
 def contract() -> dict[str, Any]:
     """What the tab's page needs to read this module's summaries (served as JSON by the ``contract`` route)."""
@@ -134,7 +129,7 @@ def dequantise(tri: np.ndarray, t: int) -> np.ndarray:
 def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
     """``summary`` as what is stored and served: (JSON header, uint8 triangles of shape (n_layer, n_head,
     T(T+1)/2)). ValueError naming the field when the summary is inconsistent."""
-    n_layer, n_head, t = summary.shape
+    n_layer, n_head, t, _ = summary.probs.shape
     if len(summary.tokens) != t:
         raise ValueError(f"{len(summary.tokens)} tokens for attention maps over {t} positions")
     _entry({"head_types": summary.head_types}, "", {"head_types?": ((n_layer, n_head), _HEAD_TYPE)})

@@ -250,9 +250,8 @@ def check_tensors_match(state_dict: Mapping[str, Any], model: GPT, path: str | P
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``model.``) are not exactly those of
     ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
     (edited, or written by another tool)."""
-    shown = _tensor_problems(state_dict, model)
-    config = model.config
-    if shown:
+    if shown := _tensor_problems(state_dict, model):
+        config = model.config
         raise CheckpointError(
             f"{path} is inconsistent: its saved model settings (n_layer={config.n_layer}, n_embd={config.n_embd}, "
             f"vocab_size={config.vocab_size}, block_size={config.block_size}) disagree with its tensors ({shown}); "
