@@ -376,11 +376,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         tasks = load_tasks(manager, args.tasks)
         run = open_run(path, device, data_dir=args.data_dir)
         step = run.step
-        out = (
-            Path(args.out)
-            if args.out
-            else run_folder(path) / f"eval_tasks_step{step if step is not None else 0}.json"
-        )
+        out = Path(args.out) if args.out else run_folder(path) / f"eval_tasks_step{step or 0}.json"
         if out.is_dir():
             raise ValueError(f"--out {out} is a folder: name a .json file for the results")
         if (reason := unwritable_reason(out.absolute().parent)) is not None:
