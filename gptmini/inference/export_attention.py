@@ -29,14 +29,8 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     limit = min(max_tokens, model.config.block_size)
     if len(ids) > limit:
         why = "--max-tokens" if limit == max_tokens else "the model's context (block_size)"
-        log.warning(
-            "--text is %d tokens: showing the first %d (%s %d)%s",
-            len(ids),
-            limit,
-            why,
-            limit,
-            "; raise --max-tokens to see more" if limit == max_tokens < model.config.block_size else "",
-        )
+        hint = "; raise --max-tokens to see more" if limit == max_tokens < model.config.block_size else ""
+        log.warning("--text is %d tokens: showing the first %d (%s %d)%s", len(ids), limit, why, limit, hint)
         ids = ids[:limit]
     device = next(model.parameters()).device
     maps = model.eval().attention_maps(torch.tensor([ids], device=device))[:, 0]  # (n_layer, n_head, T, T)
