@@ -209,9 +209,8 @@ def score_grid(
     draw.text((4, 2), title, fill="black", font=title_font)
     if subtitle:
         draw.text((4, 18), subtitle, fill=(90, 90, 90), font=label_font)
-    label_every = max(
-        1, round(n_head / max(1, (n_head * cell_w) // 24))
-    )  # column labels ~24 px apart at least
+    # column labels ~24 px apart at least
+    label_every = max(1, round(n_head / max(1, (n_head * cell_w) // 24)))
     for h in range(0, n_head, label_every):
         draw.text((left + (h + 0.5) * cell_w, top - 3), f"H{h}", fill="black", font=label_font, anchor="md")
     finite = np.isfinite(v)

@@ -391,10 +391,8 @@ def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[st
     if circuits is None:
         return None
     _entry(circuits, "circuits", {"attribution": ((n_layer, n_head, t - 1), _FINITE_OR_NULL)})
-    successive = (
-        (n_layer - 1, n_head, n_head),
-        _FINITE_OR_NULL,
-    )  # head a of layer l on head b of layer l + 1
+    # head a of layer l on head b of layer l + 1
+    successive = ((n_layer - 1, n_head, n_head), _FINITE_OR_NULL)
     _entry(circuits.get("composition"), "circuits.composition", dict.fromkeys(COMPOSITION_MODES, successive))
     names = circuits.get("circuit_tokens")
     heads = n_layer * n_head

@@ -170,9 +170,8 @@ def composition_scores(model: GPT) -> dict[str, Tensor]:
 
     def score(middle_from: Tensor, right: Tensor, right_norm: Tensor) -> Tensor:
         # ||W_V1 M B^T||_F^2 = tr(G_V1 M G_B M^T), M = W_O1 middle_from2 (hs, hs), G_B = right's Gram (hs, hs)
-        m = torch.einsum(
-            "ahc,bcd->abhd", w_o.flatten(0, 1), middle_from.flatten(0, 1)
-        )  # (L nh, L nh, hs, hs)
+        # (L nh, L nh, hs, hs)
+        m = torch.einsum("ahc,bcd->abhd", w_o.flatten(0, 1), middle_from.flatten(0, 1))
         g_left = g_v.flatten(0, 1)[:, None]  # (L nh, 1, hs, hs)
         g_right = right.flatten(0, 1)[None]  # (1, L nh, hs, hs)
         sq = ((g_left @ m @ g_right) * m).sum((-1, -2)).clamp_min(0.0)  # (L nh, L nh)

@@ -259,9 +259,8 @@ def tensorboard_label(run_name: str, overrides: Sequence[str]) -> str:
     label = _LABEL_UNSAFE.sub("_", text).lstrip(".-") or "run"
     if len(label) <= LABEL_MAX:
         return label
-    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[
-        :8
-    ]  # a path not in UTF-8 too
+    # surrogateescape: a path not in UTF-8 too
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
     return f"{label[: LABEL_MAX - 9].rstrip('.,=')}-{digest}"
 
 

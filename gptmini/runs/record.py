@@ -42,9 +42,8 @@ class RunRecord:
     # the prepared data trained on (gptmini.data.reader.data_identity), with the tokenizer itself under
     # "saved_tokenizer" when it is not known by name (gptmini.data.reader.saved_tokenizer)
     data_identity: dict[str, Any] = field(default_factory=dict)
-    tokenizer: dict[str, Any] = field(
-        default_factory=dict
-    )  # name, and a trained BPE's vocab_size, train_bytes
+    # name, and a trained BPE's vocab_size, train_bytes
+    tokenizer: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # the DataModule's settings: source, data_dir, ...
     trainer: dict[str, Any] = field(default_factory=dict)  # with the precision and validation interval used
     optimizer: dict[str, Any] = field(default_factory=dict)  # with its _target_
