@@ -24,7 +24,9 @@ import torch
 
 from benchmarks.common import BenchOptions, log, sync
 from benchmarks.training import TrainSetup, _batches, run_bare_loop
-from gptmini.insight import head_scores, loss_by_position, make_probes
+from gptmini.insight.icl import loss_by_position
+from gptmini.insight.probes import make_probes
+from gptmini.insight.scores import head_scores
 from gptmini.model import GPT, GPTConfig
 
 INSIGHT_COLUMNS = [

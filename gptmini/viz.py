@@ -180,18 +180,6 @@ def attention_images(
 # --- head scores and loss by position (the head report, the insight callback) -----------------------------
 
 
-def _colour(value: float, vmin: float, vmax: float) -> tuple[int, int, int]:
-    if not np.isfinite(value):
-        return (200, 200, 200)  # no score: grey, written "-"
-    r, g, b = viridis(np.asarray(0.0 if vmax <= vmin else (value - vmin) / (vmax - vmin)))
-    return int(r), int(g), int(b)
-
-
-def _ink(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
-    # black text on light cells, white on dark ones
-    return (0, 0, 0) if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else (255, 255, 255)
-
-
 def score_grid(
     values: torch.Tensor | np.ndarray,
     title: str,
@@ -221,23 +209,25 @@ def score_grid(
     draw.text((4, 2), title, fill="black", font=title_font)
     if subtitle:
         draw.text((4, 18), subtitle, fill=(90, 90, 90), font=label_font)
-    label_every = max(
-        1, round(n_head / max(1, (n_head * cell_w) // 24))
-    )  # column labels ~24 px apart at least
+    # column labels ~24 px apart at least
+    label_every = max(1, round(n_head / max(1, (n_head * cell_w) // 24)))
     for h in range(0, n_head, label_every):
         draw.text((left + (h + 0.5) * cell_w, top - 3), f"H{h}", fill="black", font=label_font, anchor="md")
+    finite = np.isfinite(v)
+    colours = viridis((np.where(finite, v, vmin) - vmin) / (vmax - vmin) if vmax > vmin else np.zeros_like(v))
+    colours[~finite] = 200  # no score: grey, written "-"
     for layer in range(n_layer):
         y0 = top + layer * cell_h
         draw.text((left - 4, y0 + cell_h / 2), f"L{layer}", fill="black", font=label_font, anchor="rm")
         for h in range(n_head):
             x0 = left + h * cell_w
-            rgb = _colour(v[layer, h], vmin, vmax)
+            rgb = tuple(int(c) for c in colours[layer, h])
             draw.rectangle([x0, y0, x0 + cell_w - 1, y0 + cell_h - 1], fill=rgb, outline="white")
             if size >= 7:
                 text = fmt.format(v[layer, h]) if np.isfinite(v[layer, h]) else "-"
-                draw.text(
-                    (x0 + cell_w / 2, y0 + cell_h / 2), text, fill=_ink(rgb), font=cell_font, anchor="mm"
-                )
+                # black text on light cells, white on dark ones
+                ink = "black" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "white"
+                draw.text((x0 + cell_w / 2, y0 + cell_h / 2), text, fill=ink, font=cell_font, anchor="mm")
     # colour bar: the fixed scale, vmax at the top
     x0, y0, y1 = left + n_head * cell_w + 10, top, top + n_layer * cell_h - 1
     ramp = viridis(np.linspace(1.0, 0.0, y1 - y0 + 1))  # (rows, 3), top row: vmax
@@ -396,7 +386,6 @@ def context_sweep_chart(runs: Sequence[dict[str, Any]]) -> np.ndarray:
 
 
 def png(image: np.ndarray) -> bytes:
-    """An (H, W, 3) uint8 image as PNG bytes."""
     from PIL import Image
 
     buf = io.BytesIO()

@@ -8,6 +8,7 @@ Torch is imported on the first own-text request only, so TensorBoard starts as f
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import math
@@ -27,7 +28,8 @@ from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
-from werkzeug import wrappers
+from werkzeug import exceptions, wrappers
+from werkzeug.exceptions import BadRequest, HTTPException, NotFound
 
 from gptmini.board import PLUGIN_NAME
 from gptmini.board.summary import AttentionSummary, SummaryFormatError, contract, decode, encode
@@ -56,30 +58,6 @@ ATTRIBUTION_TAG = re.compile(r"attribution/layer(\d+)_head(\d+)")  # as the head
 Handler = Callable[..., wrappers.Response]
 
 
-class BadRequest(ValueError):
-    """The request names something the data provider does not know, or carries malformed input: HTTP 400."""
-
-    code = 400
-
-
-class NotFound(BadRequest):
-    code = 404
-
-
-class TooLarge(BadRequest):
-    code = 413
-
-
-class Busy(BadRequest):
-    code = 429
-
-
-class Superseded(BadRequest):
-    """A later text of the same page arrived while this one waited: it is not computed (the page has dropped it)."""
-
-    code = 409
-
-
 @dataclass(frozen=True)
 class TextRequest:
     """An own-text request: ``page`` (an id the page draws once) and ``draw`` (its draw number) are optional."""
@@ -103,14 +81,23 @@ def _route(handler: Handler) -> Handler:
     def app(self: Any, request: wrappers.Request) -> wrappers.Response:
         try:
             return handler(self, request)
-        except BadRequest as err:
-            return _json(request, {"error": str(err)}, err.code)
+        except HTTPException as err:
+            return _json(request, {"error": err.description}, err.code)
         # a bug, or a file changed under a route's feet: one JSON answer all the same
         except Exception as err:
             log.exception("the ATTENTION tab's %s request failed", request.path)
             return _json(request, {"error": f"internal error ({type(err).__name__}): {err}"[:500]}, 500)
 
     return app
+
+
+def _where(request: wrappers.Request, plugin_name: str = PLUGIN_NAME) -> dict[str, Any]:
+    """What the data provider's listings and reads take: the request's context and experiment, and the plugin."""
+    return {
+        "ctx": plugin_util.context(request.environ),
+        "experiment_id": plugin_util.experiment_id(request.environ),
+        "plugin_name": plugin_name,
+    }
 
 
 def _arg(request: wrappers.Request, name: str) -> str:
@@ -134,11 +121,11 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self._lock = threading.Lock()  # one own-text computation at a time
         # one checkpoint loaded at a time (each may take the model's memory)
         self._load_lock = threading.Lock()
-        self._cache_lock = threading.Lock()  # the loaded models: a cached one is served while another loads
         self._draws: OrderedDict[str, int] = OrderedDict()  # page -> its latest draw number
         self._draws_lock = threading.Lock()
         self.wait_seconds = WAIT_SECONDS
-        self._models: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        # the loaded models: a cached one is served while another loads
+        self._loaded = functools.lru_cache(maxsize=CACHED_MODELS)(self._load)
 
     # --- TensorBoard's interface ---
 
@@ -171,23 +158,13 @@ class AttentionPlugin(base_plugin.TBPlugin):
     # --- what the data provider knows ---
 
     def _series(self, request: wrappers.Request) -> dict[str, dict[str, Any]]:
-        if self._provider is None:
-            return {}
-        return self._provider.list_tensors(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ),
-            plugin_name=PLUGIN_NAME,
-        )
-
-    def _run(self, request: wrappers.Request, series: dict[str, Any] | None = None) -> str:
-        run = _arg(request, "run")
-        if run not in (series if series is not None else self._series(request)):
-            raise BadRequest(f"unknown run {run!r}: it holds no attention summaries")
-        return run
+        return {} if self._provider is None else self._provider.list_tensors(**_where(request))
 
     def _run_tag(self, request: wrappers.Request) -> tuple[str, str]:
         series = self._series(request)
-        run = self._run(request, series)
+        run = _arg(request, "run")
+        if run not in series:
+            raise BadRequest(f"unknown run {run!r}: it holds no attention summaries")
         tag = _arg(request, "tag")
         if tag not in series[run]:
             raise BadRequest(f"unknown tag {tag!r} for run {run!r}; it has {sorted(series[run])}")
@@ -195,9 +172,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     def _data(self, request: wrappers.Request, run: str, tag: str) -> list[Any]:
         found = self._provider.read_tensors(
-            plugin_util.context(request.environ),
-            experiment_id=plugin_util.experiment_id(request.environ),
-            plugin_name=PLUGIN_NAME,
+            **_where(request),
             downsample=self._samples,
             run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]),
         )
@@ -212,18 +187,11 @@ class AttentionPlugin(base_plugin.TBPlugin):
 
     @_route
     def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
-        series = self._series(request)
         runs = [
-            {
-                "run": run,
-                "tags": sorted(tags),
-                "has_checkpoint": self._checkpoint(run) is not None,
-            }
-            for run, tags in sorted(series.items())
+            {"run": run, "tags": sorted(tags), "has_checkpoint": self._checkpoint(run) is not None}
+            for run, tags in sorted(self._series(request).items())
         ]
-        return _json(
-            request, {"runs": runs, "max_text_chars": MAX_TEXT_CHARS, "max_text_tokens": MAX_TEXT_TOKENS}
-        )
+        return _json(request, {"runs": runs})  # the text's limits are the contract's
 
     @_route
     def _steps_route(self, request: wrappers.Request) -> wrappers.Response:
@@ -259,11 +227,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         are read whole (TensorBoard keeps 1,000 per tag): past 100 validations the steps kept of the summaries
         are a sample, and the map shows the same one."""
         run, tag = self._run_tag(request)
-        where = {
-            "ctx": plugin_util.context(request.environ),
-            "experiment_id": plugin_util.experiment_id(request.environ),
-            "plugin_name": SCALARS_PLUGIN,
-        }
+        where = _where(request, SCALARS_PLUGIN)
         listed = self._provider.list_scalars(**where, run_tag_filter=provider.RunTagFilter(runs=[run]))
         names = [name for name in listed.get(run, {}) if ATTRIBUTION_TAG.fullmatch(name)]
         if not names:
@@ -311,7 +275,9 @@ class AttentionPlugin(base_plugin.TBPlugin):
         self._drop_if_superseded(asked)
         model, tokenizer, step = self._model(path)
         if not self._lock.acquire(timeout=self.wait_seconds):
-            raise Busy(f"busy: another text is still being computed after {self.wait_seconds:g} s; try again")
+            raise exceptions.TooManyRequests(
+                f"busy: another text is still being computed after {self.wait_seconds:g} s; try again"
+            )
         try:
             # the page aborts a superseded request, but the server learns that only when it writes the answer:
             # a text that waited here while a later one of its page arrived is dropped before it is computed
@@ -347,7 +313,7 @@ class AttentionPlugin(base_plugin.TBPlugin):
         with self._draws_lock:
             latest = self._draws.get(asked.page, asked.draw)
         if latest > asked.draw:
-            raise Superseded(
+            raise exceptions.Conflict(
                 f"superseded: draw {latest} of this page came after draw {asked.draw}; not computed"
             )
 
@@ -409,36 +375,23 @@ class AttentionPlugin(base_plugin.TBPlugin):
         """The cached (model, tokenizer, step) of ``path``, loaded again whenever the file changed in any way
         (its inode change time moves with every write, even one that restores the modification time), and its
         checksum verified again at every load."""
-        from gptmini.data.errors import DataError
-        from gptmini.runs.checkpoint import CheckpointError
-
         try:
             st = path.stat()
         except OSError:  # renamed or removed since _checkpoint found it
             raise NotFound(
                 "this run's checkpoint was renamed or removed while the text was sent; send it again"
             ) from None
-        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        with self._cache_lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
+        return self._loaded(str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _load(self, path: str, *stamp: int) -> tuple[Any, Any, int | None]:  # stamp: the cache's key
+        from gptmini.data.errors import DataError
+        from gptmini.runs.checkpoint import CheckpointError
+
         with self._load_lock:
             try:
-                loaded = open_checkpoint(path)
-            except TokenizerMissing as err:
-                raise BadRequest(str(err)) from None
+                return open_checkpoint(Path(path))
             except (CheckpointError, DataError, ValueError, OSError) as err:
                 raise BadRequest(f"this run's checkpoint cannot be loaded: {err}") from None
-        with self._cache_lock:
-            self._models[key] = loaded
-            while len(self._models) > CACHED_MODELS:
-                self._models.popitem(last=False)
-        return loaded
-
-
-class TokenizerMissing(ValueError):
-    """The vocabulary a run was trained with cannot be found for its checkpoint."""
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -452,7 +405,9 @@ def _text_request(request: wrappers.Request) -> TextRequest:
         raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
     if request.mimetype != "application/json":
         raise BadRequest(f"Content-Type must be application/json, not {request.mimetype!r}")
-    too_large = TooLarge(f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters")
+    too_large = exceptions.RequestEntityTooLarge(
+        f"request body too large: the text may have at most {MAX_TEXT_CHARS} characters"
+    )
     if (request.content_length or 0) > MAX_BODY_BYTES:
         raise too_large
     raw = request.stream.read(MAX_BODY_BYTES + 1)
@@ -484,27 +439,19 @@ def _text_request(request: wrappers.Request) -> TextRequest:
 
 def open_checkpoint(path: Path) -> tuple[Any, Any, int | None]:
     """(model on the CPU in eval mode, tokenizer, training step) of a run's checkpoint, opened as every command
-    opens one (:func:`gptmini.runs.loading.open_run`: ``weights_only=True``, checksum verified). The checksum is verified
-    here again: the loader skips a file it verified before in this process when its size and modification time
-    are unchanged, and the tab reloads a file exactly when it changed. TokenizerMissing when the run's
-    vocabulary cannot be found (its refusal is worded for the tab, which has no --data-dir)."""
+    opens one (:func:`gptmini.runs.loading.open_run`: ``weights_only=True``, checksum verified). BadRequest when the
+    run's vocabulary cannot be found (its refusal is worded for the tab, which has no --data-dir)."""
     from gptmini.data.errors import DataError
-    from gptmini.runs.checkpoint import CHECKSUM_KEY, CheckpointError, tensor_checksum
+    from gptmini.runs.checkpoint import CheckpointError
     from gptmini.runs.loading import open_run, tokenizer_for_run
 
     run = open_run(path, device="cpu", tokenizer=False)
-    recorded = run.checkpoint.get(CHECKSUM_KEY)
-    if isinstance(recorded, dict) and tensor_checksum(run.checkpoint)["digest"] != recorded.get("digest"):
-        raise CheckpointError(
-            f"{path} is damaged: its tensors do not match the checksum written when it was saved (the file was "
-            "modified or corrupted on disk); own text needs the checkpoint as training wrote it"
-        )
     try:
         tokenizer = tokenizer_for_run(run.record, None, run.path, run.model.config.vocab_size)
     except (CheckpointError, DataError) as err:
         folder = run.record.data_dir
         log.warning("own text for %s: %s", path, err)  # the command line's wording, in TensorBoard's log
-        raise TokenizerMissing(
+        raise BadRequest(
             "own text needs the vocabulary this run was trained with, from the prepared data folder it recorded "
             f"({folder or 'none recorded'}), which does not hold it. Prepare the run's "
             "corpus again into that folder; the tab reads no other folder, but gptmini sample --ckpt "

@@ -95,11 +95,6 @@ class AttentionSummary:
     vectors: Mapping[str, Any] | None = None  # see vectors_header
     circuits: Mapping[str, Any] | None = None  # see circuits_header
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        n_layer, n_head, t, _ = self.probs.shape
-        return n_layer, n_head, t
-
 
 def contract() -> dict[str, Any]:
     """What the tab's page needs to read this module's summaries (served as JSON by the ``contract`` route)."""
@@ -134,16 +129,10 @@ def dequantise(tri: np.ndarray, t: int) -> np.ndarray:
 def encode(summary: AttentionSummary) -> tuple[dict[str, Any], np.ndarray]:
     """``summary`` as what is stored and served: (JSON header, uint8 triangles of shape (n_layer, n_head,
     T(T+1)/2)). ValueError naming the field when the summary is inconsistent."""
-    n_layer, n_head, t = summary.shape
+    n_layer, n_head, t, _ = summary.probs.shape
     if len(summary.tokens) != t:
         raise ValueError(f"{len(summary.tokens)} tokens for attention maps over {t} positions")
-    if summary.head_types is not None:
-        if len(summary.head_types) != n_layer or any(len(row) != n_head for row in summary.head_types):
-            raise ValueError(f"head_types must be {n_layer} rows of {n_head} labels")
-        known = [name for name, _, _ in HEAD_TYPES]
-        unknown = sorted({x for row in summary.head_types for x in row} - set(known))
-        if unknown:
-            raise ValueError(f"head_types holds {unknown}, which is no head type; one of {known}")
+    _entry({"head_types": summary.head_types}, "", {"head_types?": ((n_layer, n_head), _HEAD_TYPE)})
     header = {
         "version": VERSION,
         "n_layer": n_layer,
@@ -207,16 +196,12 @@ def vectors_header(
     layers = q.shape[0] if max_values is None else min(q.shape[0], max_values // per_layer)
     if layers == 0:
         return None
-
-    def b64(x: np.ndarray) -> str:
-        return base64.b64encode(np.ascontiguousarray(x[:layers], dtype="<f2").tobytes()).decode("ascii")
-
     return {
         "layers": int(layers),
         "head_size": int(q.shape[-1]),
         "scale": float(scale),
-        "q": b64(q),
-        "k": b64(k),
+        "q": _b64_f16(q[:layers]),
+        "k": _b64_f16(k[:layers]),
         "slopes": None if slopes is None else _rounded(np.asarray(slopes, dtype=np.float64), 8),
         "window": window,
         "sink": None if sink is None else _rounded(np.asarray(sink)[:layers]),
@@ -299,21 +284,11 @@ def _check_header(header: Any) -> dict[str, Any]:
         raise SummaryFormatError(f"tokens must be a list of 1 to {MAX_TOKENS} strings, not {_short(tokens)}")
     if not all(isinstance(x, str) for x in tokens):
         raise SummaryFormatError("tokens must all be strings")
-    head_types = header.get("head_types")
-    if head_types is not None:
-        known = {name for name, _, _ in HEAD_TYPES}
-        if not _grid(head_types, n_layer, n_head, lambda x: isinstance(x, str) and x in known):
-            raise SummaryFormatError(
-                f"head_types must be null or {n_layer} rows of {n_head} of {sorted(known)}, not {_short(head_types)}"
-            )
     scores = header.get("scores") or {}
     if not isinstance(scores, dict):
         raise SummaryFormatError(f"scores must be an object, not {_short(scores)}")
-    for name, grid in scores.items():
-        if not _grid(grid, n_layer, n_head, lambda x: x is None or _finite(x)):
-            raise SummaryFormatError(
-                f"scores[{_short(name)}] must be {n_layer} rows of {n_head} finite numbers (or null)"
-            )
+    head_types = _entry(header, "", {"head_types?": ((n_layer, n_head), _HEAD_TYPE)})["head_types"]
+    _entry(scores, "scores", {name: ((n_layer, n_head), _FINITE_OR_NULL) for name in scores})
     return {
         "version": VERSION,
         "n_layer": n_layer,
@@ -328,42 +303,65 @@ def _check_header(header: Any) -> dict[str, Any]:
     }
 
 
-def _number_or_null(x: Any) -> bool:
-    return x is None or _finite(x)
+# What an entry's leaves must be: (their description in a refusal, the check)
+_NUMBERS = ("numbers", lambda x: _finite(x))
+_FINITE_OR_NULL = ("numbers (or null)", lambda x: x is None or _finite(x))
+_STRINGS = ("strings", lambda x: isinstance(x, str))
+_HEAD_TYPE = (
+    f"of {sorted(name for name, _, _ in HEAD_TYPES)}",
+    lambda x: isinstance(x, str) and x in {name for name, _, _ in HEAD_TYPES},
+)
+
+
+def _entry(entry: Any, where: str, fields: Mapping[str, tuple[tuple[int, ...], Any]]) -> dict[str, Any]:
+    """``entry`` (an object of the header) with each of ``fields`` checked: ``name -> (shape, (what, ok))``, the
+    value nested lists of that shape whose leaves pass ``ok``; a name ending in ``?`` may also be null. Returns
+    the fields' values; SummaryFormatError naming the first bad one."""
+    if not isinstance(entry, dict):
+        raise SummaryFormatError(f"{where} must be an object, not {_short(entry)}")
+    values = {}
+    for name, (shape, (what, ok)) in fields.items():
+        key = name.removesuffix("?")
+        value = values[key] = entry.get(key)
+        if not (name.endswith("?") and value is None) and not _shaped(value, shape, ok):
+            null = "null or " if name.endswith("?") else ""
+            size = "".join(f"{n} x " for n in shape).removesuffix("x ")
+            raise SummaryFormatError(f"{where}{'.' if where else ''}{key} must be {null}{size}{what}")
+    return values
+
+
+def _shaped(value: Any, shape: tuple[int, ...], ok: Any) -> bool:
+    """Whether ``value`` is nested lists of ``shape`` (a leaf itself for ``()``) whose leaves pass ``ok``."""
+    if not shape:
+        return ok(value)
+    return (
+        isinstance(value, list) and len(value) == shape[0] and all(_shaped(v, shape[1:], ok) for v in value)
+    )
 
 
 def _check_sink(sink: Any, n_layer: int, n_head: int) -> dict[str, Any] | None:
     if sink is None:
         return None
-    if not isinstance(sink, dict) or not _grid(sink.get("first"), n_layer, n_head, _number_or_null):
-        raise SummaryFormatError(f"sink.first must be {n_layer} rows of {n_head} numbers")
-    learned = sink.get("learned")
-    if learned is not None and not _grid(learned, n_layer, n_head, _number_or_null):
-        raise SummaryFormatError(f"sink.learned must be null or {n_layer} rows of {n_head} numbers")
-    return {"first": sink["first"], "learned": learned}
+    grid = ((n_layer, n_head), _FINITE_OR_NULL)
+    return _entry(sink, "sink", {"first": grid, "learned?": grid})
 
 
 def _check_lens(lens: Any, n_layer: int, t: int) -> dict[str, Any] | None:
     if lens is None:
         return None
-    rows = lens.get("rows") if isinstance(lens, dict) else None
-    if not isinstance(rows, list) or len(rows) != n_layer + 1 or not all(isinstance(r, str) for r in rows):
-        raise SummaryFormatError(f"lens.rows must be {n_layer + 1} names (the embeddings, then each layer)")
-    if not _grid(lens.get("top"), n_layer + 1, t, lambda x: isinstance(x, str)):
-        raise SummaryFormatError(f"lens.top must be {n_layer + 1} rows of {t} tokens")
-    if not _grid(lens.get("prob"), n_layer + 1, t, _number_or_null):
-        raise SummaryFormatError(f"lens.prob must be {n_layer + 1} rows of {t} numbers")
-    if not _grid(lens.get("target"), n_layer + 1, t - 1, _number_or_null):
-        raise SummaryFormatError(f"lens.target must be {n_layer + 1} rows of {t - 1} numbers")
-    for name in ("loss", "top1"):  # each row's mean over the text (optional)
-        values = lens.get(name)
-        if values is not None and not (
-            isinstance(values, list)
-            and len(values) == n_layer + 1
-            and all(_number_or_null(x) for x in values)
-        ):
-            raise SummaryFormatError(f"lens.{name} must be null or {n_layer + 1} numbers")
-    return {k: lens.get(k) for k in ("rows", "top", "prob", "target", "loss", "top1")}
+    rows = n_layer + 1  # the embeddings, then each layer
+    return _entry(
+        lens,
+        "lens",
+        {
+            "rows": ((rows,), _STRINGS),
+            "top": ((rows, t), _STRINGS),
+            "prob": ((rows, t), _FINITE_OR_NULL),
+            "target": ((rows, t - 1), _FINITE_OR_NULL),
+            "loss?": ((rows,), _FINITE_OR_NULL),  # each row's mean over the text (optional)
+            "top1?": ((rows,), _FINITE_OR_NULL),
+        },
+    )
 
 
 def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str, Any] | None:
@@ -373,58 +371,31 @@ def _check_vectors(vectors: Any, n_layer: int, n_head: int, t: int) -> dict[str,
         raise SummaryFormatError(f"vectors must be an object, not {_short(vectors)}")
     layers = _count(vectors, "layers", n_layer, "vectors.")
     hs = _count(vectors, "head_size", MAX_VECTOR_VALUES, "vectors.")
-    if not _finite(vectors.get("scale")):
-        raise SummaryFormatError("vectors.scale must be a number")
     for name in ("q", "k"):
         size = _b64_size(vectors.get(name), f"vectors.{name}")
         if size != 2 * layers * n_head * t * hs:
             raise SummaryFormatError(
                 f"vectors.{name}: {size} bytes for {layers}x{n_head} heads, {t} tokens of {hs}"
             )
-    slopes = vectors.get("slopes")
-    if slopes is not None and not (
-        isinstance(slopes, list) and len(slopes) == n_head and all(_finite(x) for x in slopes)
-    ):
-        raise SummaryFormatError(f"vectors.slopes must be null or {n_head} numbers")
-    window = vectors.get("window")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise SummaryFormatError(f"vectors.window must be null or a positive integer, not {_short(window)}")
-    sink = vectors.get("sink")
-    if sink is not None and not _grid(sink, layers, n_head, _finite):
-        raise SummaryFormatError(f"vectors.sink must be null or {layers} rows of {n_head} numbers")
+    positive = ("a positive integer", lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1)
+    fields = {
+        "scale": ((), ("a number", _finite)),
+        "slopes?": ((n_head,), _NUMBERS),
+        "window?": ((), positive),
+    }
+    _entry(vectors, "vectors", {**fields, "sink?": ((layers, n_head), _NUMBERS)})
     return {k: vectors.get(k) for k in VECTOR_KEYS}
 
 
 def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[str, Any] | None:
     if circuits is None:
         return None
-    if not isinstance(circuits, dict):
-        raise SummaryFormatError(f"circuits must be an object, not {_short(circuits)}")
-    attribution = circuits.get("attribution")
-    if not (
-        isinstance(attribution, list)
-        and len(attribution) == n_layer
-        and all(_grid(layer, n_head, t - 1, _number_or_null) for layer in attribution)
-    ):
-        raise SummaryFormatError(f"circuits.attribution must be {n_layer} x {n_head} rows of {t - 1} numbers")
-    composition = circuits.get("composition")
-    heads = n_layer * n_head
-
-    def successive(grids: Any) -> bool:  # (n_layer - 1) grids of n_head x n_head
-        return (
-            isinstance(grids, list)
-            and len(grids) == n_layer - 1
-            and all(_grid(g, n_head, n_head, _number_or_null) for g in grids)
-        )
-
-    if not isinstance(composition, dict) or not all(
-        successive(composition.get(m)) for m in COMPOSITION_MODES
-    ):
-        raise SummaryFormatError(
-            f"circuits.composition must hold {', '.join(COMPOSITION_MODES)}, each {n_layer - 1} grids of "
-            f"{n_head} x {n_head} numbers"
-        )
+    _entry(circuits, "circuits", {"attribution": ((n_layer, n_head, t - 1), _FINITE_OR_NULL)})
+    # head a of layer l on head b of layer l + 1
+    successive = ((n_layer - 1, n_head, n_head), _FINITE_OR_NULL)
+    _entry(circuits.get("composition"), "circuits.composition", dict.fromkeys(COMPOSITION_MODES, successive))
     names = circuits.get("circuit_tokens")
+    heads = n_layer * n_head
     if (
         not isinstance(names, list)
         or not 1 <= len(names) <= MAX_CIRCUIT_TOKENS
@@ -444,7 +415,6 @@ def _check_circuits(circuits: Any, n_layer: int, n_head: int, t: int) -> dict[st
 
 
 def _b64_size(value: Any, where: str) -> int:
-    """The bytes of a base64 field."""
     try:
         return len(base64.b64decode(value or "", validate=True))
     except (binascii.Error, TypeError, ValueError):
@@ -464,29 +434,8 @@ def _finite(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(x)
 
 
-def _grid(grid: Any, rows: int, cols: int, ok: Any) -> bool:
-    return (
-        isinstance(grid, list)
-        and len(grid) == rows
-        and all(isinstance(row, list) and len(row) == cols and all(ok(x) for x in row) for row in grid)
-    )
-
-
 def _short(value: Any) -> str:
     if isinstance(value, (list, dict)):  # named by kind and size: it may be large or deeply nested
         return f"a JSON {'array' if isinstance(value, list) else 'object'} of {len(value)} elements"
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def to_summary(header: Mapping[str, Any], tri: np.ndarray) -> AttentionSummary:
-    return AttentionSummary(
-        tokens=list(header["tokens"]),
-        probs=dequantise(tri, len(header["tokens"])),
-        head_types=header.get("head_types"),
-        scores=header.get("scores") or {},
-        sink=header.get("sink"),
-        lens=header.get("lens"),
-        vectors=header.get("vectors"),
-        circuits=header.get("circuits"),
-    )

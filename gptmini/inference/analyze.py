@@ -17,9 +17,8 @@ from pathlib import Path
 from gptmini.data.errors import DataError
 from gptmini.data.reader import load_split
 from gptmini.fileio import unwritable_reason
-from gptmini.insight import SCORES
 from gptmini.insight.probes import check_probe_settings, make_probes
-from gptmini.insight.report import ABLATION, analyze, write_report
+from gptmini.insight.report import analyze, write_report
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.options import EtaProgress, HelpFormatter, positive_int, seed_int
 from gptmini.runs.checkpoint import CheckpointError
@@ -112,10 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     s = analysis.summary
     log.info("val loss %.4f, ICL score %+.4f nats", s["val_loss"], s["icl_score"])
-    for name in [sc.name for sc in SCORES if sc.head_type] + (
-        [ABLATION] if ABLATION in s["top_heads"] else []
-    ):
-        top = ", ".join(f"L{h['layer']}H{h['head']} {h['value']:.3f}" for h in s["top_heads"][name])
+    for name, heads in s["top_heads"].items():  # each head type's, and the ablation's
+        top = ", ".join(f"L{h['layer']}H{h['head']} {h['value']:.3f}" for h in heads)
         log.info("top %s: %s", name, top)
     log.info("wrote %s and %s", html_path, json_path)
     return 0

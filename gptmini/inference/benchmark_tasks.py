@@ -78,16 +78,13 @@ class GptminiLM(TemplateLM):
         self.tok = run.tokenizer
         self.batch_size = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
-        self._device = torch.device(run.device)
+        self._device = torch.device(run.device)  # the harness's LM.device
         self._unknown: set[str] = set()  # characters a char vocabulary lacks, warned about once each
         # A text's first token is scored after the end-of-text token, as the harness's Hugging Face model does; a
         # char vocabulary has none, and a newline (where its corpus's paragraphs start) stands in.
-        start = self.tok.eot_id if self.tok.eot_id is not None else self._newline()
-        self._start_id = start
-
-    def _newline(self) -> int | None:
         ids, unknown = encode_known(self.tok, "\n")
-        return ids[0] if len(ids) == 1 and not unknown else None
+        newline = ids[0] if len(ids) == 1 and not unknown else None
+        self._start_id = self.tok.eot_id if self.tok.eot_id is not None else newline
 
     @property
     def eot_token_id(self) -> int:
@@ -101,10 +98,6 @@ class GptminiLM(TemplateLM):
     @property
     def max_length(self) -> int:
         return self.model.config.block_size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         ids, unknown = encode_known(self.tok, string)
@@ -271,9 +264,9 @@ def task_manager(names: Sequence[str], include_path: str | None) -> TaskManager:
         raise ValueError(
             f"--include-path {include_path} is not a folder: name the folder of your task YAML files"
         )
-    manager = None
-    if include_path is not None:
-        manager = TaskManager(include_path=include_path, include_defaults=False)
+    manager = (
+        TaskManager(include_path=include_path, include_defaults=False) if include_path is not None else None
+    )
     if manager is None or any(n not in manager.all_tasks for n in names):
         manager = TaskManager(include_path=include_path)
     for name in names:
@@ -313,7 +306,6 @@ def load_tasks(manager: TaskManager, names: Sequence[str]) -> list[Any]:
 
 
 def run_folder(path: Path) -> Path:
-    """The run folder of a checkpoint: ``<run>/checkpoints/x.ckpt`` gives ``<run>``, a file elsewhere its folder."""
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
@@ -359,7 +351,6 @@ def _earlier_results(out: Path, checkpoint: Path, step: int | None) -> dict[str,
 
 
 def _log_scalars(run_dir: Path, scalars: dict[str, float], step: int) -> Path | None:
-    """The scalars at ``step`` in the TensorBoard run of the run in ``run_dir``; None when it has none."""
     folder = run_event_folder(run_dir) if (run_dir / "checkpoints").is_dir() else None
     if folder is None:
         return None
@@ -385,11 +376,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         tasks = load_tasks(manager, args.tasks)
         run = open_run(path, device, data_dir=args.data_dir)
         step = run.step
-        out = (
-            Path(args.out)
-            if args.out
-            else run_folder(path) / f"eval_tasks_step{step if step is not None else 0}.json"
-        )
+        out = Path(args.out) if args.out else run_folder(path) / f"eval_tasks_step{step or 0}.json"
         if out.is_dir():
             raise ValueError(f"--out {out} is a folder: name a .json file for the results")
         if (reason := unwritable_reason(out.absolute().parent)) is not None:
@@ -414,11 +401,11 @@ def run_tasks(args: argparse.Namespace) -> int:
     record = {
         "checkpoint": str(path),
         "step": step,
-        "results": (earlier.get("results") or {}) | evaluated["results"],
-        "groups": (earlier.get("groups") or {}) | evaluated.get("groups", {}),
-        "n-shot": (earlier.get("n-shot") or {}) | evaluated.get("n-shot", {}),
-        "n-samples": (earlier.get("n-samples") or {}) | evaluated.get("n-samples", {}),
-        "versions": (earlier.get("versions") or {}) | evaluated.get("versions", {}),
+        # the earlier evaluation's other tasks kept
+        **{
+            key: (earlier.get(key) or {}) | evaluated.get(key, {})
+            for key in ("results", "groups", "n-shot", "n-samples", "versions")
+        },
         "lm_eval_version": evaluated.get("lm_eval_version"),
     }
     try:

@@ -239,7 +239,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             run, data_dir = _open(path, args, scratch)
             model = run.model
             if not sweep:
-                log.info("%s", _what_is_measured(args, data_dir))
+                scope = (
+                    f"the first {args.max_batches} batches of {args.batch_size} windows"
+                    if args.max_batches
+                    else f"the whole {args.split} split"
+                )
+                # why this loss differs from the val/loss training logged: what each one scores
+                log.info(
+                    "evaluating %s of %s, in non-overlapping windows of the model's context; the val/loss "
+                    "training logs (and `gptmini runs` shows) scores only the first trainer.limit_val_batches "
+                    "batches of the validation split, so the two differ a little",
+                    scope,
+                    data_dir,
+                )
                 result = evaluate(
                     model,
                     data_dir,
@@ -255,13 +267,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     result["ppl"],
                     result["bpb"] if result["bpb"] is not None else float("nan"),
                     f"{result['tokens']:,}",
-                    "the first --max-batches batches"
-                    if args.max_batches
-                    else f"the whole {args.split} split",
+                    scope,
                 )
                 return _emit(result, out)
             log.info("%s (%s):", path, run.name)
             contexts = args.context or [model.config.block_size]
+            results = context_sweep(
+                model, data_dir, contexts, args.split, args.batch_size, args.max_tokens, args.max_batches
+            )
             runs.append(
                 {
                     "name": _label(run),
@@ -270,15 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "split": args.split,
                     "block_size": model.config.block_size,
                     "position": model.config.position,
-                    "results": context_sweep(
-                        model,
-                        data_dir,
-                        contexts,
-                        args.split,
-                        args.batch_size,
-                        args.max_tokens,
-                        args.max_batches,
-                    ),
+                    "results": results,
                 }
             )
     except (CheckpointError, DataError, ValueError) as err:
@@ -308,20 +313,6 @@ def _label(run: LoadedRun) -> str:
     name = run.record.run_name or run.name
     c = run.model.config
     return f"{name}: {c.position} positions, trained at {c.block_size}"
-
-
-def _what_is_measured(args: argparse.Namespace, data_dir: str) -> str:
-    """Why this loss differs from the val/loss training logged: what each one scores."""
-    scope = (
-        f"the first {args.max_batches} batches of {args.batch_size} windows"
-        if args.max_batches
-        else f"the whole {args.split} split"
-    )
-    return (
-        f"evaluating {scope} of {data_dir}, in non-overlapping windows of the model's context; the val/loss "
-        "training logs (and `gptmini runs` shows) scores only the first trainer.limit_val_batches batches "
-        "of the validation split, so the two differ a little"
-    )
 
 
 def _open(path: Path, args: argparse.Namespace, scratch: ExitStack) -> tuple[LoadedRun, str]:

@@ -7,16 +7,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from gptmini.fileio import unwritable_reason
+from gptmini.fileio import atomic_write_bytes, atomic_write_json, unwritable_reason
 from gptmini.inference.sample import encode_prompt
 from gptmini.options import HelpFormatter, positive_int
 from gptmini.runs.checkpoint import CheckpointError
@@ -31,35 +29,26 @@ def export_attention(model, tokenizer, text: str, out_dir: str | Path, max_token
     limit = min(max_tokens, model.config.block_size)
     if len(ids) > limit:
         why = "--max-tokens" if limit == max_tokens else "the model's context (block_size)"
-        log.warning(
-            "--text is %d tokens: showing the first %d (%s %d)%s",
-            len(ids),
-            limit,
-            why,
-            limit,
-            "; raise --max-tokens to see more" if limit == max_tokens < model.config.block_size else "",
-        )
+        hint = "; raise --max-tokens to see more" if limit == max_tokens < model.config.block_size else ""
+        log.warning("--text is %d tokens: showing the first %d (%s %d)%s", len(ids), limit, why, limit, hint)
         ids = ids[:limit]
     device = next(model.parameters()).device
     maps = model.eval().attention_maps(torch.tensor([ids], device=device))[:, 0]  # (n_layer, n_head, T, T)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for layer, images in enumerate(attention_images(maps, token_labels(tokenizer, ids))):
+    labels = token_labels(tokenizer, ids)
+    for layer, images in enumerate(attention_images(maps, labels)):
         for image, name in zip(images, (f"layer{layer}_heads.png", f"layer{layer}_mean.png"), strict=True):
-            tmp = out / f".{name}.tmp"
-            tmp.write_bytes(png(image))  # written whole, then renamed
-            os.replace(tmp, out / name)
+            atomic_write_bytes(out / name, png(image))
             written.append(out / name)
-    entropy = attention_entropy(maps).tolist()
-    (out / "entropy.json").write_text(
-        json.dumps({"tokens": token_labels(tokenizer, ids), "entropy": entropy}, indent=1)
+    atomic_write_json(
+        out / "entropy.json", {"tokens": labels, "entropy": attention_entropy(maps).tolist()}, indent=1
     )
     return written
 
 
 def earlier_maps(out_dir: str | Path) -> str | None:
-    """The files of earlier attention maps in ``out_dir`` (a few named), or None when there are none."""
     out = Path(out_dir)
     if not out.is_dir():
         return None

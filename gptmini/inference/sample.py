@@ -22,8 +22,7 @@ log = logging.getLogger("gptmini.inference.sample")
 def _temperature(text: str) -> float:
     """``--temperature``'s argparse type: a finite number, 0 or in ``TEMPERATURE_RANGE``."""
     value = finite_float()(text)
-    problem = temperature_problem(value)
-    if problem is not None:
+    if (problem := temperature_problem(value)) is not None:
         raise argparse.ArgumentTypeError(f"{text} {problem}")
     return value
 
@@ -72,26 +71,15 @@ def decode_samples(tokenizer: Any, rows: list[list[int]], model_vocab_size: int)
 def check_generation_sizes(
     config: Any, prompt_tokens: int, max_new_tokens: int, num_samples: int, device: str | torch.device
 ) -> None:
-    """Refuses ``--num-samples`` or ``--max-new-tokens`` whose generation cannot fit in the device's memory."""
     # the length first: a single sample too long to fit is --max-new-tokens's doing, not --num-samples's
+    prompt = generation_bytes(config, prompt_tokens)
+    check_fits("--max-new-tokens", max_new_tokens, 24, device, "new tokens", fixed=prompt)
+    total = prompt_tokens + max_new_tokens
+    per_sample = generation_bytes(config, total)
+    check_fits("--num-samples", num_samples, per_sample, device, f"samples of {total:,} tokens")
     check_fits(
-        "--max-new-tokens",
-        max_new_tokens,
-        24,
-        device,
-        "new tokens",
-        fixed=generation_bytes(config, prompt_tokens),
+        "--max-new-tokens", max_new_tokens, 24 * num_samples, device, "new tokens", fixed=num_samples * prompt
     )
-    per_sample = generation_bytes(config, prompt_tokens + max_new_tokens)
-    check_fits(
-        "--num-samples",
-        num_samples,
-        per_sample,
-        device,
-        f"samples of {prompt_tokens + max_new_tokens:,} tokens",
-    )
-    fixed = num_samples * generation_bytes(config, prompt_tokens)
-    check_fits("--max-new-tokens", max_new_tokens, 24 * num_samples, device, "new tokens", fixed=fixed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +164,6 @@ class Shown:
             self.text = text
 
     def rest(self, text: str) -> str:
-        """What of the whole ``text`` is not shown yet."""
         return text[len(self.text) :] if text.startswith(self.text) else "\n" + text
 
 

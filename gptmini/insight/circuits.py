@@ -48,10 +48,15 @@ def circuit_problem(model: GPT) -> str | None:
     return None
 
 
+def _require_circuits(model: GPT, what: str) -> None:
+    if (problem := circuit_problem(model)) is not None:
+        raise ValueError(f"{what}: {problem}")
+
+
 @dataclass(frozen=True)
 class Attribution:
     """Each component's direct contribution to the logit of the token that comes next, at every position but the
-    last: (..., B, T - 1) each. ``heads`` sums over nothing: one row per head."""
+    last: (..., B, T - 1) each, summing to ``logit - norm_bias``. ``heads`` sums over nothing: one row per head."""
 
     embed: Tensor  # (B, T - 1): token (and position) embeddings
     heads: Tensor  # (n_layer, n_head, B, T - 1)
@@ -59,10 +64,6 @@ class Attribution:
     mlp: Tensor  # (n_layer, B, T - 1): zero without MLPs
     norm_bias: Tensor  # (B, T - 1): the final norm's bias . U_t (zero without one)
     logit: Tensor  # (B, T - 1): the model's logit of that token, before any soft cap
-
-    def total(self) -> Tensor:
-        """Every component summed: (B, T - 1), equal to ``logit - norm_bias``."""
-        return self.embed + self.heads.sum((0, 1)) + self.out_bias.sum(0) + self.mlp.sum(0)
 
 
 def _head_weights(
@@ -86,9 +87,7 @@ def _head_weights(
 @torch.no_grad()
 def direct_logit_attribution(model: GPT, ids: Tensor) -> Attribution:
     """The direct logit attribution of ``model`` on ``ids`` (B, T), in float32 (see the module docstring)."""
-    problem = circuit_problem(model)
-    if problem is not None:
-        raise ValueError(f"no per-head attribution: {problem}")
+    _require_circuits(model, "no per-head attribution")
     c = model.config
     model._check_length(ids.size(1))
     targets = ids[:, 1:]  # (B, T - 1)
@@ -102,9 +101,8 @@ def direct_logit_attribution(model: GPT, ids: Tensor) -> Attribution:
     def read(part: Tensor) -> Tensor:  # (..., B, T, C) -> (..., B, T - 1), before dividing by the scale
         return (part[..., :-1, :].float() * direction).sum(-1)
 
-    x = model._embed(
-        ids
-    )  # (B, T, C), in the weights' dtype (a bf16-true model runs in bfloat16); reads in float32
+    # (B, T, C), in the weights' dtype (a bf16-true model runs in bfloat16); reads in float32
+    x = model._embed(ids)
     dtype = x.dtype
     embed = read(x)
     heads, out_bias, mlp = [], [], []
@@ -153,9 +151,7 @@ def _gram(m: Tensor) -> Tensor:  # (..., C, hs) -> (..., hs, hs): m^T m
 def composition_scores(model: GPT) -> dict[str, Tensor]:
     """Q-, K- and V-composition of every head on every head of a later layer: name -> (n_layer, n_head, n_layer,
     n_head), entry ``[l1, h1, l2, h2]`` the score of ``h1`` in ``l1`` on ``h2`` in ``l2``, zero unless l1 < l2."""
-    problem = circuit_problem(model)
-    if problem is not None:
-        raise ValueError(f"no composition scores: {problem}")
+    _require_circuits(model, "no composition scores")
     c = model.config
     n = c.n_layer
     qs, ks, vs, os_ = [], [], [], []
@@ -174,9 +170,8 @@ def composition_scores(model: GPT) -> dict[str, Tensor]:
 
     def score(middle_from: Tensor, right: Tensor, right_norm: Tensor) -> Tensor:
         # ||W_V1 M B^T||_F^2 = tr(G_V1 M G_B M^T), M = W_O1 middle_from2 (hs, hs), G_B = right's Gram (hs, hs)
-        m = torch.einsum(
-            "ahc,bcd->abhd", w_o.flatten(0, 1), middle_from.flatten(0, 1)
-        )  # (L nh, L nh, hs, hs)
+        # (L nh, L nh, hs, hs)
+        m = torch.einsum("ahc,bcd->abhd", w_o.flatten(0, 1), middle_from.flatten(0, 1))
         g_left = g_v.flatten(0, 1)[:, None]  # (L nh, 1, hs, hs)
         g_right = right.flatten(0, 1)[None]  # (1, L nh, hs, hs)
         sq = ((g_left @ m @ g_right) * m).sum((-1, -2)).clamp_min(0.0)  # (L nh, L nh)
@@ -213,9 +208,7 @@ def token_circuits(model: GPT, ids: Tensor) -> tuple[Tensor, Tensor]:
     the score (scaled by 1/sqrt(head_size)) head h of layer l gives key token j from query token i;
     ``ov[l, h, i, j]`` what attending to token i adds to the logit of token j. (n_layer, n_head, n, n) each, float32
     on the CPU."""
-    problem = circuit_problem(model)
-    if problem is not None:
-        raise ValueError(f"no QK and OV circuits: {problem}")
+    _require_circuits(model, "no QK and OV circuits")
     c = model.config
     e = model.wte.weight[ids].float()  # (n, C)
     u = model.lm_head.weight[ids].float()  # (n, C)

@@ -114,13 +114,12 @@ class PhaseChangeDetector:
         return change
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline,
-            "icl_max": self.icl_max,
-            "last_step": self.last_step,
-            "fired": self.fired,
-        }
+        return {key: getattr(self, key) for key in _DETECTOR_STATE}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("baseline", "icl_max", "last_step", "fired"):
+        for key in _DETECTOR_STATE:
             setattr(self, key, state.get(key))
+
+
+# what a checkpoint keeps of a PhaseChangeDetector (its thresholds are settings)
+_DETECTOR_STATE = ("baseline", "icl_max", "last_step", "fired")

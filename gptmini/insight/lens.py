@@ -57,10 +57,8 @@ def logit_lens(model: GPT, inspection: Inspection, ids: torch.Tensor) -> Lens:
 def sink_shares(maps: torch.Tensor, learned_sink: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each head's mean attention on the first token and, with ``learned_sink``, on the sink (the share a row of
     ``maps`` leaves off its real keys), over the queries after the first (the first query sees the first token
-    alone): ``maps`` (n_layer, n_head, T, T) or (n_layer, B, n_head, T, T) -> two (n_layer, n_head), or None."""
-    rows = maps[..., 1:, :].float()  # (L, [B,] nh, T - 1, T)
-    if rows.dim() == 5:
-        rows = rows.transpose(1, 2).flatten(2, 3)  # (L, nh, B (T - 1), T): every sequence's rows
+    alone): ``maps`` (n_layer, n_head, T, T) -> two (n_layer, n_head), or None."""
+    rows = maps[..., 1:, :].float()  # (L, nh, T - 1, T)
     first = rows[..., 0].mean(-1)  # (L, nh)
     learned = (1.0 - rows.sum(-1)).clamp_min(0.0).mean(-1) if learned_sink else None
     return first, learned

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ class HeadAnalysis:
     summary: dict[str, Any]
     text_maps: torch.Tensor  # (n_layer, n_head, T, T): the first text probe
     repeated_maps: torch.Tensor  # (n_layer, n_head, T, T): the first repeated probe
-    text_ids: list[int] = field(default_factory=list)
+    text_ids: list[int]  # the first text probe's tokens
 
 
 def _top(values: torch.Tensor, k: int = TOP_K) -> list[dict[str, Any]]:
@@ -117,7 +117,6 @@ def _grid(summary: dict[str, Any], name: str, title: str, vmin: float, vmax: flo
 def render_html(
     analysis: HeadAnalysis, labels: Sequence[str] | None = None, title: str = "Head report"
 ) -> str:
-    """The report as one HTML page with every image inline."""
     s = analysis.summary
     t = s["probes"]["probe_tokens"]
     parts = [
@@ -138,24 +137,12 @@ def render_html(
         f"{s['icl_bands']['early'][0]}-{s['icl_bands']['early'][1] - 1}): <b>{s['icl_score']:+.4f}</b> nats.</p>"
     )
     parts.append("<h2>Head scores</h2><div class=grids>")
-    for score in SCORES:
-        vmin, vmax = score.scale(t)
-        parts.append(_img(_grid(s, score.name, score.title, vmin, vmax, score.fmt), score.title))
+    grids = [(score.name, score.title, *score.scale(t), score.fmt) for score in SCORES]
     if ABLATION in s["scores"]:
         deltas = [rec[ABLATION] for rec in s["heads"]]
-        parts.append(
-            _img(
-                _grid(
-                    s,
-                    ABLATION,
-                    "mean-ablation loss change (nats)",
-                    min(0.0, min(deltas)),
-                    max(deltas),
-                    "{:+.3f}",
-                ),
-                "ablation",
-            )
-        )
+        grids.append((ABLATION, s["scores"][ABLATION], min(0.0, min(deltas)), max(deltas), "{:+.3f}"))
+    for name, title, vmin, vmax, fmt in grids:
+        parts.append(_img(_grid(s, name, title, vmin, vmax, fmt), title))
     parts.append("</div><h2>Loss by position</h2>")
     bands = (tuple(s["icl_bands"]["early"]), tuple(s["icl_bands"]["late"]))
     parts.append(

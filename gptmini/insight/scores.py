@@ -10,6 +10,7 @@ index, the mean over query positions; ``head_scores`` runs the probes through th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -69,11 +70,9 @@ class Score:
         if self.vmax is not None:
             return 0.0, self.vmax
         if self.name == "entropy":
-            return 0.0, float(torch.tensor(float(probe_length)).log())  # uniform over the longest row
-        return (
-            0.0,
-            probe_length / 2,
-        )  # a head that always looks at the first token: the mean of i over queries
+            return 0.0, math.log(probe_length)  # uniform over the longest row
+        # distances: a head that always looks at the first token, the mean of i over queries
+        return 0.0, probe_length / 2
 
 
 SCORES: tuple[Score, ...] = (

@@ -90,7 +90,6 @@ def _canonical(obj: Any) -> Any:
 
 
 def settings_checksum(checkpoint: Mapping[str, Any]) -> str:
-    """SHA-256 of the checkpoint's settings (``hyper_parameters``) as canonical JSON."""
     text = json.dumps(_canonical(checkpoint.get(COVERED_SETTINGS)), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -102,9 +101,10 @@ def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return {**checkpoint, CHECKSUM_KEY: record}
 
 
-# (path, size, mtime) of files verified in this process: a resume, and a command's ``--ckpt last``, read their
-# checkpoint twice (the choice or the plan, then the load).
-_verified: set[tuple[str, int, int]] = set()
+# The files verified in this process, as they were (a resume, and a command's ``--ckpt last``, read their
+# checkpoint twice: the choice or the plan, then the load); a file changed in any way since is verified again (its
+# inode change time moves with every write, even one that restores the modification time).
+_verified: set[tuple[str, int, int, int, int]] = set()
 _unverifiable_warned: set[str] = set()
 
 
@@ -112,7 +112,7 @@ def verify_checksum(ckpt: Mapping[str, Any], path: str | Path) -> None:
     """Raises CheckpointError naming ``path`` when its tensors differ from the checksum written at save time.
     A checkpoint without one (written before gptmini wrote them, or by another tool) loads with a warning."""
     st = Path(path).stat()
-    stamp = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    stamp = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if stamp in _verified:
         return
     recorded = ckpt.get(CHECKSUM_KEY)
@@ -162,8 +162,7 @@ def load_checkpoint(
     ``verify``: check the tensors against the checksum written at save time. Every failure is one
     CheckpointError naming the file: missing, not a checkpoint at all, carrying code, damaged."""
     path = Path(path)
-    too_long = fileio.name_too_long(path)
-    if too_long:
+    if too_long := fileio.name_too_long(path):
         raise CheckpointError(f"checkpoint {str(path)[:80]}...: {too_long}; pass a shorter path")
     if path.is_dir():
         raise CheckpointError(
@@ -251,9 +250,8 @@ def check_tensors_match(state_dict: Mapping[str, Any], model: GPT, path: str | P
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``model.``) are not exactly those of
     ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
     (edited, or written by another tool)."""
-    shown = _tensor_problems(state_dict, model)
-    config = model.config
-    if shown:
+    if shown := _tensor_problems(state_dict, model):
+        config = model.config
         raise CheckpointError(
             f"{path} is inconsistent: its saved model settings (n_layer={config.n_layer}, n_embd={config.n_embd}, "
             f"vocab_size={config.vocab_size}, block_size={config.block_size}) disagree with its tensors ({shown}); "
@@ -284,7 +282,6 @@ def _tensor_problems(state_dict: Mapping[str, Any], model: GPT) -> str:
 
 
 def stored_model(ckpt: Mapping[str, Any], record: RunRecord, path: str | Path) -> GPT:
-    """The plain ``GPT`` of a loaded checkpoint and its record (in eval mode)."""
     model = GPT(GPTConfig.from_dict(record.model))
     check_tensors_match(ckpt["state_dict"], model, path)
     _load_weights(model, ckpt, path)
@@ -307,8 +304,7 @@ def load_weights_into(model: GPT, path: str | Path) -> None:
     must give exactly the checkpoint's tensors (CheckpointError naming the differences): fine-tuning starts from
     them with a fresh optimizer."""
     ckpt = load_checkpoint(path)
-    problems = _tensor_problems(ckpt["state_dict"], model)
-    if problems:
+    if problems := _tensor_problems(ckpt["state_dict"], model):
         saved = checkpoint_record(ckpt, path).model
         keys = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
         raise CheckpointError(
@@ -371,7 +367,6 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
 
 
 def _kept(path: Path) -> str:
-    """What a failed save of ``path`` left in its place, for the error message."""
     if not path.is_file():
         return f"no {path.name} was written"
     try:
@@ -466,7 +461,6 @@ def atomic_checkpoint_io() -> Any:
         def load_checkpoint(
             self, path: Any, map_location: Any = None, weights_only: bool | None = None
         ) -> Any:
-            """Lightning's load (resuming), then the checksum check of :func:`verify_checksum`."""
             kwargs = {} if map_location is None else {"map_location": map_location}
             checkpoint = super().load_checkpoint(path, weights_only=weights_only, **kwargs)
             if "://" not in str(path):

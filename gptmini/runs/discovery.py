@@ -41,7 +41,6 @@ CKPT_RULE = (
 
 
 def newest_checkpoint(output_root: str | Path, run_name: str | None = None) -> Path | None:
-    """The first of :func:`last_checkpoints`; None when there is none."""
     return next(iter(last_checkpoints(output_root, run_name)), None)
 
 
@@ -105,7 +104,6 @@ def is_sweep_job(relative: Path) -> bool:
 
 
 def _sweep_only(root: Path) -> str:
-    """The hint for a folder whose only checkpoints are sweep jobs': pass one job's folder."""
     job = newest_checkpoint(root)
     return f"; it holds only sweep jobs: pass one job's folder, e.g. {job.parent.parent}" if job else ""
 
@@ -121,8 +119,7 @@ def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", op
 
     named = f"{option} {spec}" if option.startswith("-") else f"{option}={spec}"
     for value, what in ((spec, named), (output_root, f"the output folder {output_root}")):
-        too_long = fileio.name_too_long(value)
-        if too_long:
+        if too_long := fileio.name_too_long(value):
             raise CheckpointError(f"{str(what)[:80]}...: {too_long}; pass a shorter path")
     if str(spec) == "last":
         found = newest_usable_checkpoint(output_root, running=False)
@@ -189,10 +186,6 @@ class RunInfo:
     tensorboard: str | None = None
     # what this run continued, from its record's lineage: "<run folder>@<step>" (None: a fresh run)
     continues: str | None = None
-
-    def steps(self) -> str:
-        done = "-" if self.steps_done is None else str(self.steps_done)
-        return f"{done}/{'-' if self.steps_planned is None else self.steps_planned}"
 
 
 # The largest YAML file of a run folder read: Hydra's config.yaml of a run is a few kilobytes.
@@ -266,9 +259,8 @@ def tensorboard_label(run_name: str, overrides: Sequence[str]) -> str:
     label = _LABEL_UNSAFE.sub("_", text).lstrip(".-") or "run"
     if len(label) <= LABEL_MAX:
         return label
-    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[
-        :8
-    ]  # a path not in UTF-8 too
+    # surrogateescape: a path not in UTF-8 too
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
     return f"{label[: LABEL_MAX - 9].rstrip('.,=')}-{digest}"
 
 
@@ -303,16 +295,6 @@ def read_events(folder: Path, **size_guidance: int) -> Any:
     return events
 
 
-def recorded_event_folder(run_dir: Path, recorded: str | None) -> Path | None:
-    """The TensorBoard folder a checkpoint's run logged to, as training records it (its run record's
-    ``tensorboard_dir``, relative to the run folder: a resumed run logs into the run it resumes); None when not
-    recorded."""
-    if not isinstance(recorded, str) or not recorded:
-        return None
-    # normalised by name: the run folder of a checkpoint that was copied away may not exist
-    return Path(os.path.normpath(Path(run_dir) / recorded))
-
-
 def _facts(path: Path) -> dict[str, Any] | None:
     """The facts of a run's checkpoint (``gptmini.runs.files.checkpoint_facts``): from the run's summary when it
     describes the file as it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it
@@ -331,14 +313,23 @@ def _facts(path: Path) -> dict[str, Any] | None:
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
-    """The folder of the TensorBoard run that the run in ``run_dir`` logged to: the one its newest checkpoint
-    records (a resumed run's is the run's it resumed), else the newest under its ``tb/``; None: no events."""
+    """The folder of the TensorBoard run that the run in ``run_dir`` logged to (:func:`_event_folder`), by its
+    newest checkpoint."""
     ckpt = next(iter(_checkpoints(Path(run_dir))), None)
-    facts = _facts(ckpt) if ckpt is not None else None
-    recorded = recorded_event_folder(run_dir, facts.get("tensorboard_dir")) if facts is not None else None
-    if recorded is not None and recorded.is_dir():
-        return recorded
-    return next(iter(event_folders(Path(run_dir))), None)
+    return _event_folder(Path(run_dir), _facts(ckpt) if ckpt is not None else None)
+
+
+def _event_folder(run_dir: Path, facts: dict[str, Any] | None) -> Path | None:
+    """The TensorBoard folder a checkpoint's ``facts`` record (its run record's ``tensorboard_dir``, relative to
+    the run folder: a resumed run logs into the run it resumes), else the newest under ``run_dir/tb``; None: no
+    events."""
+    recorded = (facts or {}).get("tensorboard_dir")
+    if isinstance(recorded, str) and recorded:
+        # normalised by name: the run folder of a checkpoint that was copied away may not exist
+        folder = Path(os.path.normpath(run_dir / recorded))
+        if folder.is_dir():
+            return folder
+    return next(iter(event_folders(run_dir)), None)
 
 
 def _size_and_mtime(folder: Path) -> tuple[int, float]:
@@ -365,7 +356,6 @@ def _wanted(value: Any, kind: type) -> Any:
 
 
 def _checkpoints(folder: Path) -> list[Path]:
-    """A run folder's ``last.ckpt`` and ``on_exception.ckpt``, the one written last first."""
     found = [p for p in (folder / "checkpoints" / name for name in LAST_NAMES) if p.is_file()]
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, str(p)), reverse=True)
 
@@ -390,13 +380,12 @@ def _row(folder: Path, output_root: Path) -> Scanned:
     config = config if isinstance(config, dict) else {}
     files = _checkpoints(folder)
     ckpt, damaged = next(iter(files), None), bool(files)  # damaged: until one loads
-    done = recorded = val_loss = val_step = None
+    done = facts = val_loss = val_step = None
     for path in files:
         facts = _facts(path)
         if facts is None:
             continue
         done = _wanted(facts.get("global_step"), int)
-        recorded = recorded_event_folder(folder, facts.get("tensorboard_dir"))
         val_loss, val_step = _wanted(facts.get("val_loss"), float), _wanted(facts.get("val_step"), int)
         ckpt, damaged = path, False
         break
@@ -413,9 +402,7 @@ def _row(folder: Path, output_root: Path) -> Scanned:
         state = "finished"
     else:
         state = "resumable"
-    events = (
-        recorded if recorded is not None and recorded.is_dir() else next(iter(event_folders(folder)), None)
-    )
+    events = _event_folder(folder, facts)
     size, modified = _size_and_mtime(folder)
     relative = folder.relative_to(output_root)
     name = config.get("run_name")
@@ -452,30 +439,17 @@ def _scan(root: Path, name: str | None) -> list[Scanned]:
     """Every run, newest first (a row shows names as valid UTF-8 text, not the path itself)."""
     if not root.is_dir():
         return []
-    folders = {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}
-    scanned = [(_row(f, root), f) for f in folders]
+    rows = {f: _row(f, root) for f in {p.parent.parent for p in root.glob("**/.hydra/config.yaml")}}
     # a run whose checkpoint another run continued (its record's lineage) is continued there: resume that one
-    continued = {lineage[0] for (*_, lineage), _ in scanned if lineage is not None}
-    scanned = [
-        (
-            (
-                replace(r, state="resumed")
-                if r.state == "resumable" and c is not None and c.resolve() in continued
-                else r,
-                c,
-                lineage,
-            ),
-            f,
-        )
-        for (r, c, lineage), f in scanned
-    ]
-    if name is not None:
+    continued = {lineage[0] for *_, lineage in rows.values() if lineage is not None}
+    scanned = []
+    for folder, (row, ckpt, lineage) in rows.items():
+        if row.state == "resumable" and ckpt is not None and ckpt.resolve() in continued:
+            row = replace(row, state="resumed")
         # a run name is the first folder under the runs folder, or the run_name its row shows
-        scanned = [
-            (run, f) for run, f in scanned if run[0].name == name or f.relative_to(root).parts[0] == name
-        ]
-    scanned.sort(key=lambda run_f: (run_f[0][0].modified, run_f[0][0].folder), reverse=True)
-    return [run for run, _ in scanned]
+        if name is None or row.name == name or folder.relative_to(root).parts[0] == name:
+            scanned.append((row, ckpt, lineage))
+    return sorted(scanned, key=lambda run: (run[0].modified, run[0].folder), reverse=True)
 
 
 def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None]:
@@ -501,12 +475,12 @@ def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None
     return rows, None
 
 
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    raise AssertionError("not reached")
+    return f"{n:.1f} GB"
 
 
 def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
@@ -521,7 +495,7 @@ def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
             (
                 "*" if marked else "",
                 r.name,
-                r.steps(),
+                "/".join("-" if n is None else str(n) for n in (r.steps_done, r.steps_planned)),
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}",
                 human_size(r.size_bytes),
                 r.state
@@ -600,7 +574,6 @@ def prunable(root: Path, name: str | None = None) -> list[Prunable]:
 
 
 def prune(root: Path, name: str | None, delete: bool) -> str:
-    """What :func:`prunable` finds, listed with its size and why; deleted only when ``delete``."""
     found = prunable(root, name)
     if not found:
         return f"nothing to prune under {display_path(root)}/\n"

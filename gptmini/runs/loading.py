@@ -86,7 +86,6 @@ class LoadedRun:
         return str(folder), meta
 
     def can_rebuild_data(self) -> bool:
-        """Whether ``rebuild_data`` can try: the checkpoint carries its tokenizer and records its data and corpus."""
         recorded = self.record.data_identity
         return (
             "fingerprint" in recorded
@@ -174,18 +173,49 @@ def open_run(
 
 
 def tokenizer_for_run(
-    record: RunRecord,
-    data_dir: str | Path | None = None,
-    checkpoint: Path | None = None,
-    model_vocab: int | None = None,
+    record: RunRecord, data_dir: str | Path | None, checkpoint: Path, model_vocab: int | None = None
 ) -> Tokenizer:
-    """The tokenizer a checkpoint was trained with: the one it carries, else from its prepared data folder (char
-    vocab) or by name. ``checkpoint``: the file ``record`` is read from; a folder tokenized otherwise than the data
-    it recorded is refused.
-    ``model_vocab``: the model's vocabulary; a tokenizer with more ids than that is refused (its ids would index
-    past the embedding), and a checkpoint that records no tokenizer (imported) gets GPT-2's BPE only when the
-    model's vocabulary holds it."""
-    tokenizer = _tokenizer_for_run(record, data_dir, checkpoint, model_vocab)
+    """The tokenizer the checkpoint ``checkpoint`` (whose record is ``record``) was trained with: the one it
+    carries, else from its prepared data folder (char vocab; a folder tokenized otherwise than the data it recorded
+    is refused) or by name. ``model_vocab``: the model's vocabulary; a tokenizer with more ids than that is refused
+    (its ids would index past the embedding), and a checkpoint that records no tokenizer (imported) gets GPT-2's
+    BPE only when the model's vocabulary holds it."""
+    # its own copy first, unless a data folder is named: the recorded folder may be re-prepared or gone
+    tokenizer = carried_tokenizer(checkpoint, record) if not data_dir else None
+    folder = Path(data_dir) if data_dir else Path(record.data_dir or "")
+    name = record.tokenizer_name
+    if tokenizer is not None:
+        pass
+    elif too_long := name_too_long(folder / "meta.json"):
+        raise CheckpointError(f"the data folder {str(folder)[:80]}...: {too_long}; pass a shorter path")
+    elif (folder / "meta.json").is_file():
+        check_trained_data(
+            checkpoint,
+            record.data_identity,
+            folder,
+            other_data="allow",
+            fix="pass --data-dir with the prepared folder it was trained on",
+        )
+        tokenizer = load_tokenizer(folder)
+    elif name is None:  # a checkpoint not written by training (imported from Hugging Face): nothing recorded
+        tokenizer = build_tokenizer("gpt2")
+        if model_vocab is not None and model_vocab < tokenizer.vocab_size:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} records no tokenizer (imported, not trained by gptmini) and its vocabulary "
+                f"({model_vocab} tokens) is smaller than GPT-2's ({tokenizer.vocab_size}): pass --data-dir with the "
+                "prepared data folder whose vocabulary it uses (e.g. data/<corpus>_char), or import it again "
+                "with --data-dir to record it"
+            )
+        log.warning(
+            "checkpoint %s records no tokenizer: using GPT-2's BPE (pass --data-dir for another)", checkpoint
+        )
+    elif name in SAVED_TOKENIZERS:
+        raise CheckpointError(
+            f"the checkpoint uses the {name} tokenizer but its prepared data folder ({folder}), which holds its "
+            "vocabulary, is missing: pass --data-dir pointing at the prepared data folder it was trained on"
+        )
+    else:
+        tokenizer = build_tokenizer(name)
     if model_vocab is not None and tokenizer.vocab_size > model_vocab:
         raise CheckpointError(
             f"the tokenizer ({tokenizer.name}, {tokenizer.vocab_size} tokens) has more tokens than the model's "
@@ -208,48 +238,3 @@ def carried_tokenizer(path: str | Path, record: RunRecord) -> Tokenizer | None:
         raise CheckpointError(
             f"{err}: pass --data-dir with the prepared data folder it was trained on"
         ) from None
-
-
-def _tokenizer_for_run(
-    record: RunRecord,
-    data_dir: str | Path | None,
-    checkpoint: Path | None,
-    model_vocab: int | None,
-) -> Tokenizer:
-    # its own copy first, unless a data folder is named: the recorded folder may be re-prepared or gone
-    carried = carried_tokenizer(checkpoint, record) if checkpoint is not None and not data_dir else None
-    if carried is not None:
-        return carried
-    folder = Path(data_dir) if data_dir else Path(record.data_dir or "")
-    too_long = name_too_long(folder / "meta.json")
-    if too_long:
-        raise CheckpointError(f"the data folder {str(folder)[:80]}...: {too_long}; pass a shorter path")
-    if (folder / "meta.json").is_file():
-        if checkpoint is not None:
-            check_trained_data(
-                checkpoint,
-                record.data_identity,
-                folder,
-                other_data="allow",
-                fix="pass --data-dir with the prepared folder it was trained on",
-            )
-        return load_tokenizer(folder)
-    name = record.tokenizer_name
-    if name is None:  # a checkpoint not written by training (imported from Hugging Face): nothing recorded
-        where = f"checkpoint {checkpoint}" if checkpoint is not None else "the checkpoint"
-        gpt2 = build_tokenizer("gpt2")
-        if model_vocab is not None and model_vocab < gpt2.vocab_size:
-            raise CheckpointError(
-                f"{where} records no tokenizer (imported, not trained by gptmini) and its vocabulary "
-                f"({model_vocab} tokens) is smaller than GPT-2's ({gpt2.vocab_size}): pass --data-dir with the "
-                "prepared data folder whose vocabulary it uses (e.g. data/<corpus>_char), or import it again "
-                "with --data-dir to record it"
-            )
-        log.warning("%s records no tokenizer: using GPT-2's BPE (pass --data-dir for another)", where)
-        return gpt2
-    if name in SAVED_TOKENIZERS:
-        raise CheckpointError(
-            f"the checkpoint uses the {name} tokenizer but its prepared data folder ({folder}), which holds its "
-            "vocabulary, is missing: pass --data-dir pointing at the prepared data folder it was trained on"
-        )
-    return build_tokenizer(name)

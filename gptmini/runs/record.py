@@ -42,9 +42,8 @@ class RunRecord:
     # the prepared data trained on (gptmini.data.reader.data_identity), with the tokenizer itself under
     # "saved_tokenizer" when it is not known by name (gptmini.data.reader.saved_tokenizer)
     data_identity: dict[str, Any] = field(default_factory=dict)
-    tokenizer: dict[str, Any] = field(
-        default_factory=dict
-    )  # name, and a trained BPE's vocab_size, train_bytes
+    # name, and a trained BPE's vocab_size, train_bytes
+    tokenizer: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # the DataModule's settings: source, data_dir, ...
     trainer: dict[str, Any] = field(default_factory=dict)  # with the precision and validation interval used
     optimizer: dict[str, Any] = field(default_factory=dict)  # with its _target_
@@ -82,7 +81,6 @@ class RunRecord:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     def write(self, run_dir: str | Path) -> None:
-        """``run_record.json`` in ``run_dir`` (atomically)."""
         fileio.atomic_write_json(Path(run_dir) / RECORD_FILE, json.loads(self.to_json()))
 
 
@@ -117,7 +115,6 @@ def read_record(checkpoint: Mapping[str, Any]) -> RunRecord:
 
 
 def read_record_file(run_dir: str | Path) -> RunRecord | None:
-    """The record in a run folder's ``run_record.json``; None when there is none or it is unreadable."""
     try:
         return parse_record((Path(run_dir) / RECORD_FILE).read_text())
     except (OSError, RunRecordError):

@@ -23,15 +23,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from gptmini.fileio import utf8_text
-from gptmini.insight import (
-    SCORES,
-    PhaseChangeDetector,
-    Probes,
-    head_scores,
-    icl_bands,
-    icl_score,
-    loss_by_position,
-)
 from gptmini.insight.circuits import (
     COMPOSITIONS,
     circuit_problem,
@@ -39,7 +30,9 @@ from gptmini.insight.circuits import (
     composition_tags,
     direct_logit_attribution,
 )
-from gptmini.insight.probes import check_probe_settings, make_probes
+from gptmini.insight.icl import PhaseChangeDetector, icl_bands, icl_score, loss_by_position
+from gptmini.insight.probes import Probes, check_probe_settings, make_probes
+from gptmini.insight.scores import SCORES, head_scores
 from gptmini.limits import check_fits, forward_bytes
 from gptmini.model import GPTConfig
 from gptmini.runs.record import read_record

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from gptmini.insight import Probes, score_patterns
+from gptmini.insight.probes import Probes
+from gptmini.insight.scores import score_patterns
 
 
 @contextlib.contextmanager

@@ -94,25 +94,25 @@ def test_the_vectors_keep_the_first_layers_within_the_cap() -> None:
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda d: d["sink"].update(first=[[0.1] * H]), "sink.first must be 2 rows of 3 numbers"),
-        (lambda d: d["sink"].update(learned="x"), "sink.learned must be null or 2 rows of 3 numbers"),
-        (lambda d: d["lens"].update(rows=["embed"]), "lens.rows must be 3 names"),
-        (lambda d: d["lens"].update(top=[["a"] * (T - 1)] * 3), "lens.top must be 3 rows of 5 tokens"),
-        (lambda d: d["lens"].update(target=[[0.1] * T] * 3), "lens.target must be 3 rows of 4 numbers"),
+        (lambda d: d["sink"].update(first=[[0.1] * H]), "sink.first must be 2 x 3 numbers"),
+        (lambda d: d["sink"].update(learned="x"), "sink.learned must be null or 2 x 3 numbers"),
+        (lambda d: d["lens"].update(rows=["embed"]), "lens.rows must be 3 strings"),
+        (lambda d: d["lens"].update(top=[["a"] * (T - 1)] * 3), "lens.top must be 3 x 5 strings"),
+        (lambda d: d["lens"].update(target=[[0.1] * T] * 3), "lens.target must be 3 x 4 numbers"),
         (lambda d: d["lens"].update(loss=[1.0]), "lens.loss must be null or 3 numbers"),
         (lambda d: d["vectors"].update(q=d["vectors"]["q"][:-8]), "vectors.q: "),
         (lambda d: d["vectors"].update(k="not base64!"), "vectors.k is not base64"),
         (lambda d: d["vectors"].update(layers=3), "vectors.layers must be an integer from 1 to 2"),
         (lambda d: d["vectors"].update(slopes=[1.0]), "vectors.slopes must be null or 3 numbers"),
         (lambda d: d["vectors"].update(window=0), "vectors.window must be null or a positive integer"),
-        (lambda d: d["vectors"].update(sink=[[1.0] * H]), "vectors.sink must be null or 2 rows of 3 numbers"),
+        (lambda d: d["vectors"].update(sink=[[1.0] * H]), "vectors.sink must be null or 2 x 3 numbers"),
         (
             lambda d: d["circuits"].update(attribution=[[[0.1] * T] * H] * L),
-            "circuits.attribution must be 2 x 3 rows of 4 numbers",
+            "circuits.attribution must be 2 x 3 x 4 numbers",
         ),
         (
             lambda d: d["circuits"]["composition"].pop("K"),
-            "circuits.composition must hold Q, K, V, each 1 grids of 3 x 3 numbers",
+            "circuits.composition.K must be 1 x 3 x 3 numbers",
         ),
         (
             lambda d: d["circuits"].update(circuit_tokens=[]),

@@ -41,7 +41,7 @@ MALFORMED = {  # tag -> (header, what the refusal names)
     ),
     "nan_score": (
         {"n_layer": 1, "n_head": 1, "tokens": ["a"], "scores": {"induction": [[float("nan")]]}},
-        "scores['induction'] must be",
+        "scores.induction must be",
     ),
 }
 

@@ -22,8 +22,17 @@ from gptmini.board.summary import (
     dequantise,
     quantise,
     summary_proto,
-    to_summary,
 )
+
+
+def to_summary(header, tri: np.ndarray) -> AttentionSummary:
+    """A decoded summary (``decode``'s header and triangles) as the summary it was encoded from."""
+    return AttentionSummary(
+        tokens=list(header["tokens"]),
+        probs=dequantise(tri, len(header["tokens"])),
+        **{k: header.get(k) for k in ("head_types", "sink", "lens", "vectors", "circuits")},
+        scores=header.get("scores") or {},
+    )
 
 
 def random_maps(n_layer: int, n_head: int, t: int, seed: int = 0) -> np.ndarray:
@@ -69,7 +78,7 @@ def test_proto_round_trips_tokens_types_and_maps() -> None:
 def test_bad_summaries_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="3 tokens for attention maps over 4 positions"):
         summary_proto(AttentionSummary(tokens=["a", "b", "c"], probs=random_maps(1, 1, 4)))
-    with pytest.raises(ValueError, match="head_types must be 1 rows of 2 labels"):
+    with pytest.raises(ValueError, match="head_types must be null or 1 x 2 of "):
         summary_proto(AttentionSummary(tokens=list("ab"), probs=random_maps(1, 2, 2), head_types=[["x"]]))
     with pytest.raises(SummaryFormatError, match="version 99"):
         decode(np.array([b'{"version": 99}', b""], dtype=object))
@@ -263,7 +272,7 @@ def test_the_page_repeats_none_of_the_contract() -> None:
         ({"version": 1, "n_layer": 1, "n_head": 1, "tokens": "ab"}, "tokens must be a list"),
         (
             {"version": 1, "n_layer": 1, "n_head": 2, "tokens": ["a"], "head_types": [["local"]]},
-            "head_types must be null or 1 rows of 2",
+            "head_types must be null or 1 x 2 of ",
         ),
         (
             {"version": 1, "n_layer": 1, "n_head": 1, "tokens": ["a"], "scores": [1]},
@@ -271,7 +280,7 @@ def test_the_page_repeats_none_of_the_contract() -> None:
         ),
         (
             {"version": 1, "n_layer": 1, "n_head": 1, "tokens": ["a"], "scores": {"x": [[True]]}},
-            "scores['x'] must be 1 rows of 1 finite numbers (or null)",
+            "scores.x must be 1 x 1 numbers (or null)",
         ),
     ],
 )
@@ -294,7 +303,7 @@ def test_a_decoded_header_holds_the_contracts_keys_only() -> None:
 
 
 def test_encode_refuses_a_head_type_the_page_cannot_name() -> None:
-    with pytest.raises(ValueError, match="'sideways'.*which is no head type"):
+    with pytest.raises(ValueError, match=r"head_types must be null or 1 x 1 of \['first-token', 'induction'"):
         summary_proto(AttentionSummary(list("ab"), random_maps(1, 1, 2), head_types=[["sideways"]]))
 
 

@@ -11,8 +11,9 @@ from torch.testing import assert_close
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_split
 from gptmini.inference.analyze import main
-from gptmini.insight import SCORES, head_scores, make_probes
+from gptmini.insight.probes import make_probes
 from gptmini.insight.report import ABLATION
+from gptmini.insight.scores import SCORES, head_scores
 from gptmini.runs.loading import open_run
 
 TEXT = "to be, or not to be: that is the question.\n" * 60

@@ -154,9 +154,6 @@ def test_the_sink_shares_are_the_first_tokens_and_what_the_rows_leave_off() -> N
     torch.testing.assert_close(first, torch.tensor([[(0.5 + 0.2 + 0.8) / 3, (0.0 + 0.1 + 0.0) / 3]]))
     torch.testing.assert_close(learned, torch.tensor([[0.0, (0.5 + 0.6 + 0.0) / 3]]))
     assert sink_shares(maps, learned_sink=False)[1] is None
-    # with a batch: the rows of every sequence
-    batched = torch.stack([maps, maps], dim=1)  # (L, B, nh, T, T)
-    torch.testing.assert_close(sink_shares(batched, True)[0], first)
 
 
 def test_a_learned_sinks_share_is_its_softmax_weight() -> None:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from gptmini.insight import PhaseChangeDetector, icl_bands, icl_score, loss_by_position, make_probes
+from gptmini.insight.icl import PhaseChangeDetector, icl_bands, icl_score, loss_by_position
+from gptmini.insight.probes import make_probes
 from gptmini.model import GPT, GPTConfig
 
 TOKENS = (np.arange(1000) * 7) % 50

@@ -14,8 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from gptmini.insight import SCORES, make_probes
+from gptmini.insight.probes import make_probes
 from gptmini.insight.report import ABLATION, analyze, write_report
+from gptmini.insight.scores import SCORES
 from gptmini.model import GPT, GPTConfig
 from gptmini.viz import score_grid, viridis
 

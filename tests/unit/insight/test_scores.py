@@ -11,13 +11,16 @@ import torch
 from torch.testing import assert_close
 
 from gptmini.attention import available_attention
-from gptmini.insight import SCORES, head_scores, make_probes, score_patterns
+from gptmini.insight.probes import make_probes
 from gptmini.insight.scores import (
+    SCORES,
     duplicate_token_score,
     first_token_share,
+    head_scores,
     induction_score,
     mean_distance,
     previous_token_score,
+    score_patterns,
 )
 from gptmini.model import GPT, GPTConfig
 from gptmini.viz import attention_entropy

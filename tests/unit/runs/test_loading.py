@@ -174,7 +174,7 @@ def test_a_checkpoint_recording_no_tokenizer_needs_a_vocabulary_that_fits(world,
     ):
         open_run(small, device="cpu", data_dir=world["data"])
     with pytest.raises(CheckpointError, match="has more tokens than the model's vocabulary"):
-        tokenizer_for_run(RunRecord(tokenizer={"name": "gpt2"}), model_vocab=100)
+        tokenizer_for_run(RunRecord(tokenizer={"name": "gpt2"}), None, tmp_path / "x.ckpt", model_vocab=100)
 
 
 def test_the_data_folder_is_the_recorded_one_or_the_one_given(world, tmp_path, write_checkpoint):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gptmini.insight import head_scores, make_probes
-from gptmini.insight.probes import repeated_segments_text
+from gptmini.insight.probes import make_probes, repeated_segments_text
+from gptmini.insight.scores import head_scores
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.loop.probe import ValidationProbe, eval_mode
 

@@ -9,8 +9,9 @@ import re
 import pytest
 import torch
 
-from gptmini.insight import SCORES, PhaseChangeDetector
+from gptmini.insight.icl import PhaseChangeDetector
 from gptmini.insight.probes import repeated_segments_text
+from gptmini.insight.scores import SCORES
 from gptmini.training.callbacks.insight_logging import (
     HPARAM_METRICS,
     HeadInsightLogger,
@@ -216,7 +217,7 @@ def test_the_untrained_baseline_is_scored_later_on_the_weights_of_step_0(tmp_pat
     import numpy as np
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from gptmini.insight import head_scores
+    from gptmini.insight.scores import head_scores
     from gptmini.model import GPT, GPTConfig
 
     torch.manual_seed(0)
