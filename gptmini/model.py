@@ -190,26 +190,6 @@ class GPTConfig:
         else:
             self.mlp_width = 4 * self.n_embd
 
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
-        """A preset of ``conf/model/`` (the one source of preset values, also what ``model=<name>`` composes),
-        with ``overrides``. Presets that leave ``vocab_size`` to the tokenizer need ``vocab_size=...``."""
-        from omegaconf import OmegaConf
-
-        from gptmini.conf_dir import conf_dir
-
-        presets = available_presets()
-        if name not in presets:
-            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}")
-        values = OmegaConf.to_container(OmegaConf.load(conf_dir() / "model" / f"{name}.yaml"))
-        values.pop("init_from", None)  # where weights come from, not a model setting
-        values |= overrides
-        if values.get("vocab_size") is None:
-            raise ConfigError(
-                f"model preset {name!r} takes vocab_size from the tokenizer (vocab_size: null): pass vocab_size=..."
-            )
-        return cls.from_dict(values)
-
     def attention_options(self) -> dict[str, Any]:
         """The attention options that differ from plain causal multi-head attention, as keyword arguments
         for the attention class (each class declares in ``options`` which ones it honours)."""
@@ -288,12 +268,6 @@ CHOICES = {
 }
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
-
-
-def available_presets() -> list[str]:
-    from gptmini.conf_dir import conf_dir
-
-    return sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
 
 
 def build_norm(config: GPTConfig) -> nn.Module:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common import preset_config
 from gptmini.data.tokenizers import CharTokenizer
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.callbacks import loggers as callbacks
@@ -213,7 +214,7 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
             return loss * float("nan") if self.trainer.global_step == 2 else loss
 
     module = NanAtStep2(
-        model_config=GPTConfig.from_preset("tiny", vocab_size=64).to_dict(),
+        model_config=preset_config("tiny", vocab_size=64).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
     )
     x = torch.randint(0, 64, (8, 9), generator=torch.Generator().manual_seed(0))
