@@ -256,10 +256,6 @@ class CharTokenizer:
         # Sorted code points let encode_array map a whole corpus with one searchsorted.
         self._codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)
 
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
-
     def encode_array(self, text: str) -> np.ndarray:
         """Vectorised encode: int64 ids, ~50x faster than ``encode`` on multi-MB text."""
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
