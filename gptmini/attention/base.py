@@ -78,8 +78,6 @@ class QueryKeys:
 
 
 class LMAttention(nn.Module):
-    """Base class of the causal self-attention implementations a GPT block can use (see the module docstring)."""
-
     # --- capabilities, declared by each implementation ---
     causal: ClassVar[bool] = True  # no query sees a later key: may drive a language model
     supports_kv_cache: ClassVar[bool] = False  # forward(x, kv_cache=KVCache) for incremental decoding

@@ -21,8 +21,6 @@ from gptmini.attention.registry import register_attention
 
 @register_attention("torch")
 class TorchMultiheadAttention(LMAttention):
-    """torch.nn.MultiheadAttention behind the same causal interface."""
-
     gpt2_compatible = True
 
     def __init__(

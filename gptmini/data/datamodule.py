@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 
 def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory of a CUDA ``device``; None for any other."""
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 

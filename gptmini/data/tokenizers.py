@@ -77,7 +77,6 @@ def _read_json(path: Path, what: str, missing_fix: str) -> Any:
 
 
 def default_threads() -> int:
-    """Encoding threads: one per core, at most 8."""
     return max(1, min(8, os.cpu_count() or 1))
 
 
