@@ -76,6 +76,13 @@ def preset_config(name: str, **overrides: Any) -> GPTConfig:
     return GPTConfig.from_dict(values | overrides)
 
 
+def shakespeare_text() -> str:
+    """The embedded corpus's text (38 plays as dialogue, in a fixed order), as preparation reads it."""
+    from gptmini.data.corpora import resolve_source
+
+    return "".join(f.text for f in resolve_source("shakespeare").fragments())
+
+
 def max_time_string(seconds: float) -> str:
     """Lightning's ``trainer.max_time`` string, DD:HH:MM:SS (whole seconds, at least 1)."""
     s = max(1, round(seconds))

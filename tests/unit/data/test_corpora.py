@@ -8,8 +8,9 @@ import re
 import numpy as np
 import pytest
 
+from benchmarks.common import shakespeare_text
 from gptmini.data import corpora
-from gptmini.data.corpora import is_url, resolve_source, shakespeare_text, source_name
+from gptmini.data.corpora import is_url, resolve_source, source_name
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_split, load_tokenizer

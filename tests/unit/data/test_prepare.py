@@ -13,10 +13,11 @@ import threading
 import numpy as np
 import pytest
 
+from benchmarks.common import shakespeare_text
 from gptmini.data import corpora
 from gptmini.data import prepare as prep  # the module, for monkeypatching its globals
 from gptmini.data import progress as progress_module
-from gptmini.data.corpora import Fragment, shakespeare_text
+from gptmini.data.corpora import Fragment
 from gptmini.data.encoding import pieces, split_for_encoding, token_dtype
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare

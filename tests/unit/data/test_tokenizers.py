@@ -88,7 +88,7 @@ def test_char_round_trip(text):
 
 
 def test_round_trip_on_corpus_sample():
-    from gptmini.data.corpora import shakespeare_text
+    from benchmarks.common import shakespeare_text
 
     sample = shakespeare_text()[:200_000]
     for tok in (build_tokenizer("gpt2"), CharTokenizer(set(sample))):
