@@ -468,17 +468,6 @@ def _check_bpe_file(path: Path, spec: Mapping[str, Any]) -> None:
             )
 
 
-def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokenizer:
-    """The BPE saved at ``path``, refused when it is not the one ``spec`` (meta.json's ``tokenizer_spec``)
-    records: the shards' ids would mean other text. The file's size and digest are checked before it is parsed,
-    the digest of its content before any token is decoded."""
-    path = Path(path)
-    if spec:
-        _check_bpe_file(path, spec)
-    recorded = spec.get("sha256") if spec else None
-    return BPETokenizer.load(path, recorded if isinstance(recorded, str) else None)
-
-
 def tokenizer_from_payload(payload: Any, where: str) -> Tokenizer:
     """A saved tokenizer (char or bpe) from what its file holds, e.g. a checkpoint's copy; ``where`` names
     it in a refusal."""
@@ -526,7 +515,12 @@ def build_tokenizer(
             f"with --tokenizer {name}"
         )
     if name == "bpe":
-        return load_recorded(vocab_path, spec)
+        # refused when it is not the one meta.json records (the shards' ids would mean other text): the file's size
+        # and digest checked before it is parsed, the digest of its content before any token is decoded
+        if spec:
+            _check_bpe_file(Path(vocab_path), spec)
+        recorded = spec.get("sha256") if spec else None
+        return BPETokenizer.load(vocab_path, recorded if isinstance(recorded, str) else None)
     if name == "char":
         return CharTokenizer.load(vocab_path)
     return TiktokenTokenizer(name)
