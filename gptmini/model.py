@@ -158,14 +158,6 @@ class GPTConfig:
                 f"model.{setting}={getattr(self, setting)!r} is not supported by model.attention={self.attention!r}: "
                 f"use model.attention={' or '.join(able) or '(none yet)'}, or leave model.{setting} at its default"
             )
-        self._check_block_options()
-        self.head_size = self.n_embd // self.n_head
-        m = self.pad_vocab_multiple
-        self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
-        if (problem := ingredients.ingredient_problem(self)) is not None:
-            raise ConfigError(problem)
-
-    def _check_block_options(self) -> None:
         hidden = self.mlp_hidden
         if self.mlp != "gelu" and self.gelu_approximate != "tanh":
             raise ConfigError(
@@ -189,6 +181,11 @@ class GPTConfig:
             self.mlp_width = swiglu_hidden(self.n_embd)
         else:
             self.mlp_width = 4 * self.n_embd
+        self.head_size = self.n_embd // self.n_head
+        m = self.pad_vocab_multiple
+        self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
+        if (problem := ingredients.ingredient_problem(self)) is not None:
+            raise ConfigError(problem)
 
     def attention_options(self) -> dict[str, Any]:
         """The attention options that differ from plain causal multi-head attention, as keyword arguments

@@ -186,7 +186,8 @@ def set_out_proj(out: nn.Linear, weights: AttentionWeights) -> None:
     copy_param(out.bias, weights.out_bias, "out_proj.bias")
 
 
-def set_fused_qkv(weight: Tensor, bias: Tensor | None, weights: AttentionWeights) -> None:
-    """Into a fused (3C, C) projection stacked [q; k; v] like the canonical layout."""
+def set_fused_qkv(weight: Tensor, bias: Tensor | None, out: nn.Linear, weights: AttentionWeights) -> None:
+    """Into a fused (3C, C) projection stacked [q; k; v] like the canonical layout, and out_proj."""
     copy_param(weight, weights.qkv_weight, "qkv weight")
     copy_param(bias, weights.qkv_bias, "qkv bias")
+    set_out_proj(out, weights)

@@ -10,14 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gptmini.attention.alibi import alibi_slopes
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    QueryKeys,
-    copy_param,
-    set_fused_qkv,
-    set_out_proj,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, QueryKeys, copy_param, set_fused_qkv
 from gptmini.attention.checks import check_heads
 from gptmini.attention.kernels import (
     MASK,
@@ -253,7 +246,6 @@ class CausalSelfAttention(LMAttention):
         mine = self._extra()
         if set(weights.extra) != set(mine):
             raise ValueError(f"expected extra weights {sorted(mine)}, got {sorted(weights.extra)}")
-        set_fused_qkv(self.qkv.weight, self.qkv.bias, weights)
-        set_out_proj(self.out_proj, weights)
+        set_fused_qkv(self.qkv.weight, self.qkv.bias, self.out_proj, weights)
         for name, param in mine.items():
             copy_param(param, weights.extra[name], name)
