@@ -47,7 +47,7 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
             "value": first.seconds,
             "unit": "s",
             "target": f"< {TARGETS['data_prepare_s']} s",
-            "detail": f"{first.train_tokens + first.val_tokens:,} tokens",
+            "detail": f"{first.meta['tokens']:,} tokens",
         }
     )
     rows.append(
