@@ -10,12 +10,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    linears_weights,
-    set_linears,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, linears_weights, set_linears
 from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
