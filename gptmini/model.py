@@ -383,11 +383,9 @@ class GPT(nn.Module):
         if self.config.zero_init:
             for p in self.zero_init_parameters():
                 nn.init.zeros_(p)
-        for module in self._ingredients():
-            module.reset_parameters()  # each ingredient's own start (gates at zero, the bigram table at zero)
-
-    def _ingredients(self) -> list[nn.Module]:
-        return [m for m in (self.value_embeds, self.smear, self.bigram) if m is not None]
+        for module in (self.value_embeds, self.smear, self.bigram):
+            if module is not None:  # each ingredient's own start (gates at zero, the bigram table at zero)
+                module.reset_parameters()
 
     def _ingredient_tables(self) -> list[nn.Parameter]:
         return [p for m in (self.value_embeds, self.bigram) if m is not None for p in m.embeddings()]
@@ -502,7 +500,11 @@ class GPT(nn.Module):
             flat = h.reshape(-1, h.size(-1))  # (B T, C)
             return None, self._loss_alone(flat, self._vocab_weight(), targets.reshape(-1))
         logits = self.logits(h)  # (B, T, Vp)
-        loss = None if targets is None else self._cross_entropy(logits, targets)
+        loss = None
+        if targets is not None:  # over the padded width: -inf logits add exp(-inf) = 0 to the normaliser
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
         # A view: padded columns are never shown to callers.
         return (logits[..., : self.config.vocab_size] if return_logits else None), loss
 
@@ -519,13 +521,6 @@ class GPT(nn.Module):
     def _vocab_weight(self) -> torch.Tensor:
         # the output rows of the real vocabulary, (V, C): padding rows would give -inf logits, which add nothing
         return self.lm_head.weight[: self.config.vocab_size]
-
-    @staticmethod
-    def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # Cross entropy over the padded width: -inf logits contribute exp(-inf) = 0 to the normaliser.
-        return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-        )
 
     # --- attention maps (explicit path, for visualisation) ------------------------------------------------
 
