@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from benchmarks.common import preset_config
 from benchmarks.end_to_end import Cadence
 
 
@@ -35,16 +36,14 @@ class BareReference(L.Callback):
 
         from gptmini.data.reader import load_meta, load_split
         from gptmini.data.windows import RandomWindowDataset, StreamSampler
-        from gptmini.model import GPT, GPTConfig
+        from gptmini.model import GPT
         from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
         from gptmini.training.loop.schedulers import WarmupCosineLR
 
         c = Cadence()
         self.skip = min(self.skip, trainer.max_steps // 3)  # a short run (the quick benchmark) still measures
         meta = load_meta(self.data_dir)
-        self.model = GPT(
-            GPTConfig.from_preset("cpu", vocab_size=int(meta["vocab_size"]), **self.sizes)
-        ).train()
+        self.model = GPT(preset_config("cpu", vocab_size=int(meta["vocab_size"]), **self.sizes)).train()
         windows = trainer.max_steps * self.steps * c.batch_size
         data = RandomWindowDataset(
             load_split(self.data_dir, "train", meta), self.model.config.block_size, windows, c.seed

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import preset_config
 from gptmini.board import PLUGIN_NAME
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -257,8 +258,8 @@ def bench_board(opts: Any) -> tuple[list[dict[str, Any]], list[str]]:
         big = small = GPTConfig(vocab_size=50257, block_size=16, n_layer=2, n_head=2, n_embd=16)
         t, name, small_name = 16, "tiny (2 x 2 heads, 16 tokens)", "tiny"
     else:
-        big = GPTConfig.from_preset("gpt2", vocab_size=50257)
-        small = GPTConfig.from_preset("small", vocab_size=50257)
+        big = preset_config("gpt2", vocab_size=50257)
+        small = preset_config("small", vocab_size=50257)
         t, name, small_name = (
             64,
             "GPT-2 small (12 x 12 heads, 64 tokens)",

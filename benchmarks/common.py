@@ -16,11 +16,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 
+from gptmini.conf_dir import conf_dir
 from gptmini.fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    from gptmini.model import GPTConfig
 
 log = logging.getLogger("benchmarks")
 
@@ -59,6 +64,23 @@ TARGETS = {
     "e2e_startup_s": 2.0,
     "e2e_extras_share": 0.05,
 }
+
+
+def preset_config(name: str, **overrides: Any) -> GPTConfig:
+    """The model ``model=<name>`` composes (``conf/model/<name>.yaml``) with ``overrides``; presets that leave
+    ``vocab_size`` to the tokenizer need ``vocab_size=...``."""
+    from gptmini.model import GPTConfig
+
+    values = yaml.safe_load((conf_dir() / "model" / f"{name}.yaml").read_text())
+    values.pop("init_from", None)  # where weights come from, not a model setting
+    return GPTConfig.from_dict(values | overrides)
+
+
+def shakespeare_text() -> str:
+    """The embedded corpus's text (38 plays as dialogue, in a fixed order), as preparation reads it."""
+    from gptmini.data.corpora import resolve_source
+
+    return "".join(f.text for f in resolve_source("shakespeare").fragments())
 
 
 def max_time_string(seconds: float) -> str:

@@ -47,7 +47,7 @@ def bench_data(opts: BenchOptions, work_dir: Path) -> tuple[list[dict[str, Any]]
             "value": first.seconds,
             "unit": "s",
             "target": f"< {TARGETS['data_prepare_s']} s",
-            "detail": f"{first.train_tokens + first.val_tokens:,} tokens",
+            "detail": f"{first.meta['tokens']:,} tokens",
         }
     )
     rows.append(
@@ -242,7 +242,7 @@ def bench_corpus(
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            dm = TokenDataModule(source, "gpt2", data_dir, block_size=128, batch_size=8)
+            dm = TokenDataModule(source, tokenizer="gpt2", data_dir=data_dir, block_size=128, batch_size=8)
             dm.prepare_data()
             dm.setup("fit")
             next(iter(dm.train_dataloader()))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchOptions, loadavg
+from benchmarks.common import BenchOptions, loadavg, preset_config
 
 log = logging.getLogger("benchmarks")
 
@@ -384,7 +384,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
 
     from gptmini.data.reader import load_meta, load_split
     from gptmini.data.windows import RandomWindowDataset, StreamSampler, StridedWindowDataset
-    from gptmini.model import GPT, GPTConfig
+    from gptmini.model import GPT
     from gptmini.training.hardware import retain_freed_memory
     from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
     from gptmini.training.loop.schedulers import WarmupCosineLR
@@ -393,7 +393,7 @@ def bare_loop(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(c.seed)
     meta = load_meta(a.data_dir)
     sizes = {k: v for k, v in (("n_layer", a.n_layer), ("n_head", a.n_head), ("n_embd", a.n_embd)) if v}
-    model = GPT(GPTConfig.from_preset("cpu", vocab_size=int(meta["vocab_size"]), **sizes))
+    model = GPT(preset_config("cpu", vocab_size=int(meta["vocab_size"]), **sizes))
     block = model.config.block_size
     train = RandomWindowDataset(load_split(a.data_dir, "train", meta), block, c.steps * c.batch_size, c.seed)
     val = StridedWindowDataset(load_split(a.data_dir, "val", meta), block, None, name="val")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from benchmarks.attention import AttentionSetup, attention_cell, attention_impls
-from benchmarks.common import log, median_time, sync
+from benchmarks.common import log, median_time, preset_config, sync
 from benchmarks.training import TrainSetup, autocast, run_bare_loop, run_lightning
 from gptmini.model import GPT, GPTConfig
 
@@ -92,7 +92,7 @@ def gpu_setup(quick: bool = False, device: str = "cuda", lightning: bool = False
             compile_impls=(),
             compile_seq_lens=(),
         ),
-        gpt2=GPTConfig.from_preset("gpt2"),
+        gpt2=preset_config("gpt2"),
         gpt2_paths=("bare", "lightning") if lightning else ("bare",),
         # GPT-2 small's attention shape at its context; 4 blocks keep the eager steps short
         flex=GPTConfig(vocab_size=50257, block_size=1024, n_layer=4, n_head=12, n_embd=768),
@@ -422,7 +422,7 @@ def _optimizers(model: GPT, device: str) -> dict[str, Callable[[], torch.optim.O
 def bench_muon(s: GpuSetup, seed: int = 1337) -> list[dict[str, Any]]:
     """One optimizer step over the hidden matrices of the GPU default's model (the baby GPT), gradients given."""
     torch.manual_seed(seed)
-    config = s.flex if s.device == "cpu" else GPTConfig.from_preset("baby", vocab_size=128)
+    config = s.flex if s.device == "cpu" else preset_config("baby", vocab_size=128)
     model = GPT(config).to(s.device)
     hidden = model.parameter_roles()["hidden"]
     for p in hidden:

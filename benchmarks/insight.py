@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import BenchOptions, log, sync
+from benchmarks.common import BenchOptions, log, preset_config, sync
 from benchmarks.training import TrainSetup, _batches, run_bare_loop
 from gptmini.insight.icl import loss_by_position
 from gptmini.insight.probes import make_probes
@@ -74,14 +74,14 @@ def insight_setups(opts: BenchOptions) -> list[InsightSetup]:
         # the default run (conf/model/small.yaml, GPT-2 BPE, batch 8, validation every 100 steps)
         InsightSetup(
             "default (small, BPE, T=128, batch 8)",
-            TrainSetup(model=GPTConfig.from_preset("small", vocab_size=50257), batch=8),
+            TrainSetup(model=preset_config("small", vocab_size=50257), batch=8),
             val_every=100,
             steps_per_round=6,
         ),
         # experiment=shakespeare_char_cpu (validation every 250 steps)
         InsightSetup(
             "shakespeare_char_cpu (T=64, batch 12)",
-            TrainSetup(model=GPTConfig.from_preset("cpu", vocab_size=65), batch=12),
+            TrainSetup(model=preset_config("cpu", vocab_size=65), batch=12),
             val_every=250,
             steps_per_round=25,
         ),
@@ -90,7 +90,7 @@ def insight_setups(opts: BenchOptions) -> list[InsightSetup]:
         setups.append(
             InsightSetup(
                 "GPU default (baby, T=256, batch 128)",
-                TrainSetup(model=GPTConfig.from_preset("baby", vocab_size=65), batch=128),
+                TrainSetup(model=preset_config("baby", vocab_size=65), batch=128),
                 val_every=500,
                 steps_per_round=20,
             )

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from benchmarks.attention import _peak_bytes
-from benchmarks.common import BenchOptions, interleaved_times, log
+from benchmarks.common import BenchOptions, interleaved_times, log, preset_config
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
 
@@ -45,7 +45,7 @@ def bench_lm_loss(opts: BenchOptions) -> tuple[list[dict[str, Any]], list[str]]:
         config = GPTConfig(vocab_size=4096, block_size=16, n_layer=1, n_head=2, n_embd=32)
         batch = 2
     else:
-        config = GPTConfig.from_preset("small", vocab_size=GPT2_VOCAB)
+        config = preset_config("small", vocab_size=GPT2_VOCAB)
         batch = 8
     model = GPT(config).to(dev).train()
     opt = torch.optim.AdamW(

@@ -70,7 +70,7 @@ CYRILLIC = "cyrillic"
 
 def cyrillic_plays(path: Path) -> Path:
     """The embedded plays, every Latin letter replaced by a Cyrillic one, written to ``path`` (UTF-8)."""
-    from gptmini.data.corpora import shakespeare_text
+    from benchmarks.common import shakespeare_text
 
     path.write_text(shakespeare_text().translate(_TO_CYRILLIC), encoding="utf-8")
     return path

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import BenchOptions, fmt, log, num_threads, sync
+from benchmarks.common import BenchOptions, fmt, log, num_threads, preset_config, sync
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
 
@@ -37,7 +37,7 @@ def train_setup(opts: BenchOptions) -> TrainSetup:
         cfg = GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)
         return TrainSetup(model=cfg, batch=2, warmup_steps=2, steps=4, rounds=1)
     # the shakespeare_char_cpu experiment: model preset "cpu", char vocab, batch 12, AdamW 1e-3 (0.9, 0.99)
-    cfg = GPTConfig.from_preset("cpu", vocab_size=65)
+    cfg = preset_config("cpu", vocab_size=65)
     return TrainSetup(model=cfg, batch=12)
 
 

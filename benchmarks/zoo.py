@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.attention import _peak_bytes
-from benchmarks.common import BenchOptions, fmt, interleaved_times, log
+from benchmarks.common import BenchOptions, fmt, interleaved_times, log, preset_config
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.loop.module import optimizer_kernel_kwargs, weight_decay_groups
@@ -36,7 +36,7 @@ def variants() -> dict[str, dict[str, Any]]:
 
 
 def variant_config(settings: dict[str, Any], vocab_size: int = CHAR_VOCAB) -> GPTConfig:
-    return GPTConfig.from_preset("cpu", vocab_size=vocab_size, **settings)
+    return preset_config("cpu", vocab_size=vocab_size, **settings)
 
 
 def kv_cache_bytes_per_token(config: GPTConfig, element_size: int = 4) -> int:

@@ -51,15 +51,9 @@ def ingredient_problem(config: Any) -> str | None:
             f"model.attention={config.attention!r} does not: use model.attention=sdpa, or model.value_embeds=0"
         )
     buckets = config.bigram_buckets
-    if buckets is not None:
-        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 2:
-            return (
-                f"model.bigram_buckets={buckets!r} is invalid: a number of hashed rows >= 2, or null for the exact "
-                "table (vocab_size^2 + 1 rows)"
-            )
-        if not config.bigram_embed:
-            return f"model.bigram_buckets={buckets} has no effect without model.bigram_embed=true: set one or drop it"
-    elif config.bigram_embed and config.vocab_size**2 + 1 > MAX_EXACT_BIGRAM_ROWS:
+    if buckets is not None and not config.bigram_embed:
+        return f"model.bigram_buckets={buckets} has no effect without model.bigram_embed=true: set one or drop it"
+    if buckets is None and config.bigram_embed and config.vocab_size**2 + 1 > MAX_EXACT_BIGRAM_ROWS:
         return (
             f"model.bigram_embed=true with model.vocab_size={config.vocab_size} needs an exact table of "
             f"{config.vocab_size**2 + 1} rows: hash the pairs instead, e.g. model.bigram_buckets={5 * config.vocab_size}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -116,27 +117,23 @@ class GPTConfig:
         for f in fields(self):
             if f.init and hints[f.name] is bool and not isinstance(getattr(self, f.name), bool):
                 raise ConfigError(f"model.{f.name}={getattr(self, f.name)!r} is invalid: true or false")
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple"):
+        for name, (kind, ok, want) in NUMBERS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.{name}={value!r} is invalid: it must be a positive integer")
+            if value is None and type(None) in typing.get_args(hints[name]):
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind) or not ok(value):
+                raise ConfigError(f"model.{name}={value!r} is invalid: {want}")
         if self.n_embd % self.n_head != 0:
             raise ConfigError(
                 f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}: choose n_head among "
                 f"the divisors of n_embd ({', '.join(str(d) for d in _divisors(self.n_embd))}) or change n_embd"
             )
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout!r} is invalid: it must be in [0, 1)")
         if self.attention not in available_attention():
             raise ConfigError(
                 f"model.attention={self.attention!r} is not a causal attention implementation; "
                 f"valid names: {', '.join(available_attention())}"
             )
         self.kv_heads = self.n_head if self.n_kv_head is None else self.n_kv_head
-        if isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int) or self.kv_heads <= 0:
-            raise ConfigError(
-                f"model.n_kv_head={self.n_kv_head!r} is invalid: a positive integer or null (n_head)"
-            )
         if self.n_head % self.kv_heads != 0:
             raise ConfigError(
                 f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}: choose among "
@@ -147,16 +144,6 @@ class GPTConfig:
                 raise ConfigError(
                     f"model.{name}={getattr(self, name)!r} is invalid: valid values are {', '.join(valid)}"
                 )
-        base = self.rope_base
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
-            raise ConfigError(
-                f"model.rope_base={base!r} is invalid: it must be a number > 1 (10000 is usual)"
-            )
-        window = self.sliding_window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ConfigError(
-                f"model.sliding_window={window!r} is invalid: a number of keys >= 1, or null for full causal attention"
-            )
         if self.position == "rope" and (self.n_embd // self.n_head) % 2:
             raise ConfigError(
                 f"model.position=rope needs an even head size, and n_embd / n_head = {self.n_embd // self.n_head}: "
@@ -171,37 +158,15 @@ class GPTConfig:
                 f"model.{setting}={getattr(self, setting)!r} is not supported by model.attention={self.attention!r}: "
                 f"use model.attention={' or '.join(able) or '(none yet)'}, or leave model.{setting} at its default"
             )
-        self._check_block_options()
-        self.head_size = self.n_embd // self.n_head
-        m = self.pad_vocab_multiple
-        self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
-        if (problem := ingredients.ingredient_problem(self)) is not None:
-            raise ConfigError(problem)
-
-    def _check_block_options(self) -> None:
-        eps = self.norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
-            raise ConfigError(
-                f"model.norm_eps={eps!r} is invalid: it must be a small positive number (1e-5 or 1e-6 are usual)"
-            )
         hidden = self.mlp_hidden
-        if hidden is not None and (isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0):
-            raise ConfigError(
-                f"model.mlp_hidden={hidden!r} is invalid: a positive integer, or null for the default width"
-            )
         if self.mlp != "gelu" and self.gelu_approximate != "tanh":
             raise ConfigError(
                 f"model.gelu_approximate={self.gelu_approximate} has no effect with model.mlp={self.mlp} (no GELU): "
                 "leave it at tanh"
             )
-        cap = self.logit_softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+        if self.loss == "chunked" and self.logit_softcap is not None:
             raise ConfigError(
-                f"model.logit_softcap={cap!r} is invalid: a positive number (15 or 30 are usual), or null for no cap"
-            )
-        if self.loss == "chunked" and cap is not None:
-            raise ConfigError(
-                f"model.loss=chunked computes plain logits and model.logit_softcap={cap} caps them: use "
+                f"model.loss=chunked computes plain logits and model.logit_softcap={self.logit_softcap} caps them: use "
                 "model.loss=plain (or liger on a CUDA GPU), or model.logit_softcap=null"
             )
         if self.mlp == "none":
@@ -216,26 +181,11 @@ class GPTConfig:
             self.mlp_width = swiglu_hidden(self.n_embd)
         else:
             self.mlp_width = 4 * self.n_embd
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
-        """A preset of ``conf/model/`` (the one source of preset values, also what ``model=<name>`` composes),
-        with ``overrides``. Presets that leave ``vocab_size`` to the tokenizer need ``vocab_size=...``."""
-        from omegaconf import OmegaConf
-
-        from gptmini.conf_dir import conf_dir
-
-        presets = available_presets()
-        if name not in presets:
-            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(presets)}")
-        values = OmegaConf.to_container(OmegaConf.load(conf_dir() / "model" / f"{name}.yaml"))
-        values.pop("init_from", None)  # where weights come from, not a model setting
-        values |= overrides
-        if values.get("vocab_size") is None:
-            raise ConfigError(
-                f"model preset {name!r} takes vocab_size from the tokenizer (vocab_size: null): pass vocab_size=..."
-            )
-        return cls.from_dict(values)
+        self.head_size = self.n_embd // self.n_head
+        m = self.pad_vocab_multiple
+        self.padded_vocab_size = ((self.vocab_size + m - 1) // m) * m
+        if (problem := ingredients.ingredient_problem(self)) is not None:
+            raise ConfigError(problem)
 
     def attention_options(self) -> dict[str, Any]:
         """The attention options that differ from plain causal multi-head attention, as keyword arguments
@@ -276,6 +226,34 @@ def swiglu_hidden(n_embd: int, multiple: int = 64) -> int:
     return -(-8 * n_embd // (3 * multiple)) * multiple
 
 
+# the numeric settings: their type, their range and what the refusal says they must be (null passes where the
+# field's type allows None)
+NUMBERS: dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool], str]] = {
+    **{
+        name: (int, lambda v: v > 0, "it must be a positive integer")
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "pad_vocab_multiple")
+    },
+    "n_kv_head": (int, lambda v: v > 0, "a positive integer or null (n_head)"),
+    "dropout": ((int, float), lambda v: 0 <= v < 1, "it must be in [0, 1)"),
+    "rope_base": ((int, float), lambda v: v > 1, "it must be a number > 1 (10000 is usual)"),
+    "sliding_window": (int, lambda v: v >= 1, "a number of keys >= 1, or null for full causal attention"),
+    "norm_eps": (
+        (int, float),
+        lambda v: 0 < v < 1,
+        "it must be a small positive number (1e-5 or 1e-6 are usual)",
+    ),
+    "mlp_hidden": (int, lambda v: v > 0, "a positive integer, or null for the default width"),
+    "logit_softcap": (
+        (int, float),
+        lambda v: v > 0,
+        "a positive number (15 or 30 are usual), or null for no cap",
+    ),
+    "bigram_buckets": (
+        int,
+        lambda v: v >= 2,
+        "a number of hashed rows >= 2, or null for the exact table (vocab_size^2 + 1 rows)",
+    ),
+}
 # the settings that take one of a few names, and their names
 CHOICES = {
     "position": ("learned", "rope", "alibi", "none"),
@@ -287,12 +265,6 @@ CHOICES = {
 }
 # the config setting behind an attention option, where the two are named differently (for messages)
 _OPTION_SETTINGS = {"rope_base": "position", "alibi": "position"}
-
-
-def available_presets() -> list[str]:
-    from gptmini.conf_dir import conf_dir
-
-    return sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
 
 
 def build_norm(config: GPTConfig) -> nn.Module:
@@ -411,11 +383,9 @@ class GPT(nn.Module):
         if self.config.zero_init:
             for p in self.zero_init_parameters():
                 nn.init.zeros_(p)
-        for module in self._ingredients():
-            module.reset_parameters()  # each ingredient's own start (gates at zero, the bigram table at zero)
-
-    def _ingredients(self) -> list[nn.Module]:
-        return [m for m in (self.value_embeds, self.smear, self.bigram) if m is not None]
+        for module in (self.value_embeds, self.smear, self.bigram):
+            if module is not None:  # each ingredient's own start (gates at zero, the bigram table at zero)
+                module.reset_parameters()
 
     def _ingredient_tables(self) -> list[nn.Parameter]:
         return [p for m in (self.value_embeds, self.bigram) if m is not None for p in m.embeddings()]
@@ -530,7 +500,11 @@ class GPT(nn.Module):
             flat = h.reshape(-1, h.size(-1))  # (B T, C)
             return None, self._loss_alone(flat, self._vocab_weight(), targets.reshape(-1))
         logits = self.logits(h)  # (B, T, Vp)
-        loss = None if targets is None else self._cross_entropy(logits, targets)
+        loss = None
+        if targets is not None:  # over the padded width: -inf logits add exp(-inf) = 0 to the normaliser
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
         # A view: padded columns are never shown to callers.
         return (logits[..., : self.config.vocab_size] if return_logits else None), loss
 
@@ -547,13 +521,6 @@ class GPT(nn.Module):
     def _vocab_weight(self) -> torch.Tensor:
         # the output rows of the real vocabulary, (V, C): padding rows would give -inf logits, which add nothing
         return self.lm_head.weight[: self.config.vocab_size]
-
-    @staticmethod
-    def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # Cross entropy over the padded width: -inf logits contribute exp(-inf) = 0 to the normaliser.
-        return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-        )
 
     # --- attention maps (explicit path, for visualisation) ------------------------------------------------
 

@@ -9,6 +9,7 @@ by class attributes, read by the registry, the model, the Hugging Face converter
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -77,8 +78,6 @@ class QueryKeys:
 
 
 class LMAttention(nn.Module):
-    """Base class of the causal self-attention implementations a GPT block can use (see the module docstring)."""
-
     # --- capabilities, declared by each implementation ---
     causal: ClassVar[bool] = True  # no query sees a later key: may drive a language model
     supports_kv_cache: ClassVar[bool] = False  # forward(x, kv_cache=KVCache) for incremental decoding
@@ -162,17 +161,23 @@ def causal_probs(q: Tensor, k: Tensor) -> Tensor:
     return torch.softmax(scores.masked_fill(future, -torch.inf), dim=-1)  # (B, nh, T, T)
 
 
-def linears_weights(q: nn.Linear, k: nn.Linear, v: nn.Linear, out: nn.Linear) -> AttentionWeights:
-    """Three separate q/k/v projections (and out_proj) as the canonical fused layout."""
-    lins = (q, k, v)
-    bias = None if q.bias is None else torch.cat([lin.bias for lin in lins])
+def linears_weights(qkv: Sequence[Sequence[nn.Linear]], out: nn.Linear) -> AttentionWeights:
+    """The query's, keys' and values' projections, each one ``nn.Linear`` or one per head (stacked by rows), and
+    out_proj as the canonical fused layout."""
+    lins = [lin for group in qkv for lin in group]
+    bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
     return AttentionWeights(torch.cat([lin.weight for lin in lins]), bias, out.weight, out.bias)
 
 
-def set_linears(q: nn.Linear, k: nn.Linear, v: nn.Linear, out: nn.Linear, weights: AttentionWeights) -> None:
-    for lin, (w, b), name in zip((q, k, v), weights.q_k_v(), "qkv", strict=True):
-        copy_param(lin.weight, w, f"W_{name}")
-        copy_param(lin.bias, b, f"b_{name}")
+def set_linears(qkv: Sequence[Sequence[nn.Linear]], out: nn.Linear, weights: AttentionWeights) -> None:
+    """The inverse of ``linears_weights``: each projection's rows into its ``nn.Linear`` (or its heads')."""
+    for group, (w, b), name in zip(qkv, weights.q_k_v(), "qkv", strict=True):
+        n = len(group)
+        biases = (None,) * n if b is None else b.chunk(n)
+        for i, (lin, w_i, b_i) in enumerate(zip(group, w.chunk(n), biases, strict=True)):
+            head = f"[{i}]" if n > 1 else ""
+            copy_param(lin.weight, w_i, f"W_{name}{head}")
+            copy_param(lin.bias, b_i, f"b_{name}{head}")
     set_out_proj(out, weights)
 
 
@@ -181,7 +186,8 @@ def set_out_proj(out: nn.Linear, weights: AttentionWeights) -> None:
     copy_param(out.bias, weights.out_bias, "out_proj.bias")
 
 
-def set_fused_qkv(weight: Tensor, bias: Tensor | None, weights: AttentionWeights) -> None:
-    """Into a fused (3C, C) projection stacked [q; k; v] like the canonical layout."""
+def set_fused_qkv(weight: Tensor, bias: Tensor | None, out: nn.Linear, weights: AttentionWeights) -> None:
+    """Into a fused (3C, C) projection stacked [q; k; v] like the canonical layout, and out_proj."""
     copy_param(weight, weights.qkv_weight, "qkv weight")
     copy_param(bias, weights.qkv_bias, "qkv bias")
+    set_out_proj(out, weights)

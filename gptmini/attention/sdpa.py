@@ -10,14 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gptmini.attention.alibi import alibi_slopes
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    QueryKeys,
-    copy_param,
-    set_fused_qkv,
-    set_out_proj,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, QueryKeys, copy_param, set_fused_qkv
 from gptmini.attention.checks import check_heads
 from gptmini.attention.kernels import (
     MASK,
@@ -139,16 +132,6 @@ class CausalSelfAttention(LMAttention):
         B, T, C = x.shape
         qkv = self.qkv(x)  # (B, T, C + 2 C_kv)
         # split, not slicing: a split's backward is one concatenation, a slice's a zero-filled copy per slice
-        if self.q_norm is None and not self.rope:
-            q, k, v = qkv.split((C, self.kv_dim, self.kv_dim), dim=2)  # (B, T, C), (B, T, C_kv) x2
-            v = v if values is None else v + values.to(v.dtype)  # (B, T, C_kv)
-            q = q.view(B, T, self.n_head, self.head_size)  # (B, T, nh, hs)
-            k, v = (t.view(B, T, self.n_kv_head, self.head_size) for t in (k, v))  # (B, T, n_kv, hs)
-            return (
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-            )  # (B, nh, T, hs), (B, n_kv, T, hs) x2
         heads = self.n_head + self.n_kv_head
         qk, v = qkv.split((C + self.kv_dim, self.kv_dim), dim=2)  # (B, T, C + C_kv), (B, T, C_kv)
         v = v if values is None else v + values.to(v.dtype)  # (B, T, C_kv)
@@ -263,7 +246,6 @@ class CausalSelfAttention(LMAttention):
         mine = self._extra()
         if set(weights.extra) != set(mine):
             raise ValueError(f"expected extra weights {sorted(mine)}, got {sorted(weights.extra)}")
-        set_fused_qkv(self.qkv.weight, self.qkv.bias, weights)
-        set_out_proj(self.out_proj, weights)
+        set_fused_qkv(self.qkv.weight, self.qkv.bias, self.out_proj, weights)
         for name, param in mine.items():
             copy_param(param, weights.extra[name], name)

@@ -7,13 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    causal_probs,
-    set_fused_qkv,
-    set_out_proj,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, causal_probs, set_fused_qkv
 from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -21,8 +15,6 @@ from gptmini.attention.registry import register_attention
 
 @register_attention("torch")
 class TorchMultiheadAttention(LMAttention):
-    """torch.nn.MultiheadAttention behind the same causal interface."""
-
     gpt2_compatible = True
 
     def __init__(
@@ -71,6 +63,4 @@ class TorchMultiheadAttention(LMAttention):
         return AttentionWeights(mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
 
     def set_weights(self, weights: AttentionWeights) -> None:
-        mha = self.mha
-        set_fused_qkv(mha.in_proj_weight, mha.in_proj_bias, weights)
-        set_out_proj(mha.out_proj, weights)
+        set_fused_qkv(self.mha.in_proj_weight, self.mha.in_proj_bias, self.mha.out_proj, weights)

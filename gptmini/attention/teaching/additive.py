@@ -10,13 +10,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    copy_param,
-    linears_weights,
-    set_linears,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, copy_param, linears_weights, set_linears
 from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -92,7 +86,7 @@ class AdditiveSelfAttention(LMAttention):
         return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
 
     def get_weights(self) -> AttentionWeights:
-        weights = linears_weights(self.W_query, self.W_key, self.W_value, self.out_proj)
+        weights = linears_weights(((self.W_query,), (self.W_key,), (self.W_value,)), self.out_proj)
         weights.extra = {"v": self.v}
         return weights
 
@@ -101,5 +95,5 @@ class AdditiveSelfAttention(LMAttention):
             raise ValueError(
                 "additive attention needs its scoring vectors: AttentionWeights.extra['v'] of shape (n_head, head_size)"
             )
-        set_linears(self.W_query, self.W_key, self.W_value, self.out_proj, weights)
+        set_linears(((self.W_query,), (self.W_key,), (self.W_value,)), self.out_proj, weights)
         copy_param(self.v, weights.extra["v"], "v")

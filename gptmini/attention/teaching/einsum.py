@@ -9,12 +9,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    copy_param,
-    set_out_proj,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, copy_param, set_out_proj
 from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -22,8 +17,6 @@ from gptmini.attention.registry import register_attention
 
 @register_attention("einsum")
 class EinsumMultiHeadAttention(LMAttention):
-    """Multi-head attention written as index contractions over explicit per-head weight tensors."""
-
     gpt2_compatible = True
 
     def __init__(
@@ -79,13 +72,8 @@ class EinsumMultiHeadAttention(LMAttention):
 
     def get_weights(self) -> AttentionWeights:
         C = self.d_model
-
-        def fused(
-            W: Tensor,
-        ) -> Tensor:  # (h, C_in, d_k) -> (C_out, C_in), head h in rows h * d_k : (h + 1) * d_k
-            return W.permute(1, 0, 2).reshape(C, C).T
-
-        w = torch.cat([fused(W) for W in (self.W_q, self.W_k, self.W_v)])
+        # each (h, C_in, d_k) -> (C_out, C_in), head h in rows h * d_k : (h + 1) * d_k
+        w = torch.cat([W.permute(1, 0, 2).reshape(C, C).T for W in (self.W_q, self.W_k, self.W_v)])
         b = None if self.b_q is None else torch.cat([b.reshape(C) for b in (self.b_q, self.b_k, self.b_v)])
         return AttentionWeights(w, b, self.out_proj.weight, self.out_proj.bias)
 
@@ -98,8 +86,7 @@ class EinsumMultiHeadAttention(LMAttention):
             "qkv",
             strict=True,
         ):
-            copy_param(
-                P, w.T.reshape(-1, h, k).permute(1, 0, 2), f"W_{name}"
-            )  # (C_in, C_out) -> (h, C_in, d_k)
+            # (C_in, C_out) -> (h, C_in, d_k)
+            copy_param(P, w.T.reshape(-1, h, k).permute(1, 0, 2), f"W_{name}")
             copy_param(bP, None if b is None else b.view(h, k), f"b_{name}")
         set_out_proj(self.out_proj, weights)

@@ -10,14 +10,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from gptmini.attention.base import (
-    AttentionWeights,
-    LMAttention,
-    copy_param,
-    linears_weights,
-    set_linears,
-    set_out_proj,
-)
+from gptmini.attention.base import AttentionWeights, LMAttention, linears_weights, set_linears
 from gptmini.attention.checks import check_heads, check_length
 from gptmini.attention.kv_cache import KVCache
 from gptmini.attention.registry import register_attention
@@ -232,27 +225,15 @@ class MultiHeadAttentionWrapperAdapter(MultiHeadAttentionWrapper, LMAttention):
     def attention_probs(self, x: Tensor) -> Tensor:
         return torch.stack([head.attention_weights(x) for head in self.heads], dim=1)  # (B, nh, T, T)
 
-    def get_weights(self) -> AttentionWeights:
+    def _projections(self) -> list[list[nn.Linear]]:
         # head h's (hs, C) projections are rows h * hs : (h + 1) * hs of the fused (C, C) ones
-        def fused(attr: str) -> tuple[Tensor, Tensor | None]:
-            lins = [getattr(head, attr) for head in self.heads]
-            bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
-            return torch.cat([lin.weight for lin in lins]), bias
+        return [[getattr(head, attr) for head in self.heads] for attr in ("W_query", "W_key", "W_value")]
 
-        (wq, bq), (wk, bk), (wv, bv) = (fused(a) for a in ("W_query", "W_key", "W_value"))
-        bias = None if bq is None else torch.cat((bq, bk, bv))
-        return AttentionWeights(torch.cat((wq, wk, wv)), bias, self.out_proj.weight, self.out_proj.bias)
+    def get_weights(self) -> AttentionWeights:
+        return linears_weights(self._projections(), self.out_proj)
 
     def set_weights(self, weights: AttentionWeights) -> None:
-        n_head = len(self.heads)
-        for (w, b), attr in zip(weights.q_k_v(), ("W_query", "W_key", "W_value"), strict=True):
-            w_heads = w.chunk(n_head)
-            b_heads = (None,) * n_head if b is None else b.chunk(n_head)
-            for h, head in enumerate(self.heads):
-                lin = getattr(head, attr)
-                copy_param(lin.weight, w_heads[h], f"heads[{h}].{attr}.weight")
-                copy_param(lin.bias, b_heads[h], f"heads[{h}].{attr}.bias")
-        set_out_proj(self.out_proj, weights)
+        set_linears(self._projections(), self.out_proj, weights)
 
 
 @register_attention("mha")
@@ -297,7 +278,7 @@ class MultiHeadAttentionAdapter(MultiHeadAttention, LMAttention):
         return self._weights_and_values(x, None)[0]  # (B, nh, T, T)
 
     def get_weights(self) -> AttentionWeights:
-        return linears_weights(self.W_query, self.W_key, self.W_value, self.out_proj)
+        return linears_weights(((self.W_query,), (self.W_key,), (self.W_value,)), self.out_proj)
 
     def set_weights(self, weights: AttentionWeights) -> None:
-        set_linears(self.W_query, self.W_key, self.W_value, self.out_proj, weights)
+        set_linears(((self.W_query,), (self.W_key,), (self.W_value,)), self.out_proj, weights)

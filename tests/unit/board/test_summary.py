@@ -133,7 +133,7 @@ def test_callback_writes_the_models_attention_with_the_same_steps_head_types(tmp
     from gptmini.training.loop.probe import ValidationProbe
 
     text = "ROMEO: but soft, what light"
-    tokenizer = CharTokenizer.from_text(text)
+    tokenizer = CharTokenizer(set(text))
 
     class ScoredProbe(ValidationProbe):  # the validation's attention pass, with head scores at step 6 alone
         def head_scores(self, model, step):
@@ -198,7 +198,7 @@ def test_the_callback_writes_the_untrained_model_at_step_0(tmp_path) -> None:
     from gptmini.training.callbacks.summary_logging import AttentionSummaryLogger
 
     text = "ROMEO: but soft"
-    tokenizer = CharTokenizer.from_text(text)
+    tokenizer = CharTokenizer(set(text))
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=8)
     torch.manual_seed(0)
     module = SimpleNamespace(model=GPT(config), device=torch.device("cpu"))

@@ -99,7 +99,7 @@ def test_training_is_deterministic(text, bpe):
 
 def test_token_bytes_count_the_text_bytes(bpe, tmp_path):
     sample = _text(30, seed=3) + "🙂"
-    char = CharTokenizer.from_text(sample)
+    char = CharTokenizer(set(sample))
     for tok in (bpe, build_tokenizer("gpt2"), char):
         table = tok.token_bytes()
         assert table.shape == (tok.vocab_size,)
@@ -142,26 +142,26 @@ def _refuse_decoding(monkeypatch) -> None:
 
 
 def test_a_padded_or_replaced_bpe_file_is_refused_before_it_is_parsed(bpe, tmp_path, monkeypatch):
-    from gptmini.data.tokenizers import bpe_file_facts, load_recorded
+    from gptmini.data.tokenizers import bpe_file_facts, build_tokenizer
 
     path = tmp_path / BPE_FILE
     bpe.save(path)
     spec = bpe.to_dict() | bpe_file_facts(path)
-    assert load_recorded(path, spec).sha256 == bpe.sha256
+    assert build_tokenizer("bpe", path, spec).sha256 == bpe.sha256
     original = path.read_bytes()
     with monkeypatch.context() as patch:
         _refuse_decoding(patch)
         path.write_bytes(original + b" " * 4096)  # the same JSON, padded: the recorded size differs
         with pytest.raises(TokenizerError, match=r"bytes but meta\.json records .*refused unread"):
-            load_recorded(path, spec)
+            build_tokenizer("bpe", path, spec)
         path.write_bytes(original.replace(b'"kind"', b'"kinD"'))  # the same size, other bytes
         with pytest.raises(TokenizerError, match=r"has sha256 .* \(refused unparsed\)"):
-            load_recorded(path, spec)
+            build_tokenizer("bpe", path, spec)
         # data prepared before the file's size was recorded: refused when far over what its vocabulary takes
         old_spec = bpe.to_dict()
         path.write_bytes(original + b" " * (bpe.vocab_size * 1024 + (1 << 16)))
         with pytest.raises(TokenizerError, match=r"far more than a BPE of 320 tokens takes"):
-            load_recorded(path, old_spec)
+            build_tokenizer("bpe", path, old_spec)
     # ... and within it, its content's digest compared before any token is decoded
     other = json.loads(original) | {"pattern": r"\s+"}
     path.write_text(json.dumps(other))
@@ -170,7 +170,7 @@ def test_a_padded_or_replaced_bpe_file_is_refused_before_it_is_parsed(bpe, tmp_p
 
         patch.setattr(base64, "b64decode", lambda *a, **k: pytest.fail("a token was decoded"))
         with pytest.raises(TokenizerError, match="its sha256 differs"):
-            load_recorded(path, old_spec)
+            build_tokenizer("bpe", path, old_spec)
 
 
 @pytest.mark.parametrize(

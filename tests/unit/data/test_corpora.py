@@ -8,8 +8,9 @@ import re
 import numpy as np
 import pytest
 
+from benchmarks.common import shakespeare_text
 from gptmini.data import corpora
-from gptmini.data.corpora import is_url, resolve_source, shakespeare_text, source_name
+from gptmini.data.corpora import is_url, resolve_source, source_name
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
 from gptmini.data.reader import load_split, load_tokenizer
@@ -78,7 +79,10 @@ def test_folder_and_glob_documents_end_with_end_of_text(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = prepare(str(docs / "a.txt"), "char", val_fraction=0.0)
     # data/<file name>_<hash of its absolute path>_<tokenizer>: another a.txt elsewhere gets another folder
-    assert re.fullmatch(r"data/a_[0-9a-f]{8}_char", result.out_dir.as_posix()) and result.val_tokens == 0
+    assert (
+        re.fullmatch(r"data/a_[0-9a-f]{8}_char", result.out_dir.as_posix())
+        and result.meta["splits"]["val"]["tokens"] == 0
+    )
     assert len(load_split(result.out_dir, "val")) == 0
 
 
@@ -210,7 +214,7 @@ def test_url_source_offline_and_cached(tmp_path):
     assert not (tmp_path / "u").exists()  # no partial download, no empty folder left
     (tmp_path / "u" / "raw").mkdir(parents=True)
     (tmp_path / "u" / "raw" / "corpus.txt").write_text(SMALL)
-    assert prepare(url, "char", tmp_path / "u").train_tokens > 0
+    assert prepare(url, "char", tmp_path / "u").meta["splits"]["train"]["tokens"] > 0
     assert source_name(url) == "corpus"
 
 

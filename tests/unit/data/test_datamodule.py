@@ -52,8 +52,10 @@ def test_windows_run_across_shard_boundaries(corpus, tmp_path):
     """Sharded data serves exactly the batches of the same data in one shard: one stream, windows crossing the
     shard boundaries, the same validation windows; DataLoader workers re-open the shards by path."""
     kwargs = dict(block_size=32, batch_size=4, seed=5, train_samples=40)
-    one = TokenDataModule(str(corpus), "gpt2", tmp_path / "one", **kwargs)
-    many = TokenDataModule(str(corpus), "gpt2", tmp_path / "many", shard_tokens=300, num_workers=2, **kwargs)
+    one = TokenDataModule(str(corpus), tokenizer="gpt2", data_dir=tmp_path / "one", **kwargs)
+    many = TokenDataModule(
+        str(corpus), tokenizer="gpt2", data_dir=tmp_path / "many", shard_tokens=300, num_workers=2, **kwargs
+    )
     for dm in (one, many):
         dm.prepare_data()
         dm.setup("fit")
@@ -72,12 +74,12 @@ def test_windows_run_across_shard_boundaries(corpus, tmp_path):
 
 def test_datamodule_with_workers(corpus, tmp_path):
     kwargs = dict(block_size=8, batch_size=2, train_samples=12)
-    dm = TokenDataModule(str(corpus), "char", tmp_path / "dm", num_workers=2, **kwargs)
+    dm = TokenDataModule(str(corpus), tokenizer="char", data_dir=tmp_path / "dm", num_workers=2, **kwargs)
     dm.prepare_data()
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert loader.persistent_workers and loader.pin_memory == torch.cuda.is_available()
-    single = TokenDataModule(str(corpus), "char", tmp_path / "dm", **kwargs)
+    single = TokenDataModule(str(corpus), tokenizer="char", data_dir=tmp_path / "dm", **kwargs)
     single.setup("fit")
     # Read every batch: abandoning a persistent-worker iterator mid-epoch makes its shutdown slow.
     got, want = list(loader), list(single.train_dataloader())
@@ -120,7 +122,12 @@ def test_trainer_resume_continues_the_exact_batch_stream(corpus, tmp_path):
     def fit(max_steps, ckpt_dir, ckpt_path=None):
         # 12 samples / batch 4 = 3 batches per epoch, so the runs cross epoch boundaries.
         dm = TokenDataModule(
-            str(corpus), "char", tmp_path / "dm", block_size=8, batch_size=4, train_samples=12
+            str(corpus),
+            tokenizer="char",
+            data_dir=tmp_path / "dm",
+            block_size=8,
+            batch_size=4,
+            train_samples=12,
         )
         dm.prepare_data()
         dm.setup("fit")

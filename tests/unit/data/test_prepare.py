@@ -13,10 +13,11 @@ import threading
 import numpy as np
 import pytest
 
+from benchmarks.common import shakespeare_text
 from gptmini.data import corpora
 from gptmini.data import prepare as prep  # the module, for monkeypatching its globals
 from gptmini.data import progress as progress_module
-from gptmini.data.corpora import Fragment, shakespeare_text
+from gptmini.data.corpora import Fragment
 from gptmini.data.encoding import pieces, split_for_encoding, token_dtype
 from gptmini.data.errors import DataError
 from gptmini.data.prepare import prepare
@@ -58,7 +59,10 @@ def test_prepare_shakespeare_gpt2_as_before(tmp_path):
     text = shakespeare_text()
     want = gpt2_encoding().encode_ordinary(text)
     assert np.concatenate([train, val]).tolist() == want
-    assert len(train) == result.train_tokens == int(len(want) * 0.9) and not meta["end_of_text"]
+    assert (
+        len(train) == result.meta["splits"]["train"]["tokens"] == int(len(want) * 0.9)
+        and not meta["end_of_text"]
+    )
     assert meta["source_sha256"] == hashlib.sha256(text.encode()).hexdigest()
     tokenizer = hashlib.sha256(json.dumps({"tokenizer": "gpt2", "vocab_size": 50257}).encode()).hexdigest()[
         :16
@@ -141,7 +145,10 @@ def test_prepare_writes_meta_and_is_idempotent(corpus, tmp_path):
     before = _snapshot(out)
     second = prepare(str(corpus), "char", out)
     assert second.skipped and not first.skipped and _snapshot(out) == before
-    assert load_tokenizer(out).decode(load_split(out, "train").tolist()) == SMALL[: first.train_tokens]
+    assert (
+        load_tokenizer(out).decode(load_split(out, "train").tolist())
+        == SMALL[: first.meta["splits"]["train"]["tokens"]]
+    )
     # Anything that changes the result re-prepares; the folder of the replaced data goes.
     assert not prepare(str(corpus), "char", out, force=True).skipped
     assert not prepare(str(corpus), "gpt2", out).skipped
@@ -168,9 +175,9 @@ def test_up_to_date_check_reads_no_text(corpus, tmp_path, monkeypatch):
         m.setattr(prep, "file_sha256", no_reading)
         assert prepare(str(corpus), "gpt2", out).skipped
         resplit = prepare(str(corpus), "gpt2", out, val_fraction=0.2)
-        assert not resplit.skipped and resplit.val_tokens == resplit.meta["tokens"] - int(
-            0.8 * resplit.meta["tokens"]
-        )
+        assert not resplit.skipped and resplit.meta["splits"]["val"]["tokens"] == resplit.meta[
+            "tokens"
+        ] - int(0.8 * resplit.meta["tokens"])
         assert data_identity(out)["fingerprint"] != identity["fingerprint"]  # other splits: other data
         assert prepare(str(corpus), "gpt2", out, val_fraction=0.2).skipped
     stat = corpus.stat()

@@ -6,6 +6,8 @@ import json
 import os
 import re
 
+from benchmarks.common import preset_config
+
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: nothing may try the network
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
@@ -79,9 +81,7 @@ def _hf_llama(n_kv: int = H, seed: int = 0, bias: bool = False, tie: bool = True
 def _ours(seed: int = 1, **overrides) -> GPT:
     """The llama_tiny preset (vocab V, context P) with ``overrides``, random weights, non-trivial norms."""
     torch.manual_seed(seed)
-    model = GPT(
-        GPTConfig.from_preset("llama_tiny", **({"vocab_size": V, "block_size": P} | overrides))
-    ).eval()
+    model = GPT(preset_config("llama_tiny", **({"vocab_size": V, "block_size": P} | overrides))).eval()
     _perturb(model.named_parameters(), seed + 1)
     return model
 
@@ -233,7 +233,7 @@ def test_export_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_p
     ],
 )
 def test_export_of_what_llama_cannot_hold_fails_by_name_and_writes_nothing(tmp_path, change, message):
-    model = GPT(GPTConfig.from_preset("llama_tiny", vocab_size=V, **change))
+    model = GPT(preset_config("llama_tiny", vocab_size=V, **change))
     with pytest.raises(HFWeightsError, match=message):
         save_hf_llama(model, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # no folder, no temporary folder
@@ -257,7 +257,7 @@ def test_gpt2_export_refuses_llama_blocks_by_name(tmp_path):
 
 
 def test_gpt2_tokenizer_files_encode_like_tiktoken(tmp_path):
-    model = GPT(GPTConfig.from_preset("llama_tiny", vocab_size=50257))
+    model = GPT(preset_config("llama_tiny", vocab_size=50257))
     tok = build_tokenizer("gpt2")
     save_hf_llama(model, tmp_path / "out", tokenizer=tok)
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common import preset_config
 from gptmini.data.tokenizers import CharTokenizer
 from gptmini.model import GPT, GPTConfig
 from gptmini.training.callbacks import loggers as callbacks
@@ -51,7 +52,7 @@ def _warnings(caplog, text: str) -> list[str]:
 
 
 def test_probe_and_prompt_drop_what_the_vocabulary_lacks_with_one_warning(tmp_path, caplog):
-    tokenizer = CharTokenizer.from_text(LOWER)  # no capital letters, no ":"
+    tokenizer = CharTokenizer(set(LOWER))  # no capital letters, no ":"
     trainer, module = _run(tmp_path, tokenizer)
     maps, samples = AttentionMapLogger(max_tokens=8), TextSampleLogger(max_new_tokens=5)
     with caplog.at_level(logging.INFO):
@@ -68,7 +69,7 @@ def test_probe_and_prompt_drop_what_the_vocabulary_lacks_with_one_warning(tmp_pa
 
 
 def test_a_probe_with_nothing_left_uses_the_validation_data(tmp_path, caplog):
-    tokenizer = CharTokenizer.from_text("0123456789 \n")
+    tokenizer = CharTokenizer(set("0123456789 \n"))
     trainer, module = _run(tmp_path, tokenizer, val_text="3141592653 5897932384\n")
     logger = AttentionMapLogger(max_tokens=6)
     seen = []
@@ -83,7 +84,7 @@ def test_a_probe_with_nothing_left_uses_the_validation_data(tmp_path, caplog):
 def test_an_exception_in_a_logging_hook_is_reported_once_with_its_traceback_and_turns_the_logger_off(
     tmp_path, caplog
 ):
-    tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
+    tokenizer = CharTokenizer(set(LOWER + "ROMEO:"))
     trainer, module = _run(tmp_path, tokenizer)
 
     def broken(idx):
@@ -107,7 +108,7 @@ def test_an_exception_in_a_logging_hook_is_reported_once_with_its_traceback_and_
 
 def test_a_failed_logger_runs_none_of_its_hooks_again(tmp_path, caplog):
     """Off after its first failure, in every hook: a broken logger neither floods the log nor half-logs."""
-    tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
+    tokenizer = CharTokenizer(set(LOWER + "ROMEO:"))
     trainer, module = _run(tmp_path, tokenizer)
     calls = []
 
@@ -156,7 +157,7 @@ def test_attention_images_are_drawn_in_the_background_from_the_maps_of_their_ste
     from gptmini.training.callbacks.background import BackgroundWork
     from gptmini.viz import attention_images, token_labels
 
-    tokenizer = CharTokenizer.from_text(LOWER + "ROMEO:")
+    tokenizer = CharTokenizer(set(LOWER + "ROMEO:"))
     trainer, module = _run(tmp_path, tokenizer)
     work = BackgroundWork()
     logger = AttentionMapLogger(probe_text="ROMEO: but soft", max_tokens=8)
@@ -211,7 +212,7 @@ def test_a_nan_loss_names_the_checkpoint_still_being_written_in_the_background(t
             return loss * float("nan") if self.trainer.global_step == 2 else loss
 
     module = NanAtStep2(
-        model_config=GPTConfig.from_preset("tiny", vocab_size=64).to_dict(),
+        model_config=preset_config("tiny", vocab_size=64).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
     )
     x = torch.randint(0, 64, (8, 9), generator=torch.Generator().manual_seed(0))

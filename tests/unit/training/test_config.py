@@ -11,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from benchmarks.common import preset_config
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPTConfig
 from gptmini.training.errors import RunError
@@ -212,7 +213,7 @@ def test_more_cpu_devices_than_cores_are_refused(compose_cfg, caplog) -> None:
 def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
     from gptmini.limits import SizeError, check_training_step
 
-    big = GPTConfig.from_preset("small", vocab_size=50257, block_size=100000)
+    big = preset_config("small", vocab_size=50257, block_size=100000)
     sixteen_gib = (16 * 2**30, "this machine's memory")
     with pytest.raises(
         SizeError,
@@ -222,7 +223,7 @@ def test_a_training_step_that_cannot_fit_in_memory_is_refused() -> None:
     ):
         check_training_step(big, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
     # the default run fits (the estimate itself: tests/unit/test_limits.py)
-    small = GPTConfig.from_preset("small", vocab_size=50257)
+    small = preset_config("small", vocab_size=50257)
     check_training_step(small, 8, "32-true", torch.device("cpu"), available=sixteen_gib)
     # several CPU processes share one machine's memory
     with pytest.raises(SizeError, match=r"needs about"):

@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from gptmini.model import GPTConfig
+from benchmarks.common import preset_config
 from gptmini.training.loop.ema import EMAWeightAveraging
 from gptmini.training.loop.module import GPTLightningModule
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec
 def _module() -> GPTLightningModule:
     torch.manual_seed(0)
     return GPTLightningModule(
-        model_config=GPTConfig.from_preset("tiny", vocab_size=64).to_dict(),
+        model_config=preset_config("tiny", vocab_size=64).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-2),
     )
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.common import preset_config
 from gptmini.model import GPT, GPTConfig
 from gptmini.training import hardware
 from gptmini.training.errors import RunError
@@ -280,7 +281,7 @@ def test_perf_peak_flops_overrides_every_table():
 
 def _fit_with_monitor(tmp_path, monitor, precision: str = "bf16-mixed") -> None:
     module = GPTLightningModule(
-        model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict(),
+        model_config=preset_config("tiny", vocab_size=256).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
     )
     x = torch.randint(0, 256, (16, 17), generator=torch.Generator().manual_seed(0))

@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from gptmini.model import GPTConfig
+from benchmarks.common import preset_config
 from gptmini.training.loop.module import GPTLightningModule, optimizer_kernel_kwargs, weight_decay_groups
 
 pytestmark = [
@@ -42,7 +42,7 @@ def test_kernel_choice_per_device_and_config_wins():
 
 def test_configure_optimizers_decays_matrices_only_with_the_fused_cpu_kernel():
     module = GPTLightningModule(
-        model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict(),
+        model_config=preset_config("tiny", vocab_size=256).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1),
     )
     opt = module.configure_optimizers()
@@ -58,7 +58,7 @@ def test_configure_optimizers_decays_matrices_only_with_the_fused_cpu_kernel():
 
 def _tiny_module(**kwargs) -> GPTLightningModule:
     return GPTLightningModule(
-        model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict(),
+        model_config=preset_config("tiny", vocab_size=256).to_dict(),
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
         **kwargs,
     )
@@ -252,7 +252,7 @@ def test_parameter_summary_logs_params_without_flops(tmp_path, caplog):
 def test_flops_per_batch_follows_the_batch_shape():
     import warnings
 
-    module = GPTLightningModule(model_config=GPTConfig.from_preset("tiny", vocab_size=256).to_dict())
+    module = GPTLightningModule(model_config=preset_config("tiny", vocab_size=256).to_dict())
     for b, t in ((2, 32), (3, 16), (2, 32)):
         x = torch.randint(0, 256, (b, t))
         with warnings.catch_warnings():

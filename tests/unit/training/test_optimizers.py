@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.common import preset_config
 from gptmini.attention import available_attention
 from gptmini.conf_dir import conf_dir
 from gptmini.model import GPT, GPTConfig
@@ -47,7 +48,7 @@ def _models() -> dict[str, GPT]:
         models[f"variant={v}"] = _tiny(
             **OmegaConf.to_container(OmegaConf.load(conf_dir() / "attention_variant" / f"{v}.yaml"))
         )
-    models["llama_tiny"] = GPT(GPTConfig.from_preset("llama_tiny", vocab_size=50))
+    models["llama_tiny"] = GPT(preset_config("llama_tiny", vocab_size=50))
     models["relu2_untied"] = _tiny(mlp="relu2", tie_weights=False, position="rope", qk_norm=True)
     models["attention_only"] = _tiny(mlp="none")
     # the input ingredients' tables are embeddings, their gates AdamW matrices and vectors: none reaches Muon

@@ -7,8 +7,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from benchmarks.common import preset_config
 from gptmini.conf_dir import conf_dir
-from gptmini.model import GPTConfig, available_presets
+from gptmini.model import GPTConfig
 from gptmini.training.run.compose import register_configs
 from gptmini.training.run.schema import ModelSchema
 
@@ -24,12 +25,7 @@ def test_the_schema_is_gptconfig_plus_init_from():
     assert schema["vocab_size"].default is None  # null: the tokenizer's vocabulary
 
 
-def test_presets_are_the_yaml_files():
-    assert available_presets() == sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
-    assert {"baby", "cpu", "gpt2", "small", "tiny"} <= set(available_presets())
-
-
-@pytest.mark.parametrize("name", available_presets())
+@pytest.mark.parametrize("name", sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml")))
 def test_every_preset_composes_through_hydra_into_the_same_gptconfig(name, tmp_path):
     raw = OmegaConf.to_container(OmegaConf.load(conf_dir() / "model" / f"{name}.yaml"))
     assert set(raw) <= INIT_FIELDS | {"init_from"}, f"conf/model/{name}.yaml has keys GPTConfig lacks"
@@ -40,7 +36,7 @@ def test_every_preset_composes_through_hydra_into_the_same_gptconfig(name, tmp_p
     composed.pop("init_from")
     vocab = composed["vocab_size"] or 97  # presets that leave it to the tokenizer
     from_hydra = GPTConfig.from_dict(composed | {"vocab_size": vocab})
-    from_preset = GPTConfig.from_preset(name, vocab_size=vocab)
+    from_preset = preset_config(name, vocab_size=vocab)
     for field_name in INIT_FIELDS:  # field by field, so a mismatch names the setting
         assert getattr(from_hydra, field_name) == getattr(from_preset, field_name), field_name
         if field_name in raw and field_name != "vocab_size":
@@ -49,4 +45,4 @@ def test_every_preset_composes_through_hydra_into_the_same_gptconfig(name, tmp_p
 
 def test_baby_gpt_has_no_biases_like_nanogpt():
     # nanoGPT's shakespeare_char config sets bias=False; the old Python preset table disagreed with the YAML
-    assert GPTConfig.from_preset("baby", vocab_size=65).bias is False
+    assert preset_config("baby", vocab_size=65).bias is False

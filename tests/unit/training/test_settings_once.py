@@ -384,7 +384,7 @@ def test_the_top_level_defaults_are_written_once_in_the_schema() -> None:
         and isinstance(node.value, ast.Constant)  # a literal: a second copy of the schema's default
     ]
     assert restated == []
-    # the constructors the plan gives a top-level setting (schema.DERIVED) restate no default of it as a literal
+    # the constructors the plan gives a setting (schema.DERIVED) restate no default of it as a literal
     assert _derived_literals(conf_dir()) == []
     # the seed's literal once in the package and the configs (gptmini.options.DEFAULT_SEED)
     seed = str(next(f.default for f in dataclasses.fields(TrainSchema) if f.name == "seed"))
@@ -394,8 +394,8 @@ def test_the_top_level_defaults_are_written_once_in_the_schema() -> None:
 
 def _derived_literals(conf: Path) -> list[str]:
     """``target.param=literal`` for each gptmini constructor named in ``conf`` whose parameter the plan derives
-    from a top-level setting (``schema.DERIVED``: the seed, the checkpoint interval, the target loss) with a default
-    written as a literal other than None."""
+    from another setting (``schema.DERIVED``: the seed, the tokenizer, the context, the schedule's length...) with
+    a default written as a literal other than None."""
     import ast
     import inspect
     import textwrap
@@ -440,11 +440,6 @@ def _derived_literals(conf: Path) -> list[str]:
                     if k.split(".")[-1] == param.arg
                     and k.rsplit(".", 1)[0] in {group, ".".join(owner[:1] + owner[-1:])}
                 ]
-                if (
-                    derived
-                    and "." not in DERIVED[derived[0]][0]
-                    and isinstance(default, ast.Constant)
-                    and default.value is not None
-                ):
+                if derived and isinstance(default, ast.Constant) and default.value is not None:
                     found.add(f"{target}.{param.arg}={default.value!r}")
     return sorted(found)
