@@ -28,6 +28,8 @@ from gptmini.attention.registry import register_attention
 from gptmini.attention.rope import apply_rope, rope_tables
 
 _REFERENCE = ExplicitKernel()
+# the q/k norms' epsilon, as Qwen3's (its config's rms_norm_eps: the export needs model.norm_eps equal to it)
+QK_NORM_EPS = 1e-6
 
 
 @register_attention("sdpa")
@@ -90,8 +92,8 @@ class CausalSelfAttention(LMAttention):
         self.qkv = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)  # [W_q; W_k; W_v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         # RMSNorm over each head's dimensions, one gain vector shared by the heads (as OLMo 2 / Qwen3 do)
-        self.q_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
-        self.k_norm = nn.RMSNorm(self.head_size, eps=1e-6) if qk_norm else None
+        self.q_norm = nn.RMSNorm(self.head_size, eps=QK_NORM_EPS) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_size, eps=QK_NORM_EPS) if qk_norm else None
         self.gate = nn.Linear(d_model, d_model, bias=bias) if attn_gate else None
         # one learned logit per head that joins each softmax row with a zero value: attention mass that has
         # nowhere useful to go can rest there instead of on real tokens (learned sinks, as in gpt-oss)

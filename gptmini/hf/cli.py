@@ -1,13 +1,15 @@
 """``gptmini export`` and ``gptmini import``: training checkpoints to Hugging Face folders and back.
 
-    gptmini export --ckpt last --out outputs/my-gpt2 [--force] [--tokenizer none|auto|...]
+    gptmini export --ckpt last --out outputs/my-model [--force] [--tokenizer none|auto|...]
     gptmini export --format llama --ckpt last --out outputs/my-llama [--tokenizer auto|gpt2|char|bpe|none]
-    gptmini import --hf DIR --out outputs/model.ckpt    # a GPT-2 or Llama folder, by its config.json
+    gptmini import --hf DIR --out outputs/model.ckpt    # a GPT-2, Llama or Qwen3 folder, by its config.json
 
-``--format gpt2`` (the default) writes ``GPT2LMHeadModel`` weights (and the run's tokenizer files, unless the
-run used GPT-2's own BPE: then with ``--tokenizer auto``); ``--format llama`` writes ``LlamaForCausalLM`` weights and the run's tokenizer
-(``AutoTokenizer`` loads it), read from the checkpoint's run settings: the GPT-2 BPE, or the ``char`` vocabulary
-or trained BPE of the prepared data folder it was trained on (``--data-dir`` when that folder has moved).
+``--format auto`` (the default) is the format whose block the model has: ``gpt2`` for learned positions, else
+``qwen3`` with q/k norms, else ``llama``. ``gpt2`` writes ``GPT2LMHeadModel`` weights (and the run's tokenizer
+files, unless the run used GPT-2's own BPE: then with ``--tokenizer auto``); ``llama`` and ``qwen3`` write
+``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` weights and the run's tokenizer (``AutoTokenizer`` loads it), read
+from the checkpoint's run settings: the GPT-2 BPE, or the ``char`` vocabulary or trained BPE of the prepared data
+folder it was trained on (``--data-dir`` when that folder has moved).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from typing import Any
 
 from gptmini.hf.common import HFWeightsError
 from gptmini.hf.gpt2 import save_hf_gpt2
+from gptmini.hf.llama import check_llama_model, llama_format, save_hf_llama
 from gptmini.options import HelpFormatter
 from gptmini.runs.discovery import CKPT_RULE
 from gptmini.runs.record import RECORD_KEY, RunRecord
 
 log = logging.getLogger("gptmini.hf")
 
-EXPORT_FORMATS = ("gpt2", "llama")
+EXPORT_FORMATS = ("auto", "gpt2", "llama", "qwen3")
 TOKENIZER_CHOICES = ("auto", "gpt2", "char", "bpe", "none")
 
 
@@ -39,7 +42,7 @@ def default_tokenizer_choice(export_format: str, record: RunRecord) -> str:
     from gptmini.data.tokenizers import SAVED_TOKENIZERS
 
     recorded = record.tokenizer_name
-    return "auto" if export_format == "llama" or recorded in SAVED_TOKENIZERS else "none"
+    return "auto" if export_format != "gpt2" or recorded in SAVED_TOKENIZERS else "none"
 
 
 def export_tokenizer(choice: str, record: RunRecord, data_dir: str | None, checkpoint: Path) -> Any | None:
@@ -83,13 +86,15 @@ def _export(args: argparse.Namespace) -> None:
     try:
         run = open_run(args.ckpt, device="cpu", tokenizer=False)  # the export writes the weights from the CPU
         model, ckpt_path = run.model, run.path
+        fmt = args.format
+        if fmt == "auto":
+            fmt = "gpt2" if model.config.position == "learned" else llama_format(model.config)
+            log.info("--format auto: %s (the format of the model's blocks)", fmt)
         if args.tokenizer is None:
-            args.tokenizer = default_tokenizer_choice(args.format, run.record)
+            args.tokenizer = default_tokenizer_choice(fmt, run.record)
         save = save_hf_gpt2
-        if args.format == "llama":
-            from gptmini.hf.llama import check_llama_model, save_hf_llama
-
-            check_llama_model(model.config)  # before looking for a tokenizer: the model is the first question
+        if fmt != "gpt2":
+            check_llama_model(model.config, fmt=fmt)  # before looking for a tokenizer: the model comes first
             save = save_hf_llama
         tokenizer = export_tokenizer(args.tokenizer, run.record, args.data_dir, run.path)
         files = ", ".join(save(model, args.out, tokenizer=tokenizer, overwrite=args.force))
@@ -182,7 +187,7 @@ def _import(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gptmini", description="gptmini models in Hugging Face formats (GPT-2, Llama)"
+        prog="gptmini", description="gptmini models in Hugging Face formats (GPT-2, Llama, Qwen3)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_export(sub)
@@ -195,7 +200,8 @@ def _add_export(sub: Any) -> None:
         "export",
         help="write a training checkpoint as a Hugging Face folder",
         description="Write a gptmini checkpoint as a Hugging Face folder (config.json + model.safetensors) that "
-        "transformers loads: GPT2LMHeadModel, or LlamaForCausalLM with the run's tokenizer files.",
+        "transformers loads: GPT2LMHeadModel, or LlamaForCausalLM / Qwen3ForCausalLM with the run's tokenizer "
+        "files.",
         formatter_class=HelpFormatter,
     )
     exp.add_argument(
@@ -212,9 +218,10 @@ def _add_export(sub: Any) -> None:
     exp.add_argument(
         "--format",
         choices=EXPORT_FORMATS,
-        default="gpt2",
+        default="auto",
         help="gpt2: GPT2LMHeadModel (learned positions, LayerNorm, GELU); llama: LlamaForCausalLM (rotary, "
-        "RMSNorm, SwiGLU, e.g. model=llama_small) with tokenizer files",
+        "RMSNorm, SwiGLU, e.g. model=llama_small) with tokenizer files; qwen3: Qwen3ForCausalLM (a Llama block "
+        "with q/k norms, model.qk_norm=true); auto: the one of the model's blocks",
     )
     exp.add_argument(
         "--tokenizer",
@@ -225,7 +232,7 @@ def _add_export(sub: Any) -> None:
     )
     exp.add_argument(
         "--data-dir",
-        help="llama format, char or bpe tokenizer: the prepared data folder holding its vocabulary (None: the one "
+        help="llama or qwen3 format, char or bpe tokenizer: the prepared data folder holding its vocabulary (None: the one "
         "it trained on)",
     )
     exp.add_argument(
@@ -238,8 +245,8 @@ def _add_export(sub: Any) -> None:
 def _add_import(sub: Any) -> None:
     imp = sub.add_parser(
         "import",
-        help="convert a Hugging Face GPT-2 or Llama folder into a gptmini checkpoint file",
-        description="Turn a local Hugging Face GPT-2 or Llama folder (config.json + model.safetensors; the kind is "
+        help="convert a Hugging Face GPT-2, Llama or Qwen3 folder into a gptmini checkpoint file",
+        description="Turn a local Hugging Face GPT-2, Llama or Qwen3 folder (config.json + model.safetensors; the kind is "
         "read from config.json) into a gptmini checkpoint file that sample, eval, attention, analyze and "
         "model.init_from= take.",
         formatter_class=HelpFormatter,

@@ -28,7 +28,7 @@ PYTORCH_INDEX = "pytorch_model.bin.index.json"
 
 
 class HFWeightsError(ValueError):
-    """A Hugging Face folder (GPT-2 or Llama) or a model cannot be converted; the message names the file/field and why."""
+    """A Hugging Face folder (GPT-2, Llama or Qwen3) or a model cannot be converted; the message names the file/field and why."""
 
 
 def safetensors_torch():

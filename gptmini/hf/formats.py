@@ -1,5 +1,5 @@
 """Which Hugging Face format a folder holds (its ``config.json``'s ``model_type``), and loading by it: what
-``model.init_from=DIR`` and ``gptmini import`` use, for GPT-2 and Llama folders alike."""
+``model.init_from=DIR`` and ``gptmini import`` use, for GPT-2, Llama and Qwen3 folders alike."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class HFFormat:
 FORMATS = {
     "gpt2": HFFormat("GPT2LMHeadModel", load_gpt2_weights, load_hf_gpt2),
     "llama": HFFormat("LlamaForCausalLM", load_llama_weights, load_hf_llama),
+    "qwen3": HFFormat("Qwen3ForCausalLM", load_llama_weights, load_hf_llama),  # Llama's block with q/k norms
 }
 
 
@@ -31,7 +32,7 @@ def hf_model_type(path: str | Path) -> str:
     """The ``model_type`` of a local Hugging Face folder, refused unless gptmini reads that format (GPT-2's
     original files carry none: "gpt2")."""
     path = Path(path)
-    holds = f"pass a Hugging Face GPT-2 or Llama folder ({CONFIG_FILE} + model.safetensors)"
+    holds = f"pass a Hugging Face GPT-2, Llama or Qwen3 folder ({CONFIG_FILE} + model.safetensors)"
     model_type = read_config_json(path, holds).get("model_type", "gpt2")
     if not isinstance(model_type, str) or model_type not in FORMATS:
         raise HFWeightsError(
@@ -42,11 +43,11 @@ def hf_model_type(path: str | Path) -> str:
 
 
 def load_hf_model(path: str | Path) -> GPT:
-    """A gptmini ``GPT`` (in eval mode) from a local GPT-2 or Llama folder."""
+    """A gptmini ``GPT`` (in eval mode) from a local GPT-2, Llama or Qwen3 folder."""
     return FORMATS[hf_model_type(path)].load_model(path)
 
 
 def load_hf_weights(model: GPT, path: str | Path) -> None:
-    """Fill ``model`` from a local GPT-2 or Llama folder (``model.init_from``); the model's settings must fit
+    """Fill ``model`` from a local GPT-2, Llama or Qwen3 folder (``model.init_from``); the model's settings must fit
     the folder (each format's loader names what differs)."""
     FORMATS[hf_model_type(path)].load_weights(model, path)

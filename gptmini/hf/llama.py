@@ -1,14 +1,18 @@
-"""Llama-style models in and out, in the Hugging Face Llama format (``config.json`` + ``model.safetensors``).
+"""Llama-style models in and out, in the Hugging Face Llama and Qwen3 formats (``config.json`` +
+``model.safetensors``).
 
-* ``save_hf_llama(model, dir, tokenizer=...)`` writes a folder that ``transformers.LlamaForCausalLM`` and
-  ``AutoTokenizer`` load: the format most serving and quantisation tools read for rotary, grouped-query models.
+* ``save_hf_llama(model, dir, tokenizer=...)`` writes a folder that ``transformers.LlamaForCausalLM`` (or
+  ``Qwen3ForCausalLM``) and ``AutoTokenizer`` load: the formats most serving and quantisation tools read for
+  rotary, grouped-query models.
 * ``load_hf_llama(dir)`` builds a gptmini ``GPT`` from such a folder; ``load_llama_weights(model, dir)`` fills
   an existing one (``model.init_from=dir`` in training).
 
 A Llama block is a gptmini block with ``position=rope``, ``norm=rmsnorm``, ``mlp=swiglu`` (any ``n_kv_head``,
 ``mlp_hidden``, ``rope_base``, ``norm_eps``, tied or untied embeddings). gptmini's ``bias=true`` maps to Llama's
-``attention_bias`` + ``mlp_bias``. Anything else (learned or ALiBi positions, windows, sinks, gates, q/k norms,
-LayerNorm, GELU MLPs, other attention mechanisms) has no place in the format and is refused, naming the setting.
+``attention_bias`` + ``mlp_bias``. A Qwen3 block is a Llama block whose queries and keys are RMS-normalised per
+head first (``qk_norm=true``), without biases, one epsilon for every norm. Anything else (learned or ALiBi
+positions, windows, sinks, gates, LayerNorm, GELU MLPs, other attention mechanisms) has no place in either format
+and is refused, naming the setting.
 
 Rotary positions pair a head's dimensions as halves (i, i + hs/2) in Hugging Face's Llama as in gptmini
 (``gptmini.attention.rope``), so query and key rows are copied as they are (Meta's original checkpoints pair
@@ -27,6 +31,7 @@ import torch
 from torch import Tensor
 
 from gptmini.attention import AttentionWeights
+from gptmini.attention.sdpa import QK_NORM_EPS
 from gptmini.hf.common import (
     BOOLEAN,
     CONFIG_FILE,
@@ -65,6 +70,8 @@ _IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 # what the format can hold
 # ---------------------------------------------------------------------------------------------------------
 
+# config.json's model_type -> the transformers class; Qwen3's block is Llama's with q/k norms
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # the attention options a Llama block has (grouped-query attention and rotary positions)
 _LLAMA_OPTIONS = frozenset({"n_kv_head", "rope_base"})
 _BLOCK = {
@@ -74,8 +81,31 @@ _BLOCK = {
 }
 
 
-def check_llama_model(config: GPTConfig, what: str = "export") -> None:
-    """Raises HFWeightsError naming the first setting of ``config`` that Llama's format cannot hold."""
+def llama_format(config: GPTConfig) -> str:
+    """The format of this family that holds ``config``'s attention: ``qwen3`` with q/k norms, else ``llama``."""
+    return "qwen3" if config.qk_norm else "llama"
+
+
+def check_llama_model(config: GPTConfig, what: str = "export", fmt: str | None = None) -> None:
+    """Raises HFWeightsError naming the first setting of ``config`` that the format ``fmt`` (``llama`` or
+    ``qwen3``; None: the one of ``llama_format``) cannot hold."""
+    fmt = fmt or llama_format(config)
+    if fmt == "llama" and config.qk_norm:
+        raise HFWeightsError(
+            f"cannot {what} a model with model.qk_norm=True in Llama's format: it has no query/key norms "
+            "(Qwen3's has: --format qwen3)"
+        )
+    if fmt == "qwen3":
+        qwen3 = f"cannot {what} a model in Qwen3's format"
+        if not config.qk_norm:
+            raise HFWeightsError(f"{qwen3} without q/k norms (model.qk_norm=false): use --format llama")
+        if config.bias:
+            raise HFWeightsError(f"{qwen3} with model.bias=true: its MLP has no biases (train with model.bias=false)")
+        if config.norm_eps != QK_NORM_EPS:
+            raise HFWeightsError(
+                f"{qwen3} with model.norm_eps={config.norm_eps}: it has one epsilon for every norm and gptmini's "
+                f"q/k norms use {QK_NORM_EPS} (train with model.norm_eps={QK_NORM_EPS})"
+            )
     for setting, (wanted, why) in _BLOCK.items():
         value = getattr(config, setting)
         if value != wanted:
@@ -88,7 +118,7 @@ def check_llama_model(config: GPTConfig, what: str = "export") -> None:
         lambda setting, value: f"cannot {what} a model with model.{setting}={value!r} in Llama's format",
         "Llama",
         "plain rotary grouped-query attention",
-        allowed=_LLAMA_OPTIONS,
+        allowed=_LLAMA_OPTIONS | {"qk_norm"},
     )
     if config.attention != "sdpa":  # rotary positions already need sdpa: this guards a future implementation
         raise HFWeightsError(
@@ -104,9 +134,10 @@ def check_llama_model(config: GPTConfig, what: str = "export") -> None:
 def _llama_config_dict(model: GPT, bos: int | None, eos: int | None) -> dict[str, Any]:
     c = model.config
     rope = {"rope_type": "default", "rope_theta": float(c.rope_base)}
+    fmt = llama_format(c)
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURES[fmt]],
+        "model_type": fmt,
         "vocab_size": c.vocab_size,  # gptmini's padding rows are left out: their logits are -inf, never used
         "hidden_size": c.n_embd,
         "intermediate_size": c.mlp_width,
@@ -122,7 +153,7 @@ def _llama_config_dict(model: GPT, bos: int | None, eos: int | None) -> dict[str
         "rope_theta": rope["rope_theta"],
         "rope_scaling": None,
         "attention_bias": c.bias,
-        "mlp_bias": c.bias,
+        **({"mlp_bias": c.bias} if fmt == "llama" else {"use_sliding_window": False}),
         "attention_dropout": 0.0,
         "tie_word_embeddings": c.tie_weights,
         "initializer_range": 0.02,
@@ -162,6 +193,7 @@ def _llama_state(model: GPT) -> dict[str, Tensor]:
             "mlp.up_proj.weight": t(block.mlp.w_up.weight),
             "mlp.down_proj.weight": t(block.mlp.c_proj.weight),
         }
+        layer |= {f"self_attn.{name}": t(w) for name, w in attn.extra.items()}  # Qwen3's q_norm, k_norm
         if c.bias:
             layer |= {
                 "self_attn.q_proj.bias": t(bq),
@@ -179,7 +211,8 @@ def _llama_state(model: GPT) -> dict[str, Tensor]:
 def save_hf_llama(
     model: GPT, path: str | Path, *, tokenizer: Any | None = None, overwrite: bool = False
 ) -> list[str]:
-    """Export ``model`` as a Hugging Face Llama folder: ``config.json`` + ``model.safetensors`` (float32), and
+    """Export ``model`` as a Hugging Face Llama (or, with q/k norms, Qwen3) folder: ``config.json`` +
+    ``model.safetensors`` (float32), and
     with ``tokenizer`` (a gptmini ``gpt2`` or ``char`` tokenizer) ``tokenizer.json`` + ``tokenizer_config.json``.
     Returns the file names written.
 
@@ -235,6 +268,7 @@ LLAMA_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
     "partial_rotary_factor": (NUMBER,),
     "rope_parameters": (OBJECT, NULL),
     "rope_scaling": (OBJECT, NULL),
+    "use_sliding_window": (BOOLEAN,),
 }
 ROPE_TYPES: dict[str, tuple[str, ...]] = {
     "rope_type": (STRING,),
@@ -254,8 +288,8 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
     for group in ("rope_parameters", "rope_scaling"):
         check_json_types(cfg.get(group) or {}, ROPE_TYPES, lambda m, g=group: bad(f"{g}.{m}"))
 
-    if cfg.get("model_type") != "llama":
-        raise bad(f"model_type={cfg.get('model_type')!r} is not 'llama'")
+    if cfg.get("model_type") not in ARCHITECTURES:
+        raise bad(f"model_type={cfg.get('model_type')!r} is not 'llama' or 'qwen3'")
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     for key in (*keys, "max_position_embeddings"):
         value = cfg.get(key)
@@ -282,6 +316,11 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
     eps = cfg.get("rms_norm_eps", 1e-6)
     if not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise bad(f"rms_norm_eps={eps!r} is not a small positive number")
+    if cfg["model_type"] == "qwen3":
+        if eps != QK_NORM_EPS:
+            raise bad(f"rms_norm_eps={eps!r} is unsupported in Qwen3's format: gptmini's q/k norms use {QK_NORM_EPS}")
+        if cfg.get("use_sliding_window"):
+            raise bad("use_sliding_window=true is unsupported: gptmini's Qwen3 blocks attend to the whole context")
     _rope_theta(cfg, bad)
 
 
@@ -292,7 +331,7 @@ def _read_llama_config(path: Path) -> dict[str, Any]:
 
 
 def llama_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout: float = 0.0) -> GPTConfig:
-    """The gptmini settings of a (validated) Llama ``config.json``."""
+    """The gptmini settings of a (validated) Llama or Qwen3 ``config.json``."""
     return GPTConfig(
         vocab_size=cfg["vocab_size"],
         block_size=cfg["max_position_embeddings"],
@@ -310,6 +349,7 @@ def llama_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout:
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         mlp="swiglu",
         mlp_hidden=cfg["intermediate_size"],
+        qk_norm=cfg["model_type"] == "qwen3",
     )
 
 
@@ -332,6 +372,8 @@ def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
             "mlp.down_proj": (d, hidden),
         }
         shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
+        if c.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (c.head_size,), p + "self_attn.k_norm.weight": (c.head_size,)}
         for name, shape in linears.items():
             shapes[p + name + ".weight"] = shape
             if c.bias:
@@ -393,6 +435,7 @@ def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> 
                 qkv_bias=torch.cat([get(f"{p}.bias") for p in qkv]) if c.bias else None,
                 out_weight=get("self_attn.o_proj.weight"),
                 out_bias=get("self_attn.o_proj.bias"),
+                extra={f"{x}_norm.weight": get(f"self_attn.{x}_norm.weight") for x in "qk" if c.qk_norm},
             )
         )
         for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("c_proj", "down_proj")):
@@ -408,7 +451,7 @@ def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> 
 
 
 def load_hf_llama(path: str | Path, *, dropout: float = 0.0) -> GPT:
-    """A gptmini ``GPT`` (in eval mode) holding the weights of a local Hugging Face Llama folder; its
+    """A gptmini ``GPT`` (in eval mode) holding the weights of a local Hugging Face Llama or Qwen3 folder; its
     ``block_size`` is the folder's ``max_position_embeddings`` (rotary positions also run longer)."""
     path = Path(path)
     config = llama_model_config(_read_llama_config(path), dropout=dropout)
@@ -431,15 +474,16 @@ _SETTINGS = {
 
 
 def load_llama_weights(model: GPT, path: str | Path) -> None:
-    """Load the weights of a local Hugging Face Llama folder into an existing ``GPT`` (``model.init_from``).
+    """Load the weights of a local Hugging Face Llama or Qwen3 folder into an existing ``GPT``
+    (``model.init_from``).
 
     The model must have the folder's shape (layers, heads, key/value heads, width, MLP width, biases, tied
     embeddings) and rotary, RMSNorm and SwiGLU blocks with the same rope base and norm epsilon; its block_size
     may differ (rotary positions have no table) and its vocab_size be larger (extra tokens start at the mean
     embedding)."""
     path = Path(path)
-    check_llama_model(model.config, "load")
     cfg = _read_llama_config(path)  # checked before reading possibly large weights
+    check_llama_model(model.config, "load", cfg["model_type"])
     theirs = llama_model_config(cfg)
     c = model.config
     problems = []

@@ -186,7 +186,7 @@ DEFAULTS = {
     "eval": "--batch-size BATCH_SIZE windows per forward pass (default: 16)",
     "attention": "each call writes a new numbered folder under outputs/attention_png/",
     "analyze": "(default: outputs/head_report)",
-    "export": "--format {gpt2,llama}",
+    "export": "--format {auto,gpt2,llama,qwen3}",
     "import": "--force replace an existing --out file (default: False)",
     "runs": "--runs-dir RUNS_DIR the runs folder (paths.output_root of training) (default: outputs)",
     "data": "`gptmini train --cfg job` lists them",

@@ -24,6 +24,7 @@ from gptmini.hf import load_hf_model, load_hf_weights  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
 from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2  # noqa: E402
 from gptmini.hf.llama import (  # noqa: E402
+    check_llama_model,
     load_hf_llama,
     load_llama_weights,
     save_hf_llama,
@@ -228,7 +229,6 @@ def test_export_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_p
             r"model.attn_sink=True in Llama's format.*leave model.attn_sink at its default",
         ),
         ({"attn_gate": True}, r"model.attn_gate=True"),
-        ({"qk_norm": True}, r"model.qk_norm=True"),
         ({"sliding_window": 8}, r"model.sliding_window=8"),
     ],
 )
@@ -237,6 +237,84 @@ def test_export_of_what_llama_cannot_hold_fails_by_name_and_writes_nothing(tmp_p
     with pytest.raises(HFWeightsError, match=message):
         save_hf_llama(model, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # no folder, no temporary folder
+
+
+# --- Qwen3: Llama's block with q/k norms ----------------------------------------------------------------------------
+
+QWEN3 = dict(qk_norm=True, norm_eps=1e-6, n_kv_head=2)
+
+
+def test_random_transformers_qwen3_loads_with_the_same_logits(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=96,
+        num_hidden_layers=L,
+        num_attention_heads=H,
+        num_key_value_heads=2,
+        head_dim=D // H,
+        max_position_embeddings=P,
+        rms_norm_eps=1e-6,
+        rope_theta=500.0,
+        tie_word_embeddings=False,
+    )
+    hf = transformers.Qwen3ForCausalLM(config).eval()
+    _perturb(hf.named_parameters(), 1)  # the q/k norms' gains away from 1 too
+    hf.save_pretrained(tmp_path)
+    model = load_hf_model(tmp_path)  # by config.json's model_type
+    c = model.config
+    assert (c.qk_norm, c.n_kv_head, c.bias, c.tie_weights, c.norm_eps) == (True, 2, False, False, 1e-6)
+    ours, theirs = _logits_both(model, hf, _tokens())
+    assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_qwen3_export_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_path):
+    model = _ours(**QWEN3)
+    save_hf_llama(model, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(hf) is transformers.Qwen3ForCausalLM
+    idx = _tokens()
+    ours, theirs = _logits_both(model, hf, idx)
+    assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    prompt = idx[:, :8]
+    theirs_text = hf.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    assert torch.equal(model.generate(prompt, 30, temperature=0), theirs_text)
+    back = load_hf_llama(tmp_path / "out")
+    assert torch.equal(_logits_both(back, hf, idx)[0], ours)
+    load_llama_weights(_ours(seed=5, **QWEN3), tmp_path / "out")  # init_from a Qwen3 folder
+    with pytest.raises(HFWeightsError, match=r"cannot load a model in Qwen3's format without q/k norms"):
+        load_llama_weights(_ours(n_kv_head=2, norm_eps=1e-6), tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("change", "fmt", "message"),
+    [
+        ({}, "llama", r"model.qk_norm=True in Llama's format: it has no query/key norms .*--format qwen3"),
+        ({"qk_norm": False}, "qwen3", r"without q/k norms \(model.qk_norm=false\): use --format llama"),
+        ({"bias": True}, "qwen3", r"model.bias=true: its MLP has no biases"),
+        ({"norm_eps": 1e-5}, "qwen3", r"model.norm_eps=1e-05: .*model.norm_eps=1e-06"),
+    ],
+)
+def test_what_the_qwen3_and_llama_formats_cannot_hold_is_named(change, fmt, message):
+    config = GPTConfig.from_preset("llama_tiny", vocab_size=V, **(QWEN3 | change))
+    with pytest.raises(HFWeightsError, match=message):
+        check_llama_model(config, fmt=fmt)
+
+
+def test_export_auto_picks_the_format_of_the_blocks(tmp_path, char_run, write_checkpoint, caplog):
+    _, data_dir = char_run
+    blocks = dict(position="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_embd=32)
+    cases = [({}, "gpt2"), (blocks, "llama"), (blocks | QWEN3, "qwen3")]
+    for i, (settings, fmt) in enumerate(cases):
+        ckpt = write_checkpoint(tmp_path / f"{i}.ckpt", data_dir=data_dir, block_size=P, **settings)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gptmini.hf"):
+            assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / f"hf{i}")]) == 0
+        assert f"--format auto: {fmt}" in caplog.text
+        model_type = json.loads((tmp_path / f"hf{i}" / "config.json").read_text()).get("model_type")
+        assert model_type == fmt
 
 
 def test_gpt2_export_refuses_llama_blocks_by_name(tmp_path):
