@@ -298,7 +298,7 @@ def test_qwen3_export_loads_in_transformers_with_the_same_logits_and_greedy_text
     ],
 )
 def test_what_the_qwen3_and_llama_formats_cannot_hold_is_named(change, fmt, message):
-    config = GPTConfig.from_preset("llama_tiny", vocab_size=V, **(QWEN3 | change))
+    config = preset_config("llama_tiny", vocab_size=V, **(QWEN3 | change))
     with pytest.raises(HFWeightsError, match=message):
         check_llama_model(config, fmt=fmt)
 
