@@ -100,7 +100,9 @@ def check_llama_model(config: GPTConfig, what: str = "export", fmt: str | None =
         if not config.qk_norm:
             raise HFWeightsError(f"{qwen3} without q/k norms (model.qk_norm=false): use --format llama")
         if config.bias:
-            raise HFWeightsError(f"{qwen3} with model.bias=true: its MLP has no biases (train with model.bias=false)")
+            raise HFWeightsError(
+                f"{qwen3} with model.bias=true: its MLP has no biases (train with model.bias=false)"
+            )
         if config.norm_eps != QK_NORM_EPS:
             raise HFWeightsError(
                 f"{qwen3} with model.norm_eps={config.norm_eps}: it has one epsilon for every norm and gptmini's "
@@ -318,9 +320,13 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
         raise bad(f"rms_norm_eps={eps!r} is not a small positive number")
     if cfg["model_type"] == "qwen3":
         if eps != QK_NORM_EPS:
-            raise bad(f"rms_norm_eps={eps!r} is unsupported in Qwen3's format: gptmini's q/k norms use {QK_NORM_EPS}")
+            raise bad(
+                f"rms_norm_eps={eps!r} is unsupported in Qwen3's format: gptmini's q/k norms use {QK_NORM_EPS}"
+            )
         if cfg.get("use_sliding_window"):
-            raise bad("use_sliding_window=true is unsupported: gptmini's Qwen3 blocks attend to the whole context")
+            raise bad(
+                "use_sliding_window=true is unsupported: gptmini's Qwen3 blocks attend to the whole context"
+            )
     _rope_theta(cfg, bad)
 
 
@@ -373,7 +379,10 @@ def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         }
         shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
         if c.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (c.head_size,), p + "self_attn.k_norm.weight": (c.head_size,)}
+            shapes |= {
+                p + "self_attn.q_norm.weight": (c.head_size,),
+                p + "self_attn.k_norm.weight": (c.head_size,),
+            }
         for name, shape in linears.items():
             shapes[p + name + ".weight"] = shape
             if c.bias:
