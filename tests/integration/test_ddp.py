@@ -69,35 +69,26 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(train, t
 
 
 @pytest.mark.slow
-def test_two_process_ddp_with_muon_is_as_close_to_one_process_as_its_own_accumulation(train):
-    """With the default Muon, whose Newton-Schulz runs in bfloat16, no two summation orders of one global batch
-    end with the same weights: one process accumulating two batches of 4 already differs from one batch of 8
-    (by about 1 % on the hidden matrices after 4 steps). Two DDP processes of 4 each must land no farther from
-    the batch of 8 than that, on every weight (a rank that missed the reduction, or updated on its own
-    gradient, would be far off). Which hidden matrix a flipped rounding lands on is chance (one run's spread on a
-    matrix can be ten times below another's), so a hidden matrix is held to the spread of the hidden matrices as a
-    whole, every other weight to its own."""
+def test_two_process_ddp_with_muon_lands_far_closer_to_one_process_than_a_rank_on_its_own_gradient(train):
+    """With the default Muon, whose Newton-Schulz runs in bfloat16, the last-bit differences between a sum over
+    two processes and one over a batch of 8 grow into a spread of about 1 % on the hidden matrices after 4 steps
+    (0.3-1.1 % measured), where accumulating the same batch in one process stays all but exact. A rank that
+    missed the reduction, or updated on its own gradient, steps on half the global batch: 20-45 % away. Every
+    weight of two DDP processes of 4 must be ten times closer to the batch of 8 than that."""
     exact = ("trainer.precision=32-true",)
     single = train("single", "data.batch_size=8", *exact)
-    accumulated = train("accum", "data.batch_size=4", "trainer.accumulate_grad_batches=2", *exact)
     ddp = train("ddp", *TWO_PROCESSES_OF_4, *exact)
-    # what a rank stepping on its own gradient would do: half the global batch
-    half = train("half", "data.batch_size=4", *exact)
-    a, b, c, d = (
+    half = train("half", "data.batch_size=4", *exact)  # one process on half the global batch
+    a, b, c = (
         torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-        for run in (single, ddp, accumulated, half)
+        for run in (single, ddp, half)
     )
 
     def rel(x: torch.Tensor, y: torch.Tensor) -> float:
         return float((x - y).norm() / y.norm())
 
-    hidden = [k for k, v in a.items() if v.ndim == 2 and ".blocks." in k]
-    spread = max(rel(c[k], a[k]) for k in hidden)
-    assert hidden and spread > 1e-3  # the bfloat16 spread is real
     for key, value in a.items():
-        own = spread if key in hidden else rel(c[key], value)
-        assert rel(b[key], value) <= 3 * max(own, 1e-4), key
-    assert max(rel(d[k], a[k]) for k in hidden) > 3 * spread  # the bound tells a wrong update from the spread
+        assert rel(b[key], value) <= 0.1 * rel(c[key], value), key
 
 
 @pytest.mark.slow
