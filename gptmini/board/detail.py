@@ -105,4 +105,8 @@ def lens_table(lens: Lens, n_layer: int, tokenizer: Any) -> dict[str, Any]:
     table = lens_header(
         Lens.row_names(n_layer), top, lens.top_prob[:, 0].numpy(), lens.target_prob[:, 0].numpy()
     )
-    return {**table, "loss": lens.loss.tolist(), "top1": lens.top1.tolist()}
+    # a one-token text has no next token to score: its means are NaN, written as null (JSON has no NaN)
+    means = {
+        k: [v if math.isfinite(v) else None for v in getattr(lens, k).tolist()] for k in ("loss", "top1")
+    }
+    return {**table, **means}

@@ -212,6 +212,17 @@ def test_own_text_runs_the_runs_checkpoint(client, logdir):
     assert np.abs(tri.astype(int) - want_tri.astype(int)).max() <= 1  # float rounding at a level's midpoint
 
 
+def test_own_text_of_one_token_is_answered_in_strict_json(client):
+    def no_nan(constant: str):
+        raise AssertionError(f"{constant} is not JSON")
+
+    body = json.dumps({"run": "with_ckpt/tb", "text": "hello"})
+    response = client.post(f"{PREFIX}/text", data=body, content_type="application/json")
+    body = json.loads(response.get_data(as_text=True), parse_constant=no_nan)
+    assert response.status_code == 200 and len(body["tokens"]) == 1, body
+    assert body["lens"]["loss"] == body["lens"]["top1"] == [None, None, None]  # no next token to score
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "code", "message"),
     [
