@@ -2,7 +2,7 @@
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
 previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
 at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
-another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs.discovery``' (``resolve_checkpoint``)."""
+another model."""
 
 from __future__ import annotations
 
@@ -416,8 +416,7 @@ def share_tied_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
-    """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
-    ``write(checkpoint, file)`` serialises.
+    """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``).
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)

@@ -50,8 +50,7 @@ def last_checkpoints(
     """Every ``last.ckpt`` and ``on_exception.ckpt`` in a ``checkpoints/`` folder under ``output_root/run_name``
     (every run's when ``run_name`` is None), the one written last first (ties: the later path).
     ``sweep_jobs=False`` leaves out the jobs of sweeps (``multirun_*``), as ``last`` and a run name do
-    (:data:`CKPT_RULE`). Saves are atomic: a file found here is complete (a save killed midway leaves only a
-    ``.last.ckpt.*.tmp`` beside it, never chosen)."""
+    (:data:`CKPT_RULE`)."""
     root = Path(output_root) / run_name if run_name else Path(output_root)
     candidates = [
         p
@@ -109,11 +108,8 @@ def _sweep_only(root: Path) -> str:
 
 
 def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
-    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
-    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
-    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
-    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
-    (a training setting)."""
+    """``spec`` as the commands take it (:data:`CKPT_RULE`; a folder of runs means its newest usable checkpoint
+    outside the sweeps below it). ``option`` names the setting in a refusal: ``--ckpt`` or ``ckpt_path``."""
     # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
     from gptmini.runs.checkpoint import CheckpointError
 
@@ -453,10 +449,9 @@ def _scan(root: Path, name: str | None) -> list[Scanned]:
 
 
 def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None]:
-    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.runs.checkpoint.newest_usable_checkpoint`): the
-    newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
-    it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
-    the marked one."""
+    """The row ``--ckpt last`` opens (the rule of :func:`newest_usable_checkpoint`; a run's summary that still
+    describes its checkpoint stands for loading it). A row whose checkpoint turns out damaged is shown so.
+    Returns the rows and the marked one."""
     rows = [r for r, _, _ in scanned]
     candidates = [
         (i, path)
@@ -484,8 +479,7 @@ def human_size(n: float) -> str:
 
 
 def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
-    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``, a continuation's
-    state names what it continues (``continues <run folder>@<step>``). The overrides come
+    """The runs as an aligned table, the row that ``--ckpt last`` opens marked with ``*``. The overrides come
     last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
     header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES")
     rows = [header]

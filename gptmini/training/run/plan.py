@@ -1,12 +1,7 @@
 """The run plan: every check a run needs before any expensive work, and what they derive, in one frozen
-``RunPlan`` that the rest of training reads (the composed config itself is never changed).
-
-Each group's keys and types are checked by its schema (``gptmini.training.run.schema``: its constructor's signature),
-its ranges by its constructor, built here on a stand-in; the values derived from other groups are filled in; what
-depends on several groups or on the machine (the precision, the optimizer under a strategy, CPU processes, the
-resume checkpoint) is checked here. The build (``gptmini.training.run.app.train``) reads the plan alone. Nothing
-here prepares data or builds the model: a bad run fails within the time it takes to import torch and Lightning
-(whose Trainer's signature is the ``trainer`` group's schema).
+``RunPlan`` that the rest of training reads (docs/architecture.md, "Plan"; the composed config is never changed).
+Nothing here prepares data or builds the model: a bad run fails within the time it takes to import torch and
+Lightning (whose Trainer's signature is the ``trainer`` group's schema).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def resolve_ckpt_path(
 ) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest of its run folder ``run_dir``
     when that holds one, else of any run of ``run_name`` under ``output_root``; else what every command makes of
-    it (``gptmini.runs.discovery.resolve_checkpoint``: a file, or a run folder's or run name's newest)."""
+    it (``resolve_checkpoint``)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
