@@ -1,14 +1,10 @@
-"""One attention pass per validation, shared by every logger that reads the model's attention: the attention-map
-images and entropies (``AttentionMapLogger``), the head scores (``HeadInsightLogger``) and the ATTENTION tab's
-summary (``AttentionSummaryLogger``).
+"""One attention pass per validation, shared by every logger that reads the model's attention (``ProbeReader``).
 
 Each of those callbacks asks the :class:`ValidationProbe` for what it needs in ``on_validation_epoch_end`` and
 reads it in ``on_validation_end``; Lightning runs every callback's ``on_validation_epoch_end`` before any
 callback's ``on_validation_end``, so by the first read every request of the validation is in, and one batched
 pass through the model's explicit attention path (``GPT.attention_maps``) answers them all, whatever the order of
-the callbacks in the config. The LightningModule owns the probe (``GPTLightningModule.validation_probe``) and the
-app hands it to each of those callbacks (``ProbeReader.probe``); a callback driven on its own keeps the private one
-it starts with and reads what it asked for, computed on demand.
+the callbacks in the config.
 """
 
 from __future__ import annotations
