@@ -256,8 +256,9 @@ def line_chart(
     xticks: Sequence[float] | None = None,
     empty: str = "",
 ) -> np.ndarray:
-    """``lines`` on shared axes, drawn with Pillow like the grids: (H, W, 3) uint8. ``bands``: x ranges shaded; ``xticks``: a log2 x axis ticked at these
-    values (else a linear one); ``empty``: written in the middle when no line has a point."""
+    """``lines`` on shared axes, drawn with Pillow like the grids: (H, W, 3) uint8. ``bands``: x ranges shaded;
+    ``xticks``: a log2 x axis ticked at these values (else a linear one); ``empty``: written in the middle when no
+    line has a point."""
     from PIL import Image, ImageDraw
 
     width, height, left, right, top, bottom = 560, 360, 52, 22, 46, 38

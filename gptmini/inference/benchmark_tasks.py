@@ -1,6 +1,6 @@
-"""Benchmark tasks of EleutherAI's lm-evaluation-harness on a checkpoint (``gptmini eval --tasks``; docs/export-import.md
-says where the results go): the checkpoint is the harness's model ``gptmini`` (:class:`GptminiLM`). Needs the
-``eval`` extra.
+"""Benchmark tasks of EleutherAI's lm-evaluation-harness on a checkpoint (``gptmini eval --tasks``; where the
+results go: docs/export-import.md): the checkpoint is the harness's model ``gptmini`` (:class:`GptminiLM`).
+Needs the ``eval`` extra.
 """
 
 from __future__ import annotations
