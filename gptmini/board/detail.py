@@ -1,6 +1,5 @@
 """What the ATTENTION tab's neuron and lens views read and the sink shares, for a summary: from one
-``GPT.inspect`` pass over a sequence, for training's probe (``gptmini.training.callbacks.summary_logging``) and your own text
-(``gptmini.board.plugin``, which imports this module on the first own-text request only: it imports torch)."""
+``GPT.inspect`` pass over a sequence, for training's probe and your own text (this module imports torch)."""
 
 from __future__ import annotations
 
