@@ -60,7 +60,7 @@ class NonFiniteLossGuard(L.Callback):
 
     Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing
-    either. ``_hydra_main`` reports the error and exits with status 3."""
+    either."""
 
     def __init__(
         self,
@@ -139,13 +139,11 @@ class NonFiniteLossGuard(L.Callback):
 
 class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
     """Saves ``on_exception.ckpt`` when the run is interrupted (Ctrl-C, SIGTERM/preemption, a crash) so that
-    ``ckpt_path=last`` resumes from there.
+    ``ckpt_path=last`` resumes from there (docs/training.md, "Resuming and failures").
 
-    - SIGTERM: Lightning notes it and stops at the next batch boundary (``SIGTERMException``), so the saved state
-      is a consistent end-of-step state. ``_hydra_main`` exits with 143 (128 + 15).
-    - Ctrl-C (SIGINT) is handled the same way while fitting: the first one finishes the current step, saves and
-      exits with 130; a second one stops at once and saves nothing (the state may be mid-step), leaving the
-      last periodic ``last.ckpt``.
+    - SIGTERM, and a first Ctrl-C while fitting: Lightning stops at the next batch boundary
+      (``SIGTERMException``), so the saved state is a consistent end-of-step state. A second Ctrl-C stops at once
+      and saves nothing (the state may be mid-step).
     - Nothing is saved after a non-finite loss (the weights are not worth keeping), after a failed checkpoint
       save (full disk, unwritable folder: it would fail the same way), or before the first step of the run (an
       untrained model would otherwise become the "newest" checkpoint of the run_name).
@@ -246,8 +244,7 @@ class RNGStateCallback(L.Callback):
       same draws as one never interrupted.
     - The RNG states themselves are also stored in the checkpoint (tensors and plain numbers: loadable with
       ``torch.load(weights_only=True)``) and restored on load, so randomness outside training steps continues
-      the saved streams.
-    """
+      the saved streams."""
 
     def __init__(
         self,
