@@ -363,10 +363,8 @@ Scanned = tuple[RunInfo, Path | None, tuple[Path, int] | None]
 
 def _row(folder: Path, output_root: Path) -> Scanned:
     """One run, its record read once: its row and the checkpoint it stands for, the newest of the run's two that
-    its summary (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged
-    newer one is skipped, as a resume and ``--ckpt`` skip it), and its lineage. The figures from that summary,
-    else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step
-    and last val/loss."""
+    its summary still describes or that loads (a damaged newer one is skipped, as a resume and ``--ckpt`` skip
+    it), and its lineage. The figures from that summary, else from its record and the checkpoint."""
     record = read_record_file(folder)  # written when the run starts
     config = (
         {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
@@ -527,16 +525,9 @@ def _loaded(path: Path) -> dict[str, Any] | None:
 
 
 def prunable(root: Path, name: str | None = None) -> list[Prunable]:
-    """The checkpoint files under ``root`` (of run name ``name``) that a user no longer needs, each with why:
-
-    - the older of a run folder's ``last.ckpt`` and ``on_exception.ckpt``, when the newer one loads: a resume and
-      ``--ckpt`` read that one;
-    - a run's checkpoint that a later run continued (that run's record names the file, :class:`Lineage`) and took
-      past the step it held, when that run's newest checkpoint loads.
-
-    What continued what is read from the runs' records only, never guessed from folders: a run without a record
-    of its lineage is never pruned for another's sake. ``best.ckpt`` stays (the weights of a run's best
-    validation), and so does the checkpoint ``--ckpt last`` opens."""
+    """The checkpoint files under ``root`` (of run name ``name``) that a user no longer needs, each with why: the
+    rule of docs/reliability.md (``gptmini runs --prune``). What continued what is read from the runs' records
+    (:class:`Lineage`) only, never guessed from folders."""
     scanned = _scan(root, name)
     _, marked = mark_last(scanned)
     keep = {path for r, path, _ in scanned if r is marked and path is not None}
