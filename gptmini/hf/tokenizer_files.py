@@ -1,11 +1,8 @@
 """gptmini's tokenizers as Hugging Face tokenizer files (``tokenizer.json`` + ``tokenizer_config.json``), so an
 exported folder is usable with ``transformers.AutoTokenizer.from_pretrained(folder)``.
 
-Built with the ``tokenizers`` library (what ``transformers``' fast tokenizers run on), from the same data
-gptmini tokenizes with: GPT-2's own ``encoder.json`` / ``vocab.bpe`` (HF's ``vocab.json`` / ``merges.txt``)
-for the ``gpt2`` BPE, and the character list for ``char``. Both encode every text to gptmini's ids (tests
-check it on the corpus); a character a ``char`` vocabulary lacks is an error in both, as there is no unknown
-token.
+Built with the ``tokenizers`` library from the same data gptmini tokenizes with, so both encode every text to
+gptmini's ids; a character a ``char`` vocabulary lacks is an error in both, as there is no unknown token.
 """
 
 from __future__ import annotations
