@@ -105,15 +105,11 @@ _BUILDERS: dict[str, Callable[[Tokenizer], tuple[Any, dict[str, str]]]] = {
 }
 
 
-def exportable_tokenizers() -> list[str]:
-    return sorted(_BUILDERS)
-
-
 def check_exportable(tokenizer: Tokenizer) -> None:
     if tokenizer.name not in _BUILDERS:
         raise TokenizerExportError(
             f"tokenizer {tokenizer.name!r} cannot be written as Hugging Face tokenizer files (gptmini writes "
-            f"{' and '.join(exportable_tokenizers())}): export with --tokenizer none and add the tokenizer yourself"
+            f"{' and '.join(sorted(_BUILDERS))}): export with --tokenizer none and add the tokenizer yourself"
         )
 
 

@@ -110,10 +110,9 @@ def normuon_scale(ortho: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
 class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` whose Newton-Schulz iterations run once per shape: the momentum updates of a group's
     same-shaped matrices are stacked and orthogonalised by batched products. The update and the state (one
-    ``momentum_buffer`` per parameter) are Muon's own; only the number of kernel launches changes, from about
-    fifteen per matrix to fifteen per shape (the momentum, the weight decay and the update each one multi-tensor
-    kernel for all the matrices of a shape). That is what keeps a GPU busy when the hidden matrices are small
-    (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
+    ``momentum_buffer`` per parameter) are Muon's own; only the number of kernel launches changes, from a dozen or
+    so per matrix to as many per shape. That is what keeps a GPU busy when the hidden matrices are small (a few
+    hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
     Options beyond Muon's (its keyword-only parameters, all off by default; each one's help is
     beside it), from the GPT-2 speedrun (modded-nanogpt) and nanochat: each a group setting saved with the group,
