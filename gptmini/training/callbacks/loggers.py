@@ -315,10 +315,8 @@ class TokenThroughputMonitor(LoggingCallback):
 
     Built on Lightning's public ``Throughput`` (rolling averages over its last readings) rather
     than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
-    the start of training, data loading included, with validation (and the callbacks that follow it) left out.
-    It is read after the first step and then only on the steps Lightning writes the logs after
-    (``trainer.log_every_n_steps``), on global rank zero only: each reading waits for the GPU, so the steps in
-    between cost nothing here but counting tokens.
+    the start of training, data loading included, with validation (and the callbacks that follow it) left out,
+    read on global rank zero only.
 
     ``perf/mfu`` divides by the peak dense FLOP/s of one device for the run's compute dtype: ``peak_flops`` when
     given (``perf.peak_flops``), else looked up by the GPU's name (``gptmini.training.hardware.peak_flops``); the

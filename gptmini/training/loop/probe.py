@@ -32,8 +32,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 class ValidationProbe:
     """The probe sequences of one validation and their attention, computed once.
 
-    ``text(step, ids)`` asks for the attention of one sequence of token ids; ``scores(step, probes)`` for every
-    head's scores on the head-insight probes (``gptmini.insight.Probes``); ``text_maps``/``head_scores`` read them.
     The first read of a step runs every sequence asked for at that step as one batch: each sequence is padded on
     the right to the longest, which leaves its own attention as it is (the model is causal: no query sees a later
     key), and cut back to its length. A request for another step starts afresh.

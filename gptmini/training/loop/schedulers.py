@@ -5,9 +5,7 @@ The decaying schedules (warmup-cosine, warmup-stable-decay) run over ``max_steps
 two runs out first: the schedule's progress is the larger of the steps' fraction and the elapsed time's, so a run
 stopped by its time budget has finished its decay when Lightning stops it, on any machine.
 
-A resumed run follows the schedule of its own settings (docs/training.md, "Extending a run"): a checkpoint gives
-back only the schedule's progress (the optimizer steps taken and the seconds spent), never its length or shape, so
-a run resumed with a larger ``trainer.max_steps`` or ``trainer.max_time`` is re-laid over the new length."""
+A resumed run follows the schedule of its own settings (docs/training.md, "Extending a run")."""
 
 from __future__ import annotations
 
