@@ -151,8 +151,7 @@ class PromptTokens:
 
 class ProbeReader(Receiver, LoggingCallback):
     """Base of the loggers that read the validation's one attention pass (``gptmini.training.loop.probe``): the
-    app hands each of them the LightningModule's probe (``receive``), so that one pass answers them all, and the
-    run's background worker; a logger driven on its own keeps the private probe it starts with."""
+    app hands each of them the LightningModule's probe (``receive``); one driven on its own keeps a private one."""
 
     background: BackgroundWork | None = None  # where images may be drawn; None: at once
 
@@ -165,10 +164,8 @@ class ProbeReader(Receiver, LoggingCallback):
 
 
 class ProbeTextCallback(ProbeReader):
-    """Base of the callbacks that read the model's attention on a fixed probe text at each validation (the
-    attention maps and the ATTENTION tab's summary): its size check, and the probe's token ids and attention from
-    the validation's one attention pass (``probe``): asked for at the end of the validation epoch, read at the end
-    of the validation."""
+    """Base of the callbacks that read the model's attention on a fixed probe text at each validation: its size
+    check, and the probe's token ids and attention from the validation's one attention pass (``probe``)."""
 
     probe_text: str
     max_tokens: int
