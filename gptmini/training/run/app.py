@@ -1,8 +1,6 @@
-"""The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``).
-
-Order of work (``train``): plan (every check, cheap, before any data or model) -> build the trainer, the data
-(prepared) and the module -> fit -> report. Known user errors end the run with one line naming the key and the
-fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
+"""The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``): plan, build, fit, report
+(docs/architecture.md). Known user errors end the run with one ``error:`` line and exit status 2;
+``HYDRA_FULL_ERROR=1`` shows tracebacks.
 """
 
 from __future__ import annotations

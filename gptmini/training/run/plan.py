@@ -93,9 +93,8 @@ class RunPlan:
         return self.trainer.max_steps * self.trainer.accumulate_grad_batches
 
     def record(self, model: GPTConfig, world_size: int, tensorboard_dir: str | None) -> RunRecord:
-        """The run record of this plan (``gptmini.runs.record``), which every checkpoint and the run folder keep,
-        with what only the build knows: the model with the tokenizer's vocabulary, the training processes and
-        the TensorBoard folder (relative to the run folder)."""
+        """The run record of this plan, with what only the build knows: the model with the tokenizer's
+        vocabulary, the training processes and the TensorBoard folder (relative to the run folder)."""
         return RunRecord(
             version=RECORD_VERSION,
             model=model.to_dict(),
@@ -148,8 +147,8 @@ LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "m
 
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     """Cheap checks of everything a run needs, ``model.init_from``'s files included (the corpus's are
-    ``check_data_files``'s, so that configs can be checked without it); raises ConfigError/RunError (or CheckpointError for a resume checkpoint that is unsafe or of another model
-    shape) naming the key. ``device``: this machine's by default."""
+    ``check_data_files``'s, so that configs can be checked without it); raises ConfigError/RunError (or
+    CheckpointError for an unsafe resume checkpoint or one of another model shape) naming the key."""
     hardware_choice = _check_required_groups()
     tokenizer, data = _checked_data(cfg)
     model, vocab_known = _model_config(cfg, tokenizer)

@@ -216,9 +216,8 @@ def _saved(path: str, ckpt: Mapping[str, Any], output_dir: str) -> dict[str, Any
 
 
 def say_average_change(path: str, ckpt: Mapping[str, Any], now: Any) -> None:
-    """One log line when ``callbacks.ema`` (``now``: this run's) is added or dropped: the resume continues from the
-    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average (a
-    changed one is said with the other changes)."""
+    """One log line when ``callbacks.ema`` (``now``: this run's) is added or dropped, saying what becomes of the
+    average (a changed one is said with the other changes)."""
     from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
     had = TRAINED_WEIGHTS_KEY in ckpt
