@@ -1,7 +1,5 @@
-"""The ATTENTION tab's data: at each validation, every layer and head's attention on a probe text, written as one
-compact summary (``gptmini.board.summary``) that TensorBoard's ATTENTION tab reads, with what the tab's neuron
-and lens views read (the queries and keys, the logit lens) and each head's sink share; and the queries and keys as
-embeddings for TensorBoard's PROJECTOR."""
+"""The ATTENTION tab's data, written at each validation as one compact summary (``gptmini.board.summary``), and
+the queries and keys as embeddings for TensorBoard's PROJECTOR."""
 
 from __future__ import annotations
 
