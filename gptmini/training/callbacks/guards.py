@@ -53,10 +53,8 @@ class NonFiniteLossGuard(L.Callback):
     """Stops the run at the first non-finite training loss, naming the step, and refuses to write a checkpoint
     whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
 
-    Reading the loss waits for the device, so every step only adds it to a sum on the device (a sum of losses is
-    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps and before every
-    checkpoint is saved. A non-finite loss is thus caught before any checkpoint could hold its step's weights; the
-    error names its step when the sum covers one step, else the steps since the last check.
+    Reading the loss waits for the device, so every step only adds it to a sum on the device (finite exactly when
+    each loss is), read every ``check_every_n_steps`` steps and before every save (docs/training.md).
 
     Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing

@@ -295,8 +295,8 @@ class HookHandles:
 class MuonAdamW(torch.optim.Optimizer):
     """Muon (Jordan et al.; ``BatchedMuon``: ``torch.optim.Muon`` batched by shape) on the ``hidden`` matrices and
     ``torch.optim.AdamW`` on the embeddings, the LM head, other matrices and vectors, each role one named parameter
-    group with its own ``lr`` and ``weight_decay`` (``hidden``: Muon's settings; ``adamw``: AdamW's betas and eps, shared by its
-    groups). ``fused``/``foreach`` choose AdamW's kernel, as for plain AdamW.
+    group with its own ``lr`` and ``weight_decay`` (``hidden``: Muon's settings; ``adamw``: AdamW's betas and
+    eps, shared by its groups).
 
     ``stacked``: hidden matrices that stack several projections by rows (a fused [W_q; W_k; W_v]), with each
     one's row count. Muon orthogonalises each projection's rows on its own: measured against orthogonalising the
