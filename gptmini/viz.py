@@ -151,8 +151,7 @@ def heatmap_grid(
 def attention_images(
     maps: np.ndarray | torch.Tensor, labels: Sequence[str]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For (n_layer, n_head, T, T) probabilities: per layer, (grid of head heatmaps, head-averaged map) as RGB
-    arrays."""
+    """(n_layer, n_head, T, T) probabilities -> per layer, (grid of head heatmaps, head-averaged map), RGB."""
     values = _numpy(maps)
     n_layer, n_head = values.shape[:2]
     out = []

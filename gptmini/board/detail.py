@@ -91,8 +91,7 @@ def circuits(model: torch.nn.Module, ids: list[int], tokenizer: Any) -> dict[str
 
 
 def successive_layers(scores: torch.Tensor) -> torch.Tensor:
-    """(n_layer, n_head, n_layer, n_head) composition scores -> (n_layer - 1, n_head, n_head): each layer on the
-    next."""
+    """(n_layer, n_head, n_layer, n_head) composition scores -> (n_layer - 1, n_head, n_head): layer on next."""
     layers = torch.arange(scores.size(0) - 1)
     return scores[layers, :, layers + 1]
 

@@ -114,8 +114,7 @@ def check_exportable(tokenizer: Tokenizer) -> None:
 
 
 def write_tokenizer_files(tokenizer: Tokenizer, folder: str | Path, model_max_length: int) -> list[str]:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json`` for ``tokenizer`` into ``folder``; returns the
-    file names."""
+    """Writes ``tokenizer.json`` and ``tokenizer_config.json`` into ``folder``; returns the file names."""
     check_exportable(tokenizer)
     hf, special = _BUILDERS[tokenizer.name](tokenizer)
     folder = Path(folder)

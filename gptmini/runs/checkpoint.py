@@ -95,8 +95,7 @@ def settings_checksum(checkpoint: Mapping[str, Any]) -> str:
 
 
 def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors and of its settings (what every save
-    writes)."""
+    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors and of its settings."""
     record = {**tensor_checksum(checkpoint), "settings_digest": settings_checksum(checkpoint)}
     return {**checkpoint, CHECKSUM_KEY: record}
 

@@ -292,9 +292,8 @@ def read_events(folder: Path, **size_guidance: int) -> Any:
 
 
 def _facts(path: Path) -> dict[str, Any] | None:
-    """The facts of a run's checkpoint (``gptmini.runs.files.checkpoint_facts``): from the run's summary when it
-    describes the file as it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it
-    does not load."""
+    """The facts of a run's checkpoint (``checkpoint_facts``): from the run's summary when it describes the file as
+    it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it does not load."""
     summary = read_summary(path)
     if summary is not None:
         return summary
@@ -309,8 +308,7 @@ def _facts(path: Path) -> dict[str, Any] | None:
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
-    """The folder of the TensorBoard run that the run in ``run_dir`` logged to (:func:`_event_folder`), by its
-    newest checkpoint."""
+    """The folder of the TensorBoard run that the run in ``run_dir`` logged to, by its newest checkpoint."""
     ckpt = next(iter(_checkpoints(Path(run_dir))), None)
     return _event_folder(Path(run_dir), _facts(ckpt) if ckpt is not None else None)
 
@@ -513,8 +511,7 @@ class Prunable:
 
 
 def _loaded(path: Path) -> dict[str, Any] | None:
-    """The checkpoint ``path`` (memory-mapped) when it loads and matches its checksum; None, with a warning,
-    when not."""
+    """The checkpoint ``path`` (memory-mapped) when it loads and matches its checksum; else None, warned."""
     from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     try:

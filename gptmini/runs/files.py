@@ -1,6 +1,5 @@
 """A run's checkpoint files, without torch: which files ``last`` chooses among, and the run's summary of its
-checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.runs.checkpoint`` loads and
-saves them)."""
+checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves."""
 
 from __future__ import annotations
 

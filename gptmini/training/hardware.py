@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    """What gptmini needs to know about one device. ``DeviceFacts()`` is the CPU; ``detect_device()`` reads the
-    real one."""
+    """What gptmini needs to know about one device. ``DeviceFacts()`` is the CPU; ``detect_device()``: this one."""
 
     type: str = "cpu"  # torch device type: "cuda" or "cpu"
     name: str = "cpu"  # torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3"

@@ -69,8 +69,7 @@ def threads_for(others: float, cores: int, most: int) -> int:
 
 
 class CpuThreads(L.Callback):
-    """``callbacks.cpu_threads``: torch's thread count follows the cores other programs leave free (module
-    docstring)."""
+    """``callbacks.cpu_threads``: torch's thread count follows the cores other programs leave free."""
 
     def __init__(
         self,

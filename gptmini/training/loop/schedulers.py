@@ -63,8 +63,7 @@ class _PlannedLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, step: int) -> float:
-        """The LR factor at optimizer ``step`` (0-based); here the linear warmup's: never 0, so the first step
-        learns, then 1."""
+        """The LR factor at optimizer ``step`` (0-based); here the warmup's, never 0 (the first step learns)."""
         return min(1.0, (step + 1) / (self.warmup_steps + 1))
 
     def get_lr(self) -> list[float]:

@@ -57,8 +57,7 @@ CHAR_VOCAB_PLACEHOLDER = 256
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run was checked to be, and the values derived from its config for the trainer, the data and the
-    model."""
+    """What a run was checked to be, and the values derived from its config for the trainer, data and model."""
 
     model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool

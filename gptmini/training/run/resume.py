@@ -48,8 +48,7 @@ def resolve_ckpt_path(
 
 
 def continued_run_folder(ckpt_path: str | Path) -> Path | None:
-    """The run folder a resume checkpoint belongs to (``<run folder>/checkpoints/<file>``); None for a file
-    elsewhere."""
+    """The run folder of a resume checkpoint (``<run folder>/checkpoints/<file>``); None for a file elsewhere."""
     path = Path(ckpt_path).absolute()
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
