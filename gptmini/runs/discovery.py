@@ -214,8 +214,7 @@ def read_run_yaml(path: Path) -> Any:
 
 
 def display_path(path: str | Path) -> str:
-    """``path`` as text that is valid UTF-8: bytes of a name that are not UTF-8 (Python holds them as lone
-    surrogates) are written ``\\xNN``."""
+    """``path`` as valid UTF-8: bytes of a name that are not UTF-8 (lone surrogates) are written ``\\xNN``."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
@@ -344,8 +343,7 @@ def _size_and_mtime(folder: Path) -> tuple[int, float]:
 
 
 def _wanted(value: Any, kind: type) -> Any:
-    """``value`` when it is of ``kind`` (not a bool standing for an int), else None: a field of the wrong type in a
-    run's file shows as unknown."""
+    """``value`` when it is of ``kind`` (not a bool for an int), else None: a field of the wrong type."""
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 

@@ -75,8 +75,7 @@ def _read_summaries(file: Path) -> dict[str, Any]:
 
 
 def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
-    """Records the checkpoint just saved at ``path`` in its run's summary (atomically); nothing for a checkpoint
-    outside a run's checkpoints folder."""
+    """Records the checkpoint just saved at ``path`` in its run's summary (if it is in a run's checkpoints)."""
     path = Path(path)
     file = _summary_file(path)
     if file is None:

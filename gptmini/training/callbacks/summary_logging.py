@@ -187,8 +187,7 @@ PROJECTOR_HEADER = ["token", "position", "kind", "layer", "head"]
 def inspect(
     model: torch.nn.Module, ids: list[int], precision: contextlib.AbstractContextManager | None = None
 ) -> Inspection:
-    """``model.inspect`` on one sequence of ``ids``, in eval mode and under ``precision`` (the run's, as the
-    validation steps)."""
+    """``model.inspect`` on one sequence of ``ids``, in eval mode and under the run's ``precision``."""
     device = next(model.parameters()).device
     with eval_mode(model), torch.no_grad(), precision or contextlib.nullcontext():
         return model.inspect(torch.tensor([ids], dtype=torch.long, device=device))

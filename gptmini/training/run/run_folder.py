@@ -66,8 +66,7 @@ def check_tensorboard_version(config: DictConfig) -> None:
 
 
 def command_overrides() -> list[str]:
-    """The run's command-line overrides as Hydra recorded them (``hydra.overrides.task``; a sweep job's own
-    values included), [] outside a Hydra run."""
+    """The run's command-line overrides as Hydra recorded them (a sweep job's own included); [] outside Hydra."""
     hydra = hydra_config()
     return [str(o) for o in hydra.overrides.task] if hydra else []
 
