@@ -247,8 +247,7 @@ def checkpoint_record(ckpt: Mapping[str, Any], path: str | Path) -> RunRecord:
 
 def check_tensors_match(state_dict: Mapping[str, Any], model: GPT, path: str | Path) -> None:
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``model.``) are not exactly those of
-    ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
-    (edited, or written by another tool)."""
+    ``model``, a ``GPT`` of the checkpoint's saved settings (an edited file, or one written by another tool)."""
     if shown := _tensor_problems(state_dict, model):
         config = model.config
         raise CheckpointError(
@@ -300,8 +299,7 @@ def _load_weights(model: GPT, ckpt: Mapping[str, Any], path: str | Path) -> None
 
 def load_weights_into(model: GPT, path: str | Path) -> None:
     """Loads the weights of the gptmini checkpoint ``path`` (trained or imported) into ``model``, whose settings
-    must give exactly the checkpoint's tensors (CheckpointError naming the differences): fine-tuning starts from
-    them with a fresh optimizer."""
+    must give exactly the checkpoint's tensors (CheckpointError naming the differences)."""
     ckpt = load_checkpoint(path)
     if problems := _tensor_problems(ckpt["state_dict"], model):
         saved = checkpoint_record(ckpt, path).model

@@ -224,9 +224,8 @@ def tokenizer_for_run(
 
 
 def carried_tokenizer(path: str | Path, record: RunRecord) -> Tokenizer | None:
-    """The tokenizer the checkpoint ``path`` carries in its record (the char vocabulary or trained BPE of its
-    data, recorded at training time); None when it carries none (a tokenizer known by name, or a checkpoint
-    written before they were carried)."""
+    """The tokenizer the checkpoint ``path`` carries in its record (a char vocabulary or trained BPE); None when
+    it carries none (a tokenizer known by name, or a checkpoint written before they were carried)."""
     payload = record.saved_tokenizer
     if payload is None:
         return None

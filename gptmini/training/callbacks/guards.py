@@ -225,9 +225,8 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
 
 
 def _derived_seed(*parts: int) -> int:
-    """A 63-bit seed that is a pure function of ``parts`` (well mixed: neighbouring steps are unrelated): BLAKE2b
-    of their decimal digits (it runs before every training batch: a hash costs the host far less than numpy's
-    ``SeedSequence``)."""
+    """A 63-bit seed that is a pure function of ``parts`` (well mixed: neighbouring steps are unrelated); a hash
+    costs the host far less than numpy's ``SeedSequence`` before every training batch."""
     text = ",".join(str(int(p)) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
