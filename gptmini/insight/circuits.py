@@ -73,7 +73,7 @@ def _head_weights(
 
 @torch.no_grad()
 def direct_logit_attribution(model: GPT, ids: Tensor) -> Attribution:
-    """The direct logit attribution of ``model`` on ``ids`` (B, T), in float32 (see the module docstring)."""
+    """The direct logit attribution of ``model`` on ``ids`` (B, T), in float32 (docs/insight.md)."""
     _require_circuits(model, "no per-head attribution")
     c = model.config
     model._check_length(ids.size(1))
