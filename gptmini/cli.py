@@ -2,8 +2,7 @@
 
 Each subcommand hands the rest of the command line, untouched, to the tool behind it, so ``gptmini train``
 takes Hydra overrides, ``-m`` (multirun), ``--cfg job`` and Hydra's ``--help`` exactly as
-``python -m gptmini.training`` does (it becomes that process). Tools are imported only when chosen: ``gptmini --help`` starts in
-well under the time torch takes to import.
+``python -m gptmini.training`` does (it becomes that process). Tools are imported only when chosen.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Every image gptmini draws, as pure functions of their inputs (no global plotting state), safe on any thread.
-
-- Drawn directly as RGB arrays with NumPy and Pillow, without importing matplotlib (the training process draws
-  these at every validation): :func:`heatmap_grid` and :func:`attention_images` (attention maps with the tokens
-  on the axes, as TensorBoard, ``gptmini attention`` and the head report show them), :func:`score_grid` (a layers
-  x heads grid of one head score); :func:`png` encodes any of them.
-- line charts, drawn the same way (:func:`line_chart`): :func:`loss_curve` (loss by position in the context),
-  :func:`training_curves` (a run's losses) and :func:`context_sweep_chart` (loss against context length,
-  ``gptmini eval --context``).
-
-Every heatmap and grid has the one colour map, viridis (:func:`viridis`), on a fixed scale the caller gives; every
-image has the one font, DejaVu Sans.
+"""Every image gptmini draws, as pure functions of their inputs (no global plotting state), safe on any thread:
+RGB arrays drawn with NumPy and Pillow, without importing matplotlib (the training process draws them at every
+validation). One colour map, viridis, on a fixed scale the caller gives; one font, DejaVu Sans.
 """
 
 from __future__ import annotations
@@ -114,8 +105,7 @@ def heatmap_grid(
 ) -> np.ndarray:
     """(N, R, C) values -> one RGB image (H, W, 3) uint8 of N heatmaps side by side, ``cols`` to a row: viridis
     from ``vmin`` to ``vmax``, each panel titled, its rows and columns labelled on both axes (``cell`` pixels a
-    value: 14 fits a label's 9-pixel font). Pure NumPy and Pillow (no torch, no matplotlib): safe to run on a
-    background thread."""
+    value: 14 fits a label's 9-pixel font)."""
     from PIL import Image, ImageDraw
 
     values = _numpy(panels)
@@ -161,8 +151,7 @@ def heatmap_grid(
 def attention_images(
     maps: np.ndarray | torch.Tensor, labels: Sequence[str]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For (n_layer, n_head, T, T) probabilities: per layer, (grid of head heatmaps, head-averaged map) as RGB
-    arrays."""
+    """(n_layer, n_head, T, T) probabilities -> per layer, (grid of head heatmaps, head-averaged map), RGB."""
     values = _numpy(maps)
     n_layer, n_head = values.shape[:2]
     out = []
@@ -266,9 +255,9 @@ def line_chart(
     xticks: Sequence[float] | None = None,
     empty: str = "",
 ) -> np.ndarray:
-    """``lines`` on shared axes, drawn with Pillow like the grids (a matplotlib figure costs ten times as much and
-    its import a second): (H, W, 3) uint8. ``bands``: x ranges shaded; ``xticks``: a log2 x axis ticked at these
-    values (else a linear one); ``empty``: written in the middle when no line has a point."""
+    """``lines`` on shared axes, drawn with Pillow like the grids: (H, W, 3) uint8. ``bands``: x ranges shaded;
+    ``xticks``: a log2 x axis ticked at these values (else a linear one); ``empty``: written in the middle when no
+    line has a point."""
     from PIL import Image, ImageDraw
 
     width, height, left, right, top, bottom = 560, 360, 52, 22, 46, 38

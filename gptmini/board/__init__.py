@@ -1,7 +1,4 @@
-"""The ATTENTION tab of TensorBoard: a dynamic TensorBoard plugin shipped inside gptmini.
-
-``summary``: the compact attention summaries a run writes at each validation (torch-free, so TensorBoard starts
-fast); ``plugin``: the TensorBoard backend (JSON routes) and its loader, registered through the
-``tensorboard_plugins`` entry point; ``static/``: the tab itself, one ES module, no build step."""
+"""The ATTENTION tab of TensorBoard: a dynamic TensorBoard plugin shipped inside gptmini, registered through the
+``tensorboard_plugins`` entry point (docs/attention-tab.md, "For developers")."""
 
 PLUGIN_NAME = "gptmini_attention"

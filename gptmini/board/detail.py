@@ -1,6 +1,5 @@
 """What the ATTENTION tab's neuron and lens views read and the sink shares, for a summary: from one
-``GPT.inspect`` pass over a sequence, for training's probe (``gptmini.training.callbacks.summary_logging``) and your own text
-(``gptmini.board.plugin``, which imports this module on the first own-text request only: it imports torch)."""
+``GPT.inspect`` pass over a sequence, for training's probe and your own text (this module imports torch)."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def circuits(model: torch.nn.Module, ids: list[int], tokenizer: Any) -> dict[str
 
 
 def successive_layers(scores: torch.Tensor) -> torch.Tensor:
-    """(n_layer, n_head, n_layer, n_head) composition scores -> (n_layer - 1, n_head, n_head): each layer on the
-    next."""
+    """(n_layer, n_head, n_layer, n_head) composition scores -> (n_layer - 1, n_head, n_head): layer on next."""
     layers = torch.arange(scores.size(0) - 1)
     return scores[layers, :, layers + 1]
 

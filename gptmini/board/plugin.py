@@ -399,8 +399,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def _text_request(request: wrappers.Request) -> TextRequest:
-    """An own-text request's fields. The body is read up to MAX_BODY_BYTES + 1 bytes, never more, whatever
-    its headers say (a chunked body has no Content-Length)."""
+    """An own-text request's fields, its body read up to MAX_BODY_BYTES + 1 bytes whatever its headers say."""
     if request.method != "POST":
         raise BadRequest('send the text with POST, as JSON {"run": ..., "text": ...}')
     if request.mimetype != "application/json":

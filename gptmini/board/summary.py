@@ -3,20 +3,12 @@ one TensorBoard tensor summary per logged step holding every layer and head's at
 quantised to uint8 over the causal lower triangle, the tokens as strings and each head's type.
 
 Format (a DT_STRING tensor of two elements, under the plugin's name, data class TENSOR):
-  [0] a UTF-8 JSON header: {"version", "n_layer", "n_head", "tokens", "head_types" (n_layer x n_head or null),
-      "scores" (name -> n_layer x n_head, or {}), "sink", "lens", "vectors" (each null when not logged)}:
-      "sink": {"first": n_layer x n_head shares on the first token, "learned": the same on the learned sink, or
-      null}; "lens": {"rows": names, "top": rows x T top tokens, "prob": their probabilities, "target": rows x
-      (T - 1) probabilities of the token that comes next, optionally each row's "loss" and "top1"}; "vectors": the queries and keys of the first "layers"
-      layers, float16 little-endian in base64, (layers, n_head, T, head_size) each, with what the scores add to
-      q . k ("scale", ALiBi's "slopes", the "window", the "sink" logits: see ``VECTOR_KEYS``); "circuits": each
-      head's direct logit attribution per position, the Q/K/V-composition of every pair of heads and each head's
-      QK and OV circuits over the probe's first distinct tokens (see ``circuits_header``).
-  [1] the probabilities: uint8, round(p * LEVELS), layer-major, then head, then the rows of the lower triangle
-      (row i holds keys 0..i), T * (T + 1) / 2 bytes per head (``LAYOUT``).
-:func:`contract` is what the page receives (the ``contract`` route): the tag, the levels, the layout, the header's
-keys and the head types with their titles and colours, so that the page repeats none of them. Training and the
-own-text route both encode with :func:`encode`; :func:`decode` validates every field of a header it reads.
+  [0] a UTF-8 JSON header holding ``HEADER_KEYS``: "version", "n_layer", "n_head", "tokens", "head_types"
+      (n_layer x n_head or null), "scores" (name -> n_layer x n_head, or {}), and "sink", "lens", "vectors",
+      "circuits" (each null when not logged; their fields and shapes: ``sink_header``, ``lens_header``,
+      ``vectors_header``, ``circuits_header``).
+  [1] the probabilities: uint8, round(p * LEVELS), in the order of ``LAYOUT``, T * (T + 1) / 2 bytes per head.
+:func:`contract` is what the page receives (the ``contract`` route), so that the page repeats none of it.
 Only NumPy and TensorBoard's protos: TensorBoard imports this module, and must not wait for torch."""
 
 from __future__ import annotations
@@ -171,7 +163,8 @@ def lens_header(
     rows: list[str], top: list[list[str]], prob: np.ndarray, target: np.ndarray
 ) -> dict[str, Any]:
     """The ``lens`` entry: for each row (the embeddings, then each block), the top token at each position, its
-    probability (rows, T) and the probability of the token that comes next (rows, T - 1)."""
+    probability (rows, T) and the probability of the token that comes next (rows, T - 1); optionally each row's
+    "loss" and "top1" (``gptmini.board.detail``)."""
     return {
         "rows": list(rows),
         "top": [list(r) for r in top],

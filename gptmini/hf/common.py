@@ -238,10 +238,9 @@ def write_export(
     overwrite: bool = False,
 ) -> list[str]:
     """An export folder: ``config.json``, ``model.safetensors`` (``state``, float32) and with ``tokenizer`` its
-    ``tokenizer.json`` + ``tokenizer_config.json``; returns the file names written. Every check runs first, and
-    the folder is written atomically: its files go into a temporary sibling, which is then renamed to ``path``.
-    A failure leaves no half-written folder and, with ``overwrite``, the previous folder intact. The folder lists
-    its files in ``EXPORT_MANIFEST``, so that a later ``overwrite`` recognises it."""
+    tokenizer files; returns the file names written. Every check runs first, and the folder is written into a
+    temporary sibling then renamed, so a failure leaves no half-written folder and, with ``overwrite``, the
+    previous one intact. ``EXPORT_MANIFEST`` lists its files, so that a later ``overwrite`` recognises it."""
     path = check_export_target(path, overwrite)
     st = safetensors_torch()
     if tokenizer is not None:

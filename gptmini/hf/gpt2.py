@@ -1,18 +1,9 @@
-"""GPT-2 weights in and out, in the Hugging Face format (``config.json`` + ``model.safetensors``).
-
-* ``load_hf_gpt2(dir)`` builds a gptmini ``GPT`` from a local Hugging Face GPT-2 folder.
-* ``load_gpt2_weights(model, dir)`` fills an existing ``GPT`` (``model.init_from=dir`` in training).
-* ``save_hf_gpt2(model, dir)`` writes a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
+"""GPT-2 weights in and out, in the Hugging Face format (``config.json`` + ``model.safetensors``); the commands
+are in docs/export-import.md.
 
 Hugging Face GPT-2 stores its projections as ``Conv1D`` weights of shape (in, out): the transpose of
 ``nn.Linear``'s (out, in). Keys may carry a ``transformer.`` prefix (what ``GPT2LMHeadModel.save_pretrained``
-writes) or not (the original ``openai-community/gpt2`` files); both are accepted. Nothing here downloads:
-fetch a model first, e.g. ``hf download openai-community/gpt2 --local-dir gpt2``.
-
-The command line is ``gptmini.hf.cli`` (``--format llama`` for Llama-style models, ``gptmini.hf.llama``)::
-
-    gptmini export --ckpt outputs/.../last.ckpt --out my-gpt2 [--force]
-    gptmini import --hf gpt2 --out gpt2.ckpt
+writes) or not (the original ``openai-community/gpt2`` files); both are accepted. Nothing here downloads.
 """
 
 from __future__ import annotations
@@ -58,9 +49,7 @@ GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# reading
-# ---------------------------------------------------------------------------------------------------------
+# --- reading ------------------------------------------------------------------------------------------------
 
 
 def _read_hf_config(path: Path) -> dict[str, Any]:
@@ -184,9 +173,7 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return cfg, state
 
 
-# ---------------------------------------------------------------------------------------------------------
-# mapping between the two layouts
-# ---------------------------------------------------------------------------------------------------------
+# --- mapping between the two layouts ------------------------------------------------------------------------
 
 
 def gpt2_attention() -> list[str]:
@@ -262,16 +249,12 @@ def _copy_into(model: GPT, state: dict[str, Tensor]) -> None:
         block.mlp.c_proj.bias.copy_(state[h + "mlp.c_proj.bias"])
 
 
-# ---------------------------------------------------------------------------------------------------------
-# public API
-# ---------------------------------------------------------------------------------------------------------
+# --- public API ---------------------------------------------------------------------------------------------
 
 
 def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 0.0) -> GPT:
-    """A gptmini ``GPT`` (in eval mode) holding the GPT-2 weights of a local Hugging Face folder.
-
-    ``attention`` may be any of ``gpt2_attention()``; ``dropout`` is gptmini's (HF's *_pdrop values are
-    training settings and are not copied)."""
+    """A gptmini ``GPT`` (in eval mode) holding the GPT-2 weights of a local Hugging Face folder. ``attention``:
+    any of ``gpt2_attention()``; HF's *_pdrop values are training settings and are not copied."""
     cfg, state = _read_hf(path)
     config = GPTConfig(
         vocab_size=cfg["vocab_size"],
@@ -292,9 +275,8 @@ def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 
 
 
 def load_gpt2_weights(model: GPT, path: str | Path) -> None:
-    """Load the GPT-2 weights of a local Hugging Face folder into an existing ``GPT`` (``model.init_from``).
-
-    The model must have the checkpoint's n_layer, n_head and n_embd, biases, and an attention of
+    """Load the GPT-2 weights of a local Hugging Face folder into an existing ``GPT`` (``model.init_from``). The
+    model must have the checkpoint's n_layer, n_head and n_embd, biases, and an attention of
     ``gpt2_attention()``; its block_size may be smaller than n_positions (the first positions are kept) and its vocab_size
     larger (extra tokens start at the mean embedding)."""
     path = Path(path)
@@ -393,14 +375,9 @@ def _hf_state(model: GPT, config: dict[str, Any]) -> dict[str, Tensor]:
 def save_hf_gpt2(
     model: GPT, path: str | Path, *, overwrite: bool = False, tokenizer: Any | None = None
 ) -> list[str]:
-    """Export ``model`` as a Hugging Face GPT-2 folder: ``config.json`` + ``model.safetensors`` (float32).
-
-    Loadable by ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and by ``load_hf_gpt2``. The folder is
-    written under a temporary name and renamed into place, so a failed export never leaves a half-written
-    folder; an existing non-empty folder is replaced (all its contents) only with ``overwrite=True``.
-    A model without biases is exported with zero biases (the same function). With ``tokenizer`` (a gptmini
-    tokenizer) its ``tokenizer.json`` + ``tokenizer_config.json`` too, as a Llama export writes them. Returns the
-    file names written."""
+    """Export ``model`` as a Hugging Face GPT-2 folder (float32) that ``GPT2LMHeadModel.from_pretrained`` loads,
+    written as ``write_export`` writes (with the tokenizer's files when given); a model without biases gets zero
+    biases. Returns the file names written."""
     _check_model(model, "export")
     if not model.config.tie_weights:
         raise HFWeightsError(

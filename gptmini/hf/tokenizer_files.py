@@ -1,11 +1,8 @@
 """gptmini's tokenizers as Hugging Face tokenizer files (``tokenizer.json`` + ``tokenizer_config.json``), so an
 exported folder is usable with ``transformers.AutoTokenizer.from_pretrained(folder)``.
 
-Built with the ``tokenizers`` library (what ``transformers``' fast tokenizers run on), from the same data
-gptmini tokenizes with: GPT-2's own ``encoder.json`` / ``vocab.bpe`` (HF's ``vocab.json`` / ``merges.txt``)
-for the ``gpt2`` BPE, and the character list for ``char``. Both encode every text to gptmini's ids (tests
-check it on the corpus); a character a ``char`` vocabulary lacks is an error in both, as there is no unknown
-token.
+Built with the ``tokenizers`` library from the same data gptmini tokenizes with, so both encode every text to
+gptmini's ids; a character a ``char`` vocabulary lacks is an error in both, as there is no unknown token.
 """
 
 from __future__ import annotations
@@ -108,21 +105,16 @@ _BUILDERS: dict[str, Callable[[Tokenizer], tuple[Any, dict[str, str]]]] = {
 }
 
 
-def exportable_tokenizers() -> list[str]:
-    return sorted(_BUILDERS)
-
-
 def check_exportable(tokenizer: Tokenizer) -> None:
     if tokenizer.name not in _BUILDERS:
         raise TokenizerExportError(
             f"tokenizer {tokenizer.name!r} cannot be written as Hugging Face tokenizer files (gptmini writes "
-            f"{' and '.join(exportable_tokenizers())}): export with --tokenizer none and add the tokenizer yourself"
+            f"{' and '.join(sorted(_BUILDERS))}): export with --tokenizer none and add the tokenizer yourself"
         )
 
 
 def write_tokenizer_files(tokenizer: Tokenizer, folder: str | Path, model_max_length: int) -> list[str]:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json`` for ``tokenizer`` into ``folder``; returns the
-    file names."""
+    """Writes ``tokenizer.json`` and ``tokenizer_config.json`` into ``folder``; returns the file names."""
     check_exportable(tokenizer)
     hf, special = _BUILDERS[tokenizer.name](tokenizer)
     folder = Path(folder)

@@ -1,11 +1,6 @@
-"""Benchmark tasks of EleutherAI's lm-evaluation-harness (HellaSwag, ARC, LAMBADA, WikiText, ... or a task of
-your own) on a checkpoint: ``gptmini eval --ckpt last --tasks hellaswag,arc_easy``.
-
-The checkpoint is the harness's model ``gptmini`` (:class:`GptminiLM`): the three kinds of request (the
-loglikelihood of a continuation, the rolling loglikelihood of a whole text, generation up to a stop string),
-with the tokenizer the run was trained with, in batches, on ``--device``. Results go to the console as the
-harness's table, to ``eval_tasks_step<N>.json`` in the run folder, and as ``eval/<task>/<metric>`` scalars at the
-checkpoint's step in the run's TensorBoard run. Needs the ``eval`` extra (``pip install 'gptmini[eval]'``).
+"""Benchmark tasks of EleutherAI's lm-evaluation-harness on a checkpoint (``gptmini eval --tasks``; where the
+results go: docs/export-import.md): the checkpoint is the harness's model ``gptmini`` (:class:`GptminiLM`).
+Needs the ``eval`` extra.
 """
 
 from __future__ import annotations

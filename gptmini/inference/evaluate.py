@@ -308,8 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _label(run: LoadedRun) -> str:
-    """A run's name in the chart's legend: its run_name, position encoding and training context (its folder,
-    a time stamp, says little)."""
+    """A run's name in the chart's legend: its run_name, position encoding and training context."""
     name = run.record.run_name or run.name
     c = run.model.config
     return f"{name}: {c.position} positions, trained at {c.block_size}"

@@ -1,4 +1,3 @@
 """What the heads learn: head-type scores from the explicit attention probabilities on fixed probes, the loss by
 position in the context and the in-context-learning score, phase-change detection, mean ablation, and the
-self-contained HTML/JSON head report. Plain torch (no Lightning): the training callback
-(``gptmini.training.callbacks.insight_logging``) and ``gptmini analyze`` both use it."""
+self-contained HTML/JSON head report. Plain torch (no Lightning)."""

@@ -1,20 +1,7 @@
 """Circuits: what each head writes to the prediction (direct logit attribution) and how heads feed each other
-(Q-, K- and V-composition, Elhage et al. 2021), computed as TransformerLens does, for any step of a run.
+(Q-, K- and V-composition, Elhage et al. 2021), computed as TransformerLens does; the maths is in docs/insight.md.
 
-Direct logit attribution splits the final residual stream into the components that wrote it: the embeddings, each
-head's output through its own columns of the output projection, the output projection's bias, and each MLP. The
-final norm is linearised as TransformerLens's ``apply_ln_to_stack`` does: its scale ``s`` is frozen from the full
-final residual stream (the standard deviation of the centred stream for LayerNorm, its RMS for RMSNorm, ``eps``
-included), every component is centred (LayerNorm only) and divided by that same ``s``, then multiplied by the
-norm's gain and the unembedding row of the token that comes next. The components then sum exactly to that token's
-logit less the norm bias's share (``b . U_t``), before any logit soft cap.
-
-Composition scores come from the weights alone: with TransformerLens's row-vector matrices ``OV = W_V W_O`` and
-``QK = W_Q W_K^T`` (d_model x d_model) of each head, the score of an earlier head ``h1`` on a later ``h2`` is
-``||OV1 M2||_F / (||OV1||_F ||M2||_F)`` with ``M2 = QK2`` (Q-composition), ``QK2^T`` (K) or ``OV2`` (V). As
-TransformerLens's default weight processing does, the later block's norm gain is folded into its input side and,
-with LayerNorm, the writing matrix ``W_O`` is centred; rotary angles and QK-norm are left out (the scores read the
-projections). The norms are computed from the (head_size x head_size) Gram matrices of the factors, never forming
+The composition norms are computed from the (head_size x head_size) Gram matrices of the factors, never forming
 a d_model x d_model product.
 """
 
@@ -86,7 +73,7 @@ def _head_weights(
 
 @torch.no_grad()
 def direct_logit_attribution(model: GPT, ids: Tensor) -> Attribution:
-    """The direct logit attribution of ``model`` on ``ids`` (B, T), in float32 (see the module docstring)."""
+    """The direct logit attribution of ``model`` on ``ids`` (B, T), in float32 (docs/insight.md)."""
     _require_circuits(model, "no per-head attribution")
     c = model.config
     model._check_length(ids.size(1))

@@ -1,12 +1,8 @@
 """In-context learning: the loss at each position of the context, the ICL score, and the phase change.
 
-Olsson et al. (2022, "In-context Learning and Induction Heads") measure in-context learning as the loss of the
-500th token of the context minus that of the 50th: negative when later tokens, with more context before them,
-are predicted better. Contexts here are often 64-256 tokens, so the score compares two bands at places relative
-to the context length T: the mean loss over the second half, positions [T//2, T), minus the mean loss over
-positions [T//20, T//5), early but past the first few tokens. Bands rather than two single positions, because the
-loss of one position over a few dozen validation windows is noisy. ``icl_bands`` gives the exact positions, e.g.
-64-127 minus 6-24 for T = 128, 32-63 minus 3-11 for T = 64.
+The ICL score (docs/insight.md) compares two bands of positions relative to the context length T
+(``icl_bands``) rather than Olsson et al.'s 500th and 50th tokens: contexts here are often 64-256 tokens, and the
+loss of one position over a few dozen validation windows is noisy.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The logit lens (nostalgebraist, 2020) and the attention sinks, from one ``GPT.inspect`` pass.
-
-The lens reads the residual stream before the first block and after each block through the final norm and the
-LM head, as the last block's output is read: which layer already predicts the next token. The sink shares say how
-much of each head's attention rests on the first token, and on the learned sink where the model has one
-(``model.attn_sink``): attention a head parks where it changes nothing.
+"""The logit lens (nostalgebraist, 2020) and the attention sinks, from one ``GPT.inspect`` pass (what they show:
+docs/attention-tab.md). A sink is attention a head parks where it changes nothing.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The fixed inputs every head score is measured on, identical across runs of the same data and seed.
-
-- ``text``: windows of real text (previous-token, first-token, distance and entropy scores);
-- ``repeated``: P random tokens followed by the same P tokens again (duplicate-token and induction scores): in the
-  second copy, the token at position i already occurred at i - P, and the token that followed it is at i - P + 1;
-- ``windows``: validation windows of the model's full context for the loss by position (the ICL score).
+"""The fixed inputs every head score is measured on (``Probes``; each ``Score`` names its probe), identical across
+runs of the same data and seed.
 """
 
 from __future__ import annotations

@@ -185,8 +185,7 @@ def write_report(
     labels: Sequence[str] | None = None,
     title: str = "Head report",
 ) -> tuple[Path, Path]:
-    """``report.json`` and ``report.html`` in ``out_dir``, each written atomically (an earlier report stays whole
-    until the new one replaces it)."""
+    """``report.json`` and ``report.html`` in ``out_dir``, each written atomically."""
     out = Path(out_dir)
     page = render_html(analysis, labels, title)  # everything rendered before anything is written
     json_path, html_path = out / "report.json", out / "report.html"

@@ -2,7 +2,7 @@
 written atomically (temp file in the same folder, fsync, rename), so a crash or a kill during a save leaves the
 previous checkpoint intact; and carrying a checksum of their tensors and settings, written at save time and verified
 at every load, so damage inside a file (or an edited setting) is refused instead of turning into NaN losses or
-another model. Which file a run folder, a run name or ``last`` means is ``gptmini.runs.discovery``' (``resolve_checkpoint``)."""
+another model."""
 
 from __future__ import annotations
 
@@ -95,8 +95,7 @@ def settings_checksum(checkpoint: Mapping[str, Any]) -> str:
 
 
 def with_checksum(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors and of its settings (what every save
-    writes)."""
+    """A shallow copy of ``checkpoint`` carrying the checksum of its tensors and of its settings."""
     record = {**tensor_checksum(checkpoint), "settings_digest": settings_checksum(checkpoint)}
     return {**checkpoint, CHECKSUM_KEY: record}
 
@@ -248,8 +247,7 @@ def checkpoint_record(ckpt: Mapping[str, Any], path: str | Path) -> RunRecord:
 
 def check_tensors_match(state_dict: Mapping[str, Any], model: GPT, path: str | Path) -> None:
     """Raises CheckpointError when the tensors of ``state_dict`` (keys under ``model.``) are not exactly those of
-    ``model`` (a ``GPT`` of the checkpoint's saved settings): a file whose saved settings disagree with its weights
-    (edited, or written by another tool)."""
+    ``model``, a ``GPT`` of the checkpoint's saved settings (an edited file, or one written by another tool)."""
     if shown := _tensor_problems(state_dict, model):
         config = model.config
         raise CheckpointError(
@@ -301,8 +299,7 @@ def _load_weights(model: GPT, ckpt: Mapping[str, Any], path: str | Path) -> None
 
 def load_weights_into(model: GPT, path: str | Path) -> None:
     """Loads the weights of the gptmini checkpoint ``path`` (trained or imported) into ``model``, whose settings
-    must give exactly the checkpoint's tensors (CheckpointError naming the differences): fine-tuning starts from
-    them with a fresh optimizer."""
+    must give exactly the checkpoint's tensors (CheckpointError naming the differences)."""
     ckpt = load_checkpoint(path)
     if problems := _tensor_problems(ckpt["state_dict"], model):
         saved = checkpoint_record(ckpt, path).model
@@ -416,8 +413,7 @@ def share_tied_weights(checkpoint: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def atomic_save(checkpoint: Mapping[str, Any], path: str | Path, write: Any = torch.save) -> None:
-    """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``);
-    ``write(checkpoint, file)`` serialises.
+    """Writes ``checkpoint`` with the checksum of its tensors to ``path`` atomically (``fileio.atomic_write``).
     A failed write (full disk, unwritable folder) becomes one CheckpointSaveError saying what was kept: the temp
     file is removed and the previous ``path``, if any, is untouched."""
     path = Path(path)

@@ -50,8 +50,7 @@ def last_checkpoints(
     """Every ``last.ckpt`` and ``on_exception.ckpt`` in a ``checkpoints/`` folder under ``output_root/run_name``
     (every run's when ``run_name`` is None), the one written last first (ties: the later path).
     ``sweep_jobs=False`` leaves out the jobs of sweeps (``multirun_*``), as ``last`` and a run name do
-    (:data:`CKPT_RULE`). Saves are atomic: a file found here is complete (a save killed midway leaves only a
-    ``.last.ckpt.*.tmp`` beside it, never chosen)."""
+    (:data:`CKPT_RULE`)."""
     root = Path(output_root) / run_name if run_name else Path(output_root)
     candidates = [
         p
@@ -109,11 +108,8 @@ def _sweep_only(root: Path) -> str:
 
 
 def resolve_checkpoint(spec: str | Path, output_root: str | Path = "outputs", option: str = "--ckpt") -> Path:
-    """``spec`` as the commands take it (:data:`CKPT_RULE`): a checkpoint file; a run folder (or any folder of
-    runs), meaning its newest ``last.ckpt``/``on_exception.ckpt`` outside the sweeps below it; a run name, the
-    folder of that name under ``output_root`` (the same); or "last" (the same over every run under
-    ``output_root``). ``option`` names the setting in a refusal: ``--ckpt`` (a command's option) or ``ckpt_path``
-    (a training setting)."""
+    """``spec`` as the commands take it (:data:`CKPT_RULE`; a folder of runs means its newest usable checkpoint
+    outside the sweeps below it). ``option`` names the setting in a refusal: ``--ckpt`` or ``ckpt_path``."""
     # torch: only once a checkpoint is to be opened (`gptmini runs` lists without it)
     from gptmini.runs.checkpoint import CheckpointError
 
@@ -218,8 +214,7 @@ def read_run_yaml(path: Path) -> Any:
 
 
 def display_path(path: str | Path) -> str:
-    """``path`` as text that is valid UTF-8: bytes of a name that are not UTF-8 (Python holds them as lone
-    surrogates) are written ``\\xNN``."""
+    """``path`` as valid UTF-8: bytes of a name that are not UTF-8 (lone surrogates) are written ``\\xNN``."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
@@ -296,9 +291,8 @@ def read_events(folder: Path, **size_guidance: int) -> Any:
 
 
 def _facts(path: Path) -> dict[str, Any] | None:
-    """The facts of a run's checkpoint (``gptmini.runs.files.checkpoint_facts``): from the run's summary when it
-    describes the file as it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it
-    does not load."""
+    """The facts of a run's checkpoint (``checkpoint_facts``): from the run's summary when it describes the file as
+    it is now, else from the checkpoint itself (memory-mapped); None, with a warning, when it does not load."""
     summary = read_summary(path)
     if summary is not None:
         return summary
@@ -313,8 +307,7 @@ def _facts(path: Path) -> dict[str, Any] | None:
 
 
 def run_event_folder(run_dir: Path) -> Path | None:
-    """The folder of the TensorBoard run that the run in ``run_dir`` logged to (:func:`_event_folder`), by its
-    newest checkpoint."""
+    """The folder of the TensorBoard run that the run in ``run_dir`` logged to, by its newest checkpoint."""
     ckpt = next(iter(_checkpoints(Path(run_dir))), None)
     return _event_folder(Path(run_dir), _facts(ckpt) if ckpt is not None else None)
 
@@ -350,8 +343,7 @@ def _size_and_mtime(folder: Path) -> tuple[int, float]:
 
 
 def _wanted(value: Any, kind: type) -> Any:
-    """``value`` when it is of ``kind`` (not a bool standing for an int), else None: a field of the wrong type in a
-    run's file shows as unknown."""
+    """``value`` when it is of ``kind`` (not a bool for an int), else None: a field of the wrong type."""
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
@@ -367,10 +359,8 @@ Scanned = tuple[RunInfo, Path | None, tuple[Path, int] | None]
 
 def _row(folder: Path, output_root: Path) -> Scanned:
     """One run, its record read once: its row and the checkpoint it stands for, the newest of the run's two that
-    its summary (``run_summary.json``, written with each checkpoint) still describes or that loads (a damaged
-    newer one is skipped, as a resume and ``--ckpt`` skip it), and its lineage. The figures from that summary,
-    else from ``run_record.json`` (``.hydra/config.yaml`` before it) and the checkpoint (memory-mapped): its step
-    and last val/loss."""
+    its summary still describes or that loads (a damaged newer one is skipped, as a resume and ``--ckpt`` skip
+    it), and its lineage. The figures from that summary, else from its record and the checkpoint."""
     record = read_record_file(folder)  # written when the run starts
     config = (
         {"run_name": record.run_name, "trainer": {"max_steps": record.max_steps}}
@@ -453,10 +443,9 @@ def _scan(root: Path, name: str | None) -> list[Scanned]:
 
 
 def mark_last(scanned: Sequence[Scanned]) -> tuple[list[RunInfo], RunInfo | None]:
-    """The row ``--ckpt last`` opens (the rule of :func:`gptmini.runs.checkpoint.newest_usable_checkpoint`): the
-    newest checkpoint of a run that is not a sweep job and is usable: the run's summary still describes it, or
-    it loads and matches its checksum. A row whose checkpoint turns out damaged is shown so. Returns the rows and
-    the marked one."""
+    """The row ``--ckpt last`` opens (the rule of :func:`newest_usable_checkpoint`; a run's summary that still
+    describes its checkpoint stands for loading it). A row whose checkpoint turns out damaged is shown so.
+    Returns the rows and the marked one."""
     rows = [r for r, _, _ in scanned]
     candidates = [
         (i, path)
@@ -484,8 +473,7 @@ def human_size(n: float) -> str:
 
 
 def format_table(runs: Sequence[RunInfo], last: RunInfo | None) -> str:
-    """The runs as an aligned table; the row that ``--ckpt last`` opens is marked with ``*``, a continuation's
-    state names what it continues (``continues <run folder>@<step>``). The overrides come
+    """The runs as an aligned table, the row that ``--ckpt last`` opens marked with ``*``. The overrides come
     last: however long they are, the folder (what ``--ckpt`` takes) stays on screen."""
     header = ("", "NAME", "STEPS", "VAL/LOSS", "SIZE", "STATE", "FOLDER", "OVERRIDES")
     rows = [header]
@@ -521,8 +509,7 @@ class Prunable:
 
 
 def _loaded(path: Path) -> dict[str, Any] | None:
-    """The checkpoint ``path`` (memory-mapped) when it loads and matches its checksum; None, with a warning,
-    when not."""
+    """The checkpoint ``path`` (memory-mapped) when it loads and matches its checksum; else None, warned."""
     from gptmini.runs.checkpoint import CheckpointError, load_checkpoint
 
     try:
@@ -533,16 +520,9 @@ def _loaded(path: Path) -> dict[str, Any] | None:
 
 
 def prunable(root: Path, name: str | None = None) -> list[Prunable]:
-    """The checkpoint files under ``root`` (of run name ``name``) that a user no longer needs, each with why:
-
-    - the older of a run folder's ``last.ckpt`` and ``on_exception.ckpt``, when the newer one loads: a resume and
-      ``--ckpt`` read that one;
-    - a run's checkpoint that a later run continued (that run's record names the file, :class:`Lineage`) and took
-      past the step it held, when that run's newest checkpoint loads.
-
-    What continued what is read from the runs' records only, never guessed from folders: a run without a record
-    of its lineage is never pruned for another's sake. ``best.ckpt`` stays (the weights of a run's best
-    validation), and so does the checkpoint ``--ckpt last`` opens."""
+    """The checkpoint files under ``root`` (of run name ``name``) that a user no longer needs, each with why: the
+    rule of docs/reliability.md (``gptmini runs --prune``). What continued what is read from the runs' records
+    (:class:`Lineage`) only, never guessed from folders."""
     scanned = _scan(root, name)
     _, marked = mark_last(scanned)
     keep = {path for r, path, _ in scanned if r is marked and path is not None}

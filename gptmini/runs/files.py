@@ -1,6 +1,5 @@
 """A run's checkpoint files, without torch: which files ``last`` chooses among, and the run's summary of its
-checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves (``gptmini.runs.checkpoint`` loads and
-saves them)."""
+checkpoints that ``gptmini runs`` reads instead of the checkpoints themselves."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def _read_summaries(file: Path) -> dict[str, Any]:
 
 
 def write_summary(path: str | Path, checkpoint: Mapping[str, Any]) -> None:
-    """Records the checkpoint just saved at ``path`` in its run's summary (atomically); nothing for a checkpoint
-    outside a run's checkpoints folder."""
+    """Records the checkpoint just saved at ``path`` in its run's summary (if it is in a run's checkpoints)."""
     path = Path(path)
     file = _summary_file(path)
     if file is None:

@@ -1,7 +1,6 @@
-"""Opening a trained run (``open_run``): the one way every command (sample, eval, attention, analyze, export) and
-the ATTENTION tab's own text turn what the user named (the rule of :func:`gptmini.runs.discovery.resolve_checkpoint`)
-into a :class:`LoadedRun`: the model in eval mode on the chosen device, the tokenizer it was trained with and the
-run's record, from a checkpoint read once (``weights_only=True``, its checksum verified)."""
+"""Opening a trained run (``open_run``): the one way every command turns what the user named into a
+:class:`LoadedRun`: the model in eval mode on the chosen device, the tokenizer it was trained with and the run's
+record, from a checkpoint read once (``weights_only=True``, its checksum verified)."""
 
 from __future__ import annotations
 
@@ -156,12 +155,11 @@ def open_run(
     output_root: str | Path = "outputs",
     tokenizer: bool = True,
 ) -> LoadedRun:
-    """The run ``spec`` names (a checkpoint file, a run folder, a run name under ``output_root``, or ``last``),
-    loaded on ``device`` (auto, cpu, cuda, cuda:N, mps). ``data_dir``: the prepared data folder whose vocabulary
-    the tokenizer is read from, when it moved or the checkpoint records none; ``tokenizer=False`` skips the
-    tokenizer (commands that only need the weights). Raises ValueError for a bad device, CheckpointError for a
-    file that is missing, not a checkpoint, damaged or inconsistent, and for a tokenizer that cannot be the
-    model's."""
+    """The run ``spec`` names (``resolve_checkpoint``), loaded on ``device`` (auto, cpu, cuda, cuda:N, mps).
+    ``data_dir``: the prepared data folder whose vocabulary the tokenizer is read from, when it moved or the
+    checkpoint records none; ``tokenizer=False`` skips the tokenizer. Raises ValueError for a bad device,
+    CheckpointError for a file that is missing, not a checkpoint, damaged or inconsistent, and for a tokenizer
+    that cannot be the model's."""
     device = resolve_device(device)  # before any file is read
     path = resolve_checkpoint(spec, output_root)
     checkpoint = load_checkpoint(path, map_location=device)
@@ -226,9 +224,8 @@ def tokenizer_for_run(
 
 
 def carried_tokenizer(path: str | Path, record: RunRecord) -> Tokenizer | None:
-    """The tokenizer the checkpoint ``path`` carries in its record (the char vocabulary or trained BPE of its
-    data, recorded at training time); None when it carries none (a tokenizer known by name, or a checkpoint
-    written before they were carried)."""
+    """The tokenizer the checkpoint ``path`` carries in its record (a char vocabulary or trained BPE); None when
+    it carries none (a tokenizer known by name, or a checkpoint written before they were carried)."""
     payload = record.saved_tokenizer
     if payload is None:
         return None

@@ -1,12 +1,7 @@
-"""The run record: what a training run was (its plan, as JSON), kept in every checkpoint and in the run folder,
-and the one reader every command uses to read it back (``read_record``).
-
-Training writes the record from its frozen plan (``gptmini.training.run.plan.RunPlan.record``). A checkpoint holds
-it as JSON text under ``hyper_parameters.run_record``, its only hyper-parameter; the run folder as
-``run_record.json``. Checkpoints of earlier versions kept the model's settings (``model_config``) and the data's
-identity (``data_identity``) beside it (version 1), or the composed config instead of a record
-(``run_config``, version 0): ``read_record`` reads them into the same ``RunRecord``, the settings they lack left
-empty.
+"""The run record: what a training run was (its plan, as JSON, from ``RunPlan.record``), kept in every checkpoint
+(as JSON text under ``hyper_parameters.run_record``, its only hyper-parameter) and in the run folder
+(``run_record.json``), and the one reader every command uses to read it back (``read_record``: the settings a
+checkpoint of an earlier version lacks are left empty).
 """
 
 from __future__ import annotations

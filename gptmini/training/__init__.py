@@ -1,5 +1,2 @@
-"""Training, in three parts: ``run`` (config -> plan -> build: the Hydra app), ``loop`` (the LightningModule, its
-optimizers and schedules) and ``callbacks`` (loggers, console, guards). ``hardware``, ``errors`` and
-``lightning_compat`` are what all three use: the machine, the run's error, the Lightning internals relied upon.
-
-The top layer: it may import every other part of gptmini; nothing else imports it."""
+"""Training, in three parts: ``run`` (the Hydra app), ``loop`` and ``callbacks``, over what all three use
+(docs/development.md). The top layer: it may import every other part of gptmini; nothing else imports it."""

@@ -1,7 +1,4 @@
-"""The device a run trains on, written down as plain facts (``DeviceFacts``), and what gptmini decides from them:
-which defaults a run starts from (``hardware=auto`` -> ``cpu`` or ``gpu``), the precision ``auto`` stands for
-(``resolve_precision``), the AdamW kernel (``module.optimizer_kernel_kwargs``) and the peak FLOP/s behind
-``perf/mfu`` (``peak_flops``).
+"""The device a run trains on, written down as plain facts (``DeviceFacts``), and what gptmini decides from them.
 
 Every decision takes the facts as an argument, defaulting to this machine's, so each GPU branch runs in a CPU test
 with a GPU's facts written down (``DeviceFacts(type="cuda", name="NVIDIA H100 80GB HBM3", ...)``) instead of
@@ -29,8 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    """What gptmini needs to know about one device. ``DeviceFacts()`` is the CPU; ``detect_device()`` reads the
-    real one."""
+    """What gptmini needs to know about one device. ``DeviceFacts()`` is the CPU; ``detect_device()``: this one."""
 
     type: str = "cpu"  # torch device type: "cuda" or "cpu"
     name: str = "cpu"  # torch.cuda.get_device_name(), e.g. "NVIDIA H100 80GB HBM3"

@@ -29,10 +29,7 @@ def request_graceful_stop(trainer: L.Trainer) -> None:
     Lightning offers only the read-only ``Trainer.received_sigterm``; the flag behind it lives on the private
     signal connector. Sending ourselves a real SIGTERM instead would also make Lightning forward it to launcher
     child processes and broadcast across ranks from inside a signal handler, and would kill the process if it
-    arrived while no Lightning handler was installed.
-
-    Checked with Lightning 2.5.3, 2.5.5 and 2.6.6.
-    """
+    arrived while no Lightning handler was installed. Checked with Lightning 2.5.3, 2.5.5 and 2.6.6."""
     trainer._signal_connector.received_sigterm = True
 
 
@@ -42,10 +39,7 @@ def _not_a_tip(record: logging.LogRecord) -> bool:
 
 def silence_tips() -> None:
     """Drop Lightning's product tips from the log (Lightning has no switch for them); every other message of
-    its rank-zero loggers passes. Idempotent.
-
-    Checked with Lightning 2.5.3 and 2.5.5 (the litmodels tip) and 2.6.6 (the litmodels and litlogger tips).
-    """
+    its rank-zero loggers passes. Idempotent. Checked with Lightning 2.5.3, 2.5.5 and 2.6.6."""
     for name in _RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
         if _not_a_tip not in logger.filters:
@@ -58,11 +52,8 @@ def logs_after_step(trainer: L.Trainer, step: int) -> bool:
     ``on_before_optimizer_step``). Reading a logged device tensor then costs nothing extra: Lightning reads it on
     those steps anyway. Every other step, code that runs per step leaves its tensors on the device.
 
-    Lightning's own test (``_LoggerConnector.should_update_logs``) is private; this is its arithmetic: every
-    ``log_every_n_steps``-th optimizer step, and the step the trainer stops at.
-
-    Checked with Lightning 2.6.6.
-    """
+    Lightning's own test (``_LoggerConnector.should_update_logs``) is private; this is its arithmetic. Checked
+    with Lightning 2.6.6."""
     return step % max(1, trainer.log_every_n_steps) == 0 or trainer.should_stop
 
 
@@ -82,10 +73,7 @@ def loops_as_at_last_batch_end(checkpoint: dict[str, Any]) -> None:
 def averaged_model(callback: WeightAveraging) -> AveragedModel | None:
     """The ``AveragedModel`` a ``WeightAveraging`` callback keeps (built in its ``setup`` for fitting), or None
     before. Lightning keeps it private; gptmini's EMA replaces its update with one that reads nothing back from
-    the device (``gptmini.training.loop.ema``).
-
-    Checked with Lightning 2.6.6.
-    """
+    the device (``gptmini.training.loop.ema``). Checked with Lightning 2.6.6."""
     return callback._average_model
 
 
@@ -94,9 +82,7 @@ class LabelledRichProgressBar(RichProgressBar):
     "Epoch N/M") from its first frame on: at the epoch start and when a run resumed mid-epoch creates the bar
     at its first batch. Rich draws a frame as soon as a bar is added, so relabelling the bar after Lightning
     adds it would show Lightning's label once; the label is made by the private ``_get_train_description``.
-
-    Checked with Lightning 2.6.6.
-    """
+    Checked with Lightning 2.6.6."""
 
     def train_label(self, trainer: L.Trainer) -> str | None:
         return None
@@ -127,10 +113,8 @@ def skip_idle_hooks(callbacks: list[L.Callback]) -> None:
     callback's ``state_key``: with a dozen callbacks and eight hooks a batch, that dispatch costs more host time
     per step than the callbacks' own work. Lightning has no switch for it; its dispatcher
     (``trainer.call._call_callback_hooks``) calls a callback's hook only when ``callable(getattr(callback,
-    hook))``, so an instance attribute of None is skipped before any of that work. Idempotent.
-
-    Checked with Lightning 2.6.6.
-    """
+    hook))``, so an instance attribute of None is skipped before any of that work. Idempotent. Checked with
+    Lightning 2.6.6."""
     for callback in callbacks:
         for hook in PER_BATCH_HOOKS:
             if getattr(type(callback), hook) is getattr(L.Callback, hook):
@@ -138,12 +122,8 @@ def skip_idle_hooks(callbacks: list[L.Callback]) -> None:
 
 
 def skip_hooks(callback: L.Callback, *hooks: str) -> None:
-    """Stop Lightning from calling ``hooks`` of ``callback`` (per-batch hooks it implements but has nothing to
-    do in for now: a console line that is not shown, a clock that is not paused), as ``skip_idle_hooks`` does for
-    the hooks it leaves out: the hook is set to None on the instance. ``resume_hooks`` undoes it.
-
-    Checked with Lightning 2.6.6.
-    """
+    """Stop Lightning from calling ``hooks`` of ``callback`` (per-batch hooks it has nothing to do in for now),
+    as ``skip_idle_hooks`` does; ``resume_hooks`` undoes it. Checked with Lightning 2.6.6."""
     for hook in hooks:
         setattr(callback, hook, None)
 

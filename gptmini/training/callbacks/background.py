@@ -2,17 +2,10 @@
 TensorBoard — runs on one background thread, in the order it was submitted.
 
 Callbacks compute what needs the model on the training thread (small tensors, copied to NumPy) and hand the rest
-to :func:`submit`::
-
-    maps = model.attention_maps(idx)[:, 0].cpu().numpy()  # the model: training thread
-    submit(self.background, "attention maps", lambda: writer.add_image(tag, heatmap_grid(maps, ...), step, ...))
-
-A job must not use torch (its intra-op threads would compete with training's) nor anything the training thread
-changes afterwards. :class:`BackgroundWork` (``callbacks.background`` in ``conf/callbacks/default.yaml``) owns the
-thread, and the app hands it to the callbacks that submit work (``RunParts.background``); without it in the run,
-:func:`submit` runs the job at once. Every job submitted is finished before the
-loggers close at the end of fitting, whatever ended it, so no image is lost; a job that fails is logged once (per
-name) as a warning and never stops the run.
+to :func:`submit`. A job must not use torch (its intra-op threads would compete with training's) nor anything
+the training thread changes afterwards. Without a :class:`BackgroundWork` in the run, :func:`submit` runs the
+job at once. Every job submitted is finished before the loggers close at the end of fitting, whatever ended it,
+so no image is lost; a job that fails is logged once (per name) as a warning and never stops the run.
 """
 
 from __future__ import annotations

@@ -63,8 +63,7 @@ class _CurrentStream:
 
 
 def follow_console_streams() -> list[tuple[logging.StreamHandler, Any]]:
-    """Points the root logger's console handlers (Hydra's) at the current stdout/stderr; (handler, old stream)
-    pairs to put back."""
+    """Points Hydra's console handlers at the current stdout/stderr; returns (handler, old stream) pairs."""
     changed = []
     for handler in logging.getLogger().handlers:
         if (
@@ -173,9 +172,8 @@ class ProgressBar(ShowsThroughput, LabelledRichProgressBar):
 
 class ProgressLog(ShowsThroughput, LoggingCallback):
     """One plain line every ``every_n_steps`` optimizer steps (step, training loss, tokens/s, elapsed, ETA) in
-    the log, so the console and the run's ``train.log`` show progress where no progress bar can be drawn:
-    output redirected to a file or a pipe (``make train > log 2>&1``, ``| tee``). The last step is always
-    logged."""
+    the log, so the console and ``train.log`` show progress where no progress bar can be drawn (a file, a pipe).
+    The last step is always logged."""
 
     WHEN = ("not_a_terminal", "always", "never")
 

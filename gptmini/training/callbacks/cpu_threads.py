@@ -1,14 +1,7 @@
-"""Torch's CPU threads fitted to the cores other programs leave free, while training runs on the CPU.
-
-torch runs each operation on all its OpenMP threads (one per core) and waits for the slowest at its end. When
-another program keeps a core busy, one of those threads is descheduled while its partners spin at the barrier:
-with the speedrun's many small operations a training step then costs several times what one thread alone takes
-(docs/benchmarks.md, "A busy machine"). So every ``interval_s`` seconds of training this callback reads how much
-CPU time other processes took (Linux's ``/proc``) and sets ``torch.set_num_threads`` to the cores left free — at
-least one, at most the count training started with — and gives that count back when fitting ends. Elsewhere (no
-``/proc``), on a GPU, and in a run that asks for reproducible results (``trainer.deterministic=true``, which turns
-on torch's deterministic algorithms) it does nothing: a CPU operation's result depends on how many threads split
-it, so a thread count that follows other programs' load makes two same-seed runs differ in their last digits."""
+"""Torch's CPU threads fitted to the cores other programs leave free, while training runs on the CPU (why, and
+when it does nothing: docs/training.md, "Sharing the CPU with other programs"). Every ``interval_s`` seconds of
+training it reads how much CPU time other processes took (Linux's ``/proc``), sets ``torch.set_num_threads`` to
+the cores left free, and gives the count back when fitting ends."""
 
 from __future__ import annotations
 
@@ -76,8 +69,7 @@ def threads_for(others: float, cores: int, most: int) -> int:
 
 
 class CpuThreads(L.Callback):
-    """``callbacks.cpu_threads``: torch's thread count follows the cores other programs leave free (module
-    docstring)."""
+    """``callbacks.cpu_threads``: torch's thread count follows the cores other programs leave free."""
 
     def __init__(
         self,

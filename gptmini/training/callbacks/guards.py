@@ -53,14 +53,12 @@ class NonFiniteLossGuard(L.Callback):
     """Stops the run at the first non-finite training loss, naming the step, and refuses to write a checkpoint
     whose weights are not finite, so the last good checkpoint is never overwritten with NaNs.
 
-    Reading the loss waits for the device, so every step only adds it to a sum on the device (a sum of losses is
-    finite exactly when each of them is); the sum is read every ``check_every_n_steps`` steps and before every
-    checkpoint is saved. A non-finite loss is thus caught before any checkpoint could hold its step's weights; the
-    error names its step when the sum covers one step, else the steps since the last check.
+    Reading the loss waits for the device, so every step only adds it to a sum on the device (finite exactly when
+    each loss is), read every ``check_every_n_steps`` steps and before every save (docs/training.md).
 
     Callbacks' ``on_train_batch_end`` runs before the checkpoint callbacks' (Lightning orders ModelCheckpoint
     last), so the step that produced the NaN is never saved; ``SafeOnExceptionCheckpoint`` saves nothing
-    either. ``_hydra_main`` reports the error and exits with status 3."""
+    either."""
 
     def __init__(
         self,
@@ -139,13 +137,11 @@ class NonFiniteLossGuard(L.Callback):
 
 class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
     """Saves ``on_exception.ckpt`` when the run is interrupted (Ctrl-C, SIGTERM/preemption, a crash) so that
-    ``ckpt_path=last`` resumes from there.
+    ``ckpt_path=last`` resumes from there (docs/training.md, "Resuming and failures").
 
-    - SIGTERM: Lightning notes it and stops at the next batch boundary (``SIGTERMException``), so the saved state
-      is a consistent end-of-step state. ``_hydra_main`` exits with 143 (128 + 15).
-    - Ctrl-C (SIGINT) is handled the same way while fitting: the first one finishes the current step, saves and
-      exits with 130; a second one stops at once and saves nothing (the state may be mid-step), leaving the
-      last periodic ``last.ckpt``.
+    - SIGTERM, and a first Ctrl-C while fitting: Lightning stops at the next batch boundary
+      (``SIGTERMException``), so the saved state is a consistent end-of-step state. A second Ctrl-C stops at once
+      and saves nothing (the state may be mid-step).
     - Nothing is saved after a non-finite loss (the weights are not worth keeping), after a failed checkpoint
       save (full disk, unwritable folder: it would fail the same way), or before the first step of the run (an
       untrained model would otherwise become the "newest" checkpoint of the run_name).
@@ -229,9 +225,8 @@ class SafeOnExceptionCheckpoint(OnExceptionCheckpoint):
 
 
 def _derived_seed(*parts: int) -> int:
-    """A 63-bit seed that is a pure function of ``parts`` (well mixed: neighbouring steps are unrelated): BLAKE2b
-    of their decimal digits (it runs before every training batch: a hash costs the host far less than numpy's
-    ``SeedSequence``)."""
+    """A 63-bit seed that is a pure function of ``parts`` (well mixed: neighbouring steps are unrelated); a hash
+    costs the host far less than numpy's ``SeedSequence`` before every training batch."""
     text = ",".join(str(int(p)) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
@@ -246,8 +241,7 @@ class RNGStateCallback(L.Callback):
       same draws as one never interrupted.
     - The RNG states themselves are also stored in the checkpoint (tensors and plain numbers: loadable with
       ``torch.load(weights_only=True)``) and restored on load, so randomness outside training steps continues
-      the saved streams.
-    """
+      the saved streams."""
 
     def __init__(
         self,

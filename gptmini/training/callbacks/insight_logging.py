@@ -1,10 +1,8 @@
 """What the heads learn, live: head-type scores, the loss by position and the ICL score at every validation, the
 induction phase change, and the run's hyperparameters for TensorBoard's HPARAMS tab.
 
-All of it runs at validation (and once for the untrained model, as the baseline), never in a training step: the
-fixed probes' attention from the validation's one pass through the model's explicit attention path
-(``gptmini.training.loop.probe``, shared with the attention maps and the ATTENTION tab's summary), one forward over fixed
-validation windows, and images drawn with Pillow. The computations and the drawing live in ``gptmini.insight``.
+All of it runs at validation (and once for the untrained model, as the baseline), never in a training step. The
+computations and the drawing live in ``gptmini.insight``.
 """
 
 from __future__ import annotations
@@ -107,12 +105,8 @@ def custom_scalars_layout(n_layer: int) -> dict[str, dict[str, list]]:
 
 class HeadInsightLogger(ProbeReader):
     """At each validation (and once for the untrained model, the baseline, logged as step 0): every head's
-    scores as one grid image per score (``insight/grid/<score>``, layers x heads, fixed colour scale) and as
-    per-head scalars (``insight/<score>/layerL_headH``, charted per layer in CUSTOM SCALARS), the loss by position
-    (``insight/loss_by_position``) and ``insight/icl_score``; the induction phase change, once, in the log and as
-    ``insight/phase_change`` text. Also ``val/best_loss``, and at the start the run's hyperparameters with the
-    ``HPARAM_METRICS`` for the HPARAMS tab (``log_hparams``). The phase change: see
-    ``gptmini.insight.PhaseChangeDetector``."""
+    scores, the loss by position, the ICL score and the induction phase change, as docs/insight.md lists them.
+    Also ``val/best_loss``, and at the start the run's hyperparameters for the HPARAMS tab (``log_hparams``)."""
 
     def __init__(
         self,

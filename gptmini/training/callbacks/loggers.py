@@ -1,8 +1,5 @@
 """Lightning callbacks that observe and log (attention maps, text samples, throughput), so ``training_step`` stays
-short; none of them may stop a run (``LoggingCallback``: what happens when one fails). The console's are in
-``gptmini.training.callbacks.console``; the callbacks that stop, save or reseed a run in
-``gptmini.training.callbacks.guards``; the head insight and the ATTENTION tab's summary in
-``gptmini.training.callbacks.insight_logging`` and ``gptmini.training.callbacks.summary_logging``."""
+short; none of them may stop a run (``LoggingCallback``: what happens when one fails)."""
 
 from __future__ import annotations
 
@@ -96,8 +93,7 @@ class Receiver:
 
 
 class LoggingCallback(L.Callback):
-    """Base of the callbacks that only observe and log (attention maps, text samples, throughput, the console's
-    lines, the summary): none of them may ever stop a training run.
+    """Base of the callbacks that only observe and log: none of them may ever stop a training run.
 
     The failure policy (docs/architecture.md): every Lightning hook a subclass defines is guarded. The first
     exception in any of them is logged as one warning, with its traceback, naming the callback, the hook and the
@@ -155,8 +151,7 @@ class PromptTokens:
 
 class ProbeReader(Receiver, LoggingCallback):
     """Base of the loggers that read the validation's one attention pass (``gptmini.training.loop.probe``): the
-    app hands each of them the LightningModule's probe (``receive``), so that one pass answers them all, and the
-    run's background worker; a logger driven on its own keeps the private probe it starts with."""
+    app hands each of them the LightningModule's probe (``receive``); one driven on its own keeps a private one."""
 
     background: BackgroundWork | None = None  # where images may be drawn; None: at once
 
@@ -169,10 +164,8 @@ class ProbeReader(Receiver, LoggingCallback):
 
 
 class ProbeTextCallback(ProbeReader):
-    """Base of the callbacks that read the model's attention on a fixed probe text at each validation (the
-    attention maps and the ATTENTION tab's summary): its size check, and the probe's token ids and attention from
-    the validation's one attention pass (``probe``): asked for at the end of the validation epoch, read at the end
-    of the validation."""
+    """Base of the callbacks that read the model's attention on a fixed probe text at each validation: its size
+    check, and the probe's token ids and attention from the validation's one attention pass (``probe``)."""
 
     probe_text: str
     max_tokens: int
@@ -314,21 +307,17 @@ class TextSampleLogger(LoggingCallback):
 
 
 class TokenThroughputMonitor(LoggingCallback):
-    """Training throughput in tokens, logged as ``perf/tokens_per_sec`` (this device), ``perf/mfu``,
-    ``perf/flops_per_sec``, ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and
-    ``perf/tokens_seen``.
+    """Training throughput in tokens: ``perf/tokens_per_sec`` (this device), ``perf/mfu``, ``perf/flops_per_sec``,
+    ``perf/samples_per_sec``, ``perf/global_tokens_per_sec`` (several devices) and ``perf/tokens_seen``.
 
     Built on Lightning's public ``Throughput`` (rolling averages over its last readings) rather
     than its ``ThroughputMonitor`` callback, whose customisation points are private. The clock is wall time from
-    the start of training, data loading included, with validation (and the callbacks that follow it) left out.
-    It is read after the first step and then only on the steps Lightning writes the logs after
-    (``trainer.log_every_n_steps``), on global rank zero only: each reading waits for the GPU, so the steps in
-    between cost nothing here but counting tokens.
+    the start of training, data loading included, with validation (and the callbacks that follow it) left out,
+    read on global rank zero only.
 
     ``perf/mfu`` divides by the peak dense FLOP/s of one device for the run's compute dtype: ``peak_flops`` when
     given (``perf.peak_flops``), else looked up by the GPU's name (``gptmini.training.hardware.peak_flops``); the
-    log says which peak it used, or, for a GPU no table knows (and on the CPU), that there is no MFU and how to
-    give the peak."""
+    log says which peak it used, or that there is none and how to give it."""
 
     RENAME = {
         "device/items_per_sec": "perf/tokens_per_sec",

@@ -1,7 +1,5 @@
-"""The ATTENTION tab's data: at each validation, every layer and head's attention on a probe text, written as one
-compact summary (``gptmini.board.summary``) that TensorBoard's ATTENTION tab reads, with what the tab's neuron
-and lens views read (the queries and keys, the logit lens) and each head's sink share; and the queries and keys as
-embeddings for TensorBoard's PROJECTOR."""
+"""The ATTENTION tab's data, written at each validation as one compact summary (``gptmini.board.summary``), and
+the queries and keys as embeddings for TensorBoard's PROJECTOR."""
 
 from __future__ import annotations
 
@@ -35,17 +33,11 @@ class AttentionSummaryLogger(ProbeTextCallback):
     """At each validation: the probe text's attention, every layer and head, as one ``gptmini_attention`` summary
     (tag ``attention/probe``), with each head's type from the head scores of the same validation (from the
     validation's one attention pass, when ``HeadInsightLogger`` asks for them; without it the heads go
-    unlabelled).
+    unlabelled). With it, from one more pass over the probe (``GPT.inspect``), the sinks, the lens and the
+    PROJECTOR points that docs/attention-tab.md lists.
 
-    With the summary, from one more pass over the probe (``GPT.inspect``): each head's sink share (on the first
-    token, and on the learned sink with ``model.attn_sink``) as ``attention/sink/layerL_headH``; with ``lens``, the
-    logit lens on the probe, ``lens/loss/<row>``, ``lens/top1/<row>`` (rows ``embed``, ``layer0``, ...) and the
-    image ``lens/grid``; the queries and keys (up to ``MAX_VECTOR_VALUES``) for the neuron view. The queries and
-    keys of the probe go to TensorBoard's PROJECTOR at the end of training, and with ``projector_every`` N also at
-    every N-th validation (null: never), at most ``MAX_PROJECTOR_POINTS`` points each time.
-
-    ``last_seconds``/``last_bytes``: cost of the last one;
-    its seconds are also logged as ``perf/attention_summary_seconds``."""
+    ``last_seconds``/``last_bytes``: cost of the last one (its seconds logged as
+    ``perf/attention_summary_seconds``)."""
 
     def __init__(
         self,
@@ -195,17 +187,14 @@ PROJECTOR_HEADER = ["token", "position", "kind", "layer", "head"]
 def inspect(
     model: torch.nn.Module, ids: list[int], precision: contextlib.AbstractContextManager | None = None
 ) -> Inspection:
-    """``model.inspect`` on one sequence of ``ids``, in eval mode and under ``precision`` (the run's, as the
-    validation steps)."""
+    """``model.inspect`` on one sequence of ``ids``, in eval mode and under the run's ``precision``."""
     device = next(model.parameters()).device
     with eval_mode(model), torch.no_grad(), precision or contextlib.nullcontext():
         return model.inspect(torch.tensor([ids], dtype=torch.long, device=device))
 
 
 def projector_label(token: str) -> str:
-    """A token as the tab shows it, whole, for a TSV cell: a space as ␣, a newline as ↵, a tab as ⇥, a carriage
-    return as ␍, a byte of a character split over tokens (written ``\\xNN`` by the tokenizer) as ⟨NN⟩, the empty
-    token as ∅."""
+    """A token as the tab shows it, whole, for a TSV cell (a byte of a split character, ``\\xNN``, as ⟨NN⟩)."""
     shown = re.sub(r"\\x([0-9a-f]{2})", lambda m: f"⟨{m[1].upper()}⟩", token)
     return shown.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
 
@@ -213,9 +202,8 @@ def projector_label(token: str) -> str:
 def shared_space(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One head's queries and keys (T, hs) each, placed in one space as AttentionViz does: each set translated to
     zero mean, then the queries scaled by c and the keys by 1/c, c = sqrt(mean |k| / mean |q|), so that both have
-    the same mean norm. The scaling keeps every dot product of the centred vectors; centring the keys shifts each
-    query's scores by one constant (which the softmax ignores), centring the queries does not keep the scores:
-    the two clouds overlap instead of sitting apart by their offsets and scales."""
+    the same mean norm, so that the two clouds overlap instead of sitting apart (docs/attention-tab.md says what
+    that keeps of the scores)."""
     q = q - q.mean(0)
     k = k - k.mean(0)
     c = (k.norm(dim=-1).mean() / q.norm(dim=-1).mean().clamp_min(1e-12)).clamp_min(1e-12).sqrt()

@@ -2,12 +2,9 @@
 ``torch.optim.swa_utils``' EMA update.
 
 After each optimizer step from ``start_step`` on the average moves towards the weights, ``avg = decay * avg +
-(1 - decay) * w`` (the first update copies them). Validation runs on the average (Lightning swaps it in and back),
-and training ends with the average in the model. Every checkpoint, the final one included, keeps the two apart:
-the average as ``state_dict`` (what sampling, evaluation and export read, and say so) and the trained weights as
-``current_model_state``. A resume continues from the trained weights whether or not the average is kept on
-(``GPTLightningModule.on_load_checkpoint``); with it on, the average continues exactly. Off unless
-``callbacks.ema`` is set (docs/training-recipe.md).
+(1 - decay) * w`` (the first update copies them). Validation runs on the average (Lightning swaps it in and back).
+Every checkpoint keeps the average as ``state_dict`` and the trained weights as ``current_model_state``; how a
+resume treats them: docs/training-recipe.md.
 """
 
 from __future__ import annotations

@@ -149,8 +149,7 @@ class GPTLightningModule(L.LightningModule):
             self.val_bpb.update(nats / (math.log(2) * nbytes.clamp(min=1)), weight=nbytes)
 
     def _target_bytes(self, targets: torch.Tensor) -> torch.Tensor | None:
-        """The UTF-8 bytes the target ids stand for (a 0-dim tensor on their device); None without a datamodule
-        that knows its tokenizer's bytes."""
+        """The UTF-8 bytes the target ids stand for (0-dim, on their device); None when the data cannot say."""
         if self._byte_table is None:
             token_bytes = getattr(self.trainer.datamodule, "token_bytes", None)
             if token_bytes is None:

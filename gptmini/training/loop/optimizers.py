@@ -110,10 +110,9 @@ def normuon_scale(ortho: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
 class BatchedMuon(torch.optim.Muon):
     """``torch.optim.Muon`` whose Newton-Schulz iterations run once per shape: the momentum updates of a group's
     same-shaped matrices are stacked and orthogonalised by batched products. The update and the state (one
-    ``momentum_buffer`` per parameter) are Muon's own; only the number of kernel launches changes, from about
-    fifteen per matrix to fifteen per shape (the momentum, the weight decay and the update each one multi-tensor
-    kernel for all the matrices of a shape). That is what keeps a GPU busy when the hidden matrices are small
-    (a few hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
+    ``momentum_buffer`` per parameter) are Muon's own; only the number of kernel launches changes, from a dozen or
+    so per matrix to as many per shape. That is what keeps a GPU busy when the hidden matrices are small (a few
+    hundred wide), where ``torch.optim.Muon``'s loop over matrices is bound by launches.
 
     Options beyond Muon's (its keyword-only parameters, all off by default; each one's help is
     beside it), from the GPT-2 speedrun (modded-nanogpt) and nanochat: each a group setting saved with the group,
@@ -296,8 +295,8 @@ class HookHandles:
 class MuonAdamW(torch.optim.Optimizer):
     """Muon (Jordan et al.; ``BatchedMuon``: ``torch.optim.Muon`` batched by shape) on the ``hidden`` matrices and
     ``torch.optim.AdamW`` on the embeddings, the LM head, other matrices and vectors, each role one named parameter
-    group with its own ``lr`` and ``weight_decay`` (``hidden``: Muon's settings; ``adamw``: AdamW's betas and eps, shared by its
-    groups). ``fused``/``foreach`` choose AdamW's kernel, as for plain AdamW.
+    group with its own ``lr`` and ``weight_decay`` (``hidden``: Muon's settings; ``adamw``: AdamW's betas and
+    eps, shared by its groups).
 
     ``stacked``: hidden matrices that stack several projections by rows (a fused [W_q; W_k; W_v]), with each
     one's row count. Muon orthogonalises each projection's rows on its own: measured against orthogonalising the

@@ -1,14 +1,10 @@
-"""One attention pass per validation, shared by every logger that reads the model's attention: the attention-map
-images and entropies (``AttentionMapLogger``), the head scores (``HeadInsightLogger``) and the ATTENTION tab's
-summary (``AttentionSummaryLogger``).
+"""One attention pass per validation, shared by every logger that reads the model's attention (``ProbeReader``).
 
 Each of those callbacks asks the :class:`ValidationProbe` for what it needs in ``on_validation_epoch_end`` and
 reads it in ``on_validation_end``; Lightning runs every callback's ``on_validation_epoch_end`` before any
 callback's ``on_validation_end``, so by the first read every request of the validation is in, and one batched
 pass through the model's explicit attention path (``GPT.attention_maps``) answers them all, whatever the order of
-the callbacks in the config. The LightningModule owns the probe (``GPTLightningModule.validation_probe``) and the
-app hands it to each of those callbacks (``ProbeReader.probe``); a callback driven on its own keeps the private one
-it starts with and reads what it asked for, computed on demand.
+the callbacks in the config.
 """
 
 from __future__ import annotations
@@ -36,8 +32,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 class ValidationProbe:
     """The probe sequences of one validation and their attention, computed once.
 
-    ``text(step, ids)`` asks for the attention of one sequence of token ids; ``scores(step, probes)`` for every
-    head's scores on the head-insight probes (``gptmini.insight.Probes``); ``text_maps``/``head_scores`` read them.
     The first read of a step runs every sequence asked for at that step as one batch: each sequence is padded on
     the right to the longest, which leaves its own attention as it is (the model is causal: no query sees a later
     key), and cut back to its length. A request for another step starts afresh.

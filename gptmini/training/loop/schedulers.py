@@ -5,9 +5,7 @@ The decaying schedules (warmup-cosine, warmup-stable-decay) run over ``max_steps
 two runs out first: the schedule's progress is the larger of the steps' fraction and the elapsed time's, so a run
 stopped by its time budget has finished its decay when Lightning stops it, on any machine.
 
-A resumed run follows the schedule of its own settings (docs/training.md, "Extending a run"): a checkpoint gives
-back only the schedule's progress (the optimizer steps taken and the seconds spent), never its length or shape, so
-a run resumed with a larger ``trainer.max_steps`` or ``trainer.max_time`` is re-laid over the new length."""
+A resumed run follows the schedule of its own settings (docs/training.md, "Extending a run")."""
 
 from __future__ import annotations
 
@@ -65,8 +63,7 @@ class _PlannedLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def factor(self, step: int) -> float:
-        """The LR factor at optimizer ``step`` (0-based); here the linear warmup's: never 0, so the first step
-        learns, then 1."""
+        """The LR factor at optimizer ``step`` (0-based); here the warmup's, never 0 (the first step learns)."""
         return min(1.0, (step + 1) / (self.warmup_steps + 1))
 
     def get_lr(self) -> list[float]:

@@ -1,8 +1,6 @@
-"""The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``).
-
-Order of work (``train``): plan (every check, cheap, before any data or model) -> build the trainer, the data
-(prepared) and the module -> fit -> report. Known user errors end the run with one line naming the key and the
-fix, and exit status 2; ``HYDRA_FULL_ERROR=1`` shows tracebacks.
+"""The Hydra app: ``gptmini train [overrides]`` (or ``python -m gptmini.training``): plan, build, fit, report
+(docs/architecture.md). Known user errors end the run with one ``error:`` line and exit status 2;
+``HYDRA_FULL_ERROR=1`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -406,14 +404,6 @@ EXIT_SIGTERM = 143  # 128 + SIGTERM: preemption, on_exception.ckpt saved at a st
 register_configs()
 
 
-def _run_folder_given() -> bool:
-    """Whether the user named the run folder (``hydra.run.dir``/``hydra.sweep.dir``): a folder that may have
-    existed before this run, unlike the fresh time-stamped one Hydra makes by default."""
-    hydra = hydra_config()
-    keys = (str(o).split("=", 1)[0].lstrip("+~") for o in (hydra.overrides.hydra if hydra else ()))
-    return any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
-
-
 def _remove_failed_run_folder(
     output_dir: Path, keep_folder: bool = False, log_name: str = "train.log"
 ) -> None:
@@ -460,7 +450,10 @@ def _clean_failed_start(output_dir: Path | None, made: bool) -> None:
     hydra_dir = Path(hydra.runtime.output_dir) if hydra else output_dir
     if hydra_dir is not None:
         log_name = f"{hydra.job.name}.log" if hydra else "train.log"
-        _remove_failed_run_folder(hydra_dir, keep_folder=_run_folder_given(), log_name=log_name)
+        # a run folder the user named may have existed before this run, unlike the time-stamped one Hydra makes
+        keys = (str(o).split("=", 1)[0].lstrip("+~") for o in (hydra.overrides.hydra if hydra else ()))
+        named = any(k in ("hydra.run.dir", "hydra.sweep.dir") for k in keys)
+        _remove_failed_run_folder(hydra_dir, keep_folder=named, log_name=log_name)
     if output_dir is None or hydra_dir is None or output_dir.absolute() == hydra_dir.absolute():
         return
     _remove_failed_run_folder(output_dir, keep_folder=True)

@@ -1,6 +1,5 @@
 """``gptmini data [overrides]``: the data folder that ``gptmini train`` with the same overrides reads, prepared
-without training: the training config composed and planned as the run's (``plan.plan_preparation``), then
-prepared as the run's DataModule prepares it (``prepare_run_data``), without building it."""
+without training, as the run's DataModule prepares it, without building it."""
 
 from __future__ import annotations
 

@@ -3,9 +3,8 @@
 Hydra prints a bad override as several lines, and for a key the config lacks suggests ``+key=value`` (adding a
 key), which is the wrong fix for a misspelt or misplaced setting: ``optimizer.lr=inf`` under the default
 ``optimizer=muon``, whose learning rates are ``optimizer.hidden.lr``, ``optimizer.embedding.lr``, ... To restate
-them, Hydra is asked to raise its composition errors (``HYDRA_FULL_ERROR=1`` until the config is composed:
-:class:`ComposedCallback` removes it again, so the refusals and the run's own errors are reported as before) and
-:func:`run_hydra` turns them into one line."""
+them, Hydra is asked to raise its composition errors (until :class:`ComposedCallback`) and :func:`run_hydra` turns
+them into one line."""
 
 from __future__ import annotations
 

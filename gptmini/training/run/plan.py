@@ -1,12 +1,7 @@
 """The run plan: every check a run needs before any expensive work, and what they derive, in one frozen
-``RunPlan`` that the rest of training reads (the composed config itself is never changed).
-
-Each group's keys and types are checked by its schema (``gptmini.training.run.schema``: its constructor's signature),
-its ranges by its constructor, built here on a stand-in; the values derived from other groups are filled in; what
-depends on several groups or on the machine (the precision, the optimizer under a strategy, CPU processes, the
-resume checkpoint) is checked here. The build (``gptmini.training.run.app.train``) reads the plan alone. Nothing
-here prepares data or builds the model: a bad run fails within the time it takes to import torch and Lightning
-(whose Trainer's signature is the ``trainer`` group's schema).
+``RunPlan`` that the rest of training reads (docs/architecture.md, "Plan"; the composed config is never changed).
+Nothing here prepares data or builds the model: a bad run fails within the time it takes to import torch and
+Lightning (whose Trainer's signature is the ``trainer`` group's schema).
 """
 
 from __future__ import annotations
@@ -62,8 +57,7 @@ CHAR_VOCAB_PLACEHOLDER = 256
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run was checked to be, and the values derived from its config for the trainer, the data and the
-    model."""
+    """What a run was checked to be, and the values derived from its config for the trainer, data and model."""
 
     model: GPTConfig  # vocab_size is a placeholder until the data is prepared when vocab_known is False
     vocab_known: bool
@@ -98,9 +92,8 @@ class RunPlan:
         return self.trainer.max_steps * self.trainer.accumulate_grad_batches
 
     def record(self, model: GPTConfig, world_size: int, tensorboard_dir: str | None) -> RunRecord:
-        """The run record of this plan (``gptmini.runs.record``), which every checkpoint and the run folder keep,
-        with what only the build knows: the model with the tokenizer's vocabulary, the training processes and
-        the TensorBoard folder (relative to the run folder)."""
+        """The run record of this plan, with what only the build knows: the model with the tokenizer's
+        vocabulary, the training processes and the TensorBoard folder (relative to the run folder)."""
         return RunRecord(
             version=RECORD_VERSION,
             model=model.to_dict(),
@@ -153,8 +146,8 @@ LIGER_FALLBACKS = {"loss": "model.loss=auto (chunked on a CPU)", "fused_ops": "m
 
 def plan_run(cfg: DictConfig, device: DeviceFacts | None = None) -> RunPlan:
     """Cheap checks of everything a run needs, ``model.init_from``'s files included (the corpus's are
-    ``check_data_files``'s, so that configs can be checked without it); raises ConfigError/RunError (or CheckpointError for a resume checkpoint that is unsafe or of another model
-    shape) naming the key. ``device``: this machine's by default."""
+    ``check_data_files``'s, so that configs can be checked without it); raises ConfigError/RunError (or
+    CheckpointError for an unsafe resume checkpoint or one of another model shape) naming the key."""
     hardware_choice = _check_required_groups()
     tokenizer, data = _checked_data(cfg)
     model, vocab_known = _model_config(cfg, tokenizer)

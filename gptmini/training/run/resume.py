@@ -29,7 +29,7 @@ def resolve_ckpt_path(
 ) -> str | None:
     """The checkpoint a run resumes from: None (a fresh run); ``last``: the newest of its run folder ``run_dir``
     when that holds one, else of any run of ``run_name`` under ``output_root``; else what every command makes of
-    it (``gptmini.runs.discovery.resolve_checkpoint``: a file, or a run folder's or run name's newest)."""
+    it (``resolve_checkpoint``)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
@@ -48,8 +48,7 @@ def resolve_ckpt_path(
 
 
 def continued_run_folder(ckpt_path: str | Path) -> Path | None:
-    """The run folder a resume checkpoint belongs to (``<run folder>/checkpoints/<file>``); None for a file
-    elsewhere."""
+    """The run folder of a resume checkpoint (``<run folder>/checkpoints/<file>``); None for a file elsewhere."""
     path = Path(ckpt_path).absolute()
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
@@ -216,9 +215,8 @@ def _saved(path: str, ckpt: Mapping[str, Any], output_dir: str) -> dict[str, Any
 
 
 def say_average_change(path: str, ckpt: Mapping[str, Any], now: Any) -> None:
-    """One log line when ``callbacks.ema`` (``now``: this run's) is added or dropped: the resume continues from the
-    trained weights either way (``GPTLightningModule.on_load_checkpoint``), and what becomes of the average (a
-    changed one is said with the other changes)."""
+    """One log line when ``callbacks.ema`` (``now``: this run's) is added or dropped, saying what becomes of the
+    average (a changed one is said with the other changes)."""
     from gptmini.runs.checkpoint import TRAINED_WEIGHTS_KEY
 
     had = TRAINED_WEIGHTS_KEY in ckpt

@@ -66,8 +66,7 @@ def check_tensorboard_version(config: DictConfig) -> None:
 
 
 def command_overrides() -> list[str]:
-    """The run's command-line overrides as Hydra recorded them (``hydra.overrides.task``; a sweep job's own
-    values included), [] outside a Hydra run."""
+    """The run's command-line overrides as Hydra recorded them (a sweep job's own included); [] outside Hydra."""
     hydra = hydra_config()
     return [str(o) for o in hydra.overrides.task] if hydra else []
 
@@ -307,10 +306,8 @@ def refuse_shared_sweep_folder(config: DictConfig) -> None:
 
 
 class OutputFolderCheck(HydraCallback):
-    """A Hydra callback (``hydra.callbacks`` in conf/train.yaml), run before Hydra creates or writes anything:
-    a ``run_name`` that is not one folder name, a run folder that already holds a run (unless resuming), and a
-    run folder that cannot be created (an unwritable ``paths.output_root``, or a file in its place) each fail with
-    one ``error:`` line and exit status 2, the existing folder untouched."""
+    """The checks of the module docstring, as a Hydra callback (``hydra.callbacks`` in conf/train.yaml): each
+    refusal is one ``error:`` line and exit status 2, the existing folder untouched."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_run_start(config, "hydra.run.dir")

@@ -1,6 +1,5 @@
-"""What a finished run leaves beside its checkpoints so that it can be judged without TensorBoard: every scalar of
-its TensorBoard run as ``scalars.csv``, the loss curves as ``loss_curve.png``, and a short summary in the log
-(wall time, tokens seen, the final validation, the best step, where everything is, the next commands).
+"""What a finished run leaves beside its checkpoints so that it can be judged without TensorBoard
+(docs/training.md): ``scalars.csv``, ``loss_curve.png`` and a short summary in the log.
 
 The TensorBoard events are the one record of the scalars: the CSV and the curve are read from them at the end. A
 continuation logs to a TensorBoard run of its own; its CSV and curve start with the history of the run it continued,

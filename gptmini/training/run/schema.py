@@ -1,21 +1,7 @@
-"""The run config's schema, each setting declared once, where it is used.
+"""The run config's schema, each setting declared once, where it is used (docs/configuration.md, "Schemas").
 
-Two kinds of schema, for two kinds of group:
-
-- Groups gptmini reads itself (``model``, ``tokenizer``, ``paths``, ``perf`` and the top-level keys) are typed
-  at composition: ``TrainSchema`` is the first entry of conf/train.yaml's defaults, so a misspelt key or a value
-  of the wrong type fails while Hydra composes the config (``model``'s fields are ``GPTConfig``'s).
-- Groups that are instantiated (``data``, ``optimizer``, ``scheduler``, ``trainer``, each named ``callbacks.*``
-  and ``logger.*``) are read, before any work, through the schema of the class their ``_target_`` names, derived
-  from its constructor's signature (``signature_spec``): a key the constructor does not take (often one left by
-  an experiment written for another option of the group, e.g. the speedrun's ``optimizer.hidden`` under
-  ``optimizer=adamw``) is refused with one line naming it and how to drop it. They are not typed at composition
-  because a config that swaps an option would then fail inside Hydra with a traceback of the merge, and
-  ``+group.key=...`` could not add a setting the option takes.
-
-A new option of such a group is a YAML file naming its ``_target_``, and a new setting a parameter of its
-constructor (docs/development.md, "Adding an optimizer setting"). The ranges are the constructors' to check: the
-plan builds them on stand-ins, after the ranges a third-party constructor documents (``THIRD_PARTY_RANGES``).
+The groups that are instantiated are not typed at composition because a config that swaps an option would then
+fail inside Hydra with a traceback of the merge, and ``+group.key=...`` could not add a setting the option takes.
 Values that follow from another group (``DERIVED``) are no settings: the plan fills them in.
 
 This module reads no config: the plan walks the composed config and hands each node's values here.
