@@ -1,5 +1,6 @@
-"""Hugging Face weights in and out (``gptmini export|import``, ``gptmini.hf.cli``): GPT-2 (``gpt2``) and Llama
-(``llama``) folders. ``load_hf_weights`` and ``load_hf_model`` read either, by the folder's ``model_type``."""
+"""Hugging Face weights in and out (``gptmini export|import``, ``gptmini.hf.cli``): GPT-2 (``gpt2``), Llama
+(``llama``) and Qwen3 (``qwen3``) folders. ``load_hf_weights`` and ``load_hf_model`` read each, by the folder's
+``model_type``."""
 
 from gptmini.hf.common import HFWeightsError
 from gptmini.hf.formats import load_hf_model, load_hf_weights

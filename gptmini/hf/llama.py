@@ -90,23 +90,24 @@ def check_llama_model(config: GPTConfig, what: str = "export", fmt: str | None =
     """Raises HFWeightsError naming the first setting of ``config`` that the format ``fmt`` (``llama`` or
     ``qwen3``; None: the one of ``llama_format``) cannot hold."""
     fmt = fmt or llama_format(config)
-    if fmt == "llama" and config.qk_norm:
-        raise HFWeightsError(
-            f"cannot {what} a model with model.qk_norm=True in Llama's format: it has no query/key norms "
-            "(Qwen3's has: --format qwen3)"
-        )
-    if fmt == "qwen3":
-        qwen3 = f"cannot {what} a model in Qwen3's format"
-        if not config.qk_norm:
-            raise HFWeightsError(f"{qwen3} without q/k norms (model.qk_norm=false): use --format llama")
-        if config.bias:
+    qwen3 = fmt == "qwen3"
+    refusals = {  # setting -> (the format cannot hold its value, why)
+        "qk_norm": (
+            config.qk_norm != qwen3,
+            "Llama's blocks have no query/key norms, Qwen3's always have them: the other format holds this model",
+        ),
+        "bias": (qwen3 and config.bias, "Qwen3's MLP has no biases (train with model.bias=false)"),
+        "norm_eps": (
+            qwen3 and config.norm_eps != QK_NORM_EPS,
+            f"Qwen3 has one epsilon for every norm and gptmini's q/k norms use {QK_NORM_EPS} (train with "
+            f"model.norm_eps={QK_NORM_EPS})",
+        ),
+    }
+    for setting, (wrong, why) in refusals.items():
+        if wrong:
+            value = getattr(config, setting)
             raise HFWeightsError(
-                f"{qwen3} with model.bias=true: its MLP has no biases (train with model.bias=false)"
-            )
-        if config.norm_eps != QK_NORM_EPS:
-            raise HFWeightsError(
-                f"{qwen3} with model.norm_eps={config.norm_eps}: it has one epsilon for every norm and gptmini's "
-                f"q/k norms use {QK_NORM_EPS} (train with model.norm_eps={QK_NORM_EPS})"
+                f"cannot {what} a model with model.{setting}={value} in {ARCHITECTURES[fmt]}'s format: {why}"
             )
     for setting, (wanted, why) in _BLOCK.items():
         value = getattr(config, setting)

@@ -284,17 +284,31 @@ def test_qwen3_export_loads_in_transformers_with_the_same_logits_and_greedy_text
     back = load_hf_llama(tmp_path / "out")
     assert torch.equal(_logits_both(back, hf, idx)[0], ours)
     load_llama_weights(_ours(seed=5, **QWEN3), tmp_path / "out")  # init_from a Qwen3 folder
-    with pytest.raises(HFWeightsError, match=r"cannot load a model in Qwen3's format without q/k norms"):
+    with pytest.raises(
+        HFWeightsError, match=r"cannot load a model with model.qk_norm=False in Qwen3ForCausalLM's format"
+    ):
         load_llama_weights(_ours(n_kv_head=2, norm_eps=1e-6), tmp_path / "out")
 
 
 @pytest.mark.parametrize(
     ("change", "fmt", "message"),
     [
-        ({}, "llama", r"model.qk_norm=True in Llama's format: it has no query/key norms .*--format qwen3"),
-        ({"qk_norm": False}, "qwen3", r"without q/k norms \(model.qk_norm=false\): use --format llama"),
-        ({"bias": True}, "qwen3", r"model.bias=true: its MLP has no biases"),
-        ({"norm_eps": 1e-5}, "qwen3", r"model.norm_eps=1e-05: .*model.norm_eps=1e-06"),
+        (
+            {},
+            "llama",
+            r"model.qk_norm=True in LlamaForCausalLM's format: Llama's blocks have no query/key norms",
+        ),
+        (
+            {"qk_norm": False},
+            "qwen3",
+            r"model.qk_norm=False in Qwen3ForCausalLM's format: .*Qwen3's always have",
+        ),
+        ({"bias": True}, "qwen3", r"model.bias=True in Qwen3ForCausalLM's format: Qwen3's MLP has no biases"),
+        (
+            {"norm_eps": 1e-5},
+            "qwen3",
+            r"model.norm_eps=1e-05 in Qwen3ForCausalLM's format: .*model.norm_eps=1e-06",
+        ),
     ],
 )
 def test_what_the_qwen3_and_llama_formats_cannot_hold_is_named(change, fmt, message):
