@@ -21,7 +21,9 @@ def default_curve() -> dict[int, float]:
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     header = next(line for line in page.splitlines() if line.startswith("| recipe | 100 | 200 |"))
     row = next(
-        line for line in page.splitlines() if line.startswith("| Muon + WSD, 700 steps, Qwen3 block (the default) |")
+        line
+        for line in page.splitlines()
+        if line.startswith("| Muon + WSD, 700 steps, Qwen3 block (the default) |")
     )
     steps = [int(c) for c in header.strip("|").split("|")[1:]]
     cells = [c.strip() for c in row.strip("|").split("|")[1:]]
