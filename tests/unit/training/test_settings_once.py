@@ -94,10 +94,11 @@ def _restated(values: dict[str, Any], otherwise: dict[str, Any], path: str) -> l
 
 def restated_defaults(conf: Path) -> list[str]:
     """Each value an option file of an instantiated group writes that it would have without writing it: its
-    constructor's default, or the value of the option it extends (``defaults: [default, _self_]``)."""
+    constructor's default, or the value of the option it extends (``defaults: [default, _self_]``); and each value
+    a model preset writes that is the model schema's default."""
     from omegaconf import OmegaConf
 
-    from gptmini.training.run.schema import INSTANTIATED, NAMED, option_settings
+    from gptmini.training.run.schema import INSTANTIATED, NAMED, ModelSchema, option_settings
 
     settings = option_settings(conf)
     found = []
@@ -110,6 +111,10 @@ def restated_defaults(conf: Path) -> list[str]:
                 b.pop("defaults", None)
             otherwise = OmegaConf.to_container(OmegaConf.merge(settings[group, path.stem], *base))
             found += [f"{group}={path.stem}: {r}" for r in _restated(own, otherwise, "")]
+    model = OmegaConf.to_container(OmegaConf.structured(ModelSchema))
+    for path in sorted((conf / "model").glob("*.yaml")):
+        own = OmegaConf.to_container(OmegaConf.load(path))
+        found += [f"model={path.stem}: {r}" for r in _restated(own, model, "")]
     return found
 
 
@@ -132,8 +137,12 @@ def test_a_restated_default_is_found(tmp_path: Path) -> None:
     muon.write_text(muon.read_text().replace("hidden:\n", "hidden:\n  momentum: 0.95\n", 1))
     last = conf / "callbacks" / "last.yaml"
     last.write_text(last.read_text() + "progress_log:\n  every_n_steps: 50\n")  # callbacks=default's value
+    tiny = conf / "model" / "tiny.yaml"
+    tiny.write_text(tiny.read_text() + "dropout: 0.0\nvocab_size: null\n")  # the model schema's defaults
     assert sorted(restated_defaults(conf)) == [
         "callbacks=last: progress_log.every_n_steps=50",
+        "model=tiny: dropout=0.0",
+        "model=tiny: vocab_size=None",
         "optimizer=muon: hidden.momentum=0.95",
     ]
 
