@@ -317,7 +317,7 @@ def test_what_the_qwen3_and_llama_formats_cannot_hold_is_named(change, fmt, mess
         check_llama_model(config, fmt=fmt)
 
 
-def test_export_auto_picks_the_format_of_the_blocks(tmp_path, char_run, write_checkpoint, caplog):
+def test_export_auto_picks_the_format_of_the_blocks(tmp_path, char_run, write_checkpoint, caplog, capsys):
     _, data_dir = char_run
     blocks = dict(position="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_embd=32)
     cases = [({}, "gpt2"), (blocks, "llama"), (blocks | QWEN3, "qwen3")]
@@ -329,6 +329,17 @@ def test_export_auto_picks_the_format_of_the_blocks(tmp_path, char_run, write_ch
         assert f"--format auto: {fmt}" in caplog.text
         model_type = json.loads((tmp_path / f"hf{i}" / "config.json").read_text()).get("model_type")
         assert model_type == fmt
+    # a format named against the blocks: one line, exit 2, nothing written
+    for fmt, message in [
+        ("llama", "model.qk_norm=True in LlamaForCausalLM's"),
+        ("qwen3", "model.qk_norm=False"),
+    ]:
+        ckpt = tmp_path / ("2.ckpt" if fmt == "llama" else "1.ckpt")
+        with pytest.raises(SystemExit) as exc:
+            main(["export", "--format", fmt, "--ckpt", str(ckpt), "--out", str(tmp_path / f"wrong-{fmt}")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and message in err and err.count("error:") == 1, err
+        assert not (tmp_path / f"wrong-{fmt}").exists()
 
 
 def test_gpt2_export_refuses_llama_blocks_by_name(tmp_path):
