@@ -119,10 +119,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "head report of a checkpoint (HTML + JSON)", _argv_tool("gptmini.inference.analyze")
     ),
     "export": Subcommand(
-        "write a checkpoint as a Hugging Face GPT-2 or Llama folder", _argv_tool("gptmini.hf.cli", ["export"])
+        "write a checkpoint as a Hugging Face GPT-2, Llama or Qwen3 folder",
+        _argv_tool("gptmini.hf.cli", ["export"]),
     ),
     "import": Subcommand(
-        "turn a Hugging Face GPT-2 or Llama folder into a checkpoint",
+        "turn a Hugging Face GPT-2, Llama or Qwen3 folder into a checkpoint",
         _argv_tool("gptmini.hf.cli", ["import"]),
     ),
     "bench": Subcommand("run the benchmarks (source checkout)", _bench),

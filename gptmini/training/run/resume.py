@@ -54,7 +54,7 @@ def continued_run_folder(ckpt_path: str | Path) -> Path | None:
 
 
 def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal["checkpoint", "hf"], str]:
-    """``model.init_from``: a Hugging Face GPT-2 or Llama folder (it holds config.json), else a gptmini
+    """``model.init_from``: a Hugging Face GPT-2, Llama or Qwen3 folder (it holds config.json), else a gptmini
     checkpoint as every command opens one (a file, a run folder, a run name under ``output_root``)."""
     if name_too_long(init_from) is None and (Path(init_from) / "config.json").is_file():
         return "hf", str(init_from)
@@ -62,7 +62,7 @@ def resolve_init_from(init_from: str, output_root: str | Path) -> tuple[Literal[
         return "checkpoint", str(resolve_checkpoint(init_from, output_root, option="model.init_from"))
     except CheckpointError as err:
         raise RunError(
-            f"{err} (or a local Hugging Face GPT-2 or Llama folder holding config.json and model.safetensors)"
+            f"{err} (or a local Hugging Face GPT-2, Llama or Qwen3 folder holding config.json and model.safetensors)"
         ) from None
 
 

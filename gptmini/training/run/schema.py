@@ -63,7 +63,7 @@ def _model_schema() -> type:
             # OmegaConf would read model.bias=3 as true: GPTConfig checks its switches itself
             hint = Any if hints[f.name] is bool else _field_type(hints[f.name])
             specs.append((f.name, hint, field(default=f.default)))
-    help_ = "Load weights before training: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors)."
+    help_ = "Load weights before training: a Hugging Face GPT-2, Llama or Qwen3 directory (config.json + model.safetensors)."
     specs.append(("init_from", Optional[str], field(default=None, metadata={"help": help_})))
     return make_dataclass("ModelSchema", specs)
 
