@@ -264,7 +264,7 @@ def test_training_resolves_ckpt_path_and_init_from_by_the_same_rule(world, tmp_p
     (tmp_path / "hf" / "config.json").write_text("{}")
     assert resolve_init_from(str(tmp_path / "hf"), world["outputs"]) == ("hf", str(tmp_path / "hf"))
     with pytest.raises(
-        RunError, match=r"^model\.init_from=gamma does not exist: .*Hugging Face GPT-2 or Llama"
+        RunError, match=r"^model\.init_from=gamma does not exist: .*Hugging Face GPT-2, Llama or Qwen3"
     ):
         resolve_init_from("gamma", world["outputs"])
     assert load_checkpoint(resolve_init_from("alpha", world["outputs"])[1])["global_step"] == 9
