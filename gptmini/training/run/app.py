@@ -490,20 +490,20 @@ def _resume_hint(output_dir: str) -> str:
 
 def _hydra_main(cfg: DictConfig) -> float | JobFailed | None:
     """The Hydra task function (see ``main``)."""
+    output_dir = _output_dir(cfg)  # read once: after planning only the plan travels
     try:
-        return _job(cfg)
+        return _job(cfg, output_dir)
     finally:
         # the run is over, whatever its end: its folders are free again, also where this process goes on (a
         # sweep's next job, a run started in-process), so `gptmini runs` no longer lists it as running
         hydra = hydra_config()
-        for folder in (_output_dir(cfg), hydra.runtime.output_dir if hydra else None):
+        for folder in (output_dir, hydra.runtime.output_dir if hydra else None):
             if folder is not None:
                 release_folder(folder)
 
 
-def _job(cfg: DictConfig) -> float | JobFailed | None:
+def _job(cfg: DictConfig, output_dir: Path | None) -> float | JobFailed | None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    output_dir = _output_dir(cfg)
     made = output_dir is not None and not output_dir.exists()
     try:
         _check_own_config()
