@@ -4,16 +4,7 @@
 
 from gptmini.hf.common import HFWeightsError
 from gptmini.hf.formats import load_hf_model, load_hf_weights
-from gptmini.hf.gpt2 import load_hf_gpt2, save_hf_gpt2
-from gptmini.hf.llama import load_hf_llama, load_llama_weights, save_hf_llama
+from gptmini.hf.gpt2 import save_hf_gpt2
+from gptmini.hf.llama import save_hf_llama
 
-__all__ = [
-    "HFWeightsError",
-    "load_hf_gpt2",
-    "load_hf_llama",
-    "load_hf_model",
-    "load_hf_weights",
-    "load_llama_weights",
-    "save_hf_gpt2",
-    "save_hf_llama",
-]
+__all__ = ["HFWeightsError", "load_hf_model", "load_hf_weights", "save_hf_gpt2", "save_hf_llama"]

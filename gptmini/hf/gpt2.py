@@ -38,7 +38,7 @@ from gptmini.hf.common import (
 )
 from gptmini.model import GPT, GPTConfig
 
-__all__ = ["HFWeightsError", "load_gpt2_weights", "load_hf_gpt2", "save_hf_gpt2"]
+__all__ = ["HFWeightsError", "save_hf_gpt2"]
 
 
 # Hugging Face's activation_function names -> model.gelu_approximate
@@ -52,7 +52,7 @@ _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 # --- reading ------------------------------------------------------------------------------------------------
 
 
-def _read_hf_config(path: Path) -> dict[str, Any]:
+def read_gpt2_config(path: Path) -> dict[str, Any]:
     cfg = read_config_json(
         path, f"a Hugging Face GPT-2 folder holds {CONFIG_FILE} and {SAFETENSORS_FILE} (or {PYTORCH_FILE})"
     )
@@ -84,9 +84,6 @@ def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
 
     check_json_types(cfg, GPT2_CONFIG_TYPES, bad)
 
-    model_type = cfg.get("model_type", "gpt2")
-    if model_type != "gpt2":
-        raise bad(f"model_type={model_type!r} is not 'gpt2'")
     for key in ("n_embd", "n_layer", "n_head", "vocab_size"):
         if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] <= 0:
             raise bad(f"{key}={cfg.get(key)!r} is missing or not a positive integer")
@@ -118,19 +115,32 @@ def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
         raise bad(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
 
 
-def _block_size(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("n_positions", cfg.get("n_ctx")))
+def gpt2_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout: float = 0.0) -> GPTConfig:
+    """The gptmini settings of a (validated) GPT-2 ``config.json``; HF's *_pdrop values are training settings and
+    are not copied."""
+    return GPTConfig(
+        vocab_size=cfg["vocab_size"],
+        block_size=int(cfg.get("n_positions", cfg.get("n_ctx"))),
+        n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"],
+        n_embd=cfg["n_embd"],
+        dropout=dropout,
+        bias=True,
+        attention=attention,
+        tie_weights=True,
+        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
+    )
 
 
-def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    d, vocab, n_pos = cfg["n_embd"], cfg["vocab_size"], _block_size(cfg)
+def _expected_shapes(c: GPTConfig) -> dict[str, tuple[int, ...]]:
+    d, vocab, n_pos = c.n_embd, c.vocab_size, c.block_size
     shapes: dict[str, tuple[int, ...]] = {
         "wte.weight": (vocab, d),
         "wpe.weight": (n_pos, d),
         "ln_f.weight": (d,),
         "ln_f.bias": (d,),
     }
-    for i in range(cfg["n_layer"]):
+    for i in range(c.n_layer):
         h = f"h.{i}."
         shapes |= {
             h + "ln_1.weight": (d,),
@@ -149,18 +159,16 @@ def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """The validated config and state dict (keys without ``transformer.``, buffers dropped) of a folder."""
-    path = Path(path)
-    cfg = _read_hf_config(path)
+def read_gpt2(path: Path, config: GPTConfig) -> dict[str, Tensor]:
+    """The state dict (keys without ``transformer.``, buffers dropped) of a folder whose settings are ``config``."""
     state = {k.removeprefix("transformer."): v for k, v in read_state(path).items()}
     state = {k: v for k, v in state.items() if not _IGNORED.match(k)}
     lm_head = state.pop("lm_head.weight", None)
     wrong = wrong_shapes(
         path,
         state,
-        _expected_shapes(cfg),
-        f"GPT-2 weights (n_layer={cfg['n_layer']}, n_embd={cfg['n_embd']})",
+        _expected_shapes(config),
+        f"GPT-2 weights (n_layer={config.n_layer}, n_embd={config.n_embd})",
     )
     if wrong:
         raise HFWeightsError(f"{path}: tensor shapes do not match {CONFIG_FILE}: " + "; ".join(wrong[:8]))
@@ -170,7 +178,7 @@ def _read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         raise HFWeightsError(
             f"{path}: lm_head.weight differs from wte.weight (untied output head); gptmini ties them for GPT-2"
         )
-    return cfg, state
+    return state
 
 
 # --- mapping between the two layouts ------------------------------------------------------------------------
@@ -181,8 +189,8 @@ def gpt2_attention() -> list[str]:
     return [name for name in available_attention() if ATTENTION_REGISTRY[name].gpt2_compatible]
 
 
-def _check_model(model: GPT, what: str) -> None:
-    c = model.config
+def check_gpt2_model(c: GPTConfig, what: str) -> None:
+    """Raises HFWeightsError naming the first setting of ``c`` that GPT-2's format cannot hold."""
     if c.attention not in gpt2_attention():
         raise HFWeightsError(
             f"cannot {what} GPT-2 weights with model.attention={c.attention!r}: only "
@@ -221,7 +229,7 @@ def _check_model(model: GPT, what: str) -> None:
 
 
 @torch.no_grad()
-def _copy_into(model: GPT, state: dict[str, Tensor]) -> None:
+def copy_gpt2(model: GPT, state: dict[str, Tensor]) -> None:
     c = model.config
     emb = vocab_rows(c, state["wte.weight"])
     model.wte.weight.copy_(emb)
@@ -249,62 +257,7 @@ def _copy_into(model: GPT, state: dict[str, Tensor]) -> None:
         block.mlp.c_proj.bias.copy_(state[h + "mlp.c_proj.bias"])
 
 
-# --- public API ---------------------------------------------------------------------------------------------
-
-
-def load_hf_gpt2(path: str | Path, *, attention: str = "sdpa", dropout: float = 0.0) -> GPT:
-    """A gptmini ``GPT`` (in eval mode) holding the GPT-2 weights of a local Hugging Face folder. ``attention``:
-    any of ``gpt2_attention()``; HF's *_pdrop values are training settings and are not copied."""
-    cfg, state = _read_hf(path)
-    config = GPTConfig(
-        vocab_size=cfg["vocab_size"],
-        block_size=_block_size(cfg),
-        n_layer=cfg["n_layer"],
-        n_head=cfg["n_head"],
-        n_embd=cfg["n_embd"],
-        dropout=dropout,
-        bias=True,
-        attention=attention,
-        tie_weights=True,
-        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
-    )
-    model = GPT(config)
-    _check_model(model, "load")
-    _copy_into(model, state)
-    return model.eval()
-
-
-def load_gpt2_weights(model: GPT, path: str | Path) -> None:
-    """Load the GPT-2 weights of a local Hugging Face folder into an existing ``GPT`` (``model.init_from``). The
-    model must have the checkpoint's n_layer, n_head and n_embd, biases, and an attention of
-    ``gpt2_attention()``; its block_size may be smaller than n_positions (the first positions are kept) and its vocab_size
-    larger (extra tokens start at the mean embedding)."""
-    path = Path(path)
-    _check_model(model, "load")
-    c = model.config
-    cfg = _read_hf_config(path)  # validate the shape before reading possibly large weights
-    problems = [
-        f"model.{ours}={getattr(c, ours)} but {theirs}={cfg[theirs]}"
-        for ours, theirs in (("n_layer", "n_layer"), ("n_head", "n_head"), ("n_embd", "n_embd"))
-        if getattr(c, ours) != cfg[theirs]
-    ]
-    if c.block_size > _block_size(cfg):
-        problems.append(f"model.block_size={c.block_size} exceeds n_positions={_block_size(cfg)}")
-    if c.vocab_size < cfg["vocab_size"]:
-        problems.append(f"model.vocab_size={c.vocab_size} is smaller than vocab_size={cfg['vocab_size']}")
-    if not c.bias:
-        problems.append("model.bias=false but GPT-2 has biases in every Linear and LayerNorm")
-    act = cfg.get("activation_function", "gelu_new")
-    if c.gelu_approximate != _GELUS[act]:
-        problems.append(f"model.gelu_approximate={c.gelu_approximate} but activation_function={act}")
-    if problems:
-        raise HFWeightsError(
-            f"the model does not match the GPT-2 weights in {path} ({path / CONFIG_FILE}): "
-            + "; ".join(problems)
-            + " — use the matching model preset (e.g. model=gpt2 for GPT-2 small) or load with load_hf_gpt2"
-        )
-    _, state = _read_hf(path)
-    _copy_into(model, state)
+# --- writing ------------------------------------------------------------------------------------------------
 
 
 def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
@@ -339,7 +292,7 @@ def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def _hf_state(model: GPT, config: dict[str, Any]) -> dict[str, Tensor]:
+def _hf_state(model: GPT) -> dict[str, Tensor]:
     c = model.config
     state: dict[str, Tensor | None] = {
         "wte.weight": model.wte.weight[: c.vocab_size],
@@ -364,7 +317,7 @@ def _hf_state(model: GPT, config: dict[str, Any]) -> dict[str, Tensor]:
             h + "mlp.c_proj.weight": block.mlp.c_proj.weight.t(),
             h + "mlp.c_proj.bias": block.mlp.c_proj.bias,
         }
-    shapes = _expected_shapes(config)  # a bias the model lacks (bias=false): zeros of its shape
+    shapes = _expected_shapes(model.config)  # a bias the model lacks (bias=false): zeros of its shape
     # the prefix GPT2LMHeadModel.save_pretrained writes; lm_head.weight is tied to wte and left out, as there
     return {
         "transformer." + k: torch.zeros(shapes[k]) if x is None else export_tensor(x)
@@ -378,13 +331,12 @@ def save_hf_gpt2(
     """Export ``model`` as a Hugging Face GPT-2 folder (float32) that ``GPT2LMHeadModel.from_pretrained`` loads,
     written as ``write_export`` writes (with the tokenizer's files when given); a model without biases gets zero
     biases. Returns the file names written."""
-    _check_model(model, "export")
+    check_gpt2_model(model.config, "export")
     if not model.config.tie_weights:
         raise HFWeightsError(
             "cannot export a model with tie_weights=false: GPT-2 ties lm_head to wte (train with model.tie_weights=true)"
         )
     config = _hf_config_dict(model, tokenizer.eot_id if tokenizer is not None else None)
-    state = _hf_state(model, config)
     return write_export(
-        path, state, config, tokenizer=tokenizer, model_config=model.config, overwrite=overwrite
+        path, _hf_state(model), config, tokenizer=tokenizer, model_config=model.config, overwrite=overwrite
     )

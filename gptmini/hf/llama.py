@@ -4,8 +4,7 @@
 * ``save_hf_llama(model, dir, tokenizer=...)`` writes a folder that ``transformers.LlamaForCausalLM`` (or
   ``Qwen3ForCausalLM``) and ``AutoTokenizer`` load: the formats most serving and quantisation tools read for
   rotary, grouped-query models.
-* ``load_hf_llama(dir)`` builds a gptmini ``GPT`` from such a folder; ``load_llama_weights(model, dir)`` fills
-  an existing one (``model.init_from=dir`` in training).
+* ``gptmini.hf.formats`` reads such a folder into a new ``GPT`` or an existing one (``model.init_from=dir``).
 
 A Llama block is a gptmini block with ``position=rope``, ``norm=rmsnorm``, ``mlp=swiglu`` (any ``n_kv_head``,
 ``mlp_hidden``, ``rope_base``, ``norm_eps``, tied or untied embeddings). gptmini's ``bias=true`` maps to Llama's
@@ -21,8 +20,6 @@ neighbours (2i, 2i + 1): they are not this format).
 
 from __future__ import annotations
 
-import logging
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -53,14 +50,7 @@ from gptmini.hf.common import (
 )
 from gptmini.model import GPT, GPTConfig
 
-__all__ = [
-    "check_llama_model",
-    "load_hf_llama",
-    "load_llama_weights",
-    "save_hf_llama",
-]
-
-log = logging.getLogger(__name__)
+__all__ = ["check_llama_model", "save_hf_llama"]
 
 # buffers older transformers versions saved with the weights: not weights, ignored on import
 _IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
@@ -291,8 +281,6 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
     for group in ("rope_parameters", "rope_scaling"):
         check_json_types(cfg.get(group) or {}, ROPE_TYPES, lambda m, g=group: bad(f"{g}.{m}"))
 
-    if cfg.get("model_type") not in ARCHITECTURES:
-        raise bad(f"model_type={cfg.get('model_type')!r} is not 'llama' or 'qwen3'")
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     for key in (*keys, "max_position_embeddings"):
         value = cfg.get(key)
@@ -331,7 +319,7 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
     _rope_theta(cfg, bad)
 
 
-def _read_llama_config(path: Path) -> dict[str, Any]:
+def read_llama_config(path: Path) -> dict[str, Any]:
     cfg = read_config_json(path, f"a Hugging Face Llama folder holds {CONFIG_FILE} and {SAFETENSORS_FILE}")
     _validate_llama_config(cfg, path / CONFIG_FILE)
     return cfg
@@ -391,7 +379,7 @@ def _expected_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tensor | None]:
+def read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tensor | None]:
     """The state dict (without lm_head) of a folder whose settings are ``config``, and its lm_head weight (None
     when tied)."""
     state = {k: v for k, v in read_state(path).items() if not _IGNORED.match(k)}
@@ -422,8 +410,8 @@ def _read_llama(path: Path, config: GPTConfig) -> tuple[dict[str, Tensor], Tenso
 
 
 @torch.no_grad()
-def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> None:
-    c = model.config
+def copy_llama(model: GPT, weights: tuple[dict[str, Tensor], Tensor | None]) -> None:
+    c, (state, lm_head) = model.config, weights
     model.wte.weight.copy_(vocab_rows(c, state["model.embed_tokens.weight"]))
     if not c.tie_weights:
         model.lm_head.weight.copy_(vocab_rows(c, lm_head))
@@ -453,75 +441,3 @@ def _copy_into(model: GPT, state: dict[str, Tensor], lm_head: Tensor | None) -> 
             linear.weight.copy_(get(f"mlp.{theirs}.weight"))
             if c.bias:
                 linear.bias.copy_(get(f"mlp.{theirs}.bias"))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# public API: reading
-# ---------------------------------------------------------------------------------------------------------
-
-
-def load_hf_llama(path: str | Path, *, dropout: float = 0.0) -> GPT:
-    """A gptmini ``GPT`` (in eval mode) holding the weights of a local Hugging Face Llama or Qwen3 folder; its
-    ``block_size`` is the folder's ``max_position_embeddings`` (rotary positions also run longer)."""
-    path = Path(path)
-    config = llama_model_config(_read_llama_config(path), dropout=dropout)
-    state, lm_head = _read_llama(path, config)
-    model = GPT(config)
-    _copy_into(model, state, lm_head)
-    return model.eval()
-
-
-# what must agree for init_from: gptmini's resolved value -> (its setting, the config.json field)
-_SETTINGS = {
-    "n_layer": ("n_layer", "num_hidden_layers"),
-    "n_head": ("n_head", "num_attention_heads"),
-    "kv_heads": ("n_kv_head", "num_key_value_heads"),
-    "n_embd": ("n_embd", "hidden_size"),
-    "mlp_width": ("mlp_hidden", "intermediate_size"),
-    "bias": ("bias", "attention_bias"),
-    "tie_weights": ("tie_weights", "tie_word_embeddings"),
-}
-
-
-def load_llama_weights(model: GPT, path: str | Path) -> None:
-    """Load the weights of a local Hugging Face Llama or Qwen3 folder into an existing ``GPT``
-    (``model.init_from``).
-
-    The model must have the folder's shape (layers, heads, key/value heads, width, MLP width, biases, tied
-    embeddings) and rotary, RMSNorm and SwiGLU blocks with the same rope base and norm epsilon; its block_size
-    may differ (rotary positions have no table) and its vocab_size be larger (extra tokens start at the mean
-    embedding)."""
-    path = Path(path)
-    cfg = _read_llama_config(path)  # checked before reading possibly large weights
-    check_llama_model(model.config, "load", cfg["model_type"])
-    theirs = llama_model_config(cfg)
-    c = model.config
-    problems = []
-    for ours, (setting, field) in _SETTINGS.items():
-        if getattr(c, ours) != getattr(theirs, ours):
-            value = getattr(c, setting)
-            shown = f"null ({getattr(c, ours)})" if value is None else value
-            problems.append(f"model.{setting}={shown} but the folder has {field}={getattr(theirs, ours)}")
-    if not math.isclose(c.rope_base, theirs.rope_base, rel_tol=1e-9):
-        problems.append(f"model.rope_base={c.rope_base} but the folder has rope_theta={theirs.rope_base}")
-    if not math.isclose(c.norm_eps, theirs.norm_eps, rel_tol=1e-6):
-        problems.append(f"model.norm_eps={c.norm_eps} but the folder has rms_norm_eps={theirs.norm_eps}")
-    if c.vocab_size < theirs.vocab_size:
-        problems.append(
-            f"model.vocab_size={c.vocab_size} is smaller than the folder's vocab_size={theirs.vocab_size}"
-        )
-    if problems:
-        raise HFWeightsError(
-            f"the model does not match the Llama weights in {path} ({path / CONFIG_FILE}): "
-            + "; ".join(problems)
-            + " — set those model settings to the folder's values, or load it with load_hf_llama"
-        )
-    if c.block_size > theirs.block_size:
-        log.warning(
-            "model.block_size=%d is longer than the %d positions %s was trained with (max_position_embeddings)",
-            c.block_size,
-            theirs.block_size,
-            path,
-        )
-    state, lm_head = _read_llama(path, theirs)
-    _copy_into(model, state, lm_head)

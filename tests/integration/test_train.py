@@ -371,7 +371,7 @@ def test_multirun_gives_each_job_its_own_folder_and_tensorboard_run(tmp_path, ru
 def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     import transformers
 
-    from gptmini.hf import load_hf_gpt2
+    from gptmini.hf import load_hf_model
     from gptmini.runs.loading import open_run
 
     hf = transformers.GPT2LMHeadModel(
@@ -395,7 +395,7 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     assert "initialised weights from" in proc.stdout + proc.stderr
     (run_dir,) = (tmp_path / "outputs" / "smoke").iterdir()
     trained = open_run(run_dir / "checkpoints" / "last.ckpt", "cpu", tokenizer=False).model
-    start = load_hf_gpt2(tmp_path / "gpt2-tiny")
+    start = load_hf_model(tmp_path / "gpt2-tiny")
     idx = torch.randint(0, 50257, (1, 16))
     # One step at lr 1e-9 barely moves the weights: the run started from the Hugging Face ones.
     torch.testing.assert_close(trained(idx)[0], start(idx)[0], atol=1e-4, rtol=1e-4)

@@ -504,7 +504,7 @@ def check_selectable_in_the_gpt(name: str, options: dict[str, Any]) -> None:
 def check_gpt2_weights_exchange(name: str, options: dict[str, Any]) -> None:
     import tempfile
 
-    from gptmini.hf.gpt2 import HFWeightsError, load_hf_gpt2, save_hf_gpt2
+    from gptmini.hf import HFWeightsError, load_hf_model, save_hf_gpt2
 
     model = tiny_gpt(name, options, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -520,7 +520,7 @@ def check_gpt2_weights_exchange(name: str, options: dict[str, Any]) -> None:
                 save_hf_gpt2(model, tmp + "/out")
             return
         save_hf_gpt2(model, tmp + "/out")
-        back = load_hf_gpt2(
+        back = load_hf_model(
             tmp + "/out", attention="sdpa"
         )  # through GPT-2's layout into another implementation
         idx = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(0))

@@ -14,8 +14,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.testing import assert_close  # noqa: E402
 
+from gptmini.hf import HFWeightsError, load_hf_model, load_hf_weights, save_hf_gpt2  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
-from gptmini.hf.gpt2 import HFWeightsError, load_gpt2_weights, load_hf_gpt2, save_hf_gpt2  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
 from gptmini.runs.loading import open_run  # noqa: E402
 
@@ -90,7 +90,7 @@ def hf_dir(tmp_path_factory):
 def test_load_safetensors_matches_transformers(hf_dir):
     hf, path = hf_dir
     assert (path / "model.safetensors").is_file()
-    model = load_hf_gpt2(path)
+    model = load_hf_model(path)
     c = model.config
     assert (c.n_embd, c.n_layer, c.n_head, c.block_size, c.vocab_size) == (D, L, H, P, V)
     assert c.padded_vocab_size == 128 and c.attention == "sdpa" and c.tie_weights and c.bias
@@ -110,7 +110,7 @@ def test_load_pytorch_bin_unprefixed_with_legacy_buffers(tmp_path):
         state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     state["lm_head.weight"] = hf.lm_head.weight.detach().clone()
     torch.save(state, tmp_path / "pytorch_model.bin")
-    model = load_hf_gpt2(tmp_path)
+    model = load_hf_model(tmp_path)
     idx = _tokens()
     assert_close(_our_logits(model, idx), _hf_logits(hf, idx), atol=1e-5, rtol=1e-5)
 
@@ -119,7 +119,7 @@ def test_load_pytorch_bin_unprefixed_with_legacy_buffers(tmp_path):
 def test_load_gpt2_weights_into_existing_model(hf_dir, attention):
     hf, path = hf_dir
     model = GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D, attention=attention))
-    load_gpt2_weights(model, path)
+    load_hf_weights(model, path)
     idx = _tokens()
     assert_close(_our_logits(model.eval(), idx), _hf_logits(hf, idx), atol=1e-5, rtol=1e-5)
 
@@ -127,7 +127,7 @@ def test_load_gpt2_weights_into_existing_model(hf_dir, attention):
 def test_load_gpt2_weights_shorter_context_and_larger_vocab(hf_dir):
     hf, path = hf_dir
     model = GPT(GPTConfig(vocab_size=V + 5, block_size=P // 2, n_layer=L, n_head=H, n_embd=D))
-    load_gpt2_weights(model, path)
+    load_hf_weights(model, path)
     idx = _tokens(t=P // 2)
     assert_close(_our_logits(model.eval(), idx)[..., :V], _hf_logits(hf, idx), atol=1e-5, rtol=1e-5)
     # extra real tokens start at the mean embedding, not at zero
@@ -137,12 +137,12 @@ def test_load_gpt2_weights_shorter_context_and_larger_vocab(hf_dir):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (dict(n_embd=32), "model.n_embd=32 but n_embd=64"),
-        (dict(n_layer=3), "model.n_layer=3 but n_layer=2"),
-        (dict(n_head=2), "model.n_head=2 but n_head=4"),
-        (dict(block_size=64), "model.block_size=64 exceeds n_positions=32"),
-        (dict(vocab_size=50), "model.vocab_size=50 is smaller than vocab_size=100"),
-        (dict(bias=False), "model.bias=false"),
+        (dict(n_embd=32), "model.n_embd=32 but the folder has n_embd=64"),
+        (dict(n_layer=3), "model.n_layer=3 but the folder has n_layer=2"),
+        (dict(n_head=2), "model.n_head=2 but the folder has n_head=4"),
+        (dict(block_size=64), "model.block_size=64 exceeds the folder's n_positions=32"),
+        (dict(vocab_size=50), "model.vocab_size=50 is smaller than the folder's vocab_size=100"),
+        (dict(bias=False), "model.bias=false but the folder has bias=true"),
         (dict(attention="additive"), "only einsum, mha, sdpa, torch, wrapper"),
     ],
 )
@@ -150,19 +150,19 @@ def test_load_gpt2_weights_mismatch_is_named(hf_dir, overrides, message):
     _, path = hf_dir
     kwargs = dict(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D) | overrides
     with pytest.raises(HFWeightsError, match=message):
-        load_gpt2_weights(GPT(GPTConfig(**kwargs)), path)
+        load_hf_weights(GPT(GPTConfig(**kwargs)), path)
 
 
 def test_missing_files_are_named(tmp_path, hf_dir):
     with pytest.raises(HFWeightsError, match="is not a directory"):
-        load_hf_gpt2(tmp_path / "nowhere")
+        load_hf_model(tmp_path / "nowhere")
     with pytest.raises(HFWeightsError, match=r"has no config\.json.*model\.safetensors.*pytorch_model\.bin"):
-        load_hf_gpt2(tmp_path)
+        load_hf_model(tmp_path)
     (tmp_path / "config.json").write_text((hf_dir[1] / "config.json").read_text())
     with pytest.raises(
         HFWeightsError, match=rf"{tmp_path} has no weights: expected model\.safetensors or pytorch_model\.bin"
     ):
-        load_hf_gpt2(tmp_path)
+        load_hf_model(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +181,7 @@ def test_unsupported_config_is_rejected(tmp_path, hf_dir, change, message):
     cfg = json.loads((hf_dir[1] / "config.json").read_text()) | change
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(HFWeightsError, match=message):
-        load_hf_gpt2(tmp_path)
+        load_hf_model(tmp_path)
 
 
 def test_tensor_shape_mismatch_is_named(tmp_path, hf_dir):
@@ -194,11 +194,11 @@ def test_tensor_shape_mismatch_is_named(tmp_path, hf_dir):
     with pytest.raises(
         HFWeightsError, match=r"h\.1\.mlp\.c_fc\.weight: \(256, 64\) \(expected \(64, 256\)\)"
     ):
-        load_hf_gpt2(tmp_path)
+        load_hf_model(tmp_path)
     del state["transformer.h.1.mlp.c_fc.weight"]
     safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(HFWeightsError, match=r"missing \['h\.1\.mlp\.c_fc\.weight'\]"):
-        load_hf_gpt2(tmp_path)
+        load_hf_model(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +225,7 @@ def test_export_roundtrip_is_exact(exported):
     keys = safetensors_torch.load_file(str(path / "model.safetensors"))
     assert keys["transformer.wte.weight"].shape == (V, D)  # unpadded
     assert keys["transformer.h.0.attn.c_attn.weight"].shape == (D, 3 * D)  # Conv1D layout
-    reloaded = load_hf_gpt2(path)
+    reloaded = load_hf_model(path)
     ours, theirs = model.state_dict(), reloaded.state_dict()
     assert ours.keys() == theirs.keys()
     for k in ours:
@@ -251,7 +251,7 @@ def test_export_from_mha_model_matches(tmp_path):
     save_hf_gpt2(model, tmp_path / "mha")
     idx = _tokens()
     assert_close(
-        _our_logits(load_hf_gpt2(tmp_path / "mha"), idx), _our_logits(model, idx), atol=1e-6, rtol=1e-6
+        _our_logits(load_hf_model(tmp_path / "mha"), idx), _our_logits(model, idx), atol=1e-6, rtol=1e-6
     )
 
 
@@ -295,7 +295,7 @@ def test_missing_safetensors_says_how_to_install(monkeypatch, exported, tmp_path
     with pytest.raises(ImportError, match=r"pip install 'gptmini\[hf\]'"):
         save_hf_gpt2(exported[0], tmp_path / "x")
     with pytest.raises(ImportError, match="safetensors"):
-        load_hf_gpt2(exported[1])
+        load_hf_model(exported[1])
 
 
 def test_cli_export_and_import(tmp_path, exported, capsys):
@@ -340,10 +340,12 @@ def test_exact_gelu_goes_both_ways_with_transformers(tmp_path):
 
     theirs = _hf_model(activation_function="gelu")
     theirs.save_pretrained(tmp_path / "theirs")
-    loaded = load_hf_gpt2(tmp_path / "theirs")
+    loaded = load_hf_model(tmp_path / "theirs")
     assert loaded.config.gelu_approximate == "none"
     assert_close(_our_logits(loaded, idx), _hf_logits(theirs, idx), atol=1e-5, rtol=1e-5)
     # the two GELUs differ enough that loading into the other one is refused, not silently approximated
     tanh_model = GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D))
-    with pytest.raises(HFWeightsError, match=r"model\.gelu_approximate=tanh but activation_function=gelu"):
-        load_gpt2_weights(tanh_model, tmp_path / "theirs")
+    with pytest.raises(
+        HFWeightsError, match=r"model\.gelu_approximate=tanh but the folder has activation_function=gelu"
+    ):
+        load_hf_weights(tanh_model, tmp_path / "theirs")

@@ -23,12 +23,7 @@ from gptmini.data.tokenizers import build_tokenizer  # noqa: E402
 from gptmini.hf import load_hf_model, load_hf_weights  # noqa: E402
 from gptmini.hf.cli import main  # noqa: E402
 from gptmini.hf.gpt2 import HFWeightsError, save_hf_gpt2  # noqa: E402
-from gptmini.hf.llama import (  # noqa: E402
-    check_llama_model,
-    load_hf_llama,
-    load_llama_weights,
-    save_hf_llama,
-)
+from gptmini.hf.llama import check_llama_model, save_hf_llama  # noqa: E402
 from gptmini.model import GPT, GPTConfig  # noqa: E402
 from gptmini.runs.loading import open_run  # noqa: E402
 
@@ -107,7 +102,7 @@ def _logits_both(ours: GPT, hf, idx: torch.Tensor) -> tuple[torch.Tensor, torch.
 def test_random_transformers_llama_loads_with_the_same_logits(tmp_path, n_kv, bias, tie):
     hf = _hf_llama(n_kv, bias=bias, tie=tie)
     hf.save_pretrained(tmp_path)
-    model = load_hf_llama(tmp_path)
+    model = load_hf_model(tmp_path)
     c = model.config
     assert (c.n_kv_head, c.bias, c.tie_weights, c.mlp_width, c.rope_base, c.norm_eps) == (
         n_kv,
@@ -148,7 +143,7 @@ def test_init_from_a_llama_folder_checks_the_model_and_fills_it(tmp_path):
         ({"position": "learned"}, r"cannot load a model with model.position=learned in Llama's format"),
     ]:
         with pytest.raises(HFWeightsError, match=message):
-            load_llama_weights(_ours(**(settings | change)), tmp_path)
+            load_hf_weights(_ours(**(settings | change)), tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +187,7 @@ def test_weights_that_disagree_with_the_config_are_named(tmp_path):
     state["model.layers.1.mlp.up_proj.weight"] = state["model.layers.1.mlp.up_proj.weight"].t().contiguous()
     safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(HFWeightsError, match=r"up_proj\.weight: \(64, 96\) \(expected \(96, 64\)\)"):
-        load_hf_llama(tmp_path)
+        load_hf_model(tmp_path)
 
 
 # --- gptmini -> transformers ---------------------------------------------------------------------------------------
@@ -212,7 +207,7 @@ def test_export_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_p
     theirs_text = hf.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False)
     assert torch.equal(ours_text, theirs_text)
     # and back: the same tensors, so exactly the same logits
-    back = load_hf_llama(tmp_path / "out")
+    back = load_hf_model(tmp_path / "out")
     assert torch.equal(_logits_both(back, hf, idx)[0], ours)
 
 
@@ -281,13 +276,13 @@ def test_qwen3_export_loads_in_transformers_with_the_same_logits_and_greedy_text
     prompt = idx[:, :8]
     theirs_text = hf.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False)
     assert torch.equal(model.generate(prompt, 30, temperature=0), theirs_text)
-    back = load_hf_llama(tmp_path / "out")
+    back = load_hf_model(tmp_path / "out")
     assert torch.equal(_logits_both(back, hf, idx)[0], ours)
-    load_llama_weights(_ours(seed=5, **QWEN3), tmp_path / "out")  # init_from a Qwen3 folder
+    load_hf_weights(_ours(seed=5, **QWEN3), tmp_path / "out")  # init_from a Qwen3 folder
     with pytest.raises(
         HFWeightsError, match=r"cannot load a model with model.qk_norm=False in Qwen3ForCausalLM's format"
     ):
-        load_llama_weights(_ours(n_kv_head=2, norm_eps=1e-6), tmp_path / "out")
+        load_hf_weights(_ours(n_kv_head=2, norm_eps=1e-6), tmp_path / "out")
 
 
 @pytest.mark.parametrize(
