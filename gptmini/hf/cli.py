@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from gptmini.hf.common import HFWeightsError
-from gptmini.hf.gpt2 import save_hf_gpt2
-from gptmini.hf.llama import check_llama_model, llama_format, save_hf_llama
+from gptmini.hf.formats import FORMATS, load_hf_model
+from gptmini.hf.llama import llama_format
 from gptmini.options import HelpFormatter
 from gptmini.runs.discovery import CKPT_RULE
 from gptmini.runs.record import RECORD_KEY, RunRecord
 
 log = logging.getLogger("gptmini.hf")
 
-EXPORT_FORMATS = ("auto", "gpt2", "llama", "qwen3")
+EXPORT_FORMATS = ("auto", *FORMATS)
 TOKENIZER_CHOICES = ("auto", "gpt2", "char", "bpe", "none")
 
 
@@ -92,12 +92,9 @@ def _export(args: argparse.Namespace) -> None:
             log.info("--format auto: %s (the format of the model's blocks)", fmt)
         if args.tokenizer is None:
             args.tokenizer = default_tokenizer_choice(fmt, run.record)
-        save = save_hf_gpt2
-        if fmt != "gpt2":
-            check_llama_model(model.config, fmt=fmt)  # before looking for a tokenizer: the model comes first
-            save = save_hf_llama
+        FORMATS[fmt].check(model.config, "export")  # before looking for a tokenizer: the model comes first
         tokenizer = export_tokenizer(args.tokenizer, run.record, args.data_dir, run.path)
-        files = ", ".join(save(model, args.out, tokenizer=tokenizer, overwrite=args.force))
+        files = ", ".join(FORMATS[fmt].save(model, args.out, tokenizer=tokenizer, overwrite=args.force))
     except CheckpointError as err:
         raise HFWeightsError(str(err)) from None
     log.info(
@@ -167,7 +164,6 @@ def _imported_record(args: argparse.Namespace, model: dict[str, Any]) -> RunReco
 
 
 def _import(args: argparse.Namespace) -> None:
-    from gptmini.hf.formats import load_hf_model
     from gptmini.runs.checkpoint import CheckpointError, atomic_save
 
     out = Path(args.out)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gptmini.hf import gpt2, llama
 from gptmini.hf.common import CONFIG_FILE, PYTORCH_FILE, SAFETENSORS_FILE, HFWeightsError, read_config_json
-from gptmini.hf.gpt2 import check_gpt2_model, copy_gpt2, gpt2_model_config, read_gpt2, read_gpt2_config
-from gptmini.hf.llama import check_llama_model, copy_llama, llama_model_config, read_llama, read_llama_config
 from gptmini.model import GPT, GPTConfig
 
 log = logging.getLogger(__name__)
@@ -27,6 +26,7 @@ class HFFormat:
     check: Callable[[GPTConfig, str], None]  # refuses a model the format cannot hold
     read: Callable[[Path, GPTConfig], Any]  # the weights, checked against the folder's settings
     copy: Callable[[GPT, Any], None]  # those weights into a model
+    save: Callable[..., list[str]]  # (model, folder, tokenizer=, overwrite=): an export; the files written
     # what must agree for init_from: gptmini's resolved value -> (its setting, the config.json field)
     settings: dict[str, tuple[str, str]]
     positions: str  # the config.json field of the context length
@@ -34,12 +34,13 @@ class HFFormat:
 
 _SHAPE = {"n_layer": ("n_layer", "num_hidden_layers"), "n_head": ("n_head", "num_attention_heads")}
 _LLAMA = HFFormat(
-    "LlamaForCausalLM",
-    read_llama_config,
-    llama_model_config,
-    functools.partial(check_llama_model, fmt="llama"),
-    read_llama,
-    copy_llama,
+    llama.ARCHITECTURES["llama"],
+    llama.read_llama_config,
+    llama.llama_model_config,
+    functools.partial(llama.check_llama_model, fmt="llama"),
+    llama.read_llama,
+    llama.copy_llama,
+    llama.save_hf_llama,
     {
         **_SHAPE,
         "kv_heads": ("n_kv_head", "num_key_value_heads"),
@@ -56,11 +57,12 @@ _LLAMA = HFFormat(
 FORMATS = {
     "gpt2": HFFormat(
         "GPT2LMHeadModel",
-        read_gpt2_config,
-        gpt2_model_config,
-        check_gpt2_model,
-        read_gpt2,
-        copy_gpt2,
+        gpt2.read_gpt2_config,
+        gpt2.gpt2_model_config,
+        gpt2.check_gpt2_model,
+        gpt2.read_gpt2,
+        gpt2.copy_gpt2,
+        gpt2.save_hf_gpt2,
         {
             **{k: (k, k) for k in ("n_layer", "n_head", "n_embd", "bias")},
             "gelu_approximate": ("gelu_approximate", "activation_function"),
@@ -70,7 +72,9 @@ FORMATS = {
     "llama": _LLAMA,
     # Llama's block with q/k norms
     "qwen3": replace(
-        _LLAMA, architecture="Qwen3ForCausalLM", check=functools.partial(check_llama_model, fmt="qwen3")
+        _LLAMA,
+        architecture=llama.ARCHITECTURES["qwen3"],
+        check=functools.partial(llama.check_llama_model, fmt="qwen3"),
     ),
 }
 
