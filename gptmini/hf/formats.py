@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class HFFormat:
     architecture: str  # the transformers class that reads it
-    read_config: Callable[[Path], dict[str, Any]]  # config.json, checked
+    check_config: Callable[[dict[str, Any], Path], None]  # refuses a config.json it cannot load
     model_config: Callable[..., GPTConfig]  # (config.json, attention=, dropout=): the folder's settings
     check: Callable[[GPTConfig, str], None]  # refuses a model the format cannot hold
     read: Callable[[Path, GPTConfig], Any]  # the weights, checked against the folder's settings
@@ -32,17 +32,17 @@ class HFFormat:
     positions: str  # the config.json field of the context length
 
 
-_SHAPE = {"n_layer": ("n_layer", "num_hidden_layers"), "n_head": ("n_head", "num_attention_heads")}
 _LLAMA = HFFormat(
     llama.ARCHITECTURES["llama"],
-    llama.read_llama_config,
+    llama.check_llama_config,
     llama.llama_model_config,
     functools.partial(llama.check_llama_model, fmt="llama"),
     llama.read_llama,
     llama.copy_llama,
     llama.save_hf_llama,
     {
-        **_SHAPE,
+        "n_layer": ("n_layer", "num_hidden_layers"),
+        "n_head": ("n_head", "num_attention_heads"),
         "kv_heads": ("n_kv_head", "num_key_value_heads"),
         "n_embd": ("n_embd", "hidden_size"),
         "mlp_width": ("mlp_hidden", "intermediate_size"),
@@ -56,8 +56,8 @@ _LLAMA = HFFormat(
 # by config.json's model_type
 FORMATS = {
     "gpt2": HFFormat(
-        "GPT2LMHeadModel",
-        gpt2.read_gpt2_config,
+        gpt2.ARCHITECTURE,
+        gpt2.check_gpt2_config,
         gpt2.gpt2_model_config,
         gpt2.check_gpt2_model,
         gpt2.read_gpt2,
@@ -85,24 +85,30 @@ def _json(value: Any) -> Any:
 
 def hf_model_type(path: str | Path) -> str:
     """The ``model_type`` of a local Hugging Face folder, refused unless gptmini reads that format (GPT-2's
-    original files carry none: "gpt2")."""
-    path = Path(path)
+    original files carry none: "gpt2") and its ``config.json`` holds a model of it that gptmini can load."""
+    return _read_config(Path(path))[0]
+
+
+def _read_config(path: Path) -> tuple[str, dict[str, Any]]:
     holds = f"pass a Hugging Face GPT-2, Llama or Qwen3 folder ({CONFIG_FILE} + {SAFETENSORS_FILE} or {PYTORCH_FILE})"
-    model_type = read_config_json(path, holds).get("model_type", "gpt2")
+    cfg = read_config_json(path, holds)
+    model_type = cfg.get("model_type", "gpt2")
     if not isinstance(model_type, str) or model_type not in FORMATS:
         raise HFWeightsError(
             f"{path / CONFIG_FILE}: model_type={model_type!r} is not a format gptmini reads: "
             + ", ".join(f"{name} ({f.architecture})" for name, f in FORMATS.items())
         )
-    return model_type
+    FORMATS[model_type].check_config(cfg, path / CONFIG_FILE)
+    return model_type, cfg
 
 
 def load_hf_model(path: str | Path, *, attention: str = "sdpa", dropout: float = 0.0) -> GPT:
     """A gptmini ``GPT`` (in eval mode) holding the weights of a local GPT-2, Llama or Qwen3 folder, of the
     folder's settings (``block_size``: its context length)."""
     path = Path(path)
-    fmt = FORMATS[hf_model_type(path)]
-    config = fmt.model_config(fmt.read_config(path), attention=attention, dropout=dropout)
+    model_type, cfg = _read_config(path)
+    fmt = FORMATS[model_type]
+    config = fmt.model_config(cfg, attention=attention, dropout=dropout)
     fmt.check(config, "load")
     model = GPT(config)
     fmt.copy(model, fmt.read(path, config))
@@ -117,10 +123,9 @@ def load_hf_weights(model: GPT, path: str | Path) -> None:
     start at the mean embedding) and its block_size smaller (a learned position table keeps its first rows;
     rotary positions have no table and also run longer, with a warning)."""
     path = Path(path)
-    fmt = FORMATS[hf_model_type(path)]
-    c = model.config
+    model_type, cfg = _read_config(path)  # checked before reading possibly large weights
+    fmt, c = FORMATS[model_type], model.config
     fmt.check(c, "load")
-    cfg = fmt.read_config(path)  # checked before reading possibly large weights
     theirs = fmt.model_config(cfg)
     problems = []
     for ours, (setting, field) in fmt.settings.items():
@@ -144,8 +149,7 @@ def load_hf_weights(model: GPT, path: str | Path) -> None:
         raise HFWeightsError(
             f"the model does not match the {fmt.architecture} weights in {path} ({path / CONFIG_FILE}): "
             + "; ".join(problems)
-            + " — set those model settings to the folder's values (e.g. model=gpt2 for GPT-2 small), or load "
-            "the folder as it is with load_hf_model"
+            + " — set those model settings to the folder's values, or load the folder as it is with load_hf_model"
         )
     if longer:
         log.warning(

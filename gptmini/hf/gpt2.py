@@ -23,13 +23,10 @@ from gptmini.hf.common import (
     INTEGER,
     NULL,
     NUMBER,
-    PYTORCH_FILE,
-    SAFETENSORS_FILE,
     STRING,
     HFWeightsError,
     check_json_types,
     export_tensor,
-    read_config_json,
     read_state,
     refuse_extras,
     vocab_rows,
@@ -45,19 +42,12 @@ __all__ = ["HFWeightsError", "save_hf_gpt2"]
 _GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 _LN_EPS = 1e-5  # GPT-2's layer_norm_epsilon and nn.LayerNorm's default
 GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE
+ARCHITECTURE = "GPT2LMHeadModel"  # the transformers class that reads the format
 # per-layer buffers of old checkpoints (causal mask, masked-score constant): not weights, ignored
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 
 
 # --- reading ------------------------------------------------------------------------------------------------
-
-
-def read_gpt2_config(path: Path) -> dict[str, Any]:
-    cfg = read_config_json(
-        path, f"a Hugging Face GPT-2 folder holds {CONFIG_FILE} and {SAFETENSORS_FILE} (or {PYTORCH_FILE})"
-    )
-    _validate_hf_config(cfg, path / CONFIG_FILE)
-    return cfg
 
 
 GPT2_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
@@ -78,7 +68,10 @@ GPT2_CONFIG_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
+def check_gpt2_config(cfg: dict[str, Any], where: Path) -> None:
+    """Refuse a ``config.json`` gptmini cannot load as GPT-2; fills in GPT-2's activation where it names none."""
+    cfg.setdefault("activation_function", "gelu_new")
+
     def bad(msg: str) -> HFWeightsError:
         return HFWeightsError(f"{where}: {msg}; gptmini only loads the original GPT-2 architecture")
 
@@ -89,7 +82,7 @@ def _validate_hf_config(cfg: dict[str, Any], where: Path) -> None:
             raise bad(f"{key}={cfg.get(key)!r} is missing or not a positive integer")
     if not isinstance(cfg.get("n_positions", cfg.get("n_ctx")), int):
         raise bad("n_positions is missing or not an integer")
-    act = cfg.get("activation_function", "gelu_new")
+    act = cfg["activation_function"]
     if act not in _GELUS:
         raise bad(f"activation_function={act!r} is unsupported (gptmini's MLP reads {', '.join(_GELUS)})")
     n_inner = cfg.get("n_inner")
@@ -128,7 +121,7 @@ def gpt2_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout: 
         bias=True,
         attention=attention,
         tie_weights=True,
-        gelu_approximate=_GELUS[cfg.get("activation_function", "gelu_new")],
+        gelu_approximate=_GELUS[cfg["activation_function"]],
     )
 
 
@@ -265,7 +258,7 @@ def _hf_config_dict(model: GPT, eot: int | None = None) -> dict[str, Any]:
     if eot is None:  # no tokenizer given: GPT-2's <|endoftext|> when the vocabulary holds it
         eot = GPT2_EOT if c.vocab_size > GPT2_EOT else None
     return {
-        "architectures": ["GPT2LMHeadModel"],
+        "architectures": [ARCHITECTURE],
         "model_type": "gpt2",
         "vocab_size": c.vocab_size,
         "n_positions": c.block_size,

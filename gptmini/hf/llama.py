@@ -36,12 +36,10 @@ from gptmini.hf.common import (
     NULL,
     NUMBER,
     OBJECT,
-    SAFETENSORS_FILE,
     STRING,
     HFWeightsError,
     check_json_types,
     export_tensor,
-    read_config_json,
     read_state,
     refuse_extras,
     vocab_rows,
@@ -271,7 +269,7 @@ ROPE_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
+def check_llama_config(cfg: dict[str, Any], where: Path) -> None:
     def bad(msg: str) -> HFWeightsError:
         return HFWeightsError(
             f"{where}: {msg}; gptmini loads the Llama architecture as LlamaForCausalLM defines it"
@@ -317,12 +315,6 @@ def _validate_llama_config(cfg: dict[str, Any], where: Path) -> None:
                 "use_sliding_window=true is unsupported: gptmini's Qwen3 blocks attend to the whole context"
             )
     _rope_theta(cfg, bad)
-
-
-def read_llama_config(path: Path) -> dict[str, Any]:
-    cfg = read_config_json(path, f"a Hugging Face Llama folder holds {CONFIG_FILE} and {SAFETENSORS_FILE}")
-    _validate_llama_config(cfg, path / CONFIG_FILE)
-    return cfg
 
 
 def llama_model_config(cfg: dict[str, Any], *, attention: str = "sdpa", dropout: float = 0.0) -> GPTConfig:

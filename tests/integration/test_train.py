@@ -399,3 +399,32 @@ def test_training_starts_from_hugging_face_gpt2_weights(tmp_path, run_cli):
     idx = torch.randint(0, 50257, (1, 16))
     # One step at lr 1e-9 barely moves the weights: the run started from the Hugging Face ones.
     torch.testing.assert_close(trained(idx)[0], start(idx)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_an_init_from_folder_gptmini_cannot_load_is_refused_before_any_data(tmp_path, run_cli):
+    """A Hugging Face folder whose config.json names a model gptmini cannot load (here GPT-2 with a ReLU MLP) is
+    refused at planning, in one line naming the field, before any data is prepared or a run folder is kept."""
+    folder = tmp_path / "gpt2-relu"
+    folder.mkdir()
+    config = {
+        "model_type": "gpt2",
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 2,
+        "n_positions": 32,
+        "vocab_size": 50257,
+    }
+    (folder / "config.json").write_text(json.dumps(config | {"activation_function": "relu"}))
+    proc = run_cli.train(
+        [
+            "debug=smoke",
+            f"model.init_from={folder}",
+            f"paths.output_root={tmp_path}/outputs",
+            f"paths.data_root={tmp_path}/data",
+        ]
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "activation_function='relu' is unsupported" in errors[0], proc.stderr[-3000:]
+    assert not (tmp_path / "data").exists()
+    assert not list((tmp_path / "outputs").glob("*/*/checkpoints"))

@@ -349,3 +349,12 @@ def test_exact_gelu_goes_both_ways_with_transformers(tmp_path):
         HFWeightsError, match=r"model\.gelu_approximate=tanh but the folder has activation_function=gelu"
     ):
         load_hf_weights(tanh_model, tmp_path / "theirs")
+    # a folder naming no activation has GPT-2's own: the refusal says so in Hugging Face's name for it
+    cfg = json.loads((tmp_path / "theirs" / "config.json").read_text())
+    del cfg["activation_function"]
+    (tmp_path / "theirs" / "config.json").write_text(json.dumps(cfg))
+    exact = GPT(GPTConfig(vocab_size=V, block_size=P, n_layer=L, n_head=H, n_embd=D, gelu_approximate="none"))
+    with pytest.raises(
+        HFWeightsError, match=r"model\.gelu_approximate=none but the folder has activation_function=gelu_new"
+    ):
+        load_hf_weights(exact, tmp_path / "theirs")
